@@ -1,0 +1,2 @@
+/* placeholder: replaced by the bandwidth probe */
+int main(void) { return 0; }

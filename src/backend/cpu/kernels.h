@@ -1,0 +1,44 @@
+/* CPU kernels: weight-format matmuls and the vector loops attention needs, in a plain-C
+ * reference version and AVX2 / AVX-512 versions picked at run time from CPUID. Tests compare
+ * every SIMD version against the reference. */
+#ifndef CI_BACKEND_CPU_KERNELS_H
+#define CI_BACKEND_CPU_KERNELS_H
+
+#include "base/threadpool.h"
+#include "tensor/tensor.h"
+
+#include <stdint.h>
+
+typedef enum { CI_ISA_REF, CI_ISA_AVX2, CI_ISA_AVX512, CI_ISA_COUNT } ci_isa;
+
+/* The best ISA this CPU supports (CPUID + OS XSAVE check). The environment variable
+ * CINFER_ISA=ref|avx2|avx512 may lower (never raise) the choice. */
+ci_isa ci_cpu_detect_isa(void);
+
+/* 1 if this CPU can run kernels of `isa`. */
+int ci_isa_supported(ci_isa isa);
+
+/* "ref", "avx2", "avx512". */
+const char *ci_isa_name(ci_isa isa);
+
+/* y[m, N] = x[m, K] @ W[N, K]^T, W of dtype F32, F16, BF16, Q8 or Q4 (MLX affine, any group
+ * size 32/64/128, scales/biases F32/F16/BF16), x and y f32, accumulation in f32. Never expands
+ * the whole weight. Work is split over `pool` (NULL = calling thread only). Returns CI_OK, or
+ * CI_ERR with ci_last_error for an unsupported dtype or an allocation failure. */
+int ci_cpu_matmul(ci_threadpool *pool, ci_isa isa, const ci_tensor *w, const float *x, int64_t m,
+                  float *y);
+
+/* Vector loops over bf16 rows (KV cache rows), f32 accumulation. */
+typedef struct {
+  /* sum_i x[i] * bf16(a[i]) */
+  float (*dot_bf16)(const float *x, const uint16_t *a, int64_t n);
+  /* y[i] += alpha * bf16(a[i]) */
+  void (*axpy_bf16)(float *y, float alpha, const uint16_t *a, int64_t n);
+  /* dst[i] = bf16(src[i]), round to nearest even */
+  void (*f32_to_bf16)(uint16_t *dst, const float *src, int64_t n);
+} ci_cpu_vec_kernels;
+
+/* The vector kernels for `isa` (must be supported). */
+const ci_cpu_vec_kernels *ci_cpu_vec_kernels_get(ci_isa isa);
+
+#endif

@@ -1,0 +1,98 @@
+/* Backend op interface: the operations a model forward pass and the KV cache need, implemented
+ * once per device (cpu now, cuda later). Activation buffers are backend memory obtained from
+ * alloc(); on the CPU they are f32 arrays. The backend knows nothing about models. */
+#ifndef CI_TENSOR_BACKEND_H
+#define CI_TENSOR_BACKEND_H
+
+#include "tensor/tensor.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ==== Rotary position embedding ==== */
+
+/* A RoPE table for one layer type. Pairs are (j, j + rot_dim/2) for j < rot_dim/2 (split-half)
+ * or (2j, 2j+1) when traditional; dims >= rot_dim pass through. inv_freq[j] = 0 leaves pair j
+ * unrotated (Gemma 4 proportional RoPE). */
+typedef struct {
+  int head_dim;
+  int rot_dim;           /* even, <= head_dim */
+  int traditional;       /* 1: interleaved pairs */
+  const float *inv_freq; /* [rot_dim/2] */
+  float qk_scale;        /* multiplies q and k after rotation (YaRN/longrope); 1 otherwise */
+} ci_rope;
+
+/* ==== Paged KV ==== */
+
+typedef enum { CI_KV_BF16, CI_KV_CODEC_COUNT } ci_kv_codec;
+
+/* One layer's KV of one sequence, as attention and kv_store see it. Position p lives in pool
+ * block block_table[p / block_tokens] at slot p % block_tokens; a released block is -1.
+ * Block layout (bf16): K block = [n_kv_heads][block_tokens][head_dim] at
+ * k_base + block * block_bytes, V likewise at v_base. */
+typedef struct {
+  ci_kv_codec codec;
+  int block_tokens;
+  int n_kv_heads;
+  int head_dim;
+  const int32_t *block_table;
+  int64_t n_table_entries;
+  uint8_t *k_base;
+  uint8_t *v_base;
+  size_t block_bytes; /* bytes of one block of K (or V) of this layer */
+} ci_paged_kv;
+
+/* Arguments of one attention call: n_rows query rows of one sequence attending over its
+ * paged KV (which already holds every position <= the largest query position). */
+typedef struct {
+  const float *q;        /* [n_rows, n_heads, head_dim] */
+  float *out;            /* [n_rows, n_heads, head_dim] */
+  const int32_t *pos;    /* [n_rows] absolute positions */
+  int n_rows;
+  int n_heads;           /* query heads; head h reads KV head h / (n_heads / n_kv_heads) */
+  float scale;           /* multiplies <q, k> */
+  float softcap;         /* 0 = none; else scores become softcap * tanh(score / softcap) */
+  int window;            /* 0 = full causal; W > 0: keys max(0, p-W+1) .. p */
+  const ci_paged_kv *kv;
+} ci_attention_args;
+
+/* ==== The op table ==== */
+
+typedef struct ci_backend ci_backend;
+
+typedef struct {
+  const char *name;
+  void (*destroy)(ci_backend *be);
+  /* Activation/KV memory. alloc returns zeroed memory or NULL (with ci_last_error). */
+  void *(*alloc)(ci_backend *be, size_t bytes);
+  void (*release)(ci_backend *be, void *ptr);
+
+  /* y[m, N] = x[m, K] @ W[N, K]^T for any weight dtype (f32/f16/bf16/q8/q4). */
+  int (*matmul)(ci_backend *be, const ci_tensor *w, const float *x, int64_t m, float *y);
+  /* out[n, dim] = rows ids of an embedding table (dequantized); ids already range-checked. */
+  int (*embed)(ci_backend *be, const ci_tensor *table, const int32_t *ids, int64_t n, float *out);
+  /* out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * (w_offset + w); w NULL means no scale.
+   * out may equal x. */
+  void (*rmsnorm)(ci_backend *be, float *out, const float *x, const float *w, int64_t n_rows,
+                  int64_t dim, float eps, float w_offset);
+  /* x[rows, cols] += bias[cols] broadcast over rows. */
+  void (*add_bias)(ci_backend *be, float *x, const float *bias, int64_t rows, int64_t cols);
+  /* x[i] += y[i]. */
+  void (*add)(ci_backend *be, float *x, const float *y, int64_t n);
+  /* gate[i] = silu(gate[i]) * up[i]. */
+  void (*silu_mul)(ci_backend *be, float *gate, const float *up, int64_t n);
+  /* Rotates x [n_rows, n_heads, head_dim] in place at the rows' positions. */
+  void (*rope)(ci_backend *be, float *x, int64_t n_rows, int n_heads, const int32_t *pos,
+               const ci_rope *rope);
+  /* Encodes k, v [n_rows, n_kv_heads, head_dim] into the paged KV at positions pos. */
+  int (*kv_store)(ci_backend *be, const ci_paged_kv *kv, const float *k, const float *v,
+                  const int32_t *pos, int n_rows);
+  /* Masked attention over the paged KV (see ci_attention_args). */
+  int (*attention)(ci_backend *be, const ci_attention_args *args);
+} ci_backend_ops;
+
+struct ci_backend {
+  const ci_backend_ops *ops;
+};
+
+#endif
