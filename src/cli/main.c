@@ -1,8 +1,43 @@
-/* cinfer command line: dispatches to one verb per file. */
+/* cinfer command line: `cinfer <verb> [flags]`, dispatched through a verb table. */
+#include "cli/verbs.h"
+
 #include <stdio.h>
+#include <string.h>
+
+typedef struct {
+  const char *name;
+  int (*run)(int argc, char **argv);
+  const char *summary;
+} verb;
+
+static const verb verbs[] = {
+    {"logits", ci_verb_logits, "write teacher-forced f32 logits of a token-id prompt"},
+    {"init-random", ci_verb_init_random, "write a random-weight model for a config"},
+    {"bench", ci_verb_bench, "measure prefill and decode tok/s"},
+};
+
+static void print_usage(FILE *out) {
+  fprintf(out, "usage: cinfer <verb> [flags]   (cinfer <verb> --help for its flags)\n\nverbs:\n");
+  for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
+    fprintf(out, "  %-12s %s\n", verbs[i].name, verbs[i].summary);
+}
 
 int main(int argc, char **argv) {
-  (void)argv;
-  if (argc < 2) fprintf(stderr, "usage: cinfer <verb> [flags]\n");
+  if (argc < 2) {
+    print_usage(stderr);
+    return 2;
+  }
+  if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+    print_usage(stdout);
+    return 0;
+  }
+  if (!strcmp(argv[1], "--version")) {
+    printf("cinfer 0.1.0\n");
+    return 0;
+  }
+  for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
+    if (!strcmp(argv[1], verbs[i].name)) return verbs[i].run(argc - 1, argv + 1);
+  fprintf(stderr, "cinfer: unknown verb '%s'\n", argv[1]);
+  print_usage(stderr);
   return 2;
 }

@@ -24,11 +24,13 @@ typedef struct {
 
 /* ==== Paged KV ==== */
 
-typedef enum { CI_KV_BF16, CI_KV_CODEC_COUNT } ci_kv_codec;
+/* KV codecs: how one token of one KV head is stored. bf16 is the default; f32 keeps activations
+ * exactly (CPU reference runs, like llama.cpp's f32 cache type). */
+typedef enum { CI_KV_BF16, CI_KV_F32, CI_KV_CODEC_COUNT } ci_kv_codec;
 
 /* One layer's KV of one sequence, as attention and kv_store see it. Position p lives in pool
  * block block_table[p / block_tokens] at slot p % block_tokens; a released block is -1.
- * Block layout (bf16): K block = [n_kv_heads][block_tokens][head_dim] at
+ * Block layout (bf16, f32): K block = [n_kv_heads][block_tokens][head_dim] elements at
  * k_base + block * block_bytes, V likewise at v_base. */
 typedef struct {
   ci_kv_codec codec;

@@ -7,7 +7,7 @@
 
 #include <stdint.h>
 
-enum { CI_MAX_DIMS = 4 };
+enum { CI_MAX_DIMS = 4, CI_MAX_HEAD_DIM = 4096 };
 
 typedef struct {
   ci_dtype dtype;

@@ -1,0 +1,129 @@
+/* `cinfer bench`: prefill and decode throughput of one sequence on seeded random-token prompts
+ * (EOS ignored), median over runs, as a table or one JSON object. */
+#include "base/error.h"
+#include "base/timing.h"
+#include "cli/args.h"
+#include "cli/verbs.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static const char usage[] = "usage: cinfer bench --model DIR [-p PROMPT_TOKENS] [-n GEN_TOKENS] "
+                            "[--runs N] [--warmup N] [--threads N] [--json]\n";
+
+typedef struct {
+  double prefill_seconds;
+  double decode_seconds;
+} run_times;
+
+static int argmax(const float *x, int n) {
+  int best = 0;
+  for (int i = 1; i < n; i++)
+    if (x[i] > x[best]) best = i;
+  return best;
+}
+
+/* One run: prefill `prompt_len` random ids, then greedy-decode gen_len tokens. */
+static int bench_run(ci_model *model, int prompt_len, int gen_len, uint64_t seed, run_times *t) {
+  ci_kv_cache *cache = ci_model_kv_cache_create(model, CI_KV_BF16, 16, 0);
+  ci_kv_seq *seq = cache ? ci_kv_seq_create(cache) : NULL;
+  int32_t *ids = malloc((size_t)prompt_len * sizeof *ids);
+  float *logits = malloc((size_t)model->spec.vocab * sizeof *logits);
+  int rc = CI_ERR;
+  if (!seq || !ids || !logits) goto done;
+  for (int i = 0; i < prompt_len; i++) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    ids[i] = (int32_t)((seed >> 33) % (uint64_t)model->spec.vocab);
+  }
+  double start = ci_now_seconds();
+  if (ci_model_forward(model, seq, ids, prompt_len, logits, 1)) goto done;
+  double prefilled = ci_now_seconds();
+  for (int g = 0; g < gen_len; g++) {
+    int32_t next = argmax(logits, model->spec.vocab);
+    if (ci_model_forward(model, seq, &next, 1, logits, 1)) goto done;
+  }
+  t->prefill_seconds = prefilled - start;
+  t->decode_seconds = ci_now_seconds() - prefilled;
+  rc = CI_OK;
+done:
+  free(ids);
+  free(logits);
+  ci_kv_seq_free(seq);
+  ci_kv_cache_free(cache);
+  return rc;
+}
+
+static int compare_doubles(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, compare_doubles);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int ci_verb_bench(int argc, char **argv) {
+  ci_flag flags[] = {{"--model", "-m", 1, NULL},       {"--prompt-tokens", "-p", 1, NULL},
+                     {"--gen-tokens", "-n", 1, NULL},  {"--runs", NULL, 1, NULL},
+                     {"--warmup", NULL, 1, NULL},      {"--threads", "-t", 1, NULL},
+                     {"--json", NULL, 0, NULL},        {"--help", "-h", 0, NULL}};
+  const int nf = sizeof flags / sizeof flags[0];
+  if (ci_args_parse(argc, argv, flags, nf, "bench")) return 2;
+  if (ci_args_get(flags, nf, "--help")) {
+    fputs(usage, stdout);
+    return 0;
+  }
+  const char *model_arg = ci_args_get(flags, nf, "--model");
+  if (!model_arg) {
+    fprintf(stderr, "cinfer bench: --model is required\n%s", usage);
+    return 2;
+  }
+  long long prompt_len, gen_len, runs, warmup, threads;
+  if (ci_args_int(flags, nf, "--prompt-tokens", 512, 1, 1 << 20, &prompt_len) ||
+      ci_args_int(flags, nf, "--gen-tokens", 128, 1, 1 << 20, &gen_len) ||
+      ci_args_int(flags, nf, "--runs", 3, 1, 1000, &runs) ||
+      ci_args_int(flags, nf, "--warmup", 1, 0, 1000, &warmup) ||
+      ci_args_int(flags, nf, "--threads", 0, 1, 4096, &threads))
+    return 2;
+  ci_cli_model cm;
+  if (ci_cli_model_open(model_arg, (int)threads, &cm)) return 1;
+  double *prefill = calloc((size_t)runs, sizeof(double));
+  double *decode = calloc((size_t)runs, sizeof(double));
+  double *ttft = calloc((size_t)runs, sizeof(double));
+  int rc = 1;
+  if (!prefill || !decode || !ttft) goto done;
+  for (long long r = -warmup; r < runs; r++) {
+    run_times t;
+    if (bench_run(cm.model, (int)prompt_len, (int)gen_len, (uint64_t)(r + 1000), &t)) {
+      fprintf(stderr, "cinfer bench: %s\n", ci_last_error());
+      goto done;
+    }
+    if (r < 0) continue;
+    prefill[r] = (double)prompt_len / t.prefill_seconds;
+    decode[r] = (double)gen_len / t.decode_seconds;
+    ttft[r] = t.prefill_seconds * 1000.0;
+  }
+  double p = median(prefill, (int)runs), d = median(decode, (int)runs), f = median(ttft, (int)runs);
+  int64_t weight_bytes = ci_model_weight_bytes_per_token(cm.model);
+  double rss_mb = (double)ci_peak_rss_bytes() / 1e6;
+  if (ci_args_get(flags, nf, "--json")) {
+    printf("{\"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f, \"ttft_ms\": %.3f, "
+           "\"peak_rss_mb\": %.1f, \"weights_bytes\": %lld, \"prompt_tokens\": %lld, "
+           "\"gen_tokens\": %lld, \"runs\": %lld}\n",
+           p, d, f, rss_mb, (long long)weight_bytes, prompt_len, gen_len, runs);
+  } else {
+    printf("prefill %lld tok: %.1f tok/s (min %.1f, max %.1f) | decode %lld tok: %.2f tok/s "
+           "(min %.2f, max %.2f) | ttft %.1f ms | weights/token %.1f MB | %.1f GB/s | peak %.0f "
+           "MB\n",
+           prompt_len, p, prefill[0], prefill[runs - 1], gen_len, d, decode[0], decode[runs - 1],
+           f, (double)weight_bytes / 1e6, (double)weight_bytes * d / 1e9, rss_mb);
+  }
+  rc = 0;
+done:
+  free(prefill);
+  free(decode);
+  free(ttft);
+  ci_cli_model_close(&cm);
+  return rc;
+}

@@ -1,0 +1,84 @@
+/* `cinfer logits`: teacher-forced logits of a token-id prompt, every position, written as raw
+ * little-endian f32 rows of vocab_size — the parity probe against transformers. */
+#include "base/error.h"
+#include "cli/args.h"
+#include "cli/verbs.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static const char usage[] =
+    "usage: cinfer logits --model DIR --ids CSV --out FILE [--chunk N] [--threads N]\n";
+
+int ci_verb_logits(int argc, char **argv) {
+  ci_flag flags[] = {{"--model", "-m", 1, NULL}, {"--ids", NULL, 1, NULL},
+                     {"--out", "-o", 1, NULL},   {"--chunk", NULL, 1, NULL},
+                     {"--threads", "-t", 1, NULL}, {"--help", "-h", 0, NULL}};
+  const int nf = sizeof flags / sizeof flags[0];
+  if (ci_args_parse(argc, argv, flags, nf, "logits")) return 2;
+  if (ci_args_get(flags, nf, "--help")) {
+    fputs(usage, stdout);
+    return 0;
+  }
+  const char *model_arg = ci_args_get(flags, nf, "--model");
+  const char *ids_arg = ci_args_get(flags, nf, "--ids");
+  const char *out_path = ci_args_get(flags, nf, "--out");
+  if (!model_arg || !ids_arg || !out_path) {
+    fprintf(stderr, "cinfer logits: --model, --ids and --out are required\n%s", usage);
+    return 2;
+  }
+  long long chunk, threads;
+  if (ci_args_int(flags, nf, "--chunk", 0, 1, 1 << 24, &chunk) ||
+      ci_args_int(flags, nf, "--threads", 0, 1, 4096, &threads))
+    return 2;
+  int n_ids = 0;
+  int32_t *ids = ci_parse_id_list(ids_arg, &n_ids);
+  if (!ids) return 2;
+
+  ci_cli_model cm;
+  if (ci_cli_model_open(model_arg, (int)threads, &cm)) {
+    free(ids);
+    return 1;
+  }
+  int rc = 1;
+  const int vocab = cm.model->spec.vocab;
+  for (int i = 0; i < n_ids; i++) {
+    if (ids[i] >= vocab) {
+      fprintf(stderr, "cinfer logits: token id %d at index %d is out of range [0, %d)\n", ids[i],
+              i, vocab);
+      goto done;
+    }
+  }
+  if (chunk == 0) chunk = n_ids;
+  ci_kv_cache *cache = ci_model_kv_cache_create(cm.model, CI_KV_BF16, 16, 0);
+  ci_kv_seq *seq = cache ? ci_kv_seq_create(cache) : NULL;
+  float *rows = malloc((size_t)chunk * (size_t)vocab * sizeof(float));
+  FILE *out = fopen(out_path, "wb");
+  if (!cache || !seq || !rows || !out) {
+    fprintf(stderr, "cinfer logits: %s\n",
+            !out ? "cannot open the output file" : ci_last_error());
+  } else {
+    rc = 0;
+    for (int start = 0; start < n_ids && rc == 0; start += (int)chunk) {
+      int n = n_ids - start < chunk ? n_ids - start : (int)chunk;
+      if (ci_model_forward(cm.model, seq, ids + start, n, rows, n)) {
+        fprintf(stderr, "cinfer logits: %s\n", ci_last_error());
+        rc = 1;
+      } else if (fwrite(rows, sizeof(float) * (size_t)vocab, (size_t)n, out) != (size_t)n) {
+        fprintf(stderr, "cinfer logits: write to %s failed\n", out_path);
+        rc = 1;
+      }
+    }
+  }
+  if (out && fclose(out) != 0 && rc == 0) {
+    fprintf(stderr, "cinfer logits: write to %s failed\n", out_path);
+    rc = 1;
+  }
+  free(rows);
+  ci_kv_seq_free(seq);
+  ci_kv_cache_free(cache);
+done:
+  free(ids);
+  ci_cli_model_close(&cm);
+  return rc;
+}

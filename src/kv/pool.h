@@ -1,0 +1,52 @@
+/* KV block pool: fixed-size, reference-counted blocks of T token slots for every layer of one
+ * layer group in one codec. A block id names the same slot range in each layer of the group. */
+#ifndef CI_KV_POOL_H
+#define CI_KV_POOL_H
+
+#include "tensor/backend.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+  ci_backend *be;
+  ci_kv_codec codec;
+  int block_tokens; /* T */
+  int n_layers;
+  int n_kv_heads;
+  int head_dim;
+  size_t block_bytes;  /* one block of K (or of V) of one layer */
+  int32_t capacity;    /* blocks allocated in storage */
+  int32_t max_blocks;  /* 0 = grow without limit */
+  int32_t n_used;
+  uint8_t **k_data;    /* [n_layers] -> [capacity * block_bytes] */
+  uint8_t **v_data;
+  int32_t *refcount;   /* [capacity] */
+  int32_t *free_ids;   /* stack of free block ids */
+  int32_t n_free;
+} ci_kv_pool;
+
+/* Bytes one token of one KV head takes in `codec` (K and V together), model kv.md §2.6. */
+size_t ci_kv_codec_bytes_per_token(ci_kv_codec codec, int head_dim);
+
+/* "bf16", ... */
+const char *ci_kv_codec_name(ci_kv_codec codec);
+
+/* Sets up an empty pool (no storage yet). Returns CI_OK or CI_ERR. */
+int ci_kv_pool_init(ci_kv_pool *pool, ci_backend *be, ci_kv_codec codec, int block_tokens,
+                    int n_layers, int n_kv_heads, int head_dim, int32_t max_blocks);
+
+/* Frees the storage. Every block should have been released first. */
+void ci_kv_pool_destroy(ci_kv_pool *pool);
+
+/* Takes a free block (growing storage when needed) with refcount 1. Returns its id, or -1 with
+ * ci_last_error when the pool is at max_blocks or memory runs out. */
+int32_t ci_kv_pool_alloc(ci_kv_pool *pool);
+
+/* Adds an owner to a block (prefix cache, forked sequence). */
+void ci_kv_pool_retain(ci_kv_pool *pool, int32_t id);
+
+/* Drops an owner; the block returns to the free list when none is left. */
+void ci_kv_pool_release(ci_kv_pool *pool, int32_t id);
+
+#endif

@@ -1,0 +1,95 @@
+/* config.json -> model spec: picks the text config, dispatches on model_type through the family
+ * table, and validates the geometry every family shares. */
+#include "base/error.h"
+#include "model/config_read.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const ci_family families[] = {
+    {"llama", ci_family_llama_configure},
+    {"mistral", ci_family_mistral_configure},
+    {"qwen2", ci_family_qwen2_configure},
+    {"qwen3", ci_family_qwen3_configure},
+};
+enum { N_FAMILIES = sizeof families / sizeof families[0] };
+
+const char *ci_supported_model_types(void) { return "llama, mistral, qwen2, qwen3"; }
+
+void ci_model_spec_free(ci_model_spec *spec) {
+  if (!spec) return;
+  free(spec->layers);
+  for (int i = 0; i < CI_MAX_ROPES; i++) free(spec->ropes[i].inv_freq);
+  for (int i = 0; i < spec->quant.n_overrides; i++) free(spec->quant.overrides[i].path);
+  free(spec->quant.overrides);
+  memset(spec, 0, sizeof *spec);
+}
+
+/* The object holding the text model's keys: text_config when present, else the top level. */
+static json_t *text_config_of(json_t *config) {
+  json_t *text = json_object_get(config, "text_config");
+  return text && json_is_object(text) ? text : config;
+}
+
+int ci_model_spec_from_json(json_t *config, ci_model_spec *spec) {
+  memset(spec, 0, sizeof *spec);
+  if (!json_is_object(config)) return ci_fail("config.json: top level must be a JSON object");
+  json_t *text = text_config_of(config);
+  json_t *type = json_object_get(text, "model_type");
+  if (!type) type = json_object_get(config, "model_type");
+  if (!type || !json_is_string(type))
+    return ci_fail("config.json: \"model_type\" is missing (supported: %s)",
+                   ci_supported_model_types());
+  const char *name = json_string_value(type);
+  const ci_family *family = NULL;
+  for (int i = 0; i < N_FAMILIES; i++)
+    if (strcmp(families[i].model_type, name) == 0) family = &families[i];
+  if (!family)
+    return ci_fail("config.json: unsupported model_type \"%s\" (supported: %s)", name,
+                   ci_supported_model_types());
+  spec->model_type = family->model_type;
+  int status = family->configure(text, spec);
+  /* A top-level eos_token_id overrides the nested one. */
+  if (status == CI_OK && text != config && json_object_get(config, "eos_token_id")) {
+    spec->n_eos = 0;
+    json_t *eos = json_object_get(config, "eos_token_id");
+    if (json_is_integer(eos)) {
+      spec->eos_ids[spec->n_eos++] = (int)json_integer_value(eos);
+    } else if (json_is_array(eos)) {
+      size_t i;
+      json_t *v;
+      json_array_foreach(eos, i, v) if (json_is_integer(v) && spec->n_eos < CI_MAX_EOS)
+          spec->eos_ids[spec->n_eos++] = (int)json_integer_value(v);
+    }
+  }
+  if (status == CI_OK) {
+    /* Sizes must keep every [rows, cols] product inside int64 and per-row sizes inside int. */
+    for (int i = 0; i < spec->n_layers && status == CI_OK; i++) {
+      const ci_layer_spec *l = &spec->layers[i];
+      if ((long long)spec->n_heads * l->head_dim > INT_MAX / 4 ||
+          (long long)l->n_kv_heads * l->head_dim > INT_MAX / 4)
+        status = ci_fail("config.json: attention width of layer %d is too large", i);
+    }
+  }
+  if (status != CI_OK) ci_model_spec_free(spec);
+  return status;
+}
+
+int ci_model_spec_load(const char *model_dir, ci_model_spec *spec) {
+  memset(spec, 0, sizeof *spec);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/config.json", model_dir);
+  json_error_t jerr;
+  json_t *config = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+  if (!config) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return ci_fail("%s: missing (a model folder needs config.json)", path);
+    fclose(f);
+    return ci_fail("%s: not valid JSON (line %d: %s)", path, jerr.line, jerr.text);
+  }
+  int status = ci_model_spec_from_json(config, spec);
+  json_decref(config);
+  return status;
+}

@@ -1,0 +1,248 @@
+/* Model loading: binds the safetensors tensors named by the spec to the layer structs,
+ * checking dtype, shape and quantization of each, and rejects anything missing or unused. */
+#include "base/error.h"
+#include "io/safetensors.h"
+#include "model/manifest.h"
+#include "model/model.h"
+
+#include <stddef.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Takes `<module>.<part>` from the files, NULL if absent. */
+static ci_st_tensor *take_part(ci_model *m, const char *module, const char *part) {
+  char name[512];
+  snprintf(name, sizeof name, "%s.%s", module, part);
+  return ci_weights_take(m->files, name);
+}
+
+static int check_2d(const ci_st_tensor *t, const char *name, int64_t rows, int64_t cols) {
+  if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols)
+    return ci_fail("tensor %s: shape %s[%lld, %lld] expected [%lld, %lld] from config.json", name,
+                   t->ndim == 2 ? "" : "(not 2-D) ", t->ndim > 0 ? (long long)t->shape[0] : 0LL,
+                   t->ndim > 1 ? (long long)t->shape[1] : 0LL, (long long)rows, (long long)cols);
+  return CI_OK;
+}
+
+/* Binds linear/embedding module `module` of logical shape [rows, cols] (plain float weight, or
+ * MLX affine codes + scales + biases as the quantization map says). */
+static int bind_matrix(ci_model *m, const char *module, int64_t rows, int64_t cols, ci_tensor *out) {
+  char name[512];
+  snprintf(name, sizeof name, "%s.weight", module);
+  ci_st_tensor *w = ci_weights_take(m->files, name);
+  if (!w) return ci_fail("missing tensor %s", name);
+  ci_st_tensor *scales = take_part(m, module, "scales");
+  ci_st_tensor *biases = take_part(m, module, "biases");
+  memset(out, 0, sizeof *out);
+  out->ndim = 2;
+  out->shape[0] = rows;
+  out->shape[1] = cols;
+  out->data = w->data;
+  if (!scales) {
+    if (biases) return ci_fail("tensor %s.biases has no matching .scales", module);
+    if (w->dtype != CI_F32 && w->dtype != CI_F16 && w->dtype != CI_BF16)
+      return ci_fail("tensor %s: dtype %s is not a float weight (and no .scales: not quantized)",
+                     name, ci_dtype_get(w->dtype)->name);
+    out->dtype = w->dtype;
+    return check_2d(w, name, rows, cols);
+  }
+  if (!biases) return ci_fail("tensor %s.scales has no matching .biases", module);
+  ci_quant q = ci_quant_lookup(&m->spec.quant, module);
+  if (q.bits == 0)
+    return ci_fail("tensor %s is quantized (has .scales) but config.json has no quantization "
+                   "for it",
+                   module);
+  if (w->dtype != CI_U32) return ci_fail("tensor %s: quantized codes must be U32", name);
+  if (scales->dtype != biases->dtype ||
+      (scales->dtype != CI_F32 && scales->dtype != CI_F16 && scales->dtype != CI_BF16))
+    return ci_fail("tensor %s.scales/.biases must share a float dtype", module);
+  if (cols % q.group_size != 0)
+    return ci_fail("tensor %s: input size %lld is not a multiple of group_size %d", module,
+                   (long long)cols, q.group_size);
+  if (check_2d(w, name, rows, cols * q.bits / 32)) return ci_fail_context("%d-bit codes", q.bits);
+  char part[512];
+  snprintf(part, sizeof part, "%s.scales", module);
+  if (check_2d(scales, part, rows, cols / q.group_size)) return CI_ERR;
+  snprintf(part, sizeof part, "%s.biases", module);
+  if (check_2d(biases, part, rows, cols / q.group_size)) return CI_ERR;
+  out->dtype = q.bits == 8 ? CI_Q8 : CI_Q4;
+  out->scales = scales->data;
+  out->biases = biases->data;
+  out->scale_dtype = scales->dtype;
+  out->group_size = q.group_size;
+  return CI_OK;
+}
+
+/* Copies a 1-D float tensor of `len` elements to an owned f32 array. Missing: NULL with CI_OK
+ * when optional, else an error. */
+static int bind_vector(ci_model *m, const char *name, int64_t len, int required, float **out) {
+  *out = NULL;
+  ci_st_tensor *t = ci_weights_take(m->files, name);
+  if (!t) return required ? ci_fail("missing tensor %s", name) : CI_OK;
+  if (t->dtype != CI_F32 && t->dtype != CI_F16 && t->dtype != CI_BF16)
+    return ci_fail("tensor %s: dtype %s is not a float type", name, ci_dtype_get(t->dtype)->name);
+  if (t->ndim != 1 || t->shape[0] != len)
+    return ci_fail("tensor %s: shape disagrees with config.json (expected [%lld])", name,
+                   (long long)len);
+  *out = malloc((size_t)len * sizeof(float));
+  if (!*out) return ci_fail("out of memory");
+  for (int64_t i = 0; i < len; i++) (*out)[i] = ci_float_at(t->dtype, t->data, (size_t)i);
+  return CI_OK;
+}
+
+/* Binds one manifest entry into the model. */
+static int bind_entry(void *ctx, const ci_manifest_entry *e) {
+  ci_model *m = ctx;
+  char name[300];
+  void *dst;
+  if (e->layer >= 0) {
+    dst = (char *)&m->layers[e->layer] + e->field;
+  } else {
+    static const size_t global_fields[] = {offsetof(ci_model, embed),
+                                           offsetof(ci_model, final_norm),
+                                           offsetof(ci_model, head)};
+    dst = (char *)m + global_fields[e->global_role];
+  }
+  switch (e->kind) {
+  case CI_MANIFEST_MATRIX: return bind_matrix(m, e->module, e->rows, e->cols, dst);
+  case CI_MANIFEST_NORM:
+    snprintf(name, sizeof name, "%s.weight", e->module);
+    return bind_vector(m, name, e->rows, 1, dst);
+  case CI_MANIFEST_BIAS:
+    snprintf(name, sizeof name, "%s.bias", e->module);
+    return bind_vector(m, name, e->rows, 1, dst);
+  }
+  return ci_fail("manifest: unknown tensor kind");
+}
+
+/* Tensors that checkpoints carry but no supported family reads (model.md §1 drop list). */
+static int is_droppable(const char *name) {
+  static const char *const dropped_prefixes[] = {
+      "vision_tower.", "multi_modal_projector.", "embed_vision.", "audio_tower.",
+      "embed_audio.",  "vision_embedder.",       "model.visual.", "mtp."};
+  for (size_t i = 0; i < sizeof dropped_prefixes / sizeof dropped_prefixes[0]; i++)
+    if (strncmp(name, dropped_prefixes[i], strlen(dropped_prefixes[i])) == 0) return 1;
+  return strstr(name, ".rotary_emb.") != NULL;
+}
+
+/* The tensor-name prefix of the text model, found by where the embedding lives. */
+static const char *find_prefix(ci_weights *files) {
+  static const char *const prefixes[] = {"model.", "model.language_model.",
+                                         "language_model.model."};
+  for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
+    char name[128];
+    snprintf(name, sizeof name, "%sembed_tokens.weight", prefixes[i]);
+    if (ci_weights_find(files, name)) return prefixes[i];
+  }
+  return NULL;
+}
+
+/* Drops the head tensors a tied model may still carry. */
+static void drop_tied_head(ci_model *m, const char *head_module) {
+  static const char *const parts[] = {"weight", "scales", "biases"};
+  for (int i = 0; i < 3; i++) take_part(m, head_module, parts[i]);
+}
+
+static int bind_all(ci_model *m) {
+  const ci_model_spec *s = &m->spec;
+  const char *prefix = find_prefix(m->files);
+  if (!prefix)
+    return ci_fail("missing tensor model.embed_tokens.weight (no embedding under any known "
+                   "prefix)");
+  const char *head_module =
+      strcmp(prefix, "language_model.model.") == 0 ? "language_model.lm_head" : "lm_head";
+  char name[300];
+  snprintf(name, sizeof name, "%s.weight", head_module);
+  int has_head = ci_weights_find(m->files, name) != NULL;
+  int untied = !s->tied && has_head;
+  m->layers = calloc((size_t)s->n_layers, sizeof *m->layers);
+  if (!m->layers) return ci_fail("out of memory");
+  if (ci_manifest_each(s, prefix, untied, bind_entry, m)) return CI_ERR;
+  if (!untied) {
+    m->head = m->embed;
+    drop_tied_head(m, head_module);
+  }
+  for (int i = 0; i < ci_weights_count(m->files); i++) {
+    const ci_st_tensor *t = ci_weights_at(m->files, i);
+    if (!t->used && !is_droppable(t->name))
+      return ci_fail("unexpected tensor %s (not part of a %s model with this config)", t->name,
+                     s->model_type);
+  }
+  return CI_OK;
+}
+
+ci_model *ci_model_load(const char *model_dir, ci_backend *be) {
+  ci_model *m = calloc(1, sizeof *m);
+  if (!m) {
+    ci_fail("out of memory");
+    return NULL;
+  }
+  m->be = be;
+  if (ci_model_spec_load(model_dir, &m->spec)) {
+    free(m);
+    return NULL;
+  }
+  m->files = ci_weights_open(model_dir);
+  if (!m->files || bind_all(m)) {
+    ci_model_free(m);
+    return NULL;
+  }
+  return m;
+}
+
+void ci_model_free(ci_model *m) {
+  if (!m) return;
+  if (m->layers) {
+    for (int i = 0; i < m->spec.n_layers; i++) {
+      ci_layer_weights *L = &m->layers[i];
+      float *owned[] = {L->attn_norm, L->mlp_norm, L->bq,     L->bk,   L->bv,    L->bo,
+                        L->q_norm,    L->k_norm,   L->b_gate, L->b_up, L->b_down};
+      for (size_t k = 0; k < sizeof owned / sizeof owned[0]; k++) free(owned[k]);
+    }
+    free(m->layers);
+  }
+  free(m->final_norm);
+  ci_weights_free(m->files);
+  ci_model_spec_free(&m->spec);
+  free(m);
+}
+
+/* Bytes of a bound matrix as stored (codes + scales + biases for affine formats). */
+static int64_t matrix_bytes(const ci_tensor *t) {
+  int64_t n = ci_tensor_numel(t);
+  int64_t bytes = (int64_t)ci_dtype_bytes(t->dtype, (size_t)n);
+  if (ci_dtype_is_affine(t->dtype))
+    bytes += 2 * (n / t->group_size) * (int64_t)ci_dtype_bytes(t->scale_dtype, 1);
+  return bytes;
+}
+
+int64_t ci_model_weight_bytes_per_token(const ci_model *m) {
+  int64_t bytes = matrix_bytes(&m->head);
+  for (int i = 0; i < m->spec.n_layers; i++) {
+    const ci_layer_weights *L = &m->layers[i];
+    const ci_tensor *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++) bytes += matrix_bytes(mats[k]);
+  }
+  return bytes;
+}
+
+ci_kv_cache *ci_model_kv_cache_create(const ci_model *m, ci_kv_codec codec, int block_tokens,
+                                      int32_t max_blocks_per_group) {
+  ci_kv_layer_desc *desc = calloc((size_t)m->spec.n_layers, sizeof *desc);
+  if (!desc) {
+    ci_fail("out of memory");
+    return NULL;
+  }
+  for (int i = 0; i < m->spec.n_layers; i++) {
+    const ci_layer_spec *l = &m->spec.layers[i];
+    desc[i] = (ci_kv_layer_desc){.window = l->kind == CI_ATTN_SLIDING ? l->window : 0,
+                                 .n_kv_heads = l->n_kv_heads,
+                                 .head_dim = l->head_dim};
+  }
+  ci_kv_cache *cache = ci_kv_cache_create(m->be, m->spec.n_layers, desc, codec, block_tokens,
+                                          max_blocks_per_group);
+  free(desc);
+  return cache;
+}

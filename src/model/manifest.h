@@ -1,0 +1,33 @@
+/* Tensor manifest: the list of tensors a model spec expects — module name, kind and logical
+ * shape — from one table. The loader binds it; `init-random` writes it. */
+#ifndef CI_MODEL_MANIFEST_H
+#define CI_MODEL_MANIFEST_H
+
+#include "model/spec.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+  CI_MANIFEST_MATRIX, /* `<module>.weight` [rows, cols], or MLX affine .weight/.scales/.biases */
+  CI_MANIFEST_NORM,   /* `<module>.weight` [rows] */
+  CI_MANIFEST_BIAS,   /* `<module>.bias` [rows] */
+} ci_manifest_kind;
+
+typedef struct {
+  char module[256];  /* full module path, e.g. "model.layers.0.self_attn.q_proj" */
+  ci_manifest_kind kind;
+  int64_t rows;      /* output size (vector length for norms and biases) */
+  int64_t cols;      /* input size; 0 for vectors */
+  int layer;         /* layer index, -1 for global tensors */
+  size_t field;      /* offsetof the destination in ci_layer_weights (layer >= 0) */
+  int global_role;   /* layer < 0: 0 embedding, 1 final norm, 2 head */
+} ci_manifest_entry;
+
+/* Calls fn for each expected tensor of `spec` with tensor-name prefix `prefix` ("model." for
+ * Hugging Face text checkpoints), in checkpoint order. `include_head` adds lm_head (untied
+ * models). Stops and returns the first non-zero value fn returns, else 0. */
+int ci_manifest_each(const ci_model_spec *spec, const char *prefix, int include_head,
+                     int (*fn)(void *ctx, const ci_manifest_entry *entry), void *ctx);
+
+#endif

@@ -1,0 +1,62 @@
+/* A loaded model: its spec, its weight files and the tensors of every layer, bound to a
+ * backend. The forward pass (forward.c) reads it top to bottom. */
+#ifndef CI_MODEL_MODEL_H
+#define CI_MODEL_MODEL_H
+
+#include "kv/cache.h"
+#include "model/spec.h"
+#include "tensor/backend.h"
+
+typedef struct ci_weights ci_weights;
+
+/* Tensors of one transformer layer. Linear weights are [out, in] in their stored format;
+ * vectors (norm weights, biases) are owned f32 copies, NULL when the model has none. */
+typedef struct {
+  float *attn_norm;      /* (hidden) input_layernorm */
+  ci_tensor wq;          /* (Hq*D, hidden) */
+  ci_tensor wk;          /* (Hkv*D, hidden) */
+  ci_tensor wv;          /* (Hkv*D, hidden) */
+  ci_tensor wo;          /* (hidden, Hq*D) */
+  float *bq, *bk, *bv;   /* (Hq*D), (Hkv*D), (Hkv*D) */
+  float *bo;             /* (hidden) */
+  float *q_norm, *k_norm; /* (D) */
+  float *mlp_norm;       /* (hidden) post_attention_layernorm */
+  ci_tensor w_gate;      /* (I, hidden) */
+  ci_tensor w_up;        /* (I, hidden) */
+  ci_tensor w_down;      /* (hidden, I) */
+  float *b_gate, *b_up, *b_down;
+} ci_layer_weights;
+
+typedef struct ci_model {
+  ci_model_spec spec;
+  ci_backend *be;          /* not owned */
+  ci_weights *files;       /* owned: the mmap'd safetensors */
+  ci_tensor embed;         /* (V, hidden) */
+  ci_tensor head;          /* (V, hidden); the embedding itself when tied */
+  float *final_norm;       /* (hidden) */
+  ci_layer_weights *layers; /* [n_layers] */
+} ci_model;
+
+/* Loads a model folder (config.json + safetensors) for backend `be`. Validates every tensor
+ * against the config; a missing, misshapen or unused tensor is an error naming it. Returns NULL
+ * with ci_last_error on failure. */
+ci_model *ci_model_load(const char *model_dir, ci_backend *be);
+
+/* Frees the model (not the backend). NULL is a no-op. */
+void ci_model_free(ci_model *model);
+
+/* Bytes of weights one decode step reads (every matrix once, the embedding row excluded). */
+int64_t ci_model_weight_bytes_per_token(const ci_model *model);
+
+/* A KV cache laid out for this model's layers, storing every layer in `codec`. */
+ci_kv_cache *ci_model_kv_cache_create(const ci_model *model, ci_kv_codec codec, int block_tokens,
+                                      int32_t max_blocks_per_group);
+
+/* Forward pass of n tokens `ids` of one sequence at positions seq->n .. seq->n+n-1: writes
+ * their K/V into the sequence and advances it. When logits is non-NULL it receives
+ * [n_logit_rows, vocab] f32 logits for the last n_logit_rows positions (1 <= n_logit_rows <= n).
+ * Returns CI_OK or CI_ERR (bad id, KV exhausted). */
+int ci_model_forward(ci_model *model, ci_kv_seq *seq, const int32_t *ids, int n, float *logits,
+                     int n_logit_rows);
+
+#endif

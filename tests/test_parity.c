@@ -1,0 +1,152 @@
+/* Parity with Hugging Face transformers: every fixture in tests/fixtures (tiny random models
+ * exported by tools/make_fixtures.py with transformers' f32 logits) fed whole, in chunks of 1
+ * and of 3 through the paged KV cache: max |Δlogit| <= 1e-3 and the same argmax everywhere. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "base/error.h"
+#include "model/model.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const float tolerance = 1e-3f;
+
+/* Reads a whole file; returns a malloc'd buffer (NUL-terminated) and its size. */
+static char *read_file(const char *path, size_t *size) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *buf = malloc((size_t)n + 1);
+  if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+    free(buf);
+    buf = NULL;
+  }
+  fclose(f);
+  if (buf) buf[n] = '\0';
+  if (size) *size = (size_t)n;
+  return buf;
+}
+
+static int32_t *read_ids(const char *dir, int *n) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/ids.txt", dir);
+  char *text = read_file(path, NULL);
+  assert_non_null(text);
+  int32_t *ids = malloc(strlen(text) * sizeof *ids);
+  int count = 0;
+  for (char *tok = strtok(text, ",\n "); tok; tok = strtok(NULL, ",\n ")) ids[count++] = atoi(tok);
+  free(text);
+  *n = count;
+  return ids;
+}
+
+/* Runs one fixture at one chunk size; returns the max |Δlogit| and counts argmax mismatches. */
+static float run_fixture(ci_model *model, const int32_t *ids, int n, const float *ref, int chunk,
+                         int *argmax_mismatches) {
+  const int V = model->spec.vocab;
+  ci_kv_cache *cache = ci_model_kv_cache_create(model, CI_KV_F32, 16, 0);
+  assert_non_null(cache);
+  ci_kv_seq *seq = ci_kv_seq_create(cache);
+  assert_non_null(seq);
+  float *logits = malloc((size_t)n * V * sizeof(float));
+  for (int start = 0; start < n; start += chunk) {
+    int len = n - start < chunk ? n - start : chunk;
+    int rc = ci_model_forward(model, seq, ids + start, len, logits + (size_t)start * V, len);
+    if (rc) fprintf(stderr, "forward failed: %s\n", ci_last_error());
+    assert_int_equal(rc, CI_OK);
+  }
+  assert_int_equal(seq->n, n);
+  float max_diff = 0.0f;
+  *argmax_mismatches = 0;
+  for (int i = 0; i < n; i++) {
+    int best = 0, ref_best = 0;
+    for (int v = 0; v < V; v++) {
+      float d = fabsf(logits[(size_t)i * V + v] - ref[(size_t)i * V + v]);
+      if (!(d <= max_diff)) max_diff = d; /* NaN propagates as a failure */
+      if (logits[(size_t)i * V + v] > logits[(size_t)i * V + best]) best = v;
+      if (ref[(size_t)i * V + v] > ref[(size_t)i * V + ref_best]) ref_best = v;
+    }
+    if (best != ref_best) (*argmax_mismatches)++;
+  }
+  free(logits);
+  ci_kv_seq_free(seq);
+  assert_int_equal(ci_kv_cache_blocks_used(cache), 0);
+  ci_kv_cache_free(cache);
+  return max_diff;
+}
+
+/* Returns the number of failed chunkings of one fixture (each is printed). */
+static int test_fixture_dir(const char *dir) {
+  int failures = 0;
+  ci_backend *be = ci_cpu_backend_create(2);
+  assert_non_null(be);
+  ci_model *model = ci_model_load(dir, be);
+  if (!model) fprintf(stderr, "load %s: %s\n", dir, ci_last_error());
+  assert_non_null(model);
+  int n;
+  int32_t *ids = read_ids(dir, &n);
+  assert_true(n >= 32);
+  char path[1024];
+  snprintf(path, sizeof path, "%s/logits.f32", dir);
+  size_t size;
+  float *ref = (float *)read_file(path, &size);
+  assert_non_null(ref);
+  assert_int_equal(size, (size_t)n * model->spec.vocab * sizeof(float));
+  const int chunks[] = {n, 1, 3};
+  for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+    int mismatches;
+    float diff = run_fixture(model, ids, n, ref, chunks[c], &mismatches);
+    printf("  %-24s chunk %2d: max |dlogit| %.2e, argmax mismatches %d\n", strrchr(dir, '/') + 1,
+           chunks[c], diff, mismatches);
+    if (!(diff <= tolerance) || mismatches != 0) {
+      printf("  FAIL: %s at chunk %d\n", dir, chunks[c]);
+      failures++;
+    }
+  }
+  free(ref);
+  free(ids);
+  ci_model_free(model);
+  be->ops->destroy(be);
+  return failures;
+}
+
+static void test_all_fixtures(void **state) {
+  (void)state;
+  DIR *d = opendir(CI_FIXTURE_DIR);
+  assert_non_null(d);
+  char *names[256];
+  int count = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) && count < 256) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s/logits.f32", CI_FIXTURE_DIR, e->d_name);
+    FILE *f = fopen(path, "rb");
+    if (!f) continue;
+    fclose(f);
+    names[count++] = strdup(e->d_name);
+  }
+  closedir(d);
+  assert_true(count >= 18);
+  int failures = 0;
+  for (int i = 0; i < count; i++) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", CI_FIXTURE_DIR, names[i]);
+    failures += test_fixture_dir(dir);
+    free(names[i]);
+  }
+  assert_int_equal(failures, 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_all_fixtures)};
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
