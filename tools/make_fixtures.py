@@ -12,6 +12,8 @@ Each fixture folder holds:
                      row-major [n_ids, vocab_size]; model run in f32 on CPU, eager attention,
                      with exactly the weights the file describes (bf16 upcast, or the MLX
                      dequantization `scale_bf16 * q + bias_bf16` computed in f32)
+  logits_kvbf16.f32  the same, with K (after RoPE) and V rounded to bf16 where attention reads
+                     them: the reference for cinfer's bf16 KV codec
 and tests/fixtures/MANIFEST.json summarises them (geometry, quantization, logits stats).
 
 Everything is deterministic (numpy Generator seeded from the fixture name).
@@ -528,14 +530,45 @@ class Ctx:
         assert np.all(np.isfinite(lg))
         return lg
 
+    def logits_kvbf16(self, model, ids):
+        """Logits with K (after RoPE) and V rounded to bf16 where attention reads them: the
+        semantics of cinfer's bf16 KV codec (kv.md §2.1) on an otherwise f32 model. The model
+        module's eager attention function is wrapped (so masks are built exactly as for eager);
+        the wrapper without rounding is checked to reproduce the plain logits exactly."""
+        import importlib
+        torch = self.torch
+        module = importlib.import_module(type(model).__module__)
+        eager = module.eager_attention_forward
+
+        def make(round_kv):
+            def attend(mod, query, key, value, attention_mask, *args, **kwargs):
+                if round_kv:
+                    key = key.to(torch.bfloat16).float()
+                    value = value.to(torch.bfloat16).float()
+                return eager(mod, query, key, value, attention_mask, *args, **kwargs)
+            return attend
+
+        plain = self.logits(model, ids)
+        try:
+            module.eager_attention_forward = make(False)
+            assert np.array_equal(self.logits(model, ids), plain), "attention wrapper not exact"
+            module.eager_attention_forward = make(True)
+            lg = self.logits(model, ids)
+        finally:
+            module.eager_attention_forward = eager
+        assert np.abs(lg - plain).max() > 0, "bf16 KV rounding changed nothing"
+        return lg
+
     def inv_freq(self, model):
         return model.model.rotary_emb.inv_freq.float().cpu().numpy()
 
 
-def write_common(folder, ids, logits):
+def write_common(folder, ids, logits, logits_kvbf16):
     with open(os.path.join(folder, "ids.txt"), "w") as f:
         f.write(",".join(str(int(i)) for i in ids) + "\n")
     np.ascontiguousarray(logits, dtype="<f4").tofile(os.path.join(folder, "logits.f32"))
+    np.ascontiguousarray(logits_kvbf16, dtype="<f4").tofile(
+        os.path.join(folder, "logits_kvbf16.f32"))
 
 
 def write_json(path, d):
@@ -598,7 +631,7 @@ def make_base(ctx, fx, out, warnings):
     rng = np.random.default_rng(seed ^ 0x5EED)
     ids = rng.integers(0, kw["vocab_size"], N_IDS).tolist()
     lg = ctx.logits(model, ids)
-    write_common(folder, ids, lg)
+    write_common(folder, ids, lg, ctx.logits_kvbf16(model, ids))
 
     # checks: RoPE table vs the spec formula; scaling actually changes the output
     rp_eff, rel = None, None
@@ -644,7 +677,7 @@ def make_base(ctx, fx, out, warnings):
             lg = ctx.logits(m3, ids)
             want = spec_inv_freq(fx["kw"]["rope_parameters"], kw["head_dim"])
             assert np.max(np.abs(ctx.inv_freq(m3) - want) / want) < 1e-5
-            write_common(folder, ids, lg)
+            write_common(folder, ids, lg, ctx.logits_kvbf16(m3, ids))
     names = [n for n, _ in specs]
     info["n_params"] = int(sum(int(np.prod(s)) for _, s in specs))
     info["tensors"] = len(names)
@@ -696,7 +729,7 @@ def make_quant(ctx, base, fx, suffix, bits, group, out):
     model = ctx.build_model(ctx.load_config(folder))
     ctx.load_weights(model, ref, base["tied"])
     lg = ctx.logits(model, base["ids"])
-    write_common(folder, base["ids"], lg)
+    write_common(folder, base["ids"], lg, ctx.logits_kvbf16(model, base["ids"]))
     info = {"quantization": qmap, "max_abs_weight_err_vs_bf16": err,
             "official_reader": official,
             "modules": {m: (list(p) if isinstance(p, tuple) else p) for m, p in sorted(qinfo.items())}}
