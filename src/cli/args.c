@@ -100,13 +100,14 @@ int32_t *ci_parse_id_list(const char *csv, int *n) {
       ok = !errno && *parse_end == '\0';
     }
     if (!ok) {
-      fprintf(stderr, "cinfer: token id %d ('%.*s') is not an integer\n", count,
+      fprintf(stderr, "cinfer: --ids item %d ('%.*s') is not an integer\n", count,
               (int)(len > 40 ? 40 : len), start);
       free(ids);
       return NULL;
     }
     if (value < 0 || value > INT32_MAX) {
-      fprintf(stderr, "cinfer: token id %d (%lld) is out of range (ids are >= 0)\n", count, value);
+      fprintf(stderr, "cinfer: token id %lld at index %d is out of range (ids are >= 0)\n", value,
+              count);
       free(ids);
       return NULL;
     }

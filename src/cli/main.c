@@ -13,6 +13,7 @@ typedef struct {
 static const verb verbs[] = {
     {"logits", ci_verb_logits, "write teacher-forced f32 logits of a token-id prompt"},
     {"init-random", ci_verb_init_random, "write a random-weight model for a config"},
+    {"generate", ci_verb_generate, "greedy continuation of a token-id prompt"},
     {"bench", ci_verb_bench, "measure prefill and decode tok/s"},
 };
 

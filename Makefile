@@ -1,0 +1,43 @@
+# cinfer front door: `make` builds build/cinfer, `make test` runs every test (normal and
+# AddressSanitizer+UBSan builds), `make run` runs the bundled default model, `make bench`
+# writes bench/cpu.md, `make fuzz` runs the libFuzzer targets briefly.
+JOBS ?= $(shell nproc)
+DEFAULT_MODEL ?= tests/fixtures/qwen3
+FUZZ_SECONDS ?= 30
+
+.PHONY: all deps build test test-release test-asan run bench fuzz clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+build: deps
+	@cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build build -j$(JOBS)
+
+test: test-release test-asan
+
+test-release: build
+	cd build && ctest --output-on-failure -j$(JOBS)
+
+test-asan: deps
+	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCINFER_SANITIZE=ON >/dev/null
+	@cmake --build build-asan -j$(JOBS)
+	cd build-asan && ctest --output-on-failure -j$(JOBS)
+
+run: build
+	build/cinfer generate --model $(DEFAULT_MODEL) --ids 1,2,3,4,5,6,7,8 --max-tokens 32
+
+bench: build
+	bench/run.sh
+
+fuzz: deps
+	@CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DCINFER_FUZZ=ON -DCINFER_SANITIZE=ON >/dev/null
+	@cmake --build build-fuzz -j$(JOBS) --target fuzz_safetensors fuzz_config
+	mkdir -p build-fuzz/corpus-safetensors build-fuzz/corpus-config
+	build-fuzz/fuzz/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus-safetensors
+	build-fuzz/fuzz/fuzz_config -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus-config tests/fixtures/*/config.json
+
+clean:
+	rm -rf build build-asan build-fuzz
