@@ -12,11 +12,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   ci_st_tensor *tensors = NULL;
   int count = -1;
+  ci_clear_error();
   if (ci_st_parse(data, size, "fuzz.safetensors", 0, &tensors, &count) != CI_OK) {
     if (tensors || count != 0 || ci_last_error()[0] == '\0') abort();
     return 0;
   }
-  unsigned checksum = 0;
+  volatile unsigned checksum = 0; /* volatile: the reads below must not be optimised away */
   for (int i = 0; i < count; i++) {
     const ci_st_tensor *t = &tensors[i];
     const uint8_t *first = t->data;
@@ -29,6 +30,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* Touch both ends so ASan checks the range really is inside the input. */
     if (t->nbytes > 0) checksum += first[0] + first[t->nbytes - 1];
   }
+  (void)checksum;
   free(tensors);
-  return (int)(checksum & 0);
+  return 0;
 }
