@@ -63,7 +63,7 @@ uint16_t ci_f32_to_f16(float f) {
   if (abs < 0x38800000u) { /* subnormal or zero in f16 */
     if (abs < 0x33000000u) return sign;
     uint32_t mantissa = (abs & 0x7fffff) | 0x800000;
-    int shift = 126 - (int)(abs >> 23) + 13 + 1;
+    int shift = 126 - (int)(abs >> 23); /* f16 subnormal unit is 2^-24 */
     uint32_t half = mantissa >> shift;
     uint32_t rem = mantissa & ((1u << shift) - 1);
     uint32_t mid = 1u << (shift - 1);

@@ -1,0 +1,116 @@
+/* Internal contract between the matmul dispatcher (matmul.c) and the per-ISA kernel files:
+ * the description of one matmul call, the weight-format index kernels are specialised on, and
+ * each ISA's table of kernels. Nothing outside src/backend/cpu/ includes this. */
+#ifndef CI_BACKEND_CPU_KERNELS_IMPL_H
+#define CI_BACKEND_CPU_KERNELS_IMPL_H
+
+#include "backend/cpu/kernels.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* A weight format: the element dtype and, for the MLX affine formats, the dtype of the
+ * scales and biases. Kernels are instantiated once per format. */
+typedef enum {
+  CI_WF_F32,
+  CI_WF_F16,
+  CI_WF_BF16,
+  CI_WF_Q8_F32,
+  CI_WF_Q8_F16,
+  CI_WF_Q8_BF16,
+  CI_WF_Q4_F32,
+  CI_WF_Q4_F16,
+  CI_WF_Q4_BF16,
+  CI_WF_COUNT
+} ci_weight_format;
+
+/* One matmul call, y[m, n] = x[m, k] @ W[n, k]^T, as the kernels see it. Read-only while the
+ * job runs; every task writes a disjoint set of y columns. */
+typedef struct {
+  ci_weight_format format;
+  int64_t n;                 /* rows of W (outputs) */
+  int64_t k;                 /* columns of W (inputs) */
+  const void *w;             /* elements, or packed codes (row stride k*bits/32 words) */
+  const void *scales;        /* [n, k/group] (affine formats) */
+  const void *biases;        /* [n, k/group] (affine formats) */
+  int group;                 /* group size (affine formats) */
+  int64_t m;                 /* rows of x and y */
+  const float *x;            /* [m, k]; for the affine formats in the row kernels' order
+                                (see word_lanes in ci_matmul_kernels) */
+  const float *x_group_sums; /* [m, k/group] sum of each group of x (affine formats, row
+                                kernels only) */
+  const float *x_packed;     /* panel kernels: x in panels of gemm_mr rows, [m/mr][k][mr],
+                                natural column order, rows past m zero */
+  float *y;                  /* [m, n] */
+} ci_matmul_job;
+
+/* Computes y[:, row_begin:row_end] for every x row. For the panel kernels, scratch holds the
+ * table's scratch_floats floats, private to the calling thread, 64-byte aligned; the row
+ * kernels get NULL. */
+typedef void (*ci_matmul_rows_fn)(const ci_matmul_job *job, int64_t row_begin, int64_t row_end,
+                                  float *scratch);
+
+/* One ISA's matmul kernels. */
+typedef struct {
+  /* Row-at-a-time kernels for small m: each block of weight rows is decoded once and reused
+   * for every x row. */
+  ci_matmul_rows_fn gemv[CI_WF_COUNT];
+  /* Panel kernels for large m (NULL where absent): W is decoded panel by panel into f32 scratch
+   * and multiplied by register-blocked tiles of x. */
+  ci_matmul_rows_fn gemm[CI_WF_COUNT];
+  int64_t gemm_min_m[CI_WF_COUNT]; /* use gemm when m >= this */
+  int gemm_mr;                     /* x rows per panel of x_packed */
+  int gemm_nr;                     /* row chunks handed to gemm are multiples of this */
+  size_t scratch_floats; /* per-thread scratch the gemm kernels need (row kernels: none) */
+  /* Affine formats, row kernels: 0 if they read x in natural order, else the number of
+   * 32-bit code words they decode side by side in one vector ("word-lane order"): within
+   * each block of lanes*E columns (E = 32/bits codes per word; a last, partial block has
+   * fewer lanes), code t of word j sits at block offset lanes*t + j, and for t < E-1 is
+   * multiplied by 2^-(bits*t) (exact) so that a code masked in place (q * 2^(bits*t)) needs
+   * no shift. */
+  int word_lanes;
+} ci_matmul_kernels;
+
+/* Each ISA's kernel tables: static and immutable, safe to share between threads. The SIMD
+ * ones may only be called when ci_isa_supported says so. */
+const ci_matmul_kernels *ci_matmul_kernels_ref(void);
+const ci_matmul_kernels *ci_matmul_kernels_avx2(void);
+const ci_matmul_kernels *ci_matmul_kernels_avx512(void);
+
+const ci_cpu_vec_kernels *ci_vec_kernels_ref(void);
+const ci_cpu_vec_kernels *ci_vec_kernels_avx2(void);
+const ci_cpu_vec_kernels *ci_vec_kernels_avx512(void);
+
+/* ==== Helpers shared by the kernel files ==== */
+
+/* The weight format of (element dtype, scale dtype); -1 when unsupported. */
+static inline int ci_weight_format_of(ci_dtype dtype, ci_dtype scale_dtype) {
+  int scale_index = scale_dtype == CI_F32    ? 0
+                    : scale_dtype == CI_F16  ? 1
+                    : scale_dtype == CI_BF16 ? 2
+                                             : -1;
+  switch (dtype) {
+  case CI_F32: return CI_WF_F32;
+  case CI_F16: return CI_WF_F16;
+  case CI_BF16: return CI_WF_BF16;
+  case CI_Q8: return scale_index < 0 ? -1 : CI_WF_Q8_F32 + scale_index;
+  case CI_Q4: return scale_index < 0 ? -1 : CI_WF_Q4_F32 + scale_index;
+  default: return -1;
+  }
+}
+
+/* Element dtype of a weight format. */
+static inline ci_dtype ci_weight_format_dtype(ci_weight_format f) {
+  static const ci_dtype element[CI_WF_COUNT] = {CI_F32, CI_F16, CI_BF16, CI_Q8, CI_Q8,
+                                                CI_Q8,  CI_Q4,  CI_Q4,   CI_Q4};
+  return element[f];
+}
+
+/* Dtype of the scales and biases of an affine weight format (F32 for the float formats). */
+static inline ci_dtype ci_weight_format_scale_dtype(ci_weight_format f) {
+  static const ci_dtype scale[CI_WF_COUNT] = {CI_F32,  CI_F32, CI_F32, CI_F32, CI_F16,
+                                              CI_BF16, CI_F32, CI_F16, CI_BF16};
+  return scale[f];
+}
+
+#endif

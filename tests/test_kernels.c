@@ -1,0 +1,497 @@
+/* CPU kernel tests: the reference matmul against a naive double-precision dequantize-then-dot,
+ * every SIMD matmul the CPU supports against the reference (odd shapes, all formats, group
+ * sizes and scale dtypes), threaded against single-threaded, and the bf16 vector loops. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "backend/cpu/kernels.h"
+#include "base/error.h"
+#include "base/threadpool.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ==== Deterministic random numbers ==== */
+
+/* xorshift64* state; each test owns one. */
+typedef struct {
+  uint64_t state;
+} test_rng;
+
+/* Next 32 random bits. */
+static uint32_t rng_u32(test_rng *rng) {
+  rng->state ^= rng->state >> 12;
+  rng->state ^= rng->state << 25;
+  rng->state ^= rng->state >> 27;
+  return (uint32_t)((rng->state * 0x2545F4914F6CDD1DULL) >> 32);
+}
+
+/* Uniform in [lo, hi). */
+static float rng_uniform(test_rng *rng, float lo, float hi) {
+  return lo + (hi - lo) * (float)(rng_u32(rng) >> 8) * (1.0f / 16777216.0f);
+}
+
+/* ==== Test weights ==== */
+
+/* A weight tensor that owns its buffers. */
+typedef struct {
+  ci_tensor t;
+  void *data, *scales, *biases;
+} test_weight;
+
+/* Stores f as element i of a float array of dtype dt. Values that would be f16 subnormals
+ * are stored as 0 (the f16 encoder in dtype.c is not the subject here). */
+static void store_float(ci_dtype dt, void *base, size_t i, float f) {
+  if (dt == CI_F32)
+    ((float *)base)[i] = f;
+  else if (dt == CI_F16)
+    ((uint16_t *)base)[i] = ci_f32_to_f16(fabsf(f) < 1e-4f ? 0.0f : f);
+  else
+    ((uint16_t *)base)[i] = ci_f32_to_bf16(f);
+}
+
+/* A random [n, k] weight of `dtype`; affine formats get random codes, scales of both signs and
+ * biases, stored as scale_dtype with the given group size. */
+static test_weight make_weight(test_rng *rng, ci_dtype dtype, int64_t n, int64_t k,
+                               ci_dtype scale_dtype, int group) {
+  test_weight w;
+  memset(&w, 0, sizeof w);
+  w.t.dtype = dtype;
+  w.t.ndim = 2;
+  w.t.shape[0] = n;
+  w.t.shape[1] = k;
+  size_t count = (size_t)(n * k);
+  if (ci_dtype_is_affine(dtype)) {
+    int bits = dtype == CI_Q8 ? 8 : 4;
+    size_t words = count * (size_t)bits / 32;
+    uint32_t *codes = malloc(words * sizeof *codes);
+    for (size_t i = 0; i < words; i++) codes[i] = rng_u32(rng);
+    size_t n_groups = count / (size_t)group;
+    size_t scale_bytes = ci_dtype_bytes(scale_dtype, n_groups);
+    w.scales = malloc(scale_bytes);
+    w.biases = malloc(scale_bytes);
+    for (size_t g = 0; g < n_groups; g++) {
+      store_float(scale_dtype, w.scales, g, rng_uniform(rng, -0.02f, 0.02f));
+      store_float(scale_dtype, w.biases, g, rng_uniform(rng, -0.1f, 0.1f));
+    }
+    w.data = codes;
+    w.t.scales = w.scales;
+    w.t.biases = w.biases;
+    w.t.scale_dtype = scale_dtype;
+    w.t.group_size = group;
+  } else {
+    w.data = malloc(ci_dtype_bytes(dtype, count));
+    for (size_t i = 0; i < count; i++) store_float(dtype, w.data, i, rng_uniform(rng, -1, 1));
+  }
+  w.t.data = w.data;
+  return w;
+}
+
+/* Frees a test weight's buffers. */
+static void free_weight(test_weight *w) {
+  free(w->data);
+  free(w->scales);
+  free(w->biases);
+}
+
+/* Random activations. */
+static float *make_x(test_rng *rng, int64_t m, int64_t k) {
+  float *x = malloc((size_t)(m * k) * sizeof *x);
+  for (int64_t i = 0; i < m * k; i++) x[i] = rng_uniform(rng, -2, 2);
+  return x;
+}
+
+/* W[r, c] of a test weight, dequantized in double, straight from the format definition. */
+static double naive_weight(const ci_tensor *w, int64_t r, int64_t c, double *term_scale,
+                           double *term_bias) {
+  int64_t k = w->shape[1];
+  if (!ci_dtype_is_affine(w->dtype)) {
+    double v = ci_float_at(w->dtype, w->data, (size_t)(r * k + c));
+    *term_scale = v;
+    *term_bias = 0;
+    return v;
+  }
+  int bits = w->dtype == CI_Q8 ? 8 : 4;
+  const uint8_t *bytes = w->data;
+  uint64_t bit = (uint64_t)(r * k + c) * (uint64_t)bits; /* rows are whole bytes */
+  unsigned q = (bytes[bit / 8] >> (bit % 8)) & ((1u << bits) - 1);
+  size_t g = (size_t)(r * (k / w->group_size) + c / w->group_size);
+  double s = ci_float_at(w->scale_dtype, w->scales, g);
+  double b = ci_float_at(w->scale_dtype, w->biases, g);
+  *term_scale = s * q;
+  *term_bias = b;
+  return s * q + b;
+}
+
+/* y = x @ W^T in double, and sum of |terms| per output (the error scale of f32 sums). Each
+ * weight row is dequantized once, then dotted with every x row. */
+static void naive_matmul(const ci_tensor *w, const float *x, int64_t m, double *y,
+                         double *abs_sum) {
+  int64_t n = w->shape[0], k = w->shape[1];
+  double *row = malloc((size_t)k * sizeof *row);
+  double *magnitude = malloc((size_t)k * sizeof *magnitude);
+  for (int64_t r = 0; r < n; r++) {
+    for (int64_t c = 0; c < k; c++) {
+      double ts, tb;
+      row[c] = naive_weight(w, r, c, &ts, &tb);
+      magnitude[c] = fabs(ts) + fabs(tb);
+    }
+    for (int64_t i = 0; i < m; i++) {
+      double sum = 0, mag = 0;
+      for (int64_t c = 0; c < k; c++) {
+        sum += row[c] * x[i * k + c];
+        mag += magnitude[c] * fabs(x[i * k + c]);
+      }
+      y[i * n + r] = sum;
+      abs_sum[i * n + r] = mag;
+    }
+  }
+  free(row);
+  free(magnitude);
+}
+
+/* ==== Matmul shape tables ==== */
+
+static const ci_dtype float_dtypes[] = {CI_F32, CI_F16, CI_BF16};
+static const ci_dtype scale_dtypes[] = {CI_F32, CI_F16, CI_BF16};
+static const int group_sizes[] = {32, 64, 128};
+/* Small m runs the row kernels; 30 and 131 reach the panel kernels (their thresholds differ
+ * per ISA and format). */
+static const int64_t m_values[] = {1, 2, 3, 5, 17, 30, 131};
+static const int64_t float_k_values[] = {1, 7, 16, 33, 100, 300, 600};
+static const int64_t n_values[] = {1, 3, 37};
+
+/* Output buffer with guard values past the end, to catch writes outside y[m, n]. */
+enum { GUARD = 64 };
+static const float GUARD_VALUE = -12345.0f;
+
+/* Allocates y[m*n + GUARD], guard filled. */
+static float *make_y(int64_t m, int64_t n) {
+  float *y = malloc((size_t)(m * n + GUARD) * sizeof *y);
+  for (int64_t i = 0; i < m * n + GUARD; i++) y[i] = GUARD_VALUE;
+  return y;
+}
+
+/* Checks the guard after y[m*n]. */
+static void check_guard(const float *y, int64_t m, int64_t n) {
+  for (int64_t i = m * n; i < m * n + GUARD; i++) assert_true(y[i] == GUARD_VALUE);
+}
+
+/* Runs one matmul of `isa` on w and compares it with `expected` (from another ISA or the
+ * naive double product) within 1e-5 of the sum of |terms|. */
+static void check_matmul(ci_isa isa, const test_weight *w, const float *x, int64_t m,
+                         const double *expected, const double *abs_sum, const char *what) {
+  int64_t n = w->t.shape[0];
+  float *y = make_y(m, n);
+  assert_int_equal(ci_cpu_matmul(NULL, isa, &w->t, x, m, y), CI_OK);
+  check_guard(y, m, n);
+  for (int64_t i = 0; i < m * n; i++) {
+    double tolerance = 1e-5 * abs_sum[i] + 1e-30;
+    if (!(fabs(y[i] - expected[i]) <= tolerance)) {
+      print_error("%s isa=%s dtype=%s scale=%s g=%d m=%lld n=%lld k=%lld: y[%lld]=%.9g "
+                  "expected %.9g (tolerance %.3g)\n",
+                  what, ci_isa_name(isa), ci_dtype_get(w->t.dtype)->name,
+                  ci_dtype_get(w->t.scale_dtype)->name, w->t.group_size, (long long)m, (long long)n,
+                  (long long)w->t.shape[1], (long long)i, y[i], expected[i], tolerance);
+      fail();
+    }
+  }
+  free(y);
+}
+
+/* Compares `isa` against `baseline` (or against the naive product when baseline is -1) on one
+ * weight and every m. */
+static void check_weight_all_m(test_rng *rng, ci_isa isa, int baseline, const test_weight *w) {
+  int64_t n = w->t.shape[0], k = w->t.shape[1];
+  size_t n_m = sizeof m_values / sizeof *m_values;
+  if (n != n_values[sizeof n_values / sizeof *n_values - 1]) n_m--; /* large m: one n only */
+  for (size_t mi = 0; mi < n_m; mi++) {
+    int64_t m = m_values[mi];
+    float *x = make_x(rng, m, k);
+    double *expected = malloc((size_t)(m * n) * sizeof *expected);
+    double *abs_sum = malloc((size_t)(m * n) * sizeof *abs_sum);
+    naive_matmul(&w->t, x, m, expected, abs_sum);
+    if (baseline >= 0) {
+      float *y = make_y(m, n);
+      assert_int_equal(ci_cpu_matmul(NULL, (ci_isa)baseline, &w->t, x, m, y), CI_OK);
+      for (int64_t i = 0; i < m * n; i++) expected[i] = y[i];
+      free(y);
+    }
+    check_matmul(isa, w, x, m, expected, abs_sum, baseline >= 0 ? "vs ref" : "vs naive");
+    free(x);
+    free(expected);
+    free(abs_sum);
+  }
+}
+
+/* Every format and shape from the tables: `isa` against `baseline` (-1: the naive product). */
+static void check_isa_all_formats(ci_isa isa, int baseline, uint64_t seed) {
+  test_rng rng = {seed};
+  for (size_t ni = 0; ni < sizeof n_values / sizeof *n_values; ni++) {
+    int64_t n = n_values[ni];
+    for (size_t di = 0; di < 3; di++)
+      for (size_t ki = 0; ki < sizeof float_k_values / sizeof *float_k_values; ki++) {
+        test_weight w = make_weight(&rng, float_dtypes[di], n, float_k_values[ki], CI_F32, 0);
+        check_weight_all_m(&rng, isa, baseline, &w);
+        free_weight(&w);
+      }
+    for (int q = 0; q < 2; q++)
+      for (size_t si = 0; si < 3; si++)
+        for (size_t gi = 0; gi < 3; gi++) {
+          int group = group_sizes[gi];
+          /* One group; three whole 128-column blocks; and more than one 512-column panel
+           * block ending in a partial vector block where the group size allows it. */
+          static const int64_t long_k[] = {672, 704, 640};
+          int64_t k = ni == 0 ? group : ni == 1 ? 384 : long_k[gi];
+          test_weight w = make_weight(&rng, q ? CI_Q4 : CI_Q8, n, k, scale_dtypes[si], group);
+          check_weight_all_m(&rng, isa, baseline, &w);
+          free_weight(&w);
+        }
+  }
+}
+
+/* ==== Matmul tests ==== */
+
+/* The reference kernels agree with the naive double-precision product. */
+static void test_ref_matches_naive(void **state) {
+  (void)state;
+  check_isa_all_formats(CI_ISA_REF, -1, 1);
+}
+
+/* Every SIMD ISA the CPU supports agrees with the reference. */
+static void test_simd_matches_ref(void **state) {
+  (void)state;
+  for (int isa = CI_ISA_REF + 1; isa < CI_ISA_COUNT; isa++) {
+    if (!ci_isa_supported((ci_isa)isa)) {
+      print_message("skipping %s: not supported here\n", ci_isa_name((ci_isa)isa));
+      continue;
+    }
+    check_isa_all_formats((ci_isa)isa, CI_ISA_REF, 100 + (uint64_t)isa);
+  }
+}
+
+/* Compares `isa` with the naive product on one weight for m = 1..max_m. */
+static void check_vs_naive(test_rng *rng, ci_isa isa, const test_weight *w, int64_t max_m) {
+  int64_t n = w->t.shape[0], k = w->t.shape[1];
+  for (int64_t m = 1; m <= max_m; m++) {
+    float *x = make_x(rng, m, k);
+    double *expected = malloc((size_t)(m * n) * sizeof *expected);
+    double *abs_sum = malloc((size_t)(m * n) * sizeof *abs_sum);
+    naive_matmul(&w->t, x, m, expected, abs_sum);
+    check_matmul(isa, w, x, m, expected, abs_sum, "vs naive");
+    free(x);
+    free(expected);
+    free(abs_sum);
+  }
+}
+
+/* Rows longer than the row kernels' scale-conversion chunk (2048 columns), every format. */
+static void test_long_rows(void **state) {
+  (void)state;
+  test_rng rng = {5};
+  for (int isa = CI_ISA_REF + 1; isa < CI_ISA_COUNT; isa++) {
+    if (!ci_isa_supported((ci_isa)isa)) continue;
+    for (size_t d = 0; d < 3; d++) {
+      test_weight w = make_weight(&rng, float_dtypes[d], 5, 4099, CI_F32, 0);
+      check_vs_naive(&rng, (ci_isa)isa, &w, 3);
+      free_weight(&w);
+    }
+    for (int q = 0; q < 2; q++)
+      for (size_t gi = 0; gi < 3; gi++) {
+        int group = group_sizes[gi];
+        test_weight w = make_weight(&rng, q ? CI_Q4 : CI_Q8, 5, 4096 + 3 * group, CI_BF16, group);
+        check_vs_naive(&rng, (ci_isa)isa, &w, 3);
+        free_weight(&w);
+      }
+  }
+}
+
+/* A threaded matmul gives bit-identical results to a single-threaded one, for the row and
+ * panel kernels of every ISA. */
+static void test_threaded_matches_single(void **state) {
+  (void)state;
+  test_rng rng = {7};
+  ci_threadpool *pool = ci_threadpool_create(3);
+  assert_non_null(pool);
+  const ci_dtype dtypes[] = {CI_F32, CI_F16, CI_BF16, CI_Q8, CI_Q4};
+  for (int isa = 0; isa < CI_ISA_COUNT; isa++) {
+    if (!ci_isa_supported((ci_isa)isa)) continue;
+    for (size_t d = 0; d < sizeof dtypes / sizeof *dtypes; d++) {
+      int64_t n = 517, k = 1024;
+      test_weight w = make_weight(&rng, dtypes[d], n, k, CI_BF16, 64);
+      const int64_t ms[] = {1, 4, 30, 131}; /* row and panel kernels of every format */
+      for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++) {
+        int64_t m = ms[mi];
+        if (isa == CI_ISA_REF && m > 4) continue; /* slow and has a single path */
+        float *x = make_x(&rng, m, k);
+        float *y_single = make_y(m, n), *y_threaded = make_y(m, n);
+        assert_int_equal(ci_cpu_matmul(NULL, (ci_isa)isa, &w.t, x, m, y_single), CI_OK);
+        assert_int_equal(ci_cpu_matmul(pool, (ci_isa)isa, &w.t, x, m, y_threaded), CI_OK);
+        assert_memory_equal(y_single, y_threaded, (size_t)(m * n + GUARD) * sizeof(float));
+        free(x);
+        free(y_single);
+        free(y_threaded);
+      }
+      free_weight(&w);
+    }
+  }
+  ci_threadpool_free(pool);
+}
+
+/* Bad arguments fail with a message instead of computing garbage. */
+static void test_matmul_rejects_bad_weights(void **state) {
+  (void)state;
+  test_rng rng = {3};
+  float x[64] = {0}, y[4];
+  test_weight w = make_weight(&rng, CI_Q4, 2, 64, CI_F16, 64);
+  w.t.group_size = 48;
+  assert_int_equal(ci_cpu_matmul(NULL, CI_ISA_REF, &w.t, x, 1, y), CI_ERR);
+  assert_non_null(strstr(ci_last_error(), "group size"));
+  w.t.group_size = 64;
+  w.t.scale_dtype = CI_I32;
+  assert_int_equal(ci_cpu_matmul(NULL, CI_ISA_REF, &w.t, x, 1, y), CI_ERR);
+  w.t.scale_dtype = CI_F16;
+  w.t.dtype = CI_I32;
+  assert_int_equal(ci_cpu_matmul(NULL, CI_ISA_REF, &w.t, x, 1, y), CI_ERR);
+  assert_non_null(strstr(ci_last_error(), "I32"));
+  w.t.dtype = CI_Q4;
+  assert_int_equal(ci_cpu_matmul(NULL, CI_ISA_REF, &w.t, x, 0, NULL), CI_OK);
+  assert_int_equal(ci_cpu_matmul(NULL, CI_ISA_REF, &w.t, x, 1, y), CI_OK);
+  free_weight(&w);
+}
+
+/* ISA detection: names, and CINFER_ISA lowers but never raises the choice. */
+static void test_isa_detection(void **state) {
+  (void)state;
+  assert_string_equal(ci_isa_name(CI_ISA_REF), "ref");
+  assert_string_equal(ci_isa_name(CI_ISA_AVX2), "avx2");
+  assert_string_equal(ci_isa_name(CI_ISA_AVX512), "avx512");
+  assert_true(ci_isa_supported(CI_ISA_REF));
+  const char *saved = getenv("CINFER_ISA");
+  char *saved_copy = saved ? strdup(saved) : NULL;
+  unsetenv("CINFER_ISA");
+  ci_isa best = ci_cpu_detect_isa();
+  assert_true(ci_isa_supported(best));
+  for (int isa = 0; isa < CI_ISA_COUNT; isa++)
+    assert_int_equal(ci_isa_supported((ci_isa)isa), isa <= (int)best);
+  setenv("CINFER_ISA", "ref", 1);
+  assert_int_equal(ci_cpu_detect_isa(), CI_ISA_REF);
+  setenv("CINFER_ISA", "avx512", 1);
+  assert_int_equal(ci_cpu_detect_isa(), best);
+  setenv("CINFER_ISA", "nonsense", 1);
+  assert_int_equal(ci_cpu_detect_isa(), best);
+  if (saved_copy)
+    setenv("CINFER_ISA", saved_copy, 1);
+  else
+    unsetenv("CINFER_ISA");
+  free(saved_copy);
+}
+
+/* ==== Vector kernel tests ==== */
+
+/* dot_bf16 and axpy_bf16 of every supported ISA agree with the reference. */
+static void test_vec_dot_axpy(void **state) {
+  (void)state;
+  test_rng rng = {11};
+  const ci_cpu_vec_kernels *ref = ci_cpu_vec_kernels_get(CI_ISA_REF);
+  for (int isa = 0; isa < CI_ISA_COUNT; isa++) {
+    if (!ci_isa_supported((ci_isa)isa)) continue;
+    const ci_cpu_vec_kernels *vk = ci_cpu_vec_kernels_get((ci_isa)isa);
+    for (int64_t n = 0; n <= 140; n += (n < 40 ? 1 : 17)) {
+      float *x = make_x(&rng, 1, n + 1), *y_ref = make_x(&rng, 1, n + 1);
+      float *y = malloc((size_t)(n + 1) * sizeof *y);
+      memcpy(y, y_ref, (size_t)(n + 1) * sizeof *y);
+      uint16_t *a = malloc((size_t)(n + 1) * sizeof *a);
+      double mag = 0;
+      for (int64_t i = 0; i < n; i++) {
+        a[i] = ci_f32_to_bf16(rng_uniform(&rng, -3, 3));
+        mag += fabs(x[i] * ci_bf16_to_f32(a[i]));
+      }
+      assert_true(fabs(vk->dot_bf16(x, a, n) - ref->dot_bf16(x, a, n)) <= 1e-5 * mag + 1e-30);
+      float alpha = rng_uniform(&rng, -1, 1);
+      vk->axpy_bf16(y, alpha, a, n);
+      ref->axpy_bf16(y_ref, alpha, a, n);
+      for (int64_t i = 0; i < n; i++) {
+        double scale = fabs(y_ref[i]) + fabs(alpha * ci_bf16_to_f32(a[i]));
+        assert_true(fabs(y[i] - y_ref[i]) <= 1e-6 * scale + 1e-30);
+      }
+      assert_true(y[n] == y_ref[n]); /* untouched past n */
+      free(x);
+      free(y);
+      free(y_ref);
+      free(a);
+    }
+  }
+}
+
+/* f32 with the given bit pattern. */
+static float float_from_bits(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* f32_to_bf16 of every supported ISA is bit-exact with ci_f32_to_bf16: specials, ties, random
+ * bit patterns, every tail length. */
+static void test_vec_f32_to_bf16(void **state) {
+  (void)state;
+  test_rng rng = {13};
+  static const uint32_t specials[] = {
+      0x00000000, 0x80000000, 0x7f800000, 0xff800000, /* zeros, infinities */
+      0x7fc00000, 0xffc00000, 0x7f800001, 0xff800001, /* quiet and signalling NaNs */
+      0x7fffffff, 0xffffffff, 0x7f80ffff, 0x7fbf0000, /* NaN payloads */
+      0x3f808000, 0x3f818000, 0x3f807fff, 0x3f808001, /* ties to even, just below/above */
+      0x00008000, 0x00018000, 0x00000001, 0x807fffff, /* denormals */
+      0x7f7fffff, 0xff7fffff, 0x7f7f8000, 0x7f7f7fff, /* near overflow: rounds to inf or not */
+  };
+  enum { COUNT = 1000 };
+  float *src = malloc(COUNT * sizeof *src);
+  uint16_t *dst = malloc((COUNT + 1) * sizeof *dst);
+  size_t n_specials = sizeof specials / sizeof *specials;
+  for (size_t i = 0; i < COUNT; i++) {
+    uint32_t bits = i < n_specials ? specials[i] : rng_u32(&rng);
+    if (i % 5 == 0 && i >= n_specials) bits = (bits & 0xffff0000u) | 0x8000u; /* a tie */
+    src[i] = float_from_bits(bits);
+  }
+  for (int isa = 0; isa < CI_ISA_COUNT; isa++) {
+    if (!ci_isa_supported((ci_isa)isa)) continue;
+    const ci_cpu_vec_kernels *vk = ci_cpu_vec_kernels_get((ci_isa)isa);
+    for (int64_t n = 0; n <= 40; n++) { /* every tail length, offset start */
+      dst[n] = 0xabcd;
+      vk->f32_to_bf16(dst, src + 3, n);
+      for (int64_t i = 0; i < n; i++) assert_int_equal(dst[i], ci_f32_to_bf16(src[3 + i]));
+      assert_int_equal(dst[n], 0xabcd);
+    }
+    vk->f32_to_bf16(dst, src, COUNT);
+    for (size_t i = 0; i < COUNT; i++) {
+      if (dst[i] != ci_f32_to_bf16(src[i])) {
+        uint32_t bits;
+        memcpy(&bits, &src[i], sizeof bits);
+        print_error("%s: f32 %08x -> %04x, expected %04x\n", ci_isa_name((ci_isa)isa), bits, dst[i],
+                    ci_f32_to_bf16(src[i]));
+        fail();
+      }
+    }
+  }
+  free(src);
+  free(dst);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_isa_detection),
+      cmocka_unit_test(test_ref_matches_naive),
+      cmocka_unit_test(test_simd_matches_ref),
+      cmocka_unit_test(test_long_rows),
+      cmocka_unit_test(test_threaded_matches_single),
+      cmocka_unit_test(test_matmul_rejects_bad_weights),
+      cmocka_unit_test(test_vec_dot_axpy),
+      cmocka_unit_test(test_vec_f32_to_bf16),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
