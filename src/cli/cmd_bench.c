@@ -4,6 +4,7 @@
 #include "base/timing.h"
 #include "cli/args.h"
 #include "cli/verbs.h"
+#include "sample/greedy.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,13 +16,6 @@ typedef struct {
   double prefill_seconds;
   double decode_seconds;
 } run_times;
-
-static int argmax(const float *x, int n) {
-  int best = 0;
-  for (int i = 1; i < n; i++)
-    if (x[i] > x[best]) best = i;
-  return best;
-}
 
 /* One run: prefill `prompt_len` random ids, then greedy-decode gen_len tokens. */
 static int bench_run(ci_model *model, int prompt_len, int gen_len, uint64_t seed, run_times *t) {
@@ -39,7 +33,7 @@ static int bench_run(ci_model *model, int prompt_len, int gen_len, uint64_t seed
   if (ci_model_forward(model, seq, ids, prompt_len, logits, 1)) goto done;
   double prefilled = ci_now_seconds();
   for (int g = 0; g < gen_len; g++) {
-    int32_t next = argmax(logits, model->spec.vocab);
+    int32_t next = ci_argmax(logits, model->spec.vocab);
     if (ci_model_forward(model, seq, &next, 1, logits, 1)) goto done;
   }
   t->prefill_seconds = prefilled - start;

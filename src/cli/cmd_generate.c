@@ -4,19 +4,13 @@
 #include "base/timing.h"
 #include "cli/args.h"
 #include "cli/verbs.h"
+#include "sample/greedy.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
 static const char usage[] =
     "usage: cinfer generate --model DIR --ids CSV [-n|--max-tokens N] [--threads N] [--json]\n";
-
-static int argmax(const float *x, int n) {
-  int best = 0;
-  for (int i = 1; i < n; i++)
-    if (x[i] > x[best]) best = i;
-  return best;
-}
 
 static int is_eos(const ci_model_spec *spec, int id) {
   for (int i = 0; i < spec->n_eos; i++)
@@ -74,7 +68,7 @@ int ci_verb_generate(int argc, char **argv) {
   const char *finish = "length";
   int json = ci_args_get(flags, nf, "--json") != NULL;
   while (n_out < max_tokens) {
-    int32_t next = argmax(logits, spec->vocab);
+    int32_t next = ci_argmax(logits, spec->vocab);
     out[n_out++] = next;
     if (is_eos(spec, next)) {
       finish = "stop";

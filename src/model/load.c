@@ -75,12 +75,11 @@ static int bind_matrix(ci_model *m, const char *module, int64_t rows, int64_t co
   return CI_OK;
 }
 
-/* Copies a 1-D float tensor of `len` elements to an owned f32 array. Missing: NULL with CI_OK
- * when optional, else an error. */
-static int bind_vector(ci_model *m, const char *name, int64_t len, int required, float **out) {
+/* Copies the 1-D float tensor `name` of `len` elements to an owned f32 array. */
+static int bind_vector(ci_model *m, const char *name, int64_t len, float **out) {
   *out = NULL;
   ci_st_tensor *t = ci_weights_take(m->files, name);
-  if (!t) return required ? ci_fail("missing tensor %s", name) : CI_OK;
+  if (!t) return ci_fail("missing tensor %s", name);
   if (t->dtype != CI_F32 && t->dtype != CI_F16 && t->dtype != CI_BF16)
     return ci_fail("tensor %s: dtype %s is not a float type", name, ci_dtype_get(t->dtype)->name);
   if (t->ndim != 1 || t->shape[0] != len)
@@ -109,10 +108,10 @@ static int bind_entry(void *ctx, const ci_manifest_entry *e) {
   case CI_MANIFEST_MATRIX: return bind_matrix(m, e->module, e->rows, e->cols, dst);
   case CI_MANIFEST_NORM:
     snprintf(name, sizeof name, "%s.weight", e->module);
-    return bind_vector(m, name, e->rows, 1, dst);
+    return bind_vector(m, name, e->rows, dst);
   case CI_MANIFEST_BIAS:
     snprintf(name, sizeof name, "%s.bias", e->module);
-    return bind_vector(m, name, e->rows, 1, dst);
+    return bind_vector(m, name, e->rows, dst);
   }
   return ci_fail("manifest: unknown tensor kind");
 }
@@ -218,14 +217,27 @@ static int64_t matrix_bytes(const ci_tensor *t) {
   return bytes;
 }
 
+typedef struct {
+  const ci_model *model;
+  int64_t bytes;
+} byte_count;
+
+/* Adds the stored bytes of every matrix but the embedding (decode reads one row of it). */
+static int count_matrix_bytes(void *ctx, const ci_manifest_entry *e) {
+  byte_count *count = ctx;
+  if (e->kind != CI_MANIFEST_MATRIX || (e->layer < 0 && e->global_role == 0)) return 0;
+  const ci_tensor *t = e->layer >= 0
+                           ? (const ci_tensor *)((const char *)&count->model->layers[e->layer] +
+                                                 e->field)
+                           : &count->model->head;
+  count->bytes += matrix_bytes(t);
+  return 0;
+}
+
 int64_t ci_model_weight_bytes_per_token(const ci_model *m) {
-  int64_t bytes = matrix_bytes(&m->head);
-  for (int i = 0; i < m->spec.n_layers; i++) {
-    const ci_layer_weights *L = &m->layers[i];
-    const ci_tensor *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-    for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++) bytes += matrix_bytes(mats[k]);
-  }
-  return bytes;
+  byte_count count = {.model = m, .bytes = 0};
+  ci_manifest_each(&m->spec, "model.", 0, count_matrix_bytes, &count);
+  return count.bytes + matrix_bytes(&m->head); /* tied or not, the head is read once */
 }
 
 ci_kv_cache *ci_model_kv_cache_create(const ci_model *m, ci_kv_codec codec, int block_tokens,
