@@ -11,7 +11,6 @@
 
 typedef struct ci_st_writer ci_st_writer;
 
-
 /* Produces bytes [offset, offset + len) of one tensor's data into buf. The writer calls it in
  * order, with offsets increasing from 0 until the whole tensor is covered, and (when at least one
  * row fits in its buffer) with offset and len multiples of the row size, a row being the bytes

@@ -7,6 +7,20 @@
 #include <math.h>
 #include <stdlib.h>
 
+uint8_t ci_affine_code(float x, float n) {
+  /* clamp(rint(x), 0, n) == clamp(rint(clamp(x, -1, n + 1)), 0, n), and on [-1, 257] adding and
+   * subtracting 1.5 * 2^23 rounds to an integer half-to-even exactly like nearbyintf in the
+   * default rounding mode (the sum lies in [2^23, 2^24), where the f32 spacing is 1, and the
+   * constant is even), without a libm call. NaN goes to -1, hence code 0. */
+  if (!(x >= -1.0f)) x = -1.0f;
+  if (x > n + 1.0f) x = n + 1.0f;
+  const float magic = 12582912.0f;
+  float q = (x + magic) - magic;
+  if (q < 0.0f) q = 0.0f;
+  if (q > n) q = n;
+  return (uint8_t)q;
+}
+
 int ci_affine_bits_ok(int bits) {
   return bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8;
 }
@@ -34,12 +48,7 @@ void ci_affine_quantize_group(const float *w, int g, int bits, uint8_t *codes, f
     s = edge / q0;
     b = edge;
   }
-  for (int i = 0; i < g; i++) {
-    float q = nearbyintf((w[i] - b) / s);
-    if (!(q >= 0.0f)) q = 0.0f; /* also maps NaN to 0 */
-    if (q > n) q = n;
-    codes[i] = (uint8_t)q;
-  }
+  for (int i = 0; i < g; i++) codes[i] = ci_affine_code((w[i] - b) / s, n);
   *scale = s;
   *bias = b;
 }

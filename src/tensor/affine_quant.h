@@ -11,6 +11,10 @@
 /* 1 if b is a bit width the quantizer and packer handle: 2, 3, 4, 5, 6 or 8. */
 int ci_affine_bits_ok(int bits);
 
+/* One code of the rule: clamp(rint(x), 0, n) with rint = nearbyintf (round half to even, default
+ * rounding mode), computed without a libm call; NaN gives 0. n = 2^b - 1 <= 255. */
+uint8_t ci_affine_code(float x, float n);
+
 /* Quantizes one group of g (>= 1) f32 values w with b = bits per code (see ci_affine_bits_ok),
  * exactly as model.md §2, all arithmetic in f32:
  *   n = 2^b - 1; lo = min(w); hi = max(w); s = max((hi - lo) / n, 1e-7)

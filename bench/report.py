@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Write bench/cpu.md from the JSON files bench/run.sh leaves in bench/work/results: cinfer vs
+llama.cpp throughput per dtype, decode bandwidth against the measured read roofline, and the
+machine, date, commit and commands of the run."""
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+
+PAIRS = [("bf16", "bf16"), ("q8", "q8_0"), ("q4", "q4_0")]  # cinfer dtype, GGUF type
+NO_LLAMA = "n/a (llama.cpp not built: see bench/README.md)"
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def llama_medians(results, n_prompt, n_gen):
+    """{load_mode: [prefill tok/s, decode tok/s]}: medians of llama-bench's per-run samples."""
+    out = {}
+    for test in results or []:
+        ts = test.get("samples_ts") or [test.get("avg_ts")]
+        mode = out.setdefault(str(test.get("load_mode", "mmap")), [None, None])
+        if test.get("n_prompt") == n_prompt and test.get("n_gen") == 0:
+            mode[0] = statistics.median(ts)
+        elif test.get("n_gen") == n_gen and test.get("n_prompt") == 0:
+            mode[1] = statistics.median(ts)
+    return out
+
+
+def best(modes, i):
+    """(best value of column i over load modes, that mode), or (None, None)."""
+    vals = [(v[i], m) for m, v in modes.items() if v[i] is not None]
+    return max(vals) if vals else (None, None)
+
+
+def fmt(x, digits=1):
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def ratio(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def sh(cmd):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def cpu_model():
+    for line in sh(["lscpu"]).splitlines():
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--results", required=True)
+    ap.add_argument("--threads", type=int, required=True)
+    ap.add_argument("--prompt", type=int, required=True)
+    ap.add_argument("--gen", type=int, required=True)
+    ap.add_argument("--runs", type=int, required=True)
+    ap.add_argument("--llama-bench", required=True)
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+
+    membw = load(os.path.join(a.results, "membw.json")) or {}
+    roof = membw.get("read_gbs_nt")
+    have_llama = os.access(a.llama_bench, os.X_OK)
+    commit = sh(["git", "rev-parse", "--short=12", "HEAD"])
+    if sh(["git", "status", "--porcelain", "--untracked-files=no"]) not in ("", "unknown"):
+        commit += " (with uncommitted changes)"
+    llama_commit = "not built"
+    for _, gdt in PAIRS:  # llama-bench reports the commit it was built from
+        for test in load(os.path.join(a.results, f"llama-{gdt}.json")) or []:
+            llama_commit = str(test.get("build_commit"))
+    if llama_commit == "unknown":  # built from a tree without .git
+        llama_commit = os.environ.get("LLAMA_CPP_COMMIT", "unknown (see bench/README.md)")
+    cfg = load(a.config) or {}
+    geometry = (f"hidden {cfg.get('hidden_size')}, {cfg.get('num_hidden_layers')} layers, "
+                f"{cfg.get('num_attention_heads')}/{cfg.get('num_key_value_heads')} heads, "
+                f"head_dim {cfg.get('head_dim')}, FFN {cfg.get('intermediate_size')}, "
+                f"vocab {cfg.get('vocab_size')}, "
+                f"{'tied' if cfg.get('tie_word_embeddings') else 'untied'} embeddings")
+
+    rows, bw_rows, mode_rows = [], [], []
+    for cdt, gdt in PAIRS:
+        c = load(os.path.join(a.results, f"cinfer-{cdt}.json")) or {}
+        cp, cd = c.get("prefill_tok_s"), c.get("decode_tok_s")
+        wbytes = c.get("weights_bytes")
+        if have_llama:
+            modes = llama_medians(load(os.path.join(a.results, f"llama-{gdt}.json")),
+                                  a.prompt, a.gen)
+            (lp, lpm), (ld, ldm) = best(modes, 0), best(modes, 1)
+            lp_s = fmt(lp) + (f" ({lpm})" if lpm else "")
+            ld_s = fmt(ld) + (f" ({ldm})" if ldm else "")
+            for m, (p, d) in sorted(modes.items()):
+                mode_rows.append(f"| {gdt} | {m} | {fmt(p)} | {fmt(d)} |")
+        else:
+            lp = ld = None
+            lp_s = ld_s = NO_LLAMA
+        rows.append(f"| {cdt} / {gdt} | {fmt(cp)} | {fmt(cd)} | {lp_s} | {ld_s} | "
+                    f"{fmt(ratio(cp, lp), 2)} | {fmt(ratio(cd, ld), 2)} | "
+                    f"{fmt(c.get('ttft_ms'))} | {fmt(c.get('peak_rss_mb'), 0)} |")
+        c_bw = None if wbytes is None or cd is None else wbytes * cd / 1e9
+        l_bw = None if wbytes is None or ld is None else wbytes * ld / 1e9
+        bw_rows.append(f"| {cdt} | {fmt(None if wbytes is None else wbytes / 1e6, 0)} | "
+                       f"{fmt(c_bw)} | {fmt(ratio(c_bw, roof), 2)} | {fmt(l_bw)} | "
+                       f"{fmt(ratio(l_bw, roof), 2)} |")
+
+    with open(os.path.join(a.results, "commands.txt")) as f:
+        commands = f.read().strip()
+    conditions = []
+    for stem in ([f"cinfer-{c}" for c, _ in PAIRS] + [f"llama-{g}" for _, g in PAIRS] +
+                 ["membw"]):
+        meta = load(os.path.join(a.results, f"{stem}.json.meta.json"))
+        if meta:
+            conditions.append(f"{stem} {100 * meta['interference']:.1f}% "
+                              f"({meta['attempts']} attempt{'s' if meta['attempts'] > 1 else ''})")
+    mode_table = ""
+    if mode_rows:
+        mode_table = ("\n| llama.cpp type | load mode | prefill | decode |\n|---|---|---|---|\n" +
+                      "\n".join(mode_rows) + "\n")
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    out = f"""# CPU benchmark: cinfer vs llama.cpp
+
+Random-weight model from `{a.config}` ({geometry}). cinfer q8/q4 are
+MLX affine with group size 64 (bf16 scale + bias: 8.5 / 4.5 bits per weight); llama.cpp runs the
+same weights converted by `bench/gguf_from_hf.py` to bf16 / Q8_0 / Q4_0 (8.5 / 4.5 bits per
+weight, every matrix including the embedding). Prefill = {a.prompt}-token prompt, decode =
+{a.gen} generated tokens, median of {a.runs} runs, {a.threads} threads.
+
+- Machine: {cpu_model()}, {a.threads} threads (`nproc` = {os.cpu_count()})
+- Date: {now}
+- cinfer commit: {commit}; llama.cpp: {llama_commit}
+- Command: `make bench` (runs `bench/run.sh`)
+
+## Throughput (tokens/s)
+
+| dtype (cinfer / llama.cpp) | cinfer prefill | cinfer decode | llama.cpp prefill | \
+llama.cpp decode | prefill ratio | decode ratio | cinfer TTFT ms | cinfer peak RSS MB |
+|---|---|---|---|---|---|---|---|---|
+{chr(10).join(rows)}
+
+Ratios are cinfer / llama.cpp (above 1: cinfer faster). llama.cpp is run with both weight
+load modes (`-lm none,mmap`: weights read into allocated memory, or used in place from the
+mapped file) and the faster one is shown in parentheses. Each engine's run of a dtype follows
+the other's directly; on a shared host, memory bandwidth drifts by 20-30% over minutes, so
+compare ratios rather than absolute numbers across reports.
+{mode_table}
+## Decode bandwidth
+
+Measured read roofline (`build/membw`): {fmt(membw.get('read_gbs_1t'))} GB/s on 1 thread,
+{fmt(roof)} GB/s on {membw.get('threads', a.threads)} threads ({membw.get('isa', '?')} read loop).
+Achieved = bytes of weights read per decoded token (reported by cinfer) x decode tok/s;
+the llama.cpp column applies the same byte count (its formats have the same bits per weight).
+
+| dtype | weights MB/token | cinfer GB/s | cinfer / roofline | llama.cpp GB/s | \
+llama.cpp / roofline |
+|---|---|---|---|---|---|
+{chr(10).join(bw_rows)}
+
+## Run conditions
+
+CPU time taken by other processes during each measurement, as a share of all CPUs (each is
+retried up to `BENCH_ATTEMPTS` times, keeping the cleanest run): {", ".join(conditions) or "n/a"}.
+
+## Commands
+
+```
+{commands}
+```
+"""
+    with open(a.out, "w") as f:
+        f.write(out)
+
+
+if __name__ == "__main__":
+    main()
