@@ -36,8 +36,9 @@ fuzz: deps
 	@CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DCINFER_FUZZ=ON -DCINFER_SANITIZE=ON >/dev/null
 	@cmake --build build-fuzz -j$(JOBS) --target fuzz_safetensors fuzz_config
 	mkdir -p build-fuzz/corpus-safetensors build-fuzz/corpus-config
+	for d in tests/fixtures/*/; do cp $$d/config.json build-fuzz/corpus-config/$$(basename $$d).json; done
 	build-fuzz/fuzz/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus-safetensors
-	build-fuzz/fuzz/fuzz_config -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus-config tests/fixtures/*/config.json
+	build-fuzz/fuzz/fuzz_config -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus-config
 
 clean:
 	rm -rf build build-asan build-fuzz
