@@ -1,6 +1,8 @@
 /* CPU kernel tests: the reference matmul against a naive double-precision dequantize-then-dot,
  * every SIMD matmul the CPU supports against the reference (odd shapes, all formats, group
- * sizes and scale dtypes), threaded against single-threaded, and the bf16 vector loops. */
+ * sizes and scale dtypes; the AVX-512 affine row kernels with and without int8 x planes, the
+ * int8 ones also within their quantization bound on awkward activations), threaded against
+ * single-threaded, and the bf16 vector loops. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -263,7 +265,28 @@ static void test_ref_matches_naive(void **state) {
   check_isa_all_formats(CI_ISA_REF, -1, 1);
 }
 
-/* Every SIMD ISA the CPU supports agrees with the reference. */
+/* Sets CINFER_INT8 (NULL: unsets it); returns a copy of the old value for restore_int8. */
+static char *set_int8(const char *value) {
+  const char *saved = getenv("CINFER_INT8");
+  char *copy = saved ? strdup(saved) : NULL;
+  if (value)
+    setenv("CINFER_INT8", value, 1);
+  else
+    unsetenv("CINFER_INT8");
+  return copy;
+}
+
+/* Restores CINFER_INT8 from set_int8's copy and frees it. */
+static void restore_int8(char *saved) {
+  if (saved)
+    setenv("CINFER_INT8", saved, 1);
+  else
+    unsetenv("CINFER_INT8");
+  free(saved);
+}
+
+/* Every SIMD ISA the CPU supports agrees with the reference; AVX-512 both with its int8-plane
+ * affine row kernels (where the CPU has VNNI) and with the f32 ones (CINFER_INT8=0). */
 static void test_simd_matches_ref(void **state) {
   (void)state;
   for (int isa = CI_ISA_REF + 1; isa < CI_ISA_COUNT; isa++) {
@@ -272,7 +295,145 @@ static void test_simd_matches_ref(void **state) {
       continue;
     }
     check_isa_all_formats((ci_isa)isa, CI_ISA_REF, 100 + (uint64_t)isa);
+    if (isa == CI_ISA_AVX512) {
+      char *saved = set_int8("0");
+      check_isa_all_formats((ci_isa)isa, CI_ISA_REF, 200 + (uint64_t)isa);
+      restore_int8(saved);
+    }
   }
+}
+
+/* ==== Int8 x planes ==== */
+
+/* Activations whose groups take turns being random, all zero, random with one huge outlier,
+ * constant, and random at a tiny scale; `salt` shifts the pattern between rows. */
+static float *make_awkward_x(test_rng *rng, int64_t m, int64_t k, int group, int salt) {
+  float *x = make_x(rng, m, k);
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t g = 0; g < k / group; g++) {
+      float *v = x + i * k + g * group;
+      switch ((g + i + salt) % 5) {
+      case 1: memset(v, 0, (size_t)group * sizeof *v); break;
+      case 2: v[rng_u32(rng) % (uint32_t)group] = rng_u32(rng) & 1 ? 3.0e4f : -3.0e4f; break;
+      case 3: {
+        float constant = rng_uniform(rng, -2, 2);
+        for (int j = 0; j < group; j++) v[j] = constant;
+        break;
+      }
+      case 4:
+        for (int j = 0; j < group; j++) v[j] *= 1e-20f;
+        break;
+      default: break;
+      }
+    }
+  return x;
+}
+
+/* Per output, the quantization bound of the int8 x planes: sum_c |s_g q_c| * step_g / 131072,
+ * with step_g = max|x_g| / 127 (24-bit fixed point: each x element is off by at most
+ * step_g / 2^17; the biases meet exact group sums, so only the s*q half of the weight sees
+ * the error). */
+static void int8_plane_bound(const ci_tensor *w, const float *x, int64_t m, double *bound) {
+  int64_t n = w->shape[0], k = w->shape[1];
+  int group = w->group_size;
+  for (int64_t i = 0; i < m; i++) {
+    const float *xi = x + i * k;
+    for (int64_t r = 0; r < n; r++) {
+      double sum = 0;
+      for (int64_t g0 = 0; g0 < k; g0 += group) {
+        double max = 0, weight = 0;
+        for (int64_t c = g0; c < g0 + group; c++) {
+          double ts, tb;
+          naive_weight(w, r, c, &ts, &tb);
+          max = fmax(max, fabs(xi[c]));
+          weight += fabs(ts);
+        }
+        sum += weight * (max / 127) / 131072;
+      }
+      bound[i * n + r] = sum;
+    }
+  }
+}
+
+/* The AVX-512 affine row kernels (int8 x planes where the CPU has VNNI) agree with the
+ * reference within the planes' quantization bound plus f32 rounding (2e-6 of the sum of
+ * |terms|, tighter than the 1e-5 elsewhere, so that a lost plane shows), on awkward activations:
+ * every group size and scale dtype, odd n, m in {1, 2, 3, 5}, K with partial code blocks and
+ * longer than one factor chunk. */
+static void test_int8_planes_within_bound(void **state) {
+  (void)state;
+  if (!ci_isa_supported(CI_ISA_AVX512)) {
+    print_message("skipping: AVX-512 not supported here\n");
+    return;
+  }
+  test_rng rng = {17};
+  const int64_t ms[] = {1, 2, 3, 5};
+  double worst_ratio = 0; /* largest |error| / tolerance seen, for the log */
+  for (int q = 0; q < 2; q++)
+    for (size_t si = 0; si < 3; si++)
+      for (size_t gi = 0; gi < 3; gi++) {
+        int group = group_sizes[gi];
+        /* odd multiples of the group: partial 64-byte code blocks for g < 128 */
+        const int64_t ks[] = {group, 11 * group, 4096 + 3 * group};
+        for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++) {
+          int64_t n = ki == 2 ? 5 : 37, k = ks[ki];
+          test_weight w = make_weight(&rng, q ? CI_Q4 : CI_Q8, n, k, scale_dtypes[si], group);
+          for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++) {
+            int64_t m = ms[mi];
+            float *x = make_awkward_x(&rng, m, k, group, (int)(ki + mi));
+            double *expected = malloc((size_t)(m * n) * sizeof *expected);
+            double *abs_sum = malloc((size_t)(m * n) * sizeof *abs_sum);
+            double *bound = malloc((size_t)(m * n) * sizeof *bound);
+            naive_matmul(&w.t, x, m, expected, abs_sum);
+            int8_plane_bound(&w.t, x, m, bound);
+            float *y_ref = make_y(m, n), *y = make_y(m, n);
+            assert_int_equal(ci_cpu_matmul(NULL, CI_ISA_REF, &w.t, x, m, y_ref), CI_OK);
+            assert_int_equal(ci_cpu_matmul(NULL, CI_ISA_AVX512, &w.t, x, m, y), CI_OK);
+            check_guard(y, m, n);
+            for (int64_t i = 0; i < m * n; i++) {
+              double tolerance = bound[i] + 2e-6 * abs_sum[i] + 1e-30;
+              double error = fabs((double)y[i] - y_ref[i]);
+              worst_ratio = fmax(worst_ratio, error / tolerance);
+              if (!(error <= tolerance)) {
+                print_error("int8 %s scale=%s g=%d m=%lld n=%lld k=%lld: y[%lld]=%.9g ref %.9g "
+                            "(bound %.3g, tolerance %.3g)\n",
+                            q ? "q4" : "q8", ci_dtype_get(scale_dtypes[si])->name, group,
+                            (long long)m, (long long)n, (long long)k, (long long)i, y[i],
+                            y_ref[i], bound[i], tolerance);
+                fail();
+              }
+            }
+            free(x);
+            free(expected);
+            free(abs_sum);
+            free(bound);
+            free(y_ref);
+            free(y);
+          }
+          free_weight(&w);
+        }
+      }
+  print_message("int8 planes: worst |error| / tolerance %.3g\n", worst_ratio);
+}
+
+/* An Inf or NaN in x gives non-finite outputs on the int8 path, as on the f32 one. */
+static void test_int8_planes_non_finite(void **state) {
+  (void)state;
+  if (!ci_isa_supported(CI_ISA_AVX512)) return;
+  test_rng rng = {19};
+  const float specials[] = {INFINITY, NAN};
+  for (int q = 0; q < 2; q++)
+    for (size_t s = 0; s < 2; s++) {
+      test_weight w = make_weight(&rng, q ? CI_Q4 : CI_Q8, 5, 256, CI_BF16, 64);
+      float *x = make_x(&rng, 1, 256);
+      x[70] = specials[s];
+      float *y = make_y(1, 5);
+      assert_int_equal(ci_cpu_matmul(NULL, CI_ISA_AVX512, &w.t, x, 1, y), CI_OK);
+      for (int r = 0; r < 5; r++) assert_false(isfinite(y[r]));
+      free(x);
+      free(y);
+      free_weight(&w);
+    }
 }
 
 /* Compares `isa` with the naive product on one weight for m = 1..max_m. */
@@ -488,6 +649,8 @@ int main(void) {
       cmocka_unit_test(test_ref_matches_naive),
       cmocka_unit_test(test_simd_matches_ref),
       cmocka_unit_test(test_long_rows),
+      cmocka_unit_test(test_int8_planes_within_bound),
+      cmocka_unit_test(test_int8_planes_non_finite),
       cmocka_unit_test(test_threaded_matches_single),
       cmocka_unit_test(test_matmul_rejects_bad_weights),
       cmocka_unit_test(test_vec_dot_axpy),

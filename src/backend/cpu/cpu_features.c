@@ -1,8 +1,9 @@
-/* CPU feature detection: which kernel ISA this CPU and OS can run, from CPUID and XGETBV,
- * optionally lowered by the CINFER_ISA environment variable. CPUID traps to the hypervisor in
- * a virtual machine (~14 us each on the KVM guests we run on), so the hardware answer is
- * computed once, under pthread_once, and cached; the environment is read on every call. */
-#include "backend/cpu/kernels.h"
+/* CPU feature detection: which kernel ISA this CPU and OS can run (and whether AVX-512 VNNI
+ * integer dot products are there too), from CPUID and XGETBV, optionally lowered by the
+ * CINFER_ISA / CINFER_INT8 environment variables. CPUID traps to the hypervisor in a virtual
+ * machine (~14 us each on the KVM guests we run on), so the hardware answer is computed once,
+ * under pthread_once, and cached; the environment is read on every call. */
+#include "backend/cpu/kernels_impl.h"
 
 #include <cpuid.h>
 #include <pthread.h>
@@ -20,6 +21,8 @@ enum {
   EBX7_AVX512BW = 1u << 30,
   EBX7_AVX512VL = 1u << 31,
 };
+/* CPUID leaf 7 subleaf 0 ECX bits. */
+enum { ECX7_AVX512_VNNI = 1u << 11 };
 /* XCR0 state components the OS must save: SSE+AVX (bits 1,2), and opmask+ZMM (bits 5,6,7). */
 enum { XCR0_AVX_STATE = 0x6, XCR0_AVX512_STATE = 0xe0 };
 
@@ -30,8 +33,16 @@ static uint64_t read_xcr0(void) {
   return ((uint64_t)edx << 32) | eax;
 }
 
-/* The best ISA the hardware and OS support, ignoring the environment. */
-static ci_isa detect_hardware_isa(void) {
+/* What the hardware and OS support, ignoring the environment. */
+typedef struct {
+  ci_isa isa;
+  int avx512_vnni; /* 1 when isa is AVX512 and AVX512_VNNI is there too */
+} hardware_features;
+
+/* The best ISA the hardware and OS support, ignoring the environment; sets *vnni when that
+ * ISA is AVX512 and the CPU also has AVX512_VNNI. */
+static ci_isa detect_hardware_isa(int *vnni) {
+  *vnni = 0;
   unsigned eax, ebx, ecx, edx;
   if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return CI_ISA_REF;
   unsigned need1 = ECX1_FMA | ECX1_OSXSAVE | ECX1_AVX | ECX1_F16C;
@@ -43,21 +54,22 @@ static ci_isa detect_hardware_isa(void) {
   unsigned need512 = EBX7_AVX512F | EBX7_AVX512DQ | EBX7_AVX512BW | EBX7_AVX512VL;
   if ((ebx & need512) != need512) return CI_ISA_AVX2;
   if ((xcr0 & XCR0_AVX512_STATE) != XCR0_AVX512_STATE) return CI_ISA_AVX2;
+  *vnni = (ecx & ECX7_AVX512_VNNI) != 0;
   return CI_ISA_AVX512;
 }
 
-/* The cached hardware ISA and the once-guard that fills it. Written exactly once, before any
- * reader returns from pthread_once, so it is never observed half-written. */
-static pthread_once_t hardware_isa_once = PTHREAD_ONCE_INIT;
-static ci_isa hardware_isa;
+/* The cached hardware features and the once-guard that fills them. Written exactly once,
+ * before any reader returns from pthread_once, so they are never observed half-written. */
+static pthread_once_t hardware_once = PTHREAD_ONCE_INIT;
+static hardware_features hardware;
 
-/* pthread_once body: fills hardware_isa. */
-static void compute_hardware_isa(void) { hardware_isa = detect_hardware_isa(); }
+/* pthread_once body: fills hardware. */
+static void compute_hardware(void) { hardware.isa = detect_hardware_isa(&hardware.avx512_vnni); }
 
 /* The best ISA the hardware and OS support, computed once. */
 static ci_isa cached_hardware_isa(void) {
-  pthread_once(&hardware_isa_once, compute_hardware_isa);
-  return hardware_isa;
+  pthread_once(&hardware_once, compute_hardware);
+  return hardware.isa;
 }
 
 /* Parses an ISA name; returns -1 when unknown. */
@@ -85,4 +97,11 @@ int ci_isa_supported(ci_isa isa) {
 const char *ci_isa_name(ci_isa isa) {
   static const char *const names[CI_ISA_COUNT] = {"ref", "avx2", "avx512"};
   return (unsigned)isa < CI_ISA_COUNT ? names[isa] : "unknown";
+}
+
+int ci_cpu_int8_matmul_enabled(void) {
+  pthread_once(&hardware_once, compute_hardware);
+  if (!hardware.avx512_vnni) return 0;
+  const char *requested = getenv("CINFER_INT8");
+  return !(requested && strcmp(requested, "0") == 0);
 }

@@ -41,8 +41,24 @@ typedef struct {
                                 kernels only) */
   const float *x_packed;     /* panel kernels: x in panels of gemm_mr rows, [m/mr][k][mr],
                                 natural column order, rows past m zero */
+  const int8_t *x_planes;    /* int8 row kernels: x as planes, see CI_X_PLANE_BLOCK_Q8 */
+  int64_t x_plane_stride;    /* bytes per x row of x_planes */
+  const float *x_plane_units; /* [m, k/group]: the value of one unit of the planes */
   float *y;                  /* [m, n] */
 } ci_matmul_job;
+
+/* Int8 x planes (the AVX-512 VNNI row kernels of the affine formats). Each group g of each x
+ * row is written in 24-bit fixed point relative to its largest element, as three int8 planes:
+ * x[c] ~ u_g * (65536 h[c] + 256 m[c] + l[c]) with u_g = max|x_g| / 127 / 65536 (0 for an
+ * all-zero group; NaN when the group holds an Inf or NaN), h in [-127, 127], m and l in
+ * [-128, 127]: the error is at most 65536 u_g / 131072 per element. (16 bits, h and l only, is
+ * not enough: the q4/q8 parity fixtures then drift by 4e-3 in the logits.) The planes are laid
+ * out in blocks matching 64 bytes of packed codes, CI_X_PLANE_BLOCK_Q8/Q4 bytes each, one
+ * third per plane in the order h, m, l: for 8-bit codes (64 columns) each plane is the 64
+ * columns in order; for 4-bit codes (128 columns) it is the even columns (low nibbles), then
+ * the odd columns (high nibbles). A row has ceil(k / columns per block) blocks; columns past k
+ * are 0. */
+enum { CI_X_PLANE_BLOCK_Q8 = 192, CI_X_PLANE_BLOCK_Q4 = 384 };
 
 /* Computes y[:, row_begin:row_end] for every x row. For the panel kernels, scratch holds the
  * table's scratch_floats floats, private to the calling thread, 64-byte aligned; the row
@@ -69,6 +85,13 @@ typedef struct {
    * multiplied by 2^-(bits*t) (exact) so that a code masked in place (q * 2^(bits*t)) needs
    * no shift. */
   int word_lanes;
+  /* Row kernels of the affine formats reading x_planes instead of x (NULL where absent); used
+   * instead of gemv when ci_cpu_int8_matmul_enabled() says the CPU can run them. */
+  const ci_matmul_rows_fn *gemv_int8;
+  /* Writes x [m, k] as int8 planes (row stride `stride` bytes, zero-padded, see
+   * CI_X_PLANE_BLOCK_Q8) and their units [m, k/group] for `bits`-bit codes; with gemv_int8. */
+  void (*quantize_x_planes)(int8_t *planes, float *units, const float *x, int64_t m, int64_t k,
+                            int group, int bits, int64_t stride);
 } ci_matmul_kernels;
 
 /* Each ISA's kernel tables: static and immutable, safe to share between threads. The SIMD
@@ -76,6 +99,16 @@ typedef struct {
 const ci_matmul_kernels *ci_matmul_kernels_ref(void);
 const ci_matmul_kernels *ci_matmul_kernels_avx2(void);
 const ci_matmul_kernels *ci_matmul_kernels_avx512(void);
+
+/* The AVX-512 VNNI int8-plane row kernels, indexed by weight format (NULL for float formats),
+ * and their activation quantizer (see ci_matmul_kernels.quantize_x_planes). */
+extern const ci_matmul_rows_fn ci_matmul_gemv_int8_avx512_vnni[CI_WF_COUNT];
+void ci_quantize_x_planes_avx512(int8_t *planes, float *units, const float *x, int64_t m,
+                                 int64_t k, int group, int bits, int64_t stride);
+
+/* 1 when the CPU runs AVX-512 with AVX512_VNNI and the environment variable CINFER_INT8 is not
+ * "0": the affine row kernels may then use int8 x planes. */
+int ci_cpu_int8_matmul_enabled(void);
 
 const ci_cpu_vec_kernels *ci_vec_kernels_ref(void);
 const ci_cpu_vec_kernels *ci_vec_kernels_avx2(void);

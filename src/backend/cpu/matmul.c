@@ -1,6 +1,6 @@
 /* Matmul dispatch: checks the weight, prepares the activations once per call (group sums,
- * word-lane order, GEMM panels), picks the ISA's row or panel kernel, and splits the output
- * rows over the thread pool. */
+ * word-lane order, int8 planes, GEMM panels), picks the ISA's row or panel kernel, and splits
+ * the output rows over the thread pool. */
 #include "backend/cpu/kernels_impl.h"
 
 #include "base/error.h"
@@ -158,6 +158,9 @@ int ci_cpu_matmul(ci_threadpool *pool, ci_isa isa, const ci_tensor *w, const flo
   ci_dtype dtype = w->dtype;
   int affine = ci_dtype_is_affine(dtype);
   ci_matmul_rows_fn gemm = m >= kernels->gemm_min_m[format] ? kernels->gemm[format] : NULL;
+  int int8 = affine && !gemm && kernels->gemv_int8 && kernels->gemv_int8[format] &&
+             kernels->quantize_x_planes && ci_cpu_int8_matmul_enabled();
+  ci_matmul_rows_fn gemv_int8 = int8 ? kernels->gemv_int8[format] : NULL;
   ci_matmul_job job = {
       .format = format,
       .n = n,
@@ -173,10 +176,24 @@ int ci_cpu_matmul(ci_threadpool *pool, ci_isa isa, const ci_tensor *w, const flo
 
   /* Activation preparation, each buffer O(m*k): tiny next to the O(m*n*k) product. */
   float *x_word_lanes = NULL, *group_sums = NULL, *x_packed = NULL, *scratch = NULL;
+  float *plane_units = NULL;
+  int8_t *x_planes = NULL;
   int n_threads = pool ? ci_threadpool_size(pool) : 1;
   size_t scratch_stride = (kernels->scratch_floats + 15) & ~(size_t)15;
   int status = CI_OK;
-  if (affine && kernels->word_lanes && !gemm) {
+  if (gemv_int8) {
+    int bits = ci_tensor_bits(w);
+    int64_t cols_per_block = bits == 8 ? 64 : 128;
+    int64_t stride = (k + cols_per_block - 1) / cols_per_block *
+                     (bits == 8 ? CI_X_PLANE_BLOCK_Q8 : CI_X_PLANE_BLOCK_Q4);
+    x_planes = aligned_alloc(64, (size_t)(m * stride)); /* stride is a multiple of 64 */
+    plane_units = alloc_floats((size_t)(m * (k / job.group)));
+    if (!x_planes || !plane_units) goto out_of_memory;
+    kernels->quantize_x_planes(x_planes, plane_units, x, m, k, job.group, bits, stride);
+    job.x_planes = x_planes;
+    job.x_plane_stride = stride;
+    job.x_plane_units = plane_units;
+  } else if (affine && kernels->word_lanes && !gemm) {
     x_word_lanes = alloc_floats((size_t)(m * k));
     if (!x_word_lanes) goto out_of_memory;
     to_word_lane_order(x_word_lanes, x, m, k, kernels->word_lanes, ci_tensor_bits(w));
@@ -207,7 +224,7 @@ int ci_cpu_matmul(ci_threadpool *pool, ci_isa isa, const ci_tensor *w, const flo
 
   matmul_tasks tasks = {
       .job = &job,
-      .rows_fn = gemm ? gemm : kernels->gemv[format],
+      .rows_fn = gemm ? gemm : gemv_int8 ? gemv_int8 : kernels->gemv[format],
       .rows_per_task =
           rows_per_task_for(n, m * k, n_threads, gemm ? kernels->gemm_nr : GEMV_ROW_UNIT),
       .scratch = scratch,
@@ -225,6 +242,8 @@ out_of_memory:
                    (long long)k);
 done:
   free(x_word_lanes);
+  free(x_planes);
+  free(plane_units);
   free(group_sums);
   free(x_packed);
   free(scratch);

@@ -21,8 +21,8 @@ enum {
   /* How far ahead (bytes) the row kernels prefetch along each weight row's stream; rows of a
    * chunk are contiguous, so short rows prefetch into the following rows. Measured best on
    * Zen 4 with 2 threads streaming from DRAM. */
-  FLOAT_PREFETCH_BYTES = 4096,
-  AFFINE_PREFETCH_BYTES = 8192,
+  FLOAT_PREFETCH_BYTES = 32768,
+  AFFINE_PREFETCH_BYTES = 32768,
 };
 
 /* ==== Loading and decoding weights ==== */
@@ -84,7 +84,7 @@ INLINE void gemv_float_block(const ci_matmul_job *job, ci_dtype dt, int64_t r, i
     for (int j = 0; j < rb; j++) {
       if (c % 32 == 0)
         _mm_prefetch((const char *)job->w + ((r + j) * k + c) * elem_bytes + FLOAT_PREFETCH_BYTES,
-                     _MM_HINT_T0);
+                     _MM_HINT_T1);
       wv[j] = load_float16(dt, job->w, (r + j) * k + c, 0xffff);
     }
     for (int i = 0; i < xb; i++) {
@@ -250,7 +250,7 @@ INLINE void gemv_affine_block(const ci_matmul_job *job, int bits, ci_dtype sdt, 
       for (int j = 0; j < rb; j++) {
         __m512 dot[AFFINE_X_BLOCK];
         _mm_prefetch((const char *)(words[j] + c / codes_per_word) + AFFINE_PREFETCH_BYTES,
-                     _MM_HINT_T0);
+                     _MM_HINT_T1);
         __m512i w = _mm512_loadu_si512(words[j] + c / codes_per_word);
         affine_block_dot(ac, w, x + c, k, bits, xb, dot);
         __m512 lane_scales = block_scales(ac, scales[j] + group);
@@ -488,6 +488,8 @@ const ci_matmul_kernels *ci_matmul_kernels_avx512(void) {
       .gemm_nr = GEMM_NR,
       .scratch_floats = GEMM_KC * GEMM_NR,
       .word_lanes = VW,
+      .gemv_int8 = ci_matmul_gemv_int8_avx512_vnni,
+      .quantize_x_planes = ci_quantize_x_planes_avx512,
   };
   return &kernels;
 }
