@@ -5,7 +5,8 @@
  * bf16 where attention reads them), the f32 codec with logits.f32. The f32 codec must agree
  * within 1e-3; the bf16 codec within 1e-2, because a 1e-6 difference in a K/V element near a
  * bf16 rounding boundary flips it by one bf16 ulp (2^-8 relative), which the tiny fixtures'
- * large weights amplify to ~3e-3 in a few logits (measured; typical agreement is 1e-5). */
+ * large weights amplify to ~3e-3 in a few logits (measured; typical agreement is 1e-5).
+ * Each kernel path the CPU supports (plain C, AVX2, AVX-512 with and without VNNI) is run. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -152,13 +153,27 @@ static void test_all_fixtures(void **state) {
   }
   closedir(d);
   assert_true(count >= 18);
+  /* Every kernel path this CPU supports: the CPUID choice is lowered through CINFER_ISA, and
+   * the VNNI int8-plane decode kernels are switched off with CINFER_INT8=0. */
+  static const struct {
+    ci_isa isa;
+    const char *int8;
+  } paths[] = {{CI_ISA_REF, "1"}, {CI_ISA_AVX2, "1"}, {CI_ISA_AVX512, "0"}, {CI_ISA_AVX512, "1"}};
   int failures = 0;
-  for (int i = 0; i < count; i++) {
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s/%s", CI_FIXTURE_DIR, names[i]);
-    failures += test_fixture_dir(dir);
-    free(names[i]);
+  for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
+    if (!ci_isa_supported(paths[p].isa)) continue;
+    setenv("CINFER_ISA", ci_isa_name(paths[p].isa), 1);
+    setenv("CINFER_INT8", paths[p].int8, 1);
+    printf("kernels: %s, int8 planes %s\n", ci_isa_name(paths[p].isa), paths[p].int8);
+    for (int i = 0; i < count; i++) {
+      char dir[1024];
+      snprintf(dir, sizeof dir, "%s/%s", CI_FIXTURE_DIR, names[i]);
+      failures += test_fixture_dir(dir);
+    }
   }
+  unsetenv("CINFER_ISA");
+  unsetenv("CINFER_INT8");
+  for (int i = 0; i < count; i++) free(names[i]);
   assert_int_equal(failures, 0);
 }
 
