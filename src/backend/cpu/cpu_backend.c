@@ -151,35 +151,44 @@ static inline void *kv_row(const ci_paged_kv *kv, uint8_t *base, int64_t positio
   return block_start + (size_t)((int64_t)head * kv->block_tokens + slot) * kv->head_dim * elem_bytes;
 }
 
-static float dot_f32(const float *x, const void *row, int64_t n) {
+/* How attention and kv_store touch one codec's rows: bf16 rows go through the ISA's vector
+ * kernels, f32 rows through plain loops the compiler vectorizes. */
+typedef struct {
+  ci_kv_codec codec;
+  size_t elem_bytes;
+  const ci_cpu_vec_kernels *vec;
+} codec_loops;
+
+static codec_loops loops_for(const cpu_backend *cpu, ci_kv_codec codec) {
+  return (codec_loops){codec, codec == CI_KV_F32 ? 4 : 2, cpu->vec};
+}
+
+/* <x, row> */
+static inline float row_dot(const codec_loops *l, const float *x, const void *row, int64_t n) {
+  if (l->codec == CI_KV_BF16) return l->vec->dot_bf16(x, row, n);
   const float *a = row;
   float sum = 0.0f;
   for (int64_t i = 0; i < n; i++) sum += x[i] * a[i];
   return sum;
 }
 
-static void axpy_f32(float *y, float alpha, const void *row, int64_t n) {
+/* y += alpha * row */
+static inline void row_axpy(const codec_loops *l, float *y, float alpha, const void *row,
+                            int64_t n) {
+  if (l->codec == CI_KV_BF16) {
+    l->vec->axpy_bf16(y, alpha, row, n);
+    return;
+  }
   const float *a = row;
   for (int64_t i = 0; i < n; i++) y[i] += alpha * a[i];
 }
 
-static void store_f32(uint16_t *dst_bytes, const float *src, int64_t n) {
-  memcpy(dst_bytes, src, (size_t)n * sizeof(float));
-}
-
-/* How attention and kv_store touch one codec's rows. */
-typedef struct {
-  size_t elem_bytes;
-  float (*dot)(const float *x, const void *row, int64_t n);
-  void (*axpy)(float *y, float alpha, const void *row, int64_t n);
-  void (*store)(uint16_t *dst, const float *src, int64_t n);
-} codec_loops;
-
-static codec_loops loops_for(const cpu_backend *cpu, ci_kv_codec codec) {
-  if (codec == CI_KV_F32) return (codec_loops){4, dot_f32, axpy_f32, store_f32};
-  return (codec_loops){2, (float (*)(const float *, const void *, int64_t))cpu->vec->dot_bf16,
-                       (void (*)(float *, float, const void *, int64_t))cpu->vec->axpy_bf16,
-                       cpu->vec->f32_to_bf16};
+/* row = encode(src) */
+static inline void row_store(const codec_loops *l, void *row, const float *src, int64_t n) {
+  if (l->codec == CI_KV_BF16)
+    l->vec->f32_to_bf16(row, src, n);
+  else
+    memcpy(row, src, (size_t)n * sizeof(float));
 }
 
 static int check_codec(const ci_paged_kv *kv, const char *op) {
@@ -199,9 +208,9 @@ static int cpu_kv_store(ci_backend *be, const ci_paged_kv *kv, const float *k, c
         kv->block_table[pos[r] / kv->block_tokens] < 0)
       return ci_fail("kv_store: position %d has no block", pos[r]);
     for (int h = 0; h < kv->n_kv_heads; h++) {
-      loops.store(kv_row(kv, kv->k_base, pos[r], h, loops.elem_bytes),
+      row_store(&loops, kv_row(kv, kv->k_base, pos[r], h, loops.elem_bytes),
                   k + r * row + h * kv->head_dim, kv->head_dim);
-      loops.store(kv_row(kv, kv->v_base, pos[r], h, loops.elem_bytes),
+      row_store(&loops, kv_row(kv, kv->v_base, pos[r], h, loops.elem_bytes),
                   v + r * row + h * kv->head_dim, kv->head_dim);
     }
   }
@@ -232,7 +241,7 @@ static void attention_task(void *ctx, int task, int thread) {
   float *scores = job->scores + (int64_t)thread * job->max_keys;
   float max_score = -INFINITY;
   for (int64_t j = first; j <= p; j++) {
-    float s = job->loops.dot(q, kv_row(kv, kv->k_base, j, kv_head, eb), D) * a->scale;
+    float s = row_dot(&job->loops, q, kv_row(kv, kv->k_base, j, kv_head, eb), D) * a->scale;
     if (a->softcap > 0.0f) s = a->softcap * tanhf(s / a->softcap);
     scores[j - first] = s;
     if (s > max_score) max_score = s;
@@ -245,7 +254,8 @@ static void attention_task(void *ctx, int task, int thread) {
   float inv_total = 1.0f / total;
   memset(out, 0, (size_t)D * sizeof *out);
   for (int64_t j = first; j <= p; j++)
-    job->loops.axpy(out, scores[j - first] * inv_total, kv_row(kv, kv->v_base, j, kv_head, eb), D);
+    row_axpy(&job->loops, out, scores[j - first] * inv_total,
+             kv_row(kv, kv->v_base, j, kv_head, eb), D);
 }
 
 static int cpu_attention(ci_backend *be, const ci_attention_args *args) {
