@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 DEFAULT_MODEL ?= tests/fixtures/qwen3
 FUZZ_SECONDS ?= 30
 
-.PHONY: all deps build test test-release test-asan run bench fuzz clean
+.PHONY: all deps npm-deps build test test-release test-asan run bench fuzz clean
 
 all: build
 
@@ -18,10 +18,13 @@ build: deps
 
 test: test-release test-asan
 
-test-release: build
+npm-deps: deps
+	@scripts/install-npm.sh
+
+test-release: build npm-deps
 	cd build && ctest --output-on-failure -j$(JOBS)
 
-test-asan: deps
+test-asan: npm-deps
 	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCINFER_SANITIZE=ON >/dev/null
 	@cmake --build build-asan -j$(JOBS)
 	cd build-asan && ctest --output-on-failure -j$(JOBS)
