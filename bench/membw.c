@@ -63,8 +63,8 @@ static double now_s(void) {
 
 typedef struct {
   const uint8_t *buf;
-  size_t bytes;   /* whole buffer */
-  int n_tasks;    /* slices */
+  size_t bytes; /* whole buffer */
+  int n_tasks;  /* slices */
   read_fn fn;
   volatile uint64_t sink[256]; /* one per task, so the reads cannot be optimised away */
 } job;

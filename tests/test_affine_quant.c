@@ -136,11 +136,21 @@ static void test_random_groups(void **state) {
         const int kind = trial % 5;
         for (int i = 0; i < g; i++) {
           switch (kind) {
-          case 0: w[i] = rng_uniform(&rng, -1, 1); break;
-          case 1: w[i] = rng_uniform(&rng, 0.5f, 3); break;          /* all positive */
-          case 2: w[i] = rng_uniform(&rng, -7, -2); break;           /* all negative */
-          case 3: w[i] = rng_uniform(&rng, -4, 0.3f); break;         /* negative-dominant */
-          default: w[i] = rng_uniform(&rng, -1e-3f, 5e-2f); break;   /* small, positive-heavy */
+          case 0:
+            w[i] = rng_uniform(&rng, -1, 1);
+            break;
+          case 1:
+            w[i] = rng_uniform(&rng, 0.5f, 3);
+            break; /* all positive */
+          case 2:
+            w[i] = rng_uniform(&rng, -7, -2);
+            break; /* all negative */
+          case 3:
+            w[i] = rng_uniform(&rng, -4, 0.3f);
+            break; /* negative-dominant */
+          default:
+            w[i] = rng_uniform(&rng, -1e-3f, 5e-2f);
+            break; /* small, positive-heavy */
           }
         }
         check_group(w, g, all_bits[bi]);
@@ -210,8 +220,12 @@ static void test_code_matches_nearbyintf(void **state) {
   for (int bi = 0; bi < N_BITS; bi++) {
     const float n = (float)((1 << all_bits[bi]) - 1);
     for (int k = -4; k <= 300; k++) { /* integers, exact ties and their float neighbours */
-      const float xs[] = {(float)k, (float)k + 0.5f, nextafterf((float)k + 0.5f, -1e9f),
-                          nextafterf((float)k + 0.5f, 1e9f), (float)k + 0.25f, (float)k - 0.75f};
+      const float xs[] = {(float)k,
+                          (float)k + 0.5f,
+                          nextafterf((float)k + 0.5f, -1e9f),
+                          nextafterf((float)k + 0.5f, 1e9f),
+                          (float)k + 0.25f,
+                          (float)k - 0.75f};
       for (size_t j = 0; j < sizeof(xs) / sizeof(xs[0]); j++) {
         assert_int_equal(ci_affine_code(xs[j], n), code_ref(xs[j], n));
       }
@@ -220,8 +234,9 @@ static void test_code_matches_nearbyintf(void **state) {
       const float x = rng_uniform(&rng, -2.0f, n + 2.0f) * ((t % 7 == 0) ? 1e4f : 1.0f);
       assert_int_equal(ci_affine_code(x, n), code_ref(x, n));
     }
-    const float specials[] = {INFINITY, -INFINITY, NAN, -0.0f, 0.0f, 1e-45f, -1e-45f, 1e30f, -1e30f,
-                              -0.5f, 0.5f, n + 0.5f, n - 0.5f, n + 1.0f, -1.0f, -1.5f};
+    const float specials[] = {INFINITY, -INFINITY, NAN,    -0.0f, 0.0f, 1e-45f,
+                              -1e-45f,  1e30f,     -1e30f, -0.5f, 0.5f, n + 0.5f,
+                              n - 0.5f, n + 1.0f,  -1.0f,  -1.5f};
     for (size_t j = 0; j < sizeof(specials) / sizeof(specials[0]); j++) {
       assert_int_equal(ci_affine_code(specials[j], n), code_ref(specials[j], n));
     }
@@ -309,8 +324,8 @@ static void test_matrix(void **state) {
         const int from_bf16 = (bi + gi + di) & 1;
         const size_t words = (size_t)COLS * (size_t)bits / 32;
         assert_int_equal(ci_affine_quantize_matrix(from_bf16 ? (const void *)wbf : w,
-                                                   from_bf16 ? CI_BF16 : CI_F32, ROWS, COLS,
-                                                   bits, g, codes, sd, scales, biases),
+                                                   from_bf16 ? CI_BF16 : CI_F32, ROWS, COLS, bits,
+                                                   g, codes, sd, scales, biases),
                          CI_OK);
         for (int r = 0; r < ROWS; r++) {
           const size_t ng = COLS / (size_t)g;
@@ -336,8 +351,8 @@ static void test_matrix(void **state) {
               assert_true(ss == ci_f16_to_f32(ci_f32_to_f16(s)));
             }
           }
-          assert_int_equal(ci_affine_dequantize_row(codes + (size_t)r * words, srow, brow, sd,
-                                                    COLS, bits, g, row),
+          assert_int_equal(ci_affine_dequantize_row(codes + (size_t)r * words, srow, brow, sd, COLS,
+                                                    bits, g, row),
                            CI_OK);
           for (int c = 0; c < COLS; c++) {
             const float ss = ci_float_at(sd, srow, (size_t)(c / g));
@@ -373,10 +388,8 @@ static void test_matrix_errors(void **state) {
                    CI_ERR); /* 4 x 2 bits is not a whole u32 */
   assert_int_equal(ci_affine_quantize_matrix(w, CI_U32, 1, 64, 4, 64, codes, CI_BF16, s, b),
                    CI_ERR);
-  assert_int_equal(ci_affine_quantize_matrix(w, CI_F32, 1, 64, 4, 64, codes, CI_I32, s, b),
-                   CI_ERR);
-  assert_int_equal(ci_affine_quantize_matrix(w, CI_F32, 0, 64, 4, 64, codes, CI_BF16, s, b),
-                   CI_OK);
+  assert_int_equal(ci_affine_quantize_matrix(w, CI_F32, 1, 64, 4, 64, codes, CI_I32, s, b), CI_ERR);
+  assert_int_equal(ci_affine_quantize_matrix(w, CI_F32, 0, 64, 4, 64, codes, CI_BF16, s, b), CI_OK);
   assert_true(ci_affine_bits_ok(3) && !ci_affine_bits_ok(7) && !ci_affine_bits_ok(1));
 }
 
@@ -384,9 +397,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_golden_groups),    cmocka_unit_test(test_random_groups),
       cmocka_unit_test(test_special_groups),   cmocka_unit_test(test_code_matches_nearbyintf),
-      cmocka_unit_test(test_pack_known_words),
-      cmocka_unit_test(test_pack_roundtrip),   cmocka_unit_test(test_matrix),
-      cmocka_unit_test(test_matrix_errors),
+      cmocka_unit_test(test_pack_known_words), cmocka_unit_test(test_pack_roundtrip),
+      cmocka_unit_test(test_matrix),           cmocka_unit_test(test_matrix_errors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

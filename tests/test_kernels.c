@@ -313,8 +313,12 @@ static float *make_awkward_x(test_rng *rng, int64_t m, int64_t k, int group, int
     for (int64_t g = 0; g < k / group; g++) {
       float *v = x + i * k + g * group;
       switch ((g + i + salt) % 5) {
-      case 1: memset(v, 0, (size_t)group * sizeof *v); break;
-      case 2: v[rng_u32(rng) % (uint32_t)group] = rng_u32(rng) & 1 ? 3.0e4f : -3.0e4f; break;
+      case 1:
+        memset(v, 0, (size_t)group * sizeof *v);
+        break;
+      case 2:
+        v[rng_u32(rng) % (uint32_t)group] = rng_u32(rng) & 1 ? 3.0e4f : -3.0e4f;
+        break;
       case 3: {
         float constant = rng_uniform(rng, -2, 2);
         for (int j = 0; j < group; j++) v[j] = constant;
@@ -323,7 +327,8 @@ static float *make_awkward_x(test_rng *rng, int64_t m, int64_t k, int group, int
       case 4:
         for (int j = 0; j < group; j++) v[j] *= 1e-20f;
         break;
-      default: break;
+      default:
+        break;
       }
     }
   return x;
@@ -398,8 +403,8 @@ static void test_int8_planes_within_bound(void **state) {
                 print_error("int8 %s scale=%s g=%d m=%lld n=%lld k=%lld: y[%lld]=%.9g ref %.9g "
                             "(bound %.3g, tolerance %.3g)\n",
                             q ? "q4" : "q8", ci_dtype_get(scale_dtypes[si])->name, group,
-                            (long long)m, (long long)n, (long long)k, (long long)i, y[i],
-                            y_ref[i], bound[i], tolerance);
+                            (long long)m, (long long)n, (long long)k, (long long)i, y[i], y_ref[i],
+                            bound[i], tolerance);
                 fail();
               }
             }

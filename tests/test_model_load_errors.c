@@ -96,20 +96,28 @@ static void expect_load_error(const char *dir, const char *expected) {
 
 /* ==== Config cases ==== */
 
-static void set_model_type(json_t *c) { json_object_set_new(c, "model_type", json_string("gpt9")); }
-static void zero_heads(json_t *c) { json_object_set_new(c, "num_attention_heads", json_integer(0)); }
-static void wrong_hidden(json_t *c) { json_object_set_new(c, "intermediate_size", json_integer(96)); }
+static void set_model_type(json_t *c) {
+  json_object_set_new(c, "model_type", json_string("gpt9"));
+}
+static void zero_heads(json_t *c) {
+  json_object_set_new(c, "num_attention_heads", json_integer(0));
+}
+static void wrong_hidden(json_t *c) {
+  json_object_set_new(c, "intermediate_size", json_integer(96));
+}
 static void string_layers(json_t *c) {
   json_object_set_new(c, "num_hidden_layers", json_string("two"));
 }
-static void bad_gqa(json_t *c) { json_object_set_new(c, "num_key_value_heads", json_integer(3)); }
+static void bad_gqa(json_t *c) {
+  json_object_set_new(c, "num_key_value_heads", json_integer(3));
+}
 static void dynamic_rope(json_t *c) {
   json_object_set_new(c, "rope_scaling", json_pack("{s:s, s:f}", "type", "dynamic", "factor", 2.0));
   json_object_del(c, "rope_parameters");
 }
 static void gptq(json_t *c) {
-  json_object_set_new(c, "quantization_config", json_pack("{s:s, s:i}", "quant_method", "gptq",
-                                                          "group_size", 128));
+  json_object_set_new(c, "quantization_config",
+                      json_pack("{s:s, s:i}", "quant_method", "gptq", "group_size", 128));
 }
 static void three_bits(json_t *c) {
   json_object_set_new(c, "quantization", json_pack("{s:i, s:i}", "bits", 3, "group_size", 64));
@@ -282,8 +290,8 @@ static void test_bad_token_ids(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_config_errors),      cmocka_unit_test(test_config_not_json_or_missing),
-      cmocka_unit_test(test_weight_errors),      cmocka_unit_test(test_unexpected_tensor),
+      cmocka_unit_test(test_config_errors), cmocka_unit_test(test_config_not_json_or_missing),
+      cmocka_unit_test(test_weight_errors), cmocka_unit_test(test_unexpected_tensor),
       cmocka_unit_test(test_bad_token_ids),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -250,7 +250,7 @@ static void test_cached_repo_list(void **state) {
   char **ids;
   int count;
   assert_int_equal(ci_hf_cached_repos(hub, &ids, &count), CI_OK);
-  const char *want[] = {"empty",        "gpt2",         "org/Model-A", "org/Model-A-Instruct",
+  const char *want[] = {"empty",       "gpt2",         "org/Model-A", "org/Model-A-Instruct",
                         "org/Model-B", "other/broken", "other/thing"};
   assert_int_equal(count, (int)(sizeof want / sizeof want[0]));
   for (int i = 0; i < count; i++) assert_string_equal(ids[i], want[i]);

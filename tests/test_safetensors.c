@@ -106,18 +106,17 @@ static image valid_image(void) {
   int64_t c = -7;
   memcpy(data + 32, &c, 8);
   data[40] = 1, data[41] = 0, data[42] = 1;
-  const char *header =
-      "{\"__metadata__\":{\"format\":\"pt\"},"
-      "\"b\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[24,32]},"
-      "\"a\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]},"
-      "\"c\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[32,40]},"
-      "\"empty\":{\"dtype\":\"F16\",\"shape\":[0,5],\"data_offsets\":[40,40]},"
-      "\"mask\":{\"dtype\":\"BOOL\",\"shape\":[3],\"data_offsets\":[40,43]}}";
+  const char *header = "{\"__metadata__\":{\"format\":\"pt\"},"
+                       "\"b\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[24,32]},"
+                       "\"a\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]},"
+                       "\"c\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[32,40]},"
+                       "\"empty\":{\"dtype\":\"F16\",\"shape\":[0,5],\"data_offsets\":[40,40]},"
+                       "\"mask\":{\"dtype\":\"BOOL\",\"shape\":[3],\"data_offsets\":[40,43]}}";
   return make_image(header, data, sizeof data);
 }
 
-static void check_valid_entries(const ci_st_tensor *a, const ci_st_tensor *b,
-                                const ci_st_tensor *c, const ci_st_tensor *empty) {
+static void check_valid_entries(const ci_st_tensor *a, const ci_st_tensor *b, const ci_st_tensor *c,
+                                const ci_st_tensor *empty) {
   assert_non_null(a);
   assert_int_equal(a->dtype, CI_F32);
   assert_int_equal(a->ndim, 2);
@@ -229,7 +228,7 @@ static void test_lenient_cases(void **state) {
   free(t);
   free(im.bytes);
   /* Every safetensors dtype is accepted. */
-  const char *dtypes[] = {"BOOL", "U8", "I8", "U16", "I16", "U32", "I32",
+  const char *dtypes[] = {"BOOL", "U8",  "I8",  "U16",  "I16", "U32", "I32",
                           "U64",  "I64", "F16", "BF16", "F32", "F64"};
   const int sizes[] = {1, 1, 1, 2, 2, 4, 4, 8, 8, 2, 2, 4, 8};
   for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++) {
@@ -249,16 +248,16 @@ static void test_lenient_cases(void **state) {
 
 typedef struct {
   const char *what;
-  const char *header;     /* NULL: use raw */
+  const char *header; /* NULL: use raw */
   size_t data_len;
   uint64_t raw_header_len; /* with header NULL: the length prefix ... */
   const char *raw_body;    /* ... and the bytes after it (raw_body_len of them) */
   size_t raw_body_len;
-  const char *expect;      /* substring of the message */
-  const char *tensor;      /* tensor the message must name, or NULL */
+  const char *expect; /* substring of the message */
+  const char *tensor; /* tensor the message must name, or NULL */
 } reject_case;
 
-#define ENTRY(dtype, shape, offsets) \
+#define ENTRY(dtype, shape, offsets)                                                               \
   "{\"dtype\":" dtype ",\"shape\":" shape ",\"data_offsets\":" offsets "}"
 
 static const reject_case reject_cases[] = {
@@ -289,15 +288,15 @@ static const reject_case reject_cases[] = {
      "non-negative integers", "a"},
     {"negative dim", "{\"a\":" ENTRY("\"F32\"", "[-1]", "[0,4]") "}", 8, 0, NULL, 0,
      "non-negative integers", "a"},
-    {"too many dims", "{\"a\":" ENTRY("\"U8\"", "[1,1,1,1,1,1,1,1,1]", "[0,1]") "}", 8, 0, NULL,
-     0, "dimensions", "a"},
+    {"too many dims", "{\"a\":" ENTRY("\"U8\"", "[1,1,1,1,1,1,1,1,1]", "[0,1]") "}", 8, 0, NULL, 0,
+     "dimensions", "a"},
     {"shape overflow",
-     "{\"a\":" ENTRY("\"F32\"", "[4294967296,4294967296,4294967296]", "[0,4]") "}", 8, 0, NULL,
+     "{\"a\":" ENTRY("\"F32\"", "[4294967296,4294967296,4294967296]", "[0,4]") "}", 8, 0, NULL, 0,
+     "overflows", "a"},
+    {"byte overflow", "{\"a\":" ENTRY("\"F64\"", "[4611686018427387904]", "[0,4]") "}", 8, 0, NULL,
      0, "overflows", "a"},
-    {"byte overflow", "{\"a\":" ENTRY("\"F64\"", "[4611686018427387904]", "[0,4]") "}", 8, 0,
-     NULL, 0, "overflows", "a"},
-    {"missing offsets", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", 8, 0, NULL, 0,
-     "data_offsets", "a"},
+    {"missing offsets", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", 8, 0, NULL, 0, "data_offsets",
+     "a"},
     {"offsets reversed", "{\"a\":" ENTRY("\"F32\"", "[1]", "[4,0]") "}", 8, 0, NULL, 0,
      "begin <= end", "a"},
     {"offsets three", "{\"a\":" ENTRY("\"F32\"", "[1]", "[0,4,8]") "}", 8, 0, NULL, 0,
@@ -314,15 +313,19 @@ static const reject_case reject_cases[] = {
      "shape disagrees with byte size", "a"},
     {"scalar mismatch", "{\"a\":" ENTRY("\"F32\"", "[]", "[0,0]") "}", 16, 0, NULL, 0,
      "shape disagrees with byte size", "a"},
-    {"overlap", "{\"a\":" ENTRY("\"F32\"", "[2]", "[0,8]") ",\"b\":" ENTRY("\"F32\"", "[2]",
-     "[4,12]") "}", 16, 0, NULL, 0, "overlap", "b"},
-    {"same range", "{\"a\":" ENTRY("\"U8\"", "[4]", "[0,4]") ",\"b\":" ENTRY("\"U8\"", "[4]",
-     "[0,4]") "}", 16, 0, NULL, 0, "overlap", "a"},
-    {"nested range", "{\"a\":" ENTRY("\"U8\"", "[16]", "[0,16]") ",\"b\":" ENTRY("\"U8\"",
-     "[2]", "[10,12]") ",\"c\":" ENTRY("\"U8\"", "[2]", "[1,3]") "}", 16, 0, NULL, 0, "overlap",
-     "a"},
-    {"duplicate name", "{\"a\":" ENTRY("\"U8\"", "[1]", "[0,1]") ",\"a\":" ENTRY("\"U8\"", "[1]",
-     "[1,2]") "}", 16, 0, NULL, 0, "duplicate", NULL},
+    {"overlap",
+     "{\"a\":" ENTRY("\"F32\"", "[2]", "[0,8]") ",\"b\":" ENTRY("\"F32\"", "[2]", "[4,12]") "}", 16,
+     0, NULL, 0, "overlap", "b"},
+    {"same range",
+     "{\"a\":" ENTRY("\"U8\"", "[4]", "[0,4]") ",\"b\":" ENTRY("\"U8\"", "[4]", "[0,4]") "}", 16, 0,
+     NULL, 0, "overlap", "a"},
+    {"nested range",
+     "{\"a\":" ENTRY("\"U8\"", "[16]", "[0,16]") ",\"b\":" ENTRY(
+         "\"U8\"", "[2]", "[10,12]") ",\"c\":" ENTRY("\"U8\"", "[2]", "[1,3]") "}",
+     16, 0, NULL, 0, "overlap", "a"},
+    {"duplicate name",
+     "{\"a\":" ENTRY("\"U8\"", "[1]", "[0,1]") ",\"a\":" ENTRY("\"U8\"", "[1]", "[1,2]") "}", 16, 0,
+     NULL, 0, "duplicate", NULL},
     {"empty name", "{\"\":" ENTRY("\"U8\"", "[1]", "[0,1]") "}", 16, 0, NULL, 0, "empty name",
      NULL},
     {"metadata not object", "{\"__metadata__\":[1]}", 0, 0, NULL, 0, "__metadata__", NULL},
@@ -331,9 +334,9 @@ static const reject_case reject_cases[] = {
 /* Runs one rejection case in memory and through a file; both must fail with expect. */
 static void run_reject_case(const char *dir, const reject_case *rc) {
   uint8_t data[64] = {0};
-  image im = rc->header ? make_image(rc->header, data, rc->data_len)
-                        : make_raw(rc->raw_header_len, rc->raw_body ? rc->raw_body : "",
-                                   rc->raw_body_len);
+  image im = rc->header
+                 ? make_image(rc->header, data, rc->data_len)
+                 : make_raw(rc->raw_header_len, rc->raw_body ? rc->raw_body : "", rc->raw_body_len);
   if (!rc->header && !rc->raw_body) im.len = 5; /* shorter than the length prefix */
   ci_st_tensor *t = (ci_st_tensor *)1;
   int n = -1;
@@ -404,17 +407,17 @@ static void write_two_shards(const char *dir) {
   memcpy(d1, values, 8);
   d1[8] = 7, d1[9] = 8, d1[10] = 9;
   write_image(dir, "model-00001-of-00002.safetensors",
-              make_image("{\"a\":" ENTRY("\"F32\"", "[2]", "[0,8]") ",\"b\":" ENTRY("\"U8\"",
-                         "[3]", "[8,11]") "}", d1, 11));
+              make_image("{\"a\":" ENTRY("\"F32\"", "[2]", "[0,8]") ",\"b\":" ENTRY("\"U8\"", "[3]",
+                                                                                    "[8,11]") "}",
+                         d1, 11));
   write_image(dir, "model-00002-of-00002.safetensors",
               make_image("{\"c\":" ENTRY("\"F32\"", "[1]", "[0,4]") "}", values + 2, 4));
 }
 
-static const char *good_index =
-    "{\"metadata\":{\"total_size\":15},\"weight_map\":{"
-    "\"a\":\"model-00001-of-00002.safetensors\","
-    "\"c\":\"model-00002-of-00002.safetensors\","
-    "\"b\":\"model-00001-of-00002.safetensors\"}}";
+static const char *good_index = "{\"metadata\":{\"total_size\":15},\"weight_map\":{"
+                                "\"a\":\"model-00001-of-00002.safetensors\","
+                                "\"c\":\"model-00002-of-00002.safetensors\","
+                                "\"b\":\"model-00001-of-00002.safetensors\"}}";
 
 static void test_sharded(void **state) {
   const char *dir = *state;

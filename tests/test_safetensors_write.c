@@ -130,7 +130,7 @@ static void test_write_and_reread(void **state) {
   assert_string_equal(json_string_value(json_object_get(meta, "note")), "hello");
 
   const expect ex[] = {
-      {"z.first", "F32", 2, {2, 3}, 24},    {"a.second", "BF16", 1, {3}, 6},
+      {"z.first", "F32", 2, {2, 3}, 24},      {"a.second", "BF16", 1, {3}, 6},
       {"big", "U32", 3, {1000, 3, 4}, 48000}, {"scalar", "I32", 0, {0}, 4},
       {"empty", "F16", 2, {0, 5}, 0},
   };

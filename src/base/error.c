@@ -34,6 +34,10 @@ int ci_fail_context(const char *fmt, ...) {
   return CI_ERR;
 }
 
-const char *ci_last_error(void) { return last_error; }
+const char *ci_last_error(void) {
+  return last_error;
+}
 
-void ci_clear_error(void) { last_error[0] = '\0'; }
+void ci_clear_error(void) {
+  last_error[0] = '\0';
+}

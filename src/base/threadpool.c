@@ -117,7 +117,9 @@ void ci_threadpool_free(ci_threadpool *pool) {
   free(pool);
 }
 
-int ci_threadpool_size(const ci_threadpool *pool) { return pool->n_threads; }
+int ci_threadpool_size(const ci_threadpool *pool) {
+  return pool->n_threads;
+}
 
 void ci_threadpool_run(ci_threadpool *pool, int n_tasks, ci_task_fn fn, void *ctx) {
   if (n_tasks <= 0) return;

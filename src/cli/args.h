@@ -13,7 +13,8 @@ typedef struct {
 } ci_flag;
 
 /* Fills flags[].value from argv (argv[0] is the verb). Unknown flags, missing values and
- * repeated flags are usage errors: prints one line to stderr and returns 2; returns 0 on success. */
+ * repeated flags are usage errors: prints one line to stderr and returns 2; returns 0 on success.
+ */
 int ci_args_parse(int argc, char **argv, ci_flag *flags, int n_flags, const char *verb);
 
 /* The value of `name` (NULL if absent). */

@@ -58,10 +58,10 @@ static double median(double *v, int n) {
 }
 
 int ci_verb_bench(int argc, char **argv) {
-  ci_flag flags[] = {{"--model", "-m", 1, NULL},       {"--prompt-tokens", "-p", 1, NULL},
-                     {"--gen-tokens", "-n", 1, NULL},  {"--runs", NULL, 1, NULL},
-                     {"--warmup", NULL, 1, NULL},      {"--threads", "-t", 1, NULL},
-                     {"--json", NULL, 0, NULL},        {"--help", "-h", 0, NULL}};
+  ci_flag flags[] = {{"--model", "-m", 1, NULL},      {"--prompt-tokens", "-p", 1, NULL},
+                     {"--gen-tokens", "-n", 1, NULL}, {"--runs", NULL, 1, NULL},
+                     {"--warmup", NULL, 1, NULL},     {"--threads", "-t", 1, NULL},
+                     {"--json", NULL, 0, NULL},       {"--help", "-h", 0, NULL}};
   const int nf = sizeof flags / sizeof flags[0];
   if (ci_args_parse(argc, argv, flags, nf, "bench")) return 2;
   if (ci_args_get(flags, nf, "--help")) {
@@ -110,8 +110,8 @@ int ci_verb_bench(int argc, char **argv) {
     printf("prefill %lld tok: %.1f tok/s (min %.1f, max %.1f) | decode %lld tok: %.2f tok/s "
            "(min %.2f, max %.2f) | ttft %.1f ms | weights/token %.1f MB | %.1f GB/s | peak %.0f "
            "MB\n",
-           prompt_len, p, prefill[0], prefill[runs - 1], gen_len, d, decode[0], decode[runs - 1],
-           f, (double)weight_bytes / 1e6, (double)weight_bytes * d / 1e9, rss_mb);
+           prompt_len, p, prefill[0], prefill[runs - 1], gen_len, d, decode[0], decode[runs - 1], f,
+           (double)weight_bytes / 1e6, (double)weight_bytes * d / 1e9, rss_mb);
   }
   rc = 0;
 done:

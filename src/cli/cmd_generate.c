@@ -19,9 +19,9 @@ static int is_eos(const ci_model_spec *spec, int id) {
 }
 
 int ci_verb_generate(int argc, char **argv) {
-  ci_flag flags[] = {{"--model", "-m", 1, NULL},     {"--ids", NULL, 1, NULL},
+  ci_flag flags[] = {{"--model", "-m", 1, NULL},      {"--ids", NULL, 1, NULL},
                      {"--max-tokens", "-n", 1, NULL}, {"--threads", "-t", 1, NULL},
-                     {"--json", NULL, 0, NULL},      {"--help", "-h", 0, NULL}};
+                     {"--json", NULL, 0, NULL},       {"--help", "-h", 0, NULL}};
   const int nf = sizeof flags / sizeof flags[0];
   if (ci_args_parse(argc, argv, flags, nf, "generate")) return 2;
   if (ci_args_get(flags, nf, "--help")) {
@@ -31,8 +31,9 @@ int ci_verb_generate(int argc, char **argv) {
   const char *model_arg = ci_args_get(flags, nf, "--model");
   const char *ids_arg = ci_args_get(flags, nf, "--ids");
   if (!model_arg || !ids_arg) {
-    fprintf(stderr, "cinfer generate: --model and --ids are required (text prompts need the "
-                    "tokenizer, not yet built)\n%s",
+    fprintf(stderr,
+            "cinfer generate: --model and --ids are required (text prompts need the "
+            "tokenizer, not yet built)\n%s",
             usage);
     return 2;
   }
@@ -97,8 +98,9 @@ int ci_verb_generate(int argc, char **argv) {
     printf("\n");
   }
   fflush(stdout);
-  fprintf(stderr, "prompt %d tok %.1f tok/s | gen %d tok %.1f tok/s | ttft %.1f ms | peak %.2f GB\n",
-          n_ids, n_ids / (first - start), n_out, n_out > 1 ? (n_out - 1) / (end - first) : 0.0,
+  fprintf(stderr,
+          "prompt %d tok %.1f tok/s | gen %d tok %.1f tok/s | ttft %.1f ms | peak %.2f GB\n", n_ids,
+          n_ids / (first - start), n_out, n_out > 1 ? (n_out - 1) / (end - first) : 0.0,
           (first - start) * 1000, (double)ci_peak_rss_bytes() / 1e9);
   rc = 0;
 done:

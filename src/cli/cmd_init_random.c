@@ -85,9 +85,8 @@ static int fill_rows(void *user, void *buf, size_t offset, size_t len) {
       for (int64_t c = 0; c < src->cols; c++) out[c] = ci_f32_to_bf16(src->row_f32[c]);
       continue;
     }
-    if (ci_affine_quantize_matrix(src->row_f32, CI_F32, 1, src->cols, src->bits,
-                                  src->group_size, src->row_codes, CI_BF16, src->row_scales,
-                                  src->row_biases))
+    if (ci_affine_quantize_matrix(src->row_f32, CI_F32, 1, src->cols, src->bits, src->group_size,
+                                  src->row_codes, CI_BF16, src->row_scales, src->row_biases))
       return CI_ERR;
     const void *part = src->part == 0   ? (const void *)src->row_codes
                        : src->part == 1 ? (const void *)src->row_scales
@@ -157,8 +156,7 @@ static int declare_entry(void *ctx, const ci_manifest_entry *e) {
     } else {
       shape[1] = e->cols / job->group_size;
     }
-    if (ci_st_writer_add_fill(job->writer, name, dtype, ndim, shape, fill_rows, src))
-      return CI_ERR;
+    if (ci_st_writer_add_fill(job->writer, name, dtype, ndim, shape, fill_rows, src)) return CI_ERR;
   }
   return 0;
 }
@@ -200,8 +198,10 @@ int ci_verb_init_random(int argc, char **argv) {
     return 2;
   }
   int bits = 0;
-  if (dtype && !strcmp(dtype, "q8")) bits = 8;
-  else if (dtype && !strcmp(dtype, "q4")) bits = 4;
+  if (dtype && !strcmp(dtype, "q8"))
+    bits = 8;
+  else if (dtype && !strcmp(dtype, "q4"))
+    bits = 4;
   else if (dtype && strcmp(dtype, "bf16")) {
     fprintf(stderr, "cinfer init-random: --dtype must be bf16, q8 or q4, got '%s'\n", dtype);
     return 2;

@@ -11,8 +11,8 @@ static const char usage[] =
     "usage: cinfer logits --model DIR --ids CSV --out FILE [--chunk N] [--threads N]\n";
 
 int ci_verb_logits(int argc, char **argv) {
-  ci_flag flags[] = {{"--model", "-m", 1, NULL}, {"--ids", NULL, 1, NULL},
-                     {"--out", "-o", 1, NULL},   {"--chunk", NULL, 1, NULL},
+  ci_flag flags[] = {{"--model", "-m", 1, NULL},   {"--ids", NULL, 1, NULL},
+                     {"--out", "-o", 1, NULL},     {"--chunk", NULL, 1, NULL},
                      {"--threads", "-t", 1, NULL}, {"--help", "-h", 0, NULL}};
   const int nf = sizeof flags / sizeof flags[0];
   if (ci_args_parse(argc, argv, flags, nf, "logits")) return 2;
@@ -44,8 +44,8 @@ int ci_verb_logits(int argc, char **argv) {
   const int vocab = cm.model->spec.vocab;
   for (int i = 0; i < n_ids; i++) {
     if (ids[i] >= vocab) {
-      fprintf(stderr, "cinfer logits: token id %d at index %d is out of range [0, %d)\n", ids[i],
-              i, vocab);
+      fprintf(stderr, "cinfer logits: token id %d at index %d is out of range [0, %d)\n", ids[i], i,
+              vocab);
       goto done;
     }
   }
@@ -55,8 +55,7 @@ int ci_verb_logits(int argc, char **argv) {
   float *rows = malloc((size_t)chunk * (size_t)vocab * sizeof(float));
   FILE *out = fopen(out_path, "wb");
   if (!cache || !seq || !rows || !out) {
-    fprintf(stderr, "cinfer logits: %s\n",
-            !out ? "cannot open the output file" : ci_last_error());
+    fprintf(stderr, "cinfer logits: %s\n", !out ? "cannot open the output file" : ci_last_error());
   } else {
     rc = 0;
     for (int start = 0; start < n_ids && rc == 0; start += (int)chunk) {

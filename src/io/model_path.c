@@ -153,7 +153,9 @@ static char *env_path(const char *name, const char *suffix) {
 }
 
 char *ci_hf_hub_dir(void) {
-  static const struct { const char *variable, *suffix; } sources[] = {
+  static const struct {
+    const char *variable, *suffix;
+  } sources[] = {
       {"HF_HUB_CACHE", ""},
       {"HUGGINGFACE_HUB_CACHE", ""},
       {"HF_HOME", "/hub"},

@@ -41,8 +41,8 @@ static uint64_t read_u64_le(const uint8_t *p) {
 static void format_shape(const ci_st_tensor *t, char *out, size_t cap) {
   size_t used = (size_t)snprintf(out, cap, "[");
   for (int i = 0; i < t->ndim && used < cap; i++) {
-    used += (size_t)snprintf(out + used, cap - used, "%s%lld", i ? ", " : "",
-                             (long long)t->shape[i]);
+    used +=
+        (size_t)snprintf(out + used, cap - used, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
   }
   if (used < cap) snprintf(out + used, cap - used, "]");
 }
@@ -59,8 +59,7 @@ static int json_nonnegative(const json_t *v, uint64_t *out) {
 /* Validates one header entry {dtype, shape, data_offsets} and fills *t (name excepted).
  * data_len is the size of the data section and data_start its offset in the file. */
 static int parse_entry(const char *label, const char *name, const json_t *entry,
-                       const uint8_t *data, uint64_t data_len, size_t data_start,
-                       ci_st_tensor *t) {
+                       const uint8_t *data, uint64_t data_len, size_t data_start, ci_st_tensor *t) {
   const int n = NAME_IN_MESSAGE;
   if (!json_is_object(entry)) {
     return st_fail(label, "tensor '%.*s': entry is not an object", n, name);
@@ -80,8 +79,8 @@ static int parse_entry(const char *label, const char *name, const json_t *entry,
     return st_fail(label, "tensor '%.*s': missing or non-array \"shape\"", n, name);
   }
   if (json_array_size(shape) > CI_ST_MAX_DIMS) {
-    return st_fail(label, "tensor '%.*s': shape has %zu dimensions (at most %d supported)", n,
-                   name, json_array_size(shape), CI_ST_MAX_DIMS);
+    return st_fail(label, "tensor '%.*s': shape has %zu dimensions (at most %d supported)", n, name,
+                   json_array_size(shape), CI_ST_MAX_DIMS);
   }
   t->ndim = (int)json_array_size(shape);
   uint64_t numel = 1;
@@ -107,20 +106,25 @@ static int parse_entry(const char *label, const char *name, const json_t *entry,
   if (!json_is_array(offsets) || json_array_size(offsets) != 2 ||
       json_nonnegative(json_array_get(offsets, 0), &begin) != 0 ||
       json_nonnegative(json_array_get(offsets, 1), &end) != 0 || begin > end) {
-    return st_fail(label, "tensor '%.*s': \"data_offsets\" must be [begin, end] with "
-                   "0 <= begin <= end", n, name);
+    return st_fail(label,
+                   "tensor '%.*s': \"data_offsets\" must be [begin, end] with "
+                   "0 <= begin <= end",
+                   n, name);
   }
   if (end > data_len) {
-    return st_fail(label, "tensor '%.*s': data_offsets end %llu is past the end of the data "
-                   "section (%llu bytes; file truncated?)", n, name, (unsigned long long)end,
-                   (unsigned long long)data_len);
+    return st_fail(label,
+                   "tensor '%.*s': data_offsets end %llu is past the end of the data "
+                   "section (%llu bytes; file truncated?)",
+                   n, name, (unsigned long long)end, (unsigned long long)data_len);
   }
   if (end - begin != nbytes) {
     char dims[160];
     format_shape(t, dims, sizeof dims);
-    return st_fail(label, "tensor '%.*s': shape disagrees with byte size: %s of %s is %llu "
-                   "bytes, data_offsets span %llu", n, name, dims, ci_dtype_get(t->dtype)->name,
-                   (unsigned long long)nbytes, (unsigned long long)(end - begin));
+    return st_fail(label,
+                   "tensor '%.*s': shape disagrees with byte size: %s of %s is %llu "
+                   "bytes, data_offsets span %llu",
+                   n, name, dims, ci_dtype_get(t->dtype)->name, (unsigned long long)nbytes,
+                   (unsigned long long)(end - begin));
   }
   t->data = data + begin;
   t->nbytes = (size_t)nbytes;
@@ -164,8 +168,8 @@ static json_t *load_header(const char *label, const uint8_t *text, size_t len) {
     if (strstr(error.text, "duplicate")) {
       st_fail(label, "header has a duplicate tensor name (%s)", error.text);
     } else {
-      st_fail(label, "header is not valid JSON: %s (line %d, column %d)", error.text,
-              error.line, error.column);
+      st_fail(label, "header is not valid JSON: %s (line %d, column %d)", error.text, error.line,
+              error.column);
     }
     return NULL;
   }
@@ -191,8 +195,10 @@ int ci_st_parse(const uint8_t *buf, size_t len, const char *file_label, int shar
                    (unsigned long long)header_len, CI_ST_MAX_HEADER_BYTES);
   }
   if (header_len > len - 8) {
-    return st_fail(label, "truncated: header length %llu exceeds the %zu bytes after the length "
-                   "prefix", (unsigned long long)header_len, len - 8);
+    return st_fail(label,
+                   "truncated: header length %llu exceeds the %zu bytes after the length "
+                   "prefix",
+                   (unsigned long long)header_len, len - 8);
   }
   json_t *root = load_header(label, buf + 8, (size_t)header_len);
   if (!root) return CI_ERR;
@@ -276,8 +282,8 @@ int ci_st_tensor_view(const ci_st_tensor *st, ci_tensor *out) {
 /* ==== The weights of a model folder ==== */
 
 typedef struct {
-  char *path;           /* DIR/FILE, for messages */
-  void *map;            /* NULL for an empty file */
+  char *path; /* DIR/FILE, for messages */
+  void *map;  /* NULL for an empty file */
   size_t size;
   ci_st_tensor *entries; /* ci_st_parse block: owns the names */
   int count;
@@ -425,7 +431,8 @@ static int index_files(const char *index_path, const json_t *weight_map, const c
       const char *bad = files[i];
       free(files);
       return ci_fail("%s: weight_map names file '%.*s', which is not a relative path inside the "
-                     "model folder", index_path, NAME_IN_MESSAGE, bad);
+                     "model folder",
+                     index_path, NAME_IN_MESSAGE, bad);
     }
     files[distinct++] = files[i];
   }
@@ -564,7 +571,9 @@ ci_st_tensor *ci_weights_take(ci_weights *w, const char *name) {
   return t;
 }
 
-int ci_weights_count(const ci_weights *w) { return w->count; }
+int ci_weights_count(const ci_weights *w) {
+  return w->count;
+}
 
 const ci_st_tensor *ci_weights_at(const ci_weights *w, int i) {
   return i >= 0 && i < w->count ? &w->tensors[i] : NULL;
@@ -574,10 +583,14 @@ void ci_weights_reset_used(ci_weights *w) {
   for (int i = 0; i < w->count; i++) w->tensors[i].used = 0;
 }
 
-int ci_weights_shard_count(const ci_weights *w) { return w->shard_count; }
+int ci_weights_shard_count(const ci_weights *w) {
+  return w->shard_count;
+}
 
 const char *ci_weights_shard_path(const ci_weights *w, int i) {
   return i >= 0 && i < w->shard_count ? w->shards[i].path : NULL;
 }
 
-size_t ci_weights_total_bytes(const ci_weights *w) { return w->total_bytes; }
+size_t ci_weights_total_bytes(const ci_weights *w) {
+  return w->total_bytes;
+}

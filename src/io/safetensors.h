@@ -15,21 +15,21 @@
 #include <stdint.h>
 
 enum {
-  CI_ST_MAX_DIMS = 8,                     /* most dimensions a tensor entry may have */
+  CI_ST_MAX_DIMS = 8,                        /* most dimensions a tensor entry may have */
   CI_ST_MAX_HEADER_BYTES = 100 * 1000 * 1000 /* larger JSON headers are rejected as absurd */
 };
 
 /* One tensor entry of a safetensors archive. */
 typedef struct {
-  const char *name;  /* NUL-terminated; owned by the parse result or the ci_weights */
-  ci_dtype dtype;    /* one of the safetensors dtypes (never CI_Q8/CI_Q4) */
-  int ndim;          /* 0..CI_ST_MAX_DIMS; 0 is a scalar */
+  const char *name;              /* NUL-terminated; owned by the parse result or the ci_weights */
+  ci_dtype dtype;                /* one of the safetensors dtypes (never CI_Q8/CI_Q4) */
+  int ndim;                      /* 0..CI_ST_MAX_DIMS; 0 is a scalar */
   int64_t shape[CI_ST_MAX_DIMS]; /* [ndim] sizes, each >= 0; unused entries are 0 */
-  const void *data;  /* first byte inside the file image / mmap; NOT aligned in general */
-  size_t nbytes;     /* prod(shape) * element size */
-  size_t offset;     /* byte offset of data from the start of the file */
-  int shard;         /* index of the file it lives in (0 for a single file) */
-  int used;          /* set by ci_weights_take(); lets a loader find unconsumed tensors */
+  const void *data; /* first byte inside the file image / mmap; NOT aligned in general */
+  size_t nbytes;    /* prod(shape) * element size */
+  size_t offset;    /* byte offset of data from the start of the file */
+  int shard;        /* index of the file it lives in (0 for a single file) */
+  int used;         /* set by ci_weights_take(); lets a loader find unconsumed tensors */
 } ci_st_tensor;
 
 /* ==== Parsing one file image ==== */

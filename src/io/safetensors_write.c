@@ -139,9 +139,13 @@ int ci_st_writer_set_metadata(ci_st_writer *w, const char *key, const char *valu
   return CI_OK;
 }
 
-size_t ci_st_writer_count(const ci_st_writer *w) { return w->count; }
+size_t ci_st_writer_count(const ci_st_writer *w) {
+  return w->count;
+}
 
-uint64_t ci_st_writer_data_bytes(const ci_st_writer *w) { return w->data_bytes; }
+uint64_t ci_st_writer_data_bytes(const ci_st_writer *w) {
+  return w->data_bytes;
+}
 
 void ci_st_writer_set_buffer_size(ci_st_writer *w, size_t bytes) {
   w->buffer_size = bytes < 4096 ? 4096 : bytes;

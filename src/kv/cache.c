@@ -26,8 +26,8 @@ ci_kv_cache *ci_kv_cache_create(ci_backend *be, int n_layers, const ci_kv_layer_
              cache->groups[g].head_dim == d->head_dim))
       g++;
     if (g == cache->n_groups) {
-      cache->groups[g] = (ci_kv_group){
-          .window = d->window, .n_kv_heads = d->n_kv_heads, .head_dim = d->head_dim};
+      cache->groups[g] =
+          (ci_kv_group){.window = d->window, .n_kv_heads = d->n_kv_heads, .head_dim = d->head_dim};
       cache->n_groups++;
     }
     cache->group_of_layer[l] = g;
@@ -90,7 +90,8 @@ void ci_kv_seq_free(ci_kv_seq *seq) {
   for (int g = 0; g < seq->cache->n_groups; g++) {
     ci_kv_block_table *table = &seq->tables[g];
     for (int64_t i = 0; i < table->n_entries; i++)
-      if (table->entries[i] >= 0) ci_kv_pool_release(&seq->cache->groups[g].pool, table->entries[i]);
+      if (table->entries[i] >= 0)
+        ci_kv_pool_release(&seq->cache->groups[g].pool, table->entries[i]);
     free(table->entries);
   }
   free(seq->tables);

@@ -28,9 +28,9 @@ typedef struct {
   int block_tokens;
   int n_layers;
   int n_groups;
-  ci_kv_group *groups;  /* [n_groups] */
-  int *group_of_layer;  /* [n_layers] */
-  int *slot_of_layer;   /* [n_layers] index of the layer inside its group */
+  ci_kv_group *groups; /* [n_groups] */
+  int *group_of_layer; /* [n_layers] */
+  int *slot_of_layer;  /* [n_layers] index of the layer inside its group */
 } ci_kv_cache;
 
 /* One sequence's view of the cache: its length and one block table per group. Entry i of a
@@ -43,7 +43,7 @@ typedef struct {
 
 typedef struct {
   ci_kv_cache *cache;
-  int64_t n; /* positions stored */
+  int64_t n;                 /* positions stored */
   ci_kv_block_table *tables; /* [cache->n_groups] */
 } ci_kv_seq;
 

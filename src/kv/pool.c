@@ -8,9 +8,12 @@
 
 size_t ci_kv_codec_bytes_per_token(ci_kv_codec codec, int head_dim) {
   switch (codec) {
-  case CI_KV_BF16: return (size_t)4 * (size_t)head_dim;
-  case CI_KV_F32: return (size_t)8 * (size_t)head_dim;
-  default: return 0;
+  case CI_KV_BF16:
+    return (size_t)4 * (size_t)head_dim;
+  case CI_KV_F32:
+    return (size_t)8 * (size_t)head_dim;
+  default:
+    return 0;
   }
 }
 
@@ -32,8 +35,8 @@ int ci_kv_pool_init(ci_kv_pool *pool, ci_backend *be, ci_kv_codec codec, int blo
   pool->head_dim = head_dim;
   pool->max_blocks = max_blocks;
   /* K alone is half of the codec's per-token bytes. */
-  pool->block_bytes = ci_kv_codec_bytes_per_token(codec, head_dim) / 2 * (size_t)n_kv_heads *
-                      (size_t)block_tokens;
+  pool->block_bytes =
+      ci_kv_codec_bytes_per_token(codec, head_dim) / 2 * (size_t)n_kv_heads * (size_t)block_tokens;
   pool->k_data = calloc((size_t)n_layers, sizeof *pool->k_data);
   pool->v_data = calloc((size_t)n_layers, sizeof *pool->v_data);
   if (!pool->k_data || !pool->v_data) {
@@ -100,7 +103,9 @@ int32_t ci_kv_pool_alloc(ci_kv_pool *pool) {
   return id;
 }
 
-void ci_kv_pool_retain(ci_kv_pool *pool, int32_t id) { pool->refcount[id]++; }
+void ci_kv_pool_retain(ci_kv_pool *pool, int32_t id) {
+  pool->refcount[id]++;
+}
 
 void ci_kv_pool_release(ci_kv_pool *pool, int32_t id) {
   if (--pool->refcount[id] == 0) {

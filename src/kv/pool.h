@@ -15,14 +15,14 @@ typedef struct {
   int n_layers;
   int n_kv_heads;
   int head_dim;
-  size_t block_bytes;  /* one block of K (or of V) of one layer */
-  int32_t capacity;    /* blocks allocated in storage */
-  int32_t max_blocks;  /* 0 = grow without limit */
+  size_t block_bytes; /* one block of K (or of V) of one layer */
+  int32_t capacity;   /* blocks allocated in storage */
+  int32_t max_blocks; /* 0 = grow without limit */
   int32_t n_used;
-  uint8_t **k_data;    /* [n_layers] -> [capacity * block_bytes] */
+  uint8_t **k_data; /* [n_layers] -> [capacity * block_bytes] */
   uint8_t **v_data;
-  int32_t *refcount;   /* [capacity] */
-  int32_t *free_ids;   /* stack of free block ids */
+  int32_t *refcount; /* [capacity] */
+  int32_t *free_ids; /* stack of free block ids */
   int32_t n_free;
 } ci_kv_pool;
 

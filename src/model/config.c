@@ -16,7 +16,9 @@ static const ci_family families[] = {
 };
 enum { N_FAMILIES = sizeof families / sizeof families[0] };
 
-const char *ci_supported_model_types(void) { return "llama, mistral, qwen2, qwen3"; }
+const char *ci_supported_model_types(void) {
+  return "llama, mistral, qwen2, qwen3";
+}
 
 void ci_model_spec_free(ci_model_spec *spec) {
   if (!spec) return;

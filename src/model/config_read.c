@@ -24,8 +24,7 @@ int ci_cfg_int(json_t *cfg, const char *key, long long fallback, long long min, 
     return ci_fail("config.json: \"%s\" must be an integer", key);
   }
   if (value < min || value > max)
-    return ci_fail("config.json: \"%s\" = %lld is out of range [%lld, %lld]", key, value, min,
-                   max);
+    return ci_fail("config.json: \"%s\" = %lld is out of range [%lld, %lld]", key, value, min, max);
   *out = value;
   return CI_OK;
 }
@@ -55,7 +54,9 @@ int ci_cfg_bool(json_t *cfg, const char *key, int fallback, int *out) {
 
 /* ==== Quantization map ==== */
 
-static int valid_group(long long g) { return g == 32 || g == 64 || g == 128; }
+static int valid_group(long long g) {
+  return g == 32 || g == 64 || g == 128;
+}
 
 /* Reads one {bits?, group_size?, mode?} entry, inheriting missing fields from `base`. */
 static int read_quant_entry(json_t *entry, const char *what, ci_quant base, ci_quant *out) {
@@ -67,7 +68,8 @@ static int read_quant_entry(json_t *entry, const char *what, ci_quant base, ci_q
   if (mode && !json_is_null(mode) &&
       (!json_is_string(mode) || strcmp(json_string_value(mode), "affine") != 0))
     return ci_fail("config.json: quantization mode %s%s%s for %s is not supported (only affine)",
-                   json_is_string(mode) ? "\"" : "", json_is_string(mode) ? json_string_value(mode) : "?",
+                   json_is_string(mode) ? "\"" : "",
+                   json_is_string(mode) ? json_string_value(mode) : "?",
                    json_is_string(mode) ? "\"" : "", what);
   if (bits != 4 && bits != 8)
     return ci_fail("config.json: unsupported bits %lld for %s (supported: 4, 8)", bits, what);
@@ -158,8 +160,8 @@ int ci_cfg_read_common(json_t *cfg, ci_model_spec *spec, int default_kv_heads) {
   if (layers < 0) return ci_fail("config.json: \"num_hidden_layers\" is missing");
   if (ci_cfg_int(cfg, "num_attention_heads", -1, 1, 100000, &heads)) return CI_ERR;
   if (heads < 0) return ci_fail("config.json: \"num_attention_heads\" is missing");
-  if (ci_cfg_int(cfg, "num_key_value_heads", default_kv_heads ? default_kv_heads : heads, 1,
-                 100000, &kv_heads))
+  if (ci_cfg_int(cfg, "num_key_value_heads", default_kv_heads ? default_kv_heads : heads, 1, 100000,
+                 &kv_heads))
     return CI_ERR;
   if (heads % kv_heads != 0)
     return ci_fail("config.json: num_attention_heads %lld is not a multiple of "
@@ -189,8 +191,7 @@ int ci_cfg_read_common(json_t *cfg, ci_model_spec *spec, int default_kv_heads) {
   spec->layers = calloc((size_t)layers, sizeof *spec->layers);
   if (!spec->layers) return ci_fail("out of memory");
   for (int i = 0; i < spec->n_layers; i++)
-    spec->layers[i] = (ci_layer_spec){.kind = CI_ATTN_FULL,
-                                      .head_dim = (int)head_dim,
-                                      .n_kv_heads = (int)kv_heads};
+    spec->layers[i] = (ci_layer_spec){
+        .kind = CI_ATTN_FULL, .head_dim = (int)head_dim, .n_kv_heads = (int)kv_heads};
   return CI_OK;
 }

@@ -15,8 +15,8 @@ static int configure_qwen_windows(json_t *cfg, ci_model_spec *spec) {
     return CI_ERR;
   json_t *types = json_object_get(cfg, "layer_types");
   if (types && json_is_array(types) && (int)json_array_size(types) != spec->n_layers)
-    return ci_fail("config.json: layer_types has %zu entries for %d layers",
-                   json_array_size(types), spec->n_layers);
+    return ci_fail("config.json: layer_types has %zu entries for %d layers", json_array_size(types),
+                   spec->n_layers);
   for (int i = 0; i < spec->n_layers; i++) {
     int sliding = i >= max_window_layers;
     if (types && json_is_array(types)) {

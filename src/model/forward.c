@@ -8,21 +8,21 @@
 
 /* Activation buffers of one forward call of n tokens (backend memory). */
 typedef struct {
-  float *x;      /* (n, hidden) residual stream */
-  float *a;      /* (n, hidden) normed input of a block */
-  float *q;      /* (n, Hq * D) */
-  float *k;      /* (n, Hkv * D) */
-  float *v;      /* (n, Hkv * D) */
-  float *att;    /* (n, Hq * D) attention output */
-  float *proj;   /* (n, hidden) o_proj / down_proj output */
-  float *gate;   /* (n, I) */
-  float *up;     /* (n, I) */
-  int32_t *pos;  /* (n) */
+  float *x;     /* (n, hidden) residual stream */
+  float *a;     /* (n, hidden) normed input of a block */
+  float *q;     /* (n, Hq * D) */
+  float *k;     /* (n, Hkv * D) */
+  float *v;     /* (n, Hkv * D) */
+  float *att;   /* (n, Hq * D) attention output */
+  float *proj;  /* (n, hidden) o_proj / down_proj output */
+  float *gate;  /* (n, I) */
+  float *up;    /* (n, I) */
+  int32_t *pos; /* (n) */
 } activations;
 
 static void activations_free(ci_backend *be, activations *act) {
-  void *bufs[] = {act->x, act->a, act->q, act->k, act->v, act->att, act->proj, act->gate, act->up,
-                  act->pos};
+  void *bufs[] = {act->x,   act->a,    act->q,    act->k,  act->v,
+                  act->att, act->proj, act->gate, act->up, act->pos};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
     if (bufs[i]) be->ops->release(be, bufs[i]);
 }
@@ -75,8 +75,8 @@ static int layer_forward(ci_model *m, ci_kv_seq *seq, int li, int n, activations
 
   be->ops->rmsnorm(be, act->a, act->x, L->attn_norm, n, s->hidden, s->norm_eps,
                    s->norm_weight_offset);
-  if (linear(be, &L->wq, L->bq, act->a, n, act->q) || linear(be, &L->wk, L->bk, act->a, n, act->k) ||
-      linear(be, &L->wv, L->bv, act->a, n, act->v))
+  if (linear(be, &L->wq, L->bq, act->a, n, act->q) ||
+      linear(be, &L->wk, L->bk, act->a, n, act->k) || linear(be, &L->wv, L->bv, act->a, n, act->v))
     return CI_ERR;
   if (s->qk_norm) {
     be->ops->rmsnorm(be, act->q, act->q, L->q_norm, (int64_t)n * Hq, D, s->norm_eps,

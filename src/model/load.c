@@ -28,7 +28,8 @@ static int check_2d(const ci_st_tensor *t, const char *name, int64_t rows, int64
 
 /* Binds linear/embedding module `module` of logical shape [rows, cols] (plain float weight, or
  * MLX affine codes + scales + biases as the quantization map says). */
-static int bind_matrix(ci_model *m, const char *module, int64_t rows, int64_t cols, ci_tensor *out) {
+static int bind_matrix(ci_model *m, const char *module, int64_t rows, int64_t cols,
+                       ci_tensor *out) {
   char name[512];
   snprintf(name, sizeof name, "%s.weight", module);
   ci_st_tensor *w = ci_weights_take(m->files, name);
@@ -99,13 +100,13 @@ static int bind_entry(void *ctx, const ci_manifest_entry *e) {
   if (e->layer >= 0) {
     dst = (char *)&m->layers[e->layer] + e->field;
   } else {
-    static const size_t global_fields[] = {offsetof(ci_model, embed),
-                                           offsetof(ci_model, final_norm),
-                                           offsetof(ci_model, head)};
+    static const size_t global_fields[] = {
+        offsetof(ci_model, embed), offsetof(ci_model, final_norm), offsetof(ci_model, head)};
     dst = (char *)m + global_fields[e->global_role];
   }
   switch (e->kind) {
-  case CI_MANIFEST_MATRIX: return bind_matrix(m, e->module, e->rows, e->cols, dst);
+  case CI_MANIFEST_MATRIX:
+    return bind_matrix(m, e->module, e->rows, e->cols, dst);
   case CI_MANIFEST_NORM:
     snprintf(name, sizeof name, "%s.weight", e->module);
     return bind_vector(m, name, e->rows, dst);
@@ -226,10 +227,9 @@ typedef struct {
 static int count_matrix_bytes(void *ctx, const ci_manifest_entry *e) {
   byte_count *count = ctx;
   if (e->kind != CI_MANIFEST_MATRIX || (e->layer < 0 && e->global_role == 0)) return 0;
-  const ci_tensor *t = e->layer >= 0
-                           ? (const ci_tensor *)((const char *)&count->model->layers[e->layer] +
-                                                 e->field)
-                           : &count->model->head;
+  const ci_tensor *t =
+      e->layer >= 0 ? (const ci_tensor *)((const char *)&count->model->layers[e->layer] + e->field)
+                    : &count->model->head;
   count->bytes += matrix_bytes(t);
   return 0;
 }
@@ -253,8 +253,8 @@ ci_kv_cache *ci_model_kv_cache_create(const ci_model *m, ci_kv_codec codec, int 
                                  .n_kv_heads = l->n_kv_heads,
                                  .head_dim = l->head_dim};
   }
-  ci_kv_cache *cache = ci_kv_cache_create(m->be, m->spec.n_layers, desc, codec, block_tokens,
-                                          max_blocks_per_group);
+  ci_kv_cache *cache =
+      ci_kv_cache_create(m->be, m->spec.n_layers, desc, codec, block_tokens, max_blocks_per_group);
   free(desc);
   return cache;
 }

@@ -45,22 +45,33 @@ static const layer_tensor layer_tensors[] = {
 static int64_t dim_value(const ci_model_spec *s, int layer, dim_id d) {
   const ci_layer_spec *l = &s->layers[layer];
   switch (d) {
-  case DIM_HIDDEN: return s->hidden;
-  case DIM_Q: return (int64_t)s->n_heads * l->head_dim;
-  case DIM_KV: return (int64_t)l->n_kv_heads * l->head_dim;
-  case DIM_INTER: return s->intermediate;
-  case DIM_HEAD: return l->head_dim;
-  default: return 0;
+  case DIM_HIDDEN:
+    return s->hidden;
+  case DIM_Q:
+    return (int64_t)s->n_heads * l->head_dim;
+  case DIM_KV:
+    return (int64_t)l->n_kv_heads * l->head_dim;
+  case DIM_INTER:
+    return s->intermediate;
+  case DIM_HEAD:
+    return l->head_dim;
+  default:
+    return 0;
   }
 }
 
 static int wanted(const ci_model_spec *s, when_id when) {
   switch (when) {
-  case WHEN_QKV_BIAS: return s->qkv_bias;
-  case WHEN_O_BIAS: return s->o_bias;
-  case WHEN_MLP_BIAS: return s->mlp_bias;
-  case WHEN_QK_NORM: return s->qk_norm;
-  default: return 1;
+  case WHEN_QKV_BIAS:
+    return s->qkv_bias;
+  case WHEN_O_BIAS:
+    return s->o_bias;
+  case WHEN_MLP_BIAS:
+    return s->mlp_bias;
+  case WHEN_QK_NORM:
+    return s->qk_norm;
+  default:
+    return 1;
   }
 }
 

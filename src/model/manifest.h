@@ -15,13 +15,13 @@ typedef enum {
 } ci_manifest_kind;
 
 typedef struct {
-  char module[256];  /* full module path, e.g. "model.layers.0.self_attn.q_proj" */
+  char module[256]; /* full module path, e.g. "model.layers.0.self_attn.q_proj" */
   ci_manifest_kind kind;
-  int64_t rows;      /* output size (vector length for norms and biases) */
-  int64_t cols;      /* input size; 0 for vectors */
-  int layer;         /* layer index, -1 for global tensors */
-  size_t field;      /* offsetof the destination in ci_layer_weights (layer >= 0) */
-  int global_role;   /* layer < 0: 0 embedding, 1 final norm, 2 head */
+  int64_t rows;    /* output size (vector length for norms and biases) */
+  int64_t cols;    /* input size; 0 for vectors */
+  int layer;       /* layer index, -1 for global tensors */
+  size_t field;    /* offsetof the destination in ci_layer_weights (layer >= 0) */
+  int global_role; /* layer < 0: 0 embedding, 1 final norm, 2 head */
 } ci_manifest_entry;
 
 /* Calls fn for each expected tensor of `spec` with tensor-name prefix `prefix` ("model." for

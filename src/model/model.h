@@ -12,28 +12,28 @@ typedef struct ci_weights ci_weights;
 /* Tensors of one transformer layer. Linear weights are [out, in] in their stored format;
  * vectors (norm weights, biases) are owned f32 copies, NULL when the model has none. */
 typedef struct {
-  float *attn_norm;      /* (hidden) input_layernorm */
-  ci_tensor wq;          /* (Hq*D, hidden) */
-  ci_tensor wk;          /* (Hkv*D, hidden) */
-  ci_tensor wv;          /* (Hkv*D, hidden) */
-  ci_tensor wo;          /* (hidden, Hq*D) */
-  float *bq, *bk, *bv;   /* (Hq*D), (Hkv*D), (Hkv*D) */
-  float *bo;             /* (hidden) */
+  float *attn_norm;       /* (hidden) input_layernorm */
+  ci_tensor wq;           /* (Hq*D, hidden) */
+  ci_tensor wk;           /* (Hkv*D, hidden) */
+  ci_tensor wv;           /* (Hkv*D, hidden) */
+  ci_tensor wo;           /* (hidden, Hq*D) */
+  float *bq, *bk, *bv;    /* (Hq*D), (Hkv*D), (Hkv*D) */
+  float *bo;              /* (hidden) */
   float *q_norm, *k_norm; /* (D) */
-  float *mlp_norm;       /* (hidden) post_attention_layernorm */
-  ci_tensor w_gate;      /* (I, hidden) */
-  ci_tensor w_up;        /* (I, hidden) */
-  ci_tensor w_down;      /* (hidden, I) */
+  float *mlp_norm;        /* (hidden) post_attention_layernorm */
+  ci_tensor w_gate;       /* (I, hidden) */
+  ci_tensor w_up;         /* (I, hidden) */
+  ci_tensor w_down;       /* (hidden, I) */
   float *b_gate, *b_up, *b_down;
 } ci_layer_weights;
 
 typedef struct ci_model {
   ci_model_spec spec;
-  ci_backend *be;          /* not owned */
-  ci_weights *files;       /* owned: the mmap'd safetensors */
-  ci_tensor embed;         /* (V, hidden) */
-  ci_tensor head;          /* (V, hidden); the embedding itself when tied */
-  float *final_norm;       /* (hidden) */
+  ci_backend *be;           /* not owned */
+  ci_weights *files;        /* owned: the mmap'd safetensors */
+  ci_tensor embed;          /* (V, hidden) */
+  ci_tensor head;           /* (V, hidden); the embedding itself when tied */
+  float *final_norm;        /* (hidden) */
   ci_layer_weights *layers; /* [n_layers] */
 } ci_model;
 

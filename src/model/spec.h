@@ -37,8 +37,8 @@ typedef struct {
 } ci_quant_override;
 
 typedef struct {
-  int present;        /* config.json has an MLX quantization map */
-  ci_quant fallback;  /* the default entry */
+  int present;       /* config.json has an MLX quantization map */
+  ci_quant fallback; /* the default entry */
   ci_quant_override *overrides;
   int n_overrides;
 } ci_quant_map;
@@ -49,8 +49,8 @@ typedef struct ci_model_spec {
   const char *model_type; /* points into a static family table */
   int hidden;             /* model width */
   int n_layers;
-  int n_heads;            /* Hq, the same for every layer */
-  int intermediate;       /* MLP width */
+  int n_heads;      /* Hq, the same for every layer */
+  int intermediate; /* MLP width */
   int vocab;
   int max_position;
   float norm_eps;

@@ -53,15 +53,17 @@ void ci_affine_quantize_group(const float *w, int g, int bits, uint8_t *codes, f
   *bias = b;
 }
 
-void ci_affine_quantize_group_bf16(const float *w, int g, int bits, uint8_t *codes,
-                                   uint16_t *scale, uint16_t *bias) {
+void ci_affine_quantize_group_bf16(const float *w, int g, int bits, uint8_t *codes, uint16_t *scale,
+                                   uint16_t *bias) {
   float s, b;
   ci_affine_quantize_group(w, g, bits, codes, &s, &b);
   *scale = ci_f32_to_bf16(s);
   *bias = ci_f32_to_bf16(b);
 }
 
-size_t ci_affine_packed_words(size_t n, int bits) { return (n * (size_t)bits + 31) / 32; }
+size_t ci_affine_packed_words(size_t n, int bits) {
+  return (n * (size_t)bits + 31) / 32;
+}
 
 void ci_affine_pack(const uint8_t *codes, size_t n, int bits, uint32_t *words) {
   const uint64_t mask = (1u << bits) - 1u;
@@ -111,7 +113,9 @@ static void store_float(ci_dtype dtype, void *dst, size_t i, float x) {
   }
 }
 
-static int is_float16_or_32(ci_dtype d) { return d == CI_F32 || d == CI_F16 || d == CI_BF16; }
+static int is_float16_or_32(ci_dtype d) {
+  return d == CI_F32 || d == CI_F16 || d == CI_BF16;
+}
 
 static int check_layout(int64_t cols, int bits, int group_size, ci_dtype scale_dtype) {
   if (!ci_affine_bits_ok(bits)) return ci_fail("affine quant: unsupported bits %d", bits);
@@ -175,8 +179,8 @@ int ci_affine_quantize_matrix(const void *src, ci_dtype src_dtype, int64_t rows,
 }
 
 int ci_affine_dequantize_row(const uint32_t *codes_row, const void *scales_row,
-                             const void *biases_row, ci_dtype scale_dtype, int64_t cols,
-                             int bits, int group_size, float *out) {
+                             const void *biases_row, ci_dtype scale_dtype, int64_t cols, int bits,
+                             int group_size, float *out) {
   if (check_layout(cols, bits, group_size, scale_dtype) != CI_OK) return CI_ERR;
   if (cols == 0) return CI_OK;
   uint8_t *row_codes = malloc((size_t)cols);

@@ -31,8 +31,8 @@ void ci_affine_quantize_group(const float *w, int g, int bits, uint8_t *codes, f
 
 /* Same rule, with scale and bias returned rounded to bf16 (round to nearest even): the codes
  * still come from the f32 scale and bias, as the rule prescribes. */
-void ci_affine_quantize_group_bf16(const float *w, int g, int bits, uint8_t *codes,
-                                   uint16_t *scale, uint16_t *bias);
+void ci_affine_quantize_group_bf16(const float *w, int g, int bits, uint8_t *codes, uint16_t *scale,
+                                   uint16_t *bias);
 
 /* Number of u32 words that hold n codes of b bits: ceil(n * b / 32). */
 size_t ci_affine_packed_words(size_t n, int bits);
@@ -64,7 +64,7 @@ int ci_affine_quantize_matrix(const void *src, ci_dtype src_dtype, int64_t rows,
 /* Dequantizes one row of the layout above back to f32 (cols values into out); scale_dtype as
  * for ci_affine_quantize_matrix. Same argument requirements; returns CI_OK or CI_ERR. */
 int ci_affine_dequantize_row(const uint32_t *codes_row, const void *scales_row,
-                             const void *biases_row, ci_dtype scale_dtype, int64_t cols,
-                             int bits, int group_size, float *out);
+                             const void *biases_row, ci_dtype scale_dtype, int64_t cols, int bits,
+                             int group_size, float *out);
 
 #endif

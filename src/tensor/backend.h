@@ -47,14 +47,14 @@ typedef struct {
 /* Arguments of one attention call: n_rows query rows of one sequence attending over its
  * paged KV (which already holds every position <= the largest query position). */
 typedef struct {
-  const float *q;        /* [n_rows, n_heads, head_dim] */
-  float *out;            /* [n_rows, n_heads, head_dim] */
-  const int32_t *pos;    /* [n_rows] absolute positions */
+  const float *q;     /* [n_rows, n_heads, head_dim] */
+  float *out;         /* [n_rows, n_heads, head_dim] */
+  const int32_t *pos; /* [n_rows] absolute positions */
   int n_rows;
-  int n_heads;           /* query heads; head h reads KV head h / (n_heads / n_kv_heads) */
-  float scale;           /* multiplies <q, k> */
-  float softcap;         /* 0 = none; else scores become softcap * tanh(score / softcap) */
-  int window;            /* 0 = full causal; W > 0: keys max(0, p-W+1) .. p */
+  int n_heads;   /* query heads; head h reads KV head h / (n_heads / n_kv_heads) */
+  float scale;   /* multiplies <q, k> */
+  float softcap; /* 0 = none; else scores become softcap * tanh(score / softcap) */
+  int window;    /* 0 = full causal; W > 0: keys max(0, p-W+1) .. p */
   const ci_paged_kv *kv;
 } ci_attention_args;
 

@@ -28,10 +28,10 @@ typedef enum {
 } ci_dtype;
 
 typedef struct {
-  const char *name;     /* safetensors spelling ("F32", "BF16", ...); "Q8"/"Q4" for affine */
-  int bits;             /* bits per element */
-  int is_float;         /* 1 for F32/F16/BF16/F64 */
-  int in_safetensors;   /* 1 if a safetensors header may name it */
+  const char *name;   /* safetensors spelling ("F32", "BF16", ...); "Q8"/"Q4" for affine */
+  int bits;           /* bits per element */
+  int is_float;       /* 1 for F32/F16/BF16/F64 */
+  int in_safetensors; /* 1 if a safetensors header may name it */
 } ci_dtype_info;
 
 /* Properties of a dtype (never NULL for a valid enum value). */
@@ -46,13 +46,19 @@ size_t ci_dtype_bytes(ci_dtype dtype, size_t n);
 /* ==== Scalar conversions ==== */
 
 static inline float ci_bf16_to_f32(uint16_t h) {
-  union { uint32_t u; float f; } v = {.u = (uint32_t)h << 16};
+  union {
+    uint32_t u;
+    float f;
+  } v = {.u = (uint32_t)h << 16};
   return v.f;
 }
 
 /* Round-to-nearest-even f32 -> bf16; NaN stays NaN. */
 static inline uint16_t ci_f32_to_bf16(float f) {
-  union { float f; uint32_t u; } v = {.f = f};
+  union {
+    float f;
+    uint32_t u;
+  } v = {.f = f};
   if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40);
   uint32_t rounding = 0x7fffu + ((v.u >> 16) & 1u);
   return (uint16_t)((v.u + rounding) >> 16);

@@ -16,10 +16,10 @@ typedef struct {
   const void *data;           /* float elements, or for CI_Q8/CI_Q4 the packed u32 codes
                                  [out, in*bits/32], each row an LSB-first bit stream */
   /* MLX affine formats only (dtype CI_Q8 / CI_Q4): W[r,c] = scales[r,c/g]*q[r,c] + biases[r,c/g] */
-  const void *scales;    /* [out, in/group_size] of scale_dtype */
-  const void *biases;    /* [out, in/group_size] of scale_dtype */
-  ci_dtype scale_dtype;  /* CI_F32, CI_F16 or CI_BF16 */
-  int group_size;        /* 32, 64 or 128 */
+  const void *scales;   /* [out, in/group_size] of scale_dtype */
+  const void *biases;   /* [out, in/group_size] of scale_dtype */
+  ci_dtype scale_dtype; /* CI_F32, CI_F16 or CI_BF16 */
+  int group_size;       /* 32, 64 or 128 */
 } ci_tensor;
 
 /* Number of elements (product of the shape). */
@@ -30,8 +30,12 @@ static inline int64_t ci_tensor_numel(const ci_tensor *t) {
 }
 
 /* Bits per element of the stored codes/elements (4 for CI_Q4, 16 for BF16, ...). */
-static inline int ci_tensor_bits(const ci_tensor *t) { return ci_dtype_get(t->dtype)->bits; }
+static inline int ci_tensor_bits(const ci_tensor *t) {
+  return ci_dtype_get(t->dtype)->bits;
+}
 
-static inline int ci_dtype_is_affine(ci_dtype d) { return d == CI_Q8 || d == CI_Q4; }
+static inline int ci_dtype_is_affine(ci_dtype d) {
+  return d == CI_Q8 || d == CI_Q4;
+}
 
 #endif

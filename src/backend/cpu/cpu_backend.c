@@ -15,9 +15,13 @@ typedef struct {
   const ci_cpu_vec_kernels *vec;
 } cpu_backend;
 
-static cpu_backend *as_cpu(ci_backend *be) { return (cpu_backend *)be; }
+static cpu_backend *as_cpu(ci_backend *be) {
+  return (cpu_backend *)be;
+}
 
-ci_isa ci_cpu_backend_isa(const ci_backend *be) { return ((const cpu_backend *)be)->isa; }
+ci_isa ci_cpu_backend_isa(const ci_backend *be) {
+  return ((const cpu_backend *)be)->isa;
+}
 
 /* ==== Memory ==== */
 
@@ -148,7 +152,8 @@ static inline void *kv_row(const ci_paged_kv *kv, uint8_t *base, int64_t positio
   int32_t block = kv->block_table[position / kv->block_tokens];
   int64_t slot = position % kv->block_tokens;
   uint8_t *block_start = base + (size_t)block * kv->block_bytes;
-  return block_start + (size_t)((int64_t)head * kv->block_tokens + slot) * kv->head_dim * elem_bytes;
+  return block_start +
+         (size_t)((int64_t)head * kv->block_tokens + slot) * kv->head_dim * elem_bytes;
 }
 
 /* How attention and kv_store touch one codec's rows: bf16 rows go through the ISA's vector
@@ -209,9 +214,9 @@ static int cpu_kv_store(ci_backend *be, const ci_paged_kv *kv, const float *k, c
       return ci_fail("kv_store: position %d has no block", pos[r]);
     for (int h = 0; h < kv->n_kv_heads; h++) {
       row_store(&loops, kv_row(kv, kv->k_base, pos[r], h, loops.elem_bytes),
-                  k + r * row + h * kv->head_dim, kv->head_dim);
+                k + r * row + h * kv->head_dim, kv->head_dim);
       row_store(&loops, kv_row(kv, kv->v_base, pos[r], h, loops.elem_bytes),
-                  v + r * row + h * kv->head_dim, kv->head_dim);
+                v + r * row + h * kv->head_dim, kv->head_dim);
     }
   }
   return CI_OK;
@@ -267,8 +272,8 @@ static int cpu_attention(ci_backend *be, const ci_attention_args *args) {
                    kv->n_kv_heads);
   int64_t max_keys = 1;
   for (int r = 0; r < args->n_rows; r++) {
-    int64_t keys = args->window > 0 && args->pos[r] + 1 > args->window ? args->window
-                                                                         : args->pos[r] + 1;
+    int64_t keys =
+        args->window > 0 && args->pos[r] + 1 > args->window ? args->window : args->pos[r] + 1;
     if (keys > max_keys) max_keys = keys;
     if (args->pos[r] / kv->block_tokens >= kv->n_table_entries)
       return ci_fail("attention: position %d is beyond the stored KV", args->pos[r]);

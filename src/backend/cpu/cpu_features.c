@@ -64,7 +64,9 @@ static pthread_once_t hardware_once = PTHREAD_ONCE_INIT;
 static hardware_features hardware;
 
 /* pthread_once body: fills hardware. */
-static void compute_hardware(void) { hardware.isa = detect_hardware_isa(&hardware.avx512_vnni); }
+static void compute_hardware(void) {
+  hardware.isa = detect_hardware_isa(&hardware.avx512_vnni);
+}
 
 /* The best ISA the hardware and OS support, computed once. */
 static ci_isa cached_hardware_isa(void) {

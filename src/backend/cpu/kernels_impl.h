@@ -28,23 +28,23 @@ typedef enum {
  * job runs; every task writes a disjoint set of y columns. */
 typedef struct {
   ci_weight_format format;
-  int64_t n;                 /* rows of W (outputs) */
-  int64_t k;                 /* columns of W (inputs) */
-  const void *w;             /* elements, or packed codes (row stride k*bits/32 words) */
-  const void *scales;        /* [n, k/group] (affine formats) */
-  const void *biases;        /* [n, k/group] (affine formats) */
-  int group;                 /* group size (affine formats) */
-  int64_t m;                 /* rows of x and y */
-  const float *x;            /* [m, k]; for the affine formats in the row kernels' order
-                                (see word_lanes in ci_matmul_kernels) */
-  const float *x_group_sums; /* [m, k/group] sum of each group of x (affine formats, row
-                                kernels only) */
-  const float *x_packed;     /* panel kernels: x in panels of gemm_mr rows, [m/mr][k][mr],
-                                natural column order, rows past m zero */
-  const int8_t *x_planes;    /* int8 row kernels: x as planes, see CI_X_PLANE_BLOCK_Q8 */
-  int64_t x_plane_stride;    /* bytes per x row of x_planes */
+  int64_t n;                  /* rows of W (outputs) */
+  int64_t k;                  /* columns of W (inputs) */
+  const void *w;              /* elements, or packed codes (row stride k*bits/32 words) */
+  const void *scales;         /* [n, k/group] (affine formats) */
+  const void *biases;         /* [n, k/group] (affine formats) */
+  int group;                  /* group size (affine formats) */
+  int64_t m;                  /* rows of x and y */
+  const float *x;             /* [m, k]; for the affine formats in the row kernels' order
+                                 (see word_lanes in ci_matmul_kernels) */
+  const float *x_group_sums;  /* [m, k/group] sum of each group of x (affine formats, row
+                                 kernels only) */
+  const float *x_packed;      /* panel kernels: x in panels of gemm_mr rows, [m/mr][k][mr],
+                                 natural column order, rows past m zero */
+  const int8_t *x_planes;     /* int8 row kernels: x as planes, see CI_X_PLANE_BLOCK_Q8 */
+  int64_t x_plane_stride;     /* bytes per x row of x_planes */
   const float *x_plane_units; /* [m, k/group]: the value of one unit of the planes */
-  float *y;                  /* [m, n] */
+  float *y;                   /* [m, n] */
 } ci_matmul_job;
 
 /* Int8 x planes (the AVX-512 VNNI row kernels of the affine formats). Each group g of each x
@@ -103,8 +103,8 @@ const ci_matmul_kernels *ci_matmul_kernels_avx512(void);
 /* The AVX-512 VNNI int8-plane row kernels, indexed by weight format (NULL for float formats),
  * and their activation quantizer (see ci_matmul_kernels.quantize_x_planes). */
 extern const ci_matmul_rows_fn ci_matmul_gemv_int8_avx512_vnni[CI_WF_COUNT];
-void ci_quantize_x_planes_avx512(int8_t *planes, float *units, const float *x, int64_t m,
-                                 int64_t k, int group, int bits, int64_t stride);
+void ci_quantize_x_planes_avx512(int8_t *planes, float *units, const float *x, int64_t m, int64_t k,
+                                 int group, int bits, int64_t stride);
 
 /* 1 when the CPU runs AVX-512 with AVX512_VNNI and the environment variable CINFER_INT8 is not
  * "0": the affine row kernels may then use int8 x planes. */
@@ -123,12 +123,18 @@ static inline int ci_weight_format_of(ci_dtype dtype, ci_dtype scale_dtype) {
                     : scale_dtype == CI_BF16 ? 2
                                              : -1;
   switch (dtype) {
-  case CI_F32: return CI_WF_F32;
-  case CI_F16: return CI_WF_F16;
-  case CI_BF16: return CI_WF_BF16;
-  case CI_Q8: return scale_index < 0 ? -1 : CI_WF_Q8_F32 + scale_index;
-  case CI_Q4: return scale_index < 0 ? -1 : CI_WF_Q4_F32 + scale_index;
-  default: return -1;
+  case CI_F32:
+    return CI_WF_F32;
+  case CI_F16:
+    return CI_WF_F16;
+  case CI_BF16:
+    return CI_WF_BF16;
+  case CI_Q8:
+    return scale_index < 0 ? -1 : CI_WF_Q8_F32 + scale_index;
+  case CI_Q4:
+    return scale_index < 0 ? -1 : CI_WF_Q4_F32 + scale_index;
+  default:
+    return -1;
   }
 }
 

@@ -37,9 +37,12 @@ static void run_matmul_task(void *ctx, int task, int thread) {
 /* The kernel table of an ISA. */
 static const ci_matmul_kernels *kernels_for(ci_isa isa) {
   switch (isa) {
-  case CI_ISA_AVX2: return ci_matmul_kernels_avx2();
-  case CI_ISA_AVX512: return ci_matmul_kernels_avx512();
-  default: return ci_matmul_kernels_ref();
+  case CI_ISA_AVX2:
+    return ci_matmul_kernels_avx2();
+  case CI_ISA_AVX512:
+    return ci_matmul_kernels_avx512();
+  default:
+    return ci_matmul_kernels_ref();
   }
 }
 
@@ -224,7 +227,9 @@ int ci_cpu_matmul(ci_threadpool *pool, ci_isa isa, const ci_tensor *w, const flo
 
   matmul_tasks tasks = {
       .job = &job,
-      .rows_fn = gemm ? gemm : gemv_int8 ? gemv_int8 : kernels->gemv[format],
+      .rows_fn = gemm        ? gemm
+                 : gemv_int8 ? gemv_int8
+                             : kernels->gemv[format],
       .rows_per_task =
           rows_per_task_for(n, m * k, n_threads, gemm ? kernels->gemm_nr : GEMV_ROW_UNIT),
       .scratch = scratch,

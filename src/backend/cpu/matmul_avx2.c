@@ -29,9 +29,12 @@ enum {
 /* f32 value i of a scale/bias array of dtype sdt. */
 INLINE float load_scale(ci_dtype sdt, const void *p, int64_t i) {
   switch (sdt) {
-  case CI_F16: return _cvtsh_ss(((const uint16_t *)p)[i]);
-  case CI_BF16: return ci_bf16_to_f32(((const uint16_t *)p)[i]);
-  default: return ((const float *)p)[i];
+  case CI_F16:
+    return _cvtsh_ss(((const uint16_t *)p)[i]);
+  case CI_BF16:
+    return ci_bf16_to_f32(((const uint16_t *)p)[i]);
+  default:
+    return ((const float *)p)[i];
   }
 }
 
@@ -47,7 +50,8 @@ INLINE __m256 load_float8(ci_dtype dt, const void *base, int64_t i) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i)));
   case CI_BF16:
     return bf16x8_to_f32(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i)));
-  default: return _mm256_loadu_ps((const float *)base + i);
+  default:
+    return _mm256_loadu_ps((const float *)base + i);
   }
 }
 

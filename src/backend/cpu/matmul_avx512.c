@@ -30,9 +30,12 @@ enum {
 /* f32 value i of a scale/bias array of dtype sdt. */
 INLINE float load_scale(ci_dtype sdt, const void *p, int64_t i) {
   switch (sdt) {
-  case CI_F16: return _cvtsh_ss(((const uint16_t *)p)[i]);
-  case CI_BF16: return ci_bf16_to_f32(((const uint16_t *)p)[i]);
-  default: return ((const float *)p)[i];
+  case CI_F16:
+    return _cvtsh_ss(((const uint16_t *)p)[i]);
+  case CI_BF16:
+    return ci_bf16_to_f32(((const uint16_t *)p)[i]);
+  default:
+    return ((const float *)p)[i];
   }
 }
 
@@ -44,9 +47,12 @@ INLINE __m512 bf16x16_to_f32(__m256i h) {
 /* Elements [i, i+16) of a float-format array as f32; lanes outside `mask` read as 0. */
 INLINE __m512 load_float16(ci_dtype dt, const void *base, int64_t i, __mmask16 mask) {
   switch (dt) {
-  case CI_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, (const uint16_t *)base + i));
-  case CI_BF16: return bf16x16_to_f32(_mm256_maskz_loadu_epi16(mask, (const uint16_t *)base + i));
-  default: return _mm512_maskz_loadu_ps(mask, (const float *)base + i);
+  case CI_F16:
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, (const uint16_t *)base + i));
+  case CI_BF16:
+    return bf16x16_to_f32(_mm256_maskz_loadu_epi16(mask, (const uint16_t *)base + i));
+  default:
+    return _mm512_maskz_loadu_ps(mask, (const float *)base + i);
   }
 }
 
@@ -301,10 +307,17 @@ INLINE void gemv_row_block(const ci_matmul_job *job, ci_weight_format f, int64_t
   }
   for (; i + X_BLOCK <= job->m; i += X_BLOCK) gemv_block(job, f, r, rb, i, X_BLOCK, ac);
   switch (job->m - i) {
-  case 3: gemv_block(job, f, r, rb, i, 3, ac); break;
-  case 2: gemv_block(job, f, r, rb, i, 2, ac); break;
-  case 1: gemv_block(job, f, r, rb, i, 1, ac); break;
-  default: break;
+  case 3:
+    gemv_block(job, f, r, rb, i, 3, ac);
+    break;
+  case 2:
+    gemv_block(job, f, r, rb, i, 2, ac);
+    break;
+  case 1:
+    gemv_block(job, f, r, rb, i, 1, ac);
+    break;
+  default:
+    break;
   }
 }
 
@@ -418,18 +431,42 @@ INLINE void gemm_tile_rows(int64_t kc, const float *x_panel, const float *panel,
 static void gemm_tile(int64_t kc, const float *x_panel, const float *panel, float *y, int64_t ldy,
                       int rows, int cols, int accumulate) {
   switch (rows) {
-  case 1: gemm_tile_rows(kc, x_panel, panel, y, ldy, 1, cols, accumulate); break;
-  case 2: gemm_tile_rows(kc, x_panel, panel, y, ldy, 2, cols, accumulate); break;
-  case 3: gemm_tile_rows(kc, x_panel, panel, y, ldy, 3, cols, accumulate); break;
-  case 4: gemm_tile_rows(kc, x_panel, panel, y, ldy, 4, cols, accumulate); break;
-  case 5: gemm_tile_rows(kc, x_panel, panel, y, ldy, 5, cols, accumulate); break;
-  case 6: gemm_tile_rows(kc, x_panel, panel, y, ldy, 6, cols, accumulate); break;
-  case 7: gemm_tile_rows(kc, x_panel, panel, y, ldy, 7, cols, accumulate); break;
-  case 8: gemm_tile_rows(kc, x_panel, panel, y, ldy, 8, cols, accumulate); break;
-  case 9: gemm_tile_rows(kc, x_panel, panel, y, ldy, 9, cols, accumulate); break;
-  case 10: gemm_tile_rows(kc, x_panel, panel, y, ldy, 10, cols, accumulate); break;
-  case 11: gemm_tile_rows(kc, x_panel, panel, y, ldy, 11, cols, accumulate); break;
-  default: gemm_tile_rows(kc, x_panel, panel, y, ldy, GEMM_MR, cols, accumulate); break;
+  case 1:
+    gemm_tile_rows(kc, x_panel, panel, y, ldy, 1, cols, accumulate);
+    break;
+  case 2:
+    gemm_tile_rows(kc, x_panel, panel, y, ldy, 2, cols, accumulate);
+    break;
+  case 3:
+    gemm_tile_rows(kc, x_panel, panel, y, ldy, 3, cols, accumulate);
+    break;
+  case 4:
+    gemm_tile_rows(kc, x_panel, panel, y, ldy, 4, cols, accumulate);
+    break;
+  case 5:
+    gemm_tile_rows(kc, x_panel, panel, y, ldy, 5, cols, accumulate);
+    break;
+  case 6:
+    gemm_tile_rows(kc, x_panel, panel, y, ldy, 6, cols, accumulate);
+    break;
+  case 7:
+    gemm_tile_rows(kc, x_panel, panel, y, ldy, 7, cols, accumulate);
+    break;
+  case 8:
+    gemm_tile_rows(kc, x_panel, panel, y, ldy, 8, cols, accumulate);
+    break;
+  case 9:
+    gemm_tile_rows(kc, x_panel, panel, y, ldy, 9, cols, accumulate);
+    break;
+  case 10:
+    gemm_tile_rows(kc, x_panel, panel, y, ldy, 10, cols, accumulate);
+    break;
+  case 11:
+    gemm_tile_rows(kc, x_panel, panel, y, ldy, 11, cols, accumulate);
+    break;
+  default:
+    gemm_tile_rows(kc, x_panel, panel, y, ldy, GEMM_MR, cols, accumulate);
+    break;
   }
 }
 

@@ -23,15 +23,15 @@ enum {
 
 /* Per-call constants. */
 typedef struct {
-  __m512i lane_group;    /* int32 lane -> group within a super block, when it spans several */
-  int bits;              /* 8 or 4 */
-  int group_shift;       /* log2(group size) */
-  int cols_per_block;    /* columns per 64 bytes of codes: 64 or 128 */
-  int blocks_per_super;  /* code blocks per super block (one group, or one block) */
-  int super_cols;        /* columns per super block */
-  int groups_per_super;  /* groups in a super block (1 when a group covers it) */
-  int64_t plane_block;   /* bytes of x planes per code block */
-  int64_t n_groups;      /* groups per row */
+  __m512i lane_group;   /* int32 lane -> group within a super block, when it spans several */
+  int bits;             /* 8 or 4 */
+  int group_shift;      /* log2(group size) */
+  int cols_per_block;   /* columns per 64 bytes of codes: 64 or 128 */
+  int blocks_per_super; /* code blocks per super block (one group, or one block) */
+  int super_cols;       /* columns per super block */
+  int groups_per_super; /* groups in a super block (1 when a group covers it) */
+  int64_t plane_block;  /* bytes of x planes per code block */
+  int64_t n_groups;     /* groups per row */
 } int8_consts;
 
 /* The constants of a job with `bits`-bit codes and groups of `group` (both compile-time
@@ -57,11 +57,13 @@ INLINE int8_consts make_consts(const ci_matmul_job *job, int bits, int group) {
 /* Elements [i, i+16) of a scale/bias array of dtype sdt as f32; lanes outside `mask` read 0. */
 INLINE __m512 load_scales16(ci_dtype sdt, const void *base, int64_t i, __mmask16 mask) {
   switch (sdt) {
-  case CI_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, (const uint16_t *)base + i));
+  case CI_F16:
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, (const uint16_t *)base + i));
   case CI_BF16:
     return _mm512_castsi512_ps(_mm512_slli_epi32(
         _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, (const uint16_t *)base + i)), 16));
-  default: return _mm512_maskz_loadu_ps(mask, (const float *)base + i);
+  default:
+    return _mm512_maskz_loadu_ps(mask, (const float *)base + i);
   }
 }
 
@@ -227,9 +229,15 @@ INLINE void gemv_int8_rows_group(const ci_matmul_job *job, ci_weight_format f, i
 INLINE void gemv_int8_rows(const ci_matmul_job *job, ci_weight_format f, int64_t row_begin,
                            int64_t row_end) {
   switch (job->group) {
-  case 32: gemv_int8_rows_group(job, f, 32, row_begin, row_end); break;
-  case 64: gemv_int8_rows_group(job, f, 64, row_begin, row_end); break;
-  default: gemv_int8_rows_group(job, f, 128, row_begin, row_end); break;
+  case 32:
+    gemv_int8_rows_group(job, f, 32, row_begin, row_end);
+    break;
+  case 64:
+    gemv_int8_rows_group(job, f, 64, row_begin, row_end);
+    break;
+  default:
+    gemv_int8_rows_group(job, f, 128, row_begin, row_end);
+    break;
   }
 }
 
@@ -286,8 +294,8 @@ INLINE float quantize_group(const float *x, int group, int64_t c0, int bits, int
       for (int p = 0; p < 3; p++) _mm_storeu_si128((__m128i *)(at + p * plane_bytes), out[p]);
     }
   } else {
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28,
-                                           30);
+    const __m512i even =
+        _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
     for (int j = 0; j < group; j += 2 * VW) { /* 32 columns: 16 low and 16 high nibbles */
       int64_t c = c0 + j;
@@ -308,8 +316,8 @@ INLINE float quantize_group(const float *x, int group, int64_t c0, int bits, int
 }
 
 /* The AVX-512 quantizer of ci_matmul_kernels.quantize_x_planes (uses no VNNI itself). */
-void ci_quantize_x_planes_avx512(int8_t *planes, float *units, const float *x, int64_t m,
-                                 int64_t k, int group, int bits, int64_t stride) {
+void ci_quantize_x_planes_avx512(int8_t *planes, float *units, const float *x, int64_t m, int64_t k,
+                                 int group, int bits, int64_t stride) {
   int64_t n_groups = k / group;
   for (int64_t i = 0; i < m; i++) {
     int8_t *row = planes + i * stride;
@@ -335,7 +343,7 @@ DEFINE_INT8_KERNEL(q4_f16, CI_WF_Q4_F16)
 DEFINE_INT8_KERNEL(q4_bf16, CI_WF_Q4_BF16)
 
 const ci_matmul_rows_fn ci_matmul_gemv_int8_avx512_vnni[CI_WF_COUNT] = {
-    [CI_WF_Q8_F32] = gemv_int8_q8_f32, [CI_WF_Q8_F16] = gemv_int8_q8_f16,
+    [CI_WF_Q8_F32] = gemv_int8_q8_f32,   [CI_WF_Q8_F16] = gemv_int8_q8_f16,
     [CI_WF_Q8_BF16] = gemv_int8_q8_bf16, [CI_WF_Q4_F32] = gemv_int8_q4_f32,
-    [CI_WF_Q4_F16] = gemv_int8_q4_f16, [CI_WF_Q4_BF16] = gemv_int8_q4_bf16,
+    [CI_WF_Q4_F16] = gemv_int8_q4_f16,   [CI_WF_Q4_BF16] = gemv_int8_q4_bf16,
 };

@@ -11,7 +11,9 @@ static inline __m512 bf16x16_to_f32(__m256i h) {
 }
 
 /* Mask of the first n (< 16) lanes. */
-static inline __mmask16 first_lanes(int64_t n) { return (__mmask16)((1u << n) - 1); }
+static inline __mmask16 first_lanes(int64_t n) {
+  return (__mmask16)((1u << n) - 1);
+}
 
 /* sum_i x[i] * bf16(a[i]), two accumulators to hide the FMA latency. */
 static float dot_bf16_avx512(const float *x, const uint16_t *a, int64_t n) {

@@ -26,8 +26,11 @@ const ci_cpu_vec_kernels *ci_vec_kernels_ref(void) {
 
 const ci_cpu_vec_kernels *ci_cpu_vec_kernels_get(ci_isa isa) {
   switch (isa) {
-  case CI_ISA_AVX2: return ci_vec_kernels_avx2();
-  case CI_ISA_AVX512: return ci_vec_kernels_avx512();
-  default: return ci_vec_kernels_ref();
+  case CI_ISA_AVX2:
+    return ci_vec_kernels_avx2();
+  case CI_ISA_AVX512:
+    return ci_vec_kernels_avx512();
+  default:
+    return ci_vec_kernels_ref();
   }
 }
