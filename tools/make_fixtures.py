@@ -32,6 +32,7 @@ import argparse
 import copy
 import json
 import os
+import re
 import struct
 import sys
 import traceback
@@ -76,6 +77,61 @@ BASE_FIXTURES = [
         rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
 ]
+
+# Gemma fixtures: complete kwargs (no COMMON), sliding window W = 8 and 64 prompt ids (8 W), so
+# windows slide many times; offset-norm families store zero-centred norm weights.
+GEMMA_IDS = 64
+GEMMA_COMMON = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                    hidden_activation="gelu_pytorch_tanh", sliding_window=8, pad_token_id=0,
+                    eos_token_id=1, bos_token_id=2)
+GEMMA_FIXTURES = [
+    dict(name="gemma2", model_type="gemma2", norm_offset=True, n_ids=GEMMA_IDS, quant=[], kw=dict(
+        vocab_size=256, num_hidden_layers=4, intermediate_size=128, query_pre_attn_scalar=24,
+        attn_logit_softcapping=20.0, final_logit_softcapping=15.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    dict(name="gemma3", model_type="gemma3_text", norm_offset=True, n_ids=GEMMA_IDS,
+         quant=[("q4g64", 4, 64)], kw=dict(
+        vocab_size=320, num_hidden_layers=6, intermediate_size=128, query_pre_attn_scalar=16,
+        final_logit_softcapping=None,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                     "sliding_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0,
+                                            "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
+    dict(name="gemma4", model_type="gemma4_text", n_ids=GEMMA_IDS, quant=[], kw=dict(
+        vocab_size=384, num_hidden_layers=6, intermediate_size=128, global_head_dim=32,
+        attention_k_eq_v=True, num_global_key_value_heads=1, hidden_size_per_layer_input=0,
+        final_logit_softcapping=30.0,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                     "sliding_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "proportional",
+                                            "partial_rotary_factor": 0.25,
+                                            "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
+    dict(name="gemma4-ple", model_type="gemma4_text", n_ids=GEMMA_IDS, quant=[], kw=dict(
+        vocab_size=352, num_hidden_layers=6, intermediate_size=96, global_head_dim=32,
+        attention_k_eq_v=False, hidden_size_per_layer_input=16, vocab_size_per_layer_input=352,
+        num_kv_shared_layers=2, use_double_wide_mlp=True, final_logit_softcapping=30.0,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                     "full_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "proportional",
+                                            "partial_rotary_factor": 0.25,
+                                            "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
+    dict(name="gemma4-moe", model_type="gemma4_text", n_ids=GEMMA_IDS, quant=[], kw=dict(
+        vocab_size=288, num_hidden_layers=4, intermediate_size=64, global_head_dim=32,
+        attention_k_eq_v=True, num_global_key_value_heads=1, hidden_size_per_layer_input=0,
+        enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+        final_logit_softcapping=30.0,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                     "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "proportional",
+                                            "partial_rotary_factor": 0.25,
+                                            "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
+]
+N_GREEDY = 16  # greedy continuation length stored in greedy.txt
 
 # Quantized variants: (suffix, bits, group_size); per-fixture module overrides.
 QUANT_VARIANTS = [("q4g64", 4, 64), ("q8g32", 8, 32)]
@@ -231,21 +287,30 @@ def st_read(path):
 # Weight generation and quantized file construction (numpy only)
 # ----------------------------------------------------------------------------------------------
 def is_norm(name):
-    return name.endswith("norm.weight")
+    return re.search(r"norm(_\d+)?\.weight$", name) is not None
 
 
-def gen_weights(specs, seed):
+def gen_weights(specs, seed, norm_offset=False):
     """specs: list of (name, shape) in a fixed order. Returns name -> f32 array already rounded
-    to bf16 (the values stored in the file)."""
+    to bf16 (the values stored in the file). norm_offset: norms are applied as (1 + w), so the
+    stored weights are zero-centred (Gemma 2/3)."""
     rng = np.random.default_rng(seed)
     out = {}
     for name, shape in specs:
         if is_norm(name):
+            w = (0.0 if norm_offset else 1.0) + rng.normal(0.0, STD_NORM, shape)
+        elif name.endswith("layer_scalar"):
+            w = rng.uniform(0.5, 1.5, shape)
+        elif name.endswith("router.scale") or name.endswith("per_expert_scale"):
             w = 1.0 + rng.normal(0.0, STD_NORM, shape)
+        elif len(shape) == 3:
+            w = rng.normal(0.0, STD_MATRIX, shape)
         elif name.endswith(".bias"):
             w = rng.normal(0.0, STD_BIAS, shape)
         elif len(shape) == 2:
             std = STD_EMBED if ("embed_tokens" in name or name.startswith("lm_head")) else STD_MATRIX
+            if "router.proj" in name:
+                std = 1.0  # decisive expert choices: no near-ties in the top-k
             w = rng.normal(0.0, std, shape)
         else:
             raise ValueError("unexpected parameter %s %s" % (name, shape))
@@ -502,6 +567,12 @@ class Ctx:
             if tied and name.startswith("lm_head"):
                 continue
             specs.append((name, tuple(p.shape)))
+        seen = set(n for n, _ in specs)
+        for name, t in model.state_dict().items():
+            if name in seen or (tied and name.startswith("lm_head")) or "rotary_emb" in name:
+                continue
+            if t.is_floating_point():
+                specs.append((name, tuple(t.shape)))
         names = [n for n, _ in specs]
         assert len(names) == len(set(names))
         return specs
@@ -513,9 +584,11 @@ class Ctx:
         missing = [k for k in res.missing_keys if not (tied and k.startswith("lm_head"))]
         assert not missing and not res.unexpected_keys, (missing, res.unexpected_keys)
         params = dict(model.named_parameters(remove_duplicate=False))
+        state = model.state_dict()
         for k, v in sd.items():
-            assert torch.equal(params[k].data, v), k
-            assert params[k].dtype == torch.float32
+            t = params[k].data if k in params else state[k]
+            assert torch.equal(t, v), k
+            assert t.dtype == torch.float32
         if tied:
             assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
         else:
@@ -559,8 +632,28 @@ class Ctx:
         assert np.abs(lg - plain).max() > 0, "bf16 KV rounding changed nothing"
         return lg
 
+    def greedy(self, model, ids, n_new):
+        """Greedy continuation without a KV cache: n_new argmax steps over the growing prompt.
+        Returns (tokens, smallest top-1 margin seen)."""
+        torch = self.torch
+        seq = list(ids)
+        margin = float("inf")
+        with torch.no_grad():
+            for _ in range(n_new):
+                out = model(input_ids=torch.tensor([seq], dtype=torch.long), use_cache=False)
+                last = out.logits[0, -1].float()
+                top = torch.topk(last, 2).values
+                margin = min(margin, float(top[0] - top[1]))
+                seq.append(int(torch.argmax(last)))
+        return seq[len(ids):], margin
+
     def inv_freq(self, model):
         return model.model.rotary_emb.inv_freq.float().cpu().numpy()
+
+
+def write_greedy(folder, tokens):
+    with open(os.path.join(folder, "greedy.txt"), "w") as f:
+        f.write(",".join(str(int(i)) for i in tokens) + "\n")
 
 
 def write_common(folder, ids, logits, logits_kvbf16):
@@ -592,7 +685,7 @@ def make_base(ctx, fx, out, warnings):
     name = fx["name"]
     folder = os.path.join(out, name)
     os.makedirs(folder, exist_ok=True)
-    kw = dict(COMMON)
+    kw = dict(GEMMA_COMMON if fx["model_type"].startswith("gemma") else COMMON)
     kw.update(copy.deepcopy(fx["kw"]))
     cfg0 = ctx.AutoConfig.for_model(fx["model_type"], **kw)
     cfg0.save_pretrained(folder)
@@ -611,7 +704,7 @@ def make_base(ctx, fx, out, warnings):
     tied = bool(kw["tie_word_embeddings"])
     specs = ctx.param_specs(model, tied)
     seed = seed_of(name)
-    weights = gen_weights(specs, seed)
+    weights = gen_weights(specs, seed, fx.get("norm_offset", False))
     # cross-check our bf16 rounding against torch's
     for k, v in weights.items():
         tb = torch.from_numpy(np.array(v)).to(torch.bfloat16).float().numpy()
@@ -629,9 +722,13 @@ def make_base(ctx, fx, out, warnings):
         assert np.array_equal(wb[k], weights[k]), k
     ctx.load_weights(model, wb, tied)
     rng = np.random.default_rng(seed ^ 0x5EED)
-    ids = rng.integers(0, kw["vocab_size"], N_IDS).tolist()
+    ids = rng.integers(0, kw["vocab_size"], fx.get("n_ids", N_IDS)).tolist()
     lg = ctx.logits(model, ids)
     write_common(folder, ids, lg, ctx.logits_kvbf16(model, ids))
+    greedy, margin = ctx.greedy(model, ids, N_GREEDY)
+    write_greedy(folder, greedy)
+    if margin < 1e-3:
+        warnings.append("%s: greedy top-1 margin %.3g" % (name, margin))
 
     # checks: RoPE table vs the spec formula; scaling actually changes the output
     rp_eff, rel = None, None
@@ -650,8 +747,8 @@ def make_base(ctx, fx, out, warnings):
             warnings.append("%s: attention_scaling %r" % (name, att))
     except Exception as e:  # noqa
         warnings.append("%s: rope check failed: %r" % (name, e))
-    info = {"rope_effective": rp_eff, "inv_freq_rel_diff_vs_spec": rel}
-    if fx["kw"]["rope_parameters"]["rope_type"] != "default":
+    info = {"rope_effective": rp_eff, "inv_freq_rel_diff_vs_spec": rel, "greedy_margin": margin}
+    if fx["kw"]["rope_parameters"].get("rope_type", "default") != "default":
         kw2 = dict(kw)
         kw2["rope_parameters"] = {"rope_type": "default",
                                   "rope_theta": fx["kw"]["rope_parameters"]["rope_theta"]}
@@ -730,6 +827,7 @@ def make_quant(ctx, base, fx, suffix, bits, group, out):
     ctx.load_weights(model, ref, base["tied"])
     lg = ctx.logits(model, base["ids"])
     write_common(folder, base["ids"], lg, ctx.logits_kvbf16(model, base["ids"]))
+    write_greedy(folder, ctx.greedy(model, base["ids"], N_GREEDY)[0])
     info = {"quantization": qmap, "max_abs_weight_err_vs_bf16": err,
             "official_reader": official,
             "modules": {m: (list(p) if isinstance(p, tuple) else p) for m, p in sorted(qinfo.items())}}
@@ -741,7 +839,7 @@ def run(out, only=None):
     os.makedirs(out, exist_ok=True)
     manifest = {}
     warnings, failures = [], []
-    for fx in BASE_FIXTURES:
+    for fx in BASE_FIXTURES + GEMMA_FIXTURES:
         if only and not any(o == fx["name"] or o.startswith(fx["name"] + "-") for o in only):
             continue
         try:
@@ -751,7 +849,7 @@ def run(out, only=None):
             traceback.print_exc()
             continue
         entries = [(fx["name"], base)]
-        for suffix, bits, group in QUANT_VARIANTS:
+        for suffix, bits, group in fx.get("quant", QUANT_VARIANTS):
             qn = "%s-%s" % (fx["name"], suffix)
             if only and qn not in only and fx["name"] not in only:
                 continue
@@ -762,7 +860,8 @@ def run(out, only=None):
                 traceback.print_exc()
         for n, e in entries:
             size = folder_size(e["folder"])
-            manifest[n] = {"model_type": fx["model_type"], "base": fx["name"], "n_ids": N_IDS,
+            manifest[n] = {"model_type": fx["model_type"], "base": fx["name"],
+                           "n_ids": fx.get("n_ids", N_IDS),
                            "vocab_size": base["kw"]["vocab_size"], "bytes": size,
                            "logits": e["logits_stats"], **e["info"]}
             print("%-22s %7d bytes  mean|logit| %.3f  std %.3f  max %.2f  distinct argmax %d"
@@ -783,17 +882,54 @@ def run(out, only=None):
     return 1 if failures else 0
 
 
+def greedy_existing(src, out):
+    """Adds greedy.txt to already-built fixture folders under src (written to out/<name>.txt):
+    the model is rebuilt from the folder's own config.json and weight file."""
+    ctx = Ctx()
+    os.makedirs(out, exist_ok=True)
+    for name in sorted(os.listdir(src)):
+        folder = os.path.join(src, name)
+        if not os.path.exists(os.path.join(folder, "config.json")):
+            continue
+        with open(os.path.join(folder, "config.json")) as f:
+            cj = json.load(f)
+        model = ctx.build_model(ctx.load_config(folder))
+        tied = bool(cj.get("tie_word_embeddings", False))
+        shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        path = os.path.join(folder, "model.safetensors")
+        if "quantization" in cj:
+            weights = dequant_from_file(path, cj["quantization"], shapes)
+        else:
+            weights = {k: bf16_bits_to_f32(a) for k, (dt, a) in st_read(path).items()}
+        ctx.load_weights(model, weights, tied)
+        with open(os.path.join(folder, "ids.txt")) as f:
+            ids = [int(x) for x in f.read().strip().split(",")]
+        want = np.fromfile(os.path.join(folder, "logits.f32"), dtype="<f4").reshape(len(ids), -1)
+        if not np.array_equal(ctx.logits(model, ids), want):
+            print("WARN %s: rebuilt model differs from logits.f32; no greedy written" % name)
+            continue
+        tokens, margin = ctx.greedy(model, ids, N_GREEDY)
+        write_greedy(out, tokens)
+        os.rename(os.path.join(out, "greedy.txt"), os.path.join(out, name + ".txt"))
+        print("%s: greedy %s (margin %.3g)" % (name, tokens, margin))
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", default=None, help="output folder (e.g. tests/fixtures)")
     ap.add_argument("--only", nargs="*", help="fixture names to build")
     ap.add_argument("--selftest", action="store_true", help="numpy-only checks, no torch")
+    ap.add_argument("--greedy-existing", metavar="SRC",
+                    help="write greedy continuations of the fixtures in SRC to --out/<name>.txt")
     a = ap.parse_args()
     if a.selftest:
         selftest()
         return 0
     if not a.out:
         ap.error("--out is required")
+    if a.greedy_existing:
+        return greedy_existing(a.greedy_existing, a.out)
     selftest()
     return run(a.out, a.only)
 
