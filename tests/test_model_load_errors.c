@@ -129,7 +129,8 @@ static void test_config_errors(void **state) {
     void (*edit)(json_t *);
     const char *expected;
   } cases[] = {
-      {set_model_type, "unsupported model_type \"gpt9\" (supported: llama, mistral, qwen2, qwen3)"},
+      {set_model_type, "unsupported model_type \"gpt9\" (supported: llama, mistral, qwen2, qwen3, "
+                       "gemma2, gemma3_text, gemma3, gemma4_text, gemma4)"},
       {zero_heads, "num_attention_heads"},
       {wrong_hidden, "mlp.gate_proj.weight: shape"},
       {string_layers, "\"num_hidden_layers\" must be an integer"},

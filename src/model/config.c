@@ -4,20 +4,22 @@
 #include "model/config_read.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static const ci_family families[] = {
-    {"llama", ci_family_llama_configure},
-    {"mistral", ci_family_mistral_configure},
-    {"qwen2", ci_family_qwen2_configure},
-    {"qwen3", ci_family_qwen3_configure},
+    {"llama", ci_family_llama_configure},   {"mistral", ci_family_mistral_configure},
+    {"qwen2", ci_family_qwen2_configure},   {"qwen3", ci_family_qwen3_configure},
+    {"gemma2", ci_family_gemma2_configure}, {"gemma3_text", ci_family_gemma3_configure},
+    {"gemma3", ci_family_gemma3_configure}, {"gemma4_text", ci_family_gemma4_configure},
+    {"gemma4", ci_family_gemma4_configure},
 };
 enum { N_FAMILIES = sizeof families / sizeof families[0] };
 
 const char *ci_supported_model_types(void) {
-  return "llama, mistral, qwen2, qwen3";
+  return "llama, mistral, qwen2, qwen3, gemma2, gemma3_text, gemma3, gemma4_text, gemma4";
 }
 
 void ci_model_spec_free(ci_model_spec *spec) {
@@ -33,6 +35,25 @@ void ci_model_spec_free(ci_model_spec *spec) {
 static json_t *text_config_of(json_t *config) {
   json_t *text = json_object_get(config, "text_config");
   return text && json_is_object(text) ? text : config;
+}
+
+/* Fills the per-layer fields a family left at zero (scale 1/sqrt(D), the global MLP width, its
+ * own cache) and checks that cache owners form a prefix of the layers. */
+static int finish_layers(ci_model_spec *spec) {
+  int owners = 0;
+  for (int i = 0; i < spec->n_layers; i++) {
+    ci_layer_spec *l = &spec->layers[i];
+    if (l->attn_scale == 0.0f) l->attn_scale = 1.0f / sqrtf((float)l->head_dim);
+    if (l->intermediate == 0) l->intermediate = spec->intermediate;
+    if (l->cache_layer == i) {
+      if (owners != i) return ci_fail("config.json: layer %d owns a KV cache after a sharer", i);
+      owners++;
+    } else if (l->cache_layer < 0 || l->cache_layer >= i) {
+      return ci_fail("config.json: layer %d reads the KV of layer %d", i, l->cache_layer);
+    }
+  }
+  spec->n_cache_layers = owners;
+  return CI_OK;
 }
 
 int ci_model_spec_from_json(json_t *config, ci_model_spec *spec) {
@@ -66,6 +87,7 @@ int ci_model_spec_from_json(json_t *config, ci_model_spec *spec) {
           spec->eos_ids[spec->n_eos++] = (int)json_integer_value(v);
     }
   }
+  if (status == CI_OK) status = finish_layers(spec);
   if (status == CI_OK) {
     /* Sizes must keep every [rows, cols] product inside int64 and per-row sizes inside int. */
     for (int i = 0; i < spec->n_layers && status == CI_OK; i++) {

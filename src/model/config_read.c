@@ -191,7 +191,9 @@ int ci_cfg_read_common(json_t *cfg, ci_model_spec *spec, int default_kv_heads) {
   spec->layers = calloc((size_t)layers, sizeof *spec->layers);
   if (!spec->layers) return ci_fail("out of memory");
   for (int i = 0; i < spec->n_layers; i++)
-    spec->layers[i] = (ci_layer_spec){
-        .kind = CI_ATTN_FULL, .head_dim = (int)head_dim, .n_kv_heads = (int)kv_heads};
+    spec->layers[i] = (ci_layer_spec){.kind = CI_ATTN_FULL,
+                                      .head_dim = (int)head_dim,
+                                      .n_kv_heads = (int)kv_heads,
+                                      .cache_layer = i};
   return CI_OK;
 }

@@ -39,5 +39,8 @@ int ci_family_llama_configure(json_t *cfg, ci_model_spec *spec);
 int ci_family_mistral_configure(json_t *cfg, ci_model_spec *spec);
 int ci_family_qwen2_configure(json_t *cfg, ci_model_spec *spec);
 int ci_family_qwen3_configure(json_t *cfg, ci_model_spec *spec);
+int ci_family_gemma2_configure(json_t *cfg, ci_model_spec *spec);
+int ci_family_gemma3_configure(json_t *cfg, ci_model_spec *spec);
+int ci_family_gemma4_configure(json_t *cfg, ci_model_spec *spec);
 
 #endif

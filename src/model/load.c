@@ -92,6 +92,26 @@ static int bind_vector(ci_model *m, const char *name, int64_t len, float **out) 
   return CI_OK;
 }
 
+/* Binds a bare stack of expert matrices `name` [experts, rows, cols] (plain float dtypes). */
+static int bind_experts(ci_model *m, const char *name, int64_t experts, int64_t rows, int64_t cols,
+                        ci_tensor *out) {
+  ci_st_tensor *t = ci_weights_take(m->files, name);
+  if (!t) return ci_fail("missing tensor %s", name);
+  if (t->dtype != CI_F32 && t->dtype != CI_F16 && t->dtype != CI_BF16)
+    return ci_fail("tensor %s: dtype %s is not a float weight", name, ci_dtype_get(t->dtype)->name);
+  if (t->ndim != 3 || t->shape[0] != experts || t->shape[1] != rows || t->shape[2] != cols)
+    return ci_fail("tensor %s: shape disagrees with config.json (expected [%lld, %lld, %lld])",
+                   name, (long long)experts, (long long)rows, (long long)cols);
+  memset(out, 0, sizeof *out);
+  out->dtype = t->dtype;
+  out->ndim = 3;
+  out->shape[0] = experts;
+  out->shape[1] = rows;
+  out->shape[2] = cols;
+  out->data = t->data;
+  return CI_OK;
+}
+
 /* Binds one manifest entry into the model. */
 static int bind_entry(void *ctx, const ci_manifest_entry *e) {
   ci_model *m = ctx;
@@ -100,8 +120,13 @@ static int bind_entry(void *ctx, const ci_manifest_entry *e) {
   if (e->layer >= 0) {
     dst = (char *)&m->layers[e->layer] + e->field;
   } else {
-    static const size_t global_fields[] = {
-        offsetof(ci_model, embed), offsetof(ci_model, final_norm), offsetof(ci_model, head)};
+    static const size_t global_fields[] = {[CI_GLOBAL_EMBED] = offsetof(ci_model, embed),
+                                           [CI_GLOBAL_FINAL_NORM] = offsetof(ci_model, final_norm),
+                                           [CI_GLOBAL_HEAD] = offsetof(ci_model, head),
+                                           [CI_GLOBAL_PLE_EMBED] = offsetof(ci_model, ple_embed),
+                                           [CI_GLOBAL_PLE_PROJ] =
+                                               offsetof(ci_model, ple_model_proj),
+                                           [CI_GLOBAL_PLE_NORM] = offsetof(ci_model, ple_norm)};
     dst = (char *)m + global_fields[e->global_role];
   }
   switch (e->kind) {
@@ -113,6 +138,10 @@ static int bind_entry(void *ctx, const ci_manifest_entry *e) {
   case CI_MANIFEST_BIAS:
     snprintf(name, sizeof name, "%s.bias", e->module);
     return bind_vector(m, name, e->rows, dst);
+  case CI_MANIFEST_SCALAR:
+    return bind_vector(m, e->module, e->rows, dst);
+  case CI_MANIFEST_EXPERTS:
+    return bind_experts(m, e->module, e->experts, e->rows, e->cols, dst);
   }
   return ci_fail("manifest: unknown tensor kind");
 }
@@ -121,10 +150,41 @@ static int bind_entry(void *ctx, const ci_manifest_entry *e) {
 static int is_droppable(const char *name) {
   static const char *const dropped_prefixes[] = {
       "vision_tower.", "multi_modal_projector.", "embed_vision.", "audio_tower.",
-      "embed_audio.",  "vision_embedder.",       "model.visual.", "mtp."};
+      "embed_audio.",  "vision_embedder.",       "visual.",       "mtp."};
+  static const char *const dropped_suffixes[] = {"input_min", "input_max", "output_min",
+                                                 "output_max"};
+  /* Multimodal wrappers nest the towers under "model." too. */
+  const char *bare = strncmp(name, "model.", 6) == 0 ? name + 6 : name;
   for (size_t i = 0; i < sizeof dropped_prefixes / sizeof dropped_prefixes[0]; i++)
-    if (strncmp(name, dropped_prefixes[i], strlen(dropped_prefixes[i])) == 0) return 1;
+    if (strncmp(bare, dropped_prefixes[i], strlen(dropped_prefixes[i])) == 0 ||
+        strncmp(name, dropped_prefixes[i], strlen(dropped_prefixes[i])) == 0)
+      return 1;
+  size_t len = strlen(name);
+  for (size_t i = 0; i < sizeof dropped_suffixes / sizeof dropped_suffixes[0]; i++) {
+    size_t n = strlen(dropped_suffixes[i]);
+    if (len > n && strcmp(name + len - n, dropped_suffixes[i]) == 0) return 1;
+  }
   return strstr(name, ".rotary_emb.") != NULL;
+}
+
+/* Drops the K/V projections and K norm a KV-sharing layer's checkpoint may still carry. */
+static void drop_sharer_kv(ci_model *m, const char *prefix) {
+  static const char *const modules[] = {"self_attn.k_proj", "self_attn.v_proj", "self_attn.k_norm"};
+  static const char *const parts[] = {"weight", "scales", "biases", "bias"};
+  for (int i = m->spec.n_cache_layers; i < m->spec.n_layers; i++)
+    for (size_t k = 0; k < sizeof modules / sizeof modules[0]; k++) {
+      char module[256];
+      snprintf(module, sizeof module, "%slayers.%d.%s", prefix, i, modules[k]);
+      for (size_t p = 0; p < sizeof parts / sizeof parts[0]; p++) take_part(m, module, parts[p]);
+    }
+}
+
+/* A Gemma embedding scale converted to the embedding table's dtype first (model.md §0). */
+static float scale_in_dtype(float scale, const ci_tensor *table) {
+  ci_dtype dtype = ci_dtype_is_affine(table->dtype) ? table->scale_dtype : table->dtype;
+  if (dtype == CI_BF16) return ci_bf16_to_f32(ci_f32_to_bf16(scale));
+  if (dtype == CI_F16) return ci_f16_to_f32(ci_f32_to_f16(scale));
+  return scale;
 }
 
 /* The tensor-name prefix of the text model, found by where the embedding lives. */
@@ -146,7 +206,7 @@ static void drop_tied_head(ci_model *m, const char *head_module) {
 }
 
 static int bind_all(ci_model *m) {
-  const ci_model_spec *s = &m->spec;
+  ci_model_spec *s = &m->spec;
   const char *prefix = find_prefix(m->files);
   if (!prefix)
     return ci_fail("missing tensor model.embed_tokens.weight (no embedding under any known "
@@ -164,6 +224,10 @@ static int bind_all(ci_model *m) {
     m->head = m->embed;
     drop_tied_head(m, head_module);
   }
+  drop_sharer_kv(m, prefix);
+  m->spec.embed_scale = m->spec.embed_scale ? scale_in_dtype(m->spec.embed_scale, &m->embed) : 0;
+  if (s->ple_dim > 0)
+    m->spec.ple_embed_scale = scale_in_dtype(m->spec.ple_embed_scale, &m->ple_embed);
   for (int i = 0; i < ci_weights_count(m->files); i++) {
     const ci_st_tensor *t = ci_weights_at(m->files, i);
     if (!t->used && !is_droppable(t->name))
@@ -197,13 +261,32 @@ void ci_model_free(ci_model *m) {
   if (m->layers) {
     for (int i = 0; i < m->spec.n_layers; i++) {
       ci_layer_weights *L = &m->layers[i];
-      float *owned[] = {L->attn_norm, L->mlp_norm, L->bq,     L->bk,   L->bv,    L->bo,
-                        L->q_norm,    L->k_norm,   L->b_gate, L->b_up, L->b_down};
+      float *owned[] = {L->attn_norm,
+                        L->mlp_norm,
+                        L->bq,
+                        L->bk,
+                        L->bv,
+                        L->bo,
+                        L->q_norm,
+                        L->k_norm,
+                        L->b_gate,
+                        L->b_up,
+                        L->b_down,
+                        L->attn_post_norm,
+                        L->mlp_post_norm,
+                        L->mlp_post_norm_1,
+                        L->moe_norm,
+                        L->moe_post_norm,
+                        L->router_scale,
+                        L->expert_scale,
+                        L->ple_post_norm,
+                        L->layer_scalar};
       for (size_t k = 0; k < sizeof owned / sizeof owned[0]; k++) free(owned[k]);
     }
     free(m->layers);
   }
   free(m->final_norm);
+  free(m->ple_norm);
   ci_weights_free(m->files);
   ci_model_spec_free(&m->spec);
   free(m);
@@ -226,11 +309,15 @@ typedef struct {
 /* Adds the stored bytes of every matrix but the embedding (decode reads one row of it). */
 static int count_matrix_bytes(void *ctx, const ci_manifest_entry *e) {
   byte_count *count = ctx;
-  if (e->kind != CI_MANIFEST_MATRIX || (e->layer < 0 && e->global_role == 0)) return 0;
+  if (e->layer < 0 || (e->kind != CI_MANIFEST_MATRIX && e->kind != CI_MANIFEST_EXPERTS))
+    return 0; /* the head is added once by the caller; the embeddings read one row */
   const ci_tensor *t =
-      e->layer >= 0 ? (const ci_tensor *)((const char *)&count->model->layers[e->layer] + e->field)
-                    : &count->model->head;
-  count->bytes += matrix_bytes(t);
+      (const ci_tensor *)((const char *)&count->model->layers[e->layer] + e->field);
+  int64_t bytes = matrix_bytes(t);
+  /* A token reads top_k of the experts. */
+  if (e->kind == CI_MANIFEST_EXPERTS)
+    bytes = bytes / t->shape[0] * count->model->spec.top_k_experts;
+  count->bytes += bytes;
   return 0;
 }
 
@@ -242,19 +329,20 @@ int64_t ci_model_weight_bytes_per_token(const ci_model *m) {
 
 ci_kv_cache *ci_model_kv_cache_create(const ci_model *m, ci_kv_codec codec, int block_tokens,
                                       int32_t max_blocks_per_group) {
-  ci_kv_layer_desc *desc = calloc((size_t)m->spec.n_layers, sizeof *desc);
+  const int n_cache = m->spec.n_cache_layers;
+  ci_kv_layer_desc *desc = calloc((size_t)n_cache, sizeof *desc);
   if (!desc) {
     ci_fail("out of memory");
     return NULL;
   }
-  for (int i = 0; i < m->spec.n_layers; i++) {
+  for (int i = 0; i < n_cache; i++) {
     const ci_layer_spec *l = &m->spec.layers[i];
     desc[i] = (ci_kv_layer_desc){.window = l->kind == CI_ATTN_SLIDING ? l->window : 0,
                                  .n_kv_heads = l->n_kv_heads,
                                  .head_dim = l->head_dim};
   }
   ci_kv_cache *cache =
-      ci_kv_cache_create(m->be, m->spec.n_layers, desc, codec, block_tokens, max_blocks_per_group);
+      ci_kv_cache_create(m->be, n_cache, desc, codec, block_tokens, max_blocks_per_group);
   free(desc);
   return cache;
 }

@@ -20,11 +20,27 @@ typedef struct {
   float *bq, *bk, *bv;    /* (Hq*D), (Hkv*D), (Hkv*D) */
   float *bo;              /* (hidden) */
   float *q_norm, *k_norm; /* (D) */
-  float *mlp_norm;        /* (hidden) post_attention_layernorm */
+  float *attn_post_norm;  /* (hidden) sandwich: norm of the attention output */
+  float *mlp_norm;        /* (hidden) pre-MLP norm (Llama post_attention_layernorm) */
+  float *mlp_post_norm;   /* (hidden) sandwich: norm of the feed-forward output */
   ci_tensor w_gate;       /* (I, hidden) */
   ci_tensor w_up;         /* (I, hidden) */
   ci_tensor w_down;       /* (hidden, I) */
   float *b_gate, *b_up, *b_down;
+  /* MoE block (Gemma 4): dense-branch post norm, router and a stack of experts. */
+  float *mlp_post_norm_1;    /* (hidden) */
+  float *moe_norm;           /* (hidden) pre_feedforward_layernorm_2 */
+  float *moe_post_norm;      /* (hidden) post_feedforward_layernorm_2 */
+  ci_tensor router;          /* (E, hidden) */
+  float *router_scale;       /* (hidden) */
+  float *expert_scale;       /* (E) */
+  ci_tensor experts_gate_up; /* (E, 2 I_moe, hidden): gate rows then up rows */
+  ci_tensor experts_down;    /* (E, hidden, I_moe) */
+  /* Per-layer inputs (Gemma 4). */
+  ci_tensor ple_gate;   /* (P, hidden) */
+  ci_tensor ple_proj;   /* (hidden, P) */
+  float *ple_post_norm; /* (hidden) */
+  float *layer_scalar;  /* (1) */
 } ci_layer_weights;
 
 typedef struct ci_model {
@@ -34,6 +50,9 @@ typedef struct ci_model {
   ci_tensor embed;          /* (V, hidden) */
   ci_tensor head;           /* (V, hidden); the embedding itself when tied */
   float *final_norm;        /* (hidden) */
+  ci_tensor ple_embed;      /* (V_ple, N * P) per-layer input table (Gemma 4) */
+  ci_tensor ple_model_proj; /* (N * P, hidden) */
+  float *ple_norm;          /* (P) */
   ci_layer_weights *layers; /* [n_layers] */
 } ci_model;
 
@@ -48,7 +67,8 @@ void ci_model_free(ci_model *model);
 /* Bytes of weights one decode step reads (every matrix once, the embedding row excluded). */
 int64_t ci_model_weight_bytes_per_token(const ci_model *model);
 
-/* A KV cache laid out for this model's layers, storing every layer in `codec`. */
+/* A KV cache laid out for this model's cache-owning layers (KV sharers own none), storing every
+ * layer in `codec`. Cache layer i is model layer i. */
 ci_kv_cache *ci_model_kv_cache_create(const ci_model *model, ci_kv_codec codec, int block_tokens,
                                       int32_t max_blocks_per_group);
 

@@ -102,10 +102,25 @@ int ci_cfg_rope(json_t *cfg, const char *layer_type, int head_dim, double defaul
     }
     return CI_OK;
   }
+  if (!strcmp(type, "proportional")) {
+    /* Gemma 4 full layers: the first floor(p * D / 2) pairs rotate with the default table
+     * (exponent over D) divided by factor; the remaining pairs stay unrotated. */
+    double partial = 1.0, factor = 1.0;
+    if (ci_cfg_num(params, "partial_rotary_factor", 1.0, &partial) ||
+        ci_cfg_num(params, "factor", 1.0, &factor))
+      return CI_ERR;
+    if (!(partial > 0 && partial <= 1) || !(factor > 0))
+      return ci_fail("config.json: proportional RoPE needs 0 < partial_rotary_factor <= 1 and "
+                     "factor > 0");
+    int rotated = (int)floor(partial * head_dim / 2.0);
+    for (int j = 0; j < half; j++)
+      table->inv_freq[j] = j < rotated ? table->inv_freq[j] / (float)factor : 0.0f;
+    return CI_OK;
+  }
   if (!strcmp(type, "dynamic"))
     return ci_fail("config.json: rope_type \"dynamic\" is not supported (its position-dependent "
                    "base is incompatible with a KV cache)");
   return ci_fail("config.json: rope_type \"%s\" is not supported yet (supported: default, "
-                 "linear, llama3)",
+                 "linear, llama3, proportional)",
                  type);
 }

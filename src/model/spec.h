@@ -11,12 +11,23 @@
 
 typedef enum { CI_ATTN_FULL, CI_ATTN_SLIDING } ci_attn_kind;
 
+/* MLP activation: SwiGLU (Llama, Qwen) or GeGLU with tanh-approximated GELU (Gemma). */
+typedef enum { CI_ACT_SILU, CI_ACT_GELU_TANH } ci_activation;
+
+/* How a block wires its norms: pre-norm (x += f(norm(x))) or Gemma's sandwich
+ * (x += norm_post(f(norm_pre(x)))). */
+typedef enum { CI_WIRING_PRE_NORM, CI_WIRING_SANDWICH } ci_block_wiring;
+
 typedef struct {
   ci_attn_kind kind;
-  int window;     /* W for sliding layers, 0 for full */
-  int head_dim;   /* D */
-  int n_kv_heads; /* Hkv */
-  int rope_index; /* index into ci_model_spec.ropes */
+  int window;       /* W for sliding layers, 0 for full */
+  int head_dim;     /* D */
+  int n_kv_heads;   /* Hkv */
+  int rope_index;   /* index into ci_model_spec.ropes */
+  int cache_layer;  /* layer whose KV this layer attends over; itself unless a KV sharer */
+  int k_eq_v;       /* no v_proj: V is the raw K projection (Gemma 4 full layers) */
+  int intermediate; /* MLP width of this layer */
+  float attn_scale; /* multiplies <q, k> */
 } ci_layer_spec;
 
 /* One resolved RoPE table; inv_freq is owned by the spec. */
@@ -60,6 +71,20 @@ typedef struct ci_model_spec {
   int o_bias;               /* bias on o_proj */
   int mlp_bias;             /* biases on gate, up, down */
   int qk_norm;              /* RMSNorm over D on q and k before RoPE (Qwen3) */
+  ci_activation act;        /* MLP activation */
+  ci_block_wiring wiring;   /* norm placement */
+  float embed_scale;        /* multiplies the embedding rows; 0 = none (Gemma: sqrt(hidden)) */
+  float attn_softcap;       /* attention logit softcap; 0 = none (Gemma 2) */
+  float final_softcap;      /* final logit softcap; 0 = none */
+  int v_norm;               /* no-scale RMSNorm over D on V (Gemma 4) */
+  int layer_scalar;         /* per-layer scalar multiplies the residual (Gemma 4) */
+  int ple_dim;              /* per-layer input width P; 0 = no per-layer inputs (Gemma 4) */
+  int ple_vocab;            /* rows of the per-layer embedding table */
+  float ple_embed_scale;    /* sqrt(P) in the embedding dtype */
+  int n_experts;            /* MoE experts; 0 = dense MLP only */
+  int top_k_experts;        /* experts per token */
+  int moe_intermediate;     /* width of one expert */
+  int n_cache_layers;       /* layers that own a KV cache: a prefix 0..n_cache_layers-1 */
   ci_layer_spec *layers;    /* [n_layers] */
   ci_rope_table ropes[CI_MAX_ROPES];
   int n_ropes;

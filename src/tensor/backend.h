@@ -83,6 +83,28 @@ typedef struct {
   void (*add)(ci_backend *be, float *x, const float *y, int64_t n);
   /* gate[i] = silu(gate[i]) * up[i]. */
   void (*silu_mul)(ci_backend *be, float *gate, const float *up, int64_t n);
+  /* gate[r, c] = gelu_tanh(gate[r, c]) * up[r * up_stride + c] for a [rows, cols] gate. */
+  void (*gelu_tanh_mul)(ci_backend *be, float *gate, const float *up, int64_t rows, int64_t cols,
+                        int64_t up_stride);
+  /* x[i] *= s. */
+  void (*scale)(ci_backend *be, float *x, float s, int64_t n);
+  /* x[i] = cap * tanh(x[i] / cap). */
+  void (*softcap)(ci_backend *be, float *x, float cap, int64_t n);
+  /* dst[i] = src[i]. */
+  void (*copy)(ci_backend *be, float *dst, const float *src, int64_t n);
+  /* dst[i] = src[rows[i]] for m rows of width dim; rows is host memory. */
+  void (*gather_rows)(ci_backend *be, float *dst, const float *src, const int32_t *rows, int64_t m,
+                      int64_t dim);
+  /* dst[rows[i]] += weights[i] * src[i] for m rows of width dim; rows and weights are host
+   * memory. */
+  void (*scatter_add_rows)(ci_backend *be, float *dst, const float *src, const int32_t *rows,
+                           const float *weights, int64_t m, int64_t dim);
+  /* MoE routing of n tokens over E experts from router scores [n, E]: softmax over all E, the
+   * top_k largest probabilities per token, renormalised over the k and multiplied by
+   * expert_scale[e] (may be NULL). Writes expert ids and weights [n, top_k] to host memory, so
+   * the caller can schedule experts. */
+  void (*moe_route)(ci_backend *be, const float *scores, int64_t n, int n_experts, int top_k,
+                    const float *expert_scale, int32_t *expert_ids, float *expert_weights);
   /* Rotates x [n_rows, n_heads, head_dim] in place at the rows' positions. */
   void (*rope)(ci_backend *be, float *x, int64_t n_rows, int n_heads, const int32_t *pos,
                const ci_rope *rope);

@@ -116,6 +116,52 @@ static void cpu_silu_mul(ci_backend *be, float *gate, const float *up, int64_t n
   }
 }
 
+/* GELU with the tanh approximation, x^3 as a power (model.md §3). */
+static inline float gelu_tanh(float x) {
+  const float sqrt_2_over_pi = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * (x + 0.044715f * powf(x, 3.0f))));
+}
+
+static void cpu_gelu_tanh_mul(ci_backend *be, float *gate, const float *up, int64_t rows,
+                              int64_t cols, int64_t up_stride) {
+  (void)be;
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++)
+      gate[r * cols + c] = gelu_tanh(gate[r * cols + c]) * up[r * up_stride + c];
+}
+
+static void cpu_scale(ci_backend *be, float *x, float s, int64_t n) {
+  (void)be;
+  for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
+static void cpu_softcap(ci_backend *be, float *x, float cap, int64_t n) {
+  (void)be;
+  for (int64_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
+}
+
+static void cpu_copy(ci_backend *be, float *dst, const float *src, int64_t n) {
+  (void)be;
+  memmove(dst, src, (size_t)n * sizeof *dst);
+}
+
+static void cpu_gather_rows(ci_backend *be, float *dst, const float *src, const int32_t *rows,
+                            int64_t m, int64_t dim) {
+  (void)be;
+  for (int64_t i = 0; i < m; i++)
+    memcpy(dst + i * dim, src + (int64_t)rows[i] * dim, (size_t)dim * sizeof *dst);
+}
+
+static void cpu_scatter_add_rows(ci_backend *be, float *dst, const float *src, const int32_t *rows,
+                                 const float *weights, int64_t m, int64_t dim) {
+  (void)be;
+  for (int64_t i = 0; i < m; i++) {
+    float *d = dst + (int64_t)rows[i] * dim;
+    const float *s = src + i * dim;
+    for (int64_t c = 0; c < dim; c++) d[c] += weights[i] * s[c];
+  }
+}
+
 /* ==== RoPE ==== */
 
 static void cpu_rope(ci_backend *be, float *x, int64_t n_rows, int n_heads, const int32_t *pos,
@@ -306,6 +352,13 @@ static const ci_backend_ops cpu_ops = {
     .add_bias = cpu_add_bias,
     .add = cpu_add,
     .silu_mul = cpu_silu_mul,
+    .gelu_tanh_mul = cpu_gelu_tanh_mul,
+    .scale = cpu_scale,
+    .softcap = cpu_softcap,
+    .copy = cpu_copy,
+    .gather_rows = cpu_gather_rows,
+    .scatter_add_rows = cpu_scatter_add_rows,
+    .moe_route = ci_cpu_moe_route,
     .rope = cpu_rope,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,

@@ -5,6 +5,7 @@
 #define CI_BACKEND_CPU_KERNELS_H
 
 #include "base/threadpool.h"
+#include "tensor/backend.h"
 #include "tensor/tensor.h"
 
 #include <stdint.h>
@@ -40,5 +41,9 @@ typedef struct {
 
 /* The vector kernels for `isa` (must be supported). */
 const ci_cpu_vec_kernels *ci_cpu_vec_kernels_get(ci_isa isa);
+
+/* MoE routing (the backend's moe_route op; see tensor/backend.h). */
+void ci_cpu_moe_route(ci_backend *be, const float *scores, int64_t n, int n_experts, int top_k,
+                      const float *expert_scale, int32_t *expert_ids, float *expert_weights);
 
 #endif
