@@ -129,12 +129,14 @@ void ci_kv_seq_commit(ci_kv_seq *seq, int64_t n_new) {
     /* The next query (position n) sees positions >= n - W + 1: older blocks can go. */
     int64_t oldest_needed = seq->n - group->window + 1;
     ci_kv_block_table *table = &seq->tables[g];
-    for (int64_t i = 0; i < table->n_entries && (i + 1) * T <= oldest_needed; i++) {
+    int64_t i = table->first_live;
+    for (; i < table->n_entries && (i + 1) * T <= oldest_needed; i++) {
       if (table->entries[i] >= 0) {
         ci_kv_pool_release(&seq->cache->groups[g].pool, table->entries[i]);
         table->entries[i] = -1;
       }
     }
+    table->first_live = i;
   }
 }
 

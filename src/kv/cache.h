@@ -39,6 +39,7 @@ typedef struct {
   int32_t *entries;
   int64_t n_entries;
   int64_t capacity;
+  int64_t first_live; /* entries below this index were released (sliding groups) */
 } ci_kv_block_table;
 
 typedef struct {
