@@ -78,8 +78,8 @@ static void check_growth(const char *fixture, int chunk) {
     else
       full_bytes += group_bytes(cache, g);
   }
-  printf("%s chunk %d: KV bytes after %d tokens: full %lld, sliding %lld\n", fixture, chunk,
-         TOKENS, (long long)full_bytes, (long long)sliding_bytes);
+  printf("%s chunk %d: KV bytes after %d tokens: full %lld, sliding %lld\n", fixture, chunk, TOKENS,
+         (long long)full_bytes, (long long)sliding_bytes);
   assert_true(sliding_bytes * 20 < full_bytes);
   ci_kv_seq_free(seq);
   assert_int_equal(ci_kv_cache_blocks_used(cache), 0);
