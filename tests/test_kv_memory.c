@@ -19,13 +19,12 @@ enum { TOKENS = 4096, CHUNK = 64, BLOCK = 16 };
 
 /* Bytes held by group g of the cache (K and V of every layer in the group). */
 static int64_t group_bytes(const ci_kv_cache *cache, int g) {
-  const ci_kv_pool *pool = &cache->groups[g].pool;
-  return (int64_t)pool->n_used * (int64_t)pool->block_bytes * 2 * pool->n_layers;
+  return ci_kv_group_bytes_used(cache, g);
 }
 
 /* Positions a group's blocks cover. */
 static int64_t group_positions(const ci_kv_cache *cache, int g) {
-  return (int64_t)cache->groups[g].pool.n_used * cache->block_tokens;
+  return (int64_t)cache->groups[g].pools[0]->n_used * cache->block_tokens;
 }
 
 static ci_model *load_fixture(ci_backend *be, const char *name) {

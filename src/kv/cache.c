@@ -1,22 +1,52 @@
-/* Paged KV cache: grouping of layers, sequence block tables, reservation and sliding-window
- * release (see cache.h). */
+/* Paged KV cache: grouping of layers, pools per format, sequence block tables, reservation,
+ * sliding-window release and delayed conversion (see cache.h). */
 #include "kv/cache.h"
 
 #include "base/error.h"
+#include "tensor/turbo_quant.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+/* The pool of `format` in group g, created on first use. NULL with ci_last_error on failure. */
+static ci_kv_pool *group_pool(ci_kv_cache *cache, ci_kv_group *group, const ci_kv_format *format) {
+  for (int i = 0; i < group->n_pools; i++)
+    if (ci_kv_format_equal(&group->pools[i]->format, format)) return group->pools[i];
+  ci_kv_pool **pools = realloc(group->pools, (size_t)(group->n_pools + 1) * sizeof *pools);
+  if (!pools) {
+    ci_fail("kv cache: out of memory");
+    return NULL;
+  }
+  group->pools = pools;
+  ci_kv_pool *pool = calloc(1, sizeof *pool);
+  if (!pool) {
+    ci_fail("kv cache: out of memory");
+    return NULL;
+  }
+  if (ci_kv_pool_init(pool, cache->be, *format, cache->block_tokens, group->n_layers,
+                      group->n_kv_heads, group->head_dim, cache->max_blocks)) {
+    free(pool);
+    return NULL;
+  }
+  group->pools[group->n_pools++] = pool;
+  return pool;
+}
+
 ci_kv_cache *ci_kv_cache_create(ci_backend *be, int n_layers, const ci_kv_layer_desc *layers,
-                                ci_kv_codec codec, int block_tokens, int32_t max_blocks_per_group) {
+                                ci_kv_codec base, int block_tokens, int32_t max_blocks_per_group) {
+  if (base != CI_KV_BF16 && base != CI_KV_F32) {
+    ci_fail("kv cache: the base format must be bf16 or f32");
+    return NULL;
+  }
   ci_kv_cache *cache = calloc(1, sizeof *cache);
   if (!cache) goto oom;
   cache->be = be;
   cache->block_tokens = block_tokens;
+  cache->max_blocks = max_blocks_per_group;
   cache->n_layers = n_layers;
-  cache->groups = calloc((size_t)n_layers, sizeof *cache->groups);
-  cache->group_of_layer = calloc((size_t)n_layers, sizeof(int));
-  cache->slot_of_layer = calloc((size_t)n_layers, sizeof(int));
+  cache->groups = calloc((size_t)(n_layers ? n_layers : 1), sizeof *cache->groups);
+  cache->group_of_layer = calloc((size_t)(n_layers ? n_layers : 1), sizeof(int));
+  cache->slot_of_layer = calloc((size_t)(n_layers ? n_layers : 1), sizeof(int));
   if (!cache->groups || !cache->group_of_layer || !cache->slot_of_layer) goto oom;
   for (int l = 0; l < n_layers; l++) {
     const ci_kv_layer_desc *d = &layers[l];
@@ -35,12 +65,22 @@ ci_kv_cache *ci_kv_cache_create(ci_backend *be, int n_layers, const ci_kv_layer_
   }
   for (int g = 0; g < cache->n_groups; g++) {
     ci_kv_group *group = &cache->groups[g];
-    if (ci_kv_pool_init(&group->pool, be, codec, block_tokens, group->n_layers, group->n_kv_heads,
-                        group->head_dim, max_blocks_per_group)) {
+    group->layers = calloc((size_t)group->n_layers, sizeof(int));
+    group->signs = malloc((size_t)group->n_layers * (size_t)group->head_dim * sizeof(float));
+    if (!group->layers || !group->signs) goto oom;
+  }
+  for (int l = 0; l < n_layers; l++) {
+    ci_kv_group *group = &cache->groups[cache->group_of_layer[l]];
+    const int slot = cache->slot_of_layer[l];
+    group->layers[slot] = l;
+    ci_turbo_signs(l, group->head_dim, group->signs + (size_t)slot * group->head_dim);
+  }
+  const ci_kv_format base_format = ci_kv_format_plain(base);
+  for (int g = 0; g < cache->n_groups; g++)
+    if (!group_pool(cache, &cache->groups[g], &base_format)) {
       ci_kv_cache_free(cache);
       return NULL;
     }
-  }
   return cache;
 oom:
   ci_kv_cache_free(cache);
@@ -51,7 +91,16 @@ oom:
 void ci_kv_cache_free(ci_kv_cache *cache) {
   if (!cache) return;
   if (cache->groups)
-    for (int g = 0; g < cache->n_groups; g++) ci_kv_pool_destroy(&cache->groups[g].pool);
+    for (int g = 0; g < cache->n_groups; g++) {
+      ci_kv_group *group = &cache->groups[g];
+      for (int i = 0; i < group->n_pools; i++) {
+        ci_kv_pool_destroy(group->pools[i]);
+        free(group->pools[i]);
+      }
+      free(group->pools);
+      free(group->layers);
+      free(group->signs);
+    }
   free(cache->groups);
   free(cache->group_of_layer);
   free(cache->slot_of_layer);
@@ -60,28 +109,35 @@ void ci_kv_cache_free(ci_kv_cache *cache) {
 
 int64_t ci_kv_cache_blocks_used(const ci_kv_cache *cache) {
   int64_t used = 0;
-  for (int g = 0; g < cache->n_groups; g++) used += cache->groups[g].pool.n_used;
+  for (int g = 0; g < cache->n_groups; g++)
+    for (int i = 0; i < cache->groups[g].n_pools; i++) used += cache->groups[g].pools[i]->n_used;
   return used;
+}
+
+int64_t ci_kv_group_bytes_used(const ci_kv_cache *cache, int g) {
+  int64_t bytes = 0;
+  for (int i = 0; i < cache->groups[g].n_pools; i++)
+    bytes += ci_kv_pool_bytes_used(cache->groups[g].pools[i]);
+  return bytes;
 }
 
 int64_t ci_kv_cache_bytes_used(const ci_kv_cache *cache) {
   int64_t bytes = 0;
-  for (int g = 0; g < cache->n_groups; g++) {
-    const ci_kv_pool *pool = &cache->groups[g].pool;
-    bytes += (int64_t)pool->n_used * (int64_t)pool->block_bytes * 2 * pool->n_layers;
-  }
+  for (int g = 0; g < cache->n_groups; g++) bytes += ci_kv_group_bytes_used(cache, g);
   return bytes;
 }
 
 ci_kv_seq *ci_kv_seq_create(ci_kv_cache *cache) {
   ci_kv_seq *seq = calloc(1, sizeof *seq);
-  if (seq) seq->tables = calloc((size_t)cache->n_groups, sizeof *seq->tables);
+  if (seq)
+    seq->tables = calloc((size_t)(cache->n_groups ? cache->n_groups : 1), sizeof *seq->tables);
   if (!seq || !seq->tables) {
     free(seq);
     ci_fail("kv sequence: out of memory");
     return NULL;
   }
   seq->cache = cache;
+  for (int g = 0; g < cache->n_groups; g++) seq->tables[g].pool = cache->groups[g].pools[0];
   return seq;
 }
 
@@ -90,12 +146,31 @@ void ci_kv_seq_free(ci_kv_seq *seq) {
   for (int g = 0; g < seq->cache->n_groups; g++) {
     ci_kv_block_table *table = &seq->tables[g];
     for (int64_t i = 0; i < table->n_entries; i++)
-      if (table->entries[i] >= 0)
-        ci_kv_pool_release(&seq->cache->groups[g].pool, table->entries[i]);
+      if (table->entries[i] >= 0) ci_kv_pool_release(table->pool, table->entries[i]);
     free(table->entries);
   }
   free(seq->tables);
   free(seq);
+}
+
+int ci_kv_seq_set_plan(ci_kv_seq *seq, const ci_kv_format *target, int64_t start) {
+  if (seq->n != 0) return ci_fail("kv sequence: a codec plan is set before the first token");
+  if (start < 0) return ci_fail("kv sequence: the conversion start must be >= 0");
+  const ci_kv_cache *cache = seq->cache;
+  for (int l = 0; l < cache->n_layers; l++) {
+    const ci_kv_group *group = &cache->groups[cache->group_of_layer[l]];
+    if (ci_kv_format_check(target, group->head_dim)) return ci_fail_context("cache layer %d", l);
+  }
+  seq->has_plan = cache->n_groups > 0 && !ci_kv_format_equal(target, &seq->tables[0].pool->format);
+  seq->target = *target;
+  seq->start = start;
+  seq->converted = 0;
+  return CI_OK;
+}
+
+int64_t ci_kv_seq_chunk_limit(const ci_kv_seq *seq) {
+  if (seq->has_plan && !seq->converted && seq->start > seq->n) return seq->start - seq->n;
+  return INT64_MAX;
 }
 
 int ci_kv_seq_reserve(ci_kv_seq *seq, int64_t n_new) {
@@ -112,7 +187,7 @@ int ci_kv_seq_reserve(ci_kv_seq *seq, int64_t n_new) {
       table->capacity = capacity;
     }
     while (table->n_entries < needed) {
-      int32_t id = ci_kv_pool_alloc(&seq->cache->groups[g].pool);
+      int32_t id = ci_kv_pool_alloc(table->pool);
       if (id < 0) return CI_ERR;
       table->entries[table->n_entries++] = id;
     }
@@ -120,7 +195,52 @@ int ci_kv_seq_reserve(ci_kv_seq *seq, int64_t n_new) {
   return CI_OK;
 }
 
-void ci_kv_seq_commit(ci_kv_seq *seq, int64_t n_new) {
+/* Re-encodes every retained position of group g into `target`'s pool and releases the old
+ * blocks (kv.md §5 procedure). Encoding from the decoded base rows equals encoding at append. */
+static int convert_group(ci_kv_seq *seq, int g, ci_kv_pool *target) {
+  const ci_kv_group *group = &seq->cache->groups[g];
+  ci_kv_block_table *table = &seq->tables[g];
+  ci_kv_pool *source = table->pool;
+  const int T = seq->cache->block_tokens, D = group->head_dim, H = group->n_kv_heads;
+  const size_t src_k = ci_kv_row_bytes(&source->format, D, 0);
+  const size_t src_v = ci_kv_row_bytes(&source->format, D, 1);
+  const size_t dst_k = ci_kv_row_bytes(&target->format, D, 0);
+  const size_t dst_v = ci_kv_row_bytes(&target->format, D, 1);
+  float *row = malloc((size_t)D * sizeof *row);
+  if (!row) return ci_fail("kv conversion: out of memory");
+  for (int64_t i = table->first_live; i < table->n_entries; i++) {
+    const int32_t old_id = table->entries[i];
+    if (old_id < 0) continue;
+    const int32_t new_id = ci_kv_pool_alloc(target);
+    if (new_id < 0) {
+      free(row);
+      return ci_fail_context("kv conversion");
+    }
+    const int64_t live = seq->n - i * T < T ? seq->n - i * T : T;
+    for (int l = 0; l < group->n_layers; l++) {
+      const float *signs = group->signs + (size_t)l * D;
+      const uint8_t *k_in = source->k_data[l] + (size_t)old_id * source->k_block_bytes;
+      const uint8_t *v_in = source->v_data[l] + (size_t)old_id * source->v_block_bytes;
+      uint8_t *k_out = target->k_data[l] + (size_t)new_id * target->k_block_bytes;
+      uint8_t *v_out = target->v_data[l] + (size_t)new_id * target->v_block_bytes;
+      for (int h = 0; h < H; h++)
+        for (int64_t t = 0; t < live; t++) {
+          const size_t r = (size_t)h * T + (size_t)t;
+          ci_kv_decode_row(&source->format, 0, signs, k_in + r * src_k, D, row);
+          ci_kv_encode_row(&target->format, 0, signs, row, D, k_out + r * dst_k);
+          ci_kv_decode_row(&source->format, 1, signs, v_in + r * src_v, D, row);
+          ci_kv_encode_row(&target->format, 1, signs, row, D, v_out + r * dst_v);
+        }
+    }
+    ci_kv_pool_release(source, old_id);
+    table->entries[i] = new_id;
+  }
+  free(row);
+  table->pool = target;
+  return CI_OK;
+}
+
+int ci_kv_seq_commit(ci_kv_seq *seq, int64_t n_new) {
   seq->n += n_new;
   const int64_t T = seq->cache->block_tokens;
   for (int g = 0; g < seq->cache->n_groups; g++) {
@@ -132,26 +252,40 @@ void ci_kv_seq_commit(ci_kv_seq *seq, int64_t n_new) {
     int64_t i = table->first_live;
     for (; i < table->n_entries && (i + 1) * T <= oldest_needed; i++) {
       if (table->entries[i] >= 0) {
-        ci_kv_pool_release(&seq->cache->groups[g].pool, table->entries[i]);
+        ci_kv_pool_release(table->pool, table->entries[i]);
         table->entries[i] = -1;
       }
     }
     table->first_live = i;
   }
+  if (seq->has_plan && !seq->converted && seq->n > 0 && seq->n >= seq->start) {
+    for (int g = 0; g < seq->cache->n_groups; g++) {
+      ci_kv_pool *target = group_pool(seq->cache, &seq->cache->groups[g], &seq->target);
+      if (!target || convert_group(seq, g, target)) return CI_ERR;
+    }
+    seq->converted = 1;
+    seq->conversion_offset = seq->n;
+  }
+  return CI_OK;
 }
 
 ci_paged_kv ci_kv_seq_view(const ci_kv_seq *seq, int layer) {
   const ci_kv_cache *cache = seq->cache;
-  int g = cache->group_of_layer[layer];
-  int slot = cache->slot_of_layer[layer];
+  const int g = cache->group_of_layer[layer];
+  const int slot = cache->slot_of_layer[layer];
   const ci_kv_group *group = &cache->groups[g];
-  return (ci_paged_kv){.codec = group->pool.codec,
+  const ci_kv_pool *pool = seq->tables[g].pool;
+  return (ci_paged_kv){.format = pool->format,
                        .block_tokens = cache->block_tokens,
                        .n_kv_heads = group->n_kv_heads,
                        .head_dim = group->head_dim,
                        .block_table = seq->tables[g].entries,
                        .n_table_entries = seq->tables[g].n_entries,
-                       .k_base = group->pool.k_data[slot],
-                       .v_base = group->pool.v_data[slot],
-                       .block_bytes = group->pool.block_bytes};
+                       .k_base = pool->k_data[slot],
+                       .v_base = pool->v_data[slot],
+                       .k_row_bytes = ci_kv_row_bytes(&pool->format, group->head_dim, 0),
+                       .v_row_bytes = ci_kv_row_bytes(&pool->format, group->head_dim, 1),
+                       .k_block_bytes = pool->k_block_bytes,
+                       .v_block_bytes = pool->v_block_bytes,
+                       .signs = group->signs + (size_t)slot * group->head_dim};
 }

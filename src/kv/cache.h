@@ -1,5 +1,7 @@
-/* Paged KV cache: layers grouped by geometry and retention, one block pool per group, and the
- * per-sequence block tables that map positions to blocks (DESIGN.md §4, kv.md §1-4). */
+/* Paged KV cache: layers grouped by geometry and retention, block pools per (group, format), and
+ * the per-sequence block tables that map positions to blocks; each sequence carries its own
+ * codec plan and converts from its base format to the target at its start threshold
+ * (DESIGN.md §4, kv.md §1-5). */
 #ifndef CI_KV_CACHE_H
 #define CI_KV_CACHE_H
 
@@ -14,18 +16,22 @@ typedef struct {
   int head_dim;
 } ci_kv_layer_desc;
 
-/* Layers with identical window, Hkv and D share block ids and a pool. */
+/* Layers with identical window, Hkv and D share block ids, one pool per format in use. */
 typedef struct {
   int window;
   int n_kv_heads;
   int head_dim;
   int n_layers;
-  ci_kv_pool pool;
+  int *layers;        /* [n_layers] cache layer index of each slot */
+  float *signs;       /* [n_layers][head_dim] TurboQuant sign vectors of those layers */
+  ci_kv_pool **pools; /* [n_pools]; pools[0] holds the base format */
+  int n_pools;
 } ci_kv_group;
 
 typedef struct {
   ci_backend *be;
   int block_tokens;
+  int32_t max_blocks; /* per pool; 0 = unbounded */
   int n_layers;
   int n_groups;
   ci_kv_group *groups; /* [n_groups] */
@@ -34,47 +40,68 @@ typedef struct {
 } ci_kv_cache;
 
 /* One sequence's view of the cache: its length and one block table per group. Entry i of a
- * table holds the block of positions [i*T, (i+1)*T), or -1 once a sliding group released it. */
+ * table holds the block of positions [i*T, (i+1)*T) in `pool`, or -1 once a sliding group
+ * released it. */
 typedef struct {
   int32_t *entries;
   int64_t n_entries;
   int64_t capacity;
   int64_t first_live; /* entries below this index were released (sliding groups) */
+  ci_kv_pool *pool;   /* the pool (format) the blocks live in */
 } ci_kv_block_table;
 
 typedef struct {
   ci_kv_cache *cache;
   int64_t n;                 /* positions stored */
   ci_kv_block_table *tables; /* [cache->n_groups] */
+  /* Delayed quantization plan (kv.md §5). */
+  int has_plan;
+  ci_kv_format target;
+  int64_t start; /* S: convert once n >= S (and n > 0) */
+  int converted;
+  int64_t conversion_offset; /* n at conversion */
 } ci_kv_seq;
 
-/* Builds a cache for n_layers cache-owning layers in codec `codec` with T = block_tokens.
- * max_blocks_per_group 0 = unbounded. Returns NULL with ci_last_error on failure. */
+/* Builds a cache for n_layers cache-owning layers whose sequences start in `base` (bf16 or f32)
+ * with T = block_tokens. max_blocks_per_group 0 = unbounded. Returns NULL with ci_last_error. */
 ci_kv_cache *ci_kv_cache_create(ci_backend *be, int n_layers, const ci_kv_layer_desc *layers,
-                                ci_kv_codec codec, int block_tokens, int32_t max_blocks_per_group);
+                                ci_kv_codec base, int block_tokens, int32_t max_blocks_per_group);
 
 /* Frees the cache; every sequence must have been freed first. */
 void ci_kv_cache_free(ci_kv_cache *cache);
 
-/* Blocks in use, summed over groups. */
+/* Blocks in use, summed over groups and formats. */
 int64_t ci_kv_cache_blocks_used(const ci_kv_cache *cache);
 
 /* Bytes of KV storage in use (blocks in use x bytes per block, K and V, every layer). */
 int64_t ci_kv_cache_bytes_used(const ci_kv_cache *cache);
 
-/* A new empty sequence. NULL with ci_last_error on failure. */
+/* Bytes group g holds in use, over all its formats. */
+int64_t ci_kv_group_bytes_used(const ci_kv_cache *cache, int g);
+
+/* A new empty sequence in the base format. NULL with ci_last_error on failure. */
 ci_kv_seq *ci_kv_seq_create(ci_kv_cache *cache);
 
 /* Releases the sequence's blocks and frees it. NULL is a no-op. */
 void ci_kv_seq_free(ci_kv_seq *seq);
+
+/* Gives an empty sequence a codec plan: it converts to `target` at the step boundary where
+ * n >= start (never while empty). A bf16/f32 target equal to the base is no plan. Fails, naming
+ * the layer, when a layer's head_dim cannot use the format. */
+int ci_kv_seq_set_plan(ci_kv_seq *seq, const ci_kv_format *target, int64_t start);
+
+/* The most tokens the next step may append so that a pending conversion happens exactly at
+ * `start` (kv.md §5 "exact crossing"); INT64_MAX when unconstrained. */
+int64_t ci_kv_seq_chunk_limit(const ci_kv_seq *seq);
 
 /* Makes sure blocks exist for positions [n, n + n_new) in every group (step contract item 2).
  * Returns CI_OK, or CI_ERR when the pool is exhausted (the sequence is left unchanged in
  * length; blocks already taken stay with it). */
 int ci_kv_seq_reserve(ci_kv_seq *seq, int64_t n_new);
 
-/* Ends a step: n += n_new, then sliding groups release blocks no future query can see. */
-void ci_kv_seq_commit(ci_kv_seq *seq, int64_t n_new);
+/* Ends a step: n += n_new, then sliding groups release blocks no future query can see, then the
+ * plan's conversion runs if due. Returns CI_OK, or CI_ERR when conversion runs out of memory. */
+int ci_kv_seq_commit(ci_kv_seq *seq, int64_t n_new);
 
 /* The paged view of cache layer `layer` for this sequence, for kv_store and attention. */
 ci_paged_kv ci_kv_seq_view(const ci_kv_seq *seq, int layer);

@@ -7,36 +7,36 @@
 #include <string.h>
 
 size_t ci_kv_codec_bytes_per_token(ci_kv_codec codec, int head_dim) {
-  switch (codec) {
-  case CI_KV_BF16:
-    return (size_t)4 * (size_t)head_dim;
-  case CI_KV_F32:
-    return (size_t)8 * (size_t)head_dim;
-  default:
-    return 0;
-  }
+  ci_kv_format f = ci_kv_format_plain(codec);
+  return ci_kv_bytes_per_token(&f, head_dim);
 }
 
 const char *ci_kv_codec_name(ci_kv_codec codec) {
-  static const char *const names[CI_KV_CODEC_COUNT] = {[CI_KV_BF16] = "bf16", [CI_KV_F32] = "f32"};
+  static const char *const names[CI_KV_CODEC_COUNT] = {"bf16", "f32", "affine", "turbo", "turbo-v"};
   return codec < CI_KV_CODEC_COUNT ? names[codec] : "?";
 }
 
-int ci_kv_pool_init(ci_kv_pool *pool, ci_backend *be, ci_kv_codec codec, int block_tokens,
+int64_t ci_kv_pool_bytes_used(const ci_kv_pool *pool) {
+  return (int64_t)pool->n_used * (int64_t)(pool->k_block_bytes + pool->v_block_bytes) *
+         pool->n_layers;
+}
+
+int ci_kv_pool_init(ci_kv_pool *pool, ci_backend *be, ci_kv_format format, int block_tokens,
                     int n_layers, int n_kv_heads, int head_dim, int32_t max_blocks) {
   memset(pool, 0, sizeof *pool);
   if (block_tokens < 1 || n_layers < 1 || n_kv_heads < 1 || head_dim < 1)
     return ci_fail("kv pool: invalid geometry");
   pool->be = be;
-  pool->codec = codec;
+  pool->format = format;
   pool->block_tokens = block_tokens;
   pool->n_layers = n_layers;
   pool->n_kv_heads = n_kv_heads;
   pool->head_dim = head_dim;
   pool->max_blocks = max_blocks;
-  /* K alone is half of the codec's per-token bytes. */
-  pool->block_bytes =
-      ci_kv_codec_bytes_per_token(codec, head_dim) / 2 * (size_t)n_kv_heads * (size_t)block_tokens;
+  pool->k_block_bytes =
+      ci_kv_row_bytes(&format, head_dim, 0) * (size_t)n_kv_heads * (size_t)block_tokens;
+  pool->v_block_bytes =
+      ci_kv_row_bytes(&format, head_dim, 1) * (size_t)n_kv_heads * (size_t)block_tokens;
   pool->k_data = calloc((size_t)n_layers, sizeof *pool->k_data);
   pool->v_data = calloc((size_t)n_layers, sizeof *pool->v_data);
   if (!pool->k_data || !pool->v_data) {
@@ -61,11 +61,11 @@ void ci_kv_pool_destroy(ci_kv_pool *pool) {
 }
 
 /* Moves one layer's storage into a larger backend buffer. */
-static int grow_layer(ci_kv_pool *pool, uint8_t **data, int32_t new_capacity) {
-  uint8_t *bigger = pool->be->ops->alloc(pool->be, (size_t)new_capacity * pool->block_bytes);
+static int grow_layer(ci_kv_pool *pool, uint8_t **data, size_t block_bytes, int32_t new_capacity) {
+  uint8_t *bigger = pool->be->ops->alloc(pool->be, (size_t)new_capacity * block_bytes);
   if (!bigger) return CI_ERR;
   if (*data) {
-    memcpy(bigger, *data, (size_t)pool->capacity * pool->block_bytes);
+    memcpy(bigger, *data, (size_t)pool->capacity * block_bytes);
     pool->be->ops->release(pool->be, *data);
   }
   *data = bigger;
@@ -83,8 +83,8 @@ static int grow(ci_kv_pool *pool) {
   if (free_ids) pool->free_ids = free_ids;
   if (!refcount || !free_ids) return ci_fail("kv pool: out of memory");
   for (int l = 0; l < pool->n_layers; l++)
-    if (grow_layer(pool, &pool->k_data[l], new_capacity) ||
-        grow_layer(pool, &pool->v_data[l], new_capacity))
+    if (grow_layer(pool, &pool->k_data[l], pool->k_block_bytes, new_capacity) ||
+        grow_layer(pool, &pool->v_data[l], pool->v_block_bytes, new_capacity))
       return ci_fail_context("kv pool: growing to %d blocks", new_capacity);
   /* Push new ids so that the lowest id is handed out first. */
   for (int32_t id = new_capacity - 1; id >= pool->capacity; id--) {

@@ -10,31 +10,35 @@
 
 typedef struct {
   ci_backend *be;
-  ci_kv_codec codec;
+  ci_kv_format format;
   int block_tokens; /* T */
   int n_layers;
   int n_kv_heads;
   int head_dim;
-  size_t block_bytes; /* one block of K (or of V) of one layer */
-  int32_t capacity;   /* blocks allocated in storage */
-  int32_t max_blocks; /* 0 = grow without limit */
+  size_t k_block_bytes; /* one block of K of one layer: [Hkv][T][K row] */
+  size_t v_block_bytes; /* one block of V of one layer */
+  int32_t capacity;     /* blocks allocated in storage */
+  int32_t max_blocks;   /* 0 = grow without limit */
   int32_t n_used;
-  uint8_t **k_data; /* [n_layers] -> [capacity * block_bytes] */
+  uint8_t **k_data; /* [n_layers] -> [capacity * k_block_bytes] */
   uint8_t **v_data;
   int32_t *refcount; /* [capacity] */
   int32_t *free_ids; /* stack of free block ids */
   int32_t n_free;
 } ci_kv_pool;
 
-/* Bytes one token of one KV head takes in `codec` (K and V together), model kv.md §2.6. */
+/* Bytes one token of one KV head takes in a plain codec (bf16, f32; K and V together). */
 size_t ci_kv_codec_bytes_per_token(ci_kv_codec codec, int head_dim);
 
-/* "bf16", ... */
+/* "bf16", ... for the plain codecs. */
 const char *ci_kv_codec_name(ci_kv_codec codec);
 
-/* Sets up an empty pool (no storage yet). Returns CI_OK or CI_ERR. */
-int ci_kv_pool_init(ci_kv_pool *pool, ci_backend *be, ci_kv_codec codec, int block_tokens,
+/* Sets up an empty pool (no storage yet) storing rows in `format`. Returns CI_OK or CI_ERR. */
+int ci_kv_pool_init(ci_kv_pool *pool, ci_backend *be, ci_kv_format format, int block_tokens,
                     int n_layers, int n_kv_heads, int head_dim, int32_t max_blocks);
+
+/* Bytes in use (K and V of every layer of the used blocks). */
+int64_t ci_kv_pool_bytes_used(const ci_kv_pool *pool);
 
 /* Frees the storage. Every block should have been released first. */
 void ci_kv_pool_destroy(ci_kv_pool *pool);

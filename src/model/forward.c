@@ -279,16 +279,10 @@ static int per_layer_inputs(ci_model *m, const int32_t *ids, int n, activations 
   return CI_OK;
 }
 
-int ci_model_forward(ci_model *m, ci_kv_seq *seq, const int32_t *ids, int n, float *logits,
-                     int n_logit_rows) {
+/* One step of n tokens (already validated) through every layer. */
+static int forward_step(ci_model *m, ci_kv_seq *seq, const int32_t *ids, int n, float *logits,
+                        int n_logit_rows) {
   const ci_model_spec *s = &m->spec;
-  if (n < 1) return ci_fail("forward: no tokens");
-  if (logits && (n_logit_rows < 1 || n_logit_rows > n))
-    return ci_fail("forward: %d logit rows requested for %d tokens", n_logit_rows, n);
-  for (int i = 0; i < n; i++)
-    if (ids[i] < 0 || ids[i] >= s->vocab)
-      return ci_fail("token id %d at index %d is out of range [0, %d)", ids[i], i, s->vocab);
-  if (seq->n + n > (int64_t)INT32_MAX) return ci_fail("forward: sequence too long");
   if (ci_kv_seq_reserve(seq, n)) return CI_ERR;
 
   activations act = {0};
@@ -301,7 +295,7 @@ int ci_model_forward(ci_model *m, ci_kv_seq *seq, const int32_t *ids, int n, flo
   if (status == CI_OK && s->ple_dim > 0) status = per_layer_inputs(m, ids, n, &act);
   for (int li = 0; li < s->n_layers && status == CI_OK; li++)
     status = layer_forward(m, seq, li, n, &act);
-  if (status == CI_OK) ci_kv_seq_commit(seq, n);
+  if (status == CI_OK) status = ci_kv_seq_commit(seq, n);
   if (status == CI_OK && logits) {
     const float *last = act.x + (int64_t)(n - n_logit_rows) * s->hidden;
     norm(m, act.a, last, m->final_norm, n_logit_rows, s->hidden);
@@ -311,4 +305,25 @@ int ci_model_forward(ci_model *m, ci_kv_seq *seq, const int32_t *ids, int n, flo
   }
   activations_free(be, &act);
   return status;
+}
+
+int ci_model_forward(ci_model *m, ci_kv_seq *seq, const int32_t *ids, int n, float *logits,
+                     int n_logit_rows) {
+  const ci_model_spec *s = &m->spec;
+  if (n < 1) return ci_fail("forward: no tokens");
+  if (logits && (n_logit_rows < 1 || n_logit_rows > n))
+    return ci_fail("forward: %d logit rows requested for %d tokens", n_logit_rows, n);
+  for (int i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= s->vocab)
+      return ci_fail("token id %d at index %d is out of range [0, %d)", ids[i], i, s->vocab);
+  if (seq->n + n > (int64_t)INT32_MAX) return ci_fail("forward: sequence too long");
+  /* A pending KV conversion caps the step so that it happens exactly at its start (kv.md §5). */
+  const int64_t limit = ci_kv_seq_chunk_limit(seq);
+  if ((int64_t)n <= limit) return forward_step(m, seq, ids, n, logits, n_logit_rows);
+  const int head = (int)limit, tail = n - head;
+  const int tail_rows = logits ? (n_logit_rows < tail ? n_logit_rows : tail) : 0;
+  const int head_rows = logits ? n_logit_rows - tail_rows : 0;
+  if (forward_step(m, seq, ids, head, head_rows ? logits : NULL, head_rows)) return CI_ERR;
+  return ci_model_forward(m, seq, ids + head, tail,
+                          logits ? logits + (int64_t)head_rows * s->vocab : NULL, tail_rows);
 }

@@ -4,6 +4,7 @@
 #ifndef CI_TENSOR_BACKEND_H
 #define CI_TENSOR_BACKEND_H
 
+#include "tensor/kv_format.h"
 #include "tensor/tensor.h"
 
 #include <stddef.h>
@@ -24,16 +25,12 @@ typedef struct {
 
 /* ==== Paged KV ==== */
 
-/* KV codecs: how one token of one KV head is stored. bf16 is the default; f32 keeps activations
- * exactly (CPU reference runs, like llama.cpp's f32 cache type). */
-typedef enum { CI_KV_BF16, CI_KV_F32, CI_KV_CODEC_COUNT } ci_kv_codec;
-
 /* One layer's KV of one sequence, as attention and kv_store see it. Position p lives in pool
  * block block_table[p / block_tokens] at slot p % block_tokens; a released block is -1.
- * Block layout (bf16, f32): K block = [n_kv_heads][block_tokens][head_dim] elements at
- * k_base + block * block_bytes, V likewise at v_base. */
+ * Block layout: K block = [n_kv_heads][block_tokens] rows of ci_kv_row_bytes(format, D, 0)
+ * bytes at k_base + block * k_block_bytes, V likewise at v_base. */
 typedef struct {
-  ci_kv_codec codec;
+  ci_kv_format format;
   int block_tokens;
   int n_kv_heads;
   int head_dim;
@@ -41,7 +38,9 @@ typedef struct {
   int64_t n_table_entries;
   uint8_t *k_base;
   uint8_t *v_base;
-  size_t block_bytes; /* bytes of one block of K (or V) of this layer */
+  size_t k_row_bytes, v_row_bytes;     /* one stored row of one head */
+  size_t k_block_bytes, v_block_bytes; /* one block of K (V) of this layer */
+  const float *signs;                  /* [head_dim] TurboQuant sign vector of this cache layer */
 } ci_paged_kv;
 
 /* Arguments of one attention call: n_rows query rows of one sequence attending over its

@@ -2,6 +2,7 @@
 #include "backend/cpu/cpu_backend.h"
 
 #include "base/error.h"
+#include "backend/cpu/kv_kernels.h"
 #include "base/threadpool.h"
 
 #include <math.h>
@@ -192,95 +193,25 @@ static void cpu_rope(ci_backend *be, float *x, int64_t n_rows, int n_heads, cons
 
 /* ==== Paged KV ==== */
 
-/* Address of (position, kv head) in a block store of `elem_bytes`-sized elements. */
-static inline void *kv_row(const ci_paged_kv *kv, uint8_t *base, int64_t position, int head,
-                           size_t elem_bytes) {
-  int32_t block = kv->block_table[position / kv->block_tokens];
-  int64_t slot = position % kv->block_tokens;
-  uint8_t *block_start = base + (size_t)block * kv->block_bytes;
-  return block_start +
-         (size_t)((int64_t)head * kv->block_tokens + slot) * kv->head_dim * elem_bytes;
-}
-
-/* How attention and kv_store touch one codec's rows: bf16 rows go through the ISA's vector
- * kernels, f32 rows through plain loops the compiler vectorizes. */
-typedef struct {
-  ci_kv_codec codec;
-  size_t elem_bytes;
-  const ci_cpu_vec_kernels *vec;
-} codec_loops;
-
-static codec_loops loops_for(const cpu_backend *cpu, ci_kv_codec codec) {
-  return (codec_loops){codec, codec == CI_KV_F32 ? 4 : 2, cpu->vec};
-}
-
-/* <x, row> */
-static inline float row_dot(const codec_loops *l, const float *x, const void *row, int64_t n) {
-  if (l->codec == CI_KV_BF16) return l->vec->dot_bf16(x, row, n);
-  const float *a = row;
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n; i++) sum += x[i] * a[i];
-  return sum;
-}
-
-/* y += alpha * row */
-static inline void row_axpy(const codec_loops *l, float *y, float alpha, const void *row,
-                            int64_t n) {
-  if (l->codec == CI_KV_BF16) {
-    l->vec->axpy_bf16(y, alpha, row, n);
-    return;
-  }
-  const float *a = row;
-  for (int64_t i = 0; i < n; i++) y[i] += alpha * a[i];
-}
-
-/* row = encode(src) */
-static inline void row_store(const codec_loops *l, void *row, const float *src, int64_t n) {
-  if (l->codec == CI_KV_BF16)
-    l->vec->f32_to_bf16(row, src, n);
-  else
-    memcpy(row, src, (size_t)n * sizeof(float));
-}
-
-static int check_codec(const ci_paged_kv *kv, const char *op) {
-  if (kv->codec != CI_KV_BF16 && kv->codec != CI_KV_F32)
-    return ci_fail("%s: kv codec %d is not supported by the cpu backend", op, kv->codec);
-  return CI_OK;
-}
-
 static int cpu_kv_store(ci_backend *be, const ci_paged_kv *kv, const float *k, const float *v,
                         const int32_t *pos, int n_rows) {
-  cpu_backend *cpu = as_cpu(be);
-  if (check_codec(kv, "kv_store")) return CI_ERR;
-  codec_loops loops = loops_for(cpu, kv->codec);
-  const int64_t row = (int64_t)kv->n_kv_heads * kv->head_dim;
-  for (int r = 0; r < n_rows; r++) {
-    if (pos[r] / kv->block_tokens >= kv->n_table_entries ||
-        kv->block_table[pos[r] / kv->block_tokens] < 0)
-      return ci_fail("kv_store: position %d has no block", pos[r]);
-    for (int h = 0; h < kv->n_kv_heads; h++) {
-      row_store(&loops, kv_row(kv, kv->k_base, pos[r], h, loops.elem_bytes),
-                k + r * row + h * kv->head_dim, kv->head_dim);
-      row_store(&loops, kv_row(kv, kv->v_base, pos[r], h, loops.elem_bytes),
-                v + r * row + h * kv->head_dim, kv->head_dim);
-    }
-  }
-  return CI_OK;
+  return ci_cpu_kv_store(as_cpu(be)->isa, kv, k, v, pos, n_rows);
 }
 
 typedef struct {
   const ci_attention_args *args;
-  codec_loops loops;
-  float *scores; /* [threads][max_keys] */
+  ci_kv_kernels kernels;
+  float *scratch; /* [threads][max_keys + 4 * head_dim]: scores, prepared query, accumulator */
   int64_t max_keys;
 } attention_job;
 
-/* One (query row, head): scores over the visible keys, softmax, weighted sum of values. */
+/* One (query row, head): scores over the visible keys read in their stored form, softmax,
+ * weighted sum of the stored values. */
 static void attention_task(void *ctx, int task, int thread) {
   const attention_job *job = ctx;
   const ci_attention_args *a = job->args;
   const ci_paged_kv *kv = a->kv;
-  const size_t eb = job->loops.elem_bytes;
+  const ci_kv_kernels *kern = &job->kernels;
   const int row = task / a->n_heads;
   const int head = task % a->n_heads;
   const int kv_head = head / (a->n_heads / kv->n_kv_heads);
@@ -289,10 +220,12 @@ static void attention_task(void *ctx, int task, int thread) {
   float *out = a->out + ((int64_t)row * a->n_heads + head) * D;
   const int64_t p = a->pos[row];
   const int64_t first = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
-  float *scores = job->scores + (int64_t)thread * job->max_keys;
+  float *scores = job->scratch + (int64_t)thread * (job->max_keys + 4 * D);
+  float *qp = scores + job->max_keys, *acc = qp + 2 * D;
+  kern->prepare(kern, kv, q, qp);
   float max_score = -INFINITY;
   for (int64_t j = first; j <= p; j++) {
-    float s = row_dot(&job->loops, q, kv_row(kv, kv->k_base, j, kv_head, eb), D) * a->scale;
+    float s = kern->dot(kern, kv, qp, ci_kv_row_at(kv, 0, j, kv_head)) * a->scale;
     if (a->softcap > 0.0f) s = a->softcap * tanhf(s / a->softcap);
     scores[j - first] = s;
     if (s > max_score) max_score = s;
@@ -303,16 +236,15 @@ static void attention_task(void *ctx, int task, int thread) {
     total += scores[j];
   }
   float inv_total = 1.0f / total;
-  memset(out, 0, (size_t)D * sizeof *out);
+  memset(acc, 0, (size_t)D * sizeof *acc);
   for (int64_t j = first; j <= p; j++)
-    row_axpy(&job->loops, out, scores[j - first] * inv_total,
-             kv_row(kv, kv->v_base, j, kv_head, eb), D);
+    kern->axpy(kern, kv, acc, scores[j - first] * inv_total, ci_kv_row_at(kv, 1, j, kv_head));
+  kern->finish(kern, kv, acc, out);
 }
 
 static int cpu_attention(ci_backend *be, const ci_attention_args *args) {
   cpu_backend *cpu = as_cpu(be);
   const ci_paged_kv *kv = args->kv;
-  if (check_codec(kv, "attention")) return CI_ERR;
   if (args->n_heads % kv->n_kv_heads != 0)
     return ci_fail("attention: %d query heads do not group over %d kv heads", args->n_heads,
                    kv->n_kv_heads);
@@ -325,11 +257,12 @@ static int cpu_attention(ci_backend *be, const ci_attention_args *args) {
       return ci_fail("attention: position %d is beyond the stored KV", args->pos[r]);
   }
   int threads = ci_threadpool_size(cpu->pool);
-  attention_job job = {.args = args, .loops = loops_for(cpu, kv->codec), .max_keys = max_keys};
-  job.scores = malloc((size_t)threads * (size_t)max_keys * sizeof(float));
-  if (!job.scores) return ci_fail("attention: out of memory for %lld keys", (long long)max_keys);
+  attention_job job = {
+      .args = args, .kernels = ci_cpu_kv_kernels(cpu->isa, &kv->format), .max_keys = max_keys};
+  job.scratch = malloc((size_t)threads * (size_t)(max_keys + 4 * kv->head_dim) * sizeof(float));
+  if (!job.scratch) return ci_fail("attention: out of memory for %lld keys", (long long)max_keys);
   ci_threadpool_run(cpu->pool, args->n_rows * args->n_heads, attention_task, &job);
-  free(job.scores);
+  free(job.scratch);
   return CI_OK;
 }
 
