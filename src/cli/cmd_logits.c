@@ -2,18 +2,23 @@
  * little-endian f32 rows of vocab_size — the parity probe against transformers. */
 #include "base/error.h"
 #include "cli/args.h"
+#include "cli/kv_flags.h"
 #include "cli/verbs.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
-static const char usage[] =
-    "usage: cinfer logits --model DIR --ids CSV --out FILE [--chunk N] [--threads N]\n";
+static const char usage[] = "usage: cinfer logits --model DIR --ids CSV --out FILE [--chunk N] "
+                            "[--threads N]\n" CI_CLI_KV_USAGE;
 
 int ci_verb_logits(int argc, char **argv) {
-  ci_flag flags[] = {{"--model", "-m", 1, NULL},   {"--ids", NULL, 1, NULL},
-                     {"--out", "-o", 1, NULL},     {"--chunk", NULL, 1, NULL},
-                     {"--threads", "-t", 1, NULL}, {"--help", "-h", 0, NULL}};
+  ci_flag flags[] = {{"--model", "-m", 1, NULL},
+                     {"--ids", NULL, 1, NULL},
+                     {"--out", "-o", 1, NULL},
+                     {"--chunk", NULL, 1, NULL},
+                     {"--threads", "-t", 1, NULL},
+                     {"--help", "-h", 0, NULL},
+                     CI_CLI_KV_FLAGS};
   const int nf = sizeof flags / sizeof flags[0];
   if (ci_args_parse(argc, argv, flags, nf, "logits")) return 2;
   if (ci_args_get(flags, nf, "--help")) {
@@ -31,6 +36,8 @@ int ci_verb_logits(int argc, char **argv) {
   if (ci_args_int(flags, nf, "--chunk", 0, 1, 1 << 24, &chunk) ||
       ci_args_int(flags, nf, "--threads", 0, 1, 4096, &threads))
     return 2;
+  ci_cli_kv_plan kv_plan;
+  if (ci_cli_kv_plan_parse(flags, nf, "logits", &kv_plan)) return 2;
   int n_ids = 0;
   int32_t *ids = ci_parse_id_list(ids_arg, &n_ids);
   if (!ids) return 2;
@@ -50,8 +57,13 @@ int ci_verb_logits(int argc, char **argv) {
     }
   }
   if (chunk == 0) chunk = n_ids;
-  ci_kv_cache *cache = ci_model_kv_cache_create(cm.model, CI_KV_BF16, 16, 0);
+  ci_kv_cache *cache = ci_model_kv_cache_create(cm.model, kv_plan.base, 16, 0);
   ci_kv_seq *seq = cache ? ci_kv_seq_create(cache) : NULL;
+  if (seq && ci_cli_kv_plan_apply(&kv_plan, seq, "logits")) {
+    ci_kv_seq_free(seq);
+    ci_kv_cache_free(cache);
+    goto done;
+  }
   float *rows = malloc((size_t)chunk * (size_t)vocab * sizeof(float));
   FILE *out = fopen(out_path, "wb");
   if (!cache || !seq || !rows || !out) {

@@ -43,6 +43,17 @@ typedef struct {
   const float *signs;                  /* [head_dim] TurboQuant sign vector of this cache layer */
 } ci_paged_kv;
 
+/* Address of the stored row of (position, kv head). */
+static inline uint8_t *ci_kv_row_at(const ci_paged_kv *kv, int value, int64_t position, int head) {
+  const int32_t block = kv->block_table[position / kv->block_tokens];
+  const int64_t slot = position % kv->block_tokens;
+  uint8_t *base = value ? kv->v_base : kv->k_base;
+  const size_t block_bytes = value ? kv->v_block_bytes : kv->k_block_bytes;
+  const size_t row_bytes = value ? kv->v_row_bytes : kv->k_row_bytes;
+  return base + (size_t)block * block_bytes +
+         (size_t)((int64_t)head * kv->block_tokens + slot) * row_bytes;
+}
+
 /* Arguments of one attention call: n_rows query rows of one sequence attending over its
  * paged KV (which already holds every position <= the largest query position). */
 typedef struct {

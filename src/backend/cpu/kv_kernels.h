@@ -30,15 +30,4 @@ ci_kv_kernels ci_cpu_kv_kernels(ci_isa isa, const ci_kv_format *format);
 int ci_cpu_kv_store(ci_isa isa, const ci_paged_kv *kv, const float *k, const float *v,
                     const int32_t *pos, int n_rows);
 
-/* Address of the stored row of (position, kv head). */
-static inline uint8_t *ci_kv_row_at(const ci_paged_kv *kv, int value, int64_t position, int head) {
-  const int32_t block = kv->block_table[position / kv->block_tokens];
-  const int64_t slot = position % kv->block_tokens;
-  uint8_t *base = value ? kv->v_base : kv->k_base;
-  const size_t block_bytes = value ? kv->v_block_bytes : kv->k_block_bytes;
-  const size_t row_bytes = value ? kv->v_row_bytes : kv->k_row_bytes;
-  return base + (size_t)block * block_bytes +
-         (size_t)((int64_t)head * kv->block_tokens + slot) * row_bytes;
-}
-
 #endif

@@ -1,0 +1,41 @@
+/* KV-cache flags of the model-running verbs (see kv_flags.h). */
+#include "cli/kv_flags.h"
+
+#include "base/error.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int ci_cli_kv_plan_parse(const ci_flag *flags, int n_flags, const char *verb, ci_cli_kv_plan *out) {
+  memset(out, 0, sizeof *out);
+  const char *codec = ci_args_get(flags, n_flags, "--kv-codec");
+  long long bits, value_bits, group, start;
+  if (ci_args_int(flags, n_flags, "--kv-bits", 4, 2, 8, &bits) ||
+      ci_args_int(flags, n_flags, "--kv-value-bits", 0, 2, 8, &value_bits) ||
+      ci_args_int(flags, n_flags, "--kv-group-size", 0, 32, 128, &group) ||
+      ci_args_int(flags, n_flags, "--kv-start", 0, 0, 1LL << 40, &start))
+    return 2;
+  ci_kv_format format;
+  if (ci_kv_format_parse(codec ? codec : "bf16", (int)bits, (int)value_bits, (int)group, &format)) {
+    fprintf(stderr, "cinfer %s: --kv-codec: %s\n", verb, ci_last_error());
+    return 2;
+  }
+  out->start = start;
+  if (ci_kv_format_is_quantized(&format)) {
+    out->base = CI_KV_BF16;
+    out->quantized = 1;
+    out->target = format;
+  } else {
+    out->base = format.codec;
+  }
+  return 0;
+}
+
+int ci_cli_kv_plan_apply(const ci_cli_kv_plan *plan, ci_kv_seq *seq, const char *verb) {
+  if (!plan->quantized) return 0;
+  if (ci_kv_seq_set_plan(seq, &plan->target, plan->start)) {
+    fprintf(stderr, "cinfer %s: %s\n", verb, ci_last_error());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,35 @@
+/* The KV-cache flags shared by the verbs that run a model (`--kv-codec`, `--kv-bits`,
+ * `--kv-value-bits`, `--kv-group-size`, `--kv-start`) and the plan they resolve to. */
+#ifndef CI_CLI_KV_FLAGS_H
+#define CI_CLI_KV_FLAGS_H
+
+#include "cli/args.h"
+#include "kv/cache.h"
+
+/* Flag table entries to splice into a verb's flags. */
+#define CI_CLI_KV_FLAGS                                                                            \
+  {"--kv-codec", NULL, 1, NULL}, {"--kv-bits", NULL, 1, NULL}, {"--kv-value-bits", NULL, 1, NULL}, \
+      {"--kv-group-size", NULL, 1, NULL}, {                                                        \
+    "--kv-start", NULL, 1, NULL                                                                    \
+  }
+
+/* Usage text of those flags. */
+#define CI_CLI_KV_USAGE                                                                            \
+  "  [--kv-codec bf16|f32|affine|turbo|turbo-v] [--kv-bits B] [--kv-value-bits B]\n"               \
+  "  [--kv-group-size G] [--kv-start S]\n"
+
+typedef struct {
+  ci_kv_codec base; /* what sequences start in: bf16, or f32 for reference runs */
+  int quantized;    /* a target codec is set */
+  ci_kv_format target;
+  long long start; /* conversion threshold S */
+} ci_cli_kv_plan;
+
+/* Resolves the flags (bits default 4, value bits = bits, group 64, start 0). Prints one line
+ * naming the bad flag and returns 2 on a usage error, else 0. */
+int ci_cli_kv_plan_parse(const ci_flag *flags, int n_flags, const char *verb, ci_cli_kv_plan *out);
+
+/* Gives an empty sequence the plan's target. Prints the error and returns 1 on failure. */
+int ci_cli_kv_plan_apply(const ci_cli_kv_plan *plan, ci_kv_seq *seq, const char *verb);
+
+#endif
