@@ -252,9 +252,42 @@ static void twin_free(twin *t) {
   ci_kv_cache_free(t->ref_cache);
 }
 
-/* Attention over encoded rows == attention over their decoded values (kv.md §12.3). */
+/* Plain double-precision attention of one query head over the f32 rows of `ref`. */
+static void naive_attention(const ci_paged_kv *ref, const float *q, int kv_head, int64_t p,
+                            int window, float scale, float *out) {
+  const int D = ref->head_dim;
+  const int64_t first = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+  double max = -INFINITY, total = 0.0, acc[256] = {0};
+  for (int64_t j = first; j <= p; j++) {
+    const float *k = (const float *)(const void *)ci_kv_row_at(ref, 0, j, kv_head);
+    double s = 0.0;
+    for (int i = 0; i < D; i++) s += (double)q[i] * k[i];
+    if (s * scale > max) max = s * scale;
+  }
+  for (int64_t j = first; j <= p; j++) {
+    const float *k = (const float *)(const void *)ci_kv_row_at(ref, 0, j, kv_head);
+    const float *v = (const float *)(const void *)ci_kv_row_at(ref, 1, j, kv_head);
+    double s = 0.0;
+    for (int i = 0; i < D; i++) s += (double)q[i] * k[i];
+    const double w = exp(s * scale - max);
+    total += w;
+    for (int i = 0; i < D; i++) acc[i] += w * v[i];
+  }
+  for (int i = 0; i < D; i++) out[i] = (float)(acc[i] / total);
+}
+
+/* Attention over encoded rows == attention over their decoded values (kv.md §12.3), both equal
+ * to a plain double-precision attention; n_keys long enough splits the key range. */
+static void check_attention_n(ci_backend *be, const ci_kv_format *format, int window, int n,
+                              int rows);
+
 static void check_attention(ci_backend *be, const ci_kv_format *format, int window) {
-  const int heads = 2, q_heads = 4, D = 64, n = 77, rows = 5;
+  check_attention_n(be, format, window, 77, 5);
+}
+
+static void check_attention_n(ci_backend *be, const ci_kv_format *format, int window, int n,
+                              int rows) {
+  const int heads = 2, q_heads = 4, D = 64;
   twin t;
   twin_fill(be, &t, format, window, heads, D, n);
   rng r = {99};
@@ -262,7 +295,8 @@ static void check_attention(ci_backend *be, const ci_kv_format *format, int wind
   float *out = malloc((size_t)rows * q_heads * D * sizeof(float));
   float *ref_out = malloc((size_t)rows * q_heads * D * sizeof(float));
   for (int i = 0; i < rows * q_heads * D; i++) q[i] = normal(&r);
-  const int32_t pos[5] = {n - 5, n - 4, n - 3, n - 2, n - 1};
+  int32_t pos[5];
+  for (int i = 0; i < rows; i++) pos[i] = n - rows + i;
   ci_paged_kv kv = ci_kv_seq_view(t.seq, 0), ref = ci_kv_seq_view(t.ref_seq, 0);
   ci_attention_args args = {.q = q,
                             .out = out,
@@ -286,6 +320,15 @@ static void check_attention(ci_backend *be, const ci_kv_format *format, int wind
   if (!(max_diff <= 1e-5f * fmaxf(1.0f, max_abs)))
     fprintf(stderr, "%s window %d: max diff %g (max |out| %g)\n", name, window, max_diff, max_abs);
   assert_true(max_diff <= 1e-5f * fmaxf(1.0f, max_abs));
+  float naive[64];
+  for (int r = 0; r < rows; r++)
+    for (int h = 0; h < q_heads; h++) {
+      naive_attention(&ref, q + ((int64_t)r * q_heads + h) * D, h / (q_heads / heads), pos[r],
+                      window, 0.125f, naive);
+      for (int i = 0; i < D; i++)
+        assert_true(fabsf(naive[i] - out[((int64_t)r * q_heads + h) * D + i]) <=
+                    2e-5f * fmaxf(1.0f, max_abs));
+    }
   free(q);
   free(out);
   free(ref_out);
@@ -309,6 +352,10 @@ static void test_attention_on_encoded_blocks(void **state) {
       check_attention(be, &formats[f], 0);
       check_attention(be, &formats[f], 20); /* sliding: released blocks are never read */
     }
+    /* One decode row over 3000 keys: the key range is split over the threads and merged. */
+    check_attention_n(be, &formats[0], 0, 3000, 1);
+    check_attention_n(be, &formats[4], 0, 3000, 1);
+    check_attention_n(be, &formats[4], 1500, 3000, 1);
     be->ops->destroy(be);
   }
   unsetenv("CINFER_ISA");

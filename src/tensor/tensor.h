@@ -8,6 +8,8 @@
 #include <stdint.h>
 
 enum { CI_MAX_DIMS = 4, CI_MAX_HEAD_DIM = 4096 };
+/* Most query heads sharing one KV head (grouped-query attention). */
+enum { CI_MAX_GQA_GROUP = 64 };
 
 typedef struct {
   ci_dtype dtype;

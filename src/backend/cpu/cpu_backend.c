@@ -198,48 +198,102 @@ static int cpu_kv_store(ci_backend *be, const ci_paged_kv *kv, const float *k, c
   return ci_cpu_kv_store(as_cpu(be)->isa, kv, k, v, pos, n_rows);
 }
 
+/* Attention work is split into tasks of (query row, KV head, key range): each task scores its
+ * keys for every query head of the KV head's group (each stored row is decoded once and used G
+ * times) and leaves a partial softmax (max, sum, unnormalised output) that merge_task combines.
+ * Key ranges split long contexts only when rows x KV heads alone would leave threads idle. */
+enum { SPLIT_MIN_KEYS = 512 };
+
 typedef struct {
   const ci_attention_args *args;
   ci_kv_kernels kernels;
-  float *scratch; /* [threads][max_keys + 4 * head_dim]: scores, prepared query, accumulator */
-  int64_t max_keys;
+  int group;        /* G = query heads per KV head */
+  int splits;       /* key ranges per (row, KV head) */
+  int64_t max_keys; /* keys of the longest range */
+  float *scratch;   /* [threads][G * max_keys + (G + 2) * D] */
+  float *partial;   /* [rows][Hq][splits][D + 2]: max, sum, output */
 } attention_job;
 
-/* One (query row, head): scores over the visible keys read in their stored form, softmax,
- * weighted sum of the stored values. */
+/* Visible keys [first, last] of query row r. */
+static void visible_keys(const ci_attention_args *a, int r, int64_t *first, int64_t *last) {
+  const int64_t p = a->pos[r];
+  *first = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+  *last = p;
+}
+
 static void attention_task(void *ctx, int task, int thread) {
   const attention_job *job = ctx;
   const ci_attention_args *a = job->args;
   const ci_paged_kv *kv = a->kv;
-  const ci_kv_kernels *kern = &job->kernels;
-  const int row = task / a->n_heads;
-  const int head = task % a->n_heads;
-  const int kv_head = head / (a->n_heads / kv->n_kv_heads);
-  const int D = kv->head_dim;
-  const float *q = a->q + ((int64_t)row * a->n_heads + head) * D;
-  float *out = a->out + ((int64_t)row * a->n_heads + head) * D;
-  const int64_t p = a->pos[row];
-  const int64_t first = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
-  float *scores = job->scratch + (int64_t)thread * (job->max_keys + 4 * D);
-  float *qp = scores + job->max_keys, *acc = qp + 2 * D;
-  kern->prepare(kern, kv, q, qp);
-  float max_score = -INFINITY;
-  for (int64_t j = first; j <= p; j++) {
-    float s = kern->dot(kern, kv, qp, ci_kv_row_at(kv, 0, j, kv_head)) * a->scale;
-    if (a->softcap > 0.0f) s = a->softcap * tanhf(s / a->softcap);
-    scores[j - first] = s;
-    if (s > max_score) max_score = s;
+  const ci_kv_kernels *k = &job->kernels;
+  const int D = kv->head_dim, G = job->group, splits = job->splits;
+  const int split = task % splits;
+  const int kv_head = task / splits % kv->n_kv_heads;
+  const int row = task / splits / kv->n_kv_heads;
+  int64_t first, last;
+  visible_keys(a, row, &first, &last);
+  const int64_t n_keys = last - first + 1;
+  const int64_t lo = first + n_keys * split / splits, hi = first + n_keys * (split + 1) / splits;
+  float *scores = job->scratch + (int64_t)thread * (G * job->max_keys + (G + 2) * D);
+  float *qp = scores + G * job->max_keys, *tile = qp + G * D;
+  for (int g = 0; g < G; g++)
+    k->prepare(kv, a->q + ((int64_t)row * a->n_heads + kv_head * G + g) * D, qp + g * D);
+  float max_score[CI_MAX_GQA_GROUP];
+  for (int g = 0; g < G; g++) max_score[g] = -INFINITY;
+  for (int64_t j = lo; j < hi; j++) {
+    k->decode_k(kv, ci_kv_row_at(kv, 0, j, kv_head), tile);
+    for (int g = 0; g < G; g++) {
+      float s = k->vec->dot_f32(qp + g * D, tile, D) * a->scale;
+      if (a->softcap > 0.0f) s = a->softcap * tanhf(s / a->softcap);
+      scores[g * job->max_keys + (j - lo)] = s;
+      if (s > max_score[g]) max_score[g] = s;
+    }
   }
+  for (int g = 0; g < G; g++) {
+    float *out =
+        job->partial + (((int64_t)row * a->n_heads + kv_head * G + g) * splits + split) * (D + 2);
+    float total = 0.0f;
+    float *sg = scores + g * job->max_keys;
+    for (int64_t j = 0; j < hi - lo; j++) {
+      sg[j] = expf(sg[j] - max_score[g]);
+      total += sg[j];
+    }
+    out[0] = max_score[g];
+    out[1] = total;
+    memset(out + 2, 0, (size_t)D * sizeof(float));
+  }
+  for (int64_t j = lo; j < hi; j++) {
+    k->decode_v(kv, ci_kv_row_at(kv, 1, j, kv_head), tile);
+    for (int g = 0; g < G; g++) {
+      float *out =
+          job->partial + (((int64_t)row * a->n_heads + kv_head * G + g) * splits + split) * (D + 2);
+      k->vec->axpy_f32(out + 2, scores[g * job->max_keys + (j - lo)], tile, D);
+    }
+  }
+}
+
+/* Combines the key ranges of one (row, query head) and maps the result to the model basis. */
+static void merge_task(void *ctx, int task, int thread) {
+  const attention_job *job = ctx;
+  const ci_attention_args *a = job->args;
+  const int D = a->kv->head_dim, splits = job->splits;
+  const float *parts = job->partial + (int64_t)task * splits * (D + 2);
+  float *acc = job->scratch + (int64_t)thread * (job->group * job->max_keys + (job->group + 2) * D);
+  float max = -INFINITY;
+  for (int s = 0; s < splits; s++)
+    if (parts[s * (D + 2) + 1] > 0.0f && parts[s * (D + 2)] > max) max = parts[s * (D + 2)];
   float total = 0.0f;
-  for (int64_t j = 0; j <= p - first; j++) {
-    scores[j] = expf(scores[j] - max_score);
-    total += scores[j];
-  }
-  float inv_total = 1.0f / total;
   memset(acc, 0, (size_t)D * sizeof *acc);
-  for (int64_t j = first; j <= p; j++)
-    kern->axpy(kern, kv, acc, scores[j - first] * inv_total, ci_kv_row_at(kv, 1, j, kv_head));
-  kern->finish(kern, kv, acc, out);
+  for (int s = 0; s < splits; s++) {
+    const float *part = parts + s * (D + 2);
+    if (!(part[1] > 0.0f)) continue; /* an empty range */
+    const float w = splits == 1 ? 1.0f : expf(part[0] - max);
+    total += w * part[1];
+    job->kernels.vec->axpy_f32(acc, w, part + 2, D);
+  }
+  const float inv = 1.0f / total;
+  for (int i = 0; i < D; i++) acc[i] *= inv;
+  job->kernels.finish(a->kv, acc, a->out + (int64_t)task * D);
 }
 
 static int cpu_attention(ci_backend *be, const ci_attention_args *args) {
@@ -248,21 +302,37 @@ static int cpu_attention(ci_backend *be, const ci_attention_args *args) {
   if (args->n_heads % kv->n_kv_heads != 0)
     return ci_fail("attention: %d query heads do not group over %d kv heads", args->n_heads,
                    kv->n_kv_heads);
+  const int G = args->n_heads / kv->n_kv_heads, D = kv->head_dim;
+  if (G > CI_MAX_GQA_GROUP)
+    return ci_fail("attention: %d query heads per kv head (at most %d)", G, CI_MAX_GQA_GROUP);
   int64_t max_keys = 1;
   for (int r = 0; r < args->n_rows; r++) {
-    int64_t keys =
-        args->window > 0 && args->pos[r] + 1 > args->window ? args->window : args->pos[r] + 1;
-    if (keys > max_keys) max_keys = keys;
+    int64_t first, last;
+    visible_keys(args, r, &first, &last);
+    if (last - first + 1 > max_keys) max_keys = last - first + 1;
     if (args->pos[r] / kv->block_tokens >= kv->n_table_entries)
       return ci_fail("attention: position %d is beyond the stored KV", args->pos[r]);
   }
-  int threads = ci_threadpool_size(cpu->pool);
-  attention_job job = {
-      .args = args, .kernels = ci_cpu_kv_kernels(cpu->isa, &kv->format), .max_keys = max_keys};
-  job.scratch = malloc((size_t)threads * (size_t)(max_keys + 4 * kv->head_dim) * sizeof(float));
-  if (!job.scratch) return ci_fail("attention: out of memory for %lld keys", (long long)max_keys);
-  ci_threadpool_run(cpu->pool, args->n_rows * args->n_heads, attention_task, &job);
+  const int threads = ci_threadpool_size(cpu->pool);
+  const int units = args->n_rows * kv->n_kv_heads;
+  int splits = 1;
+  while (units * splits < 2 * threads && max_keys / (splits * 2) >= SPLIT_MIN_KEYS) splits *= 2;
+  attention_job job = {.args = args,
+                       .kernels = ci_cpu_kv_kernels(cpu->isa, &kv->format, D),
+                       .group = G,
+                       .splits = splits,
+                       .max_keys = (max_keys + splits - 1) / splits + 1};
+  job.scratch = malloc((size_t)threads * (size_t)(G * job.max_keys + (G + 2) * D) * sizeof(float));
+  job.partial = malloc((size_t)args->n_rows * args->n_heads * splits * (D + 2) * sizeof(float));
+  if (!job.scratch || !job.partial) {
+    free(job.scratch);
+    free(job.partial);
+    return ci_fail("attention: out of memory for %lld keys", (long long)max_keys);
+  }
+  ci_threadpool_run(cpu->pool, units * splits, attention_task, &job);
+  ci_threadpool_run(cpu->pool, args->n_rows * args->n_heads, merge_task, &job);
   free(job.scratch);
+  free(job.partial);
   return CI_OK;
 }
 

@@ -37,6 +37,12 @@ typedef struct {
   void (*axpy_bf16)(float *y, float alpha, const uint16_t *a, int64_t n);
   /* dst[i] = bf16(src[i]), round to nearest even */
   void (*f32_to_bf16)(uint16_t *dst, const float *src, int64_t n);
+  /* sum_i x[i] * a[i] */
+  float (*dot_f32)(const float *x, const float *a, int64_t n);
+  /* y[i] += alpha * a[i] */
+  void (*axpy_f32)(float *y, float alpha, const float *a, int64_t n);
+  /* dst[i] = bf16(a[i]) widened to f32 */
+  void (*bf16_to_f32)(float *dst, const uint16_t *a, int64_t n);
 } ci_cpu_vec_kernels;
 
 /* The vector kernels for `isa` (must be supported). */

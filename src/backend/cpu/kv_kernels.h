@@ -1,29 +1,32 @@
-/* Attention inner loops over stored KV rows, one set per codec (kv.md §2): scores against
- * encoded K rows and weighted sums of encoded V rows, computed on the encoded form — never a
- * decoded copy of the cache. Rotated codecs score in the rotated basis (the query is rotated once
- * in `prepare`) and un-rotate the output once in `finish`. */
+/* Attention inner loops over stored KV rows, one set per codec (kv.md §2). Each stored row is
+ * decoded into a D-float register tile inside the kernel — never a decoded copy of the cache —
+ * and scored against every query head of its GQA group (or accumulated for each), so a row is
+ * read and decoded once per step. Rotated codecs stay in the rotated basis: the query is rotated
+ * once in `prepare` and the output un-rotated once in `finish`. */
 #ifndef CI_BACKEND_CPU_KV_KERNELS_H
 #define CI_BACKEND_CPU_KV_KERNELS_H
 
 #include "backend/cpu/kernels.h"
 
-typedef struct ci_kv_kernels ci_kv_kernels;
-
-struct ci_kv_kernels {
-  const ci_cpu_vec_kernels *vec; /* the ISA's bf16 loops */
-  /* qp[0 .. 2D) = the query prepared for `dot` (copy, group sums, or rotation). */
-  void (*prepare)(const ci_kv_kernels *k, const ci_paged_kv *kv, const float *q, float *qp);
-  /* <q, decoded K row> from the prepared query. */
-  float (*dot)(const ci_kv_kernels *k, const ci_paged_kv *kv, const float *qp, const uint8_t *row);
-  /* acc += a * decoded V row (in the rotated basis for rotated V codecs). */
-  void (*axpy)(const ci_kv_kernels *k, const ci_paged_kv *kv, float *acc, float a,
-               const uint8_t *row);
+typedef struct {
+  const ci_cpu_vec_kernels *vec; /* the ISA's f32/bf16 loops */
+  /* qp[0 .. D) = the query in the basis K rows decode to. */
+  void (*prepare)(const ci_paged_kv *kv, const float *q, float *qp);
+  /* x[0 .. D) = a K row in the scoring basis. */
+  void (*decode_k)(const ci_paged_kv *kv, const uint8_t *row, float *x);
+  /* x[0 .. D) = a V row in the accumulation basis. */
+  void (*decode_v)(const ci_paged_kv *kv, const uint8_t *row, float *x);
   /* out = acc mapped back to the model basis (acc may be clobbered). */
-  void (*finish)(const ci_kv_kernels *k, const ci_paged_kv *kv, float *acc, float *out);
-};
+  void (*finish)(const ci_paged_kv *kv, float *acc, float *out);
+} ci_kv_kernels;
 
-/* The kernels for kv->format on `isa`. */
-ci_kv_kernels ci_cpu_kv_kernels(ci_isa isa, const ci_kv_format *format);
+/* The kernels for `format` rows of head_dim D on `isa`. */
+ci_kv_kernels ci_cpu_kv_kernels(ci_isa isa, const ci_kv_format *format, int head_dim);
+
+/* AVX-512 row decoders for the formats that have one (NULL otherwise); used by
+ * ci_cpu_kv_kernels. */
+typedef void (*ci_kv_row_decoder)(const ci_paged_kv *kv, const uint8_t *row, float *x);
+ci_kv_row_decoder ci_kv_decoder_avx512(const ci_kv_format *format, int value);
 
 /* Encodes n_rows K/V rows into the paged KV at positions pos (the kv_store op); bf16 uses the
  * ISA's conversion loop. Returns CI_OK, or CI_ERR for a position without a block. */

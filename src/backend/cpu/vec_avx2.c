@@ -70,7 +70,40 @@ static void f32_to_bf16_avx2(uint16_t *dst, const float *src, int64_t n) {
   for (; i < n; i++) dst[i] = ci_f32_to_bf16(src[i]);
 }
 
+/* sum_i x[i] * a[i] (8 lanes, scalar tail). */
+static float dot_f32_avx2(const float *x, const float *a, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(a + i), acc);
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
+  float sum = _mm_cvtss_f32(lo);
+  for (; i < n; i++) sum += x[i] * a[i];
+  return sum;
+}
+
+static void axpy_f32_avx2(float *y, float alpha, const float *a, int64_t n) {
+  __m256 alpha_v = _mm256_set1_ps(alpha);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i,
+                     _mm256_fmadd_ps(alpha_v, _mm256_loadu_ps(a + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; i++) y[i] += alpha * a[i];
+}
+
+static void bf16_to_f32_avx2(float *dst, const uint16_t *a, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(a + i)));
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+  }
+  for (; i < n; i++) dst[i] = ci_bf16_to_f32(a[i]);
+}
+
 const ci_cpu_vec_kernels *ci_vec_kernels_avx2(void) {
-  static const ci_cpu_vec_kernels kernels = {dot_bf16_avx2, axpy_bf16_avx2, f32_to_bf16_avx2};
+  static const ci_cpu_vec_kernels kernels = {dot_bf16_avx2, axpy_bf16_avx2, f32_to_bf16_avx2,
+                                             dot_f32_avx2,  axpy_f32_avx2,  bf16_to_f32_avx2};
   return &kernels;
 }

@@ -75,7 +75,41 @@ static void f32_to_bf16_avx512(uint16_t *dst, const float *src, int64_t n) {
   }
 }
 
+/* sum_i x[i] * a[i], two accumulators. */
+static float dot_f32_avx512(const float *x, const float *a, int64_t n) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(a + i), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(a + i + 16), acc1);
+  }
+  for (; i < n; i += 16) {
+    __mmask16 mask = n - i >= 16 ? 0xffff : first_lanes(n - i);
+    acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, x + i), _mm512_maskz_loadu_ps(mask, a + i),
+                           acc0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+static void axpy_f32_avx512(float *y, float alpha, const float *a, int64_t n) {
+  __m512 alpha_v = _mm512_set1_ps(alpha);
+  for (int64_t i = 0; i < n; i += 16) {
+    __mmask16 mask = n - i >= 16 ? 0xffff : first_lanes(n - i);
+    _mm512_mask_storeu_ps(y + i, mask,
+                          _mm512_fmadd_ps(alpha_v, _mm512_maskz_loadu_ps(mask, a + i),
+                                          _mm512_maskz_loadu_ps(mask, y + i)));
+  }
+}
+
+static void bf16_to_f32_avx512(float *dst, const uint16_t *a, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    __mmask16 mask = n - i >= 16 ? 0xffff : first_lanes(n - i);
+    _mm512_mask_storeu_ps(dst + i, mask, bf16x16_to_f32(_mm256_maskz_loadu_epi16(mask, a + i)));
+  }
+}
+
 const ci_cpu_vec_kernels *ci_vec_kernels_avx512(void) {
-  static const ci_cpu_vec_kernels kernels = {dot_bf16_avx512, axpy_bf16_avx512, f32_to_bf16_avx512};
+  static const ci_cpu_vec_kernels kernels = {dot_bf16_avx512, axpy_bf16_avx512, f32_to_bf16_avx512,
+                                             dot_f32_avx512,  axpy_f32_avx512,  bf16_to_f32_avx512};
   return &kernels;
 }

@@ -19,8 +19,24 @@ static void f32_to_bf16_ref(uint16_t *dst, const float *src, int64_t n) {
   for (int64_t i = 0; i < n; i++) dst[i] = ci_f32_to_bf16(src[i]);
 }
 
+/* sum_i x[i] * a[i], accumulated in order. */
+static float dot_f32_ref(const float *x, const float *a, int64_t n) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; i++) sum += x[i] * a[i];
+  return sum;
+}
+
+static void axpy_f32_ref(float *y, float alpha, const float *a, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] += alpha * a[i];
+}
+
+static void bf16_to_f32_ref(float *dst, const uint16_t *a, int64_t n) {
+  for (int64_t i = 0; i < n; i++) dst[i] = ci_bf16_to_f32(a[i]);
+}
+
 const ci_cpu_vec_kernels *ci_vec_kernels_ref(void) {
-  static const ci_cpu_vec_kernels kernels = {dot_bf16_ref, axpy_bf16_ref, f32_to_bf16_ref};
+  static const ci_cpu_vec_kernels kernels = {dot_bf16_ref, axpy_bf16_ref, f32_to_bf16_ref,
+                                             dot_f32_ref,  axpy_f32_ref,  bf16_to_f32_ref};
   return &kernels;
 }
 

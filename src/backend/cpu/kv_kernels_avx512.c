@@ -1,0 +1,128 @@
+/* AVX-512 KV row decoders: 16 codes per step, codebook lookups with one lane permute
+ * (vpermps over a 16-entry table), affine codes widened and fused into one FMA. Bit-identical
+ * to the reference decoders in kv_kernels.c (same products, no reassociation). */
+#include "backend/cpu/kv_kernels.h"
+
+#include "tensor/dtype.h"
+#include "tensor/turbo_quant.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+static float load_f16(const uint8_t *p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+  return ci_f16_to_f32(h);
+}
+
+static float load_bf16(const uint8_t *p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+  return ci_bf16_to_f32(h);
+}
+
+/* 16 four-bit codes (8 bytes, low nibble first) as 32-bit lane indices. */
+static inline __m512i nibbles16(const uint8_t *p) {
+  __m128i bytes = _mm_loadl_epi64((const __m128i *)(const void *)p);
+  __m512i wide = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(bytes, _mm_srli_epi16(bytes, 4)));
+  /* unpacklo interleaves byte i with (byte i >> 4): lanes low0, high0, low1, high1, ... */
+  return _mm512_and_si512(wide, _mm512_set1_epi32(15));
+}
+
+/* 16 two-bit codes (4 bytes) as lane indices. */
+static inline __m512i crumbs16(const uint8_t *p) {
+  uint32_t word;
+  memcpy(&word, p, 4);
+  __m512i v = _mm512_set1_epi32((int)word);
+  const __m512i shifts =
+      _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  return _mm512_and_si512(_mm512_srlv_epi32(v, shifts), _mm512_set1_epi32(3));
+}
+
+/* 16 three-bit codes (6 bytes, LSB-first) as lane indices. */
+static inline __m512i triples16(const uint8_t *p) {
+  uint64_t word = 0;
+  memcpy(&word, p, 6);
+  __m512i v = _mm512_set1_epi64((long long)word);
+  const __m512i shifts = _mm512_setr_epi64(0, 3, 6, 9, 12, 15, 18, 21);
+  const __m512i shifts_hi = _mm512_setr_epi64(24, 27, 30, 33, 36, 39, 42, 45);
+  __m256i lo = _mm512_cvtepi64_epi32(_mm512_srlv_epi64(v, shifts));
+  __m256i hi = _mm512_cvtepi64_epi32(_mm512_srlv_epi64(v, shifts_hi));
+  __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  return _mm512_and_si512(both, _mm512_set1_epi32(7));
+}
+
+static inline __m512i codes16(const uint8_t *codes, int i, int bits) {
+  if (bits == 4) return nibbles16(codes + i / 2);
+  if (bits == 2) return crumbs16(codes + i / 4);
+  return triples16(codes + i / 8 * 3);
+}
+
+/* x = scale * table[code] for a Lloyd-Max table of 2^bits entries (padded to 16 lanes). */
+static void decode_codebook(const uint8_t *codes, int D, int bits, const float *scales,
+                            int scale_group, float *x) {
+  float padded[16] = {0};
+  memcpy(padded, ci_lloyd_max_centroids(bits), sizeof(float) << bits);
+  const __m512 table = _mm512_loadu_ps(padded);
+  for (int i = 0; i < D; i += 16) {
+    __m512 c = _mm512_permutexvar_ps(codes16(codes, i, bits), table);
+    _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_set1_ps(scales[i / scale_group]), c));
+  }
+}
+
+static void decode_turbo_k(const ci_paged_kv *kv, const uint8_t *row, float *x) {
+  const int D = kv->head_dim, bits = kv->format.k_bits;
+  const float nu = load_f16(row + (size_t)D * bits / 8);
+  decode_codebook(row, D, bits, &nu, D, x);
+}
+
+static void decode_turbo_v(const ci_paged_kv *kv, const uint8_t *row, float *x) {
+  const int D = kv->head_dim, bits = kv->format.v_bits;
+  const float nu = load_f16(row + (size_t)D * bits / 8);
+  decode_codebook(row, D, bits, &nu, D, x);
+}
+
+static void decode_turbo_v_value(const ci_paged_kv *kv, const uint8_t *row, float *x) {
+  const int D = kv->head_dim, bits = kv->format.v_bits;
+  float scales[CI_MAX_HEAD_DIM / 32];
+  const uint8_t *r = row + (size_t)D * bits / 8;
+  for (int g = 0; g < D / 32; g++) scales[g] = load_f16(r + 2 * g);
+  decode_codebook(row, D, bits, scales, 32, x);
+}
+
+/* Affine: x = s_G * code + b_G (one rounding after the product, then the add, like the
+ * reference: separate mul and add, no FMA). */
+static void decode_affine(const ci_paged_kv *kv, const uint8_t *row, float *x) {
+  const int D = kv->head_dim, bits = kv->format.k_bits, group = kv->format.group_size;
+  const uint8_t *scales = row + (size_t)D * bits / 8, *biases = scales + 2 * (D / group);
+  for (int i = 0; i < D; i += 16) {
+    const int g = i / group;
+    __m512i codes = bits == 8 ? _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + i)))
+                              : nibbles16(row + i / 2);
+    __m512 prod =
+        _mm512_mul_ps(_mm512_set1_ps(load_bf16(scales + 2 * g)), _mm512_cvtepi32_ps(codes));
+    _mm512_storeu_ps(x + i, _mm512_add_ps(prod, _mm512_set1_ps(load_bf16(biases + 2 * g))));
+  }
+}
+
+static void decode_bf16(const ci_paged_kv *kv, const uint8_t *row, float *x) {
+  for (int i = 0; i < kv->head_dim; i += 16) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)(row + 2 * i));
+    _mm512_storeu_ps(x + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+  }
+}
+
+ci_kv_row_decoder ci_kv_decoder_avx512(const ci_kv_format *format, int value) {
+  switch (format->codec) {
+  case CI_KV_BF16:
+    return decode_bf16;
+  case CI_KV_AFFINE:
+    return format->k_bits == 8 || format->k_bits == 4 ? decode_affine : NULL;
+  case CI_KV_TURBO:
+    return value ? decode_turbo_v : decode_turbo_k;
+  case CI_KV_TURBO_V:
+    return value ? decode_turbo_v_value : NULL;
+  default:
+    return NULL;
+  }
+}
