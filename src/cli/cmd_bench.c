@@ -3,28 +3,75 @@
 #include "base/error.h"
 #include "base/timing.h"
 #include "cli/args.h"
+#include "cli/kv_flags.h"
 #include "cli/verbs.h"
 #include "sample/greedy.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
-static const char usage[] = "usage: cinfer bench --model DIR [-p PROMPT_TOKENS] [-n GEN_TOKENS] "
-                            "[--runs N] [--warmup N] [--threads N] [--json]\n";
+static const char usage[] =
+    "usage: cinfer bench --model DIR [-p PROMPT_TOKENS] [-n GEN_TOKENS] [--depth N] [--runs N]\n"
+    "  [--warmup N] [--threads N] [--json]\n" CI_CLI_KV_USAGE
+    "--depth N fills N positions of the KV cache with synthetic K/V (encoded in the KV codec)\n"
+    "before the prompt, to time prefill and decode at that context length.\n";
 
 typedef struct {
   double prefill_seconds;
   double decode_seconds;
+  int64_t kv_bytes; /* KV storage in use at the end */
 } run_times;
 
-/* One run: prefill `prompt_len` random ids, then greedy-decode gen_len tokens. */
-static int bench_run(ci_model *model, int prompt_len, int gen_len, uint64_t seed, run_times *t) {
-  ci_kv_cache *cache = ci_model_kv_cache_create(model, CI_KV_BF16, 16, 0);
+/* Fills positions [0, depth) of every cache layer with pseudo-random K/V rows, as if a prompt
+ * had been processed (the values do not matter for timing). Conversion to the plan's codec
+ * happens at the commit, as for a real prompt. */
+static int fill_depth(ci_model *model, ci_kv_seq *seq, int64_t depth, uint64_t seed) {
+  if (depth == 0) return CI_OK;
+  if (ci_kv_seq_reserve(seq, depth)) return CI_ERR;
+  ci_backend *be = model->be;
+  int width = 0;
+  for (int l = 0; l < model->spec.n_cache_layers; l++) {
+    const ci_layer_spec *ls = &model->spec.layers[l];
+    if (ls->n_kv_heads * ls->head_dim > width) width = ls->n_kv_heads * ls->head_dim;
+  }
+  const int chunk = 256;
+  float *k = malloc((size_t)chunk * width * sizeof *k),
+        *v = malloc((size_t)chunk * width * sizeof *v);
+  int32_t *pos = malloc((size_t)chunk * sizeof *pos);
+  int rc = k && v && pos ? CI_OK : ci_fail("out of memory");
+  for (int i = 0; rc == CI_OK && i < chunk * width; i++) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    k[i] = (float)((int64_t)(seed >> 40) - (1 << 23)) / (float)(1 << 23);
+    v[i] = -k[i] * 0.5f;
+  }
+  for (int64_t start = 0; rc == CI_OK && start < depth; start += chunk) {
+    const int n = depth - start < chunk ? (int)(depth - start) : chunk;
+    for (int i = 0; i < n; i++) pos[i] = (int32_t)(start + i);
+    for (int l = 0; rc == CI_OK && l < model->spec.n_cache_layers; l++) {
+      const int64_t layer_window = model->spec.layers[l].window;
+      if (layer_window > 0 && start + n < depth - layer_window - chunk) continue; /* released */
+      ci_paged_kv kv = ci_kv_seq_view(seq, l);
+      rc = be->ops->kv_store(be, &kv, k, v, pos, n);
+    }
+  }
+  free(k);
+  free(v);
+  free(pos);
+  return rc == CI_OK ? ci_kv_seq_commit(seq, depth) : rc;
+}
+
+/* One run: fill `depth` positions, prefill `prompt_len` random ids, then greedy-decode gen_len
+ * tokens. */
+static int bench_run(ci_model *model, const ci_cli_kv_plan *plan, int64_t depth, int prompt_len,
+                     int gen_len, uint64_t seed, run_times *t) {
+  ci_kv_cache *cache = ci_model_kv_cache_create(model, plan->base, 16, 0);
   ci_kv_seq *seq = cache ? ci_kv_seq_create(cache) : NULL;
   int32_t *ids = malloc((size_t)prompt_len * sizeof *ids);
   float *logits = malloc((size_t)model->spec.vocab * sizeof *logits);
   int rc = CI_ERR;
   if (!seq || !ids || !logits) goto done;
+  if (plan->quantized && ci_kv_seq_set_plan(seq, &plan->target, plan->start)) goto done;
+  if (fill_depth(model, seq, depth, seed)) goto done;
   for (int i = 0; i < prompt_len; i++) {
     seed = seed * 6364136223846793005ull + 1442695040888963407ull;
     ids[i] = (int32_t)((seed >> 33) % (uint64_t)model->spec.vocab);
@@ -38,6 +85,7 @@ static int bench_run(ci_model *model, int prompt_len, int gen_len, uint64_t seed
   }
   t->prefill_seconds = prefilled - start;
   t->decode_seconds = ci_now_seconds() - prefilled;
+  t->kv_bytes = ci_kv_cache_bytes_used(cache);
   rc = CI_OK;
 done:
   free(ids);
@@ -61,7 +109,8 @@ int ci_verb_bench(int argc, char **argv) {
   ci_flag flags[] = {{"--model", "-m", 1, NULL},      {"--prompt-tokens", "-p", 1, NULL},
                      {"--gen-tokens", "-n", 1, NULL}, {"--runs", NULL, 1, NULL},
                      {"--warmup", NULL, 1, NULL},     {"--threads", "-t", 1, NULL},
-                     {"--json", NULL, 0, NULL},       {"--help", "-h", 0, NULL}};
+                     {"--json", NULL, 0, NULL},       {"--help", "-h", 0, NULL},
+                     {"--depth", NULL, 1, NULL},      CI_CLI_KV_FLAGS};
   const int nf = sizeof flags / sizeof flags[0];
   if (ci_args_parse(argc, argv, flags, nf, "bench")) return 2;
   if (ci_args_get(flags, nf, "--help")) {
@@ -73,12 +122,15 @@ int ci_verb_bench(int argc, char **argv) {
     fprintf(stderr, "cinfer bench: --model is required\n%s", usage);
     return 2;
   }
-  long long prompt_len, gen_len, runs, warmup, threads;
+  long long prompt_len, gen_len, runs, warmup, threads, depth;
+  ci_cli_kv_plan plan;
+  if (ci_cli_kv_plan_parse(flags, nf, "bench", &plan)) return 2;
   if (ci_args_int(flags, nf, "--prompt-tokens", 512, 1, 1 << 20, &prompt_len) ||
       ci_args_int(flags, nf, "--gen-tokens", 128, 1, 1 << 20, &gen_len) ||
       ci_args_int(flags, nf, "--runs", 3, 1, 1000, &runs) ||
       ci_args_int(flags, nf, "--warmup", 1, 0, 1000, &warmup) ||
-      ci_args_int(flags, nf, "--threads", 0, 1, 4096, &threads))
+      ci_args_int(flags, nf, "--threads", 0, 1, 4096, &threads) ||
+      ci_args_int(flags, nf, "--depth", 0, 0, 1 << 24, &depth))
     return 2;
   ci_cli_model cm;
   if (ci_cli_model_open(model_arg, (int)threads, &cm)) return 1;
@@ -86,10 +138,12 @@ int ci_verb_bench(int argc, char **argv) {
   double *decode = calloc((size_t)runs, sizeof(double));
   double *ttft = calloc((size_t)runs, sizeof(double));
   int rc = 1;
+  int64_t kv_bytes = 0;
   if (!prefill || !decode || !ttft) goto done;
   for (long long r = -warmup; r < runs; r++) {
     run_times t;
-    if (bench_run(cm.model, (int)prompt_len, (int)gen_len, (uint64_t)(r + 1000), &t)) {
+    if (bench_run(cm.model, &plan, depth, (int)prompt_len, (int)gen_len, (uint64_t)(r + 1000),
+                  &t)) {
       fprintf(stderr, "cinfer bench: %s\n", ci_last_error());
       goto done;
     }
@@ -97,15 +151,21 @@ int ci_verb_bench(int argc, char **argv) {
     prefill[r] = (double)prompt_len / t.prefill_seconds;
     decode[r] = (double)gen_len / t.decode_seconds;
     ttft[r] = t.prefill_seconds * 1000.0;
+    kv_bytes = t.kv_bytes;
   }
+  char kv_name[32];
+  ci_kv_format kv_format = plan.quantized ? plan.target : ci_kv_format_plain(plan.base);
+  ci_kv_format_name(&kv_format, kv_name, sizeof kv_name);
   double p = median(prefill, (int)runs), d = median(decode, (int)runs), f = median(ttft, (int)runs);
   int64_t weight_bytes = ci_model_weight_bytes_per_token(cm.model);
   double rss_mb = (double)ci_peak_rss_bytes() / 1e6;
   if (ci_args_get(flags, nf, "--json")) {
     printf("{\"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f, \"ttft_ms\": %.3f, "
            "\"peak_rss_mb\": %.1f, \"weights_bytes\": %lld, \"prompt_tokens\": %lld, "
-           "\"gen_tokens\": %lld, \"runs\": %lld}\n",
-           p, d, f, rss_mb, (long long)weight_bytes, prompt_len, gen_len, runs);
+           "\"gen_tokens\": %lld, \"runs\": %lld, \"depth\": %lld, \"kv_codec\": \"%s\", "
+           "\"kv_bytes\": %lld}\n",
+           p, d, f, rss_mb, (long long)weight_bytes, prompt_len, gen_len, runs, depth, kv_name,
+           (long long)kv_bytes);
   } else {
     printf("prefill %lld tok: %.1f tok/s (min %.1f, max %.1f) | decode %lld tok: %.2f tok/s "
            "(min %.2f, max %.2f) | ttft %.1f ms | weights/token %.1f MB | %.1f GB/s | peak %.0f "

@@ -34,6 +34,10 @@ static ci_kv_pool *group_pool(ci_kv_cache *cache, ci_kv_group *group, const ci_k
 
 ci_kv_cache *ci_kv_cache_create(ci_backend *be, int n_layers, const ci_kv_layer_desc *layers,
                                 ci_kv_codec base, int block_tokens, int32_t max_blocks_per_group) {
+  if (block_tokens < 1 || block_tokens > 64) {
+    ci_fail("kv cache: block size %d is outside 1..64", block_tokens);
+    return NULL;
+  }
   if (base != CI_KV_BF16 && base != CI_KV_F32) {
     ci_fail("kv cache: the base format must be bf16 or f32");
     return NULL;

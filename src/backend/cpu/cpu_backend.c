@@ -207,11 +207,11 @@ enum { SPLIT_MIN_KEYS = 512 };
 typedef struct {
   const ci_attention_args *args;
   ci_kv_kernels kernels;
-  int group;        /* G = query heads per KV head */
-  int splits;       /* key ranges per (row, KV head) */
-  int64_t max_keys; /* keys of the longest range */
-  float *scratch;   /* [threads][G * max_keys + (G + 2) * D] */
-  float *partial;   /* [rows][Hq][splits][D + 2]: max, sum, output */
+  int group;                  /* G = query heads per KV head */
+  int splits;                 /* key ranges per (row, KV head) */
+  int64_t scratch_per_thread; /* floats: prepared queries, partial outputs, row tiles */
+  float *scratch;             /* [threads][scratch_per_thread] */
+  float *partial;             /* [rows][Hq][splits][D + 2]: max, sum, output */
 } attention_job;
 
 /* Visible keys [first, last] of query row r. */
@@ -234,42 +234,15 @@ static void attention_task(void *ctx, int task, int thread) {
   visible_keys(a, row, &first, &last);
   const int64_t n_keys = last - first + 1;
   const int64_t lo = first + n_keys * split / splits, hi = first + n_keys * (split + 1) / splits;
-  float *scores = job->scratch + (int64_t)thread * (G * job->max_keys + (G + 2) * D);
-  float *qp = scores + G * job->max_keys, *tile = qp + G * D;
+  float *qp = job->scratch + (int64_t)thread * job->scratch_per_thread;
+  float *out = qp + G * D, *tile = out + G * (D + 2);
   for (int g = 0; g < G; g++)
     k->prepare(kv, a->q + ((int64_t)row * a->n_heads + kv_head * G + g) * D, qp + g * D);
-  float max_score[CI_MAX_GQA_GROUP];
-  for (int g = 0; g < G; g++) max_score[g] = -INFINITY;
-  for (int64_t j = lo; j < hi; j++) {
-    k->decode_k(kv, ci_kv_row_at(kv, 0, j, kv_head), tile);
-    for (int g = 0; g < G; g++) {
-      float s = k->vec->dot_f32(qp + g * D, tile, D) * a->scale;
-      if (a->softcap > 0.0f) s = a->softcap * tanhf(s / a->softcap);
-      scores[g * job->max_keys + (j - lo)] = s;
-      if (s > max_score[g]) max_score[g] = s;
-    }
-  }
-  for (int g = 0; g < G; g++) {
-    float *out =
-        job->partial + (((int64_t)row * a->n_heads + kv_head * G + g) * splits + split) * (D + 2);
-    float total = 0.0f;
-    float *sg = scores + g * job->max_keys;
-    for (int64_t j = 0; j < hi - lo; j++) {
-      sg[j] = expf(sg[j] - max_score[g]);
-      total += sg[j];
-    }
-    out[0] = max_score[g];
-    out[1] = total;
-    memset(out + 2, 0, (size_t)D * sizeof(float));
-  }
-  for (int64_t j = lo; j < hi; j++) {
-    k->decode_v(kv, ci_kv_row_at(kv, 1, j, kv_head), tile);
-    for (int g = 0; g < G; g++) {
-      float *out =
-          job->partial + (((int64_t)row * a->n_heads + kv_head * G + g) * splits + split) * (D + 2);
-      k->vec->axpy_f32(out + 2, scores[g * job->max_keys + (j - lo)], tile, D);
-    }
-  }
+  k->attend(k, kv, kv_head, qp, G, lo, hi, a->scale, a->softcap, tile, out);
+  for (int g = 0; g < G; g++)
+    memcpy(job->partial +
+               (((int64_t)row * a->n_heads + kv_head * G + g) * splits + split) * (D + 2),
+           out + g * (D + 2), (size_t)(D + 2) * sizeof(float));
 }
 
 /* Combines the key ranges of one (row, query head) and maps the result to the model basis. */
@@ -278,7 +251,7 @@ static void merge_task(void *ctx, int task, int thread) {
   const ci_attention_args *a = job->args;
   const int D = a->kv->head_dim, splits = job->splits;
   const float *parts = job->partial + (int64_t)task * splits * (D + 2);
-  float *acc = job->scratch + (int64_t)thread * (job->group * job->max_keys + (job->group + 2) * D);
+  float *acc = job->scratch + (int64_t)thread * job->scratch_per_thread;
   float max = -INFINITY;
   for (int s = 0; s < splits; s++)
     if (parts[s * (D + 2) + 1] > 0.0f && parts[s * (D + 2)] > max) max = parts[s * (D + 2)];
@@ -321,8 +294,9 @@ static int cpu_attention(ci_backend *be, const ci_attention_args *args) {
                        .kernels = ci_cpu_kv_kernels(cpu->isa, &kv->format, D),
                        .group = G,
                        .splits = splits,
-                       .max_keys = (max_keys + splits - 1) / splits + 1};
-  job.scratch = malloc((size_t)threads * (size_t)(G * job.max_keys + (G + 2) * D) * sizeof(float));
+                       .scratch_per_thread =
+                           (int64_t)G * D + (int64_t)G * (D + 2) + 2 * kv->block_tokens * D};
+  job.scratch = malloc((size_t)threads * (size_t)job.scratch_per_thread * sizeof(float));
   job.partial = malloc((size_t)args->n_rows * args->n_heads * splits * (D + 2) * sizeof(float));
   if (!job.scratch || !job.partial) {
     free(job.scratch);

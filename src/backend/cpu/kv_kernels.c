@@ -6,6 +6,7 @@
 #include "tensor/dtype.h"
 #include "tensor/turbo_quant.h"
 
+#include <math.h>
 #include <string.h>
 
 enum { TURBO_V_GROUP = 32 };
@@ -106,9 +107,57 @@ static void decode_turbo_v_value(const ci_paged_kv *kv, const uint8_t *row, floa
   }
 }
 
+/* ==== The attention loop ==== */
+
+void ci_kv_attend_ref(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const float *qp,
+                      int G, int64_t lo, int64_t hi, float scale, float softcap, float *tile,
+                      float *out) {
+  const int D = kv->head_dim, T = kv->block_tokens;
+  float *ktile = tile, *vtile = tile + (size_t)T * D;
+  for (int g = 0; g < G; g++) {
+    float *o = out + g * (D + 2);
+    o[0] = -INFINITY;
+    o[1] = 0.0f;
+    memset(o + 2, 0, (size_t)D * sizeof(float));
+  }
+  float scores[CI_MAX_GQA_GROUP][64];
+  for (int64_t j = lo; j < hi;) {
+    const int64_t end = (j / T + 1) * T < hi ? (j / T + 1) * T : hi;
+    const int count = (int)(end - j);
+    /* Rows of one head are contiguous inside a block. */
+    const uint8_t *krow = ci_kv_row_at(kv, 0, j, kv_head), *vrow = ci_kv_row_at(kv, 1, j, kv_head);
+    for (int r = 0; r < count; r++) {
+      k->decode_k(kv, krow + (size_t)r * kv->k_row_bytes, ktile + (size_t)r * D);
+      k->decode_v(kv, vrow + (size_t)r * kv->v_row_bytes, vtile + (size_t)r * D);
+    }
+    for (int g = 0; g < G; g++) {
+      float *o = out + g * (D + 2);
+      float block_max = o[0];
+      for (int r = 0; r < count; r++) {
+        float s = k->vec->dot_f32(qp + g * D, ktile + (size_t)r * D, D) * scale;
+        if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
+        scores[g][r] = s;
+        if (s > block_max) block_max = s;
+      }
+      const float rescale = o[1] > 0.0f ? expf(o[0] - block_max) : 0.0f;
+      o[0] = block_max;
+      o[1] *= rescale;
+      for (int i = 0; i < D; i++) o[2 + i] *= rescale;
+      for (int r = 0; r < count; r++) {
+        const float w = expf(scores[g][r] - block_max);
+        o[1] += w;
+        k->vec->axpy_f32(o + 2, w, vtile + (size_t)r * D, D);
+      }
+    }
+    j = end;
+  }
+}
+
 ci_kv_kernels ci_cpu_kv_kernels(ci_isa isa, const ci_kv_format *format, int head_dim) {
-  ci_kv_kernels k = {
-      .vec = ci_cpu_vec_kernels_get(isa), .prepare = prepare_copy, .finish = finish_copy};
+  ci_kv_kernels k = {.vec = ci_cpu_vec_kernels_get(isa),
+                     .attend = ci_kv_attend_ref,
+                     .prepare = prepare_copy,
+                     .finish = finish_copy};
   switch (format->codec) {
   case CI_KV_BF16:
     k.decode_k = k.decode_v = decode_bf16;
@@ -128,6 +177,7 @@ ci_kv_kernels ci_cpu_kv_kernels(ci_isa isa, const ci_kv_format *format, int head
     k.decode_k = k.decode_v = decode_f32;
   }
   if (isa == CI_ISA_AVX512 && head_dim % 16 == 0) {
+    k.attend = ci_kv_attend_avx512;
     ci_kv_row_decoder fast_k = ci_kv_decoder_avx512(format, 0);
     ci_kv_row_decoder fast_v = ci_kv_decoder_avx512(format, 1);
     if (fast_k) k.decode_k = fast_k;

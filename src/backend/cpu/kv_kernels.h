@@ -8,8 +8,19 @@
 
 #include "backend/cpu/kernels.h"
 
-typedef struct {
+typedef struct ci_kv_kernels ci_kv_kernels;
+
+/* Attends the G query heads of one KV head over keys [lo, hi) with an online softmax, block
+ * by block: qp[G][D] are the prepared queries; tile is scratch of 2 * block_tokens * D floats.
+ * Writes out[g] = {max score, sum of exp(score - max), unnormalised output[D]} in the
+ * accumulation basis. */
+typedef void (*ci_kv_attend_fn)(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head,
+                                const float *qp, int G, int64_t lo, int64_t hi, float scale,
+                                float softcap, float *tile, float *out);
+
+struct ci_kv_kernels {
   const ci_cpu_vec_kernels *vec; /* the ISA's f32/bf16 loops */
+  ci_kv_attend_fn attend;        /* the ISA's attention loop */
   /* qp[0 .. D) = the query in the basis K rows decode to. */
   void (*prepare)(const ci_paged_kv *kv, const float *q, float *qp);
   /* x[0 .. D) = a K row in the scoring basis. */
@@ -18,7 +29,7 @@ typedef struct {
   void (*decode_v)(const ci_paged_kv *kv, const uint8_t *row, float *x);
   /* out = acc mapped back to the model basis (acc may be clobbered). */
   void (*finish)(const ci_paged_kv *kv, float *acc, float *out);
-} ci_kv_kernels;
+};
 
 /* The kernels for `format` rows of head_dim D on `isa`. */
 ci_kv_kernels ci_cpu_kv_kernels(ci_isa isa, const ci_kv_format *format, int head_dim);
@@ -27,6 +38,14 @@ ci_kv_kernels ci_cpu_kv_kernels(ci_isa isa, const ci_kv_format *format, int head
  * ci_cpu_kv_kernels. */
 typedef void (*ci_kv_row_decoder)(const ci_paged_kv *kv, const uint8_t *row, float *x);
 ci_kv_row_decoder ci_kv_decoder_avx512(const ci_kv_format *format, int value);
+
+/* The attention loops: plain C (any D) and AVX-512 (D a multiple of 16, G <= 8). */
+void ci_kv_attend_ref(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const float *qp,
+                      int G, int64_t lo, int64_t hi, float scale, float softcap, float *tile,
+                      float *out);
+void ci_kv_attend_avx512(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head,
+                         const float *qp, int G, int64_t lo, int64_t hi, float scale, float softcap,
+                         float *tile, float *out);
 
 /* Encodes n_rows K/V rows into the paged KV at positions pos (the kv_store op); bf16 uses the
  * ISA's conversion loop. Returns CI_OK, or CI_ERR for a position without a block. */

@@ -7,6 +7,7 @@
 #include "tensor/turbo_quant.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 static float load_f16(const uint8_t *p) {
@@ -124,5 +125,66 @@ ci_kv_row_decoder ci_kv_decoder_avx512(const ci_kv_format *format, int value) {
     return value ? decode_turbo_v_value : NULL;
   default:
     return NULL;
+  }
+}
+
+/* ==== The attention loop ==== */
+
+void ci_kv_attend_avx512(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head,
+                         const float *qp, int G, int64_t lo, int64_t hi, float scale, float softcap,
+                         float *tile, float *out) {
+  const int D = kv->head_dim, T = kv->block_tokens, C = D / 16;
+  if (G > 8 || T > 64) {
+    ci_kv_attend_ref(k, kv, kv_head, qp, G, lo, hi, scale, softcap, tile, out);
+    return;
+  }
+  float *ktile = tile, *vtile = tile + (size_t)T * D;
+  for (int g = 0; g < G; g++) {
+    float *o = out + g * (D + 2);
+    o[0] = -INFINITY;
+    o[1] = 0.0f;
+    memset(o + 2, 0, (size_t)D * sizeof(float));
+  }
+  float scores[8][64];
+  for (int64_t j = lo; j < hi;) {
+    const int64_t end = (j / T + 1) * T < hi ? (j / T + 1) * T : hi;
+    const int count = (int)(end - j);
+    const uint8_t *krow = ci_kv_row_at(kv, 0, j, kv_head), *vrow = ci_kv_row_at(kv, 1, j, kv_head);
+    for (int r = 0; r < count; r++) {
+      k->decode_k(kv, krow + (size_t)r * kv->k_row_bytes, ktile + (size_t)r * D);
+      k->decode_v(kv, vrow + (size_t)r * kv->v_row_bytes, vtile + (size_t)r * D);
+    }
+    for (int g = 0; g < G; g++) {
+      const float *q = qp + g * D;
+      float *o = out + g * (D + 2);
+      float block_max = o[0];
+      for (int r = 0; r < count; r++) {
+        const float *key = ktile + (size_t)r * D;
+        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(key));
+        for (int c = 1; c < C; c++)
+          acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), _mm512_loadu_ps(key + 16 * c), acc);
+        float s = _mm512_reduce_add_ps(acc) * scale;
+        if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
+        scores[g][r] = s;
+        if (s > block_max) block_max = s;
+      }
+      const float rescale = o[1] > 0.0f ? expf(o[0] - block_max) : 0.0f;
+      float sum = o[1] * rescale;
+      for (int r = 0; r < count; r++) {
+        scores[g][r] = expf(scores[g][r] - block_max);
+        sum += scores[g][r];
+      }
+      o[0] = block_max;
+      o[1] = sum;
+      const __m512 rescale_v = _mm512_set1_ps(rescale);
+      for (int c = 0; c < C; c++) {
+        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(o + 2 + 16 * c), rescale_v);
+        for (int r = 0; r < count; r++)
+          acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[g][r]),
+                                _mm512_loadu_ps(vtile + (size_t)r * D + 16 * c), acc);
+        _mm512_storeu_ps(o + 2 + 16 * c, acc);
+      }
+    }
+    j = end;
   }
 }
