@@ -1,6 +1,6 @@
 # cinfer front door: `make` builds build/cinfer, `make test` runs every test (normal and
 # AddressSanitizer+UBSan builds), `make run` runs the bundled default model, `make bench`
-# writes bench/cpu.md, `make fuzz` runs the libFuzzer targets briefly.
+# writes bench/cpu.md and bench/kv.md, `make fuzz` runs the libFuzzer targets briefly.
 JOBS ?= $(shell nproc)
 DEFAULT_MODEL ?= tests/fixtures/qwen3
 FUZZ_SECONDS ?= 30
@@ -34,6 +34,7 @@ run: build
 
 bench: build
 	bench/run.sh
+	bench/kv.sh
 
 fuzz: deps
 	@CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DCINFER_FUZZ=ON -DCINFER_SANITIZE=ON >/dev/null
