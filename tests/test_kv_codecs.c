@@ -203,7 +203,7 @@ typedef struct {
 
 static void twin_fill(ci_backend *be, twin *t, const ci_kv_format *format, int window, int heads,
                       int D, int n) {
-  const ci_kv_layer_desc desc = {window, heads, D};
+  const ci_kv_layer_desc desc = {window, heads, D, 0};
   t->cache = ci_kv_cache_create(be, 1, &desc, CI_KV_BF16, 16, 0);
   t->ref_cache = ci_kv_cache_create(be, 1, &desc, CI_KV_F32, 16, 0);
   assert_non_null(t->cache);

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct {
   float *logits; /* [n, vocab] */
@@ -188,12 +189,76 @@ static void test_shared_quantized(void **state) {
   be->ops->destroy(be);
 }
 
+/* kv_config.json: per-layer plans (gemma4: full layers 2 and 5 get different codecs, the
+ * sliding layers stay bf16); bad entries are rejected by name. */
+static void test_kv_config(void **state) {
+  (void)state;
+  char dir[] = "/tmp/cinfer-kvconfig-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  static const char *const files[] = {"config.json", "model.safetensors"};
+  char src[1200], dst[1200];
+  for (int i = 0; i < 2; i++) {
+    snprintf(src, sizeof src, "%s/gemma4/%s", CI_FIXTURE_DIR, files[i]);
+    snprintf(dst, sizeof dst, "%s/%s", dir, files[i]);
+    assert_int_equal(symlink(src, dst), 0);
+  }
+  snprintf(dst, sizeof dst, "%s/kv_config.json", dir);
+  FILE *f = fopen(dst, "w");
+  fputs("[{\"layer_idx\": 2, \"codec\": \"turbo\", \"k_bits\": 4, \"v_bits\": 3},\n"
+        " {\"layer_idx\": 5, \"bits\": 8, \"group_size\": 32}]\n",
+        f);
+  fclose(f);
+  ci_backend *be = ci_cpu_backend_create(1);
+  ci_model *m = ci_model_load(dir, be);
+  if (!m) fprintf(stderr, "%s\n", ci_last_error());
+  assert_non_null(m);
+  ci_kv_cache *cache = ci_model_kv_cache_create(m, CI_KV_BF16, 16, 0);
+  assert_int_not_equal(cache->group_of_layer[2], cache->group_of_layer[5]);
+  ci_kv_seq *seq = ci_kv_seq_create(cache);
+  assert_int_equal(ci_model_kv_seq_apply_config(m, seq), CI_OK);
+  int32_t *ids = make_ids(20, m->spec.vocab, 3);
+  float *logits = malloc((size_t)m->spec.vocab * sizeof(float));
+  assert_int_equal(ci_model_forward(m, seq, ids, 20, logits, 1), CI_OK);
+  const ci_kv_format turbo = {CI_KV_TURBO, 4, 3, 0}, affine = {CI_KV_AFFINE, 8, 8, 32};
+  const ci_kv_format bf16 = ci_kv_format_plain(CI_KV_BF16);
+  ci_paged_kv v2 = ci_kv_seq_view(seq, 2), v5 = ci_kv_seq_view(seq, 5), v0 = ci_kv_seq_view(seq, 0);
+  assert_true(ci_kv_format_equal(&v2.format, &turbo));
+  assert_true(ci_kv_format_equal(&v5.format, &affine));
+  assert_true(ci_kv_format_equal(&v0.format, &bf16));
+  free(logits);
+  free(ids);
+  ci_kv_seq_free(seq);
+  ci_kv_cache_free(cache);
+  ci_model_free(m);
+  static const struct {
+    const char *json, *expected;
+  } bad[] = {{"[{\"layer_idx\": 9, \"bits\": 8}]", "not a cache layer"},
+             {"[{\"layer_idx\": 1, \"bits\": 3}]", "4 or 8"},
+             {"[{\"layer_idx\": 1}]", "bits"},
+             {"{\"layer_idx\": 1}", "JSON array"},
+             {"[{\"layer_idx\": 1, \"codec\": \"zip\"}]", "unknown KV codec"}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    f = fopen(dst, "w");
+    fputs(bad[i].json, f);
+    fclose(f);
+    assert_null(ci_model_load(dir, be));
+    if (!strstr(ci_last_error(), bad[i].expected)) fprintf(stderr, "%s\n", ci_last_error());
+    assert_non_null(strstr(ci_last_error(), bad[i].expected));
+  }
+  be->ops->destroy(be);
+  unlink(dst);
+  for (int i = 0; i < 2; i++) {
+    snprintf(dst, sizeof dst, "%s/%s", dir, files[i]);
+    unlink(dst);
+  }
+  rmdir(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_start_beyond_prompt),
-      cmocka_unit_test(test_exact_crossing_full_layers),
-      cmocka_unit_test(test_sliding_quantized),
-      cmocka_unit_test(test_shared_quantized),
+      cmocka_unit_test(test_start_beyond_prompt), cmocka_unit_test(test_exact_crossing_full_layers),
+      cmocka_unit_test(test_sliding_quantized),   cmocka_unit_test(test_shared_quantized),
+      cmocka_unit_test(test_kv_config),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

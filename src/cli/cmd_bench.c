@@ -70,7 +70,7 @@ static int bench_run(ci_model *model, const ci_cli_kv_plan *plan, int64_t depth,
   float *logits = malloc((size_t)model->spec.vocab * sizeof *logits);
   int rc = CI_ERR;
   if (!seq || !ids || !logits) goto done;
-  if (plan->quantized && ci_kv_seq_set_plan(seq, &plan->target, plan->start)) goto done;
+  if (ci_cli_kv_plan_apply(plan, model, seq, "bench")) goto done;
   if (fill_depth(model, seq, depth, seed)) goto done;
   for (int i = 0; i < prompt_len; i++) {
     seed = seed * 6364136223846793005ull + 1442695040888963407ull;

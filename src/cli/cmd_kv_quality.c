@@ -137,7 +137,7 @@ int ci_verb_kv_quality(int argc, char **argv) {
             ci_last_error()[0] ? ci_last_error() : "out of memory");
     goto done;
   }
-  if (ci_cli_kv_plan_apply(&plan, test, "kv-quality")) goto done;
+  if (ci_cli_kv_plan_apply(&plan, cm.model, test, "kv-quality")) goto done;
   double kl_sum = 0.0, kl_max = 0.0;
   long long scored = 0, agree = 0;
   for (int start = 0; start < n; start += (int)chunk) {

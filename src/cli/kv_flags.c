@@ -21,6 +21,7 @@ int ci_cli_kv_plan_parse(const ci_flag *flags, int n_flags, const char *verb, ci
     return 2;
   }
   out->start = start;
+  out->explicit_codec = codec != NULL;
   if (ci_kv_format_is_quantized(&format)) {
     out->base = CI_KV_BF16;
     out->quantized = 1;
@@ -31,9 +32,13 @@ int ci_cli_kv_plan_parse(const ci_flag *flags, int n_flags, const char *verb, ci
   return 0;
 }
 
-int ci_cli_kv_plan_apply(const ci_cli_kv_plan *plan, ci_kv_seq *seq, const char *verb) {
-  if (!plan->quantized) return 0;
-  if (ci_kv_seq_set_plan(seq, &plan->target, plan->start)) {
+int ci_cli_kv_plan_apply(const ci_cli_kv_plan *plan, const ci_model *model, ci_kv_seq *seq,
+                         const char *verb) {
+  /* Precedence (kv.md §7): flags, then the model's kv_config.json, then bf16. */
+  int status = plan->quantized        ? ci_kv_seq_set_plan(seq, &plan->target, plan->start)
+               : plan->explicit_codec ? CI_OK
+                                      : ci_model_kv_seq_apply_config(model, seq);
+  if (status) {
     fprintf(stderr, "cinfer %s: %s\n", verb, ci_last_error());
     return 1;
   }

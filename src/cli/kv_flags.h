@@ -5,6 +5,7 @@
 
 #include "cli/args.h"
 #include "kv/cache.h"
+#include "model/model.h"
 
 /* Flag table entries to splice into a verb's flags. */
 #define CI_CLI_KV_FLAGS                                                                            \
@@ -23,13 +24,16 @@ typedef struct {
   int quantized;    /* a target codec is set */
   ci_kv_format target;
   long long start; /* conversion threshold S */
+  int explicit_codec; /* --kv-codec was given (overrides kv_config.json, even as bf16) */
 } ci_cli_kv_plan;
 
 /* Resolves the flags (bits default 4, value bits = bits, group 64, start 0). Prints one line
  * naming the bad flag and returns 2 on a usage error, else 0. */
 int ci_cli_kv_plan_parse(const ci_flag *flags, int n_flags, const char *verb, ci_cli_kv_plan *out);
 
-/* Gives an empty sequence the plan's target. Prints the error and returns 1 on failure. */
-int ci_cli_kv_plan_apply(const ci_cli_kv_plan *plan, ci_kv_seq *seq, const char *verb);
+/* Gives an empty sequence its plan: the flags' target, else (no --kv-codec) the model's
+ * kv_config.json. Prints the error and returns 1 on failure. */
+int ci_cli_kv_plan_apply(const ci_cli_kv_plan *plan, const ci_model *model, ci_kv_seq *seq,
+                         const char *verb);
 
 #endif

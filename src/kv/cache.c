@@ -57,11 +57,14 @@ ci_kv_cache *ci_kv_cache_create(ci_backend *be, int n_layers, const ci_kv_layer_
     int g = 0;
     while (g < cache->n_groups &&
            !(cache->groups[g].window == d->window && cache->groups[g].n_kv_heads == d->n_kv_heads &&
-             cache->groups[g].head_dim == d->head_dim))
+             cache->groups[g].head_dim == d->head_dim &&
+             cache->groups[g].plan_class == d->plan_class))
       g++;
     if (g == cache->n_groups) {
-      cache->groups[g] =
-          (ci_kv_group){.window = d->window, .n_kv_heads = d->n_kv_heads, .head_dim = d->head_dim};
+      cache->groups[g] = (ci_kv_group){.window = d->window,
+                                       .n_kv_heads = d->n_kv_heads,
+                                       .head_dim = d->head_dim,
+                                       .plan_class = d->plan_class};
       cache->n_groups++;
     }
     cache->group_of_layer[l] = g;
@@ -157,19 +160,41 @@ void ci_kv_seq_free(ci_kv_seq *seq) {
   free(seq);
 }
 
-int ci_kv_seq_set_plan(ci_kv_seq *seq, const ci_kv_format *target, int64_t start) {
+int ci_kv_seq_set_layer_plan(ci_kv_seq *seq, const ci_kv_format *targets, int64_t start) {
   if (seq->n != 0) return ci_fail("kv sequence: a codec plan is set before the first token");
   if (start < 0) return ci_fail("kv sequence: the conversion start must be >= 0");
   const ci_kv_cache *cache = seq->cache;
   for (int l = 0; l < cache->n_layers; l++) {
-    const ci_kv_group *group = &cache->groups[cache->group_of_layer[l]];
-    if (ci_kv_format_check(target, group->head_dim)) return ci_fail_context("cache layer %d", l);
+    const int g = cache->group_of_layer[l];
+    const ci_kv_group *group = &cache->groups[g];
+    const ci_kv_format *first = &targets[group->layers[0]];
+    if (!ci_kv_format_equal(&targets[l], first))
+      return ci_fail("kv sequence: cache layers %d and %d share blocks but not a codec plan",
+                     group->layers[0], l);
+    if (ci_kv_format_check(&targets[l], group->head_dim))
+      return ci_fail_context("cache layer %d", l);
   }
-  seq->has_plan = cache->n_groups > 0 && !ci_kv_format_equal(target, &seq->tables[0].pool->format);
-  seq->target = *target;
+  seq->has_plan = 0;
+  for (int g = 0; g < cache->n_groups; g++) {
+    ci_kv_block_table *table = &seq->tables[g];
+    const ci_kv_format *target = &targets[cache->groups[g].layers[0]];
+    table->has_target = !ci_kv_format_equal(target, &table->pool->format);
+    table->target = *target;
+    seq->has_plan |= table->has_target;
+  }
   seq->start = start;
   seq->converted = 0;
   return CI_OK;
+}
+
+int ci_kv_seq_set_plan(ci_kv_seq *seq, const ci_kv_format *target, int64_t start) {
+  const int n = seq->cache->n_layers;
+  ci_kv_format *targets = malloc((size_t)(n ? n : 1) * sizeof *targets);
+  if (!targets) return ci_fail("out of memory");
+  for (int l = 0; l < n; l++) targets[l] = *target;
+  int status = ci_kv_seq_set_layer_plan(seq, targets, start);
+  free(targets);
+  return status;
 }
 
 int64_t ci_kv_seq_chunk_limit(const ci_kv_seq *seq) {
@@ -264,8 +289,10 @@ int ci_kv_seq_commit(ci_kv_seq *seq, int64_t n_new) {
   }
   if (seq->has_plan && !seq->converted && seq->n > 0 && seq->n >= seq->start) {
     for (int g = 0; g < seq->cache->n_groups; g++) {
-      ci_kv_pool *target = group_pool(seq->cache, &seq->cache->groups[g], &seq->target);
+      if (!seq->tables[g].has_target) continue;
+      ci_kv_pool *target = group_pool(seq->cache, &seq->cache->groups[g], &seq->tables[g].target);
       if (!target || convert_group(seq, g, target)) return CI_ERR;
+      seq->tables[g].has_target = 0;
     }
     seq->converted = 1;
     seq->conversion_offset = seq->n;

@@ -14,13 +14,17 @@ typedef struct {
   int window; /* 0 = full attention; W > 0 = sliding, keeps the last W positions */
   int n_kv_heads;
   int head_dim;
+  int plan_class; /* layers whose per-layer plans (kv_config.json) may differ get different
+                     classes; 0 for all when plans are uniform */
 } ci_kv_layer_desc;
 
-/* Layers with identical window, Hkv and D share block ids, one pool per format in use. */
+/* Layers with identical window, Hkv, D and plan class share block ids, one pool per format in
+ * use. */
 typedef struct {
   int window;
   int n_kv_heads;
   int head_dim;
+  int plan_class;
   int n_layers;
   int *layers;        /* [n_layers] cache layer index of each slot */
   float *signs;       /* [n_layers][head_dim] TurboQuant sign vectors of those layers */
@@ -48,6 +52,8 @@ typedef struct {
   int64_t capacity;
   int64_t first_live; /* entries below this index were released (sliding groups) */
   ci_kv_pool *pool;   /* the pool (format) the blocks live in */
+  int has_target;     /* this group converts to `target` at the sequence's start */
+  ci_kv_format target;
 } ci_kv_block_table;
 
 typedef struct {
@@ -89,6 +95,10 @@ void ci_kv_seq_free(ci_kv_seq *seq);
  * n >= start (never while empty). A bf16/f32 target equal to the base is no plan. Fails, naming
  * the layer, when a layer's head_dim cannot use the format. */
 int ci_kv_seq_set_plan(ci_kv_seq *seq, const ci_kv_format *target, int64_t start);
+
+/* Per-layer plan: layer l converts to targets[l] (a bf16/f32 entry equal to the base means
+ * "stays"); layers of one group must agree (give them distinct plan classes at creation). */
+int ci_kv_seq_set_layer_plan(ci_kv_seq *seq, const ci_kv_format *targets, int64_t start);
 
 /* The most tokens the next step may append so that a pending conversion happens exactly at
  * `start` (kv.md §5 "exact crossing"); INT64_MAX when unconstrained. */

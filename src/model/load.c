@@ -1,6 +1,7 @@
 /* Model loading: binds the safetensors tensors named by the spec to the layer structs,
  * checking dtype, shape and quantization of each, and rejects anything missing or unused. */
 #include "base/error.h"
+#include "io/kv_config.h"
 #include "io/safetensors.h"
 #include "model/manifest.h"
 #include "model/model.h"
@@ -249,7 +250,8 @@ ci_model *ci_model_load(const char *model_dir, ci_backend *be) {
     return NULL;
   }
   m->files = ci_weights_open(model_dir);
-  if (!m->files || bind_all(m)) {
+  if (!m->files || bind_all(m) ||
+      ci_kv_config_load(model_dir, m->spec.n_cache_layers, &m->kv_config)) {
     ci_model_free(m);
     return NULL;
   }
@@ -287,6 +289,7 @@ void ci_model_free(ci_model *m) {
   }
   free(m->final_norm);
   free(m->ple_norm);
+  free(m->kv_config);
   ci_weights_free(m->files);
   ci_model_spec_free(&m->spec);
   free(m);
@@ -337,12 +340,23 @@ ci_kv_cache *ci_model_kv_cache_create(const ci_model *m, ci_kv_codec codec, int 
   }
   for (int i = 0; i < n_cache; i++) {
     const ci_layer_spec *l = &m->spec.layers[i];
+    /* With a kv_config.json plan, layers of different target codecs get their own groups. */
+    int plan_class = 0;
+    if (m->kv_config)
+      while (plan_class < i && !ci_kv_format_equal(&m->kv_config[plan_class], &m->kv_config[i]))
+        plan_class++;
     desc[i] = (ci_kv_layer_desc){.window = l->kind == CI_ATTN_SLIDING ? l->window : 0,
                                  .n_kv_heads = l->n_kv_heads,
-                                 .head_dim = l->head_dim};
+                                 .head_dim = l->head_dim,
+                                 .plan_class = plan_class};
   }
   ci_kv_cache *cache =
       ci_kv_cache_create(m->be, n_cache, desc, codec, block_tokens, max_blocks_per_group);
   free(desc);
   return cache;
+}
+
+int ci_model_kv_seq_apply_config(const ci_model *m, ci_kv_seq *seq) {
+  if (!m->kv_config) return CI_OK;
+  return ci_kv_seq_set_layer_plan(seq, m->kv_config, 0);
 }

@@ -54,6 +54,7 @@ typedef struct ci_model {
   ci_tensor ple_model_proj; /* (N * P, hidden) */
   float *ple_norm;          /* (P) */
   ci_layer_weights *layers; /* [n_layers] */
+  ci_kv_format *kv_config;  /* [n_cache_layers] per-layer KV plan from kv_config.json, or NULL */
 } ci_model;
 
 /* Loads a model folder (config.json + safetensors) for backend `be`. Validates every tensor
@@ -71,6 +72,10 @@ int64_t ci_model_weight_bytes_per_token(const ci_model *model);
  * layer in `codec`. Cache layer i is model layer i. */
 ci_kv_cache *ci_model_kv_cache_create(const ci_model *model, ci_kv_codec codec, int block_tokens,
                                       int32_t max_blocks_per_group);
+
+/* Gives an empty sequence the model's kv_config.json plan (start 0), if the folder has one.
+ * Returns CI_OK (also when there is none) or CI_ERR. */
+int ci_model_kv_seq_apply_config(const ci_model *model, ci_kv_seq *seq);
 
 /* Forward pass of n tokens `ids` of one sequence at positions seq->n .. seq->n+n-1: writes
  * their K/V into the sequence and advances it. When logits is non-NULL it receives
