@@ -33,8 +33,9 @@ static json_t *load_fixture_config(const char *name) {
 }
 
 static void resolve(json_t *cfg, ci_model_spec *spec) {
-  if (ci_model_spec_from_json(cfg, spec) != CI_OK) fprintf(stderr, "%s\n", ci_last_error());
-  assert_int_equal(ci_model_spec_from_json(cfg, spec), CI_OK);
+  const int status = ci_model_spec_from_json(cfg, spec);
+  if (status != CI_OK) fprintf(stderr, "%s\n", ci_last_error());
+  assert_int_equal(status, CI_OK);
 }
 
 /* Geometry and RoPE tables of two specs are identical. */
