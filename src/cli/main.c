@@ -15,6 +15,7 @@ static const verb verbs[] = {
     {"init-random", ci_verb_init_random, "write a random-weight model for a config"},
     {"generate", ci_verb_generate, "greedy continuation of a token-id prompt"},
     {"bench", ci_verb_bench, "measure prefill and decode tok/s"},
+    {"render", ci_verb_render, "print the chat-template rendering of a chat request"},
 };
 
 static void print_usage(FILE *out) {
