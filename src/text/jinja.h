@@ -9,6 +9,7 @@
 
 #include <jansson.h>
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct ci_jinja_template ci_jinja_template;
 
@@ -23,5 +24,18 @@ void ci_jinja_free(ci_jinja_template *t);
  * errors name the template line. Loops, recursion, memory and output size are bounded, so no
  * template can hang or exhaust memory. */
 int ci_jinja_render(const ci_jinja_template *t, const json_t *vars, char **out, size_t *out_len);
+
+/* Bounds on one render (exceeding one is an error naming it). */
+typedef struct {
+  uint64_t max_iterations; /* for-loop iterations plus macro calls */
+  uint64_t max_work;       /* total bytes of the strings expressions build */
+  size_t max_output;       /* bytes of rendered output */
+} ci_jinja_limits;
+
+/* The limits ci_jinja_render uses: 1,000,000 iterations, 4 GiB of string work, 256 MiB out. */
+ci_jinja_limits ci_jinja_default_limits(void);
+/* ci_jinja_render with explicit limits (NULL: the defaults). */
+int ci_jinja_render_limited(const ci_jinja_template *t, const json_t *vars,
+                            const ci_jinja_limits *limits, char **out, size_t *out_len);
 
 #endif

@@ -516,15 +516,19 @@ static int call_macro(ci_jctx *c, const jfunc *f, const jargs *args, jv *out) {
     c->call_depth--;
     return ci_fail("macro recursion deeper than %d calls", JINJA_MAX_CALL_DEPTH);
   }
-  if (++c->iterations > JINJA_MAX_ITERATIONS) {
+  if (++c->iterations > c->limits.max_iterations) {
     c->call_depth--;
-    return ci_fail("template exceeded %d loop iterations and macro calls", JINJA_MAX_ITERATIONS);
+    return ci_fail("template exceeded %llu loop iterations and macro calls",
+                   (unsigned long long)c->limits.max_iterations);
   }
   jscope *s = scope_new(f->closure);
   int rc = s ? CI_OK : CI_ERR;
   jlist *varargs = jv_new_list(&c->heap, 0);
   jdict *kwargs = jv_new_dict(&c->heap, 0);
-  if (!varargs || !kwargs) rc = ci_fail("template exceeded its memory limit");
+  if (!varargs || !kwargs)
+    rc = ci_fail("template exceeded its memory limit");
+  else
+    varargs->is_tuple = 1;
   for (size_t i = 0; rc == CI_OK && i < m->n_kids; i++) {
     const jnode *param = m->kids[i];
     jv v = jv_undef();
@@ -920,6 +924,14 @@ static int eval_inner(ci_jctx *c, const jnode *n, jscope *s, jv *out) {
 static int eval(ci_jctx *c, const jnode *n, jscope *s, jv *out) {
   int rc = check_stack(c);
   if (rc == CI_OK) rc = eval_inner(c, n, s, out);
+  if (rc == CI_OK && out->kind == JV_STR) {
+    c->work += out->u.s->len;
+    if (c->work > c->limits.max_work) {
+      jv_drop(*out);
+      rc = ci_fail("template exceeded its work limit (%llu bytes of strings built)",
+                   (unsigned long long)c->limits.max_work);
+    }
+  }
   if (rc && !c->located) {
     c->located = 1;
     ci_fail_context("line %d, column %d", n->line, n->col);
@@ -1000,29 +1012,50 @@ static int exec_for(ci_jctx *c, const jnode *n, jscope *s, jbuf *out) {
     items = kept;
   }
   if (items->n == 0) return exec_body(c, n->orelse, n->n_orelse, s, out);
-  jdict *loop = jv_new_dict(&c->heap, 12);
+  /* The loop object is one dict per loop, updated in place through slots. */
+  static const char *const keys[] = {"index",  "index0", "revindex", "revindex0",
+                                     "first",  "last",   "previtem", "nextitem",
+                                     "length", "depth",  "depth0",   "cycle"};
+  enum {
+    K_INDEX,
+    K_INDEX0,
+    K_REVINDEX,
+    K_REVINDEX0,
+    K_FIRST,
+    K_LAST,
+    K_PREV,
+    K_NEXT,
+    K_COUNT = 12
+  };
+  jdict *loop = jv_new_dict(&c->heap, K_COUNT);
   jv cycle;
   if (!loop || jinja_make_func(c, "cycle", loop_cycle, jv_dict(loop), &cycle))
     return ci_fail("template exceeded its memory limit");
   const int64_t len = (int64_t)items->n;
-  if (set_loop(c, loop, "length", jv_int(len)) || set_loop(c, loop, "depth", jv_int(1)) ||
-      set_loop(c, loop, "depth0", jv_int(0)) || set_loop(c, loop, "cycle", cycle))
-    return CI_ERR;
+  for (int k = 0; k < K_COUNT; k++) {
+    jv init = k == 8    ? jv_int(len)
+              : k == 9  ? jv_int(1)
+              : k == 10 ? jv_int(0)
+              : k == 11 ? cycle
+                        : jv_none();
+    if (set_loop(c, loop, keys[k], init)) return CI_ERR;
+  }
+  jv *slot = loop->vals; /* keys were added in order, and nothing can add more */
   for (int64_t i = 0; i < len; i++) {
-    if (++c->iterations > JINJA_MAX_ITERATIONS)
-      return ci_fail("template exceeded %d loop iterations and macro calls", JINJA_MAX_ITERATIONS);
-    if (set_loop(c, loop, "index", jv_int(i + 1)) || set_loop(c, loop, "index0", jv_int(i)) ||
-        set_loop(c, loop, "revindex", jv_int(len - i)) ||
-        set_loop(c, loop, "revindex0", jv_int(len - i - 1)) ||
-        set_loop(c, loop, "first", jv_bool(i == 0)) ||
-        set_loop(c, loop, "last", jv_bool(i == len - 1)) ||
-        set_loop(c, loop, "previtem",
-                 i > 0 ? jv_dup(items->items[i - 1])
-                       : jv_undef_hint("there is no previous item")) ||
-        set_loop(c, loop, "nextitem",
-                 i < len - 1 ? jv_dup(items->items[i + 1])
-                             : jv_undef_hint("there is no next item")))
-      return CI_ERR;
+    if (++c->iterations > c->limits.max_iterations)
+      return ci_fail("template exceeded %llu loop iterations and macro calls",
+                     (unsigned long long)c->limits.max_iterations);
+    slot[K_INDEX] = jv_int(i + 1);
+    slot[K_INDEX0] = jv_int(i);
+    slot[K_REVINDEX] = jv_int(len - i);
+    slot[K_REVINDEX0] = jv_int(len - i - 1);
+    slot[K_FIRST] = jv_bool(i == 0);
+    slot[K_LAST] = jv_bool(i == len - 1);
+    jv_drop(slot[K_PREV]);
+    slot[K_PREV] = i > 0 ? jv_dup(items->items[i - 1]) : jv_undef_hint("there is no previous item");
+    jv_drop(slot[K_NEXT]);
+    slot[K_NEXT] =
+        i < len - 1 ? jv_dup(items->items[i + 1]) : jv_undef_hint("there is no next item");
     jscope *iter = scope_new(s);
     if (!iter) return CI_ERR;
     rc = scope_set(iter, "loop", jv_dict(loop));
@@ -1154,16 +1187,27 @@ static int exec_body(ci_jctx *c, jnode *const *body, size_t n, jscope *s, jbuf *
   return CI_OK;
 }
 
+ci_jinja_limits ci_jinja_default_limits(void) {
+  return (ci_jinja_limits){
+      .max_iterations = 1000000, .max_work = (uint64_t)4 << 30, .max_output = (size_t)256 << 20};
+}
+
 int jinja_raise(ci_jctx *c, const char *msg) {
   c->located = 1;
   return ci_fail("%s", msg);
 }
 
 int ci_jinja_render(const ci_jinja_template *t, const json_t *vars, char **out, size_t *out_len) {
+  return ci_jinja_render_limited(t, vars, NULL, out, out_len);
+}
+
+int ci_jinja_render_limited(const ci_jinja_template *t, const json_t *vars,
+                            const ci_jinja_limits *limits, char **out, size_t *out_len) {
   *out = NULL;
   if (out_len) *out_len = 0;
   char base_marker;
   ci_jctx c = {.stack_base = (uintptr_t)&base_marker, .pipe_in = jv_undef()};
+  c.limits = limits ? *limits : ci_jinja_default_limits();
   ci_jheap_init(&c.heap, JINJA_HEAP_LIMIT);
   jscope *root = scope_new(NULL);
   int rc = root ? CI_OK : CI_ERR;
@@ -1178,7 +1222,8 @@ int ci_jinja_render(const ci_jinja_template *t, const json_t *vars, char **out, 
   }
   jbuf buf = {0};
   if (rc == CI_OK) rc = exec_body(&c, t->body, t->n_body, root, &buf);
-  if (rc == CI_OK && buf.failed) rc = ci_fail("template output too large");
+  if (rc == CI_OK && (buf.failed || buf.len > c.limits.max_output))
+    rc = ci_fail("template output too large (over %zu bytes)", c.limits.max_output);
   if (root) scope_release(&c, root);
   while (c.kept) {
     jscope *next = c.kept->next_kept;

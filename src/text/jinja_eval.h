@@ -4,6 +4,7 @@
 #ifndef CI_TEXT_JINJA_EVAL_H
 #define CI_TEXT_JINJA_EVAL_H
 
+#include "text/jinja.h"
 #include "text/jinja_ast.h"
 #include "text/jinja_value.h"
 
@@ -44,10 +45,11 @@ struct ci_jctx {
   int call_depth;
   uint64_t iterations;
   int located; /* the current error already names its template position */
+  ci_jinja_limits limits;
+  uint64_t work; /* bytes of strings built so far */
 };
 
 enum {
-  JINJA_MAX_ITERATIONS = 5000000, /* loop iterations and macro calls per render */
   JINJA_MAX_CALL_DEPTH = 200,
   JINJA_MAX_STACK = 2 << 20, /* bytes of C stack a render may use */
   JINJA_HEAP_LIMIT = 1u << 30,

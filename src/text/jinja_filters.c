@@ -312,6 +312,11 @@ static int parse_int_text(const char *s, int base, int64_t *out) {
   char digits[80];
   size_t n = 0;
   if (*s == '+' || *s == '-') digits[n++] = *s++;
+  /* a 0x / 0o / 0b prefix is allowed when it matches the base, as in Python's int(s, base) */
+  if (s[0] == '0' && s[1] &&
+      (((s[1] | 32) == 'x' && base == 16) || ((s[1] | 32) == 'o' && base == 8) ||
+       ((s[1] | 32) == 'b' && base == 2)))
+    s += 2;
   int any = 0;
   for (; *s && n < sizeof digits - 1; s++) {
     if (*s == '_' && any && s[1] && s[1] != '_') continue;

@@ -67,6 +67,10 @@ int jinja_change_case(jv s, int mode, jv *out) {
     int32_t m = cp;
     switch (mode) {
     case CASE_UPPER:
+      if (cp == 0xdf) { /* the one full case mapping templates meet: German sharp s */
+        jbuf_puts(&b, "SS");
+        continue;
+      }
       m = utf8proc_toupper(cp);
       break;
     case CASE_LOWER:
@@ -224,17 +228,8 @@ static int split(ci_jctx *c, jv s, jv sep, int64_t maxsplit, int from_right, jv 
         if (i >= len) break;
         size_t start = i;
         if (maxsplit >= 0 && done >= maxsplit) {
-          /* the rest, with trailing whitespace removed */
-          size_t end = len;
-          while (end > start) {
-            size_t back = end - 1;
-            while (back > start && ((unsigned char)d[back] & 0xc0) == 0x80) back--;
-            int32_t cp;
-            ju8_decode(d + back, end - back, &cp);
-            if (!ju8_isspace(cp)) break;
-            end = back;
-          }
-          if (push_str(c, l, d + start, end - start)) return CI_ERR;
+          /* the rest, as is */
+          if (push_str(c, l, d + start, len - start)) return CI_ERR;
           break;
         }
         while (i < len) {
