@@ -121,22 +121,16 @@ static char *dup_text(const char *s) {
 
 static int expect_op(parser *p, const char *op) {
   jtok *t = peek(p);
-  if (!is_op(t, op)) {
-    char msg[64];
-    snprintf(msg, sizeof msg, "expected '%s', got '%%s'", op);
-    return fail_at(t, msg, describe(t));
-  }
+  if (!is_op(t, op))
+    return ci_fail("line %d, column %d: expected '%s', got '%s'", t->line, t->col, op, describe(t));
   p->pos++;
   return CI_OK;
 }
 
 static int expect_kind(parser *p, jtok_kind kind, const char *what) {
   jtok *t = peek(p);
-  if (t->kind != kind) {
-    char msg[96];
-    snprintf(msg, sizeof msg, "expected %s, got '%%s'", what);
-    return fail_at(t, msg, describe(t));
-  }
+  if (t->kind != kind)
+    return ci_fail("line %d, column %d: expected %s, got '%s'", t->line, t->col, what, describe(t));
   p->pos++;
   return CI_OK;
 }
