@@ -16,6 +16,7 @@ static const verb verbs[] = {
     {"generate", ci_verb_generate, "greedy continuation of a token-id prompt"},
     {"bench", ci_verb_bench, "measure prefill and decode tok/s"},
     {"kv-quality", ci_verb_kv_quality, "KL divergence and top-1 agreement of a KV codec vs bf16"},
+    {"render", ci_verb_render, "print the chat-template rendering of a chat request"},
 };
 
 static void print_usage(FILE *out) {

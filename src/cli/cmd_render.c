@@ -1,0 +1,103 @@
+/* `cinfer render`: prints the chat-template rendering of a chat request exactly (nothing added),
+ * or the template's error message on stderr with exit code 1. */
+#include "base/error.h"
+#include "cli/args.h"
+#include "cli/verbs.h"
+#include "text/chat_template.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static const char usage[] =
+    "usage: cinfer render --model DIR --request FILE.json [--chat-template FILE]\n"
+    "  FILE.json: {\"messages\": [...], \"tools\"?: [...], \"add_generation_prompt\"?: bool, ...}\n"
+    "  (use - to read the request from stdin)\n";
+
+static ci_chat_template *template_from_file(const char *path, const char *model_dir) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    ci_fail("cannot open %s", path);
+    return NULL;
+  }
+  char *src = NULL;
+  size_t len = 0, cap = 0;
+  for (;;) {
+    if (len + 4097 > cap) {
+      cap = cap ? cap * 2 : 65536;
+      char *grown = realloc(src, cap);
+      if (!grown) break;
+      src = grown;
+    }
+    size_t got = fread(src + len, 1, cap - len - 1, f);
+    len += got;
+    if (!got) break;
+  }
+  fclose(f);
+  if (!src) {
+    ci_fail("out of memory reading %s", path);
+    return NULL;
+  }
+  src[len] = '\0';
+  /* special tokens still come from the model folder when one is given */
+  const char *bos = NULL, *eos = NULL;
+  ci_chat_template *model = model_dir ? ci_chat_template_load_dir(model_dir) : NULL;
+  if (model) {
+    bos = ci_chat_template_bos_token(model);
+    eos = ci_chat_template_eos_token(model);
+  }
+  ci_chat_template *t = ci_chat_template_from_source(src, bos, eos);
+  ci_chat_template_free(model);
+  free(src);
+  return t;
+}
+
+int ci_verb_render(int argc, char **argv) {
+  ci_flag flags[] = {{"--model", "-m", 1, NULL},
+                     {"--request", "-r", 1, NULL},
+                     {"--chat-template", NULL, 1, NULL},
+                     {"--help", "-h", 0, NULL}};
+  const int nf = sizeof flags / sizeof flags[0];
+  if (ci_args_parse(argc, argv, flags, nf, "render")) return 2;
+  if (ci_args_get(flags, nf, "--help")) {
+    fputs(usage, stdout);
+    return 0;
+  }
+  const char *model_dir = ci_args_get(flags, nf, "--model");
+  const char *request_path = ci_args_get(flags, nf, "--request");
+  const char *template_path = ci_args_get(flags, nf, "--chat-template");
+  if ((!model_dir && !template_path) || !request_path) {
+    fprintf(stderr, "cinfer render: --request and --model (or --chat-template) are required\n%s",
+            usage);
+    return 2;
+  }
+  json_error_t err;
+  json_t *request = request_path[0] == '-' && !request_path[1]
+                        ? json_loadf(stdin, 0, &err)
+                        : json_load_file(request_path, 0, &err);
+  if (!request) {
+    fprintf(stderr, "cinfer render: %s: line %d, column %d: %s\n", request_path, err.line,
+            err.column, err.text);
+    return 1;
+  }
+  ci_chat_template *t = template_path ? template_from_file(template_path, model_dir)
+                                      : ci_chat_template_load_dir(model_dir);
+  if (!t) {
+    fprintf(stderr, "cinfer render: %s\n", ci_last_error());
+    json_decref(request);
+    return 1;
+  }
+  char *text = NULL;
+  size_t len = 0;
+  int rc = 0;
+  if (ci_chat_template_render(t, request, &text, &len)) {
+    fprintf(stderr, "%s\n", ci_last_error()); /* exactly the template's message */
+    rc = 1;
+  } else if (fwrite(text, 1, len, stdout) != len || fflush(stdout) != 0) {
+    fprintf(stderr, "cinfer render: write to stdout failed\n");
+    rc = 1;
+  }
+  free(text);
+  ci_chat_template_free(t);
+  json_decref(request);
+  return rc;
+}
