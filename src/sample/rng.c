@@ -56,10 +56,45 @@ void ci_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out
   out[3] = c3;
 }
 
-double ci_rng_uniform(uint64_t key, uint32_t stream, uint64_t i) {
+uint32_t ci_rng_word(uint64_t key, uint32_t stream, uint64_t i) {
   const uint32_t k[2] = {(uint32_t)key, (uint32_t)(key >> 32)};
   const uint32_t ctr[4] = {(uint32_t)i, (uint32_t)(i >> 32), stream, 0};
   uint32_t w[4];
   ci_philox4x32_10(ctr, k, w);
-  return (double)(w[0] >> 8) * 0x1p-24 + 0x1p-25;
+  return w[0];
+}
+
+void ci_rng_words_batch(uint64_t key, uint32_t stream, const uint32_t i[CI_RNG_BATCH],
+                        uint32_t w0[CI_RNG_BATCH]) {
+  uint32_t c0[CI_RNG_BATCH], c1[CI_RNG_BATCH], c2[CI_RNG_BATCH], c3[CI_RNG_BATCH];
+  for (int j = 0; j < CI_RNG_BATCH; j++) {
+    c0[j] = i[j];
+    c1[j] = 0;
+    c2[j] = stream;
+    c3[j] = 0;
+  }
+  uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
+  for (int round = 0; round < PHILOX_ROUNDS; round++) {
+    for (int j = 0; j < CI_RNG_BATCH; j++) {
+      const uint64_t p0 = (uint64_t)philox_mul0 * c0[j];
+      const uint64_t p1 = (uint64_t)philox_mul1 * c2[j];
+      const uint32_t next0 = (uint32_t)(p1 >> 32) ^ c1[j] ^ k0;
+      const uint32_t next2 = (uint32_t)(p0 >> 32) ^ c3[j] ^ k1;
+      c1[j] = (uint32_t)p1;
+      c3[j] = (uint32_t)p0;
+      c0[j] = next0;
+      c2[j] = next2;
+    }
+    k0 += philox_weyl0;
+    k1 += philox_weyl1;
+  }
+  for (int j = 0; j < CI_RNG_BATCH; j++) w0[j] = c0[j];
+}
+
+double ci_rng_word_to_uniform(uint32_t w0) {
+  return (double)(w0 >> 8) * 0x1p-24 + 0x1p-25;
+}
+
+double ci_rng_uniform(uint64_t key, uint32_t stream, uint64_t i) {
+  return ci_rng_word_to_uniform(ci_rng_word(key, stream, i));
 }

@@ -36,4 +36,15 @@ void ci_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out
  * (i mod 2^32, i >> 32, stream, 0); u = (w0 >> 8) * 2^-24 + 2^-25 from output word 0. */
 double ci_rng_uniform(uint64_t key, uint32_t stream, uint64_t i);
 
+/* The two halves of ci_rng_uniform: output word w0, and u from it (monotone in w0), so a
+ * caller can bound u from the top bits of w0 before converting. */
+uint32_t ci_rng_word(uint64_t key, uint32_t stream, uint64_t i);
+
+/* Output word w0 for eight counters i[0..8) < 2^32 at once (vectorizable lanes); equal to
+ * ci_rng_word(key, stream, i[j]) for each j. */
+enum { CI_RNG_BATCH = 8 };
+void ci_rng_words_batch(uint64_t key, uint32_t stream, const uint32_t i[CI_RNG_BATCH],
+                        uint32_t w0[CI_RNG_BATCH]);
+double ci_rng_word_to_uniform(uint32_t w0);
+
 #endif

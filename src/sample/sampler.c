@@ -3,12 +3,13 @@
  *
  * Candidates are kept as 64-bit rank keys — an order-preserving encoding of lp in the high
  * half (descending) and the token id in the low half — so "higher lp first, ties to the lower
- * id" is plain integer order. Filters shrink the list; top-k and the min-p keep-guard use a
- * partial selection (no full sort), and top-p sorts only the prefix it keeps, widening it
- * until the kept mass reaches p. */
+ * id" is plain integer order. Filters shrink the list without a full sort: top-k and the min-p
+ * keep-guard use a partial selection, and top-p histograms the mass by lp and sorts only the
+ * bucket its cut falls in. Without filters no list is built at all. */
 #include "sample/sampler.h"
 
 #include "base/error.h"
+#include "sample/fast_exp.h"
 #include "sample/greedy.h"
 #include "sample/logprobs.h"
 #include "sample/rng.h"
@@ -16,6 +17,14 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+enum {
+  SELECT_HEAP_MAX = 1024, /* partial selection by heap up to this k, quickselect above */
+  TOP_P_PREFIX = 256,     /* top-p first tries a nucleus among this many best */
+  TOP_P_BUCKETS = 4096,   /* top-p histogram: buckets of TOP_P_RANGE / TOP_P_BUCKETS nats */
+  TOP_P_RANGE = 64,
+  GUMBEL_BOUNDS = 256 /* Gumbel bounds by the top byte of the Philox word */
+};
 
 struct ci_sampler {
   ci_sampler_params params; /* pointer fields point at bias / exempt below */
@@ -27,10 +36,11 @@ struct ci_sampler {
   float *lp;           /* [vocab] log_softmax of the processed logits of the last call */
   uint64_t *cand;      /* [vocab] rank keys of the surviving tokens */
   int32_t *counts;     /* [vocab] zeroed scratch for the penalty windows */
+  double *top_p_mass;  /* [TOP_P_BUCKETS] top-p histogram */
+  double gumbel_bound[GUMBEL_BOUNDS];
 };
 
-/* First top-p round looks at this many best candidates; each further round widens 8x. */
-enum { TOP_P_FIRST_ROUND = 256, TOP_P_WIDEN = 8 };
+static void gumbel_bounds_init(double *bound);
 
 /* ==== Parameters ==== */
 
@@ -107,9 +117,10 @@ ci_sampler *ci_sampler_create(const ci_sampler_params *params, int vocab) {
   s->lp = calloc((size_t)vocab, sizeof *s->lp);
   s->cand = malloc((size_t)vocab * sizeof *s->cand);
   s->counts = calloc((size_t)vocab, sizeof *s->counts);
+  s->top_p_mass = malloc(TOP_P_BUCKETS * sizeof *s->top_p_mass);
   s->bias = malloc(((size_t)params->n_logit_bias + 1) * sizeof *s->bias);
   s->exempt = malloc(((size_t)params->n_xtc_exempt + 1) * sizeof *s->exempt);
-  if (!s->lp || !s->cand || !s->counts || !s->bias || !s->exempt) {
+  if (!s->lp || !s->cand || !s->counts || !s->top_p_mass || !s->bias || !s->exempt) {
     ci_sampler_free(s);
     ci_fail("out of memory for a sampler over %d tokens", vocab);
     return NULL;
@@ -118,6 +129,7 @@ ci_sampler *ci_sampler_create(const ci_sampler_params *params, int vocab) {
     memcpy(s->bias, params->logit_bias, (size_t)params->n_logit_bias * sizeof *s->bias);
   if (params->n_xtc_exempt)
     memcpy(s->exempt, params->xtc_exempt, (size_t)params->n_xtc_exempt * sizeof *s->exempt);
+  gumbel_bounds_init(s->gumbel_bound);
   s->params.logit_bias = s->bias;
   s->params.xtc_exempt = s->exempt;
   if (params->has_seed) {
@@ -136,6 +148,7 @@ void ci_sampler_free(ci_sampler *s) {
   free(s->lp);
   free(s->cand);
   free(s->counts);
+  free(s->top_p_mass);
   free(s->bias);
   free(s->exempt);
   free(s);
@@ -184,10 +197,31 @@ static void swap_keys(uint64_t *a, uint64_t *b) {
   *b = t;
 }
 
-/* Rearranges a[0..n) so that a[0..k) hold the k smallest keys (the k best tokens), in no
- * particular order (0 < k < n). Quickselect with a median-of-three pivot; falls back to a sort
- * if it degenerates. */
-static void select_best(uint64_t *a, size_t n, size_t k) {
+/* Max-heap on keys (the worst kept token at the root). */
+static void sift_down(uint64_t *heap, size_t n, size_t i) {
+  for (;;) {
+    size_t largest = i, l = 2 * i + 1, r = l + 1;
+    if (l < n && heap[l] > heap[largest]) largest = l;
+    if (r < n && heap[r] > heap[largest]) largest = r;
+    if (largest == i) return;
+    swap_keys(&heap[i], &heap[largest]);
+    i = largest;
+  }
+}
+
+/* Small k: a k-entry heap in a[0..k) absorbs the rest in one pass, with almost every key
+ * rejected by one comparison against the root. */
+static void select_best_heap(uint64_t *a, size_t n, size_t k) {
+  for (size_t i = k / 2; i-- > 0;) sift_down(a, k, i);
+  for (size_t i = k; i < n; i++) {
+    if (a[i] >= a[0]) continue;
+    a[0] = a[i];
+    sift_down(a, k, 0);
+  }
+}
+
+/* Large k: quickselect with a median-of-three pivot; sorts if it degenerates. */
+static void select_best_quick(uint64_t *a, size_t n, size_t k) {
   size_t lo = 0, hi = n - 1;
   int budget = 64;
   while (hi > lo) {
@@ -213,6 +247,15 @@ static void select_best(uint64_t *a, size_t n, size_t k) {
   }
 }
 
+/* Rearranges a[0..n) so that a[0..k) hold the k smallest keys (the k best tokens), in no
+ * particular order (0 < k < n). */
+static void select_best(uint64_t *a, size_t n, size_t k) {
+  if (k <= SELECT_HEAP_MAX)
+    select_best_heap(a, n, k);
+  else
+    select_best_quick(a, n, k);
+}
+
 /* ==== The chain (§4.3) ==== */
 
 /* The candidate list of one step. */
@@ -231,29 +274,64 @@ static size_t best_position(const candidates *c) {
   return best;
 }
 
-/* top-p: keep rank r iff the mass of ranks < r is < p; sorts only the kept prefix. */
-static void filter_top_p(candidates *c, const float *lp, float top_p) {
-  size_t done = 0; /* keys[0..done) are the best `done`, sorted */
+/* Bucket of lp in the top-p histogram: TOP_P_BUCKETS equal slices of TOP_P_RANGE nats below
+ * the best lp, the last one also holding everything further down. Monotone in lp. */
+static size_t top_p_bucket(float lp, float lp_max) {
+  const float slice = (lp_max - lp) * (float)(TOP_P_BUCKETS / TOP_P_RANGE);
+  return slice < (float)(TOP_P_BUCKETS - 1) ? (size_t)slice : TOP_P_BUCKETS - 1;
+}
+
+/* top-p when the nucleus lies within the TOP_P_PREFIX best (the usual case for a trained
+ * model): select and sort those, walk their mass. Returns 0, leaving c a permutation of its
+ * input, when their mass stays below p. */
+static int filter_top_p_prefix(candidates *c, const float *lp, float top_p) {
+  const size_t k = c->n < TOP_P_PREFIX ? c->n : TOP_P_PREFIX;
+  if (k < c->n) select_best(c->keys, c->n, k);
+  qsort(c->keys, k, sizeof *c->keys, compare_keys);
   double mass = 0.0;
-  size_t want = c->n < TOP_P_FIRST_ROUND ? c->n : TOP_P_FIRST_ROUND;
-  for (;;) {
-    if (want < c->n) select_best(c->keys + done, c->n - done, want - done);
-    qsort(c->keys + done, want - done, sizeof *c->keys, compare_keys);
-    for (size_t r = done; r < want; r++) {
-      if (r > 0 && mass >= (double)top_p) {
-        c->n = r;
-        c->sorted = 1;
-        return;
-      }
-      mass += exp((double)lp[key_id(c->keys[r])]);
-    }
-    done = want;
-    if (done == c->n) {
+  for (size_t r = 0; r < k; r++) {
+    if (r > 0 && mass >= (double)top_p) {
+      c->n = r;
       c->sorted = 1;
-      return;
+      return 1;
     }
-    want = c->n / TOP_P_WIDEN < want ? c->n : want * TOP_P_WIDEN;
+    mass += ci_exp_nonpositive(lp[key_id(c->keys[r])]);
   }
+  if (k < c->n) return 0;
+  c->sorted = 1; /* every candidate is inside the nucleus */
+  return 1;
+}
+
+/* top-p: keep rank r iff the mass of ranks < r is < p. Masses are exp(lp) summed in double.
+ * A large nucleus is found in O(n): a histogram of the mass over lp buckets locates the one
+ * bucket the cut falls in, and only that bucket is sorted and walked. */
+static void filter_top_p(candidates *c, const float *lp, float top_p, double *mass) {
+  if (filter_top_p_prefix(c, lp, top_p)) return;
+  const float lp_max = lp[key_id(c->keys[best_position(c)])];
+  for (size_t b = 0; b < TOP_P_BUCKETS; b++) mass[b] = 0.0;
+  for (size_t i = 0; i < c->n; i++) {
+    const float v = lp[key_id(c->keys[i])];
+    mass[top_p_bucket(v, lp_max)] += ci_exp_nonpositive(v);
+  }
+  double before = 0.0; /* mass of the buckets above the cut bucket */
+  size_t cut = 0;
+  while (cut < TOP_P_BUCKETS && before + mass[cut] < (double)top_p) before += mass[cut++];
+  if (cut == TOP_P_BUCKETS) return; /* the whole mass is below p: everything stays */
+  /* Move buckets < cut to the front, then the cut bucket after them; drop the rest. */
+  size_t above = 0, kept = 0;
+  for (size_t i = 0; i < c->n; i++) {
+    const size_t b = top_p_bucket(lp[key_id(c->keys[i])], lp_max);
+    if (b <= cut) c->keys[kept++] = c->keys[i];
+  }
+  for (size_t i = 0; i < kept; i++)
+    if (top_p_bucket(lp[key_id(c->keys[i])], lp_max) < cut)
+      swap_keys(&c->keys[i], &c->keys[above++]);
+  qsort(c->keys + above, kept - above, sizeof *c->keys, compare_keys);
+  size_t r = above;
+  while (r < kept && (r == 0 || before < (double)top_p))
+    before += ci_exp_nonpositive(lp[key_id(c->keys[r++])]);
+  c->n = r;
+  c->sorted = above == 0;
 }
 
 /* min-p: drop t with lp_t < max(lp) + ln(min_p), except the min_keep best. */
@@ -313,27 +391,69 @@ static void filter_top_k(candidates *c, int top_k) {
   c->n = (size_t)top_k;
 }
 
-/* Gumbel-max: argmax over candidates of lp_t / T + G_t, G_t = -ln(-ln u_t), u_t =
- * uniform(K_s, 0, t), in double; ties to the lower id. Since u <= 1 - 2^-25, G_t <= 17.33
- * (g_max, padded against libm rounding), so a candidate with lp_t / T + g_max below the best
- * score so far cannot win and its noise is never computed. */
-static int32_t draw_gumbel(const candidates *c, const float *lp, double temperature, uint64_t key) {
-  const double g_max = -log(-log(1.0 - 0x1p-25)) + 1e-6;
-  const size_t first = best_position(c);
-  int32_t best = key_id(c->keys[first]);
-  double best_score =
-      (double)lp[best] / temperature - log(-log(ci_rng_uniform(key, CI_RNG_STREAM_DRAW, best)));
-  for (size_t i = 0; i < c->n; i++) {
-    int32_t t = key_id(c->keys[i]);
-    double base = (double)lp[t] / temperature;
-    if (base + g_max < best_score || t == best) continue;
-    double score = base - log(-log(ci_rng_uniform(key, CI_RNG_STREAM_DRAW, (uint64_t)t)));
-    if (score > best_score || (score == best_score && t < best)) {
-      best = t;
-      best_score = score;
+/* ==== The draw ==== */
+
+/* Gumbel-max: argmax over surviving t of lp_t / T + G_t, G_t = -ln(-ln u_t), u_t =
+ * uniform(K_s, 0, t), in double; ties to the lower id. G grows with u, so two exact bounds
+ * skip most of the work: G_t <= bound[255] (u <= 1 - 2^-25) rules a token out before its
+ * Philox word is computed, and G_t <= bound[w0 >> 24] before its logarithms are. Words are
+ * computed CI_RNG_BATCH tokens at a time; the order of evaluation cannot change the argmax. */
+typedef struct {
+  const float *lp;
+  double inv_temperature;
+  uint64_t key;
+  const double *bound;
+  int32_t best;
+  double best_score;
+  uint32_t pending[CI_RNG_BATCH]; /* tokens waiting for their Philox words */
+  int n_pending;
+} gumbel_race;
+
+static double gumbel_score(const gumbel_race *g, int32_t t, uint32_t w0) {
+  return (double)g->lp[t] * g->inv_temperature - log(-log(ci_rng_word_to_uniform(w0)));
+}
+
+static void gumbel_flush(gumbel_race *g) {
+  uint32_t w0[CI_RNG_BATCH];
+  for (int j = g->n_pending; j < CI_RNG_BATCH; j++) g->pending[j] = 0;
+  ci_rng_words_batch(g->key, CI_RNG_STREAM_DRAW, g->pending, w0);
+  for (int j = 0; j < g->n_pending; j++) {
+    const int32_t t = (int32_t)g->pending[j];
+    if ((double)g->lp[t] * g->inv_temperature + g->bound[w0[j] >> 24] < g->best_score) continue;
+    const double score = gumbel_score(g, t, w0[j]);
+    if (score > g->best_score || (score == g->best_score && t < g->best)) {
+      g->best = t;
+      g->best_score = score;
     }
   }
-  return best;
+  g->n_pending = 0;
+}
+
+static void gumbel_enter(gumbel_race *g, int32_t t) {
+  const double base = (double)g->lp[t] * g->inv_temperature;
+  if (base + g->bound[GUMBEL_BOUNDS - 1] < g->best_score || t == g->best) return;
+  g->pending[g->n_pending++] = (uint32_t)t;
+  if (g->n_pending == CI_RNG_BATCH) gumbel_flush(g);
+}
+
+/* The winner, after the last candidate entered. */
+static int32_t gumbel_finish(gumbel_race *g) {
+  if (g->n_pending) gumbel_flush(g);
+  return g->best;
+}
+
+/* Starts the race with the most likely token (the strongest early bound). */
+static void gumbel_start(gumbel_race *g, int32_t first) {
+  g->best = first;
+  g->best_score = gumbel_score(g, first, ci_rng_word(g->key, CI_RNG_STREAM_DRAW, (uint64_t)first));
+}
+
+/* Upper bounds of G over the 256 ranges of w0's top byte (padded against libm rounding). */
+static void gumbel_bounds_init(double *bound) {
+  for (int k = 0; k < GUMBEL_BOUNDS; k++) {
+    const uint32_t w_max = (uint32_t)k << 24 | 0xFFFFFFu;
+    bound[k] = -log(-log(ci_rng_word_to_uniform(w_max))) + 1e-9;
+  }
 }
 
 /* ==== Sampling ==== */
@@ -347,18 +467,31 @@ int32_t ci_sampler_sample_at(ci_sampler *s, float *logits, const int32_t *histor
   ci_logits_apply_penalties(logits, vocab, &p->penalties, history, n_history, s->counts);
   if (ci_log_softmax(logits, vocab, s->lp)) return -1;
   const float *lp = s->lp;
-  if (p->temperature == 0.0f) return ci_argmax(lp, vocab);
+  const int32_t top = ci_argmax(lp, vocab);
+  if (p->temperature == 0.0f) return top;
 
+  const uint64_t key = ci_rng_key(&s->rng, index);
+  gumbel_race race = {lp, 1.0 / (double)p->temperature, key, s->gumbel_bound, 0, 0.0, {0}, 0};
+  const int use_top_p = p->top_p > 0.0f && p->top_p < 1.0f;
+  const int filtered = use_top_p || p->min_p > 0.0f || p->xtc_probability > 0.0f ||
+                       (p->top_k > 0 && p->top_k < vocab);
+  if (!filtered) { /* every token with lp > -inf races */
+    gumbel_start(&race, top);
+    for (int32_t t = 0; t < vocab; t++)
+      if (lp[t] > -INFINITY) gumbel_enter(&race, t);
+    return gumbel_finish(&race);
+  }
   candidates c = {s->cand, 0, 0};
   for (int32_t t = 0; t < vocab; t++)
     if (lp[t] > -INFINITY) c.keys[c.n++] = rank_key(lp[t], t);
-  const uint64_t key = ci_rng_key(&s->rng, index);
-  if (p->top_p > 0.0f && p->top_p < 1.0f) filter_top_p(&c, lp, p->top_p);
+  if (use_top_p) filter_top_p(&c, lp, p->top_p, s->top_p_mass);
   if (p->min_p > 0.0f) filter_min_p(&c, lp, p->min_p, p->min_tokens_to_keep);
   if (p->xtc_probability > 0.0f) filter_xtc(&c, lp, p, key);
   filter_top_k(&c, p->top_k);
   if (c.n == 1) return key_id(c.keys[0]);
-  return draw_gumbel(&c, lp, (double)p->temperature, key);
+  gumbel_start(&race, key_id(c.keys[best_position(&c)]));
+  for (size_t i = 0; i < c.n; i++) gumbel_enter(&race, key_id(c.keys[i]));
+  return gumbel_finish(&race);
 }
 
 int32_t ci_sampler_next(ci_sampler *s, float *logits, const int32_t *history, size_t n_history) {
