@@ -9,7 +9,6 @@
 #include "sample/sampler.h"
 
 #include "base/error.h"
-#include "sample/fast_exp.h"
 #include "sample/greedy.h"
 #include "sample/logprobs.h"
 #include "sample/rng.h"
@@ -215,7 +214,7 @@ static void select_best_heap(uint64_t *a, size_t n, size_t k) {
   for (size_t i = k / 2; i-- > 0;) sift_down(a, k, i);
   for (size_t i = k; i < n; i++) {
     if (a[i] >= a[0]) continue;
-    a[0] = a[i];
+    swap_keys(&a[0], &a[i]); /* keeps a[0..n) a permutation */
     sift_down(a, k, 0);
   }
 }
@@ -247,7 +246,7 @@ static void select_best_quick(uint64_t *a, size_t n, size_t k) {
   }
 }
 
-/* Rearranges a[0..n) so that a[0..k) hold the k smallest keys (the k best tokens), in no
+/* Permutes a[0..n) so that a[0..k) hold the k smallest keys (the k best tokens), in no
  * particular order (0 < k < n). */
 static void select_best(uint64_t *a, size_t n, size_t k) {
   if (k <= SELECT_HEAP_MAX)
@@ -295,14 +294,15 @@ static int filter_top_p_prefix(candidates *c, const float *lp, float top_p) {
       c->sorted = 1;
       return 1;
     }
-    mass += ci_exp_nonpositive(lp[key_id(c->keys[r])]);
+    mass += exp((double)lp[key_id(c->keys[r])]);
   }
   if (k < c->n) return 0;
   c->sorted = 1; /* every candidate is inside the nucleus */
   return 1;
 }
 
-/* top-p: keep rank r iff the mass of ranks < r is < p. Masses are exp(lp) summed in double.
+/* top-p: keep rank r iff the mass of ranks < r is < p. Masses are exp(lp) in double (libm, so
+ * the cut does not depend on a fast approximation), summed in double.
  * A large nucleus is found in O(n): a histogram of the mass over lp buckets locates the one
  * bucket the cut falls in, and only that bucket is sorted and walked. */
 static void filter_top_p(candidates *c, const float *lp, float top_p, double *mass) {
@@ -311,7 +311,7 @@ static void filter_top_p(candidates *c, const float *lp, float top_p, double *ma
   for (size_t b = 0; b < TOP_P_BUCKETS; b++) mass[b] = 0.0;
   for (size_t i = 0; i < c->n; i++) {
     const float v = lp[key_id(c->keys[i])];
-    mass[top_p_bucket(v, lp_max)] += ci_exp_nonpositive(v);
+    mass[top_p_bucket(v, lp_max)] += exp((double)v);
   }
   double before = 0.0; /* mass of the buckets above the cut bucket */
   size_t cut = 0;
@@ -329,7 +329,7 @@ static void filter_top_p(candidates *c, const float *lp, float top_p, double *ma
   qsort(c->keys + above, kept - above, sizeof *c->keys, compare_keys);
   size_t r = above;
   while (r < kept && (r == 0 || before < (double)top_p))
-    before += ci_exp_nonpositive(lp[key_id(c->keys[r++])]);
+    before += exp((double)lp[key_id(c->keys[r++])]);
   c->n = r;
   c->sorted = above == 0;
 }
@@ -458,40 +458,78 @@ static void gumbel_bounds_init(double *bound) {
 
 /* ==== Sampling ==== */
 
+/* §4.2: processors in order (the grammar mask, processor 5, belongs to its caller), then
+ * lp = log_softmax(z) into s->lp. */
+static int process(ci_sampler *s, float *logits, const int32_t *history, size_t n_history) {
+  const ci_sampler_params *p = &s->params;
+  ci_logits_apply_bias(logits, s->vocab, p->logit_bias, p->n_logit_bias);
+  ci_logits_apply_penalties(logits, s->vocab, &p->penalties, history, n_history, s->counts);
+  return ci_log_softmax(logits, s->vocab, s->lp);
+}
+
+static int has_filters(const ci_sampler_params *p, int vocab) {
+  return (p->top_p > 0.0f && p->top_p < 1.0f) || p->min_p > 0.0f || p->xtc_probability > 0.0f ||
+         (p->top_k > 0 && p->top_k < vocab);
+}
+
+/* §4.3 steps 1-4 on s->lp: the surviving tokens as rank keys in s->cand. */
+static candidates filter_chain(ci_sampler *s, uint64_t key) {
+  const ci_sampler_params *p = &s->params;
+  const float *lp = s->lp;
+  candidates c = {s->cand, 0, 0};
+  for (int32_t t = 0; t < s->vocab; t++)
+    if (lp[t] > -INFINITY) c.keys[c.n++] = rank_key(lp[t], t);
+  if (p->top_p > 0.0f && p->top_p < 1.0f) filter_top_p(&c, lp, p->top_p, s->top_p_mass);
+  if (p->min_p > 0.0f) filter_min_p(&c, lp, p->min_p, p->min_tokens_to_keep);
+  if (p->xtc_probability > 0.0f) filter_xtc(&c, lp, p, key);
+  filter_top_k(&c, p->top_k);
+  return c;
+}
+
 int32_t ci_sampler_sample_at(ci_sampler *s, float *logits, const int32_t *history, size_t n_history,
                              uint64_t index) {
   const ci_sampler_params *p = &s->params;
-  const int vocab = s->vocab;
-  /* §4.2: processors in order (the grammar mask, processor 5, belongs to its caller). */
-  ci_logits_apply_bias(logits, vocab, p->logit_bias, p->n_logit_bias);
-  ci_logits_apply_penalties(logits, vocab, &p->penalties, history, n_history, s->counts);
-  if (ci_log_softmax(logits, vocab, s->lp)) return -1;
+  if (process(s, logits, history, n_history)) return -1;
   const float *lp = s->lp;
-  const int32_t top = ci_argmax(lp, vocab);
+  const int32_t top = ci_argmax(lp, s->vocab);
   if (p->temperature == 0.0f) return top;
 
   const uint64_t key = ci_rng_key(&s->rng, index);
   gumbel_race race = {lp, 1.0 / (double)p->temperature, key, s->gumbel_bound, 0, 0.0, {0}, 0};
-  const int use_top_p = p->top_p > 0.0f && p->top_p < 1.0f;
-  const int filtered = use_top_p || p->min_p > 0.0f || p->xtc_probability > 0.0f ||
-                       (p->top_k > 0 && p->top_k < vocab);
-  if (!filtered) { /* every token with lp > -inf races */
+  if (!has_filters(p, s->vocab)) { /* every token with lp > -inf races; no list is built */
     gumbel_start(&race, top);
-    for (int32_t t = 0; t < vocab; t++)
+    for (int32_t t = 0; t < s->vocab; t++)
       if (lp[t] > -INFINITY) gumbel_enter(&race, t);
     return gumbel_finish(&race);
   }
-  candidates c = {s->cand, 0, 0};
-  for (int32_t t = 0; t < vocab; t++)
-    if (lp[t] > -INFINITY) c.keys[c.n++] = rank_key(lp[t], t);
-  if (use_top_p) filter_top_p(&c, lp, p->top_p, s->top_p_mass);
-  if (p->min_p > 0.0f) filter_min_p(&c, lp, p->min_p, p->min_tokens_to_keep);
-  if (p->xtc_probability > 0.0f) filter_xtc(&c, lp, p, key);
-  filter_top_k(&c, p->top_k);
+  candidates c = filter_chain(s, key);
   if (c.n == 1) return key_id(c.keys[0]);
   gumbel_start(&race, key_id(c.keys[best_position(&c)]));
   for (size_t i = 0; i < c.n; i++) gumbel_enter(&race, key_id(c.keys[i]));
   return gumbel_finish(&race);
+}
+
+int ci_sampler_distribution(ci_sampler *s, float *logits, const int32_t *history, size_t n_history,
+                            uint64_t index, int32_t *ids, float *probs) {
+  if (process(s, logits, history, n_history)) return -1;
+  const float *lp = s->lp;
+  if (s->params.temperature == 0.0f) {
+    ids[0] = ci_argmax(lp, s->vocab);
+    probs[0] = 1.0f;
+    return 1;
+  }
+  candidates c = filter_chain(s, ci_rng_key(&s->rng, index));
+  const double inv_temperature = 1.0 / (double)s->params.temperature;
+  const double top = lp[key_id(c.keys[best_position(&c)])];
+  double sum = 0.0;
+  for (size_t i = 0; i < c.n; i++)
+    sum += exp(((double)lp[key_id(c.keys[i])] - top) * inv_temperature);
+  for (size_t i = 0; i < c.n; i++) {
+    const int32_t t = key_id(c.keys[i]);
+    ids[i] = t;
+    probs[i] = (float)(exp(((double)lp[t] - top) * inv_temperature) / sum);
+  }
+  return (int)c.n;
 }
 
 int32_t ci_sampler_next(ci_sampler *s, float *logits, const int32_t *history, size_t n_history) {

@@ -59,6 +59,14 @@ int32_t ci_sampler_next(ci_sampler *sampler, float *logits, const int32_t *histo
 int32_t ci_sampler_sample_at(ci_sampler *sampler, float *logits, const int32_t *history,
                              size_t n_history, uint64_t s);
 
+/* The final distribution output index s is drawn from (speculative verification needs it as
+ * p_k, §6): runs the processors and filters as ci_sampler_sample_at does and writes the
+ * surviving ids (in no particular order) to ids and softmax(lp / T) over them to probs, both
+ * with room for vocab entries. At temperature 0 it is the argmax with probability 1. Returns
+ * the number of survivors, or -1 with ci_last_error (every token banned). */
+int ci_sampler_distribution(ci_sampler *sampler, float *logits, const int32_t *history,
+                            size_t n_history, uint64_t s, int32_t *ids, float *probs);
+
 /* lp = log_softmax(processed logits) of the last sampling call: vocab floats owned by the
  * sampler, valid until the next call (logprob = lp[token], §5). */
 const float *ci_sampler_logprobs(const ci_sampler *sampler);
