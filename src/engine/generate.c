@@ -34,17 +34,17 @@ void ci_generate_result_free(ci_generate_result *result) {
 static int validate(const ci_model *model, const int32_t *prompt, int n_prompt,
                     const ci_generate_options *o) {
   const ci_model_spec *spec = &model->spec;
-  if (n_prompt < 1) return ci_fail("generate: the prompt is empty (at least one token needed)");
+  if (n_prompt < 1) return ci_fail("the prompt is empty (at least one token needed)");
   for (int i = 0; i < n_prompt; i++)
     if (prompt[i] < 0 || prompt[i] >= spec->vocab)
-      return ci_fail("generate: prompt token id %d at index %d is out of range [0, %d)",
-                     (int)prompt[i], i, spec->vocab);
-  if (o->max_tokens < 1) return ci_fail("generate: max_tokens must be >= 1");
-  if (o->prefill_chunk < 0) return ci_fail("generate: prefill chunk must be >= 1");
+      return ci_fail("prompt token id %d at index %d is out of range [0, %d)", (int)prompt[i], i,
+                     spec->vocab);
+  if (o->max_tokens < 1) return ci_fail("max_tokens must be >= 1");
+  if (o->prefill_chunk < 0) return ci_fail("prefill chunk must be >= 1");
   const int64_t ctx = o->ctx_size > 0 ? o->ctx_size : spec->max_position;
   if ((int64_t)n_prompt + o->max_tokens > ctx)
-    return ci_fail("generate: prompt (%d tokens) + max_tokens (%d) exceeds the context size %lld",
-                   n_prompt, o->max_tokens, (long long)ctx);
+    return ci_fail("prompt (%d tokens) + max_tokens (%d) exceeds the context size %lld", n_prompt,
+                   o->max_tokens, (long long)ctx);
   return CI_OK;
 }
 
@@ -75,7 +75,7 @@ int ci_generate(ci_model *model, ci_sampler *sampler, const int32_t *prompt, int
   int32_t *history = malloc(((size_t)n_prompt + (size_t)o->max_tokens) * sizeof *history);
   result->ids = malloc((size_t)o->max_tokens * sizeof *result->ids);
   if (!seq || !logits || !history || !result->ids) {
-    if (seq) ci_fail("generate: out of memory");
+    if (seq) ci_fail("out of memory for generation buffers");
     goto done;
   }
   memcpy(history, prompt, (size_t)n_prompt * sizeof *history);
