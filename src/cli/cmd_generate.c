@@ -1,27 +1,171 @@
-/* `cinfer generate`: greedy continuation of a token-id prompt through the paged KV cache,
- * printing the generated ids and a stats line (text in and out arrives with the tokenizer). */
+/* `cinfer generate`: continuation of a prompt with the full sampler, on top of the library's
+ * single-sequence loop (engine/generate.h). Parameters: flags > generation_config.json >
+ * built-in (api.md §2). Token-id prompts (--ids) print the generated ids as they come; text
+ * prompts (--prompt, --prompt-file, --chat) arrive with the tokenizer and chat template. */
 #include "base/error.h"
-#include "base/timing.h"
 #include "cli/args.h"
 #include "cli/verbs.h"
-#include "sample/greedy.h"
+#include "engine/generate.h"
+#include "engine/params.h"
+#include "io/generation_config.h"
+#include "io/model_path.h"
 
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 static const char usage[] =
-    "usage: cinfer generate --model DIR --ids CSV [-n|--max-tokens N] [--threads N] [--json]\n";
+    "usage: cinfer generate --model DIR --ids CSV [-n|--max-tokens N] [--temp T] [--top-p P]\n"
+    "                       [--top-k K] [--min-p P] [--repeat-penalty R] [--presence-penalty P]\n"
+    "                       [--frequency-penalty F] [--seed S] [--prefill-chunk N]\n"
+    "                       [-c|--ctx-size N] [--ignore-eos] [--threads N] [--json]\n"
+    "Sampling defaults come from the model's generation_config.json, else temperature 0.7 and\n"
+    "every filter off; --temp 0 is greedy. Prints the generated ids (EOS not printed) and a\n"
+    "stats line on stderr; --json prints {ids, finish_reason, stats} instead.\n";
 
-static int is_eos(const ci_model_spec *spec, int id) {
-  for (int i = 0; i < spec->n_eos; i++)
-    if (spec->eos_ids[i] == id) return 1;
+/* Built-in max_tokens of this verb (api.md §11). */
+enum { GENERATE_DEFAULT_MAX_TOKENS = 256 };
+
+/* ==== Flags ==== */
+
+/* A float flag in [min, max]; absent leaves *has = 0. Prints an error and returns 2 on a bad
+ * value, else 0. */
+static int float_flag(const ci_flag *flags, int nf, const char *name, double min, double max,
+                      int *has, float *out) {
+  const char *v = ci_args_get(flags, nf, name);
+  if (!v) return 0;
+  char *end;
+  errno = 0;
+  double x = strtod(v, &end);
+  if (errno || end == v || *end != '\0' || !(x >= min && x <= max)) {
+    fprintf(stderr, "cinfer generate: %s must be a number in [%g, %g], got '%s'\n", name, min, max,
+            v);
+    return 2;
+  }
+  *has = 1;
+  *out = (float)x;
   return 0;
 }
 
+/* Integer flag into an override; absent leaves *has = 0. */
+static int int_flag(const ci_flag *flags, int nf, const char *name, long long min, long long max,
+                    int *has, long long *out) {
+  if (!ci_args_get(flags, nf, name)) return 0;
+  if (ci_args_int(flags, nf, name, 0, min, max, out)) return 2;
+  *has = 1;
+  return 0;
+}
+
+/* The sampling flags as the CLI layer of the precedence stack. */
+static int sampling_flags(const ci_flag *flags, int nf, ci_sampling_overrides *o) {
+  long long top_k = 0, seed = 0, max_tokens = 0;
+  int bad = float_flag(flags, nf, "--temp", 0, 5, &o->has_temperature, &o->temperature) ||
+            float_flag(flags, nf, "--top-p", 0, 1, &o->has_top_p, &o->top_p) ||
+            float_flag(flags, nf, "--min-p", 0, 1, &o->has_min_p, &o->min_p) ||
+            float_flag(flags, nf, "--repeat-penalty", 1e-6, 1e6, &o->has_repetition_penalty,
+                       &o->repetition_penalty) ||
+            float_flag(flags, nf, "--presence-penalty", -2, 2, &o->has_presence_penalty,
+                       &o->presence_penalty) ||
+            float_flag(flags, nf, "--frequency-penalty", -2, 2, &o->has_frequency_penalty,
+                       &o->frequency_penalty) ||
+            int_flag(flags, nf, "--top-k", 0, INT_MAX, &o->has_top_k, &top_k) ||
+            int_flag(flags, nf, "--seed", LLONG_MIN, LLONG_MAX, &o->has_seed, &seed) ||
+            int_flag(flags, nf, "--max-tokens", 1, 1 << 24, &o->has_max_tokens, &max_tokens);
+  o->top_k = (int)top_k;
+  o->seed = (uint64_t)seed;
+  o->max_tokens = (int)max_tokens;
+  return bad ? 2 : 0;
+}
+
+/* ==== Prompt ==== */
+
+/* The prompt's token ids from --ids, or a usage error. Text prompts (--prompt, --prompt-file,
+ * --chat/--system) go here once src/text provides the tokenizer and chat template: render,
+ * tokenize, and return the ids the same way. */
+static int32_t *prompt_ids(const ci_flag *flags, int nf, int *n_ids) {
+  const char *ids_arg = ci_args_get(flags, nf, "--ids");
+  const int text = ci_args_get(flags, nf, "--prompt") || ci_args_get(flags, nf, "--prompt-file") ||
+                   ci_args_get(flags, nf, "--chat") || ci_args_get(flags, nf, "--system");
+  if (text) {
+    fprintf(stderr, "cinfer generate: --prompt, --prompt-file, --chat and --system need the "
+                    "tokenizer and chat template, not in this build yet; use --ids\n");
+    return NULL;
+  }
+  if (!ids_arg) {
+    fprintf(stderr, "cinfer generate: --model and --ids are required\n%s", usage);
+    return NULL;
+  }
+  return ci_parse_id_list(ids_arg, n_ids);
+}
+
+/* ==== Output ==== */
+
+typedef struct {
+  int printed; /* ids printed so far */
+  int json;    /* collect only; the JSON object is printed at the end */
+} id_printer;
+
+/* Per generated token: print it (the text path will feed the detokenizer and the stop-string
+ * matcher here, returning 1 when a stop string completes). */
+static int print_token(void *ctx, int32_t id) {
+  id_printer *p = ctx;
+  if (p->json) return 0;
+  if (printf("%s%d", p->printed++ ? "," : "", (int)id) < 0 || fflush(stdout) != 0) return -1;
+  return 0;
+}
+
+static void print_json(const ci_generate_result *r, uint64_t seed) {
+  json_t *ids = json_array();
+  for (int i = 0; i < r->n_ids; i++) json_array_append_new(ids, json_integer(r->ids[i]));
+  const ci_generate_stats *s = &r->stats;
+  json_t *stats = json_pack(
+      "{s:i, s:f, s:f, s:i, s:f, s:f, s:I, s:I}", "prompt_tokens", s->prompt_tokens, "prefill_ms",
+      s->prefill_seconds * 1000, "prefill_tok_s", s->prefill_tok_s, "gen_tokens",
+      s->generated_tokens, "decode_tok_s", s->decode_tok_s, "ttft_ms", s->ttft_seconds * 1000,
+      "peak_rss_bytes", (json_int_t)s->peak_rss_bytes, "seed", (json_int_t)(int64_t)seed);
+  json_t *root = json_pack("{s:o, s:s, s:o}", "ids", ids, "finish_reason",
+                           ci_finish_reason_name(r->finish), "stats", stats);
+  char *text = root ? json_dumps(root, JSON_PRESERVE_ORDER) : NULL;
+  if (text) printf("%s\n", text);
+  free(text);
+  json_decref(root);
+}
+
+/* ==== Verb ==== */
+
+/* Reads generation_config.json of the resolved model folder. */
+static int load_generation_config(const char *model_arg, ci_generation_config *gen) {
+  char *dir = ci_model_path_resolve(model_arg);
+  int status = dir ? ci_generation_config_load(dir, gen) : CI_ERR;
+  free(dir);
+  return status;
+}
+
 int ci_verb_generate(int argc, char **argv) {
-  ci_flag flags[] = {{"--model", "-m", 1, NULL},      {"--ids", NULL, 1, NULL},
-                     {"--max-tokens", "-n", 1, NULL}, {"--threads", "-t", 1, NULL},
-                     {"--json", NULL, 0, NULL},       {"--help", "-h", 0, NULL}};
+  ci_flag flags[] = {{"--model", "-m", 1, NULL},
+                     {"--ids", NULL, 1, NULL},
+                     {"--prompt", NULL, 1, NULL},
+                     {"--prompt-file", NULL, 1, NULL},
+                     {"--chat", NULL, 0, NULL},
+                     {"--system", NULL, 1, NULL},
+                     {"--max-tokens", "-n", 1, NULL},
+                     {"--temp", "--temperature", 1, NULL},
+                     {"--top-p", NULL, 1, NULL},
+                     {"--top-k", NULL, 1, NULL},
+                     {"--min-p", NULL, 1, NULL},
+                     {"--repeat-penalty", NULL, 1, NULL},
+                     {"--presence-penalty", NULL, 1, NULL},
+                     {"--frequency-penalty", NULL, 1, NULL},
+                     {"--seed", NULL, 1, NULL},
+                     {"--prefill-chunk", NULL, 1, NULL},
+                     {"--ctx-size", "-c", 1, NULL},
+                     {"--ignore-eos", NULL, 0, NULL},
+                     {"--threads", "-t", 1, NULL},
+                     {"--json", NULL, 0, NULL},
+                     {"--help", "-h", 0, NULL}};
   const int nf = sizeof flags / sizeof flags[0];
   if (ci_args_parse(argc, argv, flags, nf, "generate")) return 2;
   if (ci_args_get(flags, nf, "--help")) {
@@ -29,86 +173,87 @@ int ci_verb_generate(int argc, char **argv) {
     return 0;
   }
   const char *model_arg = ci_args_get(flags, nf, "--model");
-  const char *ids_arg = ci_args_get(flags, nf, "--ids");
-  if (!model_arg || !ids_arg) {
-    fprintf(stderr,
-            "cinfer generate: --model and --ids are required (text prompts need the "
-            "tokenizer, not yet built)\n%s",
-            usage);
+  if (!model_arg) {
+    fprintf(stderr, "cinfer generate: --model is required\n%s", usage);
     return 2;
   }
-  long long max_tokens, threads;
-  if (ci_args_int(flags, nf, "--max-tokens", 256, 1, 1 << 24, &max_tokens) ||
-      ci_args_int(flags, nf, "--threads", 0, 1, 4096, &threads))
+  ci_sampling_overrides cli = {0};
+  long long threads, prefill_chunk, ctx_size;
+  if (sampling_flags(flags, nf, &cli) ||
+      ci_args_int(flags, nf, "--threads", 0, 1, 4096, &threads) ||
+      ci_args_int(flags, nf, "--prefill-chunk", 2048, 1, 1 << 24, &prefill_chunk) ||
+      ci_args_int(flags, nf, "--ctx-size", 0, 1, INT_MAX, &ctx_size))
     return 2;
-  int n_ids = 0;
-  int32_t *ids = ci_parse_id_list(ids_arg, &n_ids);
-  if (!ids) return 2;
+  int n_prompt = 0;
+  int32_t *prompt = prompt_ids(flags, nf, &n_prompt);
+  if (!prompt) return 2;
+
+  int rc = 1;
+  ci_sampler *sampler = NULL;
+  ci_generate_result result = {0};
+  ci_generation_config gen;
+  if (load_generation_config(model_arg, &gen)) {
+    fprintf(stderr, "cinfer generate: %s\n", ci_last_error());
+    free(prompt);
+    return 1;
+  }
   ci_cli_model cm;
   if (ci_cli_model_open(model_arg, (int)threads, &cm)) {
-    free(ids);
+    free(prompt);
     return 1;
   }
   const ci_model_spec *spec = &cm.model->spec;
-  int rc = 1;
-  ci_kv_cache *cache = ci_model_kv_cache_create(cm.model, CI_KV_BF16, 16, 0);
-  ci_kv_seq *seq = cache ? ci_kv_seq_create(cache) : NULL;
-  float *logits = malloc((size_t)spec->vocab * sizeof(float));
-  int32_t *out = malloc((size_t)max_tokens * sizeof(int32_t));
-  if (!seq || !logits || !out) {
+
+  const ci_sampling_overrides *layers[] = {&cli};
+  ci_sampler_params params;
+  int max_tokens, max_tokens_defaulted;
+  ci_sampling_resolve(&gen, layers, 1, GENERATE_DEFAULT_MAX_TOKENS, &params, &max_tokens,
+                      &max_tokens_defaulted);
+  const int ctx = ctx_size > 0 ? (int)ctx_size : spec->max_position;
+  if (max_tokens_defaulted && (long long)n_prompt + max_tokens > ctx && n_prompt < ctx)
+    max_tokens = ctx - n_prompt; /* a defaulted cap is clamped to the context */
+
+  ci_eos_set eos = {0};
+  const int ignore_eos = ci_args_get(flags, nf, "--ignore-eos") != NULL;
+  if (!ignore_eos && ci_eos_set_build(&eos, spec->eos_ids, spec->n_eos, &gen)) {
     fprintf(stderr, "cinfer generate: %s\n", ci_last_error());
     goto done;
   }
-  double start = ci_now_seconds();
-  if (ci_model_forward(cm.model, seq, ids, n_ids, logits, 1)) {
+  /* The tokenizer's eos_token joins the set here once src/text provides it. */
+  sampler = ci_sampler_create(&params, spec->vocab);
+  if (!sampler) {
     fprintf(stderr, "cinfer generate: %s\n", ci_last_error());
     goto done;
   }
-  double first = ci_now_seconds();
-  int n_out = 0;
-  const char *finish = "length";
-  int json = ci_args_get(flags, nf, "--json") != NULL;
-  while (n_out < max_tokens) {
-    int32_t next = ci_argmax(logits, spec->vocab);
-    out[n_out++] = next;
-    if (is_eos(spec, next)) {
-      finish = "stop";
-      break;
-    }
-    if (!json) {
-      printf("%s%d", n_out > 1 ? "," : "", next);
-      fflush(stdout);
-    }
-    if (n_out == max_tokens) break;
-    if (ci_model_forward(cm.model, seq, &next, 1, logits, 1)) {
-      fprintf(stderr, "\ncinfer generate: %s\n", ci_last_error());
-      goto done;
-    }
+
+  id_printer printer = {0, ci_args_get(flags, nf, "--json") != NULL};
+  ci_generate_options options;
+  ci_generate_options_default(&options);
+  options.max_tokens = max_tokens;
+  options.prefill_chunk = (int)prefill_chunk;
+  options.ctx_size = ctx;
+  options.eos = &eos;
+  options.on_token = print_token;
+  options.ctx = &printer;
+  if (ci_generate(cm.model, sampler, prompt, n_prompt, &options, &result)) {
+    fprintf(stderr, "%scinfer generate: %s\n", printer.printed ? "\n" : "", ci_last_error());
+    goto done;
   }
-  double end = ci_now_seconds();
-  if (json) {
-    printf("{\"ids\": [");
-    for (int i = 0; i < n_out; i++) printf("%s%d", i ? ", " : "", out[i]);
-    printf("], \"finish_reason\": \"%s\", \"stats\": {\"prompt_tokens\": %d, "
-           "\"prefill_tok_s\": %.2f, \"gen_tokens\": %d, \"decode_tok_s\": %.2f, "
-           "\"ttft_ms\": %.2f}}\n",
-           finish, n_ids, n_ids / (first - start), n_out,
-           n_out > 1 ? (n_out - 1) / (end - first) : 0.0, (first - start) * 1000);
-  } else {
+  if (printer.json)
+    print_json(&result, ci_sampler_seed(sampler));
+  else
     printf("\n");
-  }
   fflush(stdout);
+  const ci_generate_stats *s = &result.stats;
   fprintf(stderr,
-          "prompt %d tok %.1f tok/s | gen %d tok %.1f tok/s | ttft %.1f ms | peak %.2f GB\n", n_ids,
-          n_ids / (first - start), n_out, n_out > 1 ? (n_out - 1) / (end - first) : 0.0,
-          (first - start) * 1000, (double)ci_peak_rss_bytes() / 1e9);
-  rc = 0;
+          "prompt %d tok %.1f tok/s | gen %d tok %.1f tok/s | ttft %.1f ms | peak %.2f GB\n",
+          s->prompt_tokens, s->prefill_tok_s, s->generated_tokens, s->decode_tok_s,
+          s->ttft_seconds * 1000, (double)s->peak_rss_bytes / 1e9);
+  rc = result.finish == CI_FINISH_ABORT ? 1 : 0;
 done:
-  free(out);
-  free(logits);
-  ci_kv_seq_free(seq);
-  ci_kv_cache_free(cache);
-  free(ids);
+  ci_generate_result_free(&result);
+  ci_sampler_free(sampler);
+  free(prompt);
   ci_cli_model_close(&cm);
   return rc;
 }

@@ -1,0 +1,70 @@
+/* Single-sequence generation (generation.md §1-3, §10): chunked prefill of a token-id prompt
+ * into a fresh paged KV cache (logits only for the last row of the last chunk), then one decode
+ * step per sampled token until EOS, the caller's callback, or max_tokens ends it. The caller
+ * owns the model and the sampler (and so the seed, output index and lp for logprobs: the
+ * callback may call ci_sampler_logprobs); the loop owns its KV cache for the call. */
+#ifndef CI_ENGINE_GENERATE_H
+#define CI_ENGINE_GENERATE_H
+
+#include "io/generation_config.h"
+#include "model/model.h"
+#include "sample/sampler.h"
+
+#include <stdint.h>
+
+typedef enum {
+  CI_FINISH_STOP,   /* an EOS id, or the callback asked to stop (stop string) */
+  CI_FINISH_LENGTH, /* max_tokens sampled */
+  CI_FINISH_ABORT   /* the callback returned < 0 (cancelled, output failed) */
+} ci_finish_reason;
+
+/* "stop", "length", "abort". */
+const char *ci_finish_reason_name(ci_finish_reason reason);
+
+/* Called once per sampled token that is not in the EOS set, in order. Returns 0 to continue,
+ * > 0 to finish with CI_FINISH_STOP, < 0 to finish with CI_FINISH_ABORT. */
+typedef int (*ci_token_callback)(void *ctx, int32_t id);
+
+typedef struct {
+  int max_tokens;             /* >= 1; counts every sampled token, EOS included */
+  int prefill_chunk;          /* prompt tokens per prefill forward; 0 = 2048 */
+  int ctx_size;               /* context limit; 0 = the model's max_position_embeddings */
+  ci_kv_codec kv_codec;       /* storage of the KV cache */
+  const ci_eos_set *eos;      /* the EOS set E; NULL or empty = never stop on EOS (ignore_eos) */
+  ci_token_callback on_token; /* may be NULL */
+  void *ctx;                  /* passed to on_token */
+} ci_generate_options;
+
+typedef struct {
+  int prompt_tokens;    /* P */
+  int generated_tokens; /* g, EOS included */
+  double prefill_seconds;
+  double prefill_tok_s; /* P / prefill time */
+  double decode_tok_s;  /* (g - 1) / (last token time - first token time); 0 when g < 2 */
+  double ttft_seconds;  /* call start -> first token sampled */
+  double total_seconds;
+  int64_t peak_rss_bytes;
+} ci_generate_stats;
+
+typedef struct {
+  int32_t *ids; /* [n_ids] every sampled token, a terminating EOS included; owned */
+  int n_ids;
+  ci_finish_reason finish;
+  ci_generate_stats stats;
+} ci_generate_result;
+
+/* max_tokens 256, prefill_chunk 2048, ctx_size from the model, bf16 KV, no EOS, no callback. */
+void ci_generate_options_default(ci_generate_options *options);
+
+/* Runs prompt[0..n_prompt) through model and samples with `sampler` (its output index
+ * continues from where it stands). Requires n_prompt >= 1, prompt ids < vocab and
+ * n_prompt + max_tokens <= ctx_size. Returns CI_OK with *result filled, or CI_ERR with
+ * ci_last_error (bad input, KV exhausted, forward failure); *result must be released with
+ * ci_generate_result_free either way (after a failure it holds the tokens sampled before it). */
+int ci_generate(ci_model *model, ci_sampler *sampler, const int32_t *prompt, int n_prompt,
+                const ci_generate_options *options, ci_generate_result *result);
+
+/* Frees result->ids. */
+void ci_generate_result_free(ci_generate_result *result);
+
+#endif
