@@ -4,6 +4,7 @@
  * prompts (--prompt, --prompt-file, --chat) arrive with the tokenizer and chat template. */
 #include "base/error.h"
 #include "cli/args.h"
+#include "cli/kv_flags.h"
 #include "cli/verbs.h"
 #include "engine/generate.h"
 #include "engine/params.h"
@@ -21,7 +22,8 @@ static const char usage[] =
     "usage: cinfer generate --model DIR --ids CSV [-n|--max-tokens N] [--temp T] [--top-p P]\n"
     "                       [--top-k K] [--min-p P] [--repeat-penalty R] [--presence-penalty P]\n"
     "                       [--frequency-penalty F] [--seed S] [--prefill-chunk N]\n"
-    "                       [-c|--ctx-size N] [--ignore-eos] [--threads N] [--json]\n"
+    "                       [-c|--ctx-size N] [--ignore-eos] [--threads N] "
+    "[--json]\n" CI_CLI_KV_USAGE
     "Sampling defaults come from the model's generation_config.json, else temperature 0.7 and\n"
     "every filter off; --temp 0 is greedy. Prints the generated ids (EOS not printed) and a\n"
     "stats line on stderr; --json prints {ids, finish_reason, stats} instead.\n";
@@ -165,9 +167,12 @@ int ci_verb_generate(int argc, char **argv) {
                      {"--ignore-eos", NULL, 0, NULL},
                      {"--threads", "-t", 1, NULL},
                      {"--json", NULL, 0, NULL},
-                     {"--help", "-h", 0, NULL}};
+                     {"--help", "-h", 0, NULL},
+                     CI_CLI_KV_FLAGS};
   const int nf = sizeof flags / sizeof flags[0];
   if (ci_args_parse(argc, argv, flags, nf, "generate")) return 2;
+  ci_cli_kv_plan kv_plan;
+  if (ci_cli_kv_plan_parse(flags, nf, "generate", &kv_plan)) return 2;
   if (ci_args_get(flags, nf, "--help")) {
     fputs(usage, stdout);
     return 0;
@@ -230,6 +235,12 @@ int ci_verb_generate(int argc, char **argv) {
   ci_generate_options options;
   ci_generate_options_default(&options);
   options.max_tokens = max_tokens;
+  options.kv_codec = kv_plan.base;
+  options.kv_plan = kv_plan.quantized        ? CI_KV_PLAN_TARGET
+                    : kv_plan.explicit_codec ? CI_KV_PLAN_NONE
+                                             : CI_KV_PLAN_MODEL_CONFIG;
+  options.kv_target = kv_plan.target;
+  options.kv_start = kv_plan.start;
   options.prefill_chunk = (int)prefill_chunk;
   options.ctx_size = ctx;
   options.eos = &eos;

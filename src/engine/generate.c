@@ -70,6 +70,12 @@ int ci_generate(ci_model *model, ci_sampler *sampler, const int32_t *prompt, int
   int status = CI_ERR;
   ci_kv_cache *cache = ci_model_kv_cache_create(model, o->kv_codec, KV_BLOCK_TOKENS, 0);
   ci_kv_seq *seq = cache ? ci_kv_seq_create(cache) : NULL;
+  if (seq && (o->kv_plan == CI_KV_PLAN_TARGET ? ci_kv_seq_set_plan(seq, &o->kv_target, o->kv_start)
+              : o->kv_plan == CI_KV_PLAN_MODEL_CONFIG ? ci_model_kv_seq_apply_config(model, seq)
+                                                      : CI_OK)) {
+    ci_kv_seq_free(seq);
+    seq = NULL;
+  }
   float *logits = malloc((size_t)vocab * sizeof *logits);
   /* history = prompt + sampled tokens, the window the penalties look at */
   int32_t *history = malloc(((size_t)n_prompt + (size_t)o->max_tokens) * sizeof *history);

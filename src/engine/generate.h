@@ -25,11 +25,21 @@ const char *ci_finish_reason_name(ci_finish_reason reason);
  * > 0 to finish with CI_FINISH_STOP, < 0 to finish with CI_FINISH_ABORT. */
 typedef int (*ci_token_callback)(void *ctx, int32_t id);
 
+/* Where the sequence's KV codec plan comes from. */
+typedef enum {
+  CI_KV_PLAN_MODEL_CONFIG, /* the model's kv_config.json, if any (the default) */
+  CI_KV_PLAN_NONE,         /* stay in kv_codec */
+  CI_KV_PLAN_TARGET,       /* kv_target from kv_start */
+} ci_kv_plan_source;
+
 typedef struct {
   int max_tokens;             /* >= 1; counts every sampled token, EOS included */
   int prefill_chunk;          /* prompt tokens per prefill forward; 0 = 2048 */
   int ctx_size;               /* context limit; 0 = the model's max_position_embeddings */
-  ci_kv_codec kv_codec;       /* storage of the KV cache */
+  ci_kv_codec kv_codec;       /* storage the KV cache starts in (bf16, or f32) */
+  ci_kv_plan_source kv_plan;  /* which codec plan the sequence follows (kv.md §5, §7) */
+  ci_kv_format kv_target;     /* CI_KV_PLAN_TARGET: convert to this ... */
+  int64_t kv_start;           /* ... once the sequence holds this many tokens */
   const ci_eos_set *eos;      /* the EOS set E; NULL or empty = never stop on EOS (ignore_eos) */
   ci_token_callback on_token; /* may be NULL */
   void *ctx;                  /* passed to on_token */
