@@ -15,6 +15,7 @@ static const verb verbs[] = {
     {"init-random", ci_verb_init_random, "write a random-weight model for a config"},
     {"generate", ci_verb_generate, "greedy continuation of a token-id prompt"},
     {"bench", ci_verb_bench, "measure prefill and decode tok/s"},
+    {"perplexity", ci_verb_perplexity, "teacher-forced NLL and perplexity of token sequences"},
     {"kv-quality", ci_verb_kv_quality, "KL divergence and top-1 agreement of a KV codec vs bf16"},
     {"render", ci_verb_render, "print the chat-template rendering of a chat request"},
 };
