@@ -15,6 +15,8 @@ static const verb verbs[] = {
     {"init-random", ci_verb_init_random, "write a random-weight model for a config"},
     {"generate", ci_verb_generate, "greedy continuation of a token-id prompt"},
     {"bench", ci_verb_bench, "measure prefill and decode tok/s"},
+    {"tokenize", ci_verb_tokenize, "encode a text file to a JSON array of token ids"},
+    {"detokenize", ci_verb_detokenize, "decode comma-separated token ids to text"},
 };
 
 static void print_usage(FILE *out) {

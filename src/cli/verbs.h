@@ -10,6 +10,8 @@ int ci_verb_logits(int argc, char **argv);
 int ci_verb_init_random(int argc, char **argv);
 int ci_verb_bench(int argc, char **argv);
 int ci_verb_generate(int argc, char **argv);
+int ci_verb_tokenize(int argc, char **argv);
+int ci_verb_detokenize(int argc, char **argv);
 
 /* A loaded model and the backend it runs on. */
 typedef struct {
