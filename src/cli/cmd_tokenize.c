@@ -84,8 +84,10 @@ static int run_bench(const ci_tokenizer *tok, const char *text, size_t len, int 
 }
 
 int ci_verb_tokenize(int argc, char **argv) {
-  ci_flag flags[] = {{"--model", "-m", 1, NULL}, {"--file", "-f", 1, NULL},
-                     {"--add-special", NULL, 0, NULL}, {"--bench", NULL, 1, NULL},
+  ci_flag flags[] = {{"--model", "-m", 1, NULL},
+                     {"--file", "-f", 1, NULL},
+                     {"--add-special", NULL, 0, NULL},
+                     {"--bench", NULL, 1, NULL},
                      {"--help", "-h", 0, NULL}};
   const int nf = sizeof flags / sizeof flags[0];
   if (ci_args_parse(argc, argv, flags, nf, "tokenize")) return 2;

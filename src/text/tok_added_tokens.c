@@ -111,7 +111,8 @@ int tok_added_add(tok_added_vocab *av, const char *content, size_t len, int32_t 
     idx = av->n++;
   }
   tok_added_token *t = &av->tokens[idx];
-  *t = (tok_added_token){malloc(len + 1), len, id, special, lstrip, rstrip, single_word, normalized};
+  *t =
+      (tok_added_token){malloc(len + 1), len, id, special, lstrip, rstrip, single_word, normalized};
   if (!t->content) return ci_fail("tokenizer: out of memory");
   memcpy(t->content, content, len);
   t->content[len] = '\0';

@@ -146,8 +146,10 @@ static int read_merge(json_t *item, size_t i, const char **a, size_t *a_len, con
 }
 
 static int bpe_parse_merges(tok_model *m, bpe *b, json_t *merges) {
-  if (!merges || json_is_null(merges)) merges = NULL;
-  else if (!json_is_array(merges)) return ci_fail("model BPE: \"merges\" must be a list");
+  if (!merges || json_is_null(merges))
+    merges = NULL;
+  else if (!json_is_array(merges))
+    return ci_fail("model BPE: \"merges\" must be a list");
   size_t n = merges ? json_array_size(merges) : 0;
   if (n > UINT32_MAX) return ci_fail("model BPE: too many merges");
   if (merge_table_init(&b->merges, n)) return CI_ERR;
@@ -165,7 +167,8 @@ static int bpe_parse_merges(tok_model *m, bpe *b, json_t *merges) {
     }
     size_t skip = b->prefix_len && rl >= b->prefix_len ? b->prefix_len : 0;
     joined.len = 0;
-    if ((rc = tok_buf_append(&joined, l, ll)) || (rc = tok_buf_append(&joined, r + skip, rl - skip)))
+    if ((rc = tok_buf_append(&joined, l, ll)) ||
+        (rc = tok_buf_append(&joined, r + skip, rl - skip)))
       break;
     int32_t merged = tok_vocab_get(&m->vocab, joined.data, joined.len);
     if (merged < 0) {
@@ -284,8 +287,7 @@ static int merge_all(const bpe *b, bpe_work *w, size_t n_syms) {
     symbol *right = &s[left->next];
     uint32_t rank;
     int32_t new_id;
-    if (!merge_table_get(&b->merges, left->id, right->id, &rank, &new_id) ||
-        new_id != top.new_id)
+    if (!merge_table_get(&b->merges, left->id, right->id, &rank, &new_id) || new_id != top.new_id)
       continue;
     left->id = top.new_id;
     left->len += right->len;
@@ -316,8 +318,8 @@ static int add_symbol(bpe_work *w, size_t *n, int32_t id, uint32_t len) {
 
 /* The id of one character of the word, with the prefix (not first) / suffix (last) applied;
  * s/len receive the looked-up string (for byte fallback). */
-static int32_t char_id(const bpe *b, const tok_model *m, bpe_work *w, const char *c,
-                       size_t cl, uint32_t cp, int first, int last, const char **s, size_t *len) {
+static int32_t char_id(const bpe *b, const tok_model *m, bpe_work *w, const char *c, size_t cl,
+                       uint32_t cp, int first, int last, const char **s, size_t *len) {
   *s = c;
   *len = cl;
   if (b->bmp_ids) return cp < 0x10000 ? b->bmp_ids[cp] : tok_vocab_get(&m->vocab, c, cl);
@@ -333,8 +335,8 @@ static int32_t char_id(const bpe *b, const tok_model *m, bpe_work *w, const char
   return tok_vocab_get(&m->vocab, w->scratch.data, w->scratch.len);
 }
 
-static int merge_word(const tok_model *m, const bpe *b, bpe_work *w, const char *word,
-                      size_t n, size_t *n_syms) {
+static int merge_word(const tok_model *m, const bpe *b, bpe_work *w, const char *word, size_t n,
+                      size_t *n_syms) {
   size_t count = 0;
   int32_t pending_unk = -1;
   uint32_t pending_len = 0;
@@ -362,7 +364,8 @@ static int merge_word(const tok_model *m, const bpe *b, bpe_work *w, const char 
       }
     }
     if (b->unk_id == -1) continue; /* no unk token: the character is dropped */
-    if (b->unk_id == -2) return ci_fail("model BPE: unk_token \"%s\" is not in the vocab", b->unk_token);
+    if (b->unk_id == -2)
+      return ci_fail("model BPE: unk_token \"%s\" is not in the vocab", b->unk_token);
     if (pending_unk >= 0 && b->fuse_unk) {
       pending_len += (uint32_t)cl;
       continue;

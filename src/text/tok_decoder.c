@@ -73,9 +73,10 @@ static int replace_all(tok_buf *out, const char *s, size_t n, const char *from, 
 
 /* HF's wordpiece::cleanup: undo the spaces BERT-style tokenization puts before punctuation. */
 static int cleanup_text(tok_buf *out, const char *s, size_t n) {
-  static const char *const rules[][2] = {
-      {" .", "."},  {" ?", "?"},   {" !", "!"},   {" ,", ","},   {" ' ", "'"},          {" n't", "n't"},
-      {" 'm", "'m"}, {" do not", " don't"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+  static const char *const rules[][2] = {{" .", "."},     {" ?", "?"},           {" !", "!"},
+                                         {" ,", ","},     {" ' ", "'"},          {" n't", "n't"},
+                                         {" 'm", "'m"},   {" do not", " don't"}, {" 's", "'s"},
+                                         {" 've", "'ve"}, {" 're", "'re"}};
   tok_buf a = {0}, b = {0};
   int rc = tok_buf_append(&a, s, n);
   for (size_t r = 0; r < sizeof rules / sizeof rules[0] && rc == CI_OK; r++) {
@@ -146,8 +147,10 @@ static int apply_metaspace(const tok_decoder *d, const tok_buf *ia, const tok_sp
       uint32_t cp;
       size_t l = tok_utf8_next(s, n, i, &cp);
       int rc = CI_OK;
-      if (cp != d->ch) rc = tok_buf_append(oa, s + i, l);
-      else if (k != 0 || d->keep_first_space) rc = tok_buf_append(oa, " ", 1);
+      if (cp != d->ch)
+        rc = tok_buf_append(oa, s + i, l);
+      else if (k != 0 || d->keep_first_space)
+        rc = tok_buf_append(oa, " ", 1);
       if (rc) return CI_ERR;
       i += l;
     }
@@ -180,8 +183,7 @@ static int flush_bytes(tok_buf *bytes, tok_buf *oa, tok_spans *out) {
     rc = emit(oa, out, bytes->data, bytes->len);
   } else {
     rc = CI_OK;
-    for (size_t i = 0; i < bytes->len && rc == CI_OK; i++)
-      rc = emit(oa, out, "\xEF\xBF\xBD", 3);
+    for (size_t i = 0; i < bytes->len && rc == CI_OK; i++) rc = emit(oa, out, "\xEF\xBF\xBD", 3);
   }
   bytes->len = 0;
   return rc;
@@ -257,8 +259,8 @@ static int parse_replace(tok_decoder *d, json_t *j) {
   return copy_string(j, "content", NULL, "Replace", &d->text, &d->text_len);
 }
 
-static int apply_replace(const tok_decoder *d, const tok_buf *ia, const tok_spans *in,
-                         tok_buf *oa, tok_spans *out) {
+static int apply_replace(const tok_decoder *d, const tok_buf *ia, const tok_spans *in, tok_buf *oa,
+                         tok_spans *out) {
   tok_spans m = {0};
   int rc = CI_OK;
   for (size_t k = 0; k < in->n && rc == CI_OK; k++) {

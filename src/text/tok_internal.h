@@ -206,12 +206,12 @@ typedef struct tok_trie tok_trie;
 typedef struct {
   tok_added_token *tokens;
   size_t n, cap;
-  tok_strmap by_content;   /* content -> index in tokens */
-  int32_t *index_of_id;    /* id -> index in tokens, or -1 */
-  size_t n_ids;            /* size of index_of_id */
-  tok_trie *raw_trie;      /* contents of tokens with normalized = false */
-  tok_trie *norm_trie;     /* normalized contents of tokens with normalized = true */
-  char **norm_contents;    /* owned normalized forms, indexed like tokens (NULL for raw) */
+  tok_strmap by_content; /* content -> index in tokens */
+  int32_t *index_of_id;  /* id -> index in tokens, or -1 */
+  size_t n_ids;          /* size of index_of_id */
+  tok_trie *raw_trie;    /* contents of tokens with normalized = false */
+  tok_trie *norm_trie;   /* normalized contents of tokens with normalized = true */
+  char **norm_contents;  /* owned normalized forms, indexed like tokens (NULL for raw) */
   size_t *norm_lens;
 } tok_added_vocab;
 

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const tok_model_kind *const kinds[] = {&tok_bpe_kind, &tok_unigram_kind,
-                                               &tok_wordpiece_kind, &tok_wordlevel_kind};
+static const tok_model_kind *const kinds[] = {&tok_bpe_kind, &tok_unigram_kind, &tok_wordpiece_kind,
+                                              &tok_wordlevel_kind};
 
 int tok_model_read_vocab_object(json_t *vocab, tok_vocab *v, const char *what) {
   if (!json_is_object(vocab)) return ci_fail("model %s: \"vocab\" must be an object", what);
@@ -31,10 +31,14 @@ tok_model *tok_model_parse(json_t *j) {
   const char *type = tok_json_str(j, "type");
   const tok_model_kind *kind = NULL;
   if (!type) { /* old files omit the type: guess from the fields, as HF does */
-    if (json_object_get(j, "merges")) kind = &tok_bpe_kind;
-    else if (json_is_array(json_object_get(j, "vocab"))) kind = &tok_unigram_kind;
-    else if (json_object_get(j, "continuing_subword_prefix")) kind = &tok_wordpiece_kind;
-    else kind = &tok_wordlevel_kind;
+    if (json_object_get(j, "merges"))
+      kind = &tok_bpe_kind;
+    else if (json_is_array(json_object_get(j, "vocab")))
+      kind = &tok_unigram_kind;
+    else if (json_object_get(j, "continuing_subword_prefix"))
+      kind = &tok_wordpiece_kind;
+    else
+      kind = &tok_wordlevel_kind;
   }
   for (size_t i = 0; type && i < sizeof kinds / sizeof kinds[0]; i++)
     if (!strcmp(kinds[i]->type, type)) kind = kinds[i];

@@ -19,8 +19,7 @@ struct tok_model_kind {
   int (*parse)(tok_model *m, json_t *j);
   void (*free_impl)(void *impl);
   /* Appends the ids of the piece s[0:n); *work is the kind's per-call memory (NULL at first). */
-  int (*tokenize)(const tok_model *m, const char *s, size_t n, tok_model_work **work,
-                  tok_ids *out);
+  int (*tokenize)(const tok_model *m, const char *s, size_t n, tok_model_work **work, tok_ids *out);
   void (*free_work)(tok_model_work *work);
 };
 

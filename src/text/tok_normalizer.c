@@ -12,12 +12,12 @@ typedef struct normalizer_kind normalizer_kind;
 
 struct tok_normalizer {
   const normalizer_kind *kind;
-  int left, right;              /* Strip */
+  int left, right;               /* Strip */
   int clean_text, chinese_chars; /* BertNormalizer */
   int strip_accents, lowercase;  /* BertNormalizer */
-  utf8proc_option_t form;       /* NFC/NFD/NFKC/NFKD */
-  tok_pattern pattern;          /* Replace */
-  char *content;                /* Replace content, Prepend text */
+  utf8proc_option_t form;        /* NFC/NFD/NFKC/NFKD */
+  tok_pattern pattern;           /* Replace */
+  char *content;                 /* Replace content, Prepend text */
   size_t content_len;
   tok_normalizer **children; /* Sequence */
   size_t n_children;
@@ -177,8 +177,8 @@ static int apply_nmt(const tok_normalizer *nz, const char *in, size_t n, tok_buf
       continue;
     }
     int space = cp == 0x09 || cp == 0x0A || cp == 0x0C || cp == 0x0D || cp == 0x1680 ||
-                (cp >= 0x200B && cp <= 0x200F) || cp == 0x2028 || cp == 0x2029 ||
-                cp == 0x2581 || cp == 0xFEFF || cp == 0xFFFD;
+                (cp >= 0x200B && cp <= 0x200F) || cp == 0x2028 || cp == 0x2029 || cp == 0x2581 ||
+                cp == 0xFEFF || cp == 0xFFFD;
     if (space ? tok_buf_append(out, " ", 1) : tok_buf_append(out, in + i - l, l)) return CI_ERR;
   }
   return CI_OK;
@@ -240,10 +240,10 @@ static int apply_bert(const tok_normalizer *nz, const char *in, size_t n, tok_bu
   }
   if (nz->strip_accents) {
     utf8proc_uint8_t *nfd = NULL;
-    utf8proc_ssize_t len = a.len ? utf8proc_map((const utf8proc_uint8_t *)a.data,
-                                                 (utf8proc_ssize_t)a.len, &nfd,
-                                                 UTF8PROC_STABLE | UTF8PROC_DECOMPOSE)
-                                 : 0;
+    utf8proc_ssize_t len =
+        a.len ? utf8proc_map((const utf8proc_uint8_t *)a.data, (utf8proc_ssize_t)a.len, &nfd,
+                             UTF8PROC_STABLE | UTF8PROC_DECOMPOSE)
+              : 0;
     if (len < 0) {
       ci_fail("BertNormalizer: %s", utf8proc_errmsg(len));
       goto done;

@@ -131,8 +131,10 @@ tok_postproc *tok_postproc_parse(json_t *j) {
     } else {
       for (size_t i = 0; i < json_array_size(list) && rc == CI_OK; i++) {
         p->children[i] = tok_postproc_parse(json_array_get(list, i));
-        if (!p->children[i]) rc = ci_fail_context("post_processor Sequence item %zu", i);
-        else p->n_children = i + 1;
+        if (!p->children[i])
+          rc = ci_fail_context("post_processor Sequence item %zu", i);
+        else
+          p->n_children = i + 1;
       }
     }
   } else {

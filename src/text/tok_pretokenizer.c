@@ -19,9 +19,9 @@ struct tok_pretok {
   tok_split_behavior behavior; /* Split, Punctuation */
   int add_prefix_space;        /* ByteLevel */
   int use_regex;
-  tok_regex *re;            /* ByteLevel's GPT-2 regex */
-  uint32_t delimiter;       /* CharDelimiterSplit, Metaspace replacement */
-  char replacement[4];      /* Metaspace */
+  tok_regex *re;       /* ByteLevel's GPT-2 regex */
+  uint32_t delimiter;  /* CharDelimiterSplit, Metaspace replacement */
+  char replacement[4]; /* Metaspace */
   size_t replacement_len;
   int prepend_scheme, split; /* Metaspace */
   int individual_digits;     /* Digits */
@@ -29,8 +29,7 @@ struct tok_pretok {
   size_t n_children;
 };
 
-typedef int (*piece_fn)(const tok_pretok *p, tok_buf *arena, const tok_span *piece,
-                        tok_spans *out);
+typedef int (*piece_fn)(const tok_pretok *p, tok_buf *arena, const tok_span *piece, tok_spans *out);
 
 struct pretok_kind {
   const char *type;
@@ -185,13 +184,11 @@ static int parse_behavior(json_t *j, tok_split_behavior fallback, tok_split_beha
 static int parse_split(tok_pretok *p, json_t *j) {
   p->invert = tok_json_bool(j, "invert", 0);
   if (parse_behavior(j, TOK_SPLIT_ISOLATED, &p->behavior, "pre_tokenizer Split")) return CI_ERR;
-  if (!json_object_get(j, "behavior"))
-    return ci_fail("pre_tokenizer Split: missing \"behavior\"");
+  if (!json_object_get(j, "behavior")) return ci_fail("pre_tokenizer Split: missing \"behavior\"");
   return tok_pattern_parse(json_object_get(j, "pattern"), &p->pattern, "pre_tokenizer Split");
 }
 
-static int apply_split(const tok_pretok *p, tok_buf *arena, const tok_span *piece,
-                       tok_spans *out) {
+static int apply_split(const tok_pretok *p, tok_buf *arena, const tok_span *piece, tok_spans *out) {
   tok_spans m = {0};
   int rc = tok_pattern_find_all(&p->pattern, arena->data + piece->off, piece->len, &m);
   if (rc == CI_OK) rc = split_piece(piece, &m, p->invert, p->behavior, out);
@@ -387,8 +384,7 @@ static int apply_punctuation(const tok_pretok *p, tok_buf *arena, const tok_span
   return split_by_pred(p, arena, piece, is_punctuation, p->behavior, out);
 }
 
-static int apply_bert(const tok_pretok *p, tok_buf *arena, const tok_span *piece,
-                      tok_spans *out) {
+static int apply_bert(const tok_pretok *p, tok_buf *arena, const tok_span *piece, tok_spans *out) {
   tok_spans words = {0};
   int rc = split_by_pred(p, arena, piece, is_whitespace, TOK_SPLIT_REMOVED, &words);
   for (size_t k = 0; k < words.n && rc == CI_OK; k++)

@@ -104,8 +104,7 @@ int tok_pattern_find_all(const tok_pattern *p, const char *s, size_t n, tok_span
 int tok_pattern_parse(json_t *j, tok_pattern *out, const char *what) {
   memset(out, 0, sizeof *out);
   if (!json_is_object(j))
-    return ci_fail("%s: \"pattern\" must be an object {\"String\": ...} or {\"Regex\": ...}",
-                   what);
+    return ci_fail("%s: \"pattern\" must be an object {\"String\": ...} or {\"Regex\": ...}", what);
   json_t *lit = json_object_get(j, "String");
   json_t *rx = json_object_get(j, "Regex");
   if (json_is_string(lit)) {

@@ -149,5 +149,5 @@ static int unigram_tokenize(const tok_model *m, const char *s, size_t n, tok_mod
   return rc;
 }
 
-const tok_model_kind tok_unigram_kind = {"Unigram", unigram_parse, unigram_free,
-                                          unigram_tokenize, NULL};
+const tok_model_kind tok_unigram_kind = {"Unigram", unigram_parse, unigram_free, unigram_tokenize,
+                                         NULL};

@@ -26,4 +26,4 @@ static int wordlevel_tokenize(const tok_model *m, const char *s, size_t n, tok_m
 }
 
 const tok_model_kind tok_wordlevel_kind = {"WordLevel", wordlevel_parse, wordlevel_free,
-                                            wordlevel_tokenize, NULL};
+                                           wordlevel_tokenize, NULL};

@@ -37,9 +37,8 @@ static int wordpiece_parse(tok_model *m, json_t *j) {
   if (!w->unk_token || !w->prefix) return ci_fail("tokenizer: out of memory");
   w->prefix_len = strlen(w->prefix);
   json_t *max = json_object_get(j, "max_input_chars_per_word");
-  w->max_chars = json_is_integer(max) && json_integer_value(max) >= 0
-                     ? (size_t)json_integer_value(max)
-                     : 100;
+  w->max_chars =
+      json_is_integer(max) && json_integer_value(max) >= 0 ? (size_t)json_integer_value(max) : 100;
   return CI_OK;
 }
 
@@ -90,4 +89,4 @@ static int wordpiece_tokenize(const tok_model *m, const char *s, size_t n, tok_m
 }
 
 const tok_model_kind tok_wordpiece_kind = {"WordPiece", wordpiece_parse, wordpiece_free,
-                                            wordpiece_tokenize, NULL};
+                                           wordpiece_tokenize, NULL};

@@ -281,9 +281,8 @@ static int encode_segments(const ci_tokenizer *tok, encode_state *st, const char
       tok_segment sub = st->sub.v[k];
       if (sub.id >= 0) {
         if (tok_ids_push(&st->ids, sub.id)) return CI_ERR;
-      } else if (sub.len &&
-                 encode_run(tok, st, s + sub.off, sub.len,
-                            seg.off == 0 && keeps_start && sub.off == 0)) {
+      } else if (sub.len && encode_run(tok, st, s + sub.off, sub.len,
+                                       seg.off == 0 && keeps_start && sub.off == 0)) {
         return CI_ERR;
       }
     }
@@ -307,8 +306,10 @@ int ci_tokenizer_encode(const ci_tokenizer *tok, const char *text, size_t len, i
   if (rc == CI_OK) {
     *n_out = result->n;
     *ids_out = malloc((result->n + 1) * sizeof **ids_out);
-    if (!*ids_out) rc = ci_fail("tokenizer: out of memory");
-    else if (result->n) memcpy(*ids_out, result->v, result->n * sizeof **ids_out);
+    if (!*ids_out)
+      rc = ci_fail("tokenizer: out of memory");
+    else if (result->n)
+      memcpy(*ids_out, result->v, result->n * sizeof **ids_out);
   }
   if (rc) *n_out = 0;
   encode_state_free(tok, &st);

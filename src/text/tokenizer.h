@@ -1,6 +1,6 @@
-/* Tokenizer: the Hugging Face tokenizer.json format (normalizer, pre-tokenizer, model, post-processor,
- * decoder, added tokens), byte-exact with the `tokenizers` library. A loaded tokenizer is immutable,
- * so one instance may encode and decode from many threads at once. */
+/* Tokenizer: the Hugging Face tokenizer.json format (normalizer, pre-tokenizer, model,
+ * post-processor, decoder, added tokens), byte-exact with the `tokenizers` library. A loaded
+ * tokenizer is immutable, so one instance may encode and decode from many threads at once. */
 #ifndef CI_TEXT_TOKENIZER_H
 #define CI_TEXT_TOKENIZER_H
 
