@@ -1,8 +1,10 @@
 /* Streaming detokenizer (spec generation.md §3.1, §3.2): a window of ids from prefix_offset (at
  * least five visible tokens of left context, never starting inside a run of byte-fallback tokens,
  * which HF's ByteFallback decodes as one group) is decoded with and without the newest ids; the
- * difference is the new text. Text ending in U+FFFD waits for the bytes that may complete it. Stop
- * strings are searched in the unemitted text; the longest suffix that could start one is held. */
+ * difference is the new text. Text ending in U+FFFD waits for the bytes that may complete it (a
+ * genuine U+FFFD waits for the next clean token, at most MAX_FFFD_WAIT tokens), and a run of byte
+ * tokens waits until it is closed. Stop strings are searched in the unemitted text; the longest
+ * suffix that could start one is held back. */
 #include "text/detok_stream.h"
 
 #include "base/error.h"
@@ -11,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { CONTEXT_TOKENS = 5, MAX_FFFD_WAIT = 4, TRIM_AT = 1024 };
+enum { CONTEXT_TOKENS = 5, MAX_FFFD_WAIT = 64, TRIM_AT = 1024 };
 
 struct ci_detok_stream {
   const ci_tokenizer *tok;
@@ -81,6 +83,9 @@ static int ends_with_fffd(const char *t, size_t n) {
 static int advance(ci_detok_stream *s, int force) {
   size_t n = s->ids.n;
   if (s->read_offset == n) return CI_OK;
+  /* HF's ByteFallback decodes a run of byte tokens as one group (all U+FFFD if the group is not
+   * valid UTF-8), so a run's text is final only once a non-byte token closes it. */
+  if (!force && is_byte_token(s->tok, s->ids.v[n - 1])) return CI_OK;
   const int32_t *w = s->ids.v + s->prefix_offset;
   char *before = NULL, *after = NULL;
   size_t before_len, after_len;

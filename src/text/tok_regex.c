@@ -6,6 +6,7 @@
 #include "text/tok_internal.h"
 
 #include <pcre2.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,11 +14,63 @@ struct tok_regex {
   pcre2_code *code;
 };
 
+/* HF compiles Split/Replace regexes with Oniguruma, whose \w is Alphabetic|M|Nd|Pc plus the
+ * Latin-1 numbers ² ³ ¹ ¼ ½ ¾ (measured against the reference) and whose \s is White_Space, with
+ * U+0085; PCRE2 10.42's UCP \w is L|N|_ and its \s lacks U+0085. Rewrites those escapes
+ * into explicit classes (inside a [...] class only the positive forms can be rewritten). */
+static int translate_onig(const char *p, size_t n, tok_buf *out) {
+  static const char word[] =
+      "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{B2}\\x{B3}\\x{B9}\\x{BC}-\\x{BE}",
+                    space[] = "\\s\\x{85}";
+  int in_class = 0;
+  for (size_t i = 0; i < n; i++) {
+    char c = p[i];
+    if (c == '\\' && i + 1 < n) {
+      char e = p[++i];
+      const char *rep = NULL;
+      char buf[128];
+      if (e == 'w' || e == 's') {
+        snprintf(buf, sizeof buf, in_class ? "%s" : "[%s]", e == 'w' ? word : space);
+        rep = buf;
+      } else if (!in_class && (e == 'W' || e == 'S')) {
+        snprintf(buf, sizeof buf, "[^%s]", e == 'W' ? word : space);
+        rep = buf;
+      }
+      if (rep ? tok_buf_append(out, rep, strlen(rep))
+              : (tok_buf_append(out, &c, 1) || tok_buf_append(out, &e, 1)))
+        return CI_ERR;
+      continue;
+    }
+    if (tok_buf_append(out, &c, 1)) return CI_ERR;
+    if (!in_class && c == '[') {
+      in_class = 1;
+      if (i + 1 < n && p[i + 1] == '^' && tok_buf_append(out, &p[++i], 1)) return CI_ERR;
+      if (i + 1 < n && p[i + 1] == ']' && tok_buf_append(out, &p[++i], 1)) return CI_ERR;
+    } else if (in_class && c == '[' && i + 1 < n && p[i + 1] == ':') {
+      const char *end = memmem(p + i, n - i, ":]", 2); /* POSIX class [:name:] */
+      if (end) {
+        size_t k = (size_t)(end - p) + 2;
+        if (tok_buf_append(out, p + i + 1, k - i - 1)) return CI_ERR;
+        i = k - 1;
+      }
+    } else if (in_class && c == ']') {
+      in_class = 0;
+    }
+  }
+  return CI_OK;
+}
+
 tok_regex *tok_regex_compile(const char *pattern, size_t len) {
   int err;
   PCRE2_SIZE err_off;
-  pcre2_code *code =
-      pcre2_compile((PCRE2_SPTR)pattern, len, PCRE2_UTF | PCRE2_UCP, &err, &err_off, NULL);
+  tok_buf translated = {0};
+  if (translate_onig(pattern, len, &translated) || tok_buf_reserve(&translated, 0)) {
+    tok_buf_free(&translated);
+    return NULL;
+  }
+  pcre2_code *code = pcre2_compile((PCRE2_SPTR)translated.data, translated.len,
+                                   PCRE2_UTF | PCRE2_UCP, &err, &err_off, NULL);
+  tok_buf_free(&translated);
   if (!code) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof msg);
