@@ -18,6 +18,8 @@ static const verb verbs[] = {
     {"perplexity", ci_verb_perplexity, "teacher-forced NLL and perplexity of token sequences"},
     {"kv-quality", ci_verb_kv_quality, "KL divergence and top-1 agreement of a KV codec vs bf16"},
     {"render", ci_verb_render, "print the chat-template rendering of a chat request"},
+    {"tokenize", ci_verb_tokenize, "encode a text file to a JSON array of token ids"},
+    {"detokenize", ci_verb_detokenize, "decode comma-separated token ids to text"},
 };
 
 static void print_usage(FILE *out) {

@@ -13,6 +13,8 @@ int ci_verb_generate(int argc, char **argv);
 int ci_verb_kv_quality(int argc, char **argv);
 int ci_verb_perplexity(int argc, char **argv);
 int ci_verb_render(int argc, char **argv);
+int ci_verb_tokenize(int argc, char **argv);
+int ci_verb_detokenize(int argc, char **argv);
 
 /* A loaded model and the backend it runs on. */
 typedef struct {
