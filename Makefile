@@ -2,7 +2,8 @@
 # AddressSanitizer+UBSan builds), `make run` runs the bundled default model, `make bench`
 # writes bench/cpu.md and bench/kv.md, `make fuzz` runs the libFuzzer targets briefly.
 JOBS ?= $(shell nproc)
-DEFAULT_MODEL ?= tests/fixtures/qwen3
+DEFAULT_MODEL ?= models/starter
+RUN_PROMPT ?= Write a Python function that returns the n-th Fibonacci number.
 FUZZ_SECONDS ?= 30
 
 .PHONY: all deps npm-deps build test test-release test-asan run bench fuzz clean
@@ -30,7 +31,8 @@ test-asan: npm-deps
 	cd build-asan && ctest --output-on-failure -j$(JOBS)
 
 run: build
-	build/cinfer generate --model $(DEFAULT_MODEL) --ids 1,2,3,4,5,6,7,8 --max-tokens 32
+	build/cinfer generate --model $(DEFAULT_MODEL) --chat --prompt "$(RUN_PROMPT)" --temp 0 \
+	  --max-tokens 256
 
 bench: build
 	bench/run.sh

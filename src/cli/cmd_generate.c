@@ -5,6 +5,8 @@
 #include "base/error.h"
 #include "cli/args.h"
 #include "cli/kv_flags.h"
+#include "cli/sampling_flags.h"
+#include "cli/text_session.h"
 #include "cli/verbs.h"
 #include "engine/generate.h"
 #include "engine/params.h"
@@ -19,88 +21,86 @@
 #include <stdlib.h>
 
 static const char usage[] =
-    "usage: cinfer generate --model DIR --ids CSV [-n|--max-tokens N] [--temp T] [--top-p P]\n"
+    "usage: cinfer generate --model DIR (--ids CSV | --prompt TEXT | --prompt-file FILE)\n"
+    "                       [--chat [--system TEXT]] [--stop STRING]\n"
+    "                       [-n|--max-tokens N] [--temp T] [--top-p P]\n"
     "                       [--top-k K] [--min-p P] [--repeat-penalty R] [--presence-penalty P]\n"
     "                       [--frequency-penalty F] [--seed S] [--prefill-chunk N]\n"
     "                       [-c|--ctx-size N] [--ignore-eos] [--threads N] "
     "[--json]\n" CI_CLI_KV_USAGE
     "Sampling defaults come from the model's generation_config.json, else temperature 0.7 and\n"
-    "every filter off; --temp 0 is greedy. Prints the generated ids (EOS not printed) and a\n"
-    "stats line on stderr; --json prints {ids, finish_reason, stats} instead.\n";
+    "every filter off; --temp 0 is greedy. A text prompt streams the generated text (--chat\n"
+    "wraps it in the model's chat template); an --ids prompt prints the generated ids (EOS not\n"
+    "printed). Stats go to stderr; --json prints {ids, text?, finish_reason, stats} instead.\n";
 
 /* Built-in max_tokens of this verb (api.md §11). */
 enum { GENERATE_DEFAULT_MAX_TOKENS = 256 };
 
-/* ==== Flags ==== */
-
-/* A float flag in [min, max]; absent leaves *has = 0. Prints an error and returns 2 on a bad
- * value, else 0. */
-static int float_flag(const ci_flag *flags, int nf, const char *name, double min, double max,
-                      int *has, float *out) {
-  const char *v = ci_args_get(flags, nf, name);
-  if (!v) return 0;
-  char *end;
-  errno = 0;
-  double x = strtod(v, &end);
-  if (errno || end == v || *end != '\0' || !(x >= min && x <= max)) {
-    fprintf(stderr, "cinfer generate: %s must be a number in [%g, %g], got '%s'\n", name, min, max,
-            v);
-    return 2;
-  }
-  *has = 1;
-  *out = (float)x;
-  return 0;
-}
-
-/* Integer flag into an override; absent leaves *has = 0. */
-static int int_flag(const ci_flag *flags, int nf, const char *name, long long min, long long max,
-                    int *has, long long *out) {
-  if (!ci_args_get(flags, nf, name)) return 0;
-  if (ci_args_int(flags, nf, name, 0, min, max, out)) return 2;
-  *has = 1;
-  return 0;
-}
-
-/* The sampling flags as the CLI layer of the precedence stack. */
-static int sampling_flags(const ci_flag *flags, int nf, ci_sampling_overrides *o) {
-  long long top_k = 0, seed = 0, max_tokens = 0;
-  int bad = float_flag(flags, nf, "--temp", 0, 5, &o->has_temperature, &o->temperature) ||
-            float_flag(flags, nf, "--top-p", 0, 1, &o->has_top_p, &o->top_p) ||
-            float_flag(flags, nf, "--min-p", 0, 1, &o->has_min_p, &o->min_p) ||
-            float_flag(flags, nf, "--repeat-penalty", 1e-6, 1e6, &o->has_repetition_penalty,
-                       &o->repetition_penalty) ||
-            float_flag(flags, nf, "--presence-penalty", -2, 2, &o->has_presence_penalty,
-                       &o->presence_penalty) ||
-            float_flag(flags, nf, "--frequency-penalty", -2, 2, &o->has_frequency_penalty,
-                       &o->frequency_penalty) ||
-            int_flag(flags, nf, "--top-k", 0, INT_MAX, &o->has_top_k, &top_k) ||
-            int_flag(flags, nf, "--seed", LLONG_MIN, LLONG_MAX, &o->has_seed, &seed) ||
-            int_flag(flags, nf, "--max-tokens", 1, 1 << 24, &o->has_max_tokens, &max_tokens);
-  o->top_k = (int)top_k;
-  o->seed = (uint64_t)seed;
-  o->max_tokens = (int)max_tokens;
-  return bad ? 2 : 0;
-}
-
 /* ==== Prompt ==== */
 
-/* The prompt's token ids from --ids, or a usage error. Text prompts (--prompt, --prompt-file,
- * --chat/--system) go here once src/text provides the tokenizer and chat template: render,
- * tokenize, and return the ids the same way. */
-static int32_t *prompt_ids(const ci_flag *flags, int nf, int *n_ids) {
+/* 1 when the prompt is text (--prompt, --prompt-file) rather than ids. */
+static int text_mode(const ci_flag *flags, int nf) {
+  return ci_args_get(flags, nf, "--prompt") || ci_args_get(flags, nf, "--prompt-file");
+}
+
+/* Reads a whole file as a NUL-terminated string (NULL if unreadable). */
+static char *read_text_file(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  size_t cap = 4096, len = 0, got;
+  char *buf = malloc(cap);
+  while (buf && (got = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+    len += got;
+    if (len + 1 == cap) {
+      char *bigger = realloc(buf, cap *= 2);
+      if (!bigger) {
+        free(buf);
+        buf = NULL;
+      }
+      buf = bigger;
+    }
+  }
+  fclose(f);
+  if (buf) buf[len] = '\0';
+  return buf;
+}
+
+/* The prompt's token ids: --ids as given; text through the chat template (--chat, with an
+ * optional --system message) or the tokenizer with its special tokens. NULL on error (printed). */
+static int32_t *prompt_ids(const ci_flag *flags, int nf, const ci_text_session *text, int *n_ids) {
   const char *ids_arg = ci_args_get(flags, nf, "--ids");
-  const int text = ci_args_get(flags, nf, "--prompt") || ci_args_get(flags, nf, "--prompt-file") ||
-                   ci_args_get(flags, nf, "--chat") || ci_args_get(flags, nf, "--system");
-  if (text) {
-    fprintf(stderr, "cinfer generate: --prompt, --prompt-file, --chat and --system need the "
-                    "tokenizer and chat template, not in this build yet; use --ids\n");
-    return NULL;
+  if (!text_mode(flags, nf)) {
+    if (!ids_arg) {
+      fprintf(stderr, "cinfer generate: --ids, --prompt or --prompt-file is required\n%s", usage);
+      return NULL;
+    }
+    return ci_parse_id_list(ids_arg, n_ids);
   }
-  if (!ids_arg) {
-    fprintf(stderr, "cinfer generate: --model and --ids are required\n%s", usage);
-    return NULL;
+  const char *prompt = ci_args_get(flags, nf, "--prompt");
+  char *owned = NULL;
+  if (!prompt) {
+    const char *path = ci_args_get(flags, nf, "--prompt-file");
+    owned = read_text_file(path);
+    if (!owned) {
+      fprintf(stderr, "cinfer generate: cannot read --prompt-file %s\n", path);
+      return NULL;
+    }
+    prompt = owned;
   }
-  return ci_parse_id_list(ids_arg, n_ids);
+  int32_t *ids;
+  if (ci_args_get(flags, nf, "--chat")) {
+    json_t *messages = json_array();
+    const char *system = ci_args_get(flags, nf, "--system");
+    if (system)
+      json_array_append_new(messages, json_pack("{s:s, s:s}", "role", "system", "content", system));
+    json_array_append_new(messages, json_pack("{s:s, s:s}", "role", "user", "content", prompt));
+    ids = ci_text_session_chat(text, messages, n_ids);
+    json_decref(messages);
+  } else {
+    ids = ci_text_session_plain(text, prompt, n_ids);
+  }
+  free(owned);
+  return ids;
 }
 
 /* ==== Output ==== */
@@ -119,7 +119,7 @@ static int print_token(void *ctx, int32_t id) {
   return 0;
 }
 
-static void print_json(const ci_generate_result *r, uint64_t seed) {
+static void print_json(const ci_generate_result *r, uint64_t seed, const char *text) {
   json_t *ids = json_array();
   for (int i = 0; i < r->n_ids; i++) json_array_append_new(ids, json_integer(r->ids[i]));
   const ci_generate_stats *s = &r->stats;
@@ -130,9 +130,10 @@ static void print_json(const ci_generate_result *r, uint64_t seed) {
       "peak_rss_bytes", (json_int_t)s->peak_rss_bytes, "seed", (json_int_t)(int64_t)seed);
   json_t *root = json_pack("{s:o, s:s, s:o}", "ids", ids, "finish_reason",
                            ci_finish_reason_name(r->finish), "stats", stats);
-  char *text = root ? json_dumps(root, JSON_PRESERVE_ORDER) : NULL;
-  if (text) printf("%s\n", text);
-  free(text);
+  if (root && text) json_object_set_new(root, "text", json_string(text));
+  char *dumped = root ? json_dumps(root, JSON_PRESERVE_ORDER) : NULL;
+  if (dumped) printf("%s\n", dumped);
+  free(dumped);
   json_decref(root);
 }
 
@@ -168,6 +169,7 @@ int ci_verb_generate(int argc, char **argv) {
                      {"--threads", "-t", 1, NULL},
                      {"--json", NULL, 0, NULL},
                      {"--help", "-h", 0, NULL},
+                     {"--stop", NULL, 1, NULL},
                      CI_CLI_KV_FLAGS};
   const int nf = sizeof flags / sizeof flags[0];
   if (ci_args_parse(argc, argv, flags, nf, "generate")) return 2;
@@ -184,14 +186,30 @@ int ci_verb_generate(int argc, char **argv) {
   }
   ci_sampling_overrides cli = {0};
   long long threads, prefill_chunk, ctx_size;
-  if (sampling_flags(flags, nf, &cli) ||
+  if (ci_cli_sampling_flags(flags, nf, "generate", &cli) ||
       ci_args_int(flags, nf, "--threads", 0, 1, 4096, &threads) ||
       ci_args_int(flags, nf, "--prefill-chunk", 2048, 1, 1 << 24, &prefill_chunk) ||
       ci_args_int(flags, nf, "--ctx-size", 0, 1, INT_MAX, &ctx_size))
     return 2;
+  if (!text_mode(flags, nf) && !ci_args_get(flags, nf, "--ids")) {
+    fprintf(stderr, "cinfer generate: --ids, --prompt or --prompt-file is required\n%s", usage);
+    return 2;
+  }
+  if ((ci_args_get(flags, nf, "--chat") || ci_args_get(flags, nf, "--system") ||
+       ci_args_get(flags, nf, "--stop")) &&
+      !text_mode(flags, nf)) {
+    fprintf(stderr, "cinfer generate: --chat, --system and --stop need a text prompt "
+                    "(--prompt or --prompt-file)\n");
+    return 2;
+  }
   int n_prompt = 0;
-  int32_t *prompt = prompt_ids(flags, nf, &n_prompt);
-  if (!prompt) return 2;
+  int32_t *prompt = NULL;
+  ci_text_session text = {0};
+  ci_text_printer text_out = {0};
+  if (!text_mode(flags, nf)) {
+    prompt = prompt_ids(flags, nf, NULL, &n_prompt);
+    if (!prompt) return 2;
+  }
 
   int rc = 1;
   ci_sampler *sampler = NULL;
@@ -208,6 +226,19 @@ int ci_verb_generate(int argc, char **argv) {
     return 1;
   }
   const ci_model_spec *spec = &cm.model->spec;
+  if (text_mode(flags, nf)) {
+    char *dir = ci_model_path_resolve(model_arg);
+    const int failed =
+        !dir || ci_text_session_open(dir, ci_args_get(flags, nf, "--chat") != NULL, &text);
+    free(dir);
+    if (failed) goto done;
+    prompt = prompt_ids(flags, nf, &text, &n_prompt);
+    if (!prompt) goto done;
+    const char *stop = ci_args_get(flags, nf, "--stop");
+    if (ci_text_printer_init(&text_out, &text, stop ? &stop : NULL, stop ? 1 : 0,
+                             !ci_args_get(flags, nf, "--json")))
+      goto done;
+  }
 
   const ci_sampling_overrides *layers[] = {&cli};
   ci_sampler_params params;
@@ -224,7 +255,10 @@ int ci_verb_generate(int argc, char **argv) {
     fprintf(stderr, "cinfer generate: %s\n", ci_last_error());
     goto done;
   }
-  /* The tokenizer's eos_token joins the set here once src/text provides it. */
+  if (!ignore_eos && text.tokenizer) {
+    const int32_t eos_token = ci_tokenizer_config_token_id(text.tokenizer, "eos_token");
+    if (eos_token >= 0) ci_eos_set_add(&eos, eos_token);
+  }
   sampler = ci_sampler_create(&params, spec->vocab);
   if (!sampler) {
     fprintf(stderr, "cinfer generate: %s\n", ci_last_error());
@@ -244,14 +278,20 @@ int ci_verb_generate(int argc, char **argv) {
   options.prefill_chunk = (int)prefill_chunk;
   options.ctx_size = ctx;
   options.eos = &eos;
-  options.on_token = print_token;
-  options.ctx = &printer;
+  options.on_token = text.tokenizer ? ci_text_printer_on_token : print_token;
+  options.ctx = text.tokenizer ? (void *)&text_out : (void *)&printer;
   if (ci_generate(cm.model, sampler, prompt, n_prompt, &options, &result)) {
-    fprintf(stderr, "%scinfer generate: %s\n", printer.printed ? "\n" : "", ci_last_error());
+    fprintf(stderr, "%scinfer generate: %s\n", printer.printed || text_out.len ? "\n" : "",
+            ci_last_error());
+    goto done;
+  }
+  if (text.tokenizer && ci_text_printer_finish(&text_out)) {
+    fprintf(stderr, "cinfer generate: %s\n", ci_last_error());
     goto done;
   }
   if (printer.json)
-    print_json(&result, ci_sampler_seed(sampler));
+    print_json(&result, ci_sampler_seed(sampler),
+               text.tokenizer ? (text_out.text ? text_out.text : "") : NULL);
   else
     printf("\n");
   fflush(stdout);
@@ -262,6 +302,8 @@ int ci_verb_generate(int argc, char **argv) {
           s->ttft_seconds * 1000, (double)s->peak_rss_bytes / 1e9);
   rc = result.finish == CI_FINISH_ABORT ? 1 : 0;
 done:
+  ci_text_printer_free(&text_out);
+  ci_text_session_close(&text);
   ci_generate_result_free(&result);
   ci_sampler_free(sampler);
   free(prompt);

@@ -36,7 +36,7 @@ static uint64_t hash_name(const char *s) {
 typedef struct {
   uint64_t seed;
   ci_manifest_kind kind;
-  int64_t rows, cols;
+  int64_t rows, cols;   /* an expert stack is experts*rows rows */
   int bits, group_size; /* bits 0 = bf16 */
   int part;             /* quantized: 0 codes, 1 scales, 2 biases */
   float *row_f32;       /* [cols] scratch */
@@ -44,12 +44,23 @@ typedef struct {
   uint16_t *row_scales, *row_biases;
 } tensor_source;
 
-/* Row r of the tensor's f32 values: uniform with std 0.02 for matrices, 1 +- 0.1 for norms,
- * +-0.02 for biases. The same (seed, r) always gives the same row. */
+/* Whether a tensor kind is stored as rows of `cols` values (else it is one vector). */
+static int is_row_major(ci_manifest_kind kind) {
+  return kind == CI_MANIFEST_MATRIX || kind == CI_MANIFEST_EXPERTS;
+}
+
+/* Whether a kind multiplies activations (norm weights, layer and router scales): drawn near 1. */
+static int is_gain(ci_manifest_kind kind) {
+  return kind == CI_MANIFEST_NORM || kind == CI_MANIFEST_SCALAR;
+}
+
+/* Row r of the tensor's f32 values: uniform with std 0.02 for matrices and expert stacks,
+ * 1 +- 0.1 for norms and scalars, +-0.035 for biases. The same (seed, r) always gives the same
+ * row. */
 static void draw_row(const tensor_source *src, int64_t r, float *out, int64_t n) {
   uint64_t state = src->seed ^ ((uint64_t)r * 0xD1B54A32D192ED03ull);
-  const float half_width = src->kind == CI_MANIFEST_NORM ? 0.1f : 0.02f * 1.7320508f;
-  const float center = src->kind == CI_MANIFEST_NORM ? 1.0f : 0.0f;
+  const float half_width = is_gain(src->kind) ? 0.1f : 0.02f * 1.7320508f;
+  const float center = is_gain(src->kind) ? 1.0f : 0.0f;
   for (int64_t i = 0; i < n; i += 2) {
     uint64_t bits = splitmix64(&state);
     float u0 = (float)(bits >> 40) * (1.0f / 16777216.0f);
@@ -63,13 +74,13 @@ static int fill_rows(void *user, void *buf, size_t offset, size_t len) {
   tensor_source *src = user;
   size_t row_bytes;
   if (src->bits == 0) {
-    row_bytes = (size_t)(src->kind == CI_MANIFEST_MATRIX ? src->cols : src->rows) * 2;
+    row_bytes = (size_t)(is_row_major(src->kind) ? src->cols : src->rows) * 2;
   } else if (src->part == 0) {
     row_bytes = (size_t)src->cols * (size_t)src->bits / 8;
   } else {
     row_bytes = (size_t)(src->cols / src->group_size) * 2;
   }
-  if (src->kind != CI_MANIFEST_MATRIX) { /* a vector is one row */
+  if (!is_row_major(src->kind)) { /* a vector is one row */
     draw_row(src, 0, src->row_f32, src->rows);
     uint16_t *dst = buf;
     for (size_t i = 0; i < len / 2; i++) dst[i] = ci_f32_to_bf16(src->row_f32[offset / 2 + i]);
@@ -113,13 +124,13 @@ static tensor_source *new_source(init_job *job, const ci_manifest_entry *e, int 
   memset(src, 0, sizeof *src);
   src->seed = job->seed ^ hash_name(e->module);
   src->kind = e->kind;
-  src->rows = e->rows;
+  src->rows = e->kind == CI_MANIFEST_EXPERTS ? e->experts * e->rows : e->rows;
   src->cols = e->cols;
   src->bits = bits;
   src->group_size = job->group_size;
   src->part = part;
   (void)name;
-  int64_t n = e->kind == CI_MANIFEST_MATRIX ? e->cols : e->rows;
+  int64_t n = is_row_major(e->kind) ? e->cols : e->rows;
   src->row_f32 = malloc((size_t)n * sizeof(float) + 64);
   if (bits) {
     src->row_codes = malloc((size_t)e->cols * (size_t)bits / 8 + 64);
@@ -131,30 +142,50 @@ static tensor_source *new_source(init_job *job, const ci_manifest_entry *e, int 
   return src;
 }
 
+/* How each kind is stored: the name suffix (NULL: the bare module name, as the loader binds
+ * it) and the number of dimensions. Only matrices are quantized; expert stacks stay bf16. */
+static const struct {
+  const char *suffix;
+  int ndim;
+} kind_layout[] = {
+    [CI_MANIFEST_MATRIX] = {"weight", 2}, [CI_MANIFEST_NORM] = {"weight", 1},
+    [CI_MANIFEST_BIAS] = {"bias", 1},     [CI_MANIFEST_SCALAR] = {NULL, 1},
+    [CI_MANIFEST_EXPERTS] = {NULL, 3},
+};
+
 static int declare_entry(void *ctx, const ci_manifest_entry *e) {
   init_job *job = ctx;
   char name[300];
-  int64_t shape[2];
+  int64_t shape[3];
   int quantize = e->kind == CI_MANIFEST_MATRIX && job->bits != 0;
   if (quantize && e->cols % job->group_size != 0)
     return ci_fail("%s: input size %lld is not a multiple of group size %d", e->module,
                    (long long)e->cols, job->group_size);
   static const char *const parts[] = {"weight", "scales", "biases"};
   for (int part = 0; part < (quantize ? 3 : 1); part++) {
-    snprintf(name, sizeof name, "%s.%s", e->module,
-             e->kind == CI_MANIFEST_BIAS ? "bias" : parts[part]);
+    const char *suffix = quantize ? parts[part] : kind_layout[e->kind].suffix;
+    if (suffix)
+      snprintf(name, sizeof name, "%s.%s", e->module, suffix);
+    else
+      snprintf(name, sizeof name, "%s", e->module);
     tensor_source *src = new_source(job, e, quantize ? job->bits : 0, part, name);
     if (!src) return ci_fail("init-random: out of memory");
-    int ndim = e->kind == CI_MANIFEST_MATRIX ? 2 : 1;
-    shape[0] = e->rows;
+    const int ndim = kind_layout[e->kind].ndim;
     ci_dtype dtype = CI_BF16;
-    if (!quantize) {
-      shape[1] = e->cols;
-    } else if (part == 0) {
-      shape[1] = e->cols * job->bits / 32;
-      dtype = CI_U32;
+    if (e->kind == CI_MANIFEST_EXPERTS) {
+      shape[0] = e->experts;
+      shape[1] = e->rows;
+      shape[2] = e->cols;
     } else {
-      shape[1] = e->cols / job->group_size;
+      shape[0] = e->rows;
+      if (!quantize) {
+        shape[1] = e->cols;
+      } else if (part == 0) {
+        shape[1] = e->cols * job->bits / 32;
+        dtype = CI_U32;
+      } else {
+        shape[1] = e->cols / job->group_size;
+      }
     }
     if (ci_st_writer_add_fill(job->writer, name, dtype, ndim, shape, fill_rows, src)) return CI_ERR;
   }

@@ -13,7 +13,8 @@ typedef struct {
 static const verb verbs[] = {
     {"logits", ci_verb_logits, "write teacher-forced f32 logits of a token-id prompt"},
     {"init-random", ci_verb_init_random, "write a random-weight model for a config"},
-    {"generate", ci_verb_generate, "greedy continuation of a token-id prompt"},
+    {"generate", ci_verb_generate, "continue a text or token-id prompt (sampling, --chat)"},
+    {"chat", ci_verb_chat, "interactive multi-turn chat through the model's chat template"},
     {"bench", ci_verb_bench, "measure prefill and decode tok/s"},
     {"perplexity", ci_verb_perplexity, "teacher-forced NLL and perplexity of token sequences"},
     {"kv-quality", ci_verb_kv_quality, "KL divergence and top-1 agreement of a KV codec vs bf16"},

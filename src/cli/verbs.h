@@ -10,6 +10,7 @@ int ci_verb_logits(int argc, char **argv);
 int ci_verb_init_random(int argc, char **argv);
 int ci_verb_bench(int argc, char **argv);
 int ci_verb_generate(int argc, char **argv);
+int ci_verb_chat(int argc, char **argv);
 int ci_verb_kv_quality(int argc, char **argv);
 int ci_verb_perplexity(int argc, char **argv);
 int ci_verb_render(int argc, char **argv);
