@@ -31,8 +31,8 @@ test-asan: npm-deps
 	cd build-asan && ctest --output-on-failure -j$(JOBS)
 
 run: build
-	build/cinfer generate --model $(DEFAULT_MODEL) --chat --prompt "$(RUN_PROMPT)" --temp 0 \
-	  --max-tokens 256
+	build/cinfer generate --model $(DEFAULT_MODEL) --chat --prompt "$(RUN_PROMPT)" --temp 0.3 \
+	  --top-p 0.9 --repeat-penalty 1.1 --seed 1 --max-tokens 256
 
 bench: build
 	bench/run.sh
