@@ -307,7 +307,7 @@ static void test_cli_usage_errors(void **state) {
   (void)state;
   char out[4096];
   static const char *const bad[] = {
-      "--prompt hello",      "--ids 1,2 --top-p 1.5", "--ids 1,2 --temp -1",
+      "--chat --ids 1,2",    "--ids 1,2 --top-p 1.5", "--ids 1,2 --temp -1",
       "--ids 1,2 --top-k x", "--ids 1,2 --seed",      "",
       "--ids 1,,2",          "--ids 1,2 --min-p 2",
   };
@@ -315,6 +315,9 @@ static void test_cli_usage_errors(void **state) {
     int rc = run_generate(FIXTURE, bad[i], out, sizeof out);
     if (rc != 2) fail_msg("'%s' exited %d, expected 2", bad[i], rc);
   }
+  /* a text prompt on a model folder without tokenizer.json is a runtime error */
+  if (run_generate(FIXTURE, "--prompt hello", out, sizeof out) != 1)
+    fail_msg("'--prompt hello' without a tokenizer should exit 1");
   /* an explicit max_tokens past the context is a runtime error, a defaulted one is clamped */
   char args[256];
   snprintf(args, sizeof args, "--ids %s -c 16 -n 8 --temp 0", prompt_csv);
