@@ -401,7 +401,8 @@ static int bpe_tokenize(const tok_model *m, const char *word, size_t n, tok_mode
   size_t first_out = out->n;
   for (int32_t i = n_syms ? 0 : -1; i >= 0; i = w->syms[i].next)
     if (tok_ids_push(out, w->syms[i].id)) return CI_ERR;
-  if (cacheable && w->cache.n < CACHE_MAX_ENTRIES && w->cache_ids.n < INT32_MAX / 2) {
+  if (cacheable && out->n > first_out && w->cache.n < CACHE_MAX_ENTRIES &&
+      w->cache_ids.n < INT32_MAX / 2) {
     int32_t at = (int32_t)w->cache_ids.n;
     if (tok_ids_push(&w->cache_ids, (int32_t)(out->n - first_out)) ||
         tok_ids_append(&w->cache_ids, out->v + first_out, out->n - first_out) ||

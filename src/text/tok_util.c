@@ -20,7 +20,9 @@ static int grow(void **data, size_t *cap, size_t need, size_t elem) {
 }
 
 int tok_buf_reserve(tok_buf *b, size_t extra) {
-  return grow((void **)&b->data, &b->cap, b->len + extra + 1, 1);
+  if (grow((void **)&b->data, &b->cap, b->len + extra + 1, 1)) return CI_ERR;
+  b->data[b->len] = '\0'; /* keep the NUL even before the first append */
+  return CI_OK;
 }
 
 int tok_buf_append(tok_buf *b, const void *bytes, size_t n) {
