@@ -59,6 +59,7 @@ struct ci_engine {
   pthread_mutex_t mu; /* queue, running list, refs, cancel flags, stats */
   pthread_cond_t cv;
   int stopping;
+  int joined; /* ci_engine_stop has joined (or is joining) the thread */
   ci_engine_request *queue_head, *queue_tail;
   int n_waiting;
   ci_engine_request *running; /* admission order */
@@ -542,13 +543,19 @@ void ci_engine_get_stats(ci_engine *e, ci_engine_stats *stats) {
   pthread_mutex_unlock(&e->mu);
 }
 
-void ci_engine_free(ci_engine *e) {
-  if (!e) return;
+void ci_engine_stop(ci_engine *e) {
   pthread_mutex_lock(&e->mu);
+  const int joined = e->joined;
   e->stopping = 1;
+  e->joined = 1;
   pthread_cond_signal(&e->cv);
   pthread_mutex_unlock(&e->mu);
-  pthread_join(e->thread, NULL);
+  if (!joined) pthread_join(e->thread, NULL);
+}
+
+void ci_engine_free(ci_engine *e) {
+  if (!e) return;
+  ci_engine_stop(e);
   pthread_mutex_destroy(&e->mu);
   pthread_cond_destroy(&e->cv);
   ci_kv_cache_free(e->cache);

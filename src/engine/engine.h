@@ -93,8 +93,12 @@ void ci_engine_options_default(ci_engine_options *options);
 /* Creates the engine (KV cache for `model`) and starts its thread. NULL with ci_last_error. */
 ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options);
 
-/* Stops the thread: running and queued requests end with an error event; handles still held by
- * callers stay valid until released. Then frees the engine. NULL is a no-op. */
+/* Stops the engine thread: running and queued requests end with an error event and later
+ * submissions answer CI_ENGINE_STOPPED; handles stay valid until released. Idempotent. */
+void ci_engine_stop(ci_engine *engine);
+
+/* Stops the thread (ci_engine_stop): running and queued requests end with an error event; handles
+ * still held by callers stay valid until released. Then frees the engine. NULL is a no-op. */
 void ci_engine_free(ci_engine *engine);
 
 /* The context limit and KV budget in use. */
