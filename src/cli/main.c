@@ -21,6 +21,7 @@ static const verb verbs[] = {
     {"render", ci_verb_render, "print the chat-template rendering of a chat request"},
     {"tokenize", ci_verb_tokenize, "encode a text file to a JSON array of token ids"},
     {"detokenize", ci_verb_detokenize, "decode comma-separated token ids to text"},
+    {"serve", ci_verb_serve, "serve the OpenAI and Anthropic HTTP APIs (continuous batching)"},
 };
 
 static void print_usage(FILE *out) {

@@ -16,6 +16,7 @@ int ci_verb_perplexity(int argc, char **argv);
 int ci_verb_render(int argc, char **argv);
 int ci_verb_tokenize(int argc, char **argv);
 int ci_verb_detokenize(int argc, char **argv);
+int ci_verb_serve(int argc, char **argv);
 
 /* A loaded model and the backend it runs on. */
 typedef struct {

@@ -1,0 +1,564 @@
+/* The serving engine: engine thread, FIFO admission under the KV memory contract, and the
+ * continuous-batching step (generation.md §8). Each step: boundary work (cancellations and
+ * finished sequences leave, their blocks are freed), admission, then one decode row for every
+ * decoding sequence and prefill chunks for the admitted ones under the step's token budget.
+ * The model API forwards one sequence per call, so a step forwards each scheduled sequence in
+ * turn; a prefill chunk's length depends only on the request itself (never on what else is in
+ * the step), which keeps every request's tokens identical to a solo run. */
+#include "engine/engine.h"
+
+#include "base/error.h"
+#include "base/timing.h"
+#include "sample/logprobs.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ==== Requests and their event queues ==== */
+
+typedef enum { REQ_QUEUED, REQ_PREFILL, REQ_DECODE, REQ_FINISHED } request_state;
+
+struct ci_engine_request {
+  ci_engine *engine;
+  int refs;      /* caller + engine; guarded by engine->mu */
+  int cancelled; /* guarded by engine->mu */
+  request_state state;
+  /* job */
+  int32_t *history; /* prompt then sampled tokens: [n_prompt + max_tokens] */
+  int n_prompt, n_history, max_tokens, top_logprobs;
+  ci_eos_set eos;
+  ci_kv_plan_source kv_plan;
+  ci_kv_format kv_target;
+  int64_t kv_start;
+  ci_sampler *sampler;
+  int64_t reservation; /* bytes */
+  /* engine-side progress */
+  ci_kv_seq *seq;
+  int n_prefilled; /* prompt tokens whose KV is stored */
+  int generated;
+  int32_t pending; /* last sampled token, not yet forwarded */
+  double t_submit, t_admit, t_first, t_last;
+  struct ci_engine_request *next; /* queue / running list */
+  /* events: guarded by mu */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  ci_engine_event *events;
+  int n_events, cap_events, head;
+};
+
+struct ci_engine {
+  ci_model *model;
+  ci_engine_options o;
+  ci_kv_cache *cache;
+  float *logits;
+  pthread_t thread;
+  pthread_mutex_t mu; /* queue, running list, refs, cancel flags, stats */
+  pthread_cond_t cv;
+  int stopping;
+  int joined; /* ci_engine_stop has joined (or is joining) the thread */
+  ci_engine_request *queue_head, *queue_tail;
+  int n_waiting;
+  ci_engine_request *running; /* admission order */
+  int n_running;
+  int64_t reserved;
+  ci_engine_stats stats;
+};
+
+static void push_event(ci_engine_request *r, const ci_engine_event *ev) {
+  pthread_mutex_lock(&r->mu);
+  if (r->n_events == r->cap_events) {
+    /* compact first, then grow */
+    if (r->head > 0) {
+      memmove(r->events, r->events + r->head, (size_t)(r->n_events - r->head) * sizeof *ev);
+      r->n_events -= r->head;
+      r->head = 0;
+    }
+    if (r->n_events == r->cap_events) {
+      int cap = r->cap_events ? r->cap_events * 2 : 16;
+      ci_engine_event *bigger = realloc(r->events, (size_t)cap * sizeof *bigger);
+      if (!bigger) { /* out of memory: drop the event rather than crash */
+        pthread_mutex_unlock(&r->mu);
+        return;
+      }
+      r->events = bigger;
+      r->cap_events = cap;
+    }
+  }
+  r->events[r->n_events++] = *ev;
+  pthread_cond_signal(&r->cv);
+  pthread_mutex_unlock(&r->mu);
+}
+
+int ci_engine_request_next(ci_engine_request *r, ci_engine_event *event, double timeout_s) {
+  pthread_mutex_lock(&r->mu);
+  struct timespec deadline;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  if (timeout_s >= 0) {
+    const long long ns = deadline.tv_nsec + (long long)(timeout_s * 1e9);
+    deadline.tv_sec += (time_t)(ns / 1000000000LL);
+    deadline.tv_nsec = (long)(ns % 1000000000LL);
+  }
+  while (r->head == r->n_events) {
+    if (timeout_s < 0)
+      pthread_cond_wait(&r->cv, &r->mu);
+    else if (pthread_cond_timedwait(&r->cv, &r->mu, &deadline) == ETIMEDOUT)
+      break;
+  }
+  int got = 0;
+  if (r->head < r->n_events) {
+    *event = r->events[r->head++];
+    got = 1;
+  }
+  pthread_mutex_unlock(&r->mu);
+  return got;
+}
+
+static void request_destroy(ci_engine_request *r) {
+  free(r->history);
+  ci_sampler_free(r->sampler);
+  ci_kv_seq_free(r->seq);
+  free(r->events);
+  pthread_mutex_destroy(&r->mu);
+  pthread_cond_destroy(&r->cv);
+  free(r);
+}
+
+/* Drops one reference; the caller holds engine->mu. */
+static void request_unref_locked(ci_engine_request *r) {
+  if (--r->refs == 0) request_destroy(r);
+}
+
+void ci_engine_request_cancel(ci_engine_request *r) {
+  if (!r) return;
+  pthread_mutex_lock(&r->engine->mu);
+  r->cancelled = 1;
+  pthread_cond_signal(&r->engine->cv);
+  pthread_mutex_unlock(&r->engine->mu);
+}
+
+void ci_engine_request_release(ci_engine_request *r) {
+  if (!r) return;
+  ci_engine *e = r->engine;
+  pthread_mutex_lock(&e->mu);
+  r->cancelled = 1;
+  pthread_cond_signal(&e->cv);
+  request_unref_locked(r);
+  pthread_mutex_unlock(&e->mu);
+}
+
+/* ==== Memory contract ==== */
+
+int64_t ci_engine_reservation_bytes(const ci_engine *e, int64_t n) {
+  const ci_kv_cache *c = e->cache;
+  const int64_t T = c->block_tokens;
+  int64_t bytes = 0;
+  for (int g = 0; g < c->n_groups; g++) {
+    const ci_kv_group *group = &c->groups[g];
+    int64_t blocks = (n + T - 1) / T;
+    if (group->window > 0) {
+      const int64_t cap = (group->window + T - 1) / T + 2;
+      if (blocks > cap) blocks = cap;
+    }
+    const ci_kv_pool *pool = group->pools[0];
+    bytes += blocks * (int64_t)(pool->k_block_bytes + pool->v_block_bytes) * group->n_layers;
+  }
+  return bytes;
+}
+
+int ci_engine_ctx_size(const ci_engine *e) {
+  return e->o.ctx_size;
+}
+
+/* ==== Options, creation ==== */
+
+void ci_engine_options_default(ci_engine_options *o) {
+  memset(o, 0, sizeof *o);
+  o->batch = 8;
+  o->batch_tokens = 2048;
+  o->prefill_chunk = 2048;
+  o->max_queue = 256;
+  o->block_tokens = 16;
+  o->base = CI_KV_BF16;
+}
+
+static void *engine_main(void *arg);
+
+ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
+  ci_engine *e = calloc(1, sizeof *e);
+  if (!e) return ci_fail("engine: out of memory"), NULL;
+  e->model = model;
+  e->o = *options;
+  if (e->o.batch < 1 || e->o.batch_tokens < 1 || e->o.prefill_chunk < 1 || e->o.max_queue < 0 ||
+      e->o.block_tokens < 1) {
+    free(e);
+    return ci_fail("engine: batch, batch_tokens, prefill_chunk and block_tokens must be >= 1"),
+           NULL;
+  }
+  if (e->o.ctx_size <= 0 || e->o.ctx_size > model->spec.max_position)
+    e->o.ctx_size = model->spec.max_position;
+  e->cache = ci_model_kv_cache_create(model, e->o.base, e->o.block_tokens, 0);
+  e->logits = malloc((size_t)model->spec.vocab * sizeof *e->logits);
+  if (!e->cache || !e->logits) {
+    ci_kv_cache_free(e->cache);
+    free(e->logits);
+    free(e);
+    return NULL;
+  }
+  if (e->o.kv_budget_bytes <= 0)
+    e->o.kv_budget_bytes = (int64_t)e->o.batch * ci_engine_reservation_bytes(e, e->o.ctx_size);
+  e->stats.kv_budget_bytes = e->o.kv_budget_bytes;
+  pthread_mutex_init(&e->mu, NULL);
+  pthread_cond_init(&e->cv, NULL);
+  if (pthread_create(&e->thread, NULL, engine_main, e)) {
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    ci_kv_cache_free(e->cache);
+    free(e->logits);
+    free(e);
+    return ci_fail("engine: cannot start the engine thread"), NULL;
+  }
+  return e;
+}
+
+/* ==== Submission ==== */
+
+ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
+                                   ci_engine_request **out) {
+  *out = NULL;
+  const int vocab = e->model->spec.vocab;
+  if (job->n_prompt < 1) return ci_fail("the prompt is empty"), CI_ENGINE_REJECTED;
+  if (job->max_tokens < 1) return ci_fail("max_tokens must be >= 1"), CI_ENGINE_REJECTED;
+  if ((int64_t)job->n_prompt + job->max_tokens > e->o.ctx_size)
+    return ci_fail("prompt (%d tokens) + max_tokens (%d) exceeds the context size %d",
+                   job->n_prompt, job->max_tokens, e->o.ctx_size),
+           CI_ENGINE_REJECTED;
+  for (int i = 0; i < job->n_prompt; i++)
+    if (job->prompt[i] < 0 || job->prompt[i] >= vocab)
+      return ci_fail("prompt token id %d is out of range [0, %d)", (int)job->prompt[i], vocab),
+             CI_ENGINE_REJECTED;
+  const int64_t n_total = (int64_t)job->n_prompt + job->max_tokens;
+  const int64_t reservation = ci_engine_reservation_bytes(e, n_total);
+  if (reservation > e->o.kv_budget_bytes) {
+    const int64_t per_token = ci_engine_reservation_bytes(e, e->o.block_tokens);
+    int64_t cap = per_token > 0 ? e->o.kv_budget_bytes / per_token * e->o.block_tokens : 0;
+    if (cap > e->o.ctx_size) cap = e->o.ctx_size;
+    return ci_fail("request needs %lld tokens of context (prompt %d + max_tokens %d) but the "
+                   "memory budget caps a request at %lld tokens",
+                   (long long)n_total, job->n_prompt, job->max_tokens, (long long)cap),
+           CI_ENGINE_REJECTED;
+  }
+  if (job->top_logprobs < 0 || job->top_logprobs > CI_ENGINE_MAX_TOP_LOGPROBS)
+    return ci_fail("top_logprobs must be an integer between 0 and 20"), CI_ENGINE_REJECTED;
+  ci_engine_request *r = calloc(1, sizeof *r);
+  if (!r) return ci_fail("out of memory"), CI_ENGINE_REJECTED;
+  r->engine = e;
+  r->history = malloc((size_t)n_total * sizeof *r->history);
+  r->sampler = ci_sampler_create(&job->sampling, vocab);
+  if (!r->history || !r->sampler) {
+    free(r->history);
+    ci_sampler_free(r->sampler);
+    free(r);
+    return CI_ENGINE_REJECTED;
+  }
+  memcpy(r->history, job->prompt, (size_t)job->n_prompt * sizeof *r->history);
+  r->n_prompt = r->n_history = job->n_prompt;
+  r->max_tokens = job->max_tokens;
+  r->top_logprobs = job->top_logprobs;
+  r->eos = job->eos;
+  r->kv_plan = job->kv_plan;
+  r->kv_target = job->kv_target;
+  r->kv_start = job->kv_start;
+  r->reservation = reservation;
+  r->state = REQ_QUEUED;
+  r->refs = 2;
+  r->t_submit = ci_now_seconds();
+  pthread_mutex_init(&r->mu, NULL);
+  pthread_cond_init(&r->cv, NULL);
+
+  pthread_mutex_lock(&e->mu);
+  ci_engine_verdict verdict = CI_ENGINE_SUBMITTED;
+  if (e->stopping)
+    verdict = CI_ENGINE_STOPPED;
+  else if (e->n_waiting >= e->o.max_queue)
+    verdict = CI_ENGINE_QUEUE_FULL;
+  if (verdict == CI_ENGINE_SUBMITTED) {
+    if (e->queue_tail)
+      e->queue_tail->next = r;
+    else
+      e->queue_head = r;
+    e->queue_tail = r;
+    e->n_waiting++;
+    e->stats.waiting = e->n_waiting;
+    pthread_cond_signal(&e->cv);
+  }
+  pthread_mutex_unlock(&e->mu);
+  if (verdict != CI_ENGINE_SUBMITTED) {
+    ci_fail(verdict == CI_ENGINE_STOPPED ? "the server is shutting down"
+                                         : "the request queue is full");
+    request_destroy(r);
+    return verdict;
+  }
+  *out = r;
+  return CI_ENGINE_SUBMITTED;
+}
+
+/* ==== The engine thread ==== */
+
+/* Ends a request: last event, stats, blocks freed. Caller holds e->mu. */
+static void finish_locked(ci_engine *e, ci_engine_request *r, ci_finish_reason finish,
+                          const char *error) {
+  ci_engine_event ev;
+  memset(&ev, 0, sizeof ev);
+  const double now = ci_now_seconds();
+  if (error) {
+    ev.kind = CI_ENGINE_EVENT_ERROR;
+    snprintf(ev.message, sizeof ev.message, "%s", error);
+    e->stats.requests_failed++;
+  } else {
+    ev.kind = CI_ENGINE_EVENT_DONE;
+    ev.finish = finish;
+    if (finish == CI_FINISH_ABORT)
+      e->stats.requests_cancelled++;
+    else
+      e->stats.requests_finished++;
+  }
+  ev.prompt_tokens = r->n_prompt;
+  ev.generated_tokens = r->generated;
+  ev.queue_seconds = (r->t_admit > 0 ? r->t_admit : now) - r->t_submit;
+  ev.prefill_seconds = r->t_first > 0 ? r->t_first - r->t_admit : 0;
+  ev.decode_seconds = r->t_first > 0 ? r->t_last - r->t_first : 0;
+  r->state = REQ_FINISHED;
+  ci_kv_seq_free(r->seq);
+  r->seq = NULL;
+  push_event(r, &ev);
+}
+
+/* Emits a sampled token (or finishes on EOS / length). Returns 1 when the request finished. */
+static int take_token(ci_engine *e, ci_engine_request *r, int32_t token) {
+  const double now = ci_now_seconds();
+  if (r->generated == 0) r->t_first = now;
+  r->t_last = now;
+  r->generated++;
+  r->history[r->n_history++] = token;
+  r->pending = token;
+  if (ci_eos_set_contains(&r->eos, token)) return 1;
+  ci_engine_event ev;
+  ev.kind = CI_ENGINE_EVENT_TOKEN;
+  ev.token = token;
+  const float *lp = ci_sampler_logprobs(r->sampler);
+  ev.logprob = lp[token];
+  ev.n_top = 0;
+  if (r->top_logprobs > 0) {
+    ci_logprob top[CI_ENGINE_MAX_TOP_LOGPROBS];
+    ev.n_top = ci_logprobs_top(lp, e->model->spec.vocab, r->top_logprobs, top);
+    for (int i = 0; i < ev.n_top; i++) {
+      ev.top_ids[i] = top[i].id;
+      ev.top_logprobs[i] = top[i].logprob;
+    }
+  }
+  push_event(r, &ev);
+  return r->generated >= r->max_tokens;
+}
+
+/* Admission at a step boundary: FIFO, no overtaking; a cancelled queued request leaves.
+ * Caller holds e->mu. */
+static void admit_locked(ci_engine *e) {
+  while (e->queue_head) {
+    ci_engine_request *r = e->queue_head;
+    if (!r->cancelled) {
+      if (e->n_running >= e->o.batch) break;
+      if (e->reserved + r->reservation > e->o.kv_budget_bytes) break;
+    }
+    e->queue_head = r->next;
+    if (!e->queue_head) e->queue_tail = NULL;
+    r->next = NULL;
+    e->n_waiting--;
+    if (r->cancelled) {
+      finish_locked(e, r, CI_FINISH_ABORT, NULL);
+      request_unref_locked(r);
+      continue;
+    }
+    r->seq = ci_kv_seq_create(e->cache);
+    int status = r->seq ? CI_OK : CI_ERR;
+    if (!status)
+      status =
+          r->kv_plan == CI_KV_PLAN_TARGET ? ci_kv_seq_set_plan(r->seq, &r->kv_target, r->kv_start)
+          : r->kv_plan == CI_KV_PLAN_MODEL_CONFIG ? ci_model_kv_seq_apply_config(e->model, r->seq)
+                                                  : CI_OK;
+    if (status) {
+      finish_locked(e, r, CI_FINISH_ABORT, ci_last_error());
+      request_unref_locked(r);
+      continue;
+    }
+    r->t_admit = ci_now_seconds();
+    r->state = REQ_PREFILL;
+    e->reserved += r->reservation;
+    e->stats.prefix_misses++;
+    /* append to the running list (admission order) */
+    ci_engine_request **tail = &e->running;
+    while (*tail) tail = &(*tail)->next;
+    *tail = r;
+    e->n_running++;
+  }
+}
+
+/* Removes finished and cancelled sequences. Caller holds e->mu. */
+static void sweep_locked(ci_engine *e) {
+  ci_engine_request **link = &e->running;
+  while (*link) {
+    ci_engine_request *r = *link;
+    if (r->cancelled && r->state != REQ_FINISHED) finish_locked(e, r, CI_FINISH_ABORT, NULL);
+    if (r->state == REQ_FINISHED) {
+      *link = r->next;
+      r->next = NULL;
+      e->n_running--;
+      e->reserved -= r->reservation;
+      e->stats.prompt_tokens += r->n_prompt;
+      e->stats.generated_tokens += r->generated;
+      request_unref_locked(r);
+    } else {
+      link = &r->next;
+    }
+  }
+}
+
+/* What a request wants this step: its rows and whether they end with a sampled token. */
+typedef struct {
+  ci_engine_request *r;
+  int rows;
+} step_entry;
+
+/* Forward + sample for one request. Returns CI_OK, or CI_ERR (the request failed). */
+static int run_entry(ci_engine *e, ci_engine_request *r, int rows, int *finished,
+                     ci_finish_reason *finish) {
+  *finished = 0;
+  if (r->state == REQ_DECODE) {
+    if (ci_model_forward(e->model, r->seq, &r->pending, 1, e->logits, 1)) return CI_ERR;
+  } else {
+    const int last = r->n_prefilled + rows == r->n_prompt;
+    if (ci_model_forward(e->model, r->seq, r->history + r->n_prefilled, rows,
+                         last ? e->logits : NULL, 1))
+      return CI_ERR;
+    r->n_prefilled += rows;
+    if (!last) return CI_OK;
+    r->state = REQ_DECODE;
+  }
+  const int32_t token = ci_sampler_next(r->sampler, e->logits, r->history, (size_t)r->n_history);
+  if (token < 0) return CI_ERR;
+  if (take_token(e, r, token)) {
+    *finished = 1;
+    *finish = ci_eos_set_contains(&r->eos, token) ? CI_FINISH_STOP : CI_FINISH_LENGTH;
+  }
+  return CI_OK;
+}
+
+static void engine_step(ci_engine *e) {
+  /* compose the batch from a snapshot of the running list (only this thread changes it) */
+  step_entry entries[512];
+  int n_entries = 0, budget = e->o.batch_tokens, prefills = 0;
+  for (ci_engine_request *r = e->running; r && n_entries < 512; r = r->next)
+    if (r->state == REQ_DECODE) {
+      entries[n_entries++] = (step_entry){r, 1};
+      budget--;
+    }
+  for (ci_engine_request *r = e->running; r && n_entries < 512; r = r->next) {
+    if (r->state != REQ_PREFILL) continue;
+    int64_t chunk = r->n_prompt - r->n_prefilled;
+    if (chunk > e->o.prefill_chunk) chunk = e->o.prefill_chunk;
+    if (chunk > e->o.batch_tokens) chunk = e->o.batch_tokens;
+    const int64_t limit = ci_kv_seq_chunk_limit(r->seq);
+    if (chunk > limit) chunk = limit;
+    /* the chunk never shrinks to fit the budget (that would make results depend on the batch):
+     * it waits, unless it is the step's first prefill */
+    if (chunk > budget && prefills > 0) break;
+    entries[n_entries++] = (step_entry){r, (int)chunk};
+    budget -= (int)chunk;
+    prefills++;
+  }
+  int64_t rows = 0;
+  for (int i = 0; i < n_entries; i++) {
+    ci_engine_request *r = entries[i].r;
+    int finished = 0;
+    ci_finish_reason finish = CI_FINISH_STOP;
+    const int status = run_entry(e, r, entries[i].rows, &finished, &finish);
+    rows += entries[i].rows;
+    if (status || finished) {
+      char message[256];
+      snprintf(message, sizeof message, "%s", status ? ci_last_error() : "");
+      pthread_mutex_lock(&e->mu);
+      finish_locked(e, r, finish, status ? message : NULL);
+      pthread_mutex_unlock(&e->mu);
+    }
+  }
+  pthread_mutex_lock(&e->mu);
+  e->stats.steps++;
+  e->stats.step_rows += rows;
+  pthread_mutex_unlock(&e->mu);
+}
+
+static void *engine_main(void *arg) {
+  ci_engine *e = arg;
+  pthread_mutex_lock(&e->mu);
+  for (;;) {
+    sweep_locked(e);
+    if (e->stopping) break;
+    admit_locked(e);
+    e->stats.running = e->n_running;
+    e->stats.waiting = e->n_waiting;
+    e->stats.reserved_bytes = e->reserved;
+    e->stats.blocks_used = ci_kv_cache_blocks_used(e->cache);
+    e->stats.bytes_used = ci_kv_cache_bytes_used(e->cache);
+    if (e->n_running == 0) {
+      pthread_cond_wait(&e->cv, &e->mu);
+      continue;
+    }
+    pthread_mutex_unlock(&e->mu);
+    engine_step(e);
+    pthread_mutex_lock(&e->mu);
+  }
+  /* shutdown: everything still running or queued ends with an error event */
+  for (ci_engine_request *r = e->running, *next; r; r = next) {
+    next = r->next;
+    finish_locked(e, r, CI_FINISH_ABORT, "the server is shutting down");
+    request_unref_locked(r);
+  }
+  e->running = NULL;
+  for (ci_engine_request *r = e->queue_head, *next; r; r = next) {
+    next = r->next;
+    finish_locked(e, r, CI_FINISH_ABORT, "the server is shutting down");
+    request_unref_locked(r);
+  }
+  e->queue_head = e->queue_tail = NULL;
+  pthread_mutex_unlock(&e->mu);
+  return NULL;
+}
+
+void ci_engine_get_stats(ci_engine *e, ci_engine_stats *stats) {
+  pthread_mutex_lock(&e->mu);
+  *stats = e->stats;
+  pthread_mutex_unlock(&e->mu);
+}
+
+void ci_engine_stop(ci_engine *e) {
+  pthread_mutex_lock(&e->mu);
+  const int joined = e->joined;
+  e->stopping = 1;
+  e->joined = 1;
+  pthread_cond_signal(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+  if (!joined) pthread_join(e->thread, NULL);
+}
+
+void ci_engine_free(ci_engine *e) {
+  if (!e) return;
+  ci_engine_stop(e);
+  pthread_mutex_destroy(&e->mu);
+  pthread_cond_destroy(&e->cv);
+  ci_kv_cache_free(e->cache);
+  free(e->logits);
+  free(e);
+}

@@ -1,0 +1,128 @@
+/* The serving engine (generation.md §1, §8, §9): one engine thread owns the model, the shared
+ * paged KV cache and the continuous-batching scheduler. Other threads submit token-id jobs and
+ * read each request's events (tokens, then done or error) from its own queue; cancelling is a
+ * flag the engine applies at the next step boundary, where the sequence's blocks are freed.
+ *
+ * Ownership: the caller owns the model (it must outlive the engine). ci_engine_submit returns a
+ * request handle shared by the caller and the engine thread; the caller gives up its share with
+ * ci_engine_request_release (which also cancels a request still running). */
+#ifndef CI_ENGINE_ENGINE_H
+#define CI_ENGINE_ENGINE_H
+
+#include "engine/generate.h"
+#include "io/generation_config.h"
+#include "model/model.h"
+#include "sample/sampler.h"
+
+#include <stdint.h>
+
+typedef struct ci_engine ci_engine;
+typedef struct ci_engine_request ci_engine_request;
+
+enum { CI_ENGINE_MAX_TOP_LOGPROBS = 20 };
+
+typedef struct {
+  int batch;               /* max running sequences (default 8) */
+  int batch_tokens;        /* rows per step (default 2048) */
+  int prefill_chunk;       /* prompt tokens per prefill chunk (default 2048) */
+  int max_queue;           /* waiting requests beyond which submit answers "queue full" (256) */
+  int ctx_size;            /* per-request context limit; 0 = the model's max_position */
+  int block_tokens;        /* KV block size T (16) */
+  ci_kv_codec base;        /* what every sequence starts in (bf16) */
+  int64_t kv_budget_bytes; /* KV bytes all running reservations share; 0 = batch x the
+                              reservation of one ctx_size request */
+} ci_engine_options;
+
+/* One job: a tokenized prompt and how to continue it. The prompt is copied by submit. */
+typedef struct {
+  const int32_t *prompt;
+  int n_prompt;
+  int max_tokens; /* >= 1, every sampled token counts (EOS included) */
+  ci_sampler_params sampling;
+  ci_eos_set eos;            /* n = 0: never stop on EOS */
+  ci_kv_plan_source kv_plan; /* the sequence's own codec plan */
+  ci_kv_format kv_target;    /* CI_KV_PLAN_TARGET: convert to this ... */
+  int64_t kv_start;          /* ... at this many tokens */
+  int top_logprobs;          /* 0..20 top entries per token event (logprob is always sent) */
+} ci_engine_job;
+
+typedef enum {
+  CI_ENGINE_EVENT_TOKEN, /* one sampled token that is not EOS */
+  CI_ENGINE_EVENT_DONE,  /* the sequence finished (finish, counts); last event */
+  CI_ENGINE_EVENT_ERROR  /* generation failed (message); last event */
+} ci_engine_event_kind;
+
+typedef struct {
+  ci_engine_event_kind kind;
+  int32_t token;
+  float logprob; /* lp[token] */
+  int n_top;
+  int32_t top_ids[CI_ENGINE_MAX_TOP_LOGPROBS];
+  float top_logprobs[CI_ENGINE_MAX_TOP_LOGPROBS];
+  ci_finish_reason finish; /* DONE */
+  int prompt_tokens;       /* DONE: P */
+  int cached_tokens;       /* DONE: prompt tokens reused from the prefix cache */
+  int generated_tokens;    /* DONE: g, EOS included */
+  double queue_seconds;    /* DONE: submit -> admission */
+  double prefill_seconds;  /* DONE: admission -> first token */
+  double decode_seconds;   /* DONE: first token -> last token */
+  char message[256];       /* ERROR */
+} ci_engine_event;
+
+/* Submission verdicts. */
+typedef enum {
+  CI_ENGINE_SUBMITTED = 0,
+  CI_ENGINE_REJECTED = 1,   /* can never run (too big for the budget, bad ids, bad params):
+                               ci_last_error says why */
+  CI_ENGINE_QUEUE_FULL = 2, /* try again later */
+  CI_ENGINE_STOPPED = 3     /* the engine is shutting down */
+} ci_engine_verdict;
+
+/* A snapshot of the engine's counters and gauges (for /metrics and /stats). */
+typedef struct {
+  int running, waiting;
+  int64_t blocks_used, bytes_used, kv_budget_bytes, reserved_bytes;
+  int64_t requests_finished, requests_cancelled, requests_failed;
+  int64_t prompt_tokens, cached_tokens, generated_tokens, steps, step_rows;
+  int64_t prefix_hits, prefix_misses;
+} ci_engine_stats;
+
+/* Fills the defaults listed above. */
+void ci_engine_options_default(ci_engine_options *options);
+
+/* Creates the engine (KV cache for `model`) and starts its thread. NULL with ci_last_error. */
+ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options);
+
+/* Stops the engine thread: running and queued requests end with an error event and later
+ * submissions answer CI_ENGINE_STOPPED; handles stay valid until released. Idempotent. */
+void ci_engine_stop(ci_engine *engine);
+
+/* Stops the thread (ci_engine_stop): running and queued requests end with an error event; handles
+ * still held by callers stay valid until released. Then frees the engine. NULL is a no-op. */
+void ci_engine_free(ci_engine *engine);
+
+/* The context limit and KV budget in use. */
+int ci_engine_ctx_size(const ci_engine *engine);
+
+/* The KV bytes a request of n tokens reserves (its peak under the base codec). */
+int64_t ci_engine_reservation_bytes(const ci_engine *engine, int64_t n_tokens);
+
+/* Queues a job (FIFO). Returns a verdict; on CI_ENGINE_SUBMITTED *out is the request handle. */
+ci_engine_verdict ci_engine_submit(ci_engine *engine, const ci_engine_job *job,
+                                   ci_engine_request **out);
+
+/* Waits up to timeout_s seconds (< 0: forever) for the request's next event. Returns 1 with
+ * *event filled, 0 on timeout. After DONE or ERROR no more events come. */
+int ci_engine_request_next(ci_engine_request *request, ci_engine_event *event, double timeout_s);
+
+/* Asks the engine to stop the request at the next step boundary (client gone, stop string
+ * found): it finishes with CI_FINISH_ABORT and its blocks are freed. */
+void ci_engine_request_cancel(ci_engine_request *request);
+
+/* The caller's share of the handle: cancels the request if it still runs. NULL is a no-op. */
+void ci_engine_request_release(ci_engine_request *request);
+
+/* Counters and gauges. */
+void ci_engine_get_stats(ci_engine *engine, ci_engine_stats *stats);
+
+#endif

@@ -1,0 +1,327 @@
+/* HTTP plumbing over libmicrohttpd (api.md §1, §10): a thread per connection, body collection
+ * with a size limit, bearer / x-api-key auth, the route table, JSON and SSE responses, errors in
+ * each API's shape. A client that disconnects mid-stream makes libmicrohttpd free the stream,
+ * which releases (cancels) its engine request. */
+#include "server/server.h"
+
+#include "base/error.h"
+#include "base/timing.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ==== Errors ==== */
+
+static const struct {
+  int status;
+  const char *openai_type, *anthropic_type;
+} error_types[] = {
+    {400, "invalid_request_error", "invalid_request_error"},
+    {401, "authentication_error", "authentication_error"},
+    {404, "not_found_error", "not_found_error"},
+    {405, "invalid_request_error", "invalid_request_error"},
+    {413, "invalid_request_error", "request_too_large"},
+    {429, "server_error", "overloaded_error"},
+    {500, "server_error", "api_error"},
+    {503, "server_error", "overloaded_error"},
+};
+
+json_t *ci_server_error_body(int anthropic, int status, const char *code, const char *message) {
+  const char *ot = "invalid_request_error", *at = "invalid_request_error";
+  for (size_t i = 0; i < sizeof error_types / sizeof error_types[0]; i++)
+    if (error_types[i].status == status)
+      ot = error_types[i].openai_type, at = error_types[i].anthropic_type;
+  json_t *msg = json_string(message);
+  if (!msg) msg = json_string("invalid request");
+  if (anthropic)
+    return json_pack("{s:s, s:{s:s, s:o}}", "type", "error", "error", "type", at, "message", msg);
+  return json_pack("{s:{s:o, s:s, s:n, s:s}}", "error", "message", msg, "type", ot, "param", "code",
+                   code);
+}
+
+/* ==== Metrics helpers ==== */
+
+static const double hist_bounds[CI_HIST_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                    0.5,   1,    2.5,   5,    10,  30};
+
+void ci_histogram_observe(ci_histogram *h, double seconds) {
+  int b = 0;
+  while (b < CI_HIST_BUCKETS && seconds > hist_bounds[b]) b++;
+  h->counts[b]++;
+  h->sum += seconds;
+  h->n++;
+}
+
+void ci_server_count_request(ci_server *s, const char *route, int status) {
+  pthread_mutex_lock(&s->metrics_mu);
+  int i = 0;
+  while (i < s->n_routes && (s->routes[i].status != status || strcmp(s->routes[i].route, route)))
+    i++;
+  if (i == s->n_routes && s->n_routes < (int)(sizeof s->routes / sizeof s->routes[0])) {
+    snprintf(s->routes[i].route, sizeof s->routes[i].route, "%s", route);
+    s->routes[i].status = status;
+    s->n_routes++;
+  }
+  if (i < s->n_routes) s->routes[i].count++;
+  pthread_mutex_unlock(&s->metrics_mu);
+}
+
+/* ==== Connections ==== */
+
+typedef struct {
+  ci_strbuf body;
+  int too_large;
+} connection;
+
+static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *type,
+                                 char *text) {
+  struct MHD_Response *r =
+      MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+  MHD_add_response_header(r, "Content-Type", type);
+  const enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
+  MHD_destroy_response(r);
+  return ok;
+}
+
+static enum MHD_Result send_json(struct MHD_Connection *c, int status, json_t *obj /* stolen */) {
+  char *text = obj ? json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+  json_decref(obj);
+  if (!text)
+    text = strdup("{\"error\":{\"message\":\"internal error\",\"type\":\"server_error\"}}");
+  return send_text(c, status, "application/json", text);
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+  (void)pos;
+  ci_srv_stream *st = cls;
+  while (st->out_pos == st->out.len) {
+    if (st->finished) return MHD_CONTENT_READER_END_OF_STREAM;
+    st->out.len = st->out_pos = 0;
+    st->produce(st);
+  }
+  size_t n = st->out.len - st->out_pos;
+  if (n > max) n = max;
+  memcpy(buf, st->out.data + st->out_pos, n);
+  st->out_pos += n;
+  return (ssize_t)n;
+}
+
+static void stream_free(void *cls) {
+  ci_srv_stream_free(cls);
+}
+
+static enum MHD_Result send_stream(struct MHD_Connection *c, ci_srv_stream *st) {
+  struct MHD_Response *r =
+      MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, st, stream_free);
+  MHD_add_response_header(r, "Content-Type", "text/event-stream");
+  MHD_add_response_header(r, "Cache-Control", "no-cache");
+  const enum MHD_Result ok = MHD_queue_response(c, 200, r);
+  MHD_destroy_response(r);
+  return ok;
+}
+
+static int authorized(ci_server *s, struct MHD_Connection *c) {
+  if (s->n_keys == 0) return 1;
+  const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+  const char *xkey = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+  for (int i = 0; i < s->n_keys; i++) {
+    if (xkey && !strcmp(xkey, s->keys[i])) return 1;
+    if (auth && !strncmp(auth, "Bearer ", 7) && !strcmp(auth + 7, s->keys[i])) return 1;
+  }
+  return 0;
+}
+
+/* The route table. */
+typedef enum { R_CHAT, R_COMPLETIONS, R_MESSAGES, R_MODELS, R_HEALTH, R_METRICS, R_STATS } route_id;
+static const struct {
+  const char *path;
+  const char *method;
+  route_id id;
+} routes[] = {
+    {"/v1/chat/completions", "POST", R_CHAT},
+    {"/chat/completions", "POST", R_CHAT},
+    {"/v1/completions", "POST", R_COMPLETIONS},
+    {"/v1/messages", "POST", R_MESSAGES},
+    {"/v1/models", "GET", R_MODELS},
+    {"/health", "GET", R_HEALTH},
+    {"/metrics", "GET", R_METRICS},
+    {"/stats", "GET", R_STATS},
+};
+
+static enum MHD_Result dispatch(ci_server *s, struct MHD_Connection *c, const char *url,
+                                const char *method, connection *conn) {
+  int found = -1, path_known = 0;
+  for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+    if (!strcmp(url, routes[i].path)) {
+      path_known = 1;
+      if (!strcmp(method, routes[i].method)) found = (int)i;
+    }
+  const int anthropic = !strncmp(url, "/v1/messages", 12);
+  if (found < 0) {
+    const int status = path_known ? 405 : 404;
+    ci_server_count_request(s, "other", status);
+    return send_json(c, status,
+                     ci_server_error_body(anthropic, status,
+                                          path_known ? "method_not_allowed" : "not_found",
+                                          path_known ? "method not allowed" : "route not found"));
+  }
+  const route_id id = routes[found].id;
+  if (id == R_HEALTH) return send_text(c, 200, "application/json", strdup("{\"status\": \"ok\"}"));
+  if (!authorized(s, c)) {
+    ci_server_count_request(s, url, 401);
+    return send_json(
+        c, 401,
+        ci_server_error_body(anthropic, 401, "invalid_api_key", "invalid or missing API key"));
+  }
+  if (conn->too_large) {
+    ci_server_count_request(s, url, 413);
+    return send_json(
+        c, 413,
+        ci_server_error_body(anthropic, 413, "request_too_large", "request body is too large"));
+  }
+  json_t *out = NULL;
+  ci_srv_stream *stream = NULL;
+  int status = 200;
+  if (id == R_METRICS) {
+    char *text = ci_server_metrics_text(s);
+    return send_text(c, 200, "text/plain; version=0.0.4", text ? text : strdup(""));
+  }
+  if (id == R_STATS) return send_json(c, 200, ci_server_stats_json(s));
+  if (id == R_MODELS) {
+    ci_openai_models(s, &out);
+    return send_json(c, 200, out);
+  }
+  json_error_t jerr;
+  json_t *body = conn->body.len ? json_loadb(conn->body.data, conn->body.len, 0, &jerr) : NULL;
+  if (!json_is_object(body)) {
+    char msg[300];
+    if (body)
+      snprintf(msg, sizeof msg, "the request body must be a JSON object");
+    else if (!conn->body.len)
+      snprintf(msg, sizeof msg, "the request body is empty (a JSON object is expected)");
+    else
+      snprintf(msg, sizeof msg, "invalid JSON body: %s (line %d, column %d)", jerr.text, jerr.line,
+               jerr.column);
+    json_decref(body);
+    ci_server_count_request(s, url, 400);
+    return send_json(c, 400, ci_server_error_body(anthropic, 400, "invalid_json", msg));
+  }
+  switch (id) {
+  case R_CHAT:
+    status = ci_openai_chat(s, body, &out, &stream);
+    break;
+  case R_COMPLETIONS:
+    status = ci_openai_completions(s, body, &out, &stream);
+    break;
+  case R_MESSAGES:
+    status = ci_anthropic_messages(s, body, &out, &stream);
+    break;
+  default:
+    status = 404;
+    break;
+  }
+  json_decref(body);
+  ci_server_count_request(s, url, status);
+  if (stream) return send_stream(c, stream);
+  if (status == 429) {
+    char *text = out ? json_dumps(out, JSON_COMPACT) : strdup("{}");
+    json_decref(out);
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    MHD_add_response_header(r, "Retry-After", "1");
+    const enum MHD_Result ok = MHD_queue_response(c, 429, r);
+    MHD_destroy_response(r);
+    return ok;
+  }
+  return send_json(c, status, out);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *upload,
+                                  size_t *upload_size, void **con_cls) {
+  (void)version;
+  ci_server *s = cls;
+  connection *conn = *con_cls;
+  if (!conn) {
+    conn = calloc(1, sizeof *conn);
+    if (!conn) return MHD_NO;
+    *con_cls = conn;
+    return MHD_YES;
+  }
+  if (*upload_size) {
+    if (conn->body.len + *upload_size > s->o.max_body)
+      conn->too_large = 1;
+    else
+      ci_strbuf_append(&conn->body, upload, *upload_size);
+    *upload_size = 0;
+    return MHD_YES;
+  }
+  return dispatch(s, c, url, method, conn);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode code) {
+  (void)cls;
+  (void)c;
+  (void)code;
+  connection *conn = *con_cls;
+  if (!conn) return;
+  ci_strbuf_free(&conn->body);
+  free(conn);
+  *con_cls = NULL;
+}
+
+/* ==== Start / stop ==== */
+
+ci_server *ci_server_start(const ci_server_options *o) {
+  ci_server *s = calloc(1, sizeof *s);
+  if (!s) return ci_fail("server: out of memory"), NULL;
+  s->o = *o;
+  s->started_at = (double)time(NULL);
+  pthread_mutex_init(&s->metrics_mu, NULL);
+  s->think_format = ci_tokenizer_token_to_id(o->tokenizer, "<think>") >= 0 &&
+                    ci_tokenizer_token_to_id(o->tokenizer, "</think>") >= 0;
+  if (o->api_keys && *o->api_keys) {
+    char *copy = strdup(o->api_keys), *save = NULL;
+    for (char *k = strtok_r(copy, ",", &save); k; k = strtok_r(NULL, ",", &save)) {
+      char **bigger = realloc(s->keys, (size_t)(s->n_keys + 1) * sizeof *bigger);
+      if (!bigger) break;
+      s->keys = bigger;
+      s->keys[s->n_keys++] = strdup(k);
+    }
+    free(copy);
+  }
+  struct sockaddr_in addr;
+  memset(&addr, 0, sizeof addr);
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons((uint16_t)o->port);
+  if (inet_pton(AF_INET, o->host, &addr.sin_addr) != 1) {
+    ci_fail("--host %s is not an IPv4 address", o->host);
+    ci_server_stop(s);
+    return NULL;
+  }
+  s->daemon = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                                   MHD_USE_ERROR_LOG,
+                               (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
+                               (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
+                               s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);
+  if (!s->daemon) {
+    ci_fail("cannot listen on %s:%d (port taken?)", o->host, o->port);
+    ci_server_stop(s);
+    return NULL;
+  }
+  return s;
+}
+
+void ci_server_stop(ci_server *s) {
+  if (!s) return;
+  if (s->daemon) MHD_stop_daemon(s->daemon);
+  for (int i = 0; i < s->n_keys; i++) free(s->keys[i]);
+  free(s->keys);
+  pthread_mutex_destroy(&s->metrics_mu);
+  free(s);
+}

@@ -1,0 +1,88 @@
+/* /metrics (Prometheus text 0.0.4) and /stats (JSON) (api.md §9): request counters per route and
+ * status, token counters, queue and batch gauges, KV blocks and bytes, latency histograms. */
+#include "server/server.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char *const hist_le[CI_HIST_BUCKETS] = {
+    "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10", "30"};
+
+static void histogram(ci_strbuf *b, const char *name, const ci_histogram *h) {
+  ci_strbuf_appendf(b, "# TYPE %s histogram\n", name);
+  int64_t cum = 0;
+  for (int i = 0; i < CI_HIST_BUCKETS; i++) {
+    cum += h->counts[i];
+    ci_strbuf_appendf(b, "%s_bucket{le=\"%s\"} %lld\n", name, hist_le[i], (long long)cum);
+  }
+  cum += h->counts[CI_HIST_BUCKETS];
+  ci_strbuf_appendf(b, "%s_bucket{le=\"+Inf\"} %lld\n%s_sum %.6f\n%s_count %lld\n", name,
+                    (long long)cum, name, h->sum, name, (long long)h->n);
+}
+
+char *ci_server_metrics_text(ci_server *s) {
+  ci_engine_stats st;
+  ci_engine_get_stats(s->o.engine, &st);
+  ci_strbuf b = {0};
+  ci_strbuf_append(&b, "# TYPE cinfer_requests_total counter\n", 37);
+  pthread_mutex_lock(&s->metrics_mu);
+  for (int i = 0; i < s->n_routes; i++)
+    ci_strbuf_appendf(&b, "cinfer_requests_total{route=\"%s\",status=\"%d\"} %lld\n",
+                      s->routes[i].route, s->routes[i].status, (long long)s->routes[i].count);
+  const struct {
+    const char *name, *type;
+    long long value;
+  } simple[] = {
+      {"cinfer_prompt_tokens_total", "counter", st.prompt_tokens},
+      {"cinfer_prompt_tokens_cached_total", "counter", st.cached_tokens},
+      {"cinfer_generation_tokens_total", "counter", st.generated_tokens},
+      {"cinfer_prefix_cache_hits_total", "counter", st.prefix_hits},
+      {"cinfer_prefix_cache_misses_total", "counter", st.prefix_misses},
+      {"cinfer_requests_cancelled_total", "counter", st.requests_cancelled},
+      {"cinfer_requests_failed_total", "counter", st.requests_failed},
+      {"cinfer_engine_steps_total", "counter", st.steps},
+      {"cinfer_requests_running", "gauge", st.running},
+      {"cinfer_requests_waiting", "gauge", st.waiting},
+      {"cinfer_kv_bytes_budget", "gauge", st.kv_budget_bytes},
+      {"cinfer_kv_bytes_reserved", "gauge", st.reserved_bytes},
+      {"cinfer_prefix_cache_bytes", "gauge", 0},
+  };
+  for (size_t i = 0; i < sizeof simple / sizeof simple[0]; i++)
+    ci_strbuf_appendf(&b, "# TYPE %s %s\n%s %lld\n", simple[i].name, simple[i].type, simple[i].name,
+                      simple[i].value);
+  ci_strbuf_appendf(&b,
+                    "# TYPE cinfer_kv_blocks_used gauge\ncinfer_kv_blocks_used{codec=\"all\"} "
+                    "%lld\n# TYPE cinfer_kv_bytes_used gauge\ncinfer_kv_bytes_used{codec=\"all\"} "
+                    "%lld\n",
+                    (long long)st.blocks_used, (long long)st.bytes_used);
+  histogram(&b, "cinfer_time_to_first_token_seconds", &s->ttft);
+  histogram(&b, "cinfer_inter_token_latency_seconds", &s->itl);
+  histogram(&b, "cinfer_queue_time_seconds", &s->queue);
+  histogram(&b, "cinfer_request_duration_seconds", &s->duration);
+  pthread_mutex_unlock(&s->metrics_mu);
+  return b.data;
+}
+
+json_t *ci_server_stats_json(ci_server *s) {
+  ci_engine_stats st;
+  ci_engine_get_stats(s->o.engine, &st);
+  const ci_model_spec *spec = &s->o.model->spec;
+  return json_pack(
+      "{s:{s:s, s:s, s:s, s:i, s:I, s:I}, s:{s:i, s:i, s:i}, s:{s:I, s:I, s:I, s:I}, "
+      "s:{s:i, s:i, s:i, s:I, s:I}, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I}}",
+      "server", "version", "0.1", "model", s->o.model_id, "device", "cpu", "threads", s->o.threads,
+      "started_at", (json_int_t)s->started_at, "uptime_s",
+      (json_int_t)(time(NULL) - (time_t)s->started_at), "model", "layers", spec->n_layers,
+      "ctx_size", ci_engine_ctx_size(s->o.engine), "max_position_embeddings", spec->max_position,
+      "kv", "bytes_used", (json_int_t)st.bytes_used, "bytes_budget", (json_int_t)st.kv_budget_bytes,
+      "blocks_used", (json_int_t)st.blocks_used, "bytes_reserved", (json_int_t)st.reserved_bytes,
+      "batch", "running", st.running, "waiting", st.waiting, "max", 0, "steps",
+      (json_int_t)st.steps, "step_rows", (json_int_t)st.step_rows, "totals", "requests_finished",
+      (json_int_t)st.requests_finished, "requests_cancelled", (json_int_t)st.requests_cancelled,
+      "requests_failed", (json_int_t)st.requests_failed, "prompt_tokens",
+      (json_int_t)st.prompt_tokens, "generation_tokens", (json_int_t)st.generated_tokens,
+      "prefix_cache_hits", (json_int_t)st.prefix_hits, "prefix_cache_misses",
+      (json_int_t)st.prefix_misses);
+}

@@ -1,0 +1,196 @@
+/* The HTTP server (DESIGN.md §7, api.md): libmicrohttpd, thread per connection, OpenAI and
+ * Anthropic routes over the serving engine. HTTP threads own the text side of a request (chat
+ * template, tokenizer, streaming detokenizer, stop strings, reasoning and tool-call parsing);
+ * the engine thread owns the model. This header is the server's public face plus the pieces its
+ * files share (server_internal section). */
+#ifndef CI_SERVER_SERVER_H
+#define CI_SERVER_SERVER_H
+
+#include "engine/engine.h"
+#include "engine/params.h"
+#include "text/chat_template.h"
+#include "text/detok_stream.h"
+#include "text/reasoning_split.h"
+#include "text/tokenizer.h"
+#include "text/tool_call_parse.h"
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ci_server ci_server;
+
+/* Everything the server borrows (all must outlive it) and its settings. */
+typedef struct {
+  ci_engine *engine;
+  const ci_model *model;
+  const ci_tokenizer *tokenizer;
+  const ci_chat_template *chat_template; /* NULL: chat routes answer 400 */
+  const ci_generation_config *gen;
+  const ci_sampling_overrides *cli; /* the CLI layer of the precedence stack */
+  ci_eos_set eos;
+  ci_kv_plan_source kv_plan;
+  ci_kv_format kv_target;
+  int64_t kv_start;
+  const char *model_id;
+  const char *host;
+  int port;
+  const char *api_keys; /* comma-separated; NULL or "" = no auth */
+  size_t max_body;      /* bytes */
+  int threads;
+} ci_server_options;
+
+/* Binds and starts serving. NULL with ci_last_error (port taken, ...). */
+ci_server *ci_server_start(const ci_server_options *options);
+
+/* Stops accepting, ends open connections (the engine must have been stopped first so streams
+ * finish) and frees the server. */
+void ci_server_stop(ci_server *server);
+
+/* ==== server_internal: shared by the server's files ==== */
+
+typedef struct {
+  char *data;
+  size_t len, cap;
+} ci_strbuf;
+
+void ci_strbuf_append(ci_strbuf *b, const char *s, size_t n);
+void ci_strbuf_appendf(ci_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void ci_strbuf_free(ci_strbuf *b);
+
+enum { CI_HIST_BUCKETS = 12 };
+typedef struct {
+  int64_t counts[CI_HIST_BUCKETS + 1]; /* last = +Inf */
+  double sum;
+  int64_t n;
+} ci_histogram;
+
+void ci_histogram_observe(ci_histogram *h, double seconds);
+
+/* Per-route request counters by status class. */
+enum { CI_ROUTE_SLOTS = 16 };
+typedef struct {
+  char route[48];
+  int status;
+  int64_t count;
+} ci_route_count;
+
+struct ci_server {
+  ci_server_options o;
+  struct MHD_Daemon *daemon;
+  int think_format; /* the tokenizer has <think> and </think> */
+  double started_at;
+  char **keys;
+  int n_keys;
+  pthread_mutex_t metrics_mu;
+  ci_route_count routes[64];
+  int n_routes;
+  ci_histogram ttft, itl, queue, duration;
+};
+
+void ci_server_count_request(ci_server *s, const char *route, int status);
+
+/* Error body in an API's shape. anthropic: {"type":"error","error":{type,message}}; else
+ * {"error":{message,type,param,code}}. */
+json_t *ci_server_error_body(int anthropic, int status, const char *code, const char *message);
+
+/* ---- one generation seen from an HTTP thread ---- */
+
+typedef struct {
+  ci_server *srv;
+  ci_engine_request *req;
+  ci_detok_stream *detok;
+  ci_reasoning_split *split; /* NULL: no reasoning split */
+  ci_tool_parser *tools;     /* NULL: no tool parsing */
+  json_t *tool_defs;         /* owned */
+  char **stop;
+  int n_stop;
+  int want_logprobs, top_logprobs;
+  int32_t *ids;
+  int n_ids, cap_ids;
+  /* deltas since the last ci_srv_gen_take */
+  ci_strbuf d_content, d_reasoning;
+  json_t *d_calls, *d_logprobs;
+  /* totals */
+  ci_strbuf content, reasoning;
+  json_t *calls, *logprobs;
+  int done, failed;
+  const char *finish; /* "stop" | "length" | "tool_calls" */
+  int stopped_by_string, eos_stop;
+  char *stop_sequence; /* the stop string that fired */
+  int prompt_tokens, cached_tokens, completion_tokens;
+  char error[256];
+  double t_start, t_first, t_prev;
+} ci_srv_gen;
+
+/* The text side of a prepared request, ready to submit. */
+typedef struct {
+  int32_t *prompt;
+  int n_prompt;
+  int max_tokens;
+  int max_tokens_explicit;
+  ci_sampler_params sampling;
+  ci_logit_bias *bias;
+  int n_bias;
+  char **stop;
+  int n_stop;
+  int logprobs, top_logprobs;
+  json_t *tools; /* owned; NULL = no tool parsing */
+  int reasoning_open;
+  int ignore_eos;
+} ci_srv_job;
+
+void ci_srv_job_free(ci_srv_job *j);
+
+/* Submits the job. Returns 0 with g ready, or an HTTP status (400/429/503) with *body set. */
+int ci_srv_gen_start(ci_server *s, ci_srv_job *job, ci_srv_gen *g, int anthropic, json_t **body);
+
+/* Processes the next engine event (waits up to timeout_s). Returns 1 when something happened,
+ * 0 on timeout. */
+int ci_srv_gen_pump(ci_srv_gen *g, double timeout_s);
+
+/* Clears the deltas after the caller has formatted them. */
+void ci_srv_gen_clear_deltas(ci_srv_gen *g);
+
+void ci_srv_gen_free(ci_srv_gen *g);
+
+/* Random id "prefix" + 24 hex digits into buf (size >= 40). */
+void ci_server_new_id(const char *prefix, char *buf, size_t size);
+
+/* Request parsing helpers shared by the API files. Each returns 0 or fills *err (malloc'd). */
+int ci_srv_parse_sampling(ci_server *s, const json_t *body, int anthropic, ci_srv_job *job,
+                          int default_max_tokens, char **err);
+int ci_srv_tokenize_chat(ci_server *s, json_t *messages, json_t *tools, const json_t *kwargs,
+                         ci_srv_job *job, char **err);
+
+/* Route handlers: return the HTTP status and either *body (JSON) or *stream (SSE, owned by
+ * the response afterwards). */
+typedef struct ci_srv_stream ci_srv_stream;
+int ci_openai_chat(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream);
+int ci_openai_completions(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream);
+int ci_openai_models(ci_server *s, json_t **out);
+int ci_anthropic_messages(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream);
+char *ci_server_metrics_text(ci_server *s);
+json_t *ci_server_stats_json(ci_server *s);
+
+/* SSE streams: `produce` appends the next frames to out (blocking on the engine), setting
+ * *finished when the stream is complete. */
+struct ci_srv_stream {
+  ci_srv_gen gen;
+  int kind; /* 0 chat, 1 completion, 2 anthropic */
+  int phase;
+  int include_usage;
+  int block_open; /* anthropic: 0 none, 1 thinking, 2 text */
+  int block_index;
+  char id[48];
+  long long created;
+  ci_strbuf out;
+  size_t out_pos;
+  int finished;
+  void (*produce)(ci_srv_stream *st);
+};
+
+void ci_srv_stream_free(ci_srv_stream *st);
+
+#endif

@@ -1,0 +1,245 @@
+/* The serving engine (engine/engine.h): batch invariance (a greedy request gives the same tokens
+ * alone and among concurrent requests of other lengths and KV codecs, joining mid-flight),
+ * cancellation frees blocks, admission rejects what can never fit, the bounded queue. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "base/error.h"
+#include "engine/engine.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define STARTER CI_FIXTURE_DIR "/../../models/starter"
+
+typedef struct {
+  ci_backend *be;
+  ci_model *model;
+} fixture;
+
+static int setup(void **state) {
+  fixture *f = calloc(1, sizeof *f);
+  f->be = ci_cpu_backend_create(1);
+  f->model = f->be ? ci_model_load(STARTER, f->be) : NULL;
+  if (!f->model) {
+    fprintf(stderr, "cannot load %s: %s\n", STARTER, ci_last_error());
+    return -1;
+  }
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  fixture *f = *state;
+  ci_model_free(f->model);
+  f->be->ops->destroy(f->be);
+  free(f);
+  return 0;
+}
+
+enum { N_REQ = 4, MAX_GEN = 16 };
+
+/* Request i: a prompt of 5 + 9 i tokens, max_tokens 5, 8, 11, 14, codec bf16 / affine 8 /
+ * turbo 4 / affine 4 (from position 8). */
+static void make_job(int i, int32_t *prompt, ci_engine_job *job) {
+  memset(job, 0, sizeof *job);
+  const int n = 5 + 9 * i;
+  for (int t = 0; t < n; t++) prompt[t] = 100 + (int32_t)((t * 37 + i * 101) % 3000);
+  job->prompt = prompt;
+  job->n_prompt = n;
+  job->max_tokens = 5 + 3 * i;
+  ci_sampler_params_default(&job->sampling);
+  job->sampling.temperature = 0;
+  static const char *const codecs[N_REQ] = {"bf16", "affine", "turbo", "affine"};
+  static const int bits[N_REQ] = {0, 8, 4, 4};
+  if (i == 0) {
+    job->kv_plan = CI_KV_PLAN_NONE;
+  } else {
+    job->kv_plan = CI_KV_PLAN_TARGET;
+    assert_int_equal(ci_kv_format_parse(codecs[i], bits[i], 0, 64, &job->kv_target), 0);
+    job->kv_start = i == 3 ? 8 : 0;
+  }
+}
+
+/* Collects a request's tokens until DONE; returns the count. */
+static int collect(ci_engine_request *r, int32_t *out, ci_engine_event *done) {
+  int n = 0;
+  ci_engine_event ev;
+  for (;;) {
+    assert_int_equal(ci_engine_request_next(r, &ev, 60.0), 1);
+    if (ev.kind == CI_ENGINE_EVENT_TOKEN) {
+      assert_true(n < MAX_GEN);
+      out[n++] = ev.token;
+      continue;
+    }
+    assert_int_equal(ev.kind, CI_ENGINE_EVENT_DONE);
+    *done = ev;
+    return n;
+  }
+}
+
+static ci_engine *small_engine(fixture *f, int batch, int batch_tokens) {
+  ci_engine_options o;
+  ci_engine_options_default(&o);
+  o.batch = batch;
+  o.batch_tokens = batch_tokens;
+  o.prefill_chunk = 7;
+  o.ctx_size = 256;
+  ci_engine *e = ci_engine_create(f->model, &o);
+  assert_non_null(e);
+  return e;
+}
+
+static void test_batch_invariance(void **state) {
+  fixture *f = *state;
+  int32_t prompts[N_REQ][64];
+  ci_engine_job jobs[N_REQ];
+  int32_t solo[N_REQ][MAX_GEN], batched[N_REQ][MAX_GEN];
+  int n_solo[N_REQ], n_batched[N_REQ];
+  for (int i = 0; i < N_REQ; i++) make_job(i, prompts[i], &jobs[i]);
+
+  ci_engine *e = small_engine(f, 1, 8);
+  for (int i = 0; i < N_REQ; i++) {
+    ci_engine_request *r;
+    assert_int_equal(ci_engine_submit(e, &jobs[i], &r), CI_ENGINE_SUBMITTED);
+    ci_engine_event done;
+    n_solo[i] = collect(r, solo[i], &done);
+    assert_int_equal(done.generated_tokens, jobs[i].max_tokens);
+    assert_int_equal(done.finish, CI_FINISH_LENGTH);
+    ci_engine_request_release(r);
+  }
+  ci_engine_free(e);
+
+  /* all four together, the later ones joining while the first decodes; a small token budget
+   * forces prefill chunks to interleave with decode rows */
+  e = small_engine(f, 4, 8);
+  ci_engine_request *reqs[N_REQ];
+  assert_int_equal(ci_engine_submit(e, &jobs[0], &reqs[0]), CI_ENGINE_SUBMITTED);
+  ci_engine_event first;
+  assert_int_equal(ci_engine_request_next(reqs[0], &first, 60.0), 1);
+  assert_int_equal(first.kind, CI_ENGINE_EVENT_TOKEN);
+  for (int i = 1; i < N_REQ; i++)
+    assert_int_equal(ci_engine_submit(e, &jobs[i], &reqs[i]), CI_ENGINE_SUBMITTED);
+  batched[0][0] = first.token;
+  for (int i = 0; i < N_REQ; i++) {
+    ci_engine_event done;
+    n_batched[i] = collect(reqs[i], batched[i] + (i == 0), &done) + (i == 0);
+    ci_engine_request_release(reqs[i]);
+  }
+  for (int i = 0; i < N_REQ; i++) {
+    assert_int_equal(n_batched[i], n_solo[i]);
+    assert_memory_equal(batched[i], solo[i], (size_t)n_solo[i] * sizeof(int32_t));
+  }
+  ci_engine_stats st;
+  for (int tries = 0; tries < 100; tries++) { /* the sweep runs at the next boundary */
+    ci_engine_get_stats(e, &st);
+    if (st.running == 0 && st.blocks_used == 0) break;
+    struct timespec ts = {0, 10000000};
+    nanosleep(&ts, NULL);
+  }
+  assert_int_equal(st.blocks_used, 0);
+  ci_engine_free(e);
+}
+
+static void test_cancel_frees_blocks(void **state) {
+  fixture *f = *state;
+  ci_engine *e = small_engine(f, 2, 64);
+  int32_t prompt[64];
+  ci_engine_job job;
+  make_job(2, prompt, &job);
+  job.max_tokens = 200;
+  ci_engine_request *r;
+  assert_int_equal(ci_engine_submit(e, &job, &r), CI_ENGINE_SUBMITTED);
+  ci_engine_event ev;
+  assert_int_equal(ci_engine_request_next(r, &ev, 60.0), 1);
+  assert_int_equal(ev.kind, CI_ENGINE_EVENT_TOKEN);
+  ci_engine_stats st;
+  ci_engine_get_stats(e, &st);
+  ci_engine_request_cancel(r);
+  for (;;) {
+    assert_int_equal(ci_engine_request_next(r, &ev, 60.0), 1);
+    if (ev.kind != CI_ENGINE_EVENT_TOKEN) break;
+  }
+  assert_int_equal(ev.kind, CI_ENGINE_EVENT_DONE);
+  assert_int_equal(ev.finish, CI_FINISH_ABORT);
+  assert_true(ev.generated_tokens < 200);
+  ci_engine_request_release(r);
+  for (int tries = 0; tries < 100; tries++) {
+    ci_engine_get_stats(e, &st);
+    if (st.blocks_used == 0 && st.running == 0) break;
+    struct timespec ts = {0, 10000000};
+    nanosleep(&ts, NULL);
+  }
+  assert_int_equal(st.blocks_used, 0);
+  assert_int_equal(st.requests_cancelled, 1);
+  /* released without reading: the engine cancels it */
+  assert_int_equal(ci_engine_submit(e, &job, &r), CI_ENGINE_SUBMITTED);
+  ci_engine_request_release(r);
+  ci_engine_free(e);
+}
+
+static void test_admission(void **state) {
+  fixture *f = *state;
+  ci_engine_options o;
+  ci_engine_options_default(&o);
+  o.batch = 1;
+  o.max_queue = 1;
+  o.ctx_size = 512;
+  ci_engine *tmp = ci_engine_create(f->model, &o);
+  assert_non_null(tmp);
+  o.kv_budget_bytes = ci_engine_reservation_bytes(tmp, 100);
+  ci_engine_free(tmp);
+  ci_engine *e = ci_engine_create(f->model, &o);
+  int32_t prompt[64];
+  ci_engine_job job;
+  make_job(1, prompt, &job);
+  ci_engine_request *r = NULL, *r2 = NULL, *r3 = NULL;
+  job.max_tokens = 400; /* 414 tokens: over the budget */
+  assert_int_equal(ci_engine_submit(e, &job, &r), CI_ENGINE_REJECTED);
+  assert_non_null(strstr(ci_last_error(), "memory budget caps a request at"));
+  job.max_tokens = 600; /* over the context */
+  assert_int_equal(ci_engine_submit(e, &job, &r), CI_ENGINE_REJECTED);
+  assert_non_null(strstr(ci_last_error(), "context size"));
+  prompt[0] = 1 << 30;
+  job.max_tokens = 4;
+  assert_int_equal(ci_engine_submit(e, &job, &r), CI_ENGINE_REJECTED);
+  prompt[0] = 7;
+  /* batch 1, queue 1: the third concurrent request finds the queue full */
+  job.max_tokens = 60;
+  assert_int_equal(ci_engine_submit(e, &job, &r), CI_ENGINE_SUBMITTED);
+  ci_engine_event ev;
+  assert_int_equal(ci_engine_request_next(r, &ev, 60.0), 1); /* r is running */
+  assert_int_equal(ci_engine_submit(e, &job, &r2), CI_ENGINE_SUBMITTED);
+  assert_int_equal(ci_engine_submit(e, &job, &r3), CI_ENGINE_QUEUE_FULL);
+  assert_null(r3);
+  ci_engine_request_release(r);
+  ci_engine_event done;
+  int32_t toks[MAX_GEN * 8];
+  (void)toks;
+  int n = 0;
+  for (;;) {
+    assert_int_equal(ci_engine_request_next(r2, &done, 60.0), 1);
+    if (done.kind != CI_ENGINE_EVENT_TOKEN) break;
+    n++;
+  }
+  assert_int_equal(done.kind, CI_ENGINE_EVENT_DONE);
+  assert_int_equal(n, done.generated_tokens - (done.finish == CI_FINISH_STOP));
+  ci_engine_request_release(r2);
+  ci_engine_free(e);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_batch_invariance),
+      cmocka_unit_test(test_cancel_frees_blocks),
+      cmocka_unit_test(test_admission),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}

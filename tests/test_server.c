@@ -1,0 +1,164 @@
+/* Live-server tests: starts `cinfer serve --model models/starter` on a random loopback port,
+ * waits for /health, runs the node SDK scripts in tests/server (openai, @anthropic-ai/sdk,
+ * malformed requests, a bounded load test) and stops the server with SIGINT (exit code 0). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define STARTER CI_FIXTURE_DIR "/../../models/starter"
+#define SCRIPTS CI_FIXTURE_DIR "/../server"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define LOAD_CLIENTS "8"
+#define LOAD_SECONDS "6"
+#else
+#define LOAD_CLIENTS "24"
+#define LOAD_SECONDS "12"
+#endif
+
+typedef struct {
+  pid_t pid;
+  int port;
+} server;
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* 1 when GET /health answers 200. */
+static int healthy(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  int ok = 0;
+  if (connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0) {
+    const char req[] = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    char buf[256] = {0};
+    if (write(fd, req, sizeof req - 1) == (ssize_t)sizeof req - 1 &&
+        read(fd, buf, sizeof buf - 1) > 0)
+      ok = strstr(buf, " 200 ") != NULL;
+  }
+  close(fd);
+  return ok;
+}
+
+static int start_server(server *s) {
+  for (int attempt = 0; attempt < 5; attempt++) {
+    uint16_t r = 0;
+    if (getrandom(&r, sizeof r, 0) != sizeof r) r = (uint16_t)time(NULL);
+    s->port = 20000 + r % 30000;
+    char port[16];
+    snprintf(port, sizeof port, "%d", s->port);
+    s->pid = fork();
+    if (s->pid == 0) {
+      execl(CI_CINFER_BIN, CI_CINFER_BIN, "serve", "--model", STARTER, "--port", port, "--api-key",
+            "test-key", "--batch", "8", "--max-queue", "256", "--threads", "1", (char *)NULL);
+      _exit(127);
+    }
+    for (int i = 0; i < 600; i++) { /* up to 60 s (ASan start-up) */
+      int status;
+      if (waitpid(s->pid, &status, WNOHANG) == s->pid) break; /* exited: port taken? retry */
+      if (healthy(s->port)) return 0;
+      sleep_ms(100);
+    }
+    kill(s->pid, SIGKILL);
+    waitpid(s->pid, NULL, 0);
+  }
+  return -1;
+}
+
+static int stop_server(server *s) {
+  kill(s->pid, SIGINT);
+  int status = 0;
+  for (int i = 0; i < 300; i++) {
+    if (waitpid(s->pid, &status, WNOHANG) == s->pid)
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    sleep_ms(100);
+  }
+  kill(s->pid, SIGKILL);
+  waitpid(s->pid, &status, 0);
+  return -1;
+}
+
+/* Runs `node SCRIPTS/name port extra...`; returns its exit code. */
+static int run_node(int port, const char *name, const char *a1, const char *a2) {
+  char script[1024], port_arg[16];
+  snprintf(script, sizeof script, "%s/%s", SCRIPTS, name);
+  snprintf(port_arg, sizeof port_arg, "%d", port);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setenv("CI_NPM_DIR", CI_NPM_DIR, 1);
+    execlp("node", "node", script, port_arg, a1, a2, (char *)NULL);
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+static int setup(void **state) {
+  static server s;
+  if (system("node --version >/dev/null 2>&1") != 0) {
+    fprintf(stderr, "node is not installed\n");
+    return -1;
+  }
+  if (start_server(&s)) {
+    fprintf(stderr, "cinfer serve did not become healthy\n");
+    return -1;
+  }
+  *state = &s;
+  return 0;
+}
+
+static int teardown(void **state) {
+  server *s = *state;
+  const int code = stop_server(s);
+  if (code != 0) fprintf(stderr, "cinfer serve exited with %d after SIGINT\n", code);
+  return code == 0 ? 0 : -1;
+}
+
+static void test_openai_sdk(void **state) {
+  server *s = *state;
+  assert_int_equal(run_node(s->port, "openai.mjs", NULL, NULL), 0);
+}
+
+static void test_anthropic_sdk(void **state) {
+  server *s = *state;
+  assert_int_equal(run_node(s->port, "anthropic.mjs", NULL, NULL), 0);
+}
+
+static void test_malformed_requests(void **state) {
+  server *s = *state;
+  assert_int_equal(run_node(s->port, "errors.mjs", NULL, NULL), 0);
+}
+
+static void test_load(void **state) {
+  server *s = *state;
+  assert_int_equal(run_node(s->port, "load.mjs", LOAD_CLIENTS, LOAD_SECONDS), 0);
+}
+
+int main(void) {
+  signal(SIGPIPE, SIG_IGN);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_openai_sdk),
+      cmocka_unit_test(test_anthropic_sdk),
+      cmocka_unit_test(test_malformed_requests),
+      cmocka_unit_test(test_load),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
