@@ -1,5 +1,5 @@
 # cinfer front door: `make` builds build/cinfer, `make test` runs every test (normal and
-# AddressSanitizer+UBSan builds), `make run` runs the bundled default model, `make bench`
+# AddressSanitizer+UBSan builds), `make run` serves the bundled starter model, `make bench`
 # writes bench/cpu.md and bench/kv.md, `make fuzz` runs the libFuzzer targets briefly.
 JOBS ?= $(shell nproc)
 DEFAULT_MODEL ?= models/starter
@@ -31,8 +31,10 @@ test-asan: npm-deps
 	cd build-asan && ctest --output-on-failure -j$(JOBS)
 
 run: build
-	build/cinfer generate --model $(DEFAULT_MODEL) --chat --prompt "$(RUN_PROMPT)" --temp 0.3 \
-	  --top-p 0.9 --repeat-penalty 1.1 --seed 1 --max-tokens 256
+	@echo "cinfer: serving $(DEFAULT_MODEL) (ctrl-C stops). One-shot answers instead:"
+	@echo "  build/cinfer generate --model $(DEFAULT_MODEL) --chat --prompt \"$(RUN_PROMPT)\""
+	@echo "  build/cinfer chat --model $(DEFAULT_MODEL)"
+	build/cinfer serve --model $(DEFAULT_MODEL)
 
 bench: build
 	bench/run.sh
