@@ -1,17 +1,25 @@
 #!/usr/bin/env python3
-"""Convert a cinfer/Hugging Face Llama folder (config.json + bf16 safetensors) to a GGUF that
-llama.cpp runs, as bf16, q8_0 or q4_0, so both engines benchmark the very same model.
+"""Convert a cinfer/Hugging Face Llama or Gemma 3 folder (config.json + bf16 safetensors) to a
+GGUF that llama.cpp runs, as bf16, q8_0 or q4_0, so both engines benchmark the very same model.
 
 Usage: gguf_from_hf.py MODEL_DIR OUT.gguf [--type bf16|q8_0|q4_0]
 
 Needs only numpy and llama.cpp's gguf-py (found through $LLAMA_CPP_DIR, default
-/work/llama.cpp). Q/K projections are permuted exactly as convert_hf_to_gguf.py's
-LlamaModel.permute does (llama.cpp's rope pairs adjacent dims, HF pairs halves), and llama3
-rope scaling becomes the rope_freqs tensor as in LlamaModel.generate_extra_tensors. Every 2-D
-weight, the embedding included, gets the requested type ("pure" quantization, so bits per
-weight match cinfer's q8/q4 at group 64: 8.5 and 4.5); norms and rope_freqs stay f32. The
-vocabulary is a synthetic SentencePiece-style list (<unk>, <s>, </s>, 256 byte tokens, then
-dummies) of vocab_size entries: enough for llama-bench, which feeds random token ids.
+/work/llama.cpp). Metadata and tensor names follow llama.cpp's own converter
+(convert_hf_to_gguf.py, conversion/*.py) at the reference commit:
+- llama / mistral (arch "llama"): Q/K projections are permuted as LlamaModel.permute does
+  (llama.cpp's rope pairs adjacent dims, HF pairs halves), and llama3 rope scaling becomes the
+  rope_freqs tensor as in LlamaModel.generate_extra_tensors.
+- gemma3_text (arch "gemma3", Gemma3Model): NeoX rope, so no permutation; every norm weight
+  gets +1 (Gemma's RMSNorm scales by 1 + w, llama.cpp's by w; done in f32, exact, where the
+  converter adds in bf16); sliding window, SWA rope base and final softcap as metadata, the
+  sliding-window pattern left to llama.cpp's default of 6 as the converter does (written only
+  when layer_types has another period).
+Every 2-D weight, the embedding included, gets the requested type ("pure" quantization, so bits
+per weight match cinfer's q8/q4 at group 64: 8.5 and 4.5); norms and rope_freqs stay f32. The
+vocabulary is a synthetic SentencePiece-style list of vocab_size entries (the family's special
+tokens at their ids, 256 byte tokens, then dummies): enough for llama-bench, which feeds random
+token ids.
 """
 
 import argparse
@@ -129,6 +137,168 @@ def llama3_rope_factors(theta, dim, s):
     return np.array(out, dtype=np.float32)
 
 
+def synthetic_vocab(n_vocab, specials):
+    """(tokens, types): `specials` {id: (text, type)} at their ids, then 256 byte tokens and
+    dummy pieces in the free ids, in order."""
+    if n_vocab < len(specials) + 256 + 1:
+        raise SystemExit("vocab_size too small for the synthetic vocabulary")
+    tokens, types = [None] * n_vocab, [gguf.TokenType.NORMAL] * n_vocab
+    for i, (text, kind) in specials.items():
+        tokens[i], types[i] = text, kind
+    free = [i for i in range(n_vocab) if tokens[i] is None]
+    for b, i in enumerate(free[:256]):
+        tokens[i], types[i] = f"<0x{b:02X}>", gguf.TokenType.BYTE
+    for n, i in enumerate(free[256:]):
+        tokens[i] = f"\u2581t{n}"
+    return tokens, types
+
+
+def swa_period(cfg, n_layer):
+    """Period P of the sliding/full layout in llama.cpp's form (layer il slides iff
+    il % P < P - 1), 1 when every layer is full; SystemExit when llama.cpp cannot express it."""
+    types = cfg.get("layer_types")
+    if not types:
+        p = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6
+        types = ["full_attention" if (i + 1) % p == 0 else "sliding_attention"
+                 for i in range(n_layer)]
+    sliding = [t == "sliding_attention" for t in types]
+    if not any(sliding):
+        return 1
+    for p in range(2, n_layer + 2):  # n_layer + 1: every layer slides
+        if all(s == (i % p < p - 1) for i, s in enumerate(sliding)):
+            return p
+    raise SystemExit("layer_types is not 'every P-th layer full': llama.cpp cannot load it")
+
+
+# ==== Per-architecture plans: (gguf suffix, HF module under layers.N., how to transform) ====
+# Transforms: "q"/"k" permute Q/K rows (Llama rope layout), "norm+1" adds 1 (Gemma norms).
+
+LLAMA_LAYER = [
+    ("attn_norm", "input_layernorm", None),
+    ("attn_q", "self_attn.q_proj", "q"),
+    ("attn_k", "self_attn.k_proj", "k"),
+    ("attn_v", "self_attn.v_proj", None),
+    ("attn_output", "self_attn.o_proj", None),
+    ("ffn_norm", "post_attention_layernorm", None),
+    ("ffn_gate", "mlp.gate_proj", None),
+    ("ffn_up", "mlp.up_proj", None),
+    ("ffn_down", "mlp.down_proj", None),
+]
+
+GEMMA3_LAYER = [
+    ("attn_norm", "input_layernorm", "norm+1"),
+    ("attn_q", "self_attn.q_proj", None),
+    ("attn_k", "self_attn.k_proj", None),
+    ("attn_v", "self_attn.v_proj", None),
+    ("attn_output", "self_attn.o_proj", None),
+    ("attn_q_norm", "self_attn.q_norm", "norm+1"),
+    ("attn_k_norm", "self_attn.k_norm", "norm+1"),
+    ("post_attention_norm", "post_attention_layernorm", "norm+1"),
+    ("ffn_norm", "pre_feedforward_layernorm", "norm+1"),
+    ("ffn_gate", "mlp.gate_proj", None),
+    ("ffn_up", "mlp.up_proj", None),
+    ("ffn_down", "mlp.down_proj", None),
+    ("post_ffw_norm", "post_feedforward_layernorm", "norm+1"),
+]
+
+ARCHS = {  # model_type -> (gguf arch, per-layer plan, final norm transform)
+    "llama": ("llama", LLAMA_LAYER, None),
+    "mistral": ("llama", LLAMA_LAYER, None),
+    "gemma3_text": ("gemma3", GEMMA3_LAYER, "norm+1"),
+    "gemma3": ("gemma3", GEMMA3_LAYER, "norm+1"),
+}
+
+
+def write_llama_metadata(w, cfg, geo):
+    """LlamaModel.set_gguf_parameters + the SentencePiece vocabulary."""
+    theta, llama3 = rope_params(cfg)
+    w.add_rope_freq_base(theta)
+    w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-5))
+    if cfg.get("head_dim"):
+        w.add_key_length(geo["head_dim"])
+        w.add_value_length(geo["head_dim"])
+    w.add_rope_dimension_count(geo["head_dim"])
+    tokens, types = synthetic_vocab(geo["n_vocab"], {
+        0: ("<unk>", gguf.TokenType.UNKNOWN),
+        1: ("<s>", gguf.TokenType.CONTROL),
+        2: ("</s>", gguf.TokenType.CONTROL)})
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores([-float(i) for i in range(len(tokens))])
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    if llama3 is not None:
+        return {"rope_freqs.weight": llama3_rope_factors(theta, geo["head_dim"], llama3)}
+    return {}
+
+
+def write_gemma3_metadata(w, cfg, geo):
+    """TextModel + Gemma3Model.set_gguf_parameters + Gemma's SentencePiece specials."""
+    head_dim, n_layer = geo["head_dim"], geo["n_layer"]
+    if cfg.get("attn_logit_softcapping") is not None:
+        raise SystemExit("Gemma 3 has no attn_logit_softcapping (convert_hf_to_gguf asserts)")
+    if cfg.get("attention_bias"):
+        raise SystemExit("attention biases are not handled by this converter")
+    # llama.cpp's attention scale (llama_model_gemma3::load_arch_hparams) must match
+    # query_pre_attn_scalar^-0.5, which cinfer and transformers use.
+    lcpp_scalar = geo["n_embd"] / geo["n_head"] if n_layer == 62 else head_dim
+    if cfg.get("query_pre_attn_scalar", 256) != lcpp_scalar:
+        raise SystemExit(f"query_pre_attn_scalar {cfg.get('query_pre_attn_scalar')}: llama.cpp "
+                         f"would scale queries by {lcpp_scalar}^-0.5 instead")
+    rp = cfg.get("rope_parameters") or {}
+    full = rp.get("full_attention") or {"rope_type": "default",
+                                        "rope_theta": cfg.get("rope_theta", 1e6)}
+    local = rp.get("sliding_attention") or {"rope_type": "default",
+                                            "rope_theta": cfg.get("rope_local_base_freq", 1e4)}
+    if local.get("rope_type", "default") != "default":
+        raise SystemExit("sliding-layer rope scaling is not handled (llama.cpp ignores it too)")
+    kind = full.get("rope_type", "default")
+    if kind == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(full["factor"])
+    elif kind != "default":
+        raise SystemExit(f"rope type {kind} not handled by this converter")
+    w.add_rope_freq_base(full.get("rope_theta", 1e6))
+    w.add_rope_freq_base_swa(local.get("rope_theta", 1e4))
+    w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    if cfg.get("final_logit_softcapping"):
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    period = swa_period(cfg, n_layer)
+    if period != 1:
+        w.add_sliding_window(cfg["sliding_window"])
+        if period != 6:  # llama.cpp's default; the converter never writes the key
+            w.add_sliding_window_pattern(period)
+    eos = cfg.get("eos_token_id", 1)
+    eos = eos if isinstance(eos, list) else [eos]
+    bos, pad, unk = cfg.get("bos_token_id", 2), cfg.get("pad_token_id", 0), 3
+    specials = {pad: ("<pad>", gguf.TokenType.CONTROL), bos: ("<bos>", gguf.TokenType.CONTROL),
+                unk: ("<unk>", gguf.TokenType.UNKNOWN)}
+    for i in eos:
+        specials[i] = ("<eos>" if i == eos[0] else "<end_of_turn>", gguf.TokenType.CONTROL)
+    tokens, types = synthetic_vocab(geo["n_vocab"], specials)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores([-float(i) for i in range(len(tokens))])
+    w.add_token_types(types)
+    w.add_unk_token_id(unk)
+    w.add_bos_token_id(bos)
+    w.add_eos_token_id(eos[0])
+    w.add_pad_token_id(pad)
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(False)
+    return {}
+
+
+METADATA = {"llama": write_llama_metadata, "gemma3": write_gemma3_metadata}
+
+
 def encode_2d(raw, qtype):
     """A 2-D weight (stored dtype) -> the bytes/array gguf-py writes, in row chunks."""
     if qtype == gguf.GGMLQuantizationType.BF16 and raw.dtype == np.uint16:
@@ -159,15 +329,18 @@ def main():
     with open(os.path.join(args.model_dir, "config.json")) as f:
         cfg = json.load(f)
     cfg = {**cfg, **cfg.get("text_config", {})}
-    if cfg.get("model_type", "llama") not in ("llama", "mistral"):
-        raise SystemExit(f"model_type {cfg.get('model_type')} is not a llama")
+    model_type = cfg.get("model_type", "llama")
+    if model_type not in ARCHS:
+        raise SystemExit(f"model_type {model_type} is not handled (want one of "
+                         f"{', '.join(ARCHS)})")
+    arch, layer_plan, final_norm_op = ARCHS[model_type]
     n_layer = cfg["num_hidden_layers"]
     n_embd = cfg["hidden_size"]
     n_head = cfg["num_attention_heads"]
     n_head_kv = cfg.get("num_key_value_heads", n_head)
-    head_dim = cfg.get("head_dim") or n_embd // n_head
-    n_vocab = cfg["vocab_size"]
-    theta, llama3 = rope_params(cfg)
+    head_dim = cfg.get("head_dim") or (256 if arch == "gemma3" else n_embd // n_head)
+    geo = {"n_layer": n_layer, "n_embd": n_embd, "n_head": n_head, "head_dim": head_dim,
+           "n_vocab": cfg["vocab_size"]}
 
     st = SafetensorsFolder(args.model_dir)
 
@@ -177,23 +350,14 @@ def main():
                 return prefix + name
         raise SystemExit(f"missing tensor {name}")
 
-    # (gguf name, source tensor name or None for generated ones, (n_head, n_head_kv) to permute)
+    # (gguf name, source tensor name or None for generated ones, transform)
+    permutes = {"q": (n_head, n_head), "k": (n_head, n_head_kv)}
     plan = [("token_embd.weight", src("embed_tokens.weight"), None)]
     for i in range(n_layer):
-        p = f"layers.{i}."
-        plan += [
-            (f"blk.{i}.attn_norm.weight", src(p + "input_layernorm.weight"), None),
-            (f"blk.{i}.attn_q.weight", src(p + "self_attn.q_proj.weight"), (n_head, n_head)),
-            (f"blk.{i}.attn_k.weight", src(p + "self_attn.k_proj.weight"), (n_head, n_head_kv)),
-            (f"blk.{i}.attn_v.weight", src(p + "self_attn.v_proj.weight"), None),
-            (f"blk.{i}.attn_output.weight", src(p + "self_attn.o_proj.weight"), None),
-            (f"blk.{i}.ffn_norm.weight", src(p + "post_attention_layernorm.weight"), None),
-            (f"blk.{i}.ffn_gate.weight", src(p + "mlp.gate_proj.weight"), None),
-            (f"blk.{i}.ffn_up.weight", src(p + "mlp.up_proj.weight"), None),
-            (f"blk.{i}.ffn_down.weight", src(p + "mlp.down_proj.weight"), None),
-        ]
-    plan.append(("output_norm.weight", src("norm.weight"), None))
-    tied = cfg.get("tie_word_embeddings", False)
+        plan += [(f"blk.{i}.{g}.weight", src(f"layers.{i}.{h}.weight"), op)
+                 for g, h, op in layer_plan]
+    plan.append(("output_norm.weight", src("norm.weight"), final_norm_op))
+    tied = cfg.get("tie_word_embeddings", arch == "gemma3")
     for head in ("lm_head.weight", "language_model.lm_head.weight"):
         if head in st and not tied:
             plan.append(("output.weight", head, None))
@@ -201,7 +365,7 @@ def main():
     if any(k.startswith(("model.layers.", "layers.")) and ".bias" in k for k in st.names()):
         raise SystemExit("attention/MLP biases are not handled by this converter")
 
-    w = gguf.GGUFWriter(args.out, "llama")
+    w = gguf.GGUFWriter(args.out, arch)
     w.add_name(os.path.basename(os.path.normpath(args.model_dir)))
     w.add_block_count(n_layer)
     w.add_context_length(cfg.get("max_position_embeddings", 4096))
@@ -209,39 +373,14 @@ def main():
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
-    w.add_rope_freq_base(theta)
-    w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-5))
-    if cfg.get("head_dim"):
-        w.add_key_length(head_dim)
-        w.add_value_length(head_dim)
+    extra = METADATA[arch](w, cfg, geo)
     w.add_file_type(ftype)
-    w.add_vocab_size(n_vocab)
-    w.add_rope_dimension_count(head_dim)
+    w.add_vocab_size(geo["n_vocab"])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
-    # Synthetic SentencePiece vocabulary.
-    if n_vocab < 259 + 1:
-        raise SystemExit("vocab_size must be at least 260 for the synthetic vocabulary")
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    tokens += [f"\u2581t{i}" for i in range(n_vocab - len(tokens))]
-    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
-    types += [gguf.TokenType.BYTE] * 256
-    types += [gguf.TokenType.NORMAL] * (n_vocab - len(types))
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores([-float(i) for i in range(n_vocab)])
-    w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
-
     # Declare every tensor first (sizes are known), then stream the data one tensor at a time.
-    extra = {}
-    if llama3 is not None:
-        extra["rope_freqs.weight"] = llama3_rope_factors(theta, head_dim, llama3)
-        plan.insert(1, ("rope_freqs.weight", None, None))
+    for gname in extra:
+        plan.insert(1, (gname, None, None))
     for gname, sname, _ in plan:
         if sname is None:
             arr = extra[gname]
@@ -260,16 +399,17 @@ def main():
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for gname, sname, perm in plan:
+    for gname, sname, op in plan:
         if sname is None:
             w.write_tensor_data(extra[gname])
             continue
         raw = st.raw(sname)
         if raw.ndim == 1:
-            w.write_tensor_data(to_f32(np.asarray(raw)))
+            vec = to_f32(np.asarray(raw))
+            w.write_tensor_data(vec + np.float32(1) if op == "norm+1" else vec)
             continue
-        if perm is not None:
-            raw = permute(np.asarray(raw), *perm)
+        if op in permutes:
+            raw = permute(np.asarray(raw), *permutes[op])
         w.write_tensor_data(encode_2d(raw, qtype))
         print(f"  {gname:32s} {args.type}", file=sys.stderr)
     w.close()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Write bench/cpu.md from the JSON files bench/run.sh leaves in bench/work/results: cinfer vs
-llama.cpp throughput per dtype, decode bandwidth against the measured read roofline, and the
-machine, date, commit and commands of the run."""
+"""Write bench/cpu.md from the JSON files bench/run.sh leaves in bench/work/results: one section
+per model (results/MODEL/) with cinfer vs llama.cpp throughput per dtype and decode bandwidth
+against the measured read roofline, then the machine, date, commit and commands of the run."""
 
 import argparse
 import datetime
@@ -10,8 +10,11 @@ import os
 import statistics
 import subprocess
 
-PAIRS = [("bf16", "bf16"), ("q8", "q8_0"), ("q4", "q4_0")]  # cinfer dtype, GGUF type
 NO_LLAMA = "n/a (llama.cpp not built: see bench/README.md)"
+TITLES = {  # section title per model name of bench/run.sh
+    "llama1b": "Llama 3.2 1B geometry",
+    "gemma3-1b": "Gemma 3 1B geometry",
+}
 
 
 def load(path):
@@ -63,45 +66,40 @@ def cpu_model():
     return "unknown"
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--results", required=True)
-    ap.add_argument("--threads", type=int, required=True)
-    ap.add_argument("--prompt", type=int, required=True)
-    ap.add_argument("--gen", type=int, required=True)
-    ap.add_argument("--runs", type=int, required=True)
-    ap.add_argument("--llama-bench", required=True)
-    ap.add_argument("--config", required=True)
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args()
+def parse_pairs(text):
+    """"bf16:bf16,q4:q4_0" -> [("bf16", "bf16"), ("q4", "q4_0")] (cinfer dtype, GGUF type)."""
+    return [tuple(p.split(":", 1)) for p in text.split(",") if p]
 
-    membw = load(os.path.join(a.results, "membw.json")) or {}
-    roof = membw.get("read_gbs_nt")
-    have_llama = os.access(a.llama_bench, os.X_OK)
-    commit = sh(["git", "rev-parse", "--short=12", "HEAD"])
-    if sh(["git", "status", "--porcelain", "--untracked-files=no"]) not in ("", "unknown"):
-        commit += " (with uncommitted changes)"
-    llama_commit = "not built"
-    for _, gdt in PAIRS:  # llama-bench reports the commit it was built from
-        for test in load(os.path.join(a.results, f"llama-{gdt}.json")) or []:
-            llama_commit = str(test.get("build_commit"))
-    if llama_commit == "unknown":  # built from a tree without .git
-        llama_commit = os.environ.get("LLAMA_CPP_COMMIT", "unknown (see bench/README.md)")
-    cfg = load(a.config) or {}
-    geometry = (f"hidden {cfg.get('hidden_size')}, {cfg.get('num_hidden_layers')} layers, "
-                f"{cfg.get('num_attention_heads')}/{cfg.get('num_key_value_heads')} heads, "
-                f"head_dim {cfg.get('head_dim')}, FFN {cfg.get('intermediate_size')}, "
-                f"vocab {cfg.get('vocab_size')}, "
-                f"{'tied' if cfg.get('tie_word_embeddings') else 'untied'} embeddings")
 
+def describe(cfg):
+    """The geometry line of a config: sizes, then sliding-window layout where there is one."""
+    text = (f"hidden {cfg.get('hidden_size')}, {cfg.get('num_hidden_layers')} layers, "
+            f"{cfg.get('num_attention_heads')}/{cfg.get('num_key_value_heads')} heads, "
+            f"head_dim {cfg.get('head_dim')}, FFN {cfg.get('intermediate_size')}, "
+            f"vocab {cfg.get('vocab_size')}, "
+            f"{'tied' if cfg.get('tie_word_embeddings') else 'untied'} embeddings")
+    types = cfg.get("layer_types") or []
+    n_sliding = sum(t == "sliding_attention" for t in types)
+    if n_sliding:
+        text += (f", sliding window {cfg.get('sliding_window')} on {n_sliding} of "
+                 f"{len(types)} layers")
+    if str(cfg.get("model_type", "")).startswith("gemma"):
+        text += ", q/k norms, sandwich norms, GeGLU"
+    return text
+
+
+def model_section(a, name, config, pairs, have_llama, roof, membw):
+    """The markdown section of one model, and its run-condition entries."""
+    res = os.path.join(a.results, name)
+    cfg = load(config) or {}
+    cfg = {**cfg, **(cfg.get("text_config") or {})}
     rows, bw_rows, mode_rows = [], [], []
-    for cdt, gdt in PAIRS:
-        c = load(os.path.join(a.results, f"cinfer-{cdt}.json")) or {}
+    for cdt, gdt in pairs:
+        c = load(os.path.join(res, f"cinfer-{cdt}.json")) or {}
         cp, cd = c.get("prefill_tok_s"), c.get("decode_tok_s")
         wbytes = c.get("weights_bytes")
         if have_llama:
-            modes = llama_medians(load(os.path.join(a.results, f"llama-{gdt}.json")),
-                                  a.prompt, a.gen)
+            modes = llama_medians(load(os.path.join(res, f"llama-{gdt}.json")), a.prompt, a.gen)
             (lp, lpm), (ld, ldm) = best(modes, 0), best(modes, 1)
             lp_s = fmt(lp) + (f" ({lpm})" if lpm else "")
             ld_s = fmt(ld) + (f" ({ldm})" if ldm else "")
@@ -118,24 +116,85 @@ def main():
         bw_rows.append(f"| {cdt} | {fmt(None if wbytes is None else wbytes / 1e6, 0)} | "
                        f"{fmt(c_bw)} | {fmt(ratio(c_bw, roof), 2)} | {fmt(l_bw)} | "
                        f"{fmt(ratio(l_bw, roof), 2)} |")
-
-    with open(os.path.join(a.results, "commands.txt")) as f:
-        commands = f.read().strip()
     conditions = []
-    for stem in ([f"cinfer-{c}" for c, _ in PAIRS] + [f"llama-{g}" for _, g in PAIRS] +
-                 ["membw"]):
-        meta = load(os.path.join(a.results, f"{stem}.json.meta.json"))
+    for stem in [f"cinfer-{c}" for c, _ in pairs] + [f"llama-{g}" for _, g in pairs]:
+        meta = load(os.path.join(res, f"{stem}.json.meta.json"))
         if meta:
-            conditions.append(f"{stem} {100 * meta['interference']:.1f}% "
+            conditions.append(f"{name}/{stem} {100 * meta['interference']:.1f}% "
                               f"({meta['attempts']} attempt{'s' if meta['attempts'] > 1 else ''})")
     mode_table = ""
     if mode_rows:
         mode_table = ("\n| llama.cpp type | load mode | prefill | decode |\n|---|---|---|---|\n" +
                       "\n".join(mode_rows) + "\n")
+    section = f"""## {TITLES.get(name, name)} (`{name}`)
+
+Random-weight model from `{config}` ({describe(cfg)}).
+
+### Throughput (tokens/s)
+
+| dtype (cinfer / llama.cpp) | cinfer prefill | cinfer decode | llama.cpp prefill | \
+llama.cpp decode | prefill ratio | decode ratio | cinfer TTFT ms | cinfer peak RSS MB |
+|---|---|---|---|---|---|---|---|---|
+{chr(10).join(rows)}
+{mode_table}
+### Decode bandwidth
+
+Measured read roofline (`build/membw`): {fmt(membw.get('read_gbs_1t'))} GB/s on 1 thread,
+{fmt(roof)} GB/s on {membw.get('threads', a.threads)} threads ({membw.get('isa', '?')} read loop).
+
+| dtype | weights MB/token | cinfer GB/s | cinfer / roofline | llama.cpp GB/s | \
+llama.cpp / roofline |
+|---|---|---|---|---|---|
+{chr(10).join(bw_rows)}
+"""
+    return section, conditions
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--results", required=True)
+    ap.add_argument("--threads", type=int, required=True)
+    ap.add_argument("--prompt", type=int, required=True)
+    ap.add_argument("--gen", type=int, required=True)
+    ap.add_argument("--runs", type=int, required=True)
+    ap.add_argument("--llama-bench", required=True)
+    ap.add_argument("--model", nargs=3, action="append", required=True,
+                    metavar=("NAME", "CONFIG", "PAIRS"),
+                    help="a benchmarked model: its name (results/NAME/), config and "
+                    "cinfer:gguf dtype pairs, e.g. bf16:bf16,q4:q4_0; repeat per model")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+
+    membw = load(os.path.join(a.results, "membw.json")) or {}
+    roof = membw.get("read_gbs_nt")
+    have_llama = os.access(a.llama_bench, os.X_OK)
+    commit = sh(["git", "rev-parse", "--short=12", "HEAD"])
+    if sh(["git", "status", "--porcelain", "--untracked-files=no"]) not in ("", "unknown"):
+        commit += " (with uncommitted changes)"
+    llama_commit = "not built"
+    for name, _, pairs in a.model:  # llama-bench reports the commit it was built from
+        for _, gdt in parse_pairs(pairs):
+            for test in load(os.path.join(a.results, name, f"llama-{gdt}.json")) or []:
+                llama_commit = str(test.get("build_commit"))
+    if llama_commit == "unknown":  # built from a tree without .git
+        llama_commit = os.environ.get("LLAMA_CPP_COMMIT", "unknown (see bench/README.md)")
+
+    sections, conditions = [], []
+    for name, config, pairs in a.model:
+        section, cond = model_section(a, name, config, parse_pairs(pairs), have_llama, roof,
+                                      membw)
+        sections.append(section)
+        conditions += cond
+    meta = load(os.path.join(a.results, "membw.json.meta.json"))
+    if meta:
+        conditions.append(f"membw {100 * meta['interference']:.1f}% "
+                          f"({meta['attempts']} attempt{'s' if meta['attempts'] > 1 else ''})")
+    with open(os.path.join(a.results, "commands.txt")) as f:
+        commands = f.read().strip()
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out = f"""# CPU benchmark: cinfer vs llama.cpp
 
-Random-weight model from `{a.config}` ({geometry}). cinfer q8/q4 are
+Random-weight models, one section each below. cinfer q8/q4 are
 MLX affine with group size 64 (bf16 scale + bias: 8.5 / 4.5 bits per weight); llama.cpp runs the
 same weights converted by `bench/gguf_from_hf.py` to bf16 / Q8_0 / Q4_0 (8.5 / 4.5 bits per
 weight, every matrix including the embedding). Prefill = {a.prompt}-token prompt, decode =
@@ -146,31 +205,16 @@ weight, every matrix including the embedding). Prefill = {a.prompt}-token prompt
 - cinfer commit: {commit}; llama.cpp: {llama_commit}
 - Command: `make bench` (runs `bench/run.sh`)
 
-## Throughput (tokens/s)
+Throughput ratios are cinfer / llama.cpp (above 1: cinfer faster). llama.cpp is run with both
+weight load modes (`-lm none,mmap`: weights read into allocated memory, or used in place from
+the mapped file) and the faster one is shown in parentheses. Each engine's run of a dtype
+follows the other's directly; on a shared host, memory bandwidth drifts by 20-30% over minutes,
+so compare ratios rather than absolute numbers across reports. Decode bandwidth: achieved =
+bytes of weights read per decoded token (reported by cinfer; the tied embedding counts once, as
+the output head) x decode tok/s; the llama.cpp column applies the same byte count (its formats
+have the same bits per weight).
 
-| dtype (cinfer / llama.cpp) | cinfer prefill | cinfer decode | llama.cpp prefill | \
-llama.cpp decode | prefill ratio | decode ratio | cinfer TTFT ms | cinfer peak RSS MB |
-|---|---|---|---|---|---|---|---|---|
-{chr(10).join(rows)}
-
-Ratios are cinfer / llama.cpp (above 1: cinfer faster). llama.cpp is run with both weight
-load modes (`-lm none,mmap`: weights read into allocated memory, or used in place from the
-mapped file) and the faster one is shown in parentheses. Each engine's run of a dtype follows
-the other's directly; on a shared host, memory bandwidth drifts by 20-30% over minutes, so
-compare ratios rather than absolute numbers across reports.
-{mode_table}
-## Decode bandwidth
-
-Measured read roofline (`build/membw`): {fmt(membw.get('read_gbs_1t'))} GB/s on 1 thread,
-{fmt(roof)} GB/s on {membw.get('threads', a.threads)} threads ({membw.get('isa', '?')} read loop).
-Achieved = bytes of weights read per decoded token (reported by cinfer) x decode tok/s;
-the llama.cpp column applies the same byte count (its formats have the same bits per weight).
-
-| dtype | weights MB/token | cinfer GB/s | cinfer / roofline | llama.cpp GB/s | \
-llama.cpp / roofline |
-|---|---|---|---|---|---|
-{chr(10).join(bw_rows)}
-
+{chr(10).join(sections)}
 ## Run conditions
 
 CPU time taken by other processes during each measurement, as a share of all CPUs (each is

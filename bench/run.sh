@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# CPU benchmark (`make bench`): cinfer vs llama.cpp on one random-weight Llama-3.2-1B-geometry
-# model in bf16, q8 and q4, plus the machine's read-bandwidth roofline; writes bench/cpu.md.
+# CPU benchmark (`make bench`): cinfer vs llama.cpp on random-weight models of real geometries
+# (Llama-3.2-1B in bf16, q8 and q4; Gemma-3-1B in bf16 and q4), plus the machine's
+# read-bandwidth roofline; writes bench/cpu.md.
 # Run from the repo root after build/cinfer and build/membw exist. Overridable through the
 # environment: CINFER, MEMBW, LLAMA_CPP_DIR, BENCH_THREADS, BENCH_PROMPT, BENCH_GEN, BENCH_RUNS,
-# BENCH_CONFIG, BENCH_WORK (model/result folder), BENCH_REPORT (the markdown written),
-# BENCH_ATTEMPTS (retries of a measurement disturbed by other processes; see isolated_run.py).
+# BENCH_MODELS (a subset of "llama1b gemma3-1b", space-separated), BENCH_CONFIG (the llama1b
+# config), BENCH_GEMMA_CONFIG (the gemma3-1b config), BENCH_WORK (model/result folder),
+# BENCH_REPORT (the markdown written), BENCH_ATTEMPTS (retries of a measurement disturbed by
+# other processes; see isolated_run.py).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -16,7 +19,6 @@ THREADS=${BENCH_THREADS:-$(nproc)}
 PROMPT=${BENCH_PROMPT:-512}
 GEN=${BENCH_GEN:-64}
 RUNS=${BENCH_RUNS:-3}
-CONFIG=${BENCH_CONFIG:-bench/configs/llama-3.2-1b.json}
 WORK=${BENCH_WORK:-bench/work}
 REPORT=${BENCH_REPORT:-bench/cpu.md}
 ATTEMPTS=${BENCH_ATTEMPTS:-3}
@@ -24,9 +26,20 @@ RESULTS=$WORK/results
 PY=/usr/bin/python3
 [ -x "$PY" ] || PY=python3
 
+# The models, in run order: config and "cinfer dtype:GGUF type" pairs. Files are named after
+# the model: $WORK/NAME-DTYPE (cinfer), $WORK/NAME-GTYPE.gguf, $RESULTS/NAME/*.json.
+ALL_MODELS="llama1b gemma3-1b"
+declare -A CONFIG_OF=(
+  [llama1b]=${BENCH_CONFIG:-bench/configs/llama-3.2-1b.json}
+  [gemma3-1b]=${BENCH_GEMMA_CONFIG:-bench/configs/gemma-3-1b.json}
+)
+declare -A PAIRS_OF=(
+  [llama1b]="bf16:bf16 q8:q8_0 q4:q4_0"
+  [gemma3-1b]="bf16:bf16 q4:q4_0"
+)
+MODELS=${BENCH_MODELS:-$ALL_MODELS}
+
 export LLAMA_CPP_DIR
-mkdir -p "$RESULTS"
-rm -f "$RESULTS"/*.json "$RESULTS"/*.err "$RESULTS"/*.try* "$RESULTS/commands.txt"
 
 log() { echo "bench: $*" >&2; }
 record() { echo "$*" >>"$RESULTS/commands.txt"; }
@@ -38,72 +51,97 @@ isolated() {
   "$PY" bench/isolated_run.py --out "$out" --err "$err" --attempts "$ATTEMPTS" -- "$@"
 }
 
+[ -n "${MODELS// /}" ] || { log "BENCH_MODELS is empty (have: $ALL_MODELS)"; exit 2; }
+for model in $MODELS; do
+  if [ -z "${CONFIG_OF[$model]:-}" ]; then
+    log "unknown model '$model' in BENCH_MODELS (have: $ALL_MODELS)"
+    exit 2
+  fi
+done
 for bin in "$CINFER" "$MEMBW"; do
   [ -x "$bin" ] || { log "$bin not found: build first (cmake --build build)"; exit 1; }
 done
 
-# 1. Random-weight models (reused when the stamp is newer than the config and the binary).
-for dtype in bf16 q8 q4; do
-  dir=$WORK/llama1b-$dtype
-  stamp=$dir/.bench-stamp
-  if [ -f "$stamp" ] && [ "$stamp" -nt "$CONFIG" ]; then
-    log "reusing $dir"
-    continue
-  fi
-  rm -rf "$dir"
-  group=()
-  [ "$dtype" = bf16 ] || group=(--group-size 64)
-  cmd=("$CINFER" init-random --config "$CONFIG" --out "$dir" --dtype "$dtype" --seed 1
-       "${group[@]}")
-  log "${cmd[*]}"
-  record "${cmd[*]}"
-  "${cmd[@]}"
-  touch "$stamp"
+mkdir -p "$RESULTS"
+rm -f "$RESULTS"/*.json "$RESULTS"/*.err "$RESULTS"/*.try* "$RESULTS/commands.txt"
+for model in $ALL_MODELS; do
+  rm -f "$RESULTS/$model"/*.json "$RESULTS/$model"/*.err "$RESULTS/$model"/*.try*
 done
 
-# 2. GGUF copies of the bf16 folder for the llama.cpp peer (reused while newer than it).
 have_llama=0
 if [ -x "$LLAMA_BENCH" ]; then
   have_llama=1
-  for gtype in bf16 q8_0 q4_0; do
-    gguf=$WORK/llama1b-$gtype.gguf
-    if [ ! -f "$gguf" ] || [ "$WORK/llama1b-bf16/.bench-stamp" -nt "$gguf" ]; then
-      partial=$WORK/llama1b-$gtype.partial.gguf
-      cmd=("$PY" bench/gguf_from_hf.py "$WORK/llama1b-bf16" "$partial" --type "$gtype")
-      log "${cmd[*]}"
-      record "${cmd[*]}"
-      "${cmd[@]}" 2>"$RESULTS/convert-$gtype.err"
-      mv "$partial" "$gguf"
-    fi
-  done
 else
   log "llama.cpp not built ($LLAMA_BENCH missing): see bench/README.md"
 fi
 
-# 3. Measurements, each engine right after the other for one dtype, so that slow drifts of the
-# machine (other tenants of the host) affect both sides alike.
-for pair in bf16:bf16 q8:q8_0 q4:q4_0; do
-  dtype=${pair%%:*}
-  gtype=${pair##*:}
-  cmd=("$CINFER" bench --model "$WORK/llama1b-$dtype" -p "$PROMPT" -n "$GEN" --runs "$RUNS"
-       --threads "$THREADS" --json)
-  log "${cmd[*]}"
-  record "${cmd[*]}"
-  if ! isolated "$RESULTS/cinfer-$dtype.json" "$RESULTS/cinfer-$dtype.err" "${cmd[@]}"; then
-    log "cinfer bench failed for $dtype (see $RESULTS/cinfer-$dtype.err)"
-    rm -f "$RESULTS/cinfer-$dtype.json"
+for model in $MODELS; do
+  config=${CONFIG_OF[$model]}
+  pairs=${PAIRS_OF[$model]}
+  mkdir -p "$RESULTS/$model"
+
+  # 1. Random-weight models (reused while the stamp is newer than the config).
+  for pair in $pairs; do
+    dtype=${pair%%:*}
+    dir=$WORK/$model-$dtype
+    stamp=$dir/.bench-stamp
+    if [ -f "$stamp" ] && [ "$stamp" -nt "$config" ]; then
+      log "reusing $dir"
+      continue
+    fi
+    rm -rf "$dir"
+    group=()
+    [ "$dtype" = bf16 ] || group=(--group-size 64)
+    cmd=("$CINFER" init-random --config "$config" --out "$dir" --dtype "$dtype" --seed 1
+         "${group[@]}")
+    log "${cmd[*]}"
+    record "${cmd[*]}"
+    "${cmd[@]}"
+    touch "$stamp"
+  done
+
+  # 2. GGUF copies of the bf16 folder for the llama.cpp peer (reused while newer than it).
+  if [ "$have_llama" = 1 ]; then
+    for pair in $pairs; do
+      gtype=${pair##*:}
+      gguf=$WORK/$model-$gtype.gguf
+      if [ ! -f "$gguf" ] || [ "$WORK/$model-bf16/.bench-stamp" -nt "$gguf" ]; then
+        partial=$WORK/$model-$gtype.partial.gguf
+        cmd=("$PY" bench/gguf_from_hf.py "$WORK/$model-bf16" "$partial" --type "$gtype")
+        log "${cmd[*]}"
+        record "${cmd[*]}"
+        "${cmd[@]}" 2>"$RESULTS/$model/convert-$gtype.err"
+        mv "$partial" "$gguf"
+      fi
+    done
   fi
-  [ "$have_llama" = 1 ] || continue
-  # Both weight load modes: "mmap" leaves the weights in 4 KiB page-cache pages, "none" reads
-  # them into anonymous memory; which one is faster varies, and the report takes the better.
-  cmd=("$LLAMA_BENCH" -m "$WORK/llama1b-$gtype.gguf" -p "$PROMPT" -n "$GEN" -r "$RUNS"
-       -t "$THREADS" -lm "none,mmap" -o json)
-  log "${cmd[*]}"
-  record "${cmd[*]}"
-  if ! isolated "$RESULTS/llama-$gtype.json" "$RESULTS/llama-$gtype.err" "${cmd[@]}"; then
-    log "llama-bench failed for $gtype (see $RESULTS/llama-$gtype.err)"
-    rm -f "$RESULTS/llama-$gtype.json"
-  fi
+
+  # 3. Measurements, each engine right after the other for one dtype, so that slow drifts of
+  # the machine (other tenants of the host) affect both sides alike.
+  for pair in $pairs; do
+    dtype=${pair%%:*}
+    gtype=${pair##*:}
+    out=$RESULTS/$model
+    cmd=("$CINFER" bench --model "$WORK/$model-$dtype" -p "$PROMPT" -n "$GEN" --runs "$RUNS"
+         --threads "$THREADS" --json)
+    log "${cmd[*]}"
+    record "${cmd[*]}"
+    if ! isolated "$out/cinfer-$dtype.json" "$out/cinfer-$dtype.err" "${cmd[@]}"; then
+      log "cinfer bench failed for $model $dtype (see $out/cinfer-$dtype.err)"
+      rm -f "$out/cinfer-$dtype.json"
+    fi
+    [ "$have_llama" = 1 ] || continue
+    # Both weight load modes: "mmap" leaves the weights in 4 KiB page-cache pages, "none" reads
+    # them into anonymous memory; which one is faster varies, and the report takes the better.
+    cmd=("$LLAMA_BENCH" -m "$WORK/$model-$gtype.gguf" -p "$PROMPT" -n "$GEN" -r "$RUNS"
+         -t "$THREADS" -lm "none,mmap" -o json)
+    log "${cmd[*]}"
+    record "${cmd[*]}"
+    if ! isolated "$out/llama-$gtype.json" "$out/llama-$gtype.err" "${cmd[@]}"; then
+      log "llama-bench failed for $model $gtype (see $out/llama-$gtype.err)"
+      rm -f "$out/llama-$gtype.json"
+    fi
+  done
 done
 
 # 4. Read-bandwidth roofline at 1 and THREADS threads.
@@ -112,8 +150,13 @@ log "${cmd[*]}"
 record "${cmd[*]}"
 isolated "$RESULTS/membw.json" "$RESULTS/membw.err" "${cmd[@]}"
 
-# 5. The report.
+# 5. The report: one section per model.
+report_models=()
+for model in $MODELS; do
+  pairs=${PAIRS_OF[$model]}
+  report_models+=(--model "$model" "${CONFIG_OF[$model]}" "${pairs// /,}")
+done
 "$PY" bench/report.py --results "$RESULTS" --threads "$THREADS" --prompt "$PROMPT" \
-  --gen "$GEN" --runs "$RUNS" --llama-bench "$LLAMA_BENCH" --config "$CONFIG" --out "$REPORT"
+  --gen "$GEN" --runs "$RUNS" --llama-bench "$LLAMA_BENCH" "${report_models[@]}" --out "$REPORT"
 log "wrote $REPORT"
 cat "$REPORT"
