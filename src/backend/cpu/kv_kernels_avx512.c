@@ -169,42 +169,65 @@ void ci_kv_attend_avx512(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_h
     const int64_t end = (j / T + 1) * T < hi ? (j / T + 1) * T : hi;
     const int count = (int)(end - j);
     const uint8_t *krow = ci_kv_row_at(kv, 0, j, kv_head), *vrow = ci_kv_row_at(kv, 1, j, kv_head);
+    if (end < hi) { /* the next block of this head lives elsewhere in the pool: fetch it now */
+      const uint8_t *next_k = ci_kv_row_at(kv, 0, end, kv_head);
+      const uint8_t *next_v = ci_kv_row_at(kv, 1, end, kv_head);
+      const size_t k_bytes = (size_t)T * kv->k_row_bytes, v_bytes = (size_t)T * kv->v_row_bytes;
+      for (size_t off = 0; off < k_bytes; off += 64)
+        _mm_prefetch((const char *)next_k + off, _MM_HINT_T0);
+      for (size_t off = 0; off < v_bytes; off += 64)
+        _mm_prefetch((const char *)next_v + off, _MM_HINT_T0);
+    }
     for (int r = 0; r < count; r++) {
       k->decode_k(kv, krow + (size_t)r * kv->k_row_bytes, ktile + (size_t)r * D);
       k->decode_v(kv, vrow + (size_t)r * kv->v_row_bytes, vtile + (size_t)r * D);
     }
-    for (int g = 0; g < G; g++) {
-      const float *q = qp + g * D;
-      float *o = out + g * (D + 2);
-      float block_max = o[0];
-      for (int r = 0; r < count; r++) {
-        const float *key = ktile + (size_t)r * D;
-        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(key));
-        for (int c = 1; c < C; c++)
-          acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16 * c), _mm512_loadu_ps(key + 16 * c), acc);
-        float s = _mm512_reduce_add_ps(acc) * scale;
+    /* Scores: for each key, the G query heads as independent FMA chains over D. */
+    float block_max[8];
+    for (int g = 0; g < G; g++) block_max[g] = out[g * (D + 2)];
+    for (int r = 0; r < count; r++) {
+      const float *key = ktile + (size_t)r * D;
+      __m512 acc[8];
+      for (int g = 0; g < G; g++) acc[g] = _mm512_setzero_ps();
+      for (int c = 0; c < C; c++) {
+        const __m512 k16 = _mm512_loadu_ps(key + 16 * c);
+        for (int g = 0; g < G; g++)
+          acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(qp + g * D + 16 * c), k16, acc[g]);
+      }
+      for (int g = 0; g < G; g++) {
+        float s = _mm512_reduce_add_ps(acc[g]) * scale;
         if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
         scores[g][r] = s;
-        if (s > block_max) block_max = s;
+        if (s > block_max[g]) block_max[g] = s;
       }
-      const float rescale = o[1] > 0.0f ? expf(o[0] - block_max) : 0.0f;
+    }
+    for (int g = 0; g < G; g++) {
+      float *o = out + g * (D + 2);
+      const float rescale = o[1] > 0.0f ? expf(o[0] - block_max[g]) : 0.0f;
       float sum = o[1] * rescale;
       for (int r = 0; r < count; r += 16) {
         const __mmask16 mask = count - r >= 16 ? 0xffff : (__mmask16)((1u << (count - r)) - 1);
         const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, scores[g] + r),
-                                             _mm512_set1_ps(block_max)));
+                                             _mm512_set1_ps(block_max[g])));
         _mm512_mask_storeu_ps(scores[g] + r, mask, e);
         sum += _mm512_mask_reduce_add_ps(mask, e);
       }
-      o[0] = block_max;
+      o[0] = block_max[g];
       o[1] = sum;
+      /* Weighted values: the D/16 output chunks as independent FMA chains over the keys. */
       const __m512 rescale_v = _mm512_set1_ps(rescale);
-      for (int c = 0; c < C; c++) {
-        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(o + 2 + 16 * c), rescale_v);
-        for (int r = 0; r < count; r++)
-          acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[g][r]),
-                                _mm512_loadu_ps(vtile + (size_t)r * D + 16 * c), acc);
-        _mm512_storeu_ps(o + 2 + 16 * c, acc);
+      for (int c0 = 0; c0 < C; c0 += 4) {
+        const int cn = C - c0 < 4 ? C - c0 : 4;
+        __m512 acc[4];
+        for (int c = 0; c < cn; c++)
+          acc[c] = _mm512_mul_ps(_mm512_loadu_ps(o + 2 + 16 * (c0 + c)), rescale_v);
+        for (int r = 0; r < count; r++) {
+          const __m512 w = _mm512_set1_ps(scores[g][r]);
+          const float *v = vtile + (size_t)r * D + 16 * c0;
+          for (int c = 0; c < cn; c++)
+            acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 16 * c), acc[c]);
+        }
+        for (int c = 0; c < cn; c++) _mm512_storeu_ps(o + 2 + 16 * (c0 + c), acc[c]);
       }
     }
     j = end;
