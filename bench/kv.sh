@@ -52,19 +52,27 @@ CODECS=(
 
 # 1. Quality: every codec on every model it fits (a codec whose groups or rotation do not fit a
 # model's head_dim is skipped; the report lists it as n/a).
-QUALITY_MODELS=("$MODEL" tests/fixtures/qwen3 tests/fixtures/llama3-tied tests/fixtures/gemma3
-                tests/fixtures/gemma4 $EXTRA_MODELS)
+QUALITY_MODELS=(models/starter "$MODEL" tests/fixtures/qwen3 tests/fixtures/llama3-tied
+                tests/fixtures/gemma3 tests/fixtures/gemma4 $EXTRA_MODELS)
+# The trained starter model is scored on its held-out text (the 4 sequences of eval_ids.json,
+# concatenated), the random-weight models on seeded random tokens.
+STARTER_IDS=$WORK/starter_ids.txt
+"$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(",".join(str(i) for s in d["sequences"] for i in s))' \
+  models/starter/eval_ids.json >"$STARTER_IDS"
 declare -A seen=()
 for model in "${QUALITY_MODELS[@]}"; do
   [ -d "$model" ] || continue
   [ -z "${seen[$model]:-}" ] || continue
   seen[$model]=1
-  tokens=$TOKENS
-  case "$model" in tests/fixtures/*) tokens=512 ;; esac
+  source_flags=(--tokens "$TOKENS")
+  case "$model" in
+    tests/fixtures/*) source_flags=(--tokens 512) ;;
+    models/starter) source_flags=(--ids-file "$STARTER_IDS") ;;
+  esac
   for entry in "${CODECS[@]}"; do
     name=${entry%%|*}
     read -r -a flags <<<"${entry#*|}"
-    cmd=("$CINFER" kv-quality --model "$model" --tokens "$tokens" --chunk 128 --threads "$THREADS"
+    cmd=("$CINFER" kv-quality --model "$model" "${source_flags[@]}" --chunk 128 --threads "$THREADS"
          "${flags[@]}")
     record "${cmd[*]}"
     log "${cmd[*]}"
@@ -74,6 +82,17 @@ for model in "${QUALITY_MODELS[@]}"; do
       echo "{\"model\": \"$model\", \"codec\": \"$name\", \"error\": $("$PY" -c 'import json,sys; print(json.dumps(open(sys.argv[1]).read().strip()))' "$WORK/err.txt")}" >>"$WORK/quality.jsonl"
     fi
   done
+done
+
+# 1b. Held-out perplexity of the starter model per codec (bf16 first).
+for entry in "bf16|--kv-codec bf16" "${CODECS[@]}"; do
+  name=${entry%%|*}
+  read -r -a flags <<<"${entry#*|}"
+  cmd=("$CINFER" perplexity --model models/starter --ids-file models/starter/eval_ids.json
+       --chunk 128 --threads "$THREADS" --json "${flags[@]}")
+  record "${cmd[*]}"
+  log "${cmd[*]}"
+  if out=$("${cmd[@]}"); then echo "{\"codec\": \"$name\", \"result\": $out}" >>"$WORK/perplexity.jsonl"; fi
 done
 
 # 2. Decode speed at depth, cinfer: bf16 and every codec.
