@@ -40,10 +40,12 @@ static inline __m512i crumbs16(const uint8_t *p) {
   return _mm512_and_si512(_mm512_srlv_epi32(v, shifts), _mm512_set1_epi32(3));
 }
 
-/* 16 three-bit codes (6 bytes, LSB-first) as lane indices. */
+/* 16 three-bit codes (6 bytes, LSB-first) as lane indices. Reads 8 bytes: a row always has at
+ * least 2 bytes (its fp16 norm or scales) after its codes, and one 8-byte load avoids a
+ * store-forwarding stall that a 6-byte copy causes. */
 static inline __m512i triples16(const uint8_t *p) {
-  uint64_t word = 0;
-  memcpy(&word, p, 6);
+  uint64_t word;
+  memcpy(&word, p, 8);
   __m512i v = _mm512_set1_epi64((long long)word);
   const __m512i shifts = _mm512_setr_epi64(0, 3, 6, 9, 12, 15, 18, 21);
   const __m512i shifts_hi = _mm512_setr_epi64(24, 27, 30, 33, 36, 39, 42, 45);
@@ -65,9 +67,10 @@ static void decode_codebook(const uint8_t *codes, int D, int bits, const float *
   float padded[16] = {0};
   memcpy(padded, ci_lloyd_max_centroids(bits), sizeof(float) << bits);
   const __m512 table = _mm512_loadu_ps(padded);
+  const int shift = __builtin_ctz((unsigned)scale_group); /* groups are powers of two */
   for (int i = 0; i < D; i += 16) {
     __m512 c = _mm512_permutexvar_ps(codes16(codes, i, bits), table);
-    _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_set1_ps(scales[i / scale_group]), c));
+    _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_set1_ps(scales[i >> shift]), c));
   }
 }
 
@@ -106,6 +109,19 @@ static void decode_affine(const ci_paged_kv *kv, const uint8_t *row, float *x) {
   }
 }
 
+/* turbo-v K: (idx + zp_G) * sc_G per 32-group, idx signed 8-bit or unsigned 4-bit. */
+static void decode_turbo_v_key(const ci_paged_kv *kv, const uint8_t *row, float *x) {
+  const int D = kv->head_dim, bits = kv->format.k_bits, groups = D / 32;
+  const uint8_t *sc = row + (size_t)D * bits / 8, *zp = sc + 2 * groups;
+  for (int i = 0; i < D; i += 16) {
+    const int g = i / 32;
+    __m512i codes = bits == 8 ? _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(row + i)))
+                              : nibbles16(row + i / 2);
+    __m512 sum = _mm512_add_ps(_mm512_cvtepi32_ps(codes), _mm512_set1_ps(load_f16(zp + 2 * g)));
+    _mm512_storeu_ps(x + i, _mm512_mul_ps(sum, _mm512_set1_ps(load_f16(sc + 2 * g))));
+  }
+}
+
 static void decode_bf16(const ci_paged_kv *kv, const uint8_t *row, float *x) {
   for (int i = 0; i < kv->head_dim; i += 16) {
     __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)(row + 2 * i));
@@ -122,7 +138,7 @@ ci_kv_row_decoder ci_kv_decoder_avx512(const ci_kv_format *format, int value) {
   case CI_KV_TURBO:
     return value ? decode_turbo_v : decode_turbo_k;
   case CI_KV_TURBO_V:
-    return value ? decode_turbo_v_value : NULL;
+    return value ? decode_turbo_v_value : decode_turbo_v_key;
   default:
     return NULL;
   }
