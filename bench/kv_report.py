@@ -173,7 +173,9 @@ def main():
           " | ".join(fmt(v, 2) for v in vals) + " | " +
           " | ".join(fmt(v / b, 2) if v and b else "n/a" for v, b in zip(vals, base)) + " |")
     w("")
-    w("cinfer's bytes/token column is measured from its pool (all layers); llama.cpp's is the "
+    w("n/a for llama.cpp: not measured at that depth (its depth is a real prefill, over 10 minutes "
+      "per KV type at 16k on 2 cores; `KV_LLAMA_DEPTHS` adds it). "
+      "cinfer's bytes/token column is measured from its pool (all layers); llama.cpp's is the "
       "format's nominal size (q8_0: 34 bytes per 32 values, q4_0: 18). Ratios compare each engine "
       "with its own unquantized KV at the same depth.")
     w("")
