@@ -181,9 +181,12 @@ int ci_verb_serve(int argc, char **argv) {
   }
   char kv_name[64];
   ci_kv_format_name(&kv_plan.target, kv_name, sizeof kv_name);
-  fprintf(stderr, "cinfer ready http://%s:%lld/v1 model=%s ctx=%d kv=%s batch=%lld budget=%.2fGB\n",
+  ci_engine_stats engine_stats;
+  ci_engine_get_stats(engine, &engine_stats); /* the KV budget the engine resolved */
+  fprintf(stderr,
+          "cinfer ready http://%s:%lld/v1 model=%s ctx=%d kv=%s batch=%lld kv-budget=%.2fGB\n",
           host, port, so.model_id, ci_engine_ctx_size(engine), kv_plan.quantized ? kv_name : "bf16",
-          batch, (double)(budget_gb > 0 ? eo.kv_budget_bytes : 0) / 1e9);
+          batch, (double)engine_stats.kv_budget_bytes / 1e9);
   fprintf(stderr,
           "try: curl http://%s:%lld/v1/chat/completions -H 'Content-Type: application/json'%s%s%s "
           "-d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":64}'\n",
