@@ -145,12 +145,7 @@ int ci_verb_chat(int argc, char **argv) {
     options.eos = &eos;
     options.on_token = ci_text_printer_on_token;
     options.ctx = &out;
-    options.kv_codec = kv_plan.base;
-    options.kv_plan = kv_plan.quantized        ? CI_KV_PLAN_TARGET
-                      : kv_plan.explicit_codec ? CI_KV_PLAN_NONE
-                                               : CI_KV_PLAN_MODEL_CONFIG;
-    options.kv_target = kv_plan.target;
-    options.kv_start = kv_plan.start;
+    ci_cli_kv_plan_to_options(&kv_plan, &options);
     ci_generate_result result = {0};
     int status = options.max_tokens < 1
                      ? ci_fail("the conversation fills the context; /reset to start over")

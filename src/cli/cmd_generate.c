@@ -269,12 +269,7 @@ int ci_verb_generate(int argc, char **argv) {
   ci_generate_options options;
   ci_generate_options_default(&options);
   options.max_tokens = max_tokens;
-  options.kv_codec = kv_plan.base;
-  options.kv_plan = kv_plan.quantized        ? CI_KV_PLAN_TARGET
-                    : kv_plan.explicit_codec ? CI_KV_PLAN_NONE
-                                             : CI_KV_PLAN_MODEL_CONFIG;
-  options.kv_target = kv_plan.target;
-  options.kv_start = kv_plan.start;
+  ci_cli_kv_plan_to_options(&kv_plan, &options);
   options.prefill_chunk = (int)prefill_chunk;
   options.ctx_size = ctx;
   options.eos = &eos;

@@ -44,3 +44,12 @@ int ci_cli_kv_plan_apply(const ci_cli_kv_plan *plan, const ci_model *model, ci_k
   }
   return 0;
 }
+
+void ci_cli_kv_plan_to_options(const ci_cli_kv_plan *plan, ci_generate_options *options) {
+  options->kv_codec = plan->base;
+  options->kv_plan = plan->quantized        ? CI_KV_PLAN_TARGET
+                     : plan->explicit_codec ? CI_KV_PLAN_NONE
+                                            : CI_KV_PLAN_MODEL_CONFIG;
+  options->kv_target = plan->target;
+  options->kv_start = plan->start;
+}

@@ -5,6 +5,7 @@
 
 #include "cli/args.h"
 #include "kv/cache.h"
+#include "engine/generate.h"
 #include "model/model.h"
 
 /* Flag table entries to splice into a verb's flags. */
@@ -23,7 +24,7 @@ typedef struct {
   ci_kv_codec base; /* what sequences start in: bf16, or f32 for reference runs */
   int quantized;    /* a target codec is set */
   ci_kv_format target;
-  long long start; /* conversion threshold S */
+  long long start;    /* conversion threshold S */
   int explicit_codec; /* --kv-codec was given (overrides kv_config.json, even as bf16) */
 } ci_cli_kv_plan;
 
@@ -35,5 +36,9 @@ int ci_cli_kv_plan_parse(const ci_flag *flags, int n_flags, const char *verb, ci
  * kv_config.json. Prints the error and returns 1 on failure. */
 int ci_cli_kv_plan_apply(const ci_cli_kv_plan *plan, const ci_model *model, ci_kv_seq *seq,
                          const char *verb);
+
+/* Sets the KV fields of generation options from the plan (same precedence as
+ * ci_cli_kv_plan_apply). */
+void ci_cli_kv_plan_to_options(const ci_cli_kv_plan *plan, ci_generate_options *options);
 
 #endif
