@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef enum {
   CI_F32,
@@ -66,6 +67,19 @@ static inline uint16_t ci_f32_to_bf16(float f) {
 
 float ci_f16_to_f32(uint16_t h);
 uint16_t ci_f32_to_f16(float f);
+
+/* A bf16 / f16 value stored at an unaligned address (packed KV rows), as f32. */
+static inline float ci_bf16_load(const void *p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+  return ci_bf16_to_f32(h);
+}
+
+static inline float ci_f16_load(const void *p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+  return ci_f16_to_f32(h);
+}
 
 /* Reads element i of a float array of dtype F32, F16 or BF16 as f32. */
 float ci_float_at(ci_dtype dtype, const void *data, size_t i);

@@ -137,20 +137,8 @@ static void put_f16(uint8_t *p, float v) {
   memcpy(p, &h, 2);
 }
 
-static float get_f16(const uint8_t *p) {
-  uint16_t h;
-  memcpy(&h, p, 2);
-  return ci_f16_to_f32(h);
-}
-
 static void put_bf16(uint8_t *p, uint16_t v) {
   memcpy(p, &v, 2);
-}
-
-static float get_bf16(const uint8_t *p) {
-  uint16_t h;
-  memcpy(&h, p, 2);
-  return ci_bf16_to_f32(h);
 }
 
 /* MLX affine per group (model.md §2): codes | bf16 scales | bf16 biases. */
@@ -171,7 +159,7 @@ static void affine_decode(const uint8_t *row, int D, int bits, int group, float 
   const int groups = D / group;
   const uint8_t *scales = row + (size_t)D * bits / 8, *biases = scales + 2 * groups;
   for (int g = 0; g < groups; g++) {
-    float s = get_bf16(scales + 2 * g), b = get_bf16(biases + 2 * g);
+    float s = ci_bf16_load(scales + 2 * g), b = ci_bf16_load(biases + 2 * g);
     for (int i = g * group; i < (g + 1) * group; i++)
       x[i] = s * (float)ci_kv_code_at(row, i, bits) + b;
   }
@@ -205,7 +193,7 @@ static void turbo_encode(const float *x, int D, int bits, const float *signs, ui
 
 static void turbo_decode(const uint8_t *row, int D, int bits, const float *signs, float *x) {
   const float *c = ci_lloyd_max_centroids(bits);
-  const float nu = get_f16(row + (size_t)D * bits / 8);
+  const float nu = ci_f16_load(row + (size_t)D * bits / 8);
   for (int i = 0; i < D; i++) x[i] = nu * c[ci_kv_code_at(row, i, bits)];
   ci_fwht(x, D);
   for (int i = 0; i < D; i++) x[i] *= signs[i];
@@ -257,7 +245,7 @@ static void turbo_v_key_decode(const uint8_t *row, int D, int bits, float *x) {
   const int groups = D / TURBO_V_GROUP;
   const uint8_t *sc_in = row + (size_t)D * bits / 8, *zp_in = sc_in + 2 * groups;
   for (int g = 0; g < groups; g++) {
-    const float sc = get_f16(sc_in + 2 * g), zp = get_f16(zp_in + 2 * g);
+    const float sc = ci_f16_load(sc_in + 2 * g), zp = ci_f16_load(zp_in + 2 * g);
     for (int i = g * TURBO_V_GROUP; i < (g + 1) * TURBO_V_GROUP; i++) {
       unsigned code = ci_kv_code_at(row, i, bits);
       float idx = bits == 8 ? (float)(int8_t)(uint8_t)code : (float)code;
@@ -291,7 +279,7 @@ static void turbo_v_value_decode(const uint8_t *row, int D, int bits, const floa
   const float *c = ci_lloyd_max_centroids(bits);
   const uint8_t *r_in = row + (size_t)D * bits / 8;
   for (int i = 0; i < D; i++)
-    x[i] = c[ci_kv_code_at(row, i, bits)] * get_f16(r_in + 2 * (i / TURBO_V_GROUP));
+    x[i] = c[ci_kv_code_at(row, i, bits)] * ci_f16_load(r_in + 2 * (i / TURBO_V_GROUP));
   ci_fwht(x, D);
   for (int i = 0; i < D; i++) x[i] *= signs[i];
 }

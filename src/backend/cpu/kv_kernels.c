@@ -11,18 +11,6 @@
 
 enum { TURBO_V_GROUP = 32 };
 
-static float load_f16(const uint8_t *p) {
-  uint16_t h;
-  memcpy(&h, p, 2);
-  return ci_f16_to_f32(h);
-}
-
-static float load_bf16(const uint8_t *p) {
-  uint16_t h;
-  memcpy(&h, p, 2);
-  return ci_bf16_to_f32(h);
-}
-
 /* ==== Query and output bases ==== */
 
 static void prepare_copy(const ci_paged_kv *kv, const float *q, float *qp) {
@@ -48,7 +36,7 @@ static void finish_unrotate(const ci_paged_kv *kv, float *acc, float *out) {
 /* ==== Reference row decoders ==== */
 
 static void decode_bf16(const ci_paged_kv *kv, const uint8_t *row, float *x) {
-  for (int i = 0; i < kv->head_dim; i++) x[i] = load_bf16(row + 2 * i);
+  for (int i = 0; i < kv->head_dim; i++) x[i] = ci_bf16_load(row + 2 * i);
 }
 
 static void decode_f32(const ci_paged_kv *kv, const uint8_t *row, float *x) {
@@ -60,7 +48,7 @@ static void decode_affine(const ci_paged_kv *kv, const uint8_t *row, float *x) {
   const int D = kv->head_dim, bits = kv->format.k_bits, group = kv->format.group_size;
   const uint8_t *scales = row + (size_t)D * bits / 8, *biases = scales + 2 * (D / group);
   for (int g = 0; g < D / group; g++) {
-    const float s = load_bf16(scales + 2 * g), b = load_bf16(biases + 2 * g);
+    const float s = ci_bf16_load(scales + 2 * g), b = ci_bf16_load(biases + 2 * g);
     for (int i = g * group; i < (g + 1) * group; i++)
       x[i] = s * (float)ci_kv_code_at(row, i, bits) + b;
   }
@@ -70,7 +58,7 @@ static void decode_affine(const ci_paged_kv *kv, const uint8_t *row, float *x) {
 static void decode_turbo(const ci_paged_kv *kv, const uint8_t *row, int bits, float *x) {
   const int D = kv->head_dim;
   const float *c = ci_lloyd_max_centroids(bits);
-  const float nu = load_f16(row + (size_t)D * bits / 8);
+  const float nu = ci_f16_load(row + (size_t)D * bits / 8);
   for (int i = 0; i < D; i++) x[i] = nu * c[ci_kv_code_at(row, i, bits)];
 }
 
@@ -87,7 +75,7 @@ static void decode_turbo_v_key(const ci_paged_kv *kv, const uint8_t *row, float 
   const int D = kv->head_dim, bits = kv->format.k_bits, groups = D / TURBO_V_GROUP;
   const uint8_t *sc = row + (size_t)D * bits / 8, *zp = sc + 2 * groups;
   for (int g = 0; g < groups; g++) {
-    const float s = load_f16(sc + 2 * g), z = load_f16(zp + 2 * g);
+    const float s = ci_f16_load(sc + 2 * g), z = ci_f16_load(zp + 2 * g);
     for (int i = g * TURBO_V_GROUP; i < (g + 1) * TURBO_V_GROUP; i++) {
       const unsigned code = ci_kv_code_at(row, i, bits);
       x[i] = ((bits == 8 ? (float)(int8_t)(uint8_t)code : (float)code) + z) * s;
@@ -101,7 +89,7 @@ static void decode_turbo_v_value(const ci_paged_kv *kv, const uint8_t *row, floa
   const float *c = ci_lloyd_max_centroids(bits);
   const uint8_t *r = row + (size_t)D * bits / 8;
   for (int g = 0; g < D / TURBO_V_GROUP; g++) {
-    const float scale = load_f16(r + 2 * g);
+    const float scale = ci_f16_load(r + 2 * g);
     for (int i = g * TURBO_V_GROUP; i < (g + 1) * TURBO_V_GROUP; i++)
       x[i] = scale * c[ci_kv_code_at(row, i, bits)];
   }

@@ -10,18 +10,6 @@
 #include <math.h>
 #include <string.h>
 
-static float load_f16(const uint8_t *p) {
-  uint16_t h;
-  memcpy(&h, p, 2);
-  return ci_f16_to_f32(h);
-}
-
-static float load_bf16(const uint8_t *p) {
-  uint16_t h;
-  memcpy(&h, p, 2);
-  return ci_bf16_to_f32(h);
-}
-
 /* 16 four-bit codes (8 bytes, low nibble first) as 32-bit lane indices. */
 static inline __m512i nibbles16(const uint8_t *p) {
   __m128i bytes = _mm_loadl_epi64((const __m128i *)(const void *)p);
@@ -76,13 +64,13 @@ static void decode_codebook(const uint8_t *codes, int D, int bits, const float *
 
 static void decode_turbo_k(const ci_paged_kv *kv, const uint8_t *row, float *x) {
   const int D = kv->head_dim, bits = kv->format.k_bits;
-  const float nu = load_f16(row + (size_t)D * bits / 8);
+  const float nu = ci_f16_load(row + (size_t)D * bits / 8);
   decode_codebook(row, D, bits, &nu, D, x);
 }
 
 static void decode_turbo_v(const ci_paged_kv *kv, const uint8_t *row, float *x) {
   const int D = kv->head_dim, bits = kv->format.v_bits;
-  const float nu = load_f16(row + (size_t)D * bits / 8);
+  const float nu = ci_f16_load(row + (size_t)D * bits / 8);
   decode_codebook(row, D, bits, &nu, D, x);
 }
 
@@ -90,7 +78,7 @@ static void decode_turbo_v_value(const ci_paged_kv *kv, const uint8_t *row, floa
   const int D = kv->head_dim, bits = kv->format.v_bits;
   float scales[CI_MAX_HEAD_DIM / 32];
   const uint8_t *r = row + (size_t)D * bits / 8;
-  for (int g = 0; g < D / 32; g++) scales[g] = load_f16(r + 2 * g);
+  for (int g = 0; g < D / 32; g++) scales[g] = ci_f16_load(r + 2 * g);
   decode_codebook(row, D, bits, scales, 32, x);
 }
 
@@ -104,8 +92,8 @@ static void decode_affine(const ci_paged_kv *kv, const uint8_t *row, float *x) {
     __m512i codes = bits == 8 ? _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + i)))
                               : nibbles16(row + i / 2);
     __m512 prod =
-        _mm512_mul_ps(_mm512_set1_ps(load_bf16(scales + 2 * g)), _mm512_cvtepi32_ps(codes));
-    _mm512_storeu_ps(x + i, _mm512_add_ps(prod, _mm512_set1_ps(load_bf16(biases + 2 * g))));
+        _mm512_mul_ps(_mm512_set1_ps(ci_bf16_load(scales + 2 * g)), _mm512_cvtepi32_ps(codes));
+    _mm512_storeu_ps(x + i, _mm512_add_ps(prod, _mm512_set1_ps(ci_bf16_load(biases + 2 * g))));
   }
 }
 
@@ -117,8 +105,8 @@ static void decode_turbo_v_key(const ci_paged_kv *kv, const uint8_t *row, float 
     const int g = i / 32;
     __m512i codes = bits == 8 ? _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(row + i)))
                               : nibbles16(row + i / 2);
-    __m512 sum = _mm512_add_ps(_mm512_cvtepi32_ps(codes), _mm512_set1_ps(load_f16(zp + 2 * g)));
-    _mm512_storeu_ps(x + i, _mm512_mul_ps(sum, _mm512_set1_ps(load_f16(sc + 2 * g))));
+    __m512 sum = _mm512_add_ps(_mm512_cvtepi32_ps(codes), _mm512_set1_ps(ci_f16_load(zp + 2 * g)));
+    _mm512_storeu_ps(x + i, _mm512_mul_ps(sum, _mm512_set1_ps(ci_f16_load(sc + 2 * g))));
   }
 }
 
