@@ -140,11 +140,11 @@ static void test_batch_invariance(void **state) {
   ci_engine_stats st;
   for (int tries = 0; tries < 100; tries++) { /* the sweep runs at the next boundary */
     ci_engine_get_stats(e, &st);
-    if (st.running == 0 && st.blocks_used == 0) break;
+    if (st.running == 0 && st.blocks_used == st.prefix_cache_blocks) break;
     struct timespec ts = {0, 10000000};
     nanosleep(&ts, NULL);
   }
-  assert_int_equal(st.blocks_used, 0);
+  assert_int_equal(st.blocks_used, st.prefix_cache_blocks); /* only the prefix cache holds KV */
   ci_engine_free(e);
 }
 
@@ -173,11 +173,11 @@ static void test_cancel_frees_blocks(void **state) {
   ci_engine_request_release(r);
   for (int tries = 0; tries < 100; tries++) {
     ci_engine_get_stats(e, &st);
-    if (st.blocks_used == 0 && st.running == 0) break;
+    if (st.blocks_used == st.prefix_cache_blocks && st.running == 0) break;
     struct timespec ts = {0, 10000000};
     nanosleep(&ts, NULL);
   }
-  assert_int_equal(st.blocks_used, 0);
+  assert_int_equal(st.blocks_used, st.prefix_cache_blocks);
   assert_int_equal(st.requests_cancelled, 1);
   /* released without reading: the engine cancels it */
   assert_int_equal(ci_engine_submit(e, &job, &r), CI_ENGINE_SUBMITTED);
@@ -235,11 +235,144 @@ static void test_admission(void **state) {
   ci_engine_free(e);
 }
 
+/* Runs one greedy job to the end on `e`; returns the token count, fills the DONE event. */
+static int run_job(ci_engine *e, const ci_engine_job *job, int32_t *out, ci_engine_event *done) {
+  ci_engine_request *r;
+  assert_int_equal(ci_engine_submit(e, job, &r), CI_ENGINE_SUBMITTED);
+  const int n = collect(r, out, done);
+  ci_engine_request_release(r);
+  return n;
+}
+
+/* Prefix cache (generation.md §7, invariant 6): a repeated prompt, a prompt extending an earlier
+ * conversation, and a fully cached prompt (one token forwarded) give the tokens the same request
+ * gives with no cache, for bf16 and for quantized plans (converted and not yet converted
+ * blocks); cached_tokens is the attached length, a multiple of the block size. */
+static void test_prefix_cache(void **state) {
+  fixture *f = *state;
+  enum { N_PLANS = 4, P = 70, GEN = 10 };
+  for (int plan = 0; plan < N_PLANS; plan++) {
+    int32_t prompt[128];
+    ci_engine_job job;
+    make_job(0, prompt, &job);
+    for (int t = 0; t < P; t++) prompt[t] = 200 + (int32_t)((t * 53 + plan * 7) % 2500);
+    job.n_prompt = P;
+    job.max_tokens = GEN;
+    if (plan > 0) {
+      job.kv_plan = CI_KV_PLAN_TARGET;
+      assert_int_equal(ci_kv_format_parse(plan == 1 ? "turbo" : "affine", 4, 0, 64, &job.kv_target),
+                       0);
+      /* converted blocks (from the first chunk, from 40); bf16 blocks below a later start */
+      static const int64_t starts[N_PLANS] = {0, 0, 40, 100};
+      job.kv_start = starts[plan];
+    }
+    /* the three prompts: X, X again (cached), then X + its answer + more (a next turn), and
+     * X's first 65 tokens (fully cached: 64 = P - 1) */
+    int32_t ref[3][MAX_GEN], got[MAX_GEN];
+    int n_ref[3];
+    ci_engine_event done;
+    ci_engine_options o;
+    ci_engine_options_default(&o);
+    o.prefill_chunk = 7;
+    o.batch_tokens = 64;
+    o.ctx_size = 256;
+    o.prefix_cache_bytes = 0;
+    ci_engine *plain = ci_engine_create(f->model, &o);
+    assert_non_null(plain);
+    n_ref[0] = run_job(plain, &job, ref[0], &done);
+    int32_t next[128];
+    memcpy(next, prompt, P * sizeof *next);
+    memcpy(next + P, ref[0], (size_t)n_ref[0] * sizeof *next);
+    for (int t = 0; t < 20; t++) next[P + n_ref[0] + t] = 300 + t;
+    ci_engine_job next_job = job;
+    next_job.prompt = next;
+    next_job.n_prompt = P + n_ref[0] + 20;
+    n_ref[1] = run_job(plain, &next_job, ref[1], &done);
+    assert_int_equal(done.cached_tokens, 0);
+    ci_engine_job short_job = job;
+    short_job.n_prompt = 65;
+    n_ref[2] = run_job(plain, &short_job, ref[2], &done);
+    ci_engine_free(plain);
+
+    o.prefix_cache_bytes = 64 << 20;
+    ci_engine *e = ci_engine_create(f->model, &o);
+    assert_non_null(e);
+    int n = run_job(e, &job, got, &done);
+    assert_int_equal(done.cached_tokens, 0);
+    assert_int_equal(n, n_ref[0]);
+    assert_memory_equal(got, ref[0], (size_t)n * sizeof *got);
+    n = run_job(e, &job, got, &done); /* X again: 4 full blocks of its 69 forwardable tokens */
+    assert_int_equal(done.cached_tokens, 64);
+    assert_int_equal(n, n_ref[0]);
+    assert_memory_equal(got, ref[0], (size_t)n * sizeof *got);
+    n = run_job(e, &next_job, got, &done); /* X's stored 79 tokens: 4 full blocks */
+    assert_int_equal(done.cached_tokens, 64);
+    assert_int_equal(n, n_ref[1]);
+    assert_memory_equal(got, ref[1], (size_t)n * sizeof *got);
+    n = run_job(e, &short_job, got, &done);
+    assert_int_equal(done.cached_tokens, 64);
+    assert_int_equal(n, n_ref[2]);
+    assert_memory_equal(got, ref[2], (size_t)n * sizeof *got);
+
+    ci_engine_stats st;
+    for (int tries = 0; tries < 100; tries++) {
+      ci_engine_get_stats(e, &st);
+      if (st.running == 0 && st.blocks_used == st.prefix_cache_blocks) break;
+      struct timespec ts = {0, 10000000};
+      nanosleep(&ts, NULL);
+    }
+    assert_int_equal(st.blocks_used, st.prefix_cache_blocks);
+    assert_true(st.prefix_cache_blocks > 0);
+    assert_int_equal(st.prefix_hits, 3);
+    assert_int_equal(st.prefix_misses, 1);
+    assert_int_equal(st.cached_tokens, 3 * 64);
+    ci_engine_free(e);
+  }
+}
+
+/* The byte cap: with room for a few blocks only, the cache evicts down to the cap at each
+ * finish and still serves what it kept. */
+static void test_prefix_cache_cap(void **state) {
+  fixture *f = *state;
+  ci_engine_options o;
+  ci_engine_options_default(&o);
+  o.ctx_size = 256;
+  o.prefix_cache_bytes = 1; /* resolved below to a few blocks' worth */
+  ci_engine *probe = ci_engine_create(f->model, &o);
+  assert_non_null(probe);
+  const int64_t per_block = ci_engine_reservation_bytes(probe, 16);
+  ci_engine_free(probe);
+  o.prefix_cache_bytes = 3 * per_block;
+  ci_engine *e = ci_engine_create(f->model, &o);
+  assert_non_null(e);
+  int32_t prompt[128], got[MAX_GEN];
+  ci_engine_job job;
+  make_job(0, prompt, &job);
+  ci_engine_event done;
+  for (int round = 0; round < 4; round++) {
+    for (int t = 0; t < 100; t++) prompt[t] = 100 + (int32_t)((t * 31 + round * 977) % 2900);
+    job.n_prompt = 100;
+    job.max_tokens = 4;
+    run_job(e, &job, got, &done);
+    ci_engine_stats st;
+    for (int tries = 0; tries < 100; tries++) {
+      ci_engine_get_stats(e, &st);
+      if (st.running == 0 && st.blocks_used == st.prefix_cache_blocks) break;
+      struct timespec ts = {0, 10000000};
+      nanosleep(&ts, NULL);
+    }
+    assert_true(st.prefix_cache_bytes <= 3 * per_block);
+    assert_true(st.prefix_cache_bytes > 0);
+    assert_int_equal(st.blocks_used, st.prefix_cache_blocks);
+  }
+  ci_engine_free(e);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_batch_invariance),
-      cmocka_unit_test(test_cancel_frees_blocks),
-      cmocka_unit_test(test_admission),
+      cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_cancel_frees_blocks),
+      cmocka_unit_test(test_admission),        cmocka_unit_test(test_prefix_cache),
+      cmocka_unit_test(test_prefix_cache_cap),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

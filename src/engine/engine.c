@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "base/timing.h"
+#include "engine/prefix_cache.h"
 #include "sample/logprobs.h"
 
 #include <errno.h>
@@ -38,7 +39,10 @@ struct ci_engine_request {
   int64_t reservation; /* bytes */
   /* engine-side progress */
   ci_kv_seq *seq;
-  int n_prefilled; /* prompt tokens whose KV is stored */
+  int n_prefilled;   /* prompt tokens whose KV is stored */
+  int cached;        /* of which the prefix cache supplied */
+  int64_t pc_blocks; /* full blocks registered in the prefix cache ... */
+  int pc_converted;  /* ... in this conversion state */
   int generated;
   int32_t pending; /* last sampled token, not yet forwarded */
   double t_submit, t_admit, t_first, t_last;
@@ -54,6 +58,8 @@ struct ci_engine {
   ci_model *model;
   ci_engine_options o;
   ci_kv_cache *cache;
+  ci_prefix_cache *prefix; /* NULL when off; engine thread only */
+  uint64_t model_key;
   float *logits;
   pthread_t thread;
   pthread_mutex_t mu; /* queue, running list, refs, cancel flags, stats */
@@ -183,6 +189,7 @@ void ci_engine_options_default(ci_engine_options *o) {
   o->max_queue = 256;
   o->block_tokens = 16;
   o->base = CI_KV_BF16;
+  o->prefix_cache_bytes = (int64_t)2 << 30;
 }
 
 static void *engine_main(void *arg);
@@ -211,11 +218,25 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
   if (e->o.kv_budget_bytes <= 0)
     e->o.kv_budget_bytes = (int64_t)e->o.batch * ci_engine_reservation_bytes(e, e->o.ctx_size);
   e->stats.kv_budget_bytes = e->o.kv_budget_bytes;
+  if (e->o.prefix_cache_bytes < 0) e->o.prefix_cache_bytes = 0;
+  if (e->o.prefix_cache_bytes > e->o.kv_budget_bytes)
+    e->o.prefix_cache_bytes = e->o.kv_budget_bytes;
+  e->stats.prefix_cache_max_bytes = e->o.prefix_cache_bytes;
+  e->model_key = ci_prefix_key_mix(
+      ci_prefix_key_mix((uint64_t)model->spec.vocab, (uint64_t)model->spec.hidden),
+      (uint64_t)model->spec.n_layers);
+  if (e->o.prefix_cache_bytes > 0 && !(e->prefix = ci_prefix_cache_create(e->cache))) {
+    ci_kv_cache_free(e->cache);
+    free(e->logits);
+    free(e);
+    return NULL;
+  }
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cv, NULL);
   if (pthread_create(&e->thread, NULL, engine_main, e)) {
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
+    ci_prefix_cache_free(e->prefix);
     ci_kv_cache_free(e->cache);
     free(e->logits);
     free(e);
@@ -308,6 +329,77 @@ ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
 
 /* ==== The engine thread ==== */
 
+/* ==== Prefix cache ==== */
+
+/* The prefix-cache key of a sequence's KV state: the model, the sequence's codec plan (target
+ * of every layer group, start) and whether (and where) it converted; sequences whose stored
+ * bytes would be equal share keys. */
+static uint64_t prefix_key(const ci_engine *e, const ci_kv_seq *seq, int converted, int64_t c) {
+  uint64_t key = e->model_key;
+  if (seq->has_plan) {
+    for (int g = 0; g < seq->cache->n_groups; g++) {
+      const ci_kv_block_table *t = &seq->tables[g];
+      /* after conversion has_target is cleared and the pool's format is the target */
+      const ci_kv_format *f = t->has_target ? &t->target : &t->pool->format;
+      key = ci_prefix_key_mix(key, (uint64_t)f->codec);
+      key = ci_prefix_key_mix(key, (uint64_t)f->k_bits << 16 | (uint64_t)f->v_bits << 8);
+      key = ci_prefix_key_mix(key, (uint64_t)f->group_size);
+    }
+    key = ci_prefix_key_mix(key, (uint64_t)seq->start);
+    key = ci_prefix_key_mix(key, converted ? (uint64_t)c + 1 : 0);
+  }
+  return key;
+}
+
+/* Registers the request's full blocks when new ones filled since the last time (or always
+ * when `force`). Engine thread. */
+static void register_prefix(ci_engine *e, ci_engine_request *r, int force) {
+  if (!e->prefix || !r->seq) return;
+  const ci_kv_seq *seq = r->seq;
+  const int64_t blocks = seq->n / e->cache->block_tokens;
+  if (!force && blocks == r->pc_blocks && seq->converted == r->pc_converted) return;
+  if (blocks == 0) return;
+  /* a converting plan whose sequence has not converted registers base-format blocks only
+   * below the start (the attach rule) */
+  const uint64_t key = prefix_key(e, seq, seq->converted, seq->conversion_offset);
+  if (ci_prefix_cache_insert(e->prefix, key, r->history, seq) == CI_OK) {
+    r->pc_blocks = blocks;
+    r->pc_converted = seq->converted;
+  }
+}
+
+/* Attaches the longest usable cached prefix of a newly admitted request's prompt (at least one
+ * prompt token is left to forward). Engine thread, at admission. */
+static void attach_prefix(ci_engine *e, ci_engine_request *r) {
+  if (!e->prefix) return;
+  ci_kv_seq *seq = r->seq;
+  const int64_t max_p = r->n_prompt - 1;
+  int64_t p = 0;
+  if (seq->has_plan) {
+    /* converted blocks: the conversion offset the request would reach on its own (its start,
+     * or the end of its first chunk when the start is 0) */
+    int64_t c = seq->start;
+    if (c == 0) {
+      c = r->n_prompt;
+      if (c > e->o.prefill_chunk) c = e->o.prefill_chunk;
+      if (c > e->o.batch_tokens) c = e->o.batch_tokens;
+    }
+    p = ci_prefix_cache_attach(e->prefix, prefix_key(e, seq, 1, c), r->history, c, max_p, seq, 1,
+                               c);
+    if (p == 0 && seq->start > 0) {
+      const int64_t below_start = seq->start - 1 < max_p ? seq->start - 1 : max_p;
+      p = ci_prefix_cache_attach(e->prefix, prefix_key(e, seq, 0, 0), r->history, 0, below_start,
+                                 seq, 0, 0);
+    }
+  } else {
+    p = ci_prefix_cache_attach(e->prefix, prefix_key(e, seq, 0, 0), r->history, 0, max_p, seq, 0,
+                               0);
+  }
+  r->cached = r->n_prefilled = (int)p;
+  r->pc_blocks = p / e->cache->block_tokens;
+  r->pc_converted = seq->converted;
+}
+
 /* Ends a request: last event, stats, blocks freed. Caller holds e->mu. */
 static void finish_locked(ci_engine *e, ci_engine_request *r, ci_finish_reason finish,
                           const char *error) {
@@ -327,11 +419,15 @@ static void finish_locked(ci_engine *e, ci_engine_request *r, ci_finish_reason f
       e->stats.requests_finished++;
   }
   ev.prompt_tokens = r->n_prompt;
+  ev.cached_tokens = r->cached;
   ev.generated_tokens = r->generated;
   ev.queue_seconds = (r->t_admit > 0 ? r->t_admit : now) - r->t_submit;
   ev.prefill_seconds = r->t_first > 0 ? r->t_first - r->t_admit : 0;
   ev.decode_seconds = r->t_first > 0 ? r->t_last - r->t_first : 0;
   r->state = REQ_FINISHED;
+  /* the stored KV outlives the request in the prefix cache (not after a failed step, whose
+   * writes may be partial, nor at shutdown) */
+  if (!error && r->seq && !e->stopping) register_prefix(e, r, 1);
   ci_kv_seq_free(r->seq);
   r->seq = NULL;
   push_event(r, &ev);
@@ -372,6 +468,9 @@ static void admit_locked(ci_engine *e) {
     if (!r->cancelled) {
       if (e->n_running >= e->o.batch) break;
       if (e->reserved + r->reservation > e->o.kv_budget_bytes) break;
+      /* blocks only the prefix cache holds live inside the budget and give way to requests */
+      if (e->prefix)
+        ci_prefix_cache_trim(e->prefix, e->o.kv_budget_bytes - e->reserved - r->reservation);
     }
     e->queue_head = r->next;
     if (!e->queue_head) e->queue_tail = NULL;
@@ -394,10 +493,15 @@ static void admit_locked(ci_engine *e) {
       request_unref_locked(r);
       continue;
     }
+    attach_prefix(e, r);
     r->t_admit = ci_now_seconds();
     r->state = REQ_PREFILL;
     e->reserved += r->reservation;
-    e->stats.prefix_misses++;
+    if (r->cached > 0)
+      e->stats.prefix_hits++;
+    else
+      e->stats.prefix_misses++;
+    e->stats.cached_tokens += r->cached;
     /* append to the running list (admission order) */
     ci_engine_request **tail = &e->running;
     while (*tail) tail = &(*tail)->next;
@@ -408,6 +512,7 @@ static void admit_locked(ci_engine *e) {
 
 /* Removes finished and cancelled sequences. Caller holds e->mu. */
 static void sweep_locked(ci_engine *e) {
+  int finished = 0;
   ci_engine_request **link = &e->running;
   while (*link) {
     ci_engine_request *r = *link;
@@ -420,10 +525,12 @@ static void sweep_locked(ci_engine *e) {
       e->stats.prompt_tokens += r->n_prompt;
       e->stats.generated_tokens += r->generated;
       request_unref_locked(r);
+      finished = 1;
     } else {
       link = &r->next;
     }
   }
+  if (finished && e->prefix) ci_prefix_cache_trim(e->prefix, e->o.prefix_cache_bytes);
 }
 
 /* What a request wants this step: its rows and whether they end with a sampled token. */
@@ -494,6 +601,8 @@ static void engine_step(ci_engine *e) {
       pthread_mutex_unlock(&e->mu);
     }
   }
+  for (int i = 0; i < n_entries; i++)
+    if (entries[i].r->state != REQ_FINISHED) register_prefix(e, entries[i].r, 0);
   pthread_mutex_lock(&e->mu);
   e->stats.steps++;
   e->stats.step_rows += rows;
@@ -512,6 +621,13 @@ static void *engine_main(void *arg) {
     e->stats.reserved_bytes = e->reserved;
     e->stats.blocks_used = ci_kv_cache_blocks_used(e->cache);
     e->stats.bytes_used = ci_kv_cache_bytes_used(e->cache);
+    if (e->prefix) {
+      ci_prefix_cache_stats pcs;
+      ci_prefix_cache_get_stats(e->prefix, &pcs);
+      e->stats.prefix_cache_bytes = pcs.bytes;
+      e->stats.prefix_cache_blocks = pcs.blocks;
+      e->stats.prefix_cache_entries = pcs.nodes;
+    }
     if (e->n_running == 0) {
       pthread_cond_wait(&e->cv, &e->mu);
       continue;
@@ -558,6 +674,7 @@ void ci_engine_free(ci_engine *e) {
   ci_engine_stop(e);
   pthread_mutex_destroy(&e->mu);
   pthread_cond_destroy(&e->cv);
+  ci_prefix_cache_free(e->prefix);
   ci_kv_cache_free(e->cache);
   free(e->logits);
   free(e);

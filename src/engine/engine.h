@@ -22,15 +22,17 @@ typedef struct ci_engine_request ci_engine_request;
 enum { CI_ENGINE_MAX_TOP_LOGPROBS = 20 };
 
 typedef struct {
-  int batch;               /* max running sequences (default 8) */
-  int batch_tokens;        /* rows per step (default 2048) */
-  int prefill_chunk;       /* prompt tokens per prefill chunk (default 2048) */
-  int max_queue;           /* waiting requests beyond which submit answers "queue full" (256) */
-  int ctx_size;            /* per-request context limit; 0 = the model's max_position */
-  int block_tokens;        /* KV block size T (16) */
-  ci_kv_codec base;        /* what every sequence starts in (bf16) */
-  int64_t kv_budget_bytes; /* KV bytes all running reservations share; 0 = batch x the
-                              reservation of one ctx_size request */
+  int batch;                  /* max running sequences (default 8) */
+  int batch_tokens;           /* rows per step (default 2048) */
+  int prefill_chunk;          /* prompt tokens per prefill chunk (default 2048) */
+  int max_queue;              /* waiting requests beyond which submit answers "queue full" (256) */
+  int ctx_size;               /* per-request context limit; 0 = the model's max_position */
+  int block_tokens;           /* KV block size T (16) */
+  ci_kv_codec base;           /* what every sequence starts in (bf16) */
+  int64_t kv_budget_bytes;    /* KV bytes all running reservations share; 0 = batch x the
+                                 reservation of one ctx_size request */
+  int64_t prefix_cache_bytes; /* cap on KV bytes only the prefix cache holds (2 GiB); 0 turns
+                                 the prefix cache off; never more than the KV budget */
 } ci_engine_options;
 
 /* One job: a tokenized prompt and how to continue it. The prompt is copied by submit. */
@@ -85,6 +87,8 @@ typedef struct {
   int64_t requests_finished, requests_cancelled, requests_failed;
   int64_t prompt_tokens, cached_tokens, generated_tokens, steps, step_rows;
   int64_t prefix_hits, prefix_misses;
+  int64_t prefix_cache_bytes, prefix_cache_max_bytes; /* bytes only the cache holds; its cap */
+  int64_t prefix_cache_blocks, prefix_cache_entries;  /* blocks it references; chain nodes */
 } ci_engine_stats;
 
 /* Fills the defaults listed above. */

@@ -202,19 +202,34 @@ int64_t ci_kv_seq_chunk_limit(const ci_kv_seq *seq) {
   return INT64_MAX;
 }
 
+/* Grows a table to hold at least n entries. */
+static int table_reserve(ci_kv_block_table *table, int64_t n) {
+  if (n <= table->capacity) return CI_OK;
+  int64_t capacity = table->capacity ? table->capacity : 16;
+  while (capacity < n) capacity *= 2;
+  int32_t *entries = realloc(table->entries, (size_t)capacity * sizeof *entries);
+  if (!entries) return ci_fail("kv sequence: out of memory");
+  table->entries = entries;
+  table->capacity = capacity;
+  return CI_OK;
+}
+
 int ci_kv_seq_reserve(ci_kv_seq *seq, int64_t n_new) {
   const int64_t T = seq->cache->block_tokens;
   int64_t needed = (seq->n + n_new + T - 1) / T;
   for (int g = 0; g < seq->cache->n_groups; g++) {
     ci_kv_block_table *table = &seq->tables[g];
-    if (needed > table->capacity) {
-      int64_t capacity = table->capacity ? table->capacity : 16;
-      while (capacity < needed) capacity *= 2;
-      int32_t *entries = realloc(table->entries, (size_t)capacity * sizeof *entries);
-      if (!entries) return ci_fail("kv sequence: out of memory");
-      table->entries = entries;
-      table->capacity = capacity;
+    /* copy-on-write: the step writes from position n on, so only the block holding n can be a
+     * shared block that is written (full blocks are never written again) */
+    const int64_t last = seq->n / T;
+    if (n_new > 0 && seq->n % T && last < table->n_entries && table->entries[last] >= 0 &&
+        ci_kv_pool_refcount(table->pool, table->entries[last]) > 1) {
+      const int32_t copy = ci_kv_pool_copy_block(table->pool, table->entries[last]);
+      if (copy < 0) return CI_ERR;
+      ci_kv_pool_release(table->pool, table->entries[last]);
+      table->entries[last] = copy;
     }
+    if (table_reserve(table, needed)) return CI_ERR;
     while (table->n_entries < needed) {
       int32_t id = ci_kv_pool_alloc(table->pool);
       if (id < 0) return CI_ERR;
@@ -298,6 +313,78 @@ int ci_kv_seq_commit(ci_kv_seq *seq, int64_t n_new) {
     seq->conversion_offset = seq->n;
   }
   return CI_OK;
+}
+
+ci_kv_block_ref ci_kv_seq_block(const ci_kv_seq *seq, int g, int64_t i) {
+  const ci_kv_block_table *table = &seq->tables[g];
+  return (ci_kv_block_ref){table->pool, i >= 0 && i < table->n_entries ? table->entries[i] : -1};
+}
+
+int ci_kv_seq_attach(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *refs, int converted,
+                     int64_t conversion_offset) {
+  ci_kv_cache *cache = seq->cache;
+  const int64_t T = cache->block_tokens, p = n_blocks * T;
+  if (seq->n != 0) return ci_fail("kv attach: the sequence is not empty");
+  if (n_blocks < 1) return ci_fail("kv attach: no blocks");
+  if (converted && (!seq->has_plan || conversion_offset > p))
+    return ci_fail("kv attach: converted blocks need a plan that converted by position %lld",
+                   (long long)p);
+  if (!converted && seq->has_plan && p >= seq->start)
+    return ci_fail("kv attach: %lld base-format positions reach the plan's start %lld",
+                   (long long)p, (long long)seq->start);
+  /* check everything before taking any reference */
+  ci_kv_pool **pools = calloc((size_t)cache->n_groups, sizeof *pools);
+  int64_t *first_live = calloc((size_t)cache->n_groups, sizeof *first_live);
+  if (!pools || !first_live) {
+    free(pools);
+    free(first_live);
+    return ci_fail("kv attach: out of memory");
+  }
+  int status = CI_OK;
+  for (int g = 0; g < cache->n_groups && status == CI_OK; g++) {
+    const ci_kv_group *group = &cache->groups[g];
+    const ci_kv_block_table *table = &seq->tables[g];
+    const ci_kv_format *want =
+        converted && table->has_target ? &table->target : &table->pool->format;
+    /* sliding groups: the next query (position p) sees positions >= p - W + 1 */
+    const int64_t oldest =
+        group->window > 0 && p - group->window + 1 > 0 ? p - group->window + 1 : 0;
+    first_live[g] = oldest / T;
+    for (int64_t i = first_live[g]; i < n_blocks && status == CI_OK; i++) {
+      const ci_kv_block_ref *ref = &refs[i * cache->n_groups + g];
+      if (ref->id < 0 || !ref->pool)
+        status = ci_fail("kv attach: block %lld of layer group %d is not held", (long long)i, g);
+      else if (!ci_kv_format_equal(&ref->pool->format, want))
+        status = ci_fail("kv attach: block %lld of layer group %d is in another format",
+                         (long long)i, g);
+      else if (pools[g] && pools[g] != ref->pool)
+        status = ci_fail("kv attach: the blocks of layer group %d are in different pools", g);
+      pools[g] = ref->pool;
+    }
+    if (status == CI_OK) status = table_reserve(&seq->tables[g], n_blocks);
+  }
+  if (status == CI_OK) {
+    for (int g = 0; g < cache->n_groups; g++) {
+      ci_kv_block_table *table = &seq->tables[g];
+      for (int64_t i = 0; i < n_blocks; i++) {
+        const ci_kv_block_ref *ref = &refs[i * cache->n_groups + g];
+        table->entries[i] = i >= first_live[g] ? ref->id : -1;
+        if (i >= first_live[g]) ci_kv_pool_retain(ref->pool, ref->id);
+      }
+      table->n_entries = n_blocks;
+      table->first_live = first_live[g];
+      if (pools[g]) table->pool = pools[g];
+      if (converted) table->has_target = 0;
+    }
+    seq->n = p;
+    if (converted) {
+      seq->converted = 1;
+      seq->conversion_offset = conversion_offset;
+    }
+  }
+  free(pools);
+  free(first_live);
+  return status;
 }
 
 ci_paged_kv ci_kv_seq_view(const ci_kv_seq *seq, int layer) {

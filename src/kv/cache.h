@@ -68,6 +68,13 @@ typedef struct {
   int64_t conversion_offset; /* n at conversion */
 } ci_kv_seq;
 
+/* One block of one group as a prefix-cache entry holds it: its pool (format) and id; id -1 when
+ * the sequence it came from no longer held it (a sliding group released it). */
+typedef struct {
+  ci_kv_pool *pool;
+  int32_t id;
+} ci_kv_block_ref;
+
 /* Builds a cache for n_layers cache-owning layers whose sequences start in `base` (bf16 or f32)
  * with T = block_tokens. max_blocks_per_group 0 = unbounded. Returns NULL with ci_last_error. */
 ci_kv_cache *ci_kv_cache_create(ci_backend *be, int n_layers, const ci_kv_layer_desc *layers,
@@ -104,14 +111,30 @@ int ci_kv_seq_set_layer_plan(ci_kv_seq *seq, const ci_kv_format *targets, int64_
  * `start` (kv.md §5 "exact crossing"); INT64_MAX when unconstrained. */
 int64_t ci_kv_seq_chunk_limit(const ci_kv_seq *seq);
 
-/* Makes sure blocks exist for positions [n, n + n_new) in every group (step contract item 2).
- * Returns CI_OK, or CI_ERR when the pool is exhausted (the sequence is left unchanged in
- * length; blocks already taken stay with it). */
+/* Makes sure blocks exist for positions [n, n + n_new) in every group (step contract item 2);
+ * a partly filled last block that other owners share is copied first (copy-on-write). Returns
+ * CI_OK, or CI_ERR when the pool is exhausted (the sequence is left unchanged in length; blocks
+ * already taken stay with it). */
 int ci_kv_seq_reserve(ci_kv_seq *seq, int64_t n_new);
 
 /* Ends a step: n += n_new, then sliding groups release blocks no future query can see, then the
  * plan's conversion runs if due. Returns CI_OK, or CI_ERR when conversion runs out of memory. */
 int ci_kv_seq_commit(ci_kv_seq *seq, int64_t n_new);
+
+/* Block i (positions [i*T, (i+1)*T)) of group g, id -1 when released or not yet allocated. */
+ci_kv_block_ref ci_kv_seq_block(const ci_kv_seq *seq, int g, int64_t i);
+
+/* Prefix reuse (kv.md §8 "attach"): makes an empty sequence whose plan is already set hold
+ * positions [0, n_blocks*T) by referencing existing blocks (no copy; each gains an owner).
+ * refs[i * n_groups + g] is block i of group g. `converted` says the blocks are in the plan's
+ * target formats: the sequence then counts as converted at `conversion_offset` (which must be
+ * <= n_blocks*T); otherwise they are in the base format and n_blocks*T must stay below the
+ * plan's start. Full groups need every block; sliding groups need those covering the last W
+ * positions (older ones are left released). Returns CI_OK, or CI_ERR naming the unmet
+ * condition with the sequence unchanged. Writes into shared blocks copy them first
+ * (ci_kv_seq_reserve). */
+int ci_kv_seq_attach(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *refs, int converted,
+                     int64_t conversion_offset);
 
 /* The paged view of cache layer `layer` for this sequence, for kv_store and attention. */
 ci_paged_kv ci_kv_seq_view(const ci_kv_seq *seq, int layer);

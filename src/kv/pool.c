@@ -103,6 +103,26 @@ int32_t ci_kv_pool_alloc(ci_kv_pool *pool) {
   return id;
 }
 
+int64_t ci_kv_pool_block_bytes(const ci_kv_pool *pool) {
+  return (int64_t)(pool->k_block_bytes + pool->v_block_bytes) * pool->n_layers;
+}
+
+int32_t ci_kv_pool_refcount(const ci_kv_pool *pool, int32_t id) {
+  return pool->refcount[id];
+}
+
+int32_t ci_kv_pool_copy_block(ci_kv_pool *pool, int32_t id) {
+  const int32_t copy = ci_kv_pool_alloc(pool); /* may move the storage: address blocks after */
+  if (copy < 0) return -1;
+  for (int l = 0; l < pool->n_layers; l++) {
+    memcpy(pool->k_data[l] + (size_t)copy * pool->k_block_bytes,
+           pool->k_data[l] + (size_t)id * pool->k_block_bytes, pool->k_block_bytes);
+    memcpy(pool->v_data[l] + (size_t)copy * pool->v_block_bytes,
+           pool->v_data[l] + (size_t)id * pool->v_block_bytes, pool->v_block_bytes);
+  }
+  return copy;
+}
+
 void ci_kv_pool_retain(ci_kv_pool *pool, int32_t id) {
   pool->refcount[id]++;
 }

@@ -47,6 +47,16 @@ void ci_kv_pool_destroy(ci_kv_pool *pool);
  * ci_last_error when the pool is at max_blocks or memory runs out. */
 int32_t ci_kv_pool_alloc(ci_kv_pool *pool);
 
+/* Bytes one block takes over every layer of the pool (K and V). */
+int64_t ci_kv_pool_block_bytes(const ci_kv_pool *pool);
+
+/* Owners of a block (0 = free). */
+int32_t ci_kv_pool_refcount(const ci_kv_pool *pool, int32_t id);
+
+/* A new block (refcount 1) holding a copy of block `id` in every layer: the copy half of
+ * copy-on-write. Returns its id, or -1 with ci_last_error when the pool is full. */
+int32_t ci_kv_pool_copy_block(ci_kv_pool *pool, int32_t id);
+
 /* Adds an owner to a block (prefix cache, forked sequence). */
 void ci_kv_pool_retain(ci_kv_pool *pool, int32_t id);
 

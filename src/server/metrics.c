@@ -47,7 +47,7 @@ char *ci_server_metrics_text(ci_server *s) {
       {"cinfer_requests_waiting", "gauge", st.waiting},
       {"cinfer_kv_bytes_budget", "gauge", st.kv_budget_bytes},
       {"cinfer_kv_bytes_reserved", "gauge", st.reserved_bytes},
-      {"cinfer_prefix_cache_bytes", "gauge", 0},
+      {"cinfer_prefix_cache_bytes", "gauge", st.prefix_cache_bytes},
   };
   for (size_t i = 0; i < sizeof simple / sizeof simple[0]; i++)
     ci_strbuf_appendf(&b, "# TYPE %s %s\n%s %lld\n", simple[i].name, simple[i].type, simple[i].name,
@@ -71,7 +71,8 @@ json_t *ci_server_stats_json(ci_server *s) {
   const ci_model_spec *spec = &s->o.model->spec;
   return json_pack(
       "{s:{s:s, s:s, s:s, s:i, s:I, s:I}, s:{s:i, s:i, s:i}, s:{s:I, s:I, s:I, s:I}, "
-      "s:{s:i, s:i, s:i, s:I, s:I}, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I}}",
+      "s:{s:i, s:i, s:i, s:I, s:I}, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I}, "
+      "s:{s:I, s:I, s:I, s:I, s:I, s:I}}",
       "server", "version", "0.1", "model", s->o.model_id, "device", "cpu", "threads", s->o.threads,
       "started_at", (json_int_t)s->started_at, "uptime_s",
       (json_int_t)(time(NULL) - (time_t)s->started_at), "model", "layers", spec->n_layers,
@@ -84,5 +85,8 @@ json_t *ci_server_stats_json(ci_server *s) {
       "requests_failed", (json_int_t)st.requests_failed, "prompt_tokens",
       (json_int_t)st.prompt_tokens, "generation_tokens", (json_int_t)st.generated_tokens,
       "prefix_cache_hits", (json_int_t)st.prefix_hits, "prefix_cache_misses",
-      (json_int_t)st.prefix_misses);
+      (json_int_t)st.prefix_misses, "prefix_cache", "entries", (json_int_t)st.prefix_cache_entries,
+      "blocks", (json_int_t)st.prefix_cache_blocks, "bytes", (json_int_t)st.prefix_cache_bytes,
+      "max_bytes", (json_int_t)st.prefix_cache_max_bytes, "hits", (json_int_t)st.prefix_hits,
+      "misses", (json_int_t)st.prefix_misses);
 }

@@ -23,7 +23,7 @@ export async function stats() {
 export async function idle() {
   for (let i = 0; i < 200; i++) {
     const s = await stats();
-    if (s.batch.running === 0 && s.batch.waiting === 0 && s.kv.blocks_used === 0) return s;
+    if (s.batch.running === 0 && s.batch.waiting === 0 && s.kv.blocks_used === s.prefix_cache.blocks) return s;
     await new Promise((r) => setTimeout(r, 50));
   }
   return stats();

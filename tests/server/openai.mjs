@@ -16,6 +16,17 @@ check(r.usage.completion_tokens === 12 && r.usage.prompt_tokens > 0 &&
       r.usage.total_tokens === r.usage.prompt_tokens + 12, 'usage');
 check(r.usage.prompt_tokens_details.cached_tokens === 0, 'cached_tokens reported');
 
+// the prefix cache: a repeated long prompt reuses its full KV blocks and answers the same
+const shared = [{ role: 'system', content: 'You are a careful Python assistant. '.repeat(12) },
+  { role: 'user', content: 'Write a function that reverses a list.' }];
+const cold = await client.chat.completions.create({ model: 'x', messages: shared, max_tokens: 8, temperature: 0 });
+const warm = await client.chat.completions.create({ model: 'x', messages: shared, max_tokens: 8, temperature: 0 });
+check(cold.usage.prompt_tokens_details.cached_tokens === 0 &&
+      warm.usage.prompt_tokens_details.cached_tokens > 0 &&
+      warm.usage.prompt_tokens_details.cached_tokens < warm.usage.prompt_tokens &&
+      warm.choices[0].message.content === cold.choices[0].message.content,
+      `prefix cache hit (${warm.usage.prompt_tokens_details.cached_tokens} of ${warm.usage.prompt_tokens} cached)`);
+
 // streaming gives the same greedy text
 const stream = await client.chat.completions.create({ model: 'x', messages, max_tokens: 12, temperature: 0,
   stream: true, stream_options: { include_usage: true } });
@@ -83,6 +94,6 @@ try {
   for await (const _ of long) if (++n === 3) ctl.abort();
 } catch (e) { /* aborted */ }
 const st = await idle();
-check(st.kv.blocks_used === 0 && st.batch.running === 0, 'cancelled stream freed its blocks');
+check(st.kv.blocks_used === st.prefix_cache.blocks && st.batch.running === 0, 'cancelled stream freed its blocks');
 check(st.totals.requests_cancelled >= 1 && st.totals.generation_tokens < 2000 * 2, 'cancelled before max_tokens');
 console.log('openai: all passed');

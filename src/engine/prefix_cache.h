@@ -1,0 +1,62 @@
+/* Prefix cache (generation.md §7, kv.md §8): full KV blocks of running and finished sequences,
+ * content-addressed by a hash chained over the token ids of every block from the first, seeded
+ * with a key that names the model and the sequence's codec state (plan and conversion). A new
+ * request walks its prompt's chain, attaches the longest run of cached blocks its KV state
+ * allows, and prefills only the rest. Blocks are shared by reference (the cache holds one owner
+ * of each); writes into shared blocks copy them first (ci_kv_seq_reserve).
+ *
+ * Eviction is least-recently-used over leaves (a block whose successors are gone), so a chain is
+ * always shortened from its end. The byte cap counts blocks only the cache holds: blocks a
+ * running sequence also holds cost nothing extra.
+ *
+ * Ownership: the cache holds references to blocks of `kv` (which must outlive it); it is used by
+ * one thread (the engine's). */
+#ifndef CI_ENGINE_PREFIX_CACHE_H
+#define CI_ENGINE_PREFIX_CACHE_H
+
+#include "kv/cache.h"
+
+#include <stdint.h>
+
+typedef struct ci_prefix_cache ci_prefix_cache;
+
+typedef struct {
+  int64_t blocks;    /* cached blocks (one per group per entry node) */
+  int64_t nodes;     /* chain nodes (T tokens each) */
+  int64_t bytes;     /* bytes of blocks only the cache holds */
+  int64_t evictions; /* nodes evicted so far */
+} ci_prefix_cache_stats;
+
+/* An empty cache over `kv`. NULL with ci_last_error when out of memory. */
+ci_prefix_cache *ci_prefix_cache_create(ci_kv_cache *kv);
+
+/* Releases every cached block and frees the cache. NULL is a no-op. */
+void ci_prefix_cache_free(ci_prefix_cache *pc);
+
+/* Registers the full blocks of `seq` (positions [0, floor(n/T)*T), whose token ids are
+ * tokens[0..]) under `key`; blocks already cached under the same chain are left as they are.
+ * Returns CI_OK, or CI_ERR when out of memory (the cache stays consistent). */
+int ci_prefix_cache_insert(ci_prefix_cache *pc, uint64_t key, const int32_t *tokens,
+                           const ci_kv_seq *seq);
+
+/* Attaches to the empty sequence `seq` the longest cached prefix of tokens[0..n_tokens) under
+ * `key` whose length p is a multiple of T with min_p <= p <= max_p and that ci_kv_seq_attach
+ * accepts (`converted`, `conversion_offset` as there). Returns p (0 = miss, seq untouched). */
+int64_t ci_prefix_cache_attach(ci_prefix_cache *pc, uint64_t key, const int32_t *tokens,
+                               int64_t min_p, int64_t max_p, ci_kv_seq *seq, int converted,
+                               int64_t conversion_offset);
+
+/* Evicts least-recently-used entries until the bytes only the cache holds are <= max_bytes.
+ * Returns the bytes freed. */
+int64_t ci_prefix_cache_trim(ci_prefix_cache *pc, int64_t max_bytes);
+
+/* Current figures. */
+void ci_prefix_cache_get_stats(const ci_prefix_cache *pc, ci_prefix_cache_stats *stats);
+
+/* Bytes of blocks only the cache holds (what trimming could give back). */
+int64_t ci_prefix_cache_bytes(const ci_prefix_cache *pc);
+
+/* Folds v into a key (for building keys from the model and plan fields). */
+uint64_t ci_prefix_key_mix(uint64_t key, uint64_t v);
+
+#endif
