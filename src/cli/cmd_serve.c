@@ -22,11 +22,13 @@ static const char usage[] =
     "usage: cinfer serve --model DIR|org/name [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
     "                    [--alias NAME] [--batch N] [--batch-tokens N] [--max-queue N]\n"
     "                    [-c|--ctx-size N] [--memory-budget GB] [--prefill-chunk N]\n"
-    "                    [--max-body MiB] [--threads N] [sampling defaults: --temp "
-    "...]\n" CI_CLI_KV_USAGE
+    "                    [--prompt-cache GiB] [--max-body MiB] [--threads N]\n"
+    "                    [sampling defaults: --temp ...]\n" CI_CLI_KV_USAGE
     "Serves the OpenAI (/v1/chat/completions, /v1/completions, /v1/models) and Anthropic\n"
     "(/v1/messages) APIs plus /health, /metrics and /stats. --api-key (or CINFER_API_KEY; a\n"
-    "comma-separated list) requires `Authorization: Bearer KEY` or `x-api-key: KEY`.\n";
+    "comma-separated list) requires `Authorization: Bearer KEY` or `x-api-key: KEY`.\n"
+    "--prompt-cache caps the KV bytes the prefix cache keeps for reuse (default 2 GiB, within\n"
+    "the KV budget; 0 turns it off).\n";
 
 int ci_verb_serve(int argc, char **argv) {
   ci_flag flags[] = {{"--model", "-m", 1, NULL},
@@ -40,6 +42,7 @@ int ci_verb_serve(int argc, char **argv) {
                      {"--ctx-size", "-c", 1, NULL},
                      {"--memory-budget", NULL, 1, NULL},
                      {"--prefill-chunk", NULL, 1, NULL},
+                     {"--prompt-cache", NULL, 1, NULL},
                      {"--max-body", NULL, 1, NULL},
                      {"--threads", "-t", 1, NULL},
                      {"--help", "-h", 0, NULL},
@@ -77,6 +80,16 @@ int ci_verb_serve(int argc, char **argv) {
     budget_gb = strtod(budget_arg, &end);
     if (*end || !(budget_gb > 0)) {
       fprintf(stderr, "cinfer serve: --memory-budget must be a positive number of GB\n");
+      return 2;
+    }
+  }
+  double prompt_cache_gib = 2;
+  const char *prompt_cache_arg = ci_args_get(flags, nf, "--prompt-cache");
+  if (prompt_cache_arg) {
+    char *end;
+    prompt_cache_gib = strtod(prompt_cache_arg, &end);
+    if (*end || !(prompt_cache_gib >= 0) || prompt_cache_gib > 1e6) {
+      fprintf(stderr, "cinfer serve: --prompt-cache must be a number of GiB >= 0\n");
       return 2;
     }
   }
@@ -124,6 +137,7 @@ int ci_verb_serve(int argc, char **argv) {
   eo.max_queue = (int)max_queue;
   eo.ctx_size = (int)ctx_size;
   eo.base = kv_plan.base;
+  eo.prefix_cache_bytes = (int64_t)(prompt_cache_gib * (double)(1 << 30));
   if (budget_gb > 0) {
     const int64_t weights = ci_model_weight_bytes_per_token(cm.model);
     eo.kv_budget_bytes = (int64_t)(budget_gb * 1e9) - weights - (64LL << 20);
@@ -184,9 +198,11 @@ int ci_verb_serve(int argc, char **argv) {
   ci_engine_stats engine_stats;
   ci_engine_get_stats(engine, &engine_stats); /* the KV budget the engine resolved */
   fprintf(stderr,
-          "cinfer ready http://%s:%lld/v1 model=%s ctx=%d kv=%s batch=%lld kv-budget=%.2fGB\n",
+          "cinfer ready http://%s:%lld/v1 model=%s ctx=%d kv=%s batch=%lld kv-budget=%.2fGB "
+          "prompt-cache=%.2fGB\n",
           host, port, so.model_id, ci_engine_ctx_size(engine), kv_plan.quantized ? kv_name : "bf16",
-          batch, (double)engine_stats.kv_budget_bytes / 1e9);
+          batch, (double)engine_stats.kv_budget_bytes / 1e9,
+          (double)engine_stats.prefix_cache_max_bytes / 1e9);
   fprintf(stderr,
           "try: curl http://%s:%lld/v1/chat/completions -H 'Content-Type: application/json'%s%s%s "
           "-d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":64}'\n",
