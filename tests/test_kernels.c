@@ -509,6 +509,39 @@ static void test_threaded_matches_single(void **state) {
   ci_threadpool_free(pool);
 }
 
+/* ci_cpu_matmul_rows: every row of a many-row call (threaded, below and above the panel
+ * kernels' threshold) is bit-identical to a one-row call on that row alone. */
+static void test_matmul_rows_batch_invariant(void **state) {
+  (void)state;
+  test_rng rng = {11};
+  ci_threadpool *pool = ci_threadpool_create(2);
+  assert_non_null(pool);
+  const ci_dtype dtypes[] = {CI_F32, CI_F16, CI_BF16, CI_Q8, CI_Q4};
+  for (int isa = 0; isa < CI_ISA_COUNT; isa++) {
+    if (!ci_isa_supported((ci_isa)isa)) continue;
+    for (size_t d = 0; d < sizeof dtypes / sizeof *dtypes; d++) {
+      const int64_t n = 259, k = 512;
+      test_weight w = make_weight(&rng, dtypes[d], n, k, CI_BF16, 64);
+      const int64_t ms[] = {3, 40, 150};
+      for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++) {
+        const int64_t m = ms[mi];
+        float *x = make_x(&rng, m, k);
+        float *y = make_y(m, n), *y_one = make_y(1, n);
+        assert_int_equal(ci_cpu_matmul_rows(pool, (ci_isa)isa, &w.t, x, m, y), CI_OK);
+        for (int64_t i = 0; i < m; i++) {
+          assert_int_equal(ci_cpu_matmul(pool, (ci_isa)isa, &w.t, x + i * k, 1, y_one), CI_OK);
+          assert_memory_equal(y + i * n, y_one, (size_t)n * sizeof(float));
+        }
+        free(x);
+        free(y);
+        free(y_one);
+      }
+      free_weight(&w);
+    }
+  }
+  ci_threadpool_free(pool);
+}
+
 /* Bad arguments fail with a message instead of computing garbage. */
 static void test_matmul_rejects_bad_weights(void **state) {
   (void)state;
@@ -657,6 +690,7 @@ int main(void) {
       cmocka_unit_test(test_int8_planes_within_bound),
       cmocka_unit_test(test_int8_planes_non_finite),
       cmocka_unit_test(test_threaded_matches_single),
+      cmocka_unit_test(test_matmul_rows_batch_invariant),
       cmocka_unit_test(test_matmul_rejects_bad_weights),
       cmocka_unit_test(test_vec_dot_axpy),
       cmocka_unit_test(test_vec_f32_to_bf16),

@@ -60,7 +60,10 @@ struct ci_engine {
   ci_kv_cache *cache;
   ci_prefix_cache *prefix; /* NULL when off; engine thread only */
   uint64_t model_key;
-  float *logits;
+  float *logits;         /* [logit_rows, vocab] */
+  int logit_rows;        /* rows logits has room for */
+  ci_kv_seq **step_seqs; /* [batch] decode batch of a step */
+  int32_t *step_ids;     /* [batch] */
   pthread_t thread;
   pthread_mutex_t mu; /* queue, running list, refs, cancel flags, stats */
   pthread_cond_t cv;
@@ -194,6 +197,16 @@ void ci_engine_options_default(ci_engine_options *o) {
 
 static void *engine_main(void *arg);
 
+/* Frees what ci_engine_create allocated (the thread is not running). */
+static void engine_free_parts(ci_engine *e) {
+  ci_prefix_cache_free(e->prefix);
+  ci_kv_cache_free(e->cache);
+  free(e->logits);
+  free(e->step_seqs);
+  free(e->step_ids);
+  free(e);
+}
+
 ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
   ci_engine *e = calloc(1, sizeof *e);
   if (!e) return ci_fail("engine: out of memory"), NULL;
@@ -208,13 +221,13 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
   if (e->o.ctx_size <= 0 || e->o.ctx_size > model->spec.max_position)
     e->o.ctx_size = model->spec.max_position;
   e->cache = ci_model_kv_cache_create(model, e->o.base, e->o.block_tokens, 0);
+  if (!e->cache) return engine_free_parts(e), NULL;
   e->logits = malloc((size_t)model->spec.vocab * sizeof *e->logits);
-  if (!e->cache || !e->logits) {
-    ci_kv_cache_free(e->cache);
-    free(e->logits);
-    free(e);
-    return NULL;
-  }
+  e->logit_rows = 1;
+  e->step_seqs = malloc((size_t)e->o.batch * sizeof *e->step_seqs);
+  e->step_ids = malloc((size_t)e->o.batch * sizeof *e->step_ids);
+  if (!e->logits || !e->step_seqs || !e->step_ids)
+    return engine_free_parts(e), ci_fail("engine: out of memory"), NULL;
   if (e->o.kv_budget_bytes <= 0)
     e->o.kv_budget_bytes = (int64_t)e->o.batch * ci_engine_reservation_bytes(e, e->o.ctx_size);
   e->stats.kv_budget_bytes = e->o.kv_budget_bytes;
@@ -225,21 +238,14 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
   e->model_key = ci_prefix_key_mix(
       ci_prefix_key_mix((uint64_t)model->spec.vocab, (uint64_t)model->spec.hidden),
       (uint64_t)model->spec.n_layers);
-  if (e->o.prefix_cache_bytes > 0 && !(e->prefix = ci_prefix_cache_create(e->cache))) {
-    ci_kv_cache_free(e->cache);
-    free(e->logits);
-    free(e);
-    return NULL;
-  }
+  if (e->o.prefix_cache_bytes > 0 && !(e->prefix = ci_prefix_cache_create(e->cache)))
+    return engine_free_parts(e), NULL;
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cv, NULL);
   if (pthread_create(&e->thread, NULL, engine_main, e)) {
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
-    ci_prefix_cache_free(e->prefix);
-    ci_kv_cache_free(e->cache);
-    free(e->logits);
-    free(e);
+    engine_free_parts(e);
     return ci_fail("engine: cannot start the engine thread"), NULL;
   }
   return e;
@@ -539,22 +545,11 @@ typedef struct {
   int rows;
 } step_entry;
 
-/* Forward + sample for one request. Returns CI_OK, or CI_ERR (the request failed). */
-static int run_entry(ci_engine *e, ci_engine_request *r, int rows, int *finished,
-                     ci_finish_reason *finish) {
-  *finished = 0;
-  if (r->state == REQ_DECODE) {
-    if (ci_model_forward(e->model, r->seq, &r->pending, 1, e->logits, 1)) return CI_ERR;
-  } else {
-    const int last = r->n_prefilled + rows == r->n_prompt;
-    if (ci_model_forward(e->model, r->seq, r->history + r->n_prefilled, rows,
-                         last ? e->logits : NULL, 1))
-      return CI_ERR;
-    r->n_prefilled += rows;
-    if (!last) return CI_OK;
-    r->state = REQ_DECODE;
-  }
-  const int32_t token = ci_sampler_next(r->sampler, e->logits, r->history, (size_t)r->n_history);
+/* Samples the request's next token from its logits row and emits it. Returns CI_OK, or CI_ERR
+ * (the request failed); *finished says it ended (EOS or length). */
+static int sample_next(ci_engine *e, ci_engine_request *r, float *logits, int *finished,
+                       ci_finish_reason *finish) {
+  const int32_t token = ci_sampler_next(r->sampler, logits, r->history, (size_t)r->n_history);
   if (token < 0) return CI_ERR;
   if (take_token(e, r, token)) {
     *finished = 1;
@@ -563,15 +558,74 @@ static int run_entry(ci_engine *e, ci_engine_request *r, int rows, int *finished
   return CI_OK;
 }
 
+/* Forwards one prefill chunk of a request and samples after its last one. Returns CI_OK, or
+ * CI_ERR (the request failed). */
+static int run_prefill(ci_engine *e, ci_engine_request *r, int rows, int *finished,
+                       ci_finish_reason *finish) {
+  const int last = r->n_prefilled + rows == r->n_prompt;
+  if (ci_model_forward(e->model, r->seq, r->history + r->n_prefilled, rows, last ? e->logits : NULL,
+                       1))
+    return CI_ERR;
+  r->n_prefilled += rows;
+  if (!last) return CI_OK;
+  r->state = REQ_DECODE;
+  return sample_next(e, r, e->logits, finished, finish);
+}
+
+/* Ends a request of this step (failed or finished). */
+static void end_in_step(ci_engine *e, ci_engine_request *r, int status, int finished,
+                        ci_finish_reason finish) {
+  if (!status && !finished) return;
+  char message[256];
+  snprintf(message, sizeof message, "%s", status ? ci_last_error() : "");
+  pthread_mutex_lock(&e->mu);
+  finish_locked(e, r, finish, status ? message : NULL);
+  pthread_mutex_unlock(&e->mu);
+}
+
+/* The decode rows of a step, one per decoding sequence, in one batched forward (weights read
+ * once; every row computed as it would be alone), then each request samples from its row. A
+ * forward error fails all of them. */
+static void run_decodes(ci_engine *e, const step_entry *entries, int n) {
+  if (n == 0) return;
+  const int64_t vocab = e->model->spec.vocab;
+  if (n > e->logit_rows) {
+    float *bigger = realloc(e->logits, (size_t)n * (size_t)vocab * sizeof *bigger);
+    if (!bigger) {
+      ci_fail("engine: out of memory for %d logit rows", n);
+      for (int i = 0; i < n; i++) end_in_step(e, entries[i].r, CI_ERR, 0, CI_FINISH_STOP);
+      return;
+    }
+    e->logits = bigger;
+    e->logit_rows = n;
+  }
+  for (int i = 0; i < n; i++) {
+    e->step_seqs[i] = entries[i].r->seq;
+    e->step_ids[i] = entries[i].r->pending;
+  }
+  if (ci_model_forward_decode_batch(e->model, e->step_seqs, e->step_ids, n, e->logits)) {
+    for (int i = 0; i < n; i++) end_in_step(e, entries[i].r, CI_ERR, 0, CI_FINISH_STOP);
+    return;
+  }
+  for (int i = 0; i < n; i++) {
+    int finished = 0;
+    ci_finish_reason finish = CI_FINISH_STOP;
+    const int status = sample_next(e, entries[i].r, e->logits + i * vocab, &finished, &finish);
+    end_in_step(e, entries[i].r, status, finished, finish);
+  }
+}
+
 static void engine_step(ci_engine *e) {
-  /* compose the batch from a snapshot of the running list (only this thread changes it) */
+  /* compose the batch from a snapshot of the running list (only this thread changes it):
+   * decode rows first (at most `batch` of them), then prefill chunks */
   step_entry entries[512];
-  int n_entries = 0, budget = e->o.batch_tokens, prefills = 0;
+  int n_entries = 0, n_decodes = 0, budget = e->o.batch_tokens, prefills = 0;
   for (ci_engine_request *r = e->running; r && n_entries < 512; r = r->next)
     if (r->state == REQ_DECODE) {
       entries[n_entries++] = (step_entry){r, 1};
       budget--;
     }
+  n_decodes = n_entries;
   for (ci_engine_request *r = e->running; r && n_entries < 512; r = r->next) {
     if (r->state != REQ_PREFILL) continue;
     int64_t chunk = r->n_prompt - r->n_prefilled;
@@ -586,20 +640,14 @@ static void engine_step(ci_engine *e) {
     budget -= (int)chunk;
     prefills++;
   }
-  int64_t rows = 0;
-  for (int i = 0; i < n_entries; i++) {
-    ci_engine_request *r = entries[i].r;
+  int64_t rows = n_decodes;
+  run_decodes(e, entries, n_decodes);
+  for (int i = n_decodes; i < n_entries; i++) {
     int finished = 0;
     ci_finish_reason finish = CI_FINISH_STOP;
-    const int status = run_entry(e, r, entries[i].rows, &finished, &finish);
+    const int status = run_prefill(e, entries[i].r, entries[i].rows, &finished, &finish);
     rows += entries[i].rows;
-    if (status || finished) {
-      char message[256];
-      snprintf(message, sizeof message, "%s", status ? ci_last_error() : "");
-      pthread_mutex_lock(&e->mu);
-      finish_locked(e, r, finish, status ? message : NULL);
-      pthread_mutex_unlock(&e->mu);
-    }
+    end_in_step(e, entries[i].r, status, finished, finish);
   }
   for (int i = 0; i < n_entries; i++)
     if (entries[i].r->state != REQ_FINISHED) register_prefix(e, entries[i].r, 0);
@@ -674,8 +722,5 @@ void ci_engine_free(ci_engine *e) {
   ci_engine_stop(e);
   pthread_mutex_destroy(&e->mu);
   pthread_cond_destroy(&e->cv);
-  ci_prefix_cache_free(e->prefix);
-  ci_kv_cache_free(e->cache);
-  free(e->logits);
-  free(e);
+  engine_free_parts(e);
 }

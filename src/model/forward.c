@@ -1,6 +1,9 @@
-/* Forward pass of the decoder-only transformer families over one sequence, written once against
- * the backend op table: Llama/Mistral/Qwen pre-norm blocks and Gemma 2/3/4 sandwich blocks with
- * GeGLU, softcaps, K=V layers, KV sharing, per-layer inputs and MoE (model.md §5). */
+/* Forward pass of the decoder-only transformer families, written once against the backend op
+ * table: Llama/Mistral/Qwen pre-norm blocks and Gemma 2/3/4 sandwich blocks with GeGLU,
+ * softcaps, K=V layers, KV sharing, per-layer inputs and MoE (model.md §5). A step is one
+ * sequence's tokens, or one decode token of each of several sequences: their rows share every
+ * matmul (the weights are read once) through row kernels whose per-row results do not depend
+ * on the batch, while KV writes and attention run per sequence. */
 #include "base/error.h"
 #include "model/model.h"
 
@@ -98,10 +101,25 @@ static int activations_alloc(const ci_model *m, int n, activations *act) {
   return CI_OK;
 }
 
-/* y = x @ W^T (+ b). */
-static int linear(ci_backend *be, const ci_tensor *w, const float *bias, const float *x, int n,
+/* The rows of one step: sequence i owns rows [first[i], first[i] + rows[i]). */
+typedef struct {
+  int n_seqs;
+  ci_kv_seq *const *seqs;
+  const int *first;
+  const int *rows;
+  int row_invariant; /* several sequences: matmul rows must not depend on the batch */
+} step_rows;
+
+/* y = x @ W^T for the step's n rows. */
+static int matmul(ci_backend *be, const step_rows *sr, const ci_tensor *w, const float *x, int n,
                   float *y) {
-  if (be->ops->matmul(be, w, x, n, y)) return CI_ERR;
+  return sr->row_invariant ? be->ops->matmul_rows(be, w, x, n, y) : be->ops->matmul(be, w, x, n, y);
+}
+
+/* y = x @ W^T (+ b). */
+static int linear(ci_backend *be, const step_rows *sr, const ci_tensor *w, const float *bias,
+                  const float *x, int n, float *y) {
+  if (matmul(be, sr, w, x, n, y)) return CI_ERR;
   if (bias) be->ops->add_bias(be, y, bias, n, w->shape[0]);
   return CI_OK;
 }
@@ -126,23 +144,24 @@ static ci_tensor expert_rows(const ci_tensor *stack, int64_t e, int64_t first, i
 }
 
 /* out = GeGLU or SwiGLU MLP of a (n rows) with layer li's dense weights. */
-static int dense_mlp(ci_model *m, int li, const float *a, int n, activations *act, float *out) {
+static int dense_mlp(ci_model *m, const step_rows *sr, int li, const float *a, int n,
+                     activations *act, float *out) {
   ci_backend *be = m->be;
   const ci_layer_weights *L = &m->layers[li];
   const int64_t inter = m->spec.layers[li].intermediate;
-  if (linear(be, &L->w_gate, L->b_gate, a, n, act->gate) ||
-      linear(be, &L->w_up, L->b_up, a, n, act->up))
+  if (linear(be, sr, &L->w_gate, L->b_gate, a, n, act->gate) ||
+      linear(be, sr, &L->w_up, L->b_up, a, n, act->up))
     return CI_ERR;
   if (m->spec.act == CI_ACT_GELU_TANH)
     be->ops->gelu_tanh_mul(be, act->gate, act->up, n, inter, inter);
   else
     be->ops->silu_mul(be, act->gate, act->up, (int64_t)n * inter);
-  return linear(be, &L->w_down, L->b_down, act->gate, n, out);
+  return linear(be, sr, &L->w_down, L->b_down, act->gate, n, out);
 }
 
 /* act->moe_out = Σ_k w_k · expert_k(RMSNorm(x, moe_norm)) with the router's choice (model.md
  * §5.7): experts run one at a time over the rows routed to them. */
-static int moe_block(ci_model *m, int li, int n, activations *act) {
+static int moe_block(ci_model *m, const step_rows *sr, int li, int n, activations *act) {
   ci_backend *be = m->be;
   const ci_model_spec *s = &m->spec;
   const ci_layer_weights *L = &m->layers[li];
@@ -151,7 +170,7 @@ static int moe_block(ci_model *m, int li, int n, activations *act) {
   /* Router on the post-attention residual: (RMSNorm_noscale(x) ⊙ scale) · hidden^-0.5. */
   be->ops->rmsnorm(be, act->a, act->x, L->router_scale, n, hidden, s->norm_eps, 0.0f);
   be->ops->scale(be, act->a, 1.0f / sqrtf((float)hidden), (int64_t)n * hidden);
-  if (be->ops->matmul(be, &L->router, act->a, n, act->moe_scores)) return CI_ERR;
+  if (matmul(be, sr, &L->router, act->a, n, act->moe_scores)) return CI_ERR;
   be->ops->moe_route(be, act->moe_scores, n, s->n_experts, top_k, L->expert_scale, act->route_ids,
                      act->route_w);
   norm(m, act->a, act->x, L->moe_norm, n, hidden);
@@ -169,19 +188,19 @@ static int moe_block(ci_model *m, int li, int n, activations *act) {
     ci_tensor gate = expert_rows(&L->experts_gate_up, e, 0, width);
     ci_tensor up = expert_rows(&L->experts_gate_up, e, width, width);
     ci_tensor down = expert_rows(&L->experts_down, e, 0, hidden);
-    if (be->ops->matmul(be, &gate, act->moe_in, count, act->gate) ||
-        be->ops->matmul(be, &up, act->moe_in, count, act->up))
+    if (matmul(be, sr, &gate, act->moe_in, count, act->gate) ||
+        matmul(be, sr, &up, act->moe_in, count, act->up))
       return CI_ERR;
     be->ops->gelu_tanh_mul(be, act->gate, act->up, count, width, width);
-    if (be->ops->matmul(be, &down, act->gate, count, act->moe_y)) return CI_ERR;
+    if (matmul(be, sr, &down, act->gate, count, act->moe_y)) return CI_ERR;
     be->ops->scatter_add_rows(be, act->moe_out, act->moe_y, act->rows, act->row_w, count, hidden);
   }
   return CI_OK;
 }
 
-/* Attention half of layer li: projections, norms, RoPE, KV write (cache owners), attention over
- * the cache layer, o_proj into act->proj. */
-static int attention_block(ci_model *m, ci_kv_seq *seq, int li, int n, activations *act) {
+/* Attention half of layer li: projections, norms, RoPE, KV write (cache owners) and attention
+ * over the cache layer for each sequence of the step, o_proj into act->proj. */
+static int attention_block(ci_model *m, const step_rows *sr, int li, int n, activations *act) {
   ci_backend *be = m->be;
   const ci_model_spec *s = &m->spec;
   const ci_layer_spec *ls = &s->layers[li];
@@ -191,57 +210,63 @@ static int attention_block(ci_model *m, ci_kv_seq *seq, int li, int n, activatio
   const int owner = ls->cache_layer == li;
 
   norm(m, act->a, act->x, L->attn_norm, n, s->hidden);
-  if (linear(be, &L->wq, L->bq, act->a, n, act->q)) return CI_ERR;
+  if (linear(be, sr, &L->wq, L->bq, act->a, n, act->q)) return CI_ERR;
   if (s->qk_norm) norm(m, act->q, act->q, L->q_norm, (int64_t)n * Hq, D);
   be->ops->rope(be, act->q, n, Hq, act->pos, rope);
-  ci_paged_kv kv = ci_kv_seq_view(seq, ls->cache_layer);
   if (owner) {
-    if (linear(be, &L->wk, L->bk, act->a, n, act->k)) return CI_ERR;
+    if (linear(be, sr, &L->wk, L->bk, act->a, n, act->k)) return CI_ERR;
     if (ls->k_eq_v)
       be->ops->copy(be, act->v, act->k, (int64_t)n * Hkv * D); /* V is K before its norm */
-    else if (linear(be, &L->wv, L->bv, act->a, n, act->v))
+    else if (linear(be, sr, &L->wv, L->bv, act->a, n, act->v))
       return CI_ERR;
     if (s->qk_norm) norm(m, act->k, act->k, L->k_norm, (int64_t)n * Hkv, D);
     if (s->v_norm)
       be->ops->rmsnorm(be, act->v, act->v, NULL, (int64_t)n * Hkv, D, s->norm_eps, 0.0f);
     be->ops->rope(be, act->k, n, Hkv, act->pos, rope);
-    if (be->ops->kv_store(be, &kv, act->k, act->v, act->pos, n)) return CI_ERR;
   }
-  ci_attention_args args = {.q = act->q,
-                            .out = act->att,
-                            .pos = act->pos,
-                            .n_rows = n,
-                            .n_heads = Hq,
-                            .scale = ls->attn_scale,
-                            .softcap = s->attn_softcap,
-                            .window = ls->kind == CI_ATTN_SLIDING ? ls->window : 0,
-                            .kv = &kv};
-  if (be->ops->attention(be, &args)) return CI_ERR;
-  return linear(be, &L->wo, L->bo, act->att, n, act->proj);
+  for (int i = 0; i < sr->n_seqs; i++) {
+    const int64_t r0 = sr->first[i];
+    const int rows = sr->rows[i];
+    ci_paged_kv kv = ci_kv_seq_view(sr->seqs[i], ls->cache_layer);
+    if (owner && be->ops->kv_store(be, &kv, act->k + r0 * Hkv * D, act->v + r0 * Hkv * D,
+                                   act->pos + r0, rows))
+      return CI_ERR;
+    ci_attention_args args = {.q = act->q + r0 * Hq * D,
+                              .out = act->att + r0 * Hq * D,
+                              .pos = act->pos + r0,
+                              .n_rows = rows,
+                              .n_heads = Hq,
+                              .scale = ls->attn_scale,
+                              .softcap = s->attn_softcap,
+                              .window = ls->kind == CI_ATTN_SLIDING ? ls->window : 0,
+                              .kv = &kv};
+    if (be->ops->attention(be, &args)) return CI_ERR;
+  }
+  return linear(be, sr, &L->wo, L->bo, act->att, n, act->proj);
 }
 
 /* One layer, in the family's wiring. */
-static int layer_forward(ci_model *m, ci_kv_seq *seq, int li, int n, activations *act) {
+static int layer_forward(ci_model *m, const step_rows *sr, int li, int n, activations *act) {
   ci_backend *be = m->be;
   const ci_model_spec *s = &m->spec;
   const ci_layer_weights *L = &m->layers[li];
   const int64_t hn = (int64_t)n * s->hidden;
 
-  if (attention_block(m, seq, li, n, act)) return CI_ERR;
+  if (attention_block(m, sr, li, n, act)) return CI_ERR;
   if (s->wiring == CI_WIRING_PRE_NORM) {
     be->ops->add(be, act->x, act->proj, hn);
     norm(m, act->a, act->x, L->mlp_norm, n, s->hidden);
-    if (dense_mlp(m, li, act->a, n, act, act->proj)) return CI_ERR;
+    if (dense_mlp(m, sr, li, act->a, n, act, act->proj)) return CI_ERR;
     be->ops->add(be, act->x, act->proj, hn);
     return CI_OK;
   }
   norm(m, act->proj, act->proj, L->attn_post_norm, n, s->hidden);
   be->ops->add(be, act->x, act->proj, hn);
   norm(m, act->a, act->x, L->mlp_norm, n, s->hidden);
-  if (dense_mlp(m, li, act->a, n, act, act->proj)) return CI_ERR;
+  if (dense_mlp(m, sr, li, act->a, n, act, act->proj)) return CI_ERR;
   if (s->n_experts > 0) {
     norm(m, act->proj, act->proj, L->mlp_post_norm_1, n, s->hidden);
-    if (moe_block(m, li, n, act)) return CI_ERR;
+    if (moe_block(m, sr, li, n, act)) return CI_ERR;
     norm(m, act->moe_out, act->moe_out, L->moe_post_norm, n, s->hidden);
     be->ops->add(be, act->proj, act->moe_out, hn);
   }
@@ -249,9 +274,9 @@ static int layer_forward(ci_model *m, ci_kv_seq *seq, int li, int n, activations
   be->ops->add(be, act->x, act->proj, hn);
   if (s->ple_dim > 0) {
     const int64_t P = s->ple_dim;
-    if (linear(be, &L->ple_gate, NULL, act->x, n, act->gate)) return CI_ERR;
+    if (linear(be, sr, &L->ple_gate, NULL, act->x, n, act->gate)) return CI_ERR;
     be->ops->gelu_tanh_mul(be, act->gate, act->ple + li * P, n, P, (int64_t)s->n_layers * P);
-    if (linear(be, &L->ple_proj, NULL, act->gate, n, act->proj)) return CI_ERR;
+    if (linear(be, sr, &L->ple_proj, NULL, act->gate, n, act->proj)) return CI_ERR;
     norm(m, act->proj, act->proj, L->ple_post_norm, n, s->hidden);
     be->ops->add(be, act->x, act->proj, hn);
   }
@@ -261,7 +286,8 @@ static int layer_forward(ci_model *m, ci_kv_seq *seq, int li, int n, activations
 
 /* Per-layer inputs of the n tokens (model.md §5.7): ((h0 @ W^T)·hidden^-0.5 normed over P +
  * E_ple[ids]·sqrt(P)) · 2^-0.5, laid out [n, N, P]. */
-static int per_layer_inputs(ci_model *m, const int32_t *ids, int n, activations *act) {
+static int per_layer_inputs(ci_model *m, const step_rows *sr, const int32_t *ids, int n,
+                            activations *act) {
   ci_backend *be = m->be;
   const ci_model_spec *s = &m->spec;
   const int64_t width = (int64_t)s->n_layers * s->ple_dim;
@@ -271,7 +297,7 @@ static int per_layer_inputs(ci_model *m, const int32_t *ids, int n, activations 
                      s->ple_vocab);
   if (be->ops->embed(be, &m->ple_embed, ids, n, act->ple_tmp)) return CI_ERR;
   be->ops->scale(be, act->ple_tmp, s->ple_embed_scale, (int64_t)n * width);
-  if (be->ops->matmul(be, &m->ple_model_proj, act->x, n, act->ple)) return CI_ERR;
+  if (matmul(be, sr, &m->ple_model_proj, act->x, n, act->ple)) return CI_ERR;
   be->ops->scale(be, act->ple, 1.0f / sqrtf((float)s->hidden), (int64_t)n * width);
   norm(m, act->ple, act->ple, m->ple_norm, (int64_t)n * s->n_layers, s->ple_dim);
   be->ops->add(be, act->ple, act->ple_tmp, (int64_t)n * width);
@@ -279,32 +305,44 @@ static int per_layer_inputs(ci_model *m, const int32_t *ids, int n, activations 
   return CI_OK;
 }
 
-/* One step of n tokens (already validated) through every layer. */
-static int forward_step(ci_model *m, ci_kv_seq *seq, const int32_t *ids, int n, float *logits,
+/* One step of n tokens (already validated) of the step's sequences through every layer; the
+ * logits of the last n_logit_rows rows. */
+static int forward_step(ci_model *m, const step_rows *sr, const int32_t *ids, int n, float *logits,
                         int n_logit_rows) {
   const ci_model_spec *s = &m->spec;
-  if (ci_kv_seq_reserve(seq, n)) return CI_ERR;
+  for (int i = 0; i < sr->n_seqs; i++)
+    if (ci_kv_seq_reserve(sr->seqs[i], sr->rows[i])) return CI_ERR;
 
   activations act = {0};
   if (activations_alloc(m, n, &act)) return CI_ERR;
-  for (int i = 0; i < n; i++) act.pos[i] = (int32_t)(seq->n + i);
+  for (int i = 0; i < sr->n_seqs; i++)
+    for (int r = 0; r < sr->rows[i]; r++) act.pos[sr->first[i] + r] = (int32_t)(sr->seqs[i]->n + r);
   ci_backend *be = m->be;
   int status = be->ops->embed(be, &m->embed, ids, n, act.x);
   if (status == CI_OK && s->embed_scale != 0.0f)
     be->ops->scale(be, act.x, s->embed_scale, (int64_t)n * s->hidden);
-  if (status == CI_OK && s->ple_dim > 0) status = per_layer_inputs(m, ids, n, &act);
+  if (status == CI_OK && s->ple_dim > 0) status = per_layer_inputs(m, sr, ids, n, &act);
   for (int li = 0; li < s->n_layers && status == CI_OK; li++)
-    status = layer_forward(m, seq, li, n, &act);
-  if (status == CI_OK) status = ci_kv_seq_commit(seq, n);
+    status = layer_forward(m, sr, li, n, &act);
+  for (int i = 0; i < sr->n_seqs && status == CI_OK; i++)
+    status = ci_kv_seq_commit(sr->seqs[i], sr->rows[i]);
   if (status == CI_OK && logits) {
     const float *last = act.x + (int64_t)(n - n_logit_rows) * s->hidden;
     norm(m, act.a, last, m->final_norm, n_logit_rows, s->hidden);
-    status = be->ops->matmul(be, &m->head, act.a, n_logit_rows, logits);
+    status = matmul(be, sr, &m->head, act.a, n_logit_rows, logits);
     if (status == CI_OK && s->final_softcap != 0.0f)
       be->ops->softcap(be, logits, s->final_softcap, (int64_t)n_logit_rows * s->vocab);
   }
   activations_free(be, &act);
   return status;
+}
+
+/* A step of one sequence's n tokens. */
+static int forward_one(ci_model *m, ci_kv_seq *seq, const int32_t *ids, int n, float *logits,
+                       int n_logit_rows) {
+  const int first = 0;
+  const step_rows sr = {.n_seqs = 1, .seqs = &seq, .first = &first, .rows = &n};
+  return forward_step(m, &sr, ids, n, logits, n_logit_rows);
 }
 
 int ci_model_forward(ci_model *m, ci_kv_seq *seq, const int32_t *ids, int n, float *logits,
@@ -319,11 +357,41 @@ int ci_model_forward(ci_model *m, ci_kv_seq *seq, const int32_t *ids, int n, flo
   if (seq->n + n > (int64_t)INT32_MAX) return ci_fail("forward: sequence too long");
   /* A pending KV conversion caps the step so that it happens exactly at its start (kv.md §5). */
   const int64_t limit = ci_kv_seq_chunk_limit(seq);
-  if ((int64_t)n <= limit) return forward_step(m, seq, ids, n, logits, n_logit_rows);
+  if ((int64_t)n <= limit) return forward_one(m, seq, ids, n, logits, n_logit_rows);
   const int head = (int)limit, tail = n - head;
   const int tail_rows = logits ? (n_logit_rows < tail ? n_logit_rows : tail) : 0;
   const int head_rows = logits ? n_logit_rows - tail_rows : 0;
-  if (forward_step(m, seq, ids, head, head_rows ? logits : NULL, head_rows)) return CI_ERR;
+  if (forward_one(m, seq, ids, head, head_rows ? logits : NULL, head_rows)) return CI_ERR;
   return ci_model_forward(m, seq, ids + head, tail,
                           logits ? logits + (int64_t)head_rows * s->vocab : NULL, tail_rows);
+}
+
+int ci_model_forward_decode_batch(ci_model *m, ci_kv_seq *const *seqs, const int32_t *ids, int n,
+                                  float *logits) {
+  const ci_model_spec *s = &m->spec;
+  if (n < 1) return ci_fail("forward: no sequences");
+  if (n == 1) return ci_model_forward(m, seqs[0], ids, 1, logits, logits ? 1 : 0);
+  for (int i = 0; i < n; i++) {
+    if (ids[i] < 0 || ids[i] >= s->vocab)
+      return ci_fail("token id %d at index %d is out of range [0, %d)", ids[i], i, s->vocab);
+    if (seqs[i]->n + 1 > (int64_t)INT32_MAX) return ci_fail("forward: sequence too long");
+    for (int j = 0; j < i; j++)
+      if (seqs[j] == seqs[i]) return ci_fail("forward: a sequence appears twice in a batch");
+  }
+  int *first = malloc((size_t)n * sizeof *first), *rows = malloc((size_t)n * sizeof *rows);
+  if (!first || !rows) {
+    free(first);
+    free(rows);
+    return ci_fail("forward: out of memory");
+  }
+  for (int i = 0; i < n; i++) {
+    first[i] = i;
+    rows[i] = 1; /* a pending conversion still allows one token (kv.md §5: start > n) */
+  }
+  const step_rows sr = {
+      .n_seqs = n, .seqs = seqs, .first = first, .rows = rows, .row_invariant = 1};
+  const int status = forward_step(m, &sr, ids, n, logits, logits ? n : 0);
+  free(first);
+  free(rows);
+  return status;
 }

@@ -84,4 +84,13 @@ int ci_model_kv_seq_apply_config(const ci_model *model, ci_kv_seq *seq);
 int ci_model_forward(ci_model *model, ci_kv_seq *seq, const int32_t *ids, int n, float *logits,
                      int n_logit_rows);
 
+/* One decode step of n sequences at once: sequence i appends ids[i] and, when logits is
+ * non-NULL, gets its next-token logits in row i of logits [n, vocab]. The rows share every
+ * matmul (the weights are read once for the batch) through row kernels, so each row is
+ * bit-identical to what ci_model_forward gives for that sequence alone. Returns CI_OK, or CI_ERR
+ * (bad id, KV exhausted): the step's sequences are then in no defined state and must be
+ * dropped. */
+int ci_model_forward_decode_batch(ci_model *model, ci_kv_seq *const *seqs, const int32_t *ids,
+                                  int n, float *logits);
+
 #endif

@@ -81,6 +81,9 @@ typedef struct {
 
   /* y[m, N] = x[m, K] @ W[N, K]^T for any weight dtype (f32/f16/bf16/q8/q4). */
   int (*matmul)(ci_backend *be, const ci_tensor *w, const float *x, int64_t m, float *y);
+  /* As matmul, but row i of y is bit-identical to what a one-row matmul of x[i] gives, whatever
+   * m is: batches the decode rows of independent sequences (batch invariance). */
+  int (*matmul_rows)(ci_backend *be, const ci_tensor *w, const float *x, int64_t m, float *y);
   /* out[n, dim] = rows ids of an embedding table (dequantized); ids already range-checked. */
   int (*embed)(ci_backend *be, const ci_tensor *table, const int32_t *ids, int64_t n, float *out);
   /* out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * (w_offset + w); w NULL means no scale.

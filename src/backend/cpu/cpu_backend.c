@@ -50,6 +50,12 @@ static int cpu_matmul(ci_backend *be, const ci_tensor *w, const float *x, int64_
   return ci_cpu_matmul(cpu->pool, cpu->isa, w, x, m, y);
 }
 
+static int cpu_matmul_rows(ci_backend *be, const ci_tensor *w, const float *x, int64_t m,
+                           float *y) {
+  cpu_backend *cpu = as_cpu(be);
+  return ci_cpu_matmul_rows(cpu->pool, cpu->isa, w, x, m, y);
+}
+
 /* Bits [c*b, c*b+b) of a row's LSB-first stream of u32 words (b divides 32). */
 static inline unsigned affine_code(const uint32_t *row, int64_t c, int bits) {
   int64_t bit = c * bits;
@@ -324,6 +330,7 @@ static const ci_backend_ops cpu_ops = {
     .alloc = cpu_alloc,
     .release = cpu_release,
     .matmul = cpu_matmul,
+    .matmul_rows = cpu_matmul_rows,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .add_bias = cpu_add_bias,

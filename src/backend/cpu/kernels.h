@@ -29,6 +29,12 @@ const char *ci_isa_name(ci_isa isa);
 int ci_cpu_matmul(ci_threadpool *pool, ci_isa isa, const ci_tensor *w, const float *x, int64_t m,
                   float *y);
 
+/* As ci_cpu_matmul, but every row of y is computed exactly as a one-row call computes it (the
+ * row kernels only, whatever m): used to batch the decode rows of independent sequences
+ * without making any sequence's result depend on the batch. */
+int ci_cpu_matmul_rows(ci_threadpool *pool, ci_isa isa, const ci_tensor *w, const float *x,
+                       int64_t m, float *y);
+
 /* Vector loops over bf16 rows (KV cache rows), f32 accumulation. */
 typedef struct {
   /* sum_i x[i] * bf16(a[i]) */

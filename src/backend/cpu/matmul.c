@@ -146,8 +146,9 @@ static int64_t rows_per_task_for(int64_t n, int64_t macs_per_row, int n_threads,
   return units_per_task * unit;
 }
 
-int ci_cpu_matmul(ci_threadpool *pool, ci_isa isa, const ci_tensor *w, const float *x, int64_t m,
-                  float *y) {
+/* The matmul, with the panel (GEMM) kernels allowed or not. */
+static int matmul(ci_threadpool *pool, ci_isa isa, const ci_tensor *w, const float *x, int64_t m,
+                  float *y, int allow_panels) {
   if (!w || (m > 0 && (!x || !y))) return ci_fail("matmul: NULL argument");
   if ((unsigned)isa >= CI_ISA_COUNT || !ci_isa_supported(isa))
     return ci_fail("matmul: ISA %s not supported on this CPU", ci_isa_name(isa));
@@ -160,7 +161,8 @@ int ci_cpu_matmul(ci_threadpool *pool, ci_isa isa, const ci_tensor *w, const flo
   const ci_matmul_kernels *kernels = kernels_for(isa);
   ci_dtype dtype = w->dtype;
   int affine = ci_dtype_is_affine(dtype);
-  ci_matmul_rows_fn gemm = m >= kernels->gemm_min_m[format] ? kernels->gemm[format] : NULL;
+  ci_matmul_rows_fn gemm =
+      allow_panels && m >= kernels->gemm_min_m[format] ? kernels->gemm[format] : NULL;
   int int8 = affine && !gemm && kernels->gemv_int8 && kernels->gemv_int8[format] &&
              kernels->quantize_x_planes && ci_cpu_int8_matmul_enabled();
   ci_matmul_rows_fn gemv_int8 = int8 ? kernels->gemv_int8[format] : NULL;
@@ -253,4 +255,14 @@ done:
   free(x_packed);
   free(scratch);
   return status;
+}
+
+int ci_cpu_matmul(ci_threadpool *pool, ci_isa isa, const ci_tensor *w, const float *x, int64_t m,
+                  float *y) {
+  return matmul(pool, isa, w, x, m, y, 1);
+}
+
+int ci_cpu_matmul_rows(ci_threadpool *pool, ci_isa isa, const ci_tensor *w, const float *x,
+                       int64_t m, float *y) {
+  return matmul(pool, isa, w, x, m, y, 0);
 }
