@@ -204,6 +204,22 @@ static void test_admission(void **state) {
   job.max_tokens = 400; /* 414 tokens: over the budget */
   assert_int_equal(ci_engine_submit(e, &job, &r), CI_ENGINE_REJECTED);
   assert_non_null(strstr(ci_last_error(), "memory budget caps a request at"));
+  /* the reservation follows the request's codec plan: turbo 4-bit from the start holds the
+   * same 414 tokens in about a quarter of the bytes, so it fits where bf16 does not */
+  ci_engine_job turbo_job = job;
+  turbo_job.kv_plan = CI_KV_PLAN_TARGET;
+  assert_int_equal(ci_kv_format_parse("turbo", 4, 0, 0, &turbo_job.kv_target), 0);
+  turbo_job.kv_start = 0;
+  assert_int_equal(ci_engine_submit(e, &turbo_job, &r), CI_ENGINE_SUBMITTED);
+  ci_engine_request_cancel(r);
+  ci_engine_event cancelled;
+  do
+    assert_int_equal(ci_engine_request_next(r, &cancelled, 60.0), 1);
+  while (cancelled.kind == CI_ENGINE_EVENT_TOKEN);
+  assert_int_equal(cancelled.kind, CI_ENGINE_EVENT_DONE);
+  ci_engine_request_release(r);
+  turbo_job.kv_start = 300; /* bf16 until 300 tokens: over the budget again */
+  assert_int_equal(ci_engine_submit(e, &turbo_job, &r), CI_ENGINE_REJECTED);
   job.max_tokens = 600; /* over the context */
   assert_int_equal(ci_engine_submit(e, &job, &r), CI_ENGINE_REJECTED);
   assert_non_null(strstr(ci_last_error(), "context size"));

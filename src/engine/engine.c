@@ -161,21 +161,77 @@ void ci_engine_request_release(ci_engine_request *r) {
 
 /* ==== Memory contract ==== */
 
-int64_t ci_engine_reservation_bytes(const ci_engine *e, int64_t n) {
+/* Blocks group g holds at its peak for a sequence of n tokens (kv.md §10): every block of a
+ * full group; a sliding group at most the window plus one prefill chunk, plus one block of
+ * alignment. */
+static int64_t peak_blocks(const ci_engine *e, const ci_kv_group *group, int64_t n) {
+  const int64_t T = e->cache->block_tokens;
+  int64_t blocks = (n + T - 1) / T;
+  if (group->window > 0) {
+    int64_t chunk = e->o.prefill_chunk < e->o.batch_tokens ? e->o.prefill_chunk : e->o.batch_tokens;
+    const int64_t held = (group->window - 1 + chunk + T - 1) / T + 1;
+    if (blocks > held) blocks = held;
+  }
+  return blocks;
+}
+
+/* Bytes of one block of group g in format f (K and V of every layer of the group). */
+static int64_t block_bytes(const ci_engine *e, const ci_kv_group *group, const ci_kv_format *f) {
+  const int64_t row =
+      (int64_t)(ci_kv_row_bytes(f, group->head_dim, 0) + ci_kv_row_bytes(f, group->head_dim, 1));
+  return row * group->n_kv_heads * e->cache->block_tokens * group->n_layers;
+}
+
+/* The peak KV bytes of a request of n tokens (prompt n_prompt) under its codec plan (kv.md §10,
+ * generation.md §9): layers convert to targets[layer] (NULL = no plan) once start tokens are
+ * stored, so the peak is the larger of the base-format part before conversion and the target
+ * part after it, plus the transient of the one group being converted. Only immutable cache
+ * geometry is read, so any thread may call it. */
+static int64_t plan_reservation(const ci_engine *e, const ci_kv_format *targets, int uniform,
+                                int64_t start, int64_t n_prompt, int64_t n) {
   const ci_kv_cache *c = e->cache;
-  const int64_t T = c->block_tokens;
-  int64_t bytes = 0;
+  const ci_kv_format base = ci_kv_format_plain(e->o.base);
+  /* the conversion happens at the start, or after the first chunk when the start is 0 */
+  int64_t first_chunk = n_prompt;
+  if (first_chunk > e->o.prefill_chunk) first_chunk = e->o.prefill_chunk;
+  if (first_chunk > e->o.batch_tokens) first_chunk = e->o.batch_tokens;
+  const int64_t at = start > first_chunk ? start : first_chunk;
+  const int converts = targets && start <= n;
+  const int64_t held_at_conversion = at < n ? at : n;
+  int64_t before = 0, after = 0, transient = 0;
   for (int g = 0; g < c->n_groups; g++) {
     const ci_kv_group *group = &c->groups[g];
-    int64_t blocks = (n + T - 1) / T;
-    if (group->window > 0) {
-      const int64_t cap = (group->window + T - 1) / T + 2;
-      if (blocks > cap) blocks = cap;
+    const ci_kv_format *target = targets ? &targets[uniform ? 0 : group->layers[0]] : NULL;
+    const int group_converts = converts && !ci_kv_format_equal(target, &base);
+    const int64_t base_block = block_bytes(e, group, &base);
+    if (!group_converts) {
+      before += base_block * peak_blocks(e, group, converts ? held_at_conversion : n);
+      after += base_block * peak_blocks(e, group, n);
+      continue;
     }
-    const ci_kv_pool *pool = group->pools[0];
-    bytes += blocks * (int64_t)(pool->k_block_bytes + pool->v_block_bytes) * group->n_layers;
+    const int64_t target_block = block_bytes(e, group, target);
+    before += base_block * peak_blocks(e, group, held_at_conversion);
+    after += target_block * peak_blocks(e, group, n);
+    const int64_t copy = target_block * peak_blocks(e, group, held_at_conversion);
+    if (copy > transient) transient = copy;
   }
-  return bytes;
+  return (before > after ? before : after) + transient;
+}
+
+int64_t ci_engine_reservation_bytes(const ci_engine *e, int64_t n) {
+  return plan_reservation(e, NULL, 0, 0, n, n);
+}
+
+/* The reservation of a job under its own codec plan. */
+static int64_t job_reservation(const ci_engine *e, const ci_engine_job *job, int64_t n) {
+  switch (job->kv_plan) {
+  case CI_KV_PLAN_TARGET:
+    return plan_reservation(e, &job->kv_target, 1, job->kv_start, job->n_prompt, n);
+  case CI_KV_PLAN_MODEL_CONFIG:
+    return plan_reservation(e, e->model->kv_config, 0, 0, job->n_prompt, n);
+  default:
+    return plan_reservation(e, NULL, 0, 0, job->n_prompt, n);
+  }
 }
 
 int ci_engine_ctx_size(const ci_engine *e) {
@@ -268,11 +324,16 @@ ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
       return ci_fail("prompt token id %d is out of range [0, %d)", (int)job->prompt[i], vocab),
              CI_ENGINE_REJECTED;
   const int64_t n_total = (int64_t)job->n_prompt + job->max_tokens;
-  const int64_t reservation = ci_engine_reservation_bytes(e, n_total);
+  const int64_t reservation = job_reservation(e, job, n_total);
   if (reservation > e->o.kv_budget_bytes) {
-    const int64_t per_token = ci_engine_reservation_bytes(e, e->o.block_tokens);
-    int64_t cap = per_token > 0 ? e->o.kv_budget_bytes / per_token * e->o.block_tokens : 0;
-    if (cap > e->o.ctx_size) cap = e->o.ctx_size;
+    int64_t cap = 0, too_big = n_total; /* the longest request of this plan that fits */
+    while (too_big - cap > 1) {
+      const int64_t mid = cap + (too_big - cap) / 2;
+      if (job_reservation(e, job, mid) <= e->o.kv_budget_bytes)
+        cap = mid;
+      else
+        too_big = mid;
+    }
     return ci_fail("request needs %lld tokens of context (prompt %d + max_tokens %d) but the "
                    "memory budget caps a request at %lld tokens",
                    (long long)n_total, job->n_prompt, job->max_tokens, (long long)cap),
@@ -669,6 +730,8 @@ static void *engine_main(void *arg) {
     e->stats.reserved_bytes = e->reserved;
     e->stats.blocks_used = ci_kv_cache_blocks_used(e->cache);
     e->stats.bytes_used = ci_kv_cache_bytes_used(e->cache);
+    e->stats.n_kv_formats =
+        ci_kv_cache_usage_by_format(e->cache, e->stats.kv_formats, CI_ENGINE_MAX_KV_FORMATS);
     if (e->prefix) {
       ci_prefix_cache_stats pcs;
       ci_prefix_cache_get_stats(e->prefix, &pcs);

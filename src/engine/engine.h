@@ -80,8 +80,12 @@ typedef enum {
   CI_ENGINE_STOPPED = 3     /* the engine is shutting down */
 } ci_engine_verdict;
 
+enum { CI_ENGINE_MAX_KV_FORMATS = 8 };
+
 /* A snapshot of the engine's counters and gauges (for /metrics and /stats). */
 typedef struct {
+  int n_kv_formats; /* KV usage per storage format (bf16, affine:4:64, ...) */
+  ci_kv_format_usage kv_formats[CI_ENGINE_MAX_KV_FORMATS];
   int running, waiting;
   int64_t blocks_used, bytes_used, kv_budget_bytes, reserved_bytes;
   int64_t requests_finished, requests_cancelled, requests_failed;

@@ -121,6 +121,24 @@ int64_t ci_kv_cache_blocks_used(const ci_kv_cache *cache) {
   return used;
 }
 
+int ci_kv_cache_usage_by_format(const ci_kv_cache *cache, ci_kv_format_usage *out, int max) {
+  int n = 0;
+  for (int g = 0; g < cache->n_groups; g++)
+    for (int i = 0; i < cache->groups[g].n_pools; i++) {
+      const ci_kv_pool *pool = cache->groups[g].pools[i];
+      int k = 0;
+      while (k < n && !ci_kv_format_equal(&out[k].format, &pool->format)) k++;
+      if (k == n) {
+        if (n == max) continue;
+        out[n++] = (ci_kv_format_usage){.format = pool->format};
+      }
+      out[k].blocks_used += pool->n_used;
+      out[k].blocks_free += pool->capacity - pool->n_used;
+      out[k].bytes_used += ci_kv_pool_bytes_used(pool);
+    }
+  return n;
+}
+
 int64_t ci_kv_group_bytes_used(const ci_kv_cache *cache, int g) {
   int64_t bytes = 0;
   for (int i = 0; i < cache->groups[g].n_pools; i++)

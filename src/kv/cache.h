@@ -89,6 +89,16 @@ int64_t ci_kv_cache_blocks_used(const ci_kv_cache *cache);
 /* Bytes of KV storage in use (blocks in use x bytes per block, K and V, every layer). */
 int64_t ci_kv_cache_bytes_used(const ci_kv_cache *cache);
 
+/* Blocks and bytes of one storage format, summed over the layer groups that use it. */
+typedef struct {
+  ci_kv_format format;
+  int64_t blocks_used, blocks_free; /* free = allocated storage not in use */
+  int64_t bytes_used;
+} ci_kv_format_usage;
+
+/* Fills out[0..n) with the usage of each format in use or allocated (n <= max). Returns n. */
+int ci_kv_cache_usage_by_format(const ci_kv_cache *cache, ci_kv_format_usage *out, int max);
+
 /* Bytes group g holds in use, over all its formats. */
 int64_t ci_kv_group_bytes_used(const ci_kv_cache *cache, int g);
 

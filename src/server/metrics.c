@@ -2,6 +2,7 @@
  * status, token counters, queue and batch gauges, KV blocks and bytes, latency histograms. */
 #include "server/server.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,11 +53,28 @@ char *ci_server_metrics_text(ci_server *s) {
   for (size_t i = 0; i < sizeof simple / sizeof simple[0]; i++)
     ci_strbuf_appendf(&b, "# TYPE %s %s\n%s %lld\n", simple[i].name, simple[i].type, simple[i].name,
                       simple[i].value);
-  ci_strbuf_appendf(&b,
-                    "# TYPE cinfer_kv_blocks_used gauge\ncinfer_kv_blocks_used{codec=\"all\"} "
-                    "%lld\n# TYPE cinfer_kv_bytes_used gauge\ncinfer_kv_bytes_used{codec=\"all\"} "
-                    "%lld\n",
-                    (long long)st.blocks_used, (long long)st.bytes_used);
+  /* KV storage per codec (format name as in --kv-codec settings, e.g. affine:4:64), and "all" */
+  const struct {
+    const char *name;
+    size_t offset;
+    long long all;
+  } per_codec[] = {
+      {"cinfer_kv_blocks_used", offsetof(ci_kv_format_usage, blocks_used), st.blocks_used},
+      {"cinfer_kv_blocks_free", offsetof(ci_kv_format_usage, blocks_free), -1},
+      {"cinfer_kv_bytes_used", offsetof(ci_kv_format_usage, bytes_used), st.bytes_used},
+  };
+  for (size_t m = 0; m < sizeof per_codec / sizeof per_codec[0]; m++) {
+    ci_strbuf_appendf(&b, "# TYPE %s gauge\n", per_codec[m].name);
+    for (int i = 0; i < st.n_kv_formats; i++) {
+      char codec[64];
+      ci_kv_format_name(&st.kv_formats[i].format, codec, sizeof codec);
+      const int64_t value =
+          *(const int64_t *)((const char *)&st.kv_formats[i] + per_codec[m].offset);
+      ci_strbuf_appendf(&b, "%s{codec=\"%s\"} %lld\n", per_codec[m].name, codec, (long long)value);
+    }
+    if (per_codec[m].all >= 0)
+      ci_strbuf_appendf(&b, "%s{codec=\"all\"} %lld\n", per_codec[m].name, per_codec[m].all);
+  }
   histogram(&b, "cinfer_time_to_first_token_seconds", &s->ttft);
   histogram(&b, "cinfer_inter_token_latency_seconds", &s->itl);
   histogram(&b, "cinfer_queue_time_seconds", &s->queue);

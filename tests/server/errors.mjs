@@ -73,5 +73,8 @@ const ok = await post('/v1/chat/completions', msg({ temperature: 0 }));
 check(ok.status === 200 && ok.json.choices[0].message.content.length > 0, 'server still serves');
 const metrics = await (await fetch(`${base}/metrics`, { headers: auth })).text();
 check(/cinfer_requests_total\{route="\/v1\/chat\/completions",status="400"\}/.test(metrics) &&
-      /cinfer_time_to_first_token_seconds_bucket/.test(metrics), 'metrics');
+      /cinfer_time_to_first_token_seconds_bucket/.test(metrics) &&
+      /cinfer_kv_blocks_used\{codec="bf16"\} \d+/.test(metrics) &&
+      /cinfer_kv_blocks_free\{codec="bf16"\} \d+/.test(metrics) &&
+      /cinfer_prefix_cache_bytes \d+/.test(metrics), 'metrics');
 console.log('errors: all passed');
