@@ -394,9 +394,7 @@ ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
   return CI_ENGINE_SUBMITTED;
 }
 
-/* ==== The engine thread ==== */
-
-/* ==== Prefix cache ==== */
+/* ==== Prefix cache (engine thread only) ==== */
 
 /* The prefix-cache key of a sequence's KV state: the model, the sequence's codec plan (target
  * of every layer group, start) and whether (and where) it converted; sequences whose stored
@@ -426,8 +424,8 @@ static void register_prefix(ci_engine *e, ci_engine_request *r, int force) {
   const int64_t blocks = seq->n / e->cache->block_tokens;
   if (!force && blocks == r->pc_blocks && seq->converted == r->pc_converted) return;
   if (blocks == 0) return;
-  /* a converting plan whose sequence has not converted registers base-format blocks only
-   * below the start (the attach rule) */
+  /* an unconverted sequence holds fewer than `start` tokens, so its base-format blocks all lie
+   * below the start, as attaching them requires */
   const uint64_t key = prefix_key(e, seq, seq->converted, seq->conversion_offset);
   if (ci_prefix_cache_insert(e->prefix, key, r->history, seq) == CI_OK) {
     r->pc_blocks = blocks;
@@ -466,6 +464,8 @@ static void attach_prefix(ci_engine *e, ci_engine_request *r) {
   r->pc_blocks = p / e->cache->block_tokens;
   r->pc_converted = seq->converted;
 }
+
+/* ==== The engine thread ==== */
 
 /* Ends a request: last event, stats, blocks freed. Caller holds e->mu. */
 static void finish_locked(ci_engine *e, ci_engine_request *r, ci_finish_reason finish,
