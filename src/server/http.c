@@ -283,8 +283,8 @@ ci_server *ci_server_start(const ci_server_options *o) {
   s->o = *o;
   s->started_at = (double)time(NULL);
   pthread_mutex_init(&s->metrics_mu, NULL);
-  s->think_format = ci_tokenizer_token_to_id(o->tokenizer, "<think>") >= 0 &&
-                    ci_tokenizer_token_to_id(o->tokenizer, "</think>") >= 0;
+  ci_server_detect_formats(s);
+  s->weights_bytes = ci_model_weight_bytes_per_token(o->model);
   if (o->api_keys && *o->api_keys) {
     char *copy = strdup(o->api_keys), *save = NULL;
     for (char *k = strtok_r(copy, ",", &save); k; k = strtok_r(NULL, ",", &save)) {
