@@ -1,6 +1,7 @@
 /* Live-server tests: starts `cinfer serve --model models/starter` on a random loopback port,
  * waits for /health, runs the node SDK scripts in tests/server (openai, @anthropic-ai/sdk,
- * malformed requests, a bounded load test) and stops the server with SIGINT (exit code 0). */
+ * malformed requests, the cinfer extensions and CORS, a bounded load test) and stops the server
+ * with SIGINT (exit code 0). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -67,7 +68,8 @@ static int start_server(server *s) {
     s->pid = fork();
     if (s->pid == 0) {
       execl(CI_CINFER_BIN, CI_CINFER_BIN, "serve", "--model", STARTER, "--port", port, "--api-key",
-            "test-key", "--batch", "8", "--max-queue", "256", "--threads", "1", (char *)NULL);
+            "test-key", "--batch", "8", "--max-queue", "256", "--threads", "1", "--cors",
+            "http://allowed.example", (char *)NULL);
       _exit(127);
     }
     for (int i = 0; i < 600; i++) { /* up to 60 s (ASan start-up) */
@@ -147,6 +149,11 @@ static void test_malformed_requests(void **state) {
   assert_int_equal(run_node(s->port, "errors.mjs", NULL, NULL), 0);
 }
 
+static void test_extensions(void **state) {
+  server *s = *state;
+  assert_int_equal(run_node(s->port, "extensions.mjs", NULL, NULL), 0);
+}
+
 static void test_load(void **state) {
   server *s = *state;
   assert_int_equal(run_node(s->port, "load.mjs", LOAD_CLIENTS, LOAD_SECONDS), 0);
@@ -158,6 +165,7 @@ int main(void) {
       cmocka_unit_test(test_openai_sdk),
       cmocka_unit_test(test_anthropic_sdk),
       cmocka_unit_test(test_malformed_requests),
+      cmocka_unit_test(test_extensions),
       cmocka_unit_test(test_load),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

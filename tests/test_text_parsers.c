@@ -1,5 +1,7 @@
-/* Tool-call parsing (hermes JSON, Qwen XML, fail soft, streaming hold-back) and the think-tag
- * reasoning split (partial tags across pieces, primed prompts). */
+/* Tool-call parsing (hermes JSON, Qwen XML, fail soft, streaming hold-back), the think-tag
+ * reasoning split (partial tags across pieces, primed prompts), the Gemma 4 tool-call syntax
+ * (values, several calls, truncation) and the Gemma 4 token router (channels, tool-call segments)
+ * over a small synthetic tokenizer fed one token at a time. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -7,7 +9,12 @@
 
 #include <cmocka.h>
 
+#include "base/error.h"
+#include "text/detok_stream.h"
+#include "text/gemma_output.h"
+#include "text/gemma_tool_call.h"
 #include "text/reasoning_split.h"
+#include "text/tokenizer.h"
 #include "text/tool_call_parse.h"
 
 #include <string.h>
@@ -118,12 +125,265 @@ static void test_reasoning_split(void **state) {
   assert_int_equal(ci_reasoning_prompt_open("a<think></think>b", 17), 0);
 }
 
+/* ==== Gemma 4 ==== */
+
+/* The compact JSON of a Gemma value (NULL when it does not parse); caller frees. */
+static char *gemma_json(const char *text, int truncated) {
+  json_t *v = ci_gemma_value_to_json(text, strlen(text), truncated);
+  char *out = v ? json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_PRESERVE_ORDER) : NULL;
+  json_decref(v);
+  return out;
+}
+
+static void expect_gemma(const char *text, int truncated, const char *want) {
+  char *got = gemma_json(text, truncated);
+  if (!want) {
+    if (got) fail_msg("%s parsed as %s", text, got);
+    return;
+  }
+  if (!got || strcmp(got, want)) fail_msg("%s: got %s, want %s", text, got ? got : "NULL", want);
+  free(got);
+}
+
+#define Q "<|\"|>"
+
+static void test_gemma_values(void **state) {
+  (void)state;
+  expect_gemma("{city:" Q "Paris" Q ",days:3}", 0, "{\"city\":\"Paris\",\"days\":3}");
+  expect_gemma("{a:[1, 2,{b:" Q "say \"hi\"\n" Q "}], c:true,d:null,e:-1.5e2}", 0,
+               "{\"a\":[1,2,{\"b\":\"say \\\"hi\\\"\\n\"}],\"c\":true,\"d\":null,\"e\":-150.0}");
+  expect_gemma("{q:" Q "a{b},c:d]" Q "}", 0, "{\"q\":\"a{b},c:d]\"}");
+  expect_gemma("{unit:celsius, n:\"json \\\" str\"}", 0,
+               "{\"unit\":\"celsius\",\"n\":\"json \\\" str\"}");
+  expect_gemma("{" Q "quoted key" Q ":1,}", 0, "{\"quoted key\":1}");
+  expect_gemma("{}", 0, "{}");
+  expect_gemma("{a:1", 0, NULL);
+  expect_gemma("{a:1]", 0, NULL);
+  expect_gemma("{a:" Q "open", 0, NULL);
+  /* cut by max_tokens: closed best effort */
+  expect_gemma("{city:" Q "Par", 1, "{\"city\":\"Par\"}");
+  expect_gemma("{a:1,b:", 1, "{\"a\":1,\"b\":null}");
+  expect_gemma("{a:[1,2", 1, "{\"a\":[1,2]}");
+  expect_gemma("{a:1,bc", 1, "{\"a\":1}");
+  expect_gemma("{a:{b:\"x", 1, "{\"a\":{\"b\":\"x\"}}");
+}
+
+static json_t *weather_tools(void) {
+  return json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}]", 0, NULL);
+}
+
+static const char *call_field(const json_t *calls, size_t i, const char *key) {
+  return json_string_value(json_object_get(json_array_get(calls, i), key));
+}
+
+static void test_gemma_segments(void **state) {
+  (void)state;
+  json_t *t = weather_tools();
+  json_t *calls = json_array();
+  const char *two =
+      "call:get_weather{city:" Q "Paris" Q "}\ncall:get_weather{city:" Q "Rome" Q ",days:2}";
+  assert_int_equal(ci_gemma_tool_calls_parse(t, two, strlen(two), 0, calls), 2);
+  assert_string_equal(call_field(calls, 0, "name"), "get_weather");
+  assert_string_equal(call_field(calls, 0, "arguments"), "{\"city\":\"Paris\"}");
+  assert_string_equal(call_field(calls, 1, "arguments"), "{\"city\":\"Rome\",\"days\":2}");
+  json_array_clear(calls);
+  const char *unknown = "call:rm_rf{path:" Q "/" Q "}";
+  assert_int_equal(ci_gemma_tool_calls_parse(t, unknown, strlen(unknown), 0, calls), -1);
+  assert_int_equal(ci_gemma_tool_calls_parse(NULL, unknown, strlen(unknown), 0, calls), 1);
+  json_array_clear(calls);
+  /* one bad call fails the whole segment */
+  const char *mixed = "call:get_weather{city:" Q "Paris" Q "} hello";
+  assert_int_equal(ci_gemma_tool_calls_parse(t, mixed, strlen(mixed), 0, calls), -1);
+  assert_int_equal(ci_gemma_tool_calls_parse(t, "", 0, 0, calls), -1);
+  const char *open = "call:get_weather{city:" Q "Pa";
+  assert_int_equal(ci_gemma_tool_calls_parse(t, open, strlen(open), 0, calls), -1);
+  assert_int_equal(json_array_size(calls), 0);
+  assert_int_equal(ci_gemma_tool_calls_parse(t, open, strlen(open), 1, calls), 1);
+  assert_string_equal(call_field(calls, 0, "arguments"), "{\"city\":\"Pa\"}");
+  assert_int_equal(ci_gemma_tool_calls_parse(t, "call:get_weather", 16, 1, calls), 1);
+  assert_string_equal(call_field(calls, 1, "arguments"), "{}");
+  json_decref(calls);
+  json_decref(t);
+}
+
+/* A word-level vocabulary with the Gemma 4 markers as special added tokens. */
+enum {
+  T_THOUGHT = 1,
+  T_NL,
+  T_I,
+  T_THINK,
+  T_HELLO,
+  T_WORLD,
+  T_CALL,
+  T_WEATHER,
+  T_LBRACE,
+  T_RBRACE,
+  T_CITY,
+  T_PARIS,
+  T_COMMA,
+  T_DAYS,
+  T_3,
+  T_CH_OPEN = 20,
+  T_CH_CLOSE,
+  T_CALL_OPEN,
+  T_CALL_CLOSE,
+  T_QUOTE,
+  T_RESPONSE
+};
+
+static ci_tokenizer *gemma_tokenizer(void) {
+  static const char json[] =
+      "{\"model\": {\"type\": \"WordLevel\", \"unk_token\": \"<unk>\", \"vocab\": {\"<unk>\": 0, "
+      "\"thought\": 1, \"\\n\": 2, \"I\": 3, \" think\": 4, \"Hello\": 5, \" world\": 6, "
+      "\"call:\": 7, \"get_weather\": 8, \"{\": 9, \"}\": 10, \"city:\": 11, \"Paris\": 12, "
+      "\",\": 13, \"days:\": 14, \"3\": 15, \"<|channel>\": 20, \"<channel|>\": 21, "
+      "\"<|tool_call>\": 22, \"<tool_call|>\": 23, \"<|\\\"|>\": 24, \"<|tool_response>\": 25}}, "
+      "\"decoder\": {\"type\": \"Fuse\"}, \"added_tokens\": ["
+      "{\"id\": 20, \"content\": \"<|channel>\", \"special\": true},"
+      "{\"id\": 21, \"content\": \"<channel|>\", \"special\": true},"
+      "{\"id\": 22, \"content\": \"<|tool_call>\", \"special\": true},"
+      "{\"id\": 23, \"content\": \"<tool_call|>\", \"special\": true},"
+      "{\"id\": 24, \"content\": \"<|\\\"|>\", \"special\": true},"
+      "{\"id\": 25, \"content\": \"<|tool_response>\", \"special\": true}]}";
+  ci_tokenizer *tok = ci_tokenizer_load_json(json, strlen(json));
+  if (!tok) fail_msg("synthetic tokenizer: %s", ci_last_error());
+  return tok;
+}
+
+typedef struct {
+  const ci_tokenizer *tok;
+  ci_detok_stream *detok; /* the caller's content decoder */
+  char content[512], reasoning[512];
+  json_t *calls;
+} router_out;
+
+static void r_reasoning(void *ctx, const char *text, size_t len) {
+  strncat(((router_out *)ctx)->reasoning, text, len);
+}
+static void r_content(void *ctx, const char *text, size_t len) {
+  strncat(((router_out *)ctx)->content, text, len);
+}
+static void r_call(void *ctx, json_t *call) {
+  json_array_append(((router_out *)ctx)->calls, call);
+}
+static const ci_gemma_sinks router_sinks = {r_reasoning, r_content, r_call};
+
+/* Feeds ids one at a time as the server does: the router first, content to a detok stream. */
+static void route(const ci_tokenizer *tok, const ci_gemma_output_options *o, const int32_t *ids,
+                  size_t n, router_out *out) {
+  memset(out, 0, sizeof *out);
+  out->calls = json_array();
+  out->detok = ci_detok_stream_create(tok, NULL, 0, 1);
+  ci_gemma_markers m;
+  ci_gemma_markers_find(tok, &m);
+  ci_gemma_output *g = ci_gemma_output_create(tok, &m, o);
+  assert_non_null(g);
+  const char *piece;
+  size_t len;
+  for (size_t i = 0; i < n; i++) {
+    const int r = ci_gemma_output_push(g, ids[i], &router_sinks, out);
+    assert_true(r >= 0);
+    if (r == 0 && ci_detok_stream_push(out->detok, ids[i], &piece, &len) >= 0)
+      r_content(out, piece, len);
+  }
+  if (ci_detok_stream_finish(out->detok, &piece, &len) >= 0) r_content(out, piece, len);
+  ci_gemma_output_finish(g, &router_sinks, out);
+  ci_gemma_output_free(g);
+  ci_detok_stream_free(out->detok);
+}
+
+static void test_gemma_router(void **state) {
+  (void)state;
+  ci_tokenizer *tok = gemma_tokenizer();
+  json_t *t = weather_tools();
+  ci_gemma_output_options o = {.channels = 1, .tool_calls = 1, .tools = t};
+  router_out out;
+  ci_gemma_markers m;
+  ci_gemma_markers_find(tok, &m);
+  assert_int_equal(m.channel_open, T_CH_OPEN);
+  assert_int_equal(m.response_open, T_RESPONSE);
+  assert_true(ci_gemma_markers_have_channels(&m) && ci_gemma_markers_have_calls(&m));
+
+  /* reasoning, content, then a tool call: markup never reaches the content */
+  const int32_t full[] = {T_CH_OPEN, T_THOUGHT, T_NL,        T_I,     T_THINK,   T_CH_CLOSE,
+                          T_HELLO,   T_WORLD,   T_CALL_OPEN, T_CALL,  T_WEATHER, T_LBRACE,
+                          T_CITY,    T_QUOTE,   T_PARIS,     T_QUOTE, T_COMMA,   T_DAYS,
+                          T_3,       T_RBRACE,  T_CALL_CLOSE};
+  route(tok, &o, full, sizeof full / sizeof full[0], &out);
+  assert_string_equal(out.reasoning, "I think");
+  assert_string_equal(out.content, "Hello world");
+  assert_int_equal(json_array_size(out.calls), 1);
+  assert_string_equal(call_field(out.calls, 0, "arguments"), "{\"city\":\"Paris\",\"days\":3}");
+  json_decref(out.calls);
+
+  /* an empty channel yields nothing; a stray close is dropped */
+  const int32_t empty[] = {T_CH_OPEN, T_THOUGHT, T_NL, T_CH_CLOSE, T_HELLO, T_CH_CLOSE};
+  route(tok, &o, empty, 6, &out);
+  assert_string_equal(out.reasoning, "");
+  assert_string_equal(out.content, "Hello");
+  json_decref(out.calls);
+
+  /* a channel cut by max_tokens surfaces its partial reasoning; a cut name line nothing */
+  const int32_t cut[] = {T_CH_OPEN, T_THOUGHT, T_NL, T_I, T_THINK};
+  route(tok, &o, cut, 5, &out);
+  assert_string_equal(out.reasoning, "I think");
+  json_decref(out.calls);
+  route(tok, &o, cut, 2, &out);
+  assert_string_equal(out.reasoning, "");
+  assert_string_equal(out.content, "");
+  json_decref(out.calls);
+
+  /* a prompt that ends inside an open channel (name line included) */
+  const char primed[] = "<|turn>model\n<|channel>thought\n";
+  int name_done;
+  assert_int_equal(ci_gemma_prompt_open(primed, strlen(primed), &name_done), 1);
+  assert_int_equal(name_done, 1);
+  assert_int_equal(ci_gemma_prompt_open("<|channel>thought\n<channel|>", 28, &name_done), 0);
+  assert_int_equal(ci_gemma_prompt_open("<|channel>", 10, &name_done), 1);
+  assert_int_equal(name_done, 0);
+  ci_gemma_output_options open = o;
+  open.in_channel = open.name_done = 1;
+  const int32_t rest[] = {T_I, T_THINK, T_CH_CLOSE, T_HELLO};
+  route(tok, &open, rest, 4, &out);
+  assert_string_equal(out.reasoning, "I think");
+  assert_string_equal(out.content, "Hello");
+  json_decref(out.calls);
+
+  /* a tool call cut by max_tokens is closed best effort */
+  const int32_t cut_call[] = {T_HELLO,  T_CALL_OPEN, T_CALL,  T_WEATHER,
+                              T_LBRACE, T_CITY,      T_QUOTE, T_PARIS};
+  route(tok, &o, cut_call, 8, &out);
+  assert_string_equal(out.content, "Hello");
+  assert_int_equal(json_array_size(out.calls), 1);
+  assert_string_equal(call_field(out.calls, 0, "arguments"), "{\"city\":\"Paris\"}");
+  json_decref(out.calls);
+
+  /* fail soft: a segment that does not parse is released as content, markers included */
+  const int32_t bad[] = {T_CALL_OPEN, T_HELLO, T_WORLD, T_CALL_CLOSE, T_I};
+  route(tok, &o, bad, 5, &out);
+  assert_int_equal(json_array_size(out.calls), 0);
+  assert_string_equal(out.content, "<|tool_call>Hello world<tool_call|>I");
+  json_decref(out.calls);
+
+  /* parsing off (tool_choice none, other families): the markers are skipped specials */
+  ci_gemma_output_options off = {0};
+  route(tok, &off, full, sizeof full / sizeof full[0], &out);
+  assert_string_equal(out.reasoning, "");
+  assert_string_equal(out.content,
+                      "thought\nI thinkHello worldcall:get_weather{city:Paris,days:3}");
+  assert_int_equal(json_array_size(out.calls), 0);
+  json_decref(out.calls);
+
+  json_decref(t);
+  ci_tokenizer_free(tok);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_hermes_json),
-      cmocka_unit_test(test_qwen_xml),
-      cmocka_unit_test(test_fail_soft),
-      cmocka_unit_test(test_reasoning_split),
+      cmocka_unit_test(test_hermes_json),  cmocka_unit_test(test_qwen_xml),
+      cmocka_unit_test(test_fail_soft),    cmocka_unit_test(test_reasoning_split),
+      cmocka_unit_test(test_gemma_values), cmocka_unit_test(test_gemma_segments),
+      cmocka_unit_test(test_gemma_router),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

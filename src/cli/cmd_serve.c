@@ -22,11 +22,12 @@ static const char usage[] =
     "usage: cinfer serve --model DIR|org/name [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
     "                    [--alias NAME] [--batch N] [--batch-tokens N] [--max-queue N]\n"
     "                    [-c|--ctx-size N] [--memory-budget GB] [--prefill-chunk N]\n"
-    "                    [--prompt-cache GiB] [--max-body MiB] [--threads N]\n"
+    "                    [--prompt-cache GiB] [--max-body MiB] [--threads N] [--cors ORIGIN|*]\n"
     "                    [sampling defaults: --temp ...]\n" CI_CLI_KV_USAGE
     "Serves the OpenAI (/v1/chat/completions, /v1/completions, /v1/models) and Anthropic\n"
     "(/v1/messages) APIs plus /health, /metrics and /stats. --api-key (or CINFER_API_KEY; a\n"
-    "comma-separated list) requires `Authorization: Bearer KEY` or `x-api-key: KEY`.\n"
+    "comma-separated list) requires `Authorization: Bearer KEY` or `x-api-key: KEY`. --cors\n"
+    "ORIGIN (a comma-separated list, or *) adds CORS headers and answers OPTIONS preflights.\n"
     "--prompt-cache caps the KV bytes the prefix cache keeps for reuse (default 2 GiB, within\n"
     "the KV budget; 0 turns it off).\n";
 
@@ -45,6 +46,7 @@ int ci_verb_serve(int argc, char **argv) {
                      {"--prompt-cache", NULL, 1, NULL},
                      {"--max-body", NULL, 1, NULL},
                      {"--threads", "-t", 1, NULL},
+                     {"--cors", NULL, 1, NULL},
                      {"--help", "-h", 0, NULL},
                      CI_CLI_SAMPLING_FLAGS,
                      CI_CLI_KV_FLAGS};
@@ -188,6 +190,7 @@ int ci_verb_serve(int argc, char **argv) {
   so.api_keys = api_key;
   so.max_body = (size_t)max_body << 20;
   so.threads = (int)threads;
+  so.cors = ci_args_get(flags, nf, "--cors");
   server = ci_server_start(&so);
   if (!server) {
     fprintf(stderr, "cinfer serve: %s\n", ci_last_error());

@@ -275,11 +275,13 @@ int ci_anthropic_messages(ci_server *s, json_t *body, json_t **out, ci_srv_strea
   if (err || !(messages = map_messages(body, &err)) ||
       !(tools = map_tools(json_object_get(body, "tools"), &err)) ||
       ci_srv_parse_sampling(s, body, 1, &job, 0, &err) ||
-      ci_srv_tokenize_chat(s, messages, tools_off ? NULL : tools, NULL, &job, &err)) {
+      (job.tools_off = tools_off,
+       ci_srv_tokenize_chat(s, messages, tools_off ? NULL : tools, NULL, &job, &err))) {
+    const char *code = job.err_code ? job.err_code : "invalid_value";
     json_decref(messages);
     json_decref(tools);
     ci_srv_job_free(&job);
-    *out = ci_server_error_body(1, 400, "invalid_value", err ? err : "invalid request");
+    *out = ci_server_error_body(1, 400, code, err ? err : "invalid request");
     free(err);
     return 400;
   }

@@ -206,19 +206,42 @@ int ci_srv_parse_sampling(ci_server *s, const json_t *body, int anthropic, ci_sr
       return *err = strdup(msg), -1;
     }
   }
-  const json_t *ignore_eos = json_object_get(body, "ignore_eos");
-  if (ignore_eos && !json_is_boolean(ignore_eos))
-    return *err = strdup("ignore_eos must be a boolean"), -1;
-  job->ignore_eos = json_is_true(ignore_eos);
   if (ci_sampler_params_validate(&job->sampling, s->o.model->spec.vocab))
     return *err = strdup(ci_last_error()), -1;
-  return 0;
+  return ci_srv_parse_extensions(s, body, job, err);
+}
+
+/* continue_final_message: cuts the rendering right after the final message's content (its last
+ * occurrence; templates often trim it, so the trimmed text is tried too). Returns 0, or -1 when
+ * the content cannot be found. */
+static int cut_after_final_message(const char *rendered, size_t *len, const char *content) {
+  const char *start = content, *end = content + strlen(content);
+  for (int trimmed = 0; trimmed < 2; trimmed++) {
+    if (trimmed) {
+      while (start < end && strchr(" \t\r\n", *start)) start++;
+      while (end > start && strchr(" \t\r\n", end[-1])) end--;
+    }
+    const size_t n = (size_t)(end - start);
+    if (n == 0) continue;
+    for (size_t i = *len >= n ? *len - n + 1 : 0; i-- > 0;)
+      if (!memcmp(rendered + i, start, n)) {
+        *len = i + n;
+        return 0;
+      }
+  }
+  return -1;
 }
 
 int ci_srv_tokenize_chat(ci_server *s, json_t *messages, json_t *tools, const json_t *kwargs,
                          ci_srv_job *job, char **err) {
   if (!s->o.chat_template) return *err = strdup("model has no chat template"), -1;
-  json_t *request = json_pack("{s:O, s:b}", "messages", messages, "add_generation_prompt", 1);
+  const json_t *last = json_array_get(messages, json_array_size(messages) - 1);
+  const char *last_role = json_string_value(json_object_get(last, "role"));
+  const char *last_content = json_string_value(json_object_get(last, "content"));
+  if (job->continue_final && (!last_role || strcmp(last_role, "assistant") || !last_content))
+    return *err = strdup("continue_final_message needs a final assistant message"), -1;
+  json_t *request =
+      json_pack("{s:O, s:b}", "messages", messages, "add_generation_prompt", !job->continue_final);
   if (tools && json_array_size(tools) > 0) json_object_set(request, "tools", tools);
   if (json_is_object(kwargs)) {
     const char *key;
@@ -232,10 +255,18 @@ int ci_srv_tokenize_chat(ci_server *s, json_t *messages, json_t *tools, const js
     return *err = dup_printf("chat template: %s", ci_last_error()), -1;
   }
   json_decref(request);
+  if (job->continue_final && cut_after_final_message(rendered, &len, last_content)) {
+    free(rendered);
+    return *err = strdup("continue_final_message: the template's rendering does not contain the "
+                         "final assistant message's content"),
+           -1;
+  }
   int32_t *ids = NULL;
   size_t n = 0;
   const int status = ci_tokenizer_encode(s->o.tokenizer, rendered, len, 0, &ids, &n);
   job->reasoning_open = s->think_format && ci_reasoning_prompt_open(rendered, len);
+  job->channel_open =
+      s->gemma_channels && ci_gemma_prompt_open(rendered, len, &job->channel_name_done);
   free(rendered);
   if (status || n == 0) {
     free(ids);
@@ -277,9 +308,15 @@ int ci_srv_gen_start(ci_server *s, ci_srv_job *job, ci_srv_gen *g, int anthropic
   ej.max_tokens = job->max_tokens;
   ej.sampling = job->sampling;
   if (!job->ignore_eos) ej.eos = s->o.eos;
-  ej.kv_plan = s->o.kv_plan;
-  ej.kv_target = s->o.kv_target;
-  ej.kv_start = s->o.kv_start;
+  for (int i = 0; i < job->n_stop_ids; i++) /* stop_token_ids finish like EOS: "stop" */
+    if (ci_eos_set_add(&ej.eos, job->stop_ids[i])) {
+      *body = ci_server_error_body(anthropic, 400, "invalid_value",
+                                   "stop_token_ids: too many stop ids (EOS ids included)");
+      return 400;
+    }
+  ej.kv_plan = job->has_kv ? job->kv_plan : s->o.kv_plan;
+  ej.kv_target = job->has_kv ? job->kv_target : s->o.kv_target;
+  ej.kv_start = job->has_kv ? job->kv_start : s->o.kv_start;
   ej.top_logprobs = job->top_logprobs;
   const ci_engine_verdict v = ci_engine_submit(s->o.engine, &ej, &g->req);
   if (v != CI_ENGINE_SUBMITTED) {
@@ -294,13 +331,31 @@ int ci_srv_gen_start(ci_server *s, ci_srv_job *job, ci_srv_gen *g, int anthropic
         ci_server_error_body(anthropic, v == CI_ENGINE_QUEUE_FULL ? 429 : 503, "overloaded", msg);
     return v == CI_ENGINE_QUEUE_FULL ? 429 : 503;
   }
+  ci_srv_gen_init_text(s, job, g);
+  return 0;
+}
+
+void ci_srv_gen_init_text(ci_server *s, ci_srv_job *job, ci_srv_gen *g) {
+  g->srv = s;
+  if (g->t_start == 0) g->t_start = ci_now_seconds();
   g->detok = ci_detok_stream_create(s->o.tokenizer, (const char *const *)job->stop,
                                     (size_t)job->n_stop, 1);
-  if (s->think_format) g->split = ci_reasoning_split_create(job->reasoning_open);
+  if (s->think_format && !job->raw_text) g->split = ci_reasoning_split_create(job->reasoning_open);
+  g->in_think = job->reasoning_open;
   if (job->tools) {
     g->tool_defs = job->tools;
     job->tools = NULL;
-    g->tools = ci_tool_parser_create(g->tool_defs);
+  }
+  const int gemma_calls = s->gemma_calls && !job->tools_off && !job->raw_text;
+  const int gemma_channels = s->gemma_channels && !job->raw_text;
+  if (g->tool_defs && !s->gemma_calls) g->tools = ci_tool_parser_create(g->tool_defs);
+  if (gemma_channels || gemma_calls) {
+    const ci_gemma_output_options go = {.channels = gemma_channels,
+                                        .tool_calls = gemma_calls,
+                                        .in_channel = job->channel_open,
+                                        .name_done = job->channel_name_done,
+                                        .tools = g->tool_defs};
+    g->gemma = ci_gemma_output_create(s->o.tokenizer, &s->gemma, &go);
   }
   g->stop = job->stop;
   g->n_stop = job->n_stop;
@@ -313,10 +368,27 @@ int ci_srv_gen_start(ci_server *s, ci_srv_job *job, ci_srv_gen *g, int anthropic
   g->d_logprobs = json_array();
   g->logprobs = json_array();
   g->prompt_tokens = job->n_prompt;
-  return 0;
 }
 
 /* ==== The text pipeline ==== */
+
+void ci_server_detect_formats(ci_server *s) {
+  const ci_tokenizer *tok = s->o.tokenizer;
+  s->think_open = ci_tokenizer_token_to_id(tok, "<think>");
+  s->think_close = ci_tokenizer_token_to_id(tok, "</think>");
+  s->think_format = s->think_open >= 0 && s->think_close >= 0;
+  ci_gemma_markers_find(tok, &s->gemma);
+  /* api.md §3.3: a template mentioning <|channel> means gemma-channel reasoning */
+  s->gemma_channels = s->o.chat_template &&
+                      ci_chat_template_mentions(s->o.chat_template, "<|channel>") &&
+                      ci_gemma_markers_have_channels(&s->gemma);
+  /* api.md §4: model_type gemma4* means the token parser, always on; <|tool_response> after a
+     call ends generation */
+  const char *type = s->o.model ? s->o.model->spec.model_type : NULL;
+  s->gemma_calls = type && !strncmp(type, "gemma4", 6) && ci_gemma_markers_have_calls(&s->gemma);
+  if (s->gemma_calls && s->gemma.response_open >= 0)
+    ci_eos_set_add(&s->o.eos, s->gemma.response_open);
+}
 
 static void on_content(void *ctx, const char *text, size_t len) {
   ci_srv_gen *g = ctx;
@@ -324,23 +396,39 @@ static void on_content(void *ctx, const char *text, size_t len) {
   ci_strbuf_append(&g->content, text, len);
 }
 
+static void on_reasoning(void *ctx, const char *text, size_t len) {
+  ci_srv_gen *g = ctx;
+  ci_strbuf_append(&g->d_reasoning, text, len);
+  ci_strbuf_append(&g->reasoning, text, len);
+}
+
+static void on_calls(ci_srv_gen *g, json_t *fresh) {
+  json_array_extend(g->d_calls, fresh);
+  json_array_extend(g->calls, fresh);
+}
+
 static void on_split(void *ctx, int is_reasoning, const char *text, size_t len) {
   ci_srv_gen *g = ctx;
   if (is_reasoning) {
-    ci_strbuf_append(&g->d_reasoning, text, len);
-    ci_strbuf_append(&g->reasoning, text, len);
+    on_reasoning(g, text, len);
   } else if (g->tools) {
-    const size_t before = json_array_size(g->calls);
     json_t *fresh = json_array();
     ci_tool_parser_push(g->tools, text, len, fresh, on_content, g);
-    json_array_extend(g->d_calls, fresh);
-    json_array_extend(g->calls, fresh);
+    on_calls(g, fresh);
     json_decref(fresh);
-    (void)before;
   } else {
     on_content(g, text, len);
   }
 }
+
+static void on_gemma_call(void *ctx, json_t *call) {
+  ci_srv_gen *g = ctx;
+  json_array_append(g->d_calls, call);
+  json_array_append(g->calls, call);
+}
+
+/* Gemma routing: reasoning and calls as above; a segment that failed to parse is content. */
+static const ci_gemma_sinks gemma_sinks = {on_reasoning, on_content, on_gemma_call};
 
 static void visible_text(ci_srv_gen *g, const char *text, size_t len) {
   if (!len) return;
@@ -352,12 +440,15 @@ static void visible_text(ci_srv_gen *g, const char *text, size_t len) {
 
 /* End of text: flush every stage. */
 static void flush_text(ci_srv_gen *g) {
+  if (g->gemma) {
+    ci_gemma_output_finish(g->gemma, &gemma_sinks, g);
+    g->reasoning_tokens += ci_gemma_output_reasoning_tokens(g->gemma);
+  }
   if (g->split) ci_reasoning_split_finish(g->split, on_split, g);
   if (g->tools) {
     json_t *fresh = json_array();
     ci_tool_parser_finish(g->tools, fresh, on_content, g);
-    json_array_extend(g->d_calls, fresh);
-    json_array_extend(g->calls, fresh);
+    on_calls(g, fresh);
     json_decref(fresh);
   }
 }
@@ -397,23 +488,52 @@ static void finish(ci_srv_gen *g, const char *reason) {
   flush_text(g);
   g->done = 1;
   g->finish = json_array_size(g->calls) > 0 ? "tool_calls" : reason;
+  if (!g->engine_timings) { /* measured here: queue and prefill together */
+    g->prefill_s = g->t_first > 0 ? g->t_first - g->t_start : 0;
+    g->decode_s = g->t_first > 0 ? g->t_prev - g->t_first : 0;
+  }
+}
+
+/* Think-tag reasoning tokens: those strictly between <think> and </think> (by id). */
+static void count_think(ci_srv_gen *g, int32_t id) {
+  if (!g->split) return;
+  if (id == g->srv->think_open)
+    g->in_think = 1;
+  else if (id == g->srv->think_close)
+    g->in_think = 0;
+  else if (g->in_think)
+    g->reasoning_tokens++;
 }
 
 int ci_srv_gen_pump(ci_srv_gen *g, double timeout_s) {
   if (g->done) return 0;
   ci_engine_event ev;
   if (!ci_engine_request_next(g->req, &ev, timeout_s)) return 0;
-  const double now = ci_now_seconds();
-  if (ev.kind == CI_ENGINE_EVENT_ERROR) {
-    snprintf(g->error, sizeof g->error, "%s", ev.message);
-    g->failed = 1;
-    g->done = 1;
-    g->finish = "error";
-    return 1;
+  ci_srv_gen_apply(g, &ev, ci_now_seconds());
+  return 1;
+}
+
+static void fail_generation(ci_srv_gen *g, const char *message) {
+  snprintf(g->error, sizeof g->error, "%s", message);
+  g->failed = 1;
+  g->done = 1;
+  g->finish = "error";
+  if (g->req) ci_engine_request_cancel(g->req);
+}
+
+void ci_srv_gen_apply(ci_srv_gen *g, const ci_engine_event *ev, double now) {
+  if (g->done) return;
+  if (ev->kind == CI_ENGINE_EVENT_ERROR) {
+    fail_generation(g, ev->message);
+    return;
   }
-  if (ev.kind == CI_ENGINE_EVENT_DONE) {
-    g->completion_tokens = ev.generated_tokens;
-    g->cached_tokens = ev.cached_tokens;
+  if (ev->kind == CI_ENGINE_EVENT_DONE) {
+    g->completion_tokens = ev->generated_tokens;
+    g->cached_tokens = ev->cached_tokens;
+    g->engine_timings = 1;
+    g->queue_s = ev->queue_seconds;
+    g->prefill_s = ev->prefill_seconds;
+    g->decode_s = ev->decode_seconds;
     const char *detok_piece;
     size_t detok_len;
     const int r = ci_detok_stream_finish(g->detok, &detok_piece, &detok_len);
@@ -422,13 +542,13 @@ int ci_srv_gen_pump(ci_srv_gen *g, double timeout_s) {
       g->stopped_by_string = 1;
       find_stop_sequence(g);
     }
-    g->eos_stop = ev.finish == CI_FINISH_STOP;
-    finish(g, ev.finish == CI_FINISH_LENGTH && r != 1 ? "length" : "stop");
+    g->eos_stop = ev->finish == CI_FINISH_STOP;
+    finish(g, ev->finish == CI_FINISH_LENGTH && r != 1 ? "length" : "stop");
     pthread_mutex_lock(&g->srv->metrics_mu);
-    ci_histogram_observe(&g->srv->queue, ev.queue_seconds);
+    ci_histogram_observe(&g->srv->queue, ev->queue_seconds);
     ci_histogram_observe(&g->srv->duration, now - g->t_start);
     pthread_mutex_unlock(&g->srv->metrics_mu);
-    return 1;
+    return;
   }
   /* a token */
   pthread_mutex_lock(&g->srv->metrics_mu);
@@ -437,6 +557,7 @@ int ci_srv_gen_pump(ci_srv_gen *g, double timeout_s) {
   else
     ci_histogram_observe(&g->srv->itl, now - g->t_prev);
   pthread_mutex_unlock(&g->srv->metrics_mu);
+  if (g->completion_tokens == 0) g->t_first = now;
   g->t_prev = now;
   g->completion_tokens++;
   if (g->n_ids == g->cap_ids) {
@@ -444,23 +565,25 @@ int ci_srv_gen_pump(ci_srv_gen *g, double timeout_s) {
     int32_t *bigger = realloc(g->ids, (size_t)cap * sizeof *bigger);
     if (bigger) g->ids = bigger, g->cap_ids = cap;
   }
-  if (g->n_ids < g->cap_ids) g->ids[g->n_ids++] = ev.token;
-  const char *piece;
-  size_t len;
-  const int r = ci_detok_stream_push(g->detok, ev.token, &piece, &len);
+  if (g->n_ids < g->cap_ids) g->ids[g->n_ids++] = ev->token;
+  count_think(g, ev->token);
+  const char *piece = NULL;
+  size_t len = 0;
+  int r = g->gemma ? ci_gemma_output_push(g->gemma, ev->token, &gemma_sinks, g) : 0;
+  if (r == 1) /* routed (Gemma reasoning or tool call): not content */
+    r = 0;
+  else if (r == 0)
+    r = ci_detok_stream_push(g->detok, ev->token, &piece, &len);
   if (r < 0) {
-    snprintf(g->error, sizeof g->error, "%s", ci_last_error());
-    g->failed = 1;
-    g->done = 1;
-    ci_engine_request_cancel(g->req);
-    return 1;
+    fail_generation(g, ci_last_error());
+    return;
   }
   visible_text(g, piece, len);
   if (g->want_logprobs) {
-    json_t *entry = token_logprob(g, ev.token, ev.logprob);
+    json_t *entry = token_logprob(g, ev->token, ev->logprob);
     json_t *top = json_array();
-    for (int i = 0; i < ev.n_top; i++)
-      json_array_append_new(top, token_logprob(g, ev.top_ids[i], ev.top_logprobs[i]));
+    for (int i = 0; i < ev->n_top; i++)
+      json_array_append_new(top, token_logprob(g, ev->top_ids[i], ev->top_logprobs[i]));
     json_object_set_new(entry, "top_logprobs", top);
     if (r != 1) {
       json_array_append(g->d_logprobs, entry);
@@ -469,12 +592,24 @@ int ci_srv_gen_pump(ci_srv_gen *g, double timeout_s) {
     json_decref(entry);
   }
   if (r == 1) { /* a stop string completed: the engine stops at its next boundary */
-    ci_engine_request_cancel(g->req);
+    if (g->req) ci_engine_request_cancel(g->req);
     g->stopped_by_string = 1;
     find_stop_sequence(g);
     finish(g, "stop");
   }
-  return 1;
+}
+
+json_t *ci_srv_gen_timings(const ci_srv_gen *g) {
+  const int prompt_n = g->prompt_tokens - g->cached_tokens, predicted_n = g->completion_tokens;
+  /* generation.md §10: prefill tok/s = (P - p) / prefill time; decode tok/s = (g - 1) / (last
+     token time - first token time) */
+  const double prompt_rate = g->prefill_s > 0 ? prompt_n / g->prefill_s : 0;
+  const double decode_rate =
+      g->decode_s > 0 && predicted_n > 1 ? (predicted_n - 1) / g->decode_s : 0;
+  return json_pack("{s:i, s:f, s:f, s:i, s:f, s:f, s:i, s:i, s:i}", "prompt_n", prompt_n,
+                   "prompt_ms", g->prefill_s * 1e3, "prompt_per_second", prompt_rate, "predicted_n",
+                   predicted_n, "predicted_ms", g->decode_s * 1e3, "predicted_per_second",
+                   decode_rate, "cache_n", g->cached_tokens, "draft_n", 0, "draft_accepted_n", 0);
 }
 
 void ci_srv_gen_clear_deltas(ci_srv_gen *g) {
@@ -489,6 +624,7 @@ void ci_srv_gen_free(ci_srv_gen *g) {
   ci_detok_stream_free(g->detok);
   ci_reasoning_split_free(g->split);
   ci_tool_parser_free(g->tools);
+  ci_gemma_output_free(g->gemma);
   json_decref(g->tool_defs);
   for (int i = 0; i < g->n_stop; i++) free(g->stop[i]);
   free(g->stop);

@@ -1,7 +1,8 @@
 /* HTTP plumbing over libmicrohttpd (api.md §1, §10): a thread per connection, body collection
- * with a size limit, bearer / x-api-key auth, the route table, JSON and SSE responses, errors in
- * each API's shape. A client that disconnects mid-stream makes libmicrohttpd free the stream,
- * which releases (cancels) its engine request. */
+ * with a size limit, bearer / x-api-key auth, CORS (--cors: Access-Control-Allow-* headers and
+ * OPTIONS preflight), the route table, JSON and SSE responses, errors in each API's shape. A client
+ * that disconnects mid-stream makes libmicrohttpd free the stream, which releases (cancels) its
+ * engine request. */
 #include "server/server.h"
 
 #include "base/error.h"
@@ -76,22 +77,72 @@ typedef struct {
   int too_large;
 } connection;
 
-static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *type,
-                                 char *text) {
+/* ==== CORS (api.md §1: off unless --cors ORIGIN|*) ==== */
+
+/* The Access-Control-Allow-Origin value for this request: "*", the request's Origin when it is
+ * one of the --cors list, else NULL (no CORS headers). */
+static const char *cors_origin(const ci_server *s, struct MHD_Connection *c) {
+  if (!s->o.cors || !*s->o.cors) return NULL;
+  if (!strcmp(s->o.cors, "*")) return "*";
+  const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+  if (!origin) return NULL;
+  const size_t n = strlen(origin);
+  for (const char *p = s->o.cors; *p;) {
+    const char *end = strchr(p, ',');
+    const size_t len = end ? (size_t)(end - p) : strlen(p);
+    if (len == n && !memcmp(p, origin, n)) return origin;
+    p += len + (end ? 1 : 0);
+  }
+  return NULL;
+}
+
+static void add_cors(const ci_server *s, struct MHD_Connection *c, struct MHD_Response *r) {
+  const char *origin = cors_origin(s, c);
+  if (!origin) return;
+  MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
+  if (strcmp(origin, "*")) MHD_add_response_header(r, "Vary", "Origin");
+}
+
+/* An OPTIONS preflight: 204 with the allowed methods and headers (no auth: browsers send none). */
+static enum MHD_Result send_preflight(const ci_server *s, struct MHD_Connection *c) {
+  struct MHD_Response *r = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
+  add_cors(s, c, r);
+  const char *asked =
+      MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+  MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+  MHD_add_response_header(r, "Access-Control-Allow-Headers",
+                          asked ? asked
+                                : "Authorization, Content-Type, x-api-key, anthropic-version, "
+                                  "anthropic-beta");
+  MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
+  const enum MHD_Result ok = MHD_queue_response(c, 204, r);
+  MHD_destroy_response(r);
+  return ok;
+}
+
+/* ==== Responses ==== */
+
+/* Queues text (taken, freed by libmicrohttpd) with a content type, CORS headers and, for 429,
+ * Retry-After. */
+static enum MHD_Result send_text(const ci_server *s, struct MHD_Connection *c, int status,
+                                 const char *type, char *text) {
   struct MHD_Response *r =
       MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
   MHD_add_response_header(r, "Content-Type", type);
+  if (status == 429) MHD_add_response_header(r, "Retry-After", "1");
+  add_cors(s, c, r);
   const enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
   MHD_destroy_response(r);
   return ok;
 }
 
-static enum MHD_Result send_json(struct MHD_Connection *c, int status, json_t *obj /* stolen */) {
+static enum MHD_Result send_json(const ci_server *s, struct MHD_Connection *c, int status,
+                                 json_t *obj /* stolen */) {
   char *text = obj ? json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
   json_decref(obj);
   if (!text)
     text = strdup("{\"error\":{\"message\":\"internal error\",\"type\":\"server_error\"}}");
-  return send_text(c, status, "application/json", text);
+  return send_text(s, c, status, "application/json", text);
 }
 
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -113,11 +164,13 @@ static void stream_free(void *cls) {
   ci_srv_stream_free(cls);
 }
 
-static enum MHD_Result send_stream(struct MHD_Connection *c, ci_srv_stream *st) {
+static enum MHD_Result send_stream(const ci_server *s, struct MHD_Connection *c,
+                                   ci_srv_stream *st) {
   struct MHD_Response *r =
       MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, st, stream_free);
   MHD_add_response_header(r, "Content-Type", "text/event-stream");
   MHD_add_response_header(r, "Cache-Control", "no-cache");
+  add_cors(s, c, r);
   const enum MHD_Result ok = MHD_queue_response(c, 200, r);
   MHD_destroy_response(r);
   return ok;
@@ -160,26 +213,28 @@ static enum MHD_Result dispatch(ci_server *s, struct MHD_Connection *c, const ch
       if (!strcmp(method, routes[i].method)) found = (int)i;
     }
   const int anthropic = !strncmp(url, "/v1/messages", 12);
+  if (path_known && !strcmp(method, "OPTIONS") && cors_origin(s, c)) return send_preflight(s, c);
   if (found < 0) {
     const int status = path_known ? 405 : 404;
     ci_server_count_request(s, "other", status);
-    return send_json(c, status,
+    return send_json(s, c, status,
                      ci_server_error_body(anthropic, status,
                                           path_known ? "method_not_allowed" : "not_found",
                                           path_known ? "method not allowed" : "route not found"));
   }
   const route_id id = routes[found].id;
-  if (id == R_HEALTH) return send_text(c, 200, "application/json", strdup("{\"status\": \"ok\"}"));
+  if (id == R_HEALTH)
+    return send_text(s, c, 200, "application/json", strdup("{\"status\": \"ok\"}"));
   if (!authorized(s, c)) {
     ci_server_count_request(s, url, 401);
     return send_json(
-        c, 401,
+        s, c, 401,
         ci_server_error_body(anthropic, 401, "invalid_api_key", "invalid or missing API key"));
   }
   if (conn->too_large) {
     ci_server_count_request(s, url, 413);
     return send_json(
-        c, 413,
+        s, c, 413,
         ci_server_error_body(anthropic, 413, "request_too_large", "request body is too large"));
   }
   json_t *out = NULL;
@@ -187,12 +242,12 @@ static enum MHD_Result dispatch(ci_server *s, struct MHD_Connection *c, const ch
   int status = 200;
   if (id == R_METRICS) {
     char *text = ci_server_metrics_text(s);
-    return send_text(c, 200, "text/plain; version=0.0.4", text ? text : strdup(""));
+    return send_text(s, c, 200, "text/plain; version=0.0.4", text ? text : strdup(""));
   }
-  if (id == R_STATS) return send_json(c, 200, ci_server_stats_json(s));
+  if (id == R_STATS) return send_json(s, c, 200, ci_server_stats_json(s));
   if (id == R_MODELS) {
     ci_openai_models(s, &out);
-    return send_json(c, 200, out);
+    return send_json(s, c, 200, out);
   }
   json_error_t jerr;
   json_t *body = conn->body.len ? json_loadb(conn->body.data, conn->body.len, 0, &jerr) : NULL;
@@ -207,7 +262,7 @@ static enum MHD_Result dispatch(ci_server *s, struct MHD_Connection *c, const ch
                jerr.column);
     json_decref(body);
     ci_server_count_request(s, url, 400);
-    return send_json(c, 400, ci_server_error_body(anthropic, 400, "invalid_json", msg));
+    return send_json(s, c, 400, ci_server_error_body(anthropic, 400, "invalid_json", msg));
   }
   switch (id) {
   case R_CHAT:
@@ -225,19 +280,8 @@ static enum MHD_Result dispatch(ci_server *s, struct MHD_Connection *c, const ch
   }
   json_decref(body);
   ci_server_count_request(s, url, status);
-  if (stream) return send_stream(c, stream);
-  if (status == 429) {
-    char *text = out ? json_dumps(out, JSON_COMPACT) : strdup("{}");
-    json_decref(out);
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
-    MHD_add_response_header(r, "Content-Type", "application/json");
-    MHD_add_response_header(r, "Retry-After", "1");
-    const enum MHD_Result ok = MHD_queue_response(c, 429, r);
-    MHD_destroy_response(r);
-    return ok;
-  }
-  return send_json(c, status, out);
+  if (stream) return send_stream(s, c, stream);
+  return send_json(s, c, status, out);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
@@ -283,8 +327,8 @@ ci_server *ci_server_start(const ci_server_options *o) {
   s->o = *o;
   s->started_at = (double)time(NULL);
   pthread_mutex_init(&s->metrics_mu, NULL);
-  s->think_format = ci_tokenizer_token_to_id(o->tokenizer, "<think>") >= 0 &&
-                    ci_tokenizer_token_to_id(o->tokenizer, "</think>") >= 0;
+  ci_server_detect_formats(s);
+  s->weights_bytes = ci_model_weight_bytes_per_token(o->model);
   if (o->api_keys && *o->api_keys) {
     char *copy = strdup(o->api_keys), *save = NULL;
     for (char *k = strtok_r(copy, ",", &save); k; k = strtok_r(NULL, ",", &save)) {

@@ -1,5 +1,6 @@
 /* /metrics (Prometheus text 0.0.4) and /stats (JSON) (api.md §9): request counters per route and
- * status, token counters, queue and batch gauges, KV blocks and bytes, latency histograms. */
+ * status, token counters, queue and batch gauges, KV blocks and bytes per codec and in all,
+ * prefix-cache figures, weights bytes, latency histograms. */
 #include "server/server.h"
 
 #include <stddef.h>
@@ -41,6 +42,9 @@ char *ci_server_metrics_text(ci_server *s) {
       {"cinfer_generation_tokens_total", "counter", st.generated_tokens},
       {"cinfer_prefix_cache_hits_total", "counter", st.prefix_hits},
       {"cinfer_prefix_cache_misses_total", "counter", st.prefix_misses},
+      /* no speculative decoding yet: nothing is drafted */
+      {"cinfer_spec_draft_tokens_total", "counter", 0},
+      {"cinfer_spec_accepted_tokens_total", "counter", 0},
       {"cinfer_requests_cancelled_total", "counter", st.requests_cancelled},
       {"cinfer_requests_failed_total", "counter", st.requests_failed},
       {"cinfer_engine_steps_total", "counter", st.steps},
@@ -49,6 +53,7 @@ char *ci_server_metrics_text(ci_server *s) {
       {"cinfer_kv_bytes_budget", "gauge", st.kv_budget_bytes},
       {"cinfer_kv_bytes_reserved", "gauge", st.reserved_bytes},
       {"cinfer_prefix_cache_bytes", "gauge", st.prefix_cache_bytes},
+      {"cinfer_weights_bytes", "gauge", s->weights_bytes},
   };
   for (size_t i = 0; i < sizeof simple / sizeof simple[0]; i++)
     ci_strbuf_appendf(&b, "# TYPE %s %s\n%s %lld\n", simple[i].name, simple[i].type, simple[i].name,
@@ -88,23 +93,24 @@ json_t *ci_server_stats_json(ci_server *s) {
   ci_engine_get_stats(s->o.engine, &st);
   const ci_model_spec *spec = &s->o.model->spec;
   return json_pack(
-      "{s:{s:s, s:s, s:s, s:i, s:I, s:I}, s:{s:i, s:i, s:i}, s:{s:I, s:I, s:I, s:I}, "
+      "{s:{s:s, s:s, s:s, s:i, s:I, s:I}, s:{s:s, s:i, s:I, s:i, s:i}, s:{s:I, s:I, s:I, s:I}, "
       "s:{s:i, s:i, s:i, s:I, s:I}, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I}, "
       "s:{s:I, s:I, s:I, s:I, s:I, s:I}}",
       "server", "version", "0.1", "model", s->o.model_id, "device", "cpu", "threads", s->o.threads,
       "started_at", (json_int_t)s->started_at, "uptime_s",
-      (json_int_t)(time(NULL) - (time_t)s->started_at), "model", "layers", spec->n_layers,
-      "ctx_size", ci_engine_ctx_size(s->o.engine), "max_position_embeddings", spec->max_position,
-      "kv", "bytes_used", (json_int_t)st.bytes_used, "bytes_budget", (json_int_t)st.kv_budget_bytes,
-      "blocks_used", (json_int_t)st.blocks_used, "bytes_reserved", (json_int_t)st.reserved_bytes,
-      "batch", "running", st.running, "waiting", st.waiting, "max", 0, "steps",
-      (json_int_t)st.steps, "step_rows", (json_int_t)st.step_rows, "totals", "requests_finished",
-      (json_int_t)st.requests_finished, "requests_cancelled", (json_int_t)st.requests_cancelled,
-      "requests_failed", (json_int_t)st.requests_failed, "prompt_tokens",
-      (json_int_t)st.prompt_tokens, "generation_tokens", (json_int_t)st.generated_tokens,
-      "prefix_cache_hits", (json_int_t)st.prefix_hits, "prefix_cache_misses",
-      (json_int_t)st.prefix_misses, "prefix_cache", "entries", (json_int_t)st.prefix_cache_entries,
-      "blocks", (json_int_t)st.prefix_cache_blocks, "bytes", (json_int_t)st.prefix_cache_bytes,
-      "max_bytes", (json_int_t)st.prefix_cache_max_bytes, "hits", (json_int_t)st.prefix_hits,
-      "misses", (json_int_t)st.prefix_misses);
+      (json_int_t)(time(NULL) - (time_t)s->started_at), "model", "model_type",
+      spec->model_type ? spec->model_type : "", "layers", spec->n_layers, "weights_bytes",
+      (json_int_t)s->weights_bytes, "ctx_size", ci_engine_ctx_size(s->o.engine),
+      "max_position_embeddings", spec->max_position, "kv", "bytes_used", (json_int_t)st.bytes_used,
+      "bytes_budget", (json_int_t)st.kv_budget_bytes, "blocks_used", (json_int_t)st.blocks_used,
+      "bytes_reserved", (json_int_t)st.reserved_bytes, "batch", "running", st.running, "waiting",
+      st.waiting, "max", 0, "steps", (json_int_t)st.steps, "step_rows", (json_int_t)st.step_rows,
+      "totals", "requests_finished", (json_int_t)st.requests_finished, "requests_cancelled",
+      (json_int_t)st.requests_cancelled, "requests_failed", (json_int_t)st.requests_failed,
+      "prompt_tokens", (json_int_t)st.prompt_tokens, "generation_tokens",
+      (json_int_t)st.generated_tokens, "prefix_cache_hits", (json_int_t)st.prefix_hits,
+      "prefix_cache_misses", (json_int_t)st.prefix_misses, "prefix_cache", "entries",
+      (json_int_t)st.prefix_cache_entries, "blocks", (json_int_t)st.prefix_cache_blocks, "bytes",
+      (json_int_t)st.prefix_cache_bytes, "max_bytes", (json_int_t)st.prefix_cache_max_bytes, "hits",
+      (json_int_t)st.prefix_hits, "misses", (json_int_t)st.prefix_misses);
 }

@@ -120,10 +120,44 @@ static int check_tools(const json_t *tools, char **err) {
 /* ==== Responses ==== */
 
 static json_t *usage_json(const ci_srv_gen *g) {
-  return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", g->prompt_tokens,
+  return json_pack("{s:i, s:i, s:i, s:{s:i}, s:{s:i}}", "prompt_tokens", g->prompt_tokens,
                    "completion_tokens", g->completion_tokens, "total_tokens",
                    g->prompt_tokens + g->completion_tokens, "prompt_tokens_details",
-                   "cached_tokens", g->cached_tokens);
+                   "cached_tokens", g->cached_tokens, "completion_tokens_details",
+                   "reasoning_tokens", g->reasoning_tokens);
+}
+
+/* Number of UTF-8 code points in s[0..n) (text_offset counts characters, as Python does). */
+static long utf8_chars(const char *s, size_t n) {
+  long chars = 0;
+  for (size_t i = 0; i < n; i++) chars += ((unsigned char)s[i] & 0xC0) != 0x80;
+  return chars;
+}
+
+/* The legacy /v1/completions logprobs object (api.md §7) of the given token entries (the chat
+ * entries ci_srv_gen keeps); *offset is the text offset of the first one and advances. */
+static json_t *legacy_logprobs(const json_t *entries, long *offset) {
+  json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offsets = json_array();
+  size_t i;
+  json_t *e;
+  json_array_foreach(entries, i, e) {
+    const json_t *token = json_object_get(e, "token");
+    json_array_append(tokens, (json_t *)token);
+    json_array_append(lps, json_object_get(e, "logprob"));
+    json_t *top = json_object();
+    size_t k;
+    json_t *alt;
+    json_array_foreach(json_object_get(e, "top_logprobs"), k, alt) {
+      const char *text = json_string_value(json_object_get(alt, "token"));
+      if (text && !json_object_get(top, text))
+        json_object_set(top, text, json_object_get(alt, "logprob"));
+    }
+    json_array_append_new(tops, top);
+    json_array_append_new(offsets, json_integer(*offset));
+    *offset += utf8_chars(json_string_value(token), json_string_length(token));
+  }
+  return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs",
+                   tops, "text_offset", offsets);
 }
 
 static json_t *tool_calls_json(const json_t *calls, int with_index, int base) {
@@ -155,10 +189,11 @@ static json_t *chat_response(const ci_srv_gen *g, const char *id, long long crea
                         json_stringn(g->reasoning.data, g->reasoning.len));
   if (has_calls) json_object_set_new(message, "tool_calls", tool_calls_json(g->calls, 0, 0));
   json_t *logprobs = g->want_logprobs ? json_pack("{s:O}", "content", g->logprobs) : json_null();
-  return json_pack("{s:s, s:s, s:I, s:s, s:s, s:[{s:i, s:o, s:o, s:s}], s:o}", "id", id, "object",
-                   "chat.completion", "created", (json_int_t)created, "model", model,
+  return json_pack("{s:s, s:s, s:I, s:s, s:s, s:[{s:i, s:o, s:o, s:s}], s:o, s:o}", "id", id,
+                   "object", "chat.completion", "created", (json_int_t)created, "model", model,
                    "system_fingerprint", fingerprint, "choices", "index", 0, "message", message,
-                   "logprobs", logprobs, "finish_reason", g->finish, "usage", usage_json(g));
+                   "logprobs", logprobs, "finish_reason", g->finish, "usage", usage_json(g),
+                   "timings", ci_srv_gen_timings(g));
 }
 
 /* ==== SSE ==== */
@@ -195,6 +230,7 @@ static void stream_finish(ci_srv_stream *st, int chat) {
                                     "finish_reason", st->gen.finish);
   json_t *c = chunk(st, object, choice);
   if (!st->include_usage) json_object_set_new(c, "usage", usage_json(&st->gen));
+  json_object_set_new(c, "timings", ci_srv_gen_timings(&st->gen));
   sse_json(st, c);
   if (st->include_usage) {
     c = chunk(st, object, NULL);
@@ -257,10 +293,14 @@ static void produce_completion(ci_srv_stream *st) {
     stream_error(st);
     return;
   }
-  if (g->d_content.len)
+  if (g->d_content.len || json_array_size(g->d_logprobs))
     sse_json(st, chunk(st, "text_completion",
-                       json_pack("{s:i, s:s%, s:n, s:n}", "index", 0, "text", g->d_content.data,
-                                 g->d_content.len, "logprobs", "finish_reason")));
+                       json_pack("{s:i, s:s%, s:o, s:n}", "index", 0, "text",
+                                 g->d_content.data ? g->d_content.data : "", g->d_content.len,
+                                 "logprobs",
+                                 g->want_logprobs ? legacy_logprobs(g->d_logprobs, &st->text_offset)
+                                                  : json_null(),
+                                 "finish_reason")));
   ci_srv_gen_clear_deltas(g);
   if (g->done) stream_finish(st, 0);
 }
@@ -310,12 +350,15 @@ static int start_and_answer(ci_server *s, ci_srv_job *job, int kind, int stream,
     if (kind == 0) {
       *out = chat_response(&st->gen, st->id, st->created, s->o.model_id);
     } else {
-      *out =
-          json_pack("{s:s, s:s, s:I, s:s, s:s, s:[{s:i, s:s%, s:n, s:s}], s:o}", "id", st->id,
-                    "object", "text_completion", "created", (json_int_t)st->created, "model",
-                    s->o.model_id, "system_fingerprint", fingerprint, "choices", "index", 0, "text",
-                    st->gen.content.data ? st->gen.content.data : "", st->gen.content.len,
-                    "logprobs", "finish_reason", st->gen.finish, "usage", usage_json(&st->gen));
+      long offset = 0;
+      *out = json_pack(
+          "{s:s, s:s, s:I, s:s, s:s, s:[{s:i, s:s%, s:o, s:s}], s:o, s:o}", "id", st->id, "object",
+          "text_completion", "created", (json_int_t)st->created, "model", s->o.model_id,
+          "system_fingerprint", fingerprint, "choices", "index", 0, "text",
+          st->gen.content.data ? st->gen.content.data : "", st->gen.content.len, "logprobs",
+          st->gen.want_logprobs ? legacy_logprobs(st->gen.logprobs, &offset) : json_null(),
+          "finish_reason", st->gen.finish, "usage", usage_json(&st->gen), "timings",
+          ci_srv_gen_timings(&st->gen));
     }
   }
   ci_srv_stream_free(st);
@@ -348,7 +391,8 @@ static int check_common(const json_t *body, ci_srv_job *job, int chat, char **er
   } else if (lp && !json_is_null(lp)) {
     if (!json_is_integer(lp) || json_integer_value(lp) < 0 || json_integer_value(lp) > 20)
       return *err = strdup("logprobs must be an integer between 0 and 20"), -1;
-    job->logprobs = 0; /* legacy shape not produced yet: accepted, not reported */
+    job->logprobs = 1; /* the legacy shape, with k alternatives per token */
+    job->top_logprobs = (int)json_integer_value(lp);
   }
   return 0;
 }
@@ -371,10 +415,12 @@ int ci_openai_chat(ci_server *s, json_t *body, json_t **out, ci_srv_stream **str
       check_common(body, &job, 1, &err) || check_tools(tools, &err) ||
       !(messages = normalize_messages(json_object_get(body, "messages"), &err)) ||
       ci_srv_parse_sampling(s, body, 0, &job, 65536, &err) ||
-      ci_srv_tokenize_chat(s, messages, tools_off ? NULL : (json_t *)tools, kwargs, &job, &err)) {
+      (job.tools_off = tools_off,
+       ci_srv_tokenize_chat(s, messages, tools_off ? NULL : (json_t *)tools, kwargs, &job, &err))) {
+    const char *code = job.err_code ? job.err_code : "invalid_value";
     json_decref(messages);
     ci_srv_job_free(&job);
-    return bad(out, "invalid_value", err);
+    return bad(out, code, err);
   }
   json_decref(messages);
   if (!tools_off && json_array_size(tools) > 0) job.tools = json_incref((json_t *)tools);
@@ -388,9 +434,11 @@ int ci_openai_completions(ci_server *s, json_t *body, json_t **out, ci_srv_strea
   int do_stream, include_usage;
   if (get_stream_flag(body, &do_stream, &include_usage, &err) ||
       check_common(body, &job, 0, &err) || ci_srv_parse_sampling(s, body, 0, &job, 512, &err)) {
+    const char *code = job.err_code ? job.err_code : "invalid_value";
     ci_srv_job_free(&job);
-    return bad(out, "invalid_value", err);
+    return bad(out, code, err);
   }
+  job.raw_text = 1; /* no template, no tool or reasoning parsing (api.md §7) */
   if (json_is_true(json_object_get(body, "echo")) ||
       json_string_length(json_object_get(body, "suffix")) > 0 ||
       (json_is_integer(json_object_get(body, "best_of")) &&
@@ -435,11 +483,11 @@ int ci_openai_completions(ci_server *s, json_t *body, json_t **out, ci_srv_strea
 }
 
 int ci_openai_models(ci_server *s, json_t **out) {
-  *out = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:i, s:i, s:b}]}", "object", "list", "data", "id",
-                   s->o.model_id, "object", "model", "created",
-                   (json_int_t)(long long)s->started_at, "owned_by", "cinfer", "context_window",
-                   ci_engine_ctx_size(s->o.engine), "max_position_embeddings",
-                   s->o.model->spec.max_position, "reasoning", s->think_format);
+  *out = json_pack(
+      "{s:s, s:[{s:s, s:s, s:I, s:s, s:i, s:i, s:b}]}", "object", "list", "data", "id",
+      s->o.model_id, "object", "model", "created", (json_int_t)(long long)s->started_at, "owned_by",
+      "cinfer", "context_window", ci_engine_ctx_size(s->o.engine), "max_position_embeddings",
+      s->o.model->spec.max_position, "reasoning", s->think_format || s->gemma_channels);
   return 200;
 }
 

@@ -10,6 +10,7 @@
 #include "engine/params.h"
 #include "text/chat_template.h"
 #include "text/detok_stream.h"
+#include "text/gemma_output.h"
 #include "text/reasoning_split.h"
 #include "text/tokenizer.h"
 #include "text/tool_call_parse.h"
@@ -39,6 +40,7 @@ typedef struct {
   const char *api_keys; /* comma-separated; NULL or "" = no auth */
   size_t max_body;      /* bytes */
   int threads;
+  const char *cors; /* --cors: "*" or comma-separated origins; NULL = no CORS headers */
 } ci_server_options;
 
 /* Binds and starts serving. NULL with ci_last_error (port taken, ...). */
@@ -79,7 +81,12 @@ typedef struct {
 struct ci_server {
   ci_server_options o;
   struct MHD_Daemon *daemon;
-  int think_format; /* the tokenizer has <think> and </think> */
+  int think_format;                /* the tokenizer has <think> and </think> */
+  int32_t think_open, think_close; /* their ids (reasoning_tokens) */
+  ci_gemma_markers gemma;          /* Gemma 4 marker ids (-1 where absent) */
+  int gemma_channels;              /* gemma-channel reasoning: template mentions <|channel> */
+  int gemma_calls;                 /* Gemma 4 tool-call tokens: model_type gemma4* */
+  int64_t weights_bytes;
   double started_at;
   char **keys;
   int n_keys;
@@ -103,7 +110,10 @@ typedef struct {
   ci_detok_stream *detok;
   ci_reasoning_split *split; /* NULL: no reasoning split */
   ci_tool_parser *tools;     /* NULL: no tool parsing */
-  json_t *tool_defs;         /* owned */
+  ci_gemma_output *gemma;    /* NULL: no Gemma 4 channel / tool-call routing */
+  int in_think;              /* think-tag: inside <think> (counts reasoning tokens) */
+  int reasoning_tokens;
+  json_t *tool_defs; /* owned */
   char **stop;
   int n_stop;
   int want_logprobs, top_logprobs;
@@ -120,6 +130,10 @@ typedef struct {
   int stopped_by_string, eos_stop;
   char *stop_sequence; /* the stop string that fired */
   int prompt_tokens, cached_tokens, completion_tokens;
+  /* timings: the engine's (DONE event), else measured here (a stop string ends the stream
+     before the engine reports) */
+  int engine_timings;
+  double queue_s, prefill_s, decode_s;
   char error[256];
   double t_start, t_first, t_prev;
 } ci_srv_gen;
@@ -137,8 +151,20 @@ typedef struct {
   int n_stop;
   int logprobs, top_logprobs;
   json_t *tools; /* owned; NULL = no tool parsing */
+  int tools_off; /* tool_choice "none": nothing is parsed */
+  int raw_text;  /* /v1/completions: no reasoning or tool-call parsing at all */
   int reasoning_open;
+  int channel_open, channel_name_done; /* the prompt ends inside a Gemma channel */
+  /* extensions (api.md §3.1) */
   int ignore_eos;
+  int32_t stop_ids[CI_EOS_SET_MAX]; /* stop_token_ids */
+  int n_stop_ids;
+  int has_kv; /* the request's kv object sets the plan below */
+  ci_kv_plan_source kv_plan;
+  ci_kv_format kv_target;
+  int64_t kv_start;
+  int continue_final;   /* continue_final_message */
+  const char *err_code; /* set with a parse error that is not "invalid_value" */
 } ci_srv_job;
 
 void ci_srv_job_free(ci_srv_job *j);
@@ -146,9 +172,25 @@ void ci_srv_job_free(ci_srv_job *j);
 /* Submits the job. Returns 0 with g ready, or an HTTP status (400/429/503) with *body set. */
 int ci_srv_gen_start(ci_server *s, ci_srv_job *job, ci_srv_gen *g, int anthropic, json_t **body);
 
+/* Sets up g's text pipeline for job (detokenizer, stop strings, reasoning split, tool parsing,
+ * Gemma routing) without submitting anything; ci_srv_gen_start calls it. Takes the job's tools
+ * and stop strings. Exposed so tests can drive the pipeline with ci_srv_gen_apply. */
+void ci_srv_gen_init_text(ci_server *s, ci_srv_job *job, ci_srv_gen *g);
+
 /* Processes the next engine event (waits up to timeout_s). Returns 1 when something happened,
  * 0 on timeout. */
 int ci_srv_gen_pump(ci_srv_gen *g, double timeout_s);
+
+/* Applies one engine event, received at time `now`, to the text pipeline. */
+void ci_srv_gen_apply(ci_srv_gen *g, const ci_engine_event *ev, double now);
+
+/* The `timings` extension object of a finished generation (generation.md §10). */
+json_t *ci_srv_gen_timings(const ci_srv_gen *g);
+
+/* Decides the server's output formats from its model, tokenizer and template (think-tag,
+ * gemma-channel, Gemma 4 tool calls) and adds <|tool_response> to the EOS set where it applies.
+ * ci_server_start calls it; tests that build a ci_server by hand call it too. */
+void ci_server_detect_formats(ci_server *s);
 
 /* Clears the deltas after the caller has formatted them. */
 void ci_srv_gen_clear_deltas(ci_srv_gen *g);
@@ -163,6 +205,11 @@ int ci_srv_parse_sampling(ci_server *s, const json_t *body, int anthropic, ci_sr
                           int default_max_tokens, char **err);
 int ci_srv_tokenize_chat(ci_server *s, json_t *messages, json_t *tools, const json_t *kwargs,
                          ci_srv_job *job, char **err);
+
+/* The cinfer request extensions (api.md §3.1): kv, ignore_eos, stop_token_ids,
+ * continue_final_message. ci_srv_parse_sampling calls it. Returns 0 or fills *err (and
+ * job->err_code for unsupported values). */
+int ci_srv_parse_extensions(ci_server *s, const json_t *body, ci_srv_job *job, char **err);
 
 /* Route handlers: return the HTTP status and either *body (JSON) or *stream (SSE, owned by
  * the response afterwards). */
@@ -183,6 +230,7 @@ struct ci_srv_stream {
   int include_usage;
   int block_open; /* anthropic: 0 none, 1 thinking, 2 text */
   int block_index;
+  long text_offset; /* completions logprobs: characters streamed so far */
   char id[48];
   long long created;
   ci_strbuf out;

@@ -14,6 +14,8 @@ struct ci_chat_template {
   ci_jinja_template *tool_use_tpl; /* "tool_use" of a named list, or NULL */
   json_t *special_tokens;          /* bos_token, eos_token, ... as strings (transformers'
                                       special_tokens_map) */
+  char *sources;                   /* every template's source, concatenated (format detection) */
+  size_t sources_len;
 };
 
 /* The special-token attributes transformers exposes to templates. */
@@ -62,7 +64,18 @@ static const char *token_text(const json_t *v) {
   return NULL;
 }
 
-static ci_jinja_template *parse_named(const char *source, size_t len, const char *name) {
+/* Parses one template and keeps its source in ct->sources. */
+static ci_jinja_template *parse_named(ci_chat_template *ct, const char *source, size_t len,
+                                      const char *name) {
+  char *grown = realloc(ct->sources, ct->sources_len + len + 1);
+  if (!grown) {
+    ci_fail("out of memory");
+    return NULL;
+  }
+  memcpy(grown + ct->sources_len, source, len);
+  ct->sources = grown;
+  ct->sources_len += len;
+  grown[ct->sources_len] = '\0';
   ci_jinja_template *t = ci_jinja_parse(source, len);
   if (!t) ci_fail_context("chat template%s%s", name ? " " : "", name ? name : "");
   return t;
@@ -73,6 +86,7 @@ void ci_chat_template_free(ci_chat_template *t) {
   ci_jinja_free(t->default_tpl);
   ci_jinja_free(t->tool_use_tpl);
   json_decref(t->special_tokens);
+  free(t->sources);
   free(t);
 }
 
@@ -90,7 +104,7 @@ ci_chat_template *ci_chat_template_from_source(const char *source, const char *b
     ci_fail("special tokens are not valid UTF-8");
     return NULL;
   }
-  if (!(t->default_tpl = parse_named(source, strlen(source), NULL))) {
+  if (!(t->default_tpl = parse_named(t, source, strlen(source), NULL))) {
     ci_chat_template_free(t);
     return NULL;
   }
@@ -120,7 +134,7 @@ static int load_special_tokens(ci_chat_template *t, const json_t *config) {
 
 static int load_from_config(ci_chat_template *t, const json_t *tpl, const char *path) {
   if (json_is_string(tpl)) {
-    t->default_tpl = parse_named(json_string_value(tpl), json_string_length(tpl), NULL);
+    t->default_tpl = parse_named(t, json_string_value(tpl), json_string_length(tpl), NULL);
     return t->default_tpl ? CI_OK : CI_ERR;
   }
   if (!json_is_array(tpl))
@@ -137,7 +151,7 @@ static int load_from_config(ci_chat_template *t, const json_t *tpl, const char *
                                : !strcmp(name, "tool_use") ? &t->tool_use_tpl
                                                            : NULL;
     if (!slot || *slot) continue;
-    if (!(*slot = parse_named(json_string_value(src), json_string_length(src), name)))
+    if (!(*slot = parse_named(t, json_string_value(src), json_string_length(src), name)))
       return CI_ERR;
   }
   if (!t->default_tpl && !t->tool_use_tpl)
@@ -178,7 +192,7 @@ ci_chat_template *ci_chat_template_load_dir(const char *model_dir) {
   int missing;
   char *source = read_file(jinja_path, &len, &missing);
   if (source) {
-    t->default_tpl = parse_named(source, len, NULL);
+    t->default_tpl = parse_named(t, source, len, NULL);
     free(source);
     if (!t->default_tpl) {
       ci_fail_context("%s", jinja_path);
@@ -201,6 +215,13 @@ fail:
   json_decref(config);
   ci_chat_template_free(t);
   return NULL;
+}
+
+int ci_chat_template_mentions(const ci_chat_template *t, const char *needle) {
+  const size_t n = strlen(needle);
+  for (size_t i = 0; t->sources && n && i + n <= t->sources_len; i++)
+    if (!memcmp(t->sources + i, needle, n)) return 1;
+  return 0;
 }
 
 const char *ci_chat_template_bos_token(const ci_chat_template *t) {
