@@ -43,6 +43,7 @@ struct ci_engine_request {
   int cached;        /* of which the prefix cache supplied */
   int64_t pc_blocks; /* full blocks registered in the prefix cache ... */
   int pc_converted;  /* ... in this conversion state */
+  int conversion_counted;
   int generated;
   int32_t pending; /* last sampled token, not yet forwarded */
   double t_submit, t_admit, t_first, t_last;
@@ -467,6 +468,30 @@ static void attach_prefix(ci_engine *e, ci_engine_request *r) {
 
 /* ==== The engine thread ==== */
 
+/* Counts a sequence's conversion once, under each distinct format its groups converted to.
+ * Caller holds e->mu. */
+static void count_conversion_locked(ci_engine *e, ci_engine_request *r) {
+  if (!r->seq || !r->seq->converted || r->conversion_counted) return;
+  r->conversion_counted = 1;
+  const ci_kv_cache *c = e->cache;
+  for (int g = 0; g < c->n_groups; g++) {
+    const ci_kv_format *f = &r->seq->tables[g].pool->format;
+    if (r->seq->tables[g].pool == c->groups[g].pools[0]) continue; /* stayed in the base */
+    int seen = 0;
+    for (int h = 0; h < g && !seen; h++)
+      seen = ci_kv_format_equal(&r->seq->tables[h].pool->format, f);
+    if (seen) continue;
+    ci_engine_stats *st = &e->stats;
+    int k = 0;
+    while (k < st->n_kv_conversions && !ci_kv_format_equal(&st->kv_conversion_formats[k], f)) k++;
+    if (k == st->n_kv_conversions) {
+      if (k == CI_ENGINE_MAX_KV_FORMATS) continue;
+      st->kv_conversion_formats[st->n_kv_conversions++] = *f;
+    }
+    st->kv_conversions[k]++;
+  }
+}
+
 /* Ends a request: last event, stats, blocks freed. Caller holds e->mu. */
 static void finish_locked(ci_engine *e, ci_engine_request *r, ci_finish_reason finish,
                           const char *error) {
@@ -495,6 +520,7 @@ static void finish_locked(ci_engine *e, ci_engine_request *r, ci_finish_reason f
   /* the stored KV outlives the request in the prefix cache (not after a failed step, whose
    * writes may be partial, nor at shutdown) */
   if (!error && r->seq && !e->stopping) register_prefix(e, r, 1);
+  count_conversion_locked(e, r);
   ci_kv_seq_free(r->seq);
   r->seq = NULL;
   push_event(r, &ev);
@@ -713,6 +739,7 @@ static void engine_step(ci_engine *e) {
   for (int i = 0; i < n_entries; i++)
     if (entries[i].r->state != REQ_FINISHED) register_prefix(e, entries[i].r, 0);
   pthread_mutex_lock(&e->mu);
+  for (int i = 0; i < n_entries; i++) count_conversion_locked(e, entries[i].r);
   e->stats.steps++;
   e->stats.step_rows += rows;
   pthread_mutex_unlock(&e->mu);

@@ -86,6 +86,9 @@ enum { CI_ENGINE_MAX_KV_FORMATS = 8 };
 typedef struct {
   int n_kv_formats; /* KV usage per storage format (bf16, affine:4:64, ...) */
   ci_kv_format_usage kv_formats[CI_ENGINE_MAX_KV_FORMATS];
+  int n_kv_conversions; /* sequences converted so far, per target format */
+  ci_kv_format kv_conversion_formats[CI_ENGINE_MAX_KV_FORMATS];
+  int64_t kv_conversions[CI_ENGINE_MAX_KV_FORMATS];
   int running, waiting;
   int64_t blocks_used, bytes_used, kv_budget_bytes, reserved_bytes;
   int64_t requests_finished, requests_cancelled, requests_failed;

@@ -80,6 +80,13 @@ char *ci_server_metrics_text(ci_server *s) {
     if (per_codec[m].all >= 0)
       ci_strbuf_appendf(&b, "%s{codec=\"all\"} %lld\n", per_codec[m].name, per_codec[m].all);
   }
+  ci_strbuf_appendf(&b, "# TYPE cinfer_kv_conversions_total counter\n");
+  for (int i = 0; i < st.n_kv_conversions; i++) {
+    char codec[64];
+    ci_kv_format_name(&st.kv_conversion_formats[i], codec, sizeof codec);
+    ci_strbuf_appendf(&b, "cinfer_kv_conversions_total{codec=\"%s\"} %lld\n", codec,
+                      (long long)st.kv_conversions[i]);
+  }
   histogram(&b, "cinfer_time_to_first_token_seconds", &s->ttft);
   histogram(&b, "cinfer_inter_token_latency_seconds", &s->itl);
   histogram(&b, "cinfer_queue_time_seconds", &s->queue);

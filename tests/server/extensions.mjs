@@ -130,8 +130,11 @@ const names = ['cinfer_requests_total', 'cinfer_prompt_tokens_total', 'cinfer_pr
   'cinfer_spec_draft_tokens_total', 'cinfer_spec_accepted_tokens_total', 'cinfer_requests_running',
   'cinfer_requests_waiting', 'cinfer_kv_bytes_used', 'cinfer_kv_bytes_budget', 'cinfer_prefix_cache_bytes',
   'cinfer_weights_bytes', 'cinfer_time_to_first_token_seconds', 'cinfer_inter_token_latency_seconds',
-  'cinfer_queue_time_seconds', 'cinfer_request_duration_seconds'];
+  'cinfer_queue_time_seconds', 'cinfer_request_duration_seconds', 'cinfer_kv_conversions_total',
+  'cinfer_kv_blocks_used', 'cinfer_kv_blocks_free'];
 const missing = names.filter((n) => !new RegExp(`^# TYPE ${n} `, 'm').test(metrics));
 check(missing.length === 0, `metrics names (missing: ${missing.join(', ') || 'none'})`);
 check(/^cinfer_weights_bytes [1-9]\d*$/m.test(metrics), 'weights bytes');
+// the affine 8-bit request above converted: counted under its codec
+check(/^cinfer_kv_conversions_total\{codec="affine:8:64"\} [1-9]\d*$/m.test(metrics), 'KV conversions per codec');
 console.log('extensions: all passed');
