@@ -218,6 +218,10 @@ static void test_admission(void **state) {
   while (cancelled.kind == CI_ENGINE_EVENT_TOKEN);
   assert_int_equal(cancelled.kind, CI_ENGINE_EVENT_DONE);
   ci_engine_request_release(r);
+  turbo_job.kv_protect = 1; /* the engine's cache keeps no layer apart */
+  assert_int_equal(ci_engine_submit(e, &turbo_job, &r), CI_ENGINE_REJECTED);
+  assert_non_null(strstr(ci_last_error(), "at most 0 layers"));
+  turbo_job.kv_protect = 0;
   turbo_job.kv_start = 300; /* bf16 until 300 tokens: over the budget again */
   assert_int_equal(ci_engine_submit(e, &turbo_job, &r), CI_ENGINE_REJECTED);
   job.max_tokens = 600; /* over the context */

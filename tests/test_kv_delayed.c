@@ -254,10 +254,62 @@ static void test_kv_config(void **state) {
   rmdir(dir);
 }
 
+/* --kv-protect: the first and last N cache layers keep bf16 while the others convert; protecting
+ * every layer gives the bf16 logits exactly; a cache made for a smaller protect refuses. */
+static void test_protect(void **state) {
+  (void)state;
+  ci_backend *be = ci_cpu_backend_create(1);
+  ci_model *m = load(be, "gemma3"); /* 6 cache layers, sliding and full */
+  const int n_layers = m->spec.n_cache_layers, vocab = m->spec.vocab, n = 24;
+  assert_true(n_layers >= 3);
+  int32_t *ids = make_ids(n, vocab, 5);
+  const ci_kv_format turbo = {CI_KV_TURBO, 4, 4, 0};
+  const ci_kv_format bf16 = ci_kv_format_plain(CI_KV_BF16);
+  float *bf16_logits = malloc((size_t)n * vocab * sizeof(float));
+  float *logits = malloc((size_t)n * vocab * sizeof(float));
+  for (int protect = 1; protect <= (n_layers + 1) / 2; protect++) {
+    ci_kv_cache *cache = ci_model_kv_cache_create_protected(m, CI_KV_BF16, 16, 0, protect);
+    assert_non_null(cache);
+    ci_kv_seq *plain = ci_kv_seq_create(cache), *seq = ci_kv_seq_create(cache);
+    assert_int_equal(ci_kv_seq_set_plan_protected(seq, &turbo, 4, protect), CI_OK);
+    assert_int_equal(ci_model_forward(m, plain, ids, n, bf16_logits, n), CI_OK);
+    assert_int_equal(ci_model_forward(m, seq, ids, n, logits, n), CI_OK);
+    assert_int_equal(seq->converted, 2 * protect < n_layers); /* all protected: nothing to do */
+    for (int l = 0; l < n_layers; l++) {
+      const ci_paged_kv view = ci_kv_seq_view(seq, l);
+      const int kept = l < protect || l >= n_layers - protect;
+      assert_true(ci_kv_format_equal(&view.format, kept ? &bf16 : &turbo));
+    }
+    const float d = max_diff(logits, bf16_logits, (int64_t)n * vocab);
+    if (2 * protect >= n_layers)
+      assert_true(d == 0.0f); /* every layer protected: bf16 throughout */
+    else
+      assert_true(d > 0.0f);
+    ci_kv_seq_free(plain);
+    ci_kv_seq_free(seq);
+    ci_kv_cache_free(cache);
+  }
+  /* a cache without separate groups for the protected layers refuses the plan */
+  ci_kv_cache *cache = ci_model_kv_cache_create(m, CI_KV_BF16, 16, 0);
+  ci_kv_seq *seq = ci_kv_seq_create(cache);
+  assert_int_equal(ci_kv_seq_set_plan_protected(seq, &turbo, 0, 1), CI_ERR);
+  assert_non_null(strstr(ci_last_error(), "smaller protect"));
+  ci_kv_seq_free(seq);
+  ci_kv_cache_free(cache);
+  free(bf16_logits);
+  free(logits);
+  free(ids);
+  ci_model_free(m);
+  be->ops->destroy(be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_start_beyond_prompt), cmocka_unit_test(test_exact_crossing_full_layers),
-      cmocka_unit_test(test_sliding_quantized),   cmocka_unit_test(test_shared_quantized),
+      cmocka_unit_test(test_protect),
+      cmocka_unit_test(test_start_beyond_prompt),
+      cmocka_unit_test(test_exact_crossing_full_layers),
+      cmocka_unit_test(test_sliding_quantized),
+      cmocka_unit_test(test_shared_quantized),
       cmocka_unit_test(test_kv_config),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

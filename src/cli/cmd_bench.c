@@ -64,7 +64,7 @@ static int fill_depth(ci_model *model, ci_kv_seq *seq, int64_t depth, uint64_t s
  * tokens. */
 static int bench_run(ci_model *model, const ci_cli_kv_plan *plan, int64_t depth, int prompt_len,
                      int gen_len, uint64_t seed, run_times *t) {
-  ci_kv_cache *cache = ci_model_kv_cache_create(model, plan->base, 16, 0);
+  ci_kv_cache *cache = ci_model_kv_cache_create_protected(model, plan->base, 16, 0, plan->protect);
   ci_kv_seq *seq = cache ? ci_kv_seq_create(cache) : NULL;
   int32_t *ids = malloc((size_t)prompt_len * sizeof *ids);
   float *logits = malloc((size_t)model->spec.vocab * sizeof *logits);

@@ -126,7 +126,8 @@ int ci_verb_kv_quality(int argc, char **argv) {
     }
   }
   int rc = 1;
-  ci_kv_cache *cache = ci_model_kv_cache_create(cm.model, CI_KV_BF16, 16, 0);
+  ci_kv_cache *cache =
+      ci_model_kv_cache_create_protected(cm.model, CI_KV_BF16, 16, 0, plan.protect);
   ci_kv_seq *ref = cache ? ci_kv_seq_create(cache) : NULL;
   ci_kv_seq *test = cache ? ci_kv_seq_create(cache) : NULL;
   float *ref_logits = malloc((size_t)chunk * V * sizeof(float));

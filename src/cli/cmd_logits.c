@@ -57,7 +57,8 @@ int ci_verb_logits(int argc, char **argv) {
     }
   }
   if (chunk == 0) chunk = n_ids;
-  ci_kv_cache *cache = ci_model_kv_cache_create(cm.model, kv_plan.base, 16, 0);
+  ci_kv_cache *cache =
+      ci_model_kv_cache_create_protected(cm.model, kv_plan.base, 16, 0, kv_plan.protect);
   ci_kv_seq *seq = cache ? ci_kv_seq_create(cache) : NULL;
   if (seq && ci_cli_kv_plan_apply(&kv_plan, cm.model, seq, "logits")) {
     ci_kv_seq_free(seq);

@@ -20,7 +20,7 @@ static const char usage[] = "usage: cinfer perplexity --model DIR --ids-file FIL
 static int score_sequence(ci_model *model, const ci_cli_kv_plan *plan, const int32_t *ids, int n,
                           int chunk, double *sum, long long *count) {
   const int V = model->spec.vocab;
-  ci_kv_cache *cache = ci_model_kv_cache_create(model, plan->base, 16, 0);
+  ci_kv_cache *cache = ci_model_kv_cache_create_protected(model, plan->base, 16, 0, plan->protect);
   ci_kv_seq *seq = cache ? ci_kv_seq_create(cache) : NULL;
   float *logits = malloc((size_t)chunk * V * sizeof(float));
   int rc = CI_ERR;

@@ -139,6 +139,7 @@ int ci_verb_serve(int argc, char **argv) {
   eo.max_queue = (int)max_queue;
   eo.ctx_size = (int)ctx_size;
   eo.base = kv_plan.base;
+  eo.kv_protect = kv_plan.protect;
   eo.prefix_cache_bytes = (int64_t)(prompt_cache_gib * (double)(1 << 30));
   if (budget_gb > 0) {
     const int64_t weights = ci_model_weight_bytes_per_token(cm.model);
@@ -180,6 +181,7 @@ int ci_verb_serve(int argc, char **argv) {
                                         : CI_KV_PLAN_MODEL_CONFIG;
   so.kv_target = kv_plan.target;
   so.kv_start = kv_plan.start;
+  so.kv_protect = kv_plan.protect;
   const char *alias = ci_args_get(flags, nf, "--alias");
   const char *base = strrchr(dir, '/');
   struct stat st_arg;

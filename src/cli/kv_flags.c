@@ -9,11 +9,12 @@
 int ci_cli_kv_plan_parse(const ci_flag *flags, int n_flags, const char *verb, ci_cli_kv_plan *out) {
   memset(out, 0, sizeof *out);
   const char *codec = ci_args_get(flags, n_flags, "--kv-codec");
-  long long bits, value_bits, group, start;
+  long long bits, value_bits, group, start, protect;
   if (ci_args_int(flags, n_flags, "--kv-bits", 4, 2, 8, &bits) ||
       ci_args_int(flags, n_flags, "--kv-value-bits", 0, 2, 8, &value_bits) ||
       ci_args_int(flags, n_flags, "--kv-group-size", 0, 32, 128, &group) ||
-      ci_args_int(flags, n_flags, "--kv-start", 0, 0, 1LL << 40, &start))
+      ci_args_int(flags, n_flags, "--kv-start", 0, 0, 1LL << 40, &start) ||
+      ci_args_int(flags, n_flags, "--kv-protect", 0, 0, 1 << 16, &protect))
     return 2;
   ci_kv_format format;
   if (ci_kv_format_parse(codec ? codec : "bf16", (int)bits, (int)value_bits, (int)group, &format)) {
@@ -21,6 +22,7 @@ int ci_cli_kv_plan_parse(const ci_flag *flags, int n_flags, const char *verb, ci
     return 2;
   }
   out->start = start;
+  out->protect = (int)protect;
   out->explicit_codec = codec != NULL;
   if (ci_kv_format_is_quantized(&format)) {
     out->base = CI_KV_BF16;
@@ -35,7 +37,8 @@ int ci_cli_kv_plan_parse(const ci_flag *flags, int n_flags, const char *verb, ci
 int ci_cli_kv_plan_apply(const ci_cli_kv_plan *plan, const ci_model *model, ci_kv_seq *seq,
                          const char *verb) {
   /* Precedence (kv.md §7): flags, then the model's kv_config.json, then bf16. */
-  int status = plan->quantized        ? ci_kv_seq_set_plan(seq, &plan->target, plan->start)
+  int status = plan->quantized
+                   ? ci_kv_seq_set_plan_protected(seq, &plan->target, plan->start, plan->protect)
                : plan->explicit_codec ? CI_OK
                                       : ci_model_kv_seq_apply_config(model, seq);
   if (status) {
@@ -52,4 +55,5 @@ void ci_cli_kv_plan_to_options(const ci_cli_kv_plan *plan, ci_generate_options *
                                             : CI_KV_PLAN_MODEL_CONFIG;
   options->kv_target = plan->target;
   options->kv_start = plan->start;
+  options->kv_protect = plan->protect;
 }

@@ -35,6 +35,7 @@ struct ci_engine_request {
   ci_kv_plan_source kv_plan;
   ci_kv_format kv_target;
   int64_t kv_start;
+  int kv_protect;
   ci_sampler *sampler;
   int64_t reservation; /* bytes */
   /* engine-side progress */
@@ -184,12 +185,13 @@ static int64_t block_bytes(const ci_engine *e, const ci_kv_group *group, const c
 }
 
 /* The peak KV bytes of a request of n tokens (prompt n_prompt) under its codec plan (kv.md §10,
- * generation.md §9): layers convert to targets[layer] (NULL = no plan) once start tokens are
- * stored, so the peak is the larger of the base-format part before conversion and the target
- * part after it, plus the transient of the one group being converted. Only immutable cache
- * geometry is read, so any thread may call it. */
+ * generation.md §9): layers convert to targets[layer] (NULL = no plan; `uniform`: targets[0] for
+ * every layer but the first and last `protect`) once start tokens are stored, so the peak is the
+ * larger of the base-format part before conversion and the target part after it, plus the transient
+ * of the one group being converted. Only immutable cache geometry is read, so any thread may call
+ * it. */
 static int64_t plan_reservation(const ci_engine *e, const ci_kv_format *targets, int uniform,
-                                int64_t start, int64_t n_prompt, int64_t n) {
+                                int protect, int64_t start, int64_t n_prompt, int64_t n) {
   const ci_kv_cache *c = e->cache;
   const ci_kv_format base = ci_kv_format_plain(e->o.base);
   /* the conversion happens at the start, or after the first chunk when the start is 0 */
@@ -202,7 +204,9 @@ static int64_t plan_reservation(const ci_engine *e, const ci_kv_format *targets,
   int64_t before = 0, after = 0, transient = 0;
   for (int g = 0; g < c->n_groups; g++) {
     const ci_kv_group *group = &c->groups[g];
-    const ci_kv_format *target = targets ? &targets[uniform ? 0 : group->layers[0]] : NULL;
+    const int layer = group->layers[0];
+    const int kept = uniform && (layer < protect || layer >= c->n_layers - protect);
+    const ci_kv_format *target = !targets || kept ? &base : &targets[uniform ? 0 : layer];
     const int group_converts = converts && !ci_kv_format_equal(target, &base);
     const int64_t base_block = block_bytes(e, group, &base);
     if (!group_converts) {
@@ -220,18 +224,19 @@ static int64_t plan_reservation(const ci_engine *e, const ci_kv_format *targets,
 }
 
 int64_t ci_engine_reservation_bytes(const ci_engine *e, int64_t n) {
-  return plan_reservation(e, NULL, 0, 0, n, n);
+  return plan_reservation(e, NULL, 0, 0, 0, n, n);
 }
 
 /* The reservation of a job under its own codec plan. */
 static int64_t job_reservation(const ci_engine *e, const ci_engine_job *job, int64_t n) {
   switch (job->kv_plan) {
   case CI_KV_PLAN_TARGET:
-    return plan_reservation(e, &job->kv_target, 1, job->kv_start, job->n_prompt, n);
+    return plan_reservation(e, &job->kv_target, 1, job->kv_protect, job->kv_start, job->n_prompt,
+                            n);
   case CI_KV_PLAN_MODEL_CONFIG:
-    return plan_reservation(e, e->model->kv_config, 0, 0, job->n_prompt, n);
+    return plan_reservation(e, e->model->kv_config, 0, 0, 0, job->n_prompt, n);
   default:
-    return plan_reservation(e, NULL, 0, 0, job->n_prompt, n);
+    return plan_reservation(e, NULL, 0, 0, 0, job->n_prompt, n);
   }
 }
 
@@ -277,7 +282,8 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
   }
   if (e->o.ctx_size <= 0 || e->o.ctx_size > model->spec.max_position)
     e->o.ctx_size = model->spec.max_position;
-  e->cache = ci_model_kv_cache_create(model, e->o.base, e->o.block_tokens, 0);
+  e->cache =
+      ci_model_kv_cache_create_protected(model, e->o.base, e->o.block_tokens, 0, e->o.kv_protect);
   if (!e->cache) return engine_free_parts(e), NULL;
   e->logits = malloc((size_t)model->spec.vocab * sizeof *e->logits);
   e->logit_rows = 1;
@@ -324,6 +330,11 @@ ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
     if (job->prompt[i] < 0 || job->prompt[i] >= vocab)
       return ci_fail("prompt token id %d is out of range [0, %d)", (int)job->prompt[i], vocab),
              CI_ENGINE_REJECTED;
+  if (job->kv_plan == CI_KV_PLAN_TARGET &&
+      (job->kv_protect < 0 || job->kv_protect > e->o.kv_protect))
+    return ci_fail("kv protect %d: the engine keeps at most %d layers at each end apart",
+                   job->kv_protect, e->o.kv_protect),
+           CI_ENGINE_REJECTED;
   const int64_t n_total = (int64_t)job->n_prompt + job->max_tokens;
   const int64_t reservation = job_reservation(e, job, n_total);
   if (reservation > e->o.kv_budget_bytes) {
@@ -361,6 +372,7 @@ ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
   r->kv_plan = job->kv_plan;
   r->kv_target = job->kv_target;
   r->kv_start = job->kv_start;
+  r->kv_protect = job->kv_protect;
   r->reservation = reservation;
   r->state = REQ_QUEUED;
   r->refs = 2;
@@ -577,10 +589,11 @@ static void admit_locked(ci_engine *e) {
     r->seq = ci_kv_seq_create(e->cache);
     int status = r->seq ? CI_OK : CI_ERR;
     if (!status)
-      status =
-          r->kv_plan == CI_KV_PLAN_TARGET ? ci_kv_seq_set_plan(r->seq, &r->kv_target, r->kv_start)
-          : r->kv_plan == CI_KV_PLAN_MODEL_CONFIG ? ci_model_kv_seq_apply_config(e->model, r->seq)
-                                                  : CI_OK;
+      status = r->kv_plan == CI_KV_PLAN_TARGET
+                   ? ci_kv_seq_set_plan_protected(r->seq, &r->kv_target, r->kv_start, r->kv_protect)
+               : r->kv_plan == CI_KV_PLAN_MODEL_CONFIG
+                   ? ci_model_kv_seq_apply_config(e->model, r->seq)
+                   : CI_OK;
     if (status) {
       finish_locked(e, r, CI_FINISH_ABORT, ci_last_error());
       request_unref_locked(r);

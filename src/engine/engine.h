@@ -22,15 +22,17 @@ typedef struct ci_engine_request ci_engine_request;
 enum { CI_ENGINE_MAX_TOP_LOGPROBS = 20 };
 
 typedef struct {
-  int batch;                  /* max running sequences (default 8) */
-  int batch_tokens;           /* rows per step (default 2048) */
-  int prefill_chunk;          /* prompt tokens per prefill chunk (default 2048) */
-  int max_queue;              /* waiting requests beyond which submit answers "queue full" (256) */
-  int ctx_size;               /* per-request context limit; 0 = the model's max_position */
-  int block_tokens;           /* KV block size T (16) */
-  ci_kv_codec base;           /* what every sequence starts in (bf16) */
-  int64_t kv_budget_bytes;    /* KV bytes all running reservations share; 0 = batch x the
-                                 reservation of one ctx_size request */
+  int batch;               /* max running sequences (default 8) */
+  int batch_tokens;        /* rows per step (default 2048) */
+  int prefill_chunk;       /* prompt tokens per prefill chunk (default 2048) */
+  int max_queue;           /* waiting requests beyond which submit answers "queue full" (256) */
+  int ctx_size;            /* per-request context limit; 0 = the model's max_position */
+  int block_tokens;        /* KV block size T (16) */
+  ci_kv_codec base;        /* what every sequence starts in (bf16) */
+  int64_t kv_budget_bytes; /* KV bytes all running reservations share; 0 = batch x the
+                              reservation of one ctx_size request */
+  int kv_protect; /* the first and last N cache layers get groups of their own, so that jobs may
+                     keep up to N layers at each end in the base format */
   int64_t prefix_cache_bytes; /* cap on KV bytes only the prefix cache holds (2 GiB); 0 turns
                                  the prefix cache off; never more than the KV budget */
 } ci_engine_options;
@@ -45,6 +47,7 @@ typedef struct {
   ci_kv_plan_source kv_plan; /* the sequence's own codec plan */
   ci_kv_format kv_target;    /* CI_KV_PLAN_TARGET: convert to this ... */
   int64_t kv_start;          /* ... at this many tokens */
+  int kv_protect;            /* ... except the first and last N cache layers (<= the engine's) */
   int top_logprobs;          /* 0..20 top entries per token event (logprob is always sent) */
 } ci_engine_job;
 

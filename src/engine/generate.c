@@ -68,9 +68,11 @@ int ci_generate(ci_model *model, ci_sampler *sampler, const int32_t *prompt, int
   const int vocab = model->spec.vocab;
   const int chunk = o->prefill_chunk > 0 ? o->prefill_chunk : DEFAULT_PREFILL_CHUNK;
   int status = CI_ERR;
-  ci_kv_cache *cache = ci_model_kv_cache_create(model, o->kv_codec, KV_BLOCK_TOKENS, 0);
+  ci_kv_cache *cache =
+      ci_model_kv_cache_create_protected(model, o->kv_codec, KV_BLOCK_TOKENS, 0, o->kv_protect);
   ci_kv_seq *seq = cache ? ci_kv_seq_create(cache) : NULL;
-  if (seq && (o->kv_plan == CI_KV_PLAN_TARGET ? ci_kv_seq_set_plan(seq, &o->kv_target, o->kv_start)
+  if (seq && (o->kv_plan == CI_KV_PLAN_TARGET
+                  ? ci_kv_seq_set_plan_protected(seq, &o->kv_target, o->kv_start, o->kv_protect)
               : o->kv_plan == CI_KV_PLAN_MODEL_CONFIG ? ci_model_kv_seq_apply_config(model, seq)
                                                       : CI_OK)) {
     ci_kv_seq_free(seq);

@@ -40,6 +40,7 @@ typedef struct {
   ci_kv_plan_source kv_plan;  /* which codec plan the sequence follows (kv.md §5, §7) */
   ci_kv_format kv_target;     /* CI_KV_PLAN_TARGET: convert to this ... */
   int64_t kv_start;           /* ... once the sequence holds this many tokens */
+  int kv_protect;             /* CI_KV_PLAN_TARGET: the first and last N cache layers stay */
   const ci_eos_set *eos;      /* the EOS set E; NULL or empty = never stop on EOS (ignore_eos) */
   ci_token_callback on_token; /* may be NULL */
   void *ctx;                  /* passed to on_token */

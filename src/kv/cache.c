@@ -205,14 +205,31 @@ int ci_kv_seq_set_layer_plan(ci_kv_seq *seq, const ci_kv_format *targets, int64_
   return CI_OK;
 }
 
-int ci_kv_seq_set_plan(ci_kv_seq *seq, const ci_kv_format *target, int64_t start) {
-  const int n = seq->cache->n_layers;
+int ci_kv_seq_set_plan_protected(ci_kv_seq *seq, const ci_kv_format *target, int64_t start,
+                                 int protect) {
+  const ci_kv_cache *cache = seq->cache;
+  const int n = cache->n_layers;
+  if (protect < 0) return ci_fail("kv protect must be >= 0");
   ci_kv_format *targets = malloc((size_t)(n ? n : 1) * sizeof *targets);
   if (!targets) return ci_fail("out of memory");
-  for (int l = 0; l < n; l++) targets[l] = *target;
+  for (int l = 0; l < n; l++) {
+    const int g = cache->group_of_layer[l];
+    const int protected_layer = l < protect || l >= n - protect;
+    if (protected_layer && cache->groups[g].n_layers > 1) {
+      free(targets);
+      return ci_fail("kv protect %d: cache layer %d shares its blocks with other layers (the "
+                     "cache was made for a smaller protect)",
+                     protect, l);
+    }
+    targets[l] = protected_layer ? seq->tables[g].pool->format : *target;
+  }
   int status = ci_kv_seq_set_layer_plan(seq, targets, start);
   free(targets);
   return status;
+}
+
+int ci_kv_seq_set_plan(ci_kv_seq *seq, const ci_kv_format *target, int64_t start) {
+  return ci_kv_seq_set_plan_protected(seq, target, start, 0);
 }
 
 int64_t ci_kv_seq_chunk_limit(const ci_kv_seq *seq) {

@@ -113,6 +113,12 @@ void ci_kv_seq_free(ci_kv_seq *seq);
  * the layer, when a layer's head_dim cannot use the format. */
 int ci_kv_seq_set_plan(ci_kv_seq *seq, const ci_kv_format *target, int64_t start);
 
+/* As ci_kv_seq_set_plan, except that the first and last `protect` cache layers stay in the base
+ * format (kv.md §7 `--kv-protect`). Fails, naming the problem, when one of them shares its group
+ * with other layers (the cache must give them groups of their own). */
+int ci_kv_seq_set_plan_protected(ci_kv_seq *seq, const ci_kv_format *target, int64_t start,
+                                 int protect);
+
 /* Per-layer plan: layer l converts to targets[l] (a bf16/f32 entry equal to the base means
  * "stays"); layers of one group must agree (give them distinct plan classes at creation). */
 int ci_kv_seq_set_layer_plan(ci_kv_seq *seq, const ci_kv_format *targets, int64_t start);

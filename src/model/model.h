@@ -73,6 +73,13 @@ int64_t ci_model_weight_bytes_per_token(const ci_model *model);
 ci_kv_cache *ci_model_kv_cache_create(const ci_model *model, ci_kv_codec codec, int block_tokens,
                                       int32_t max_blocks_per_group);
 
+/* As ci_model_kv_cache_create, with each of the first and last `protect` cache layers in a group
+ * of its own, so that plans can keep up to that many layers at each end in the base format
+ * (kv.md §7, `--kv-protect`). */
+ci_kv_cache *ci_model_kv_cache_create_protected(const ci_model *model, ci_kv_codec codec,
+                                                int block_tokens, int32_t max_blocks_per_group,
+                                                int protect);
+
 /* Gives an empty sequence the model's kv_config.json plan (start 0), if the folder has one.
  * Returns CI_OK (also when there is none) or CI_ERR. */
 int ci_model_kv_seq_apply_config(const ci_model *model, ci_kv_seq *seq);

@@ -79,19 +79,23 @@ static int parse_kv(ci_server *s, const json_t *kv, ci_srv_job *job, char **err)
                   "start, protect)",
                   key);
   }
-  long long k_bits = 0, v_bits = 0, value_bits = 0, group = 0, start = 0, protect = 0;
-  int has_bits, has_value_bits, has_group, has_start;
+  long long k_bits = 0, v_bits = 0, value_bits = 0, group = 0, start = 0;
+  long long protect = s->o.kv_protect;
+  int has_bits, has_value_bits, has_group, has_start, has_protect;
   if (kv_bits(kv, &k_bits, &v_bits, &has_bits, err) ||
       kv_int(kv, "value_bits", 2, 8, &value_bits, &has_value_bits, err) ||
       kv_int(kv, "group_size", 1, 1024, &group, &has_group, err) ||
       kv_int(kv, "start", 0, 1LL << 40, &start, &has_start, err) ||
-      kv_int(kv, "protect", 0, 1 << 20, &protect, NULL, err))
+      kv_int(kv, "protect", 0, 1 << 20, &protect, &has_protect, err))
     return -1;
-  if (protect > 0) {
+  if (protect > s->o.kv_protect) {
     job->err_code = "unsupported";
-    return fail(err, "kv.protect is not supported yet: the serving engine applies one codec to "
-                     "every cache layer of a request (use 0)");
+    return fail(err,
+                "kv.protect %lld exceeds the server's --kv-protect %d (protected layers get "
+                "blocks of their own when the server starts)",
+                protect, s->o.kv_protect);
   }
+  job->kv_protect = (int)protect;
   if (has_value_bits) v_bits = value_bits;
   const json_t *codec_v = json_object_get(kv, "codec");
   if (codec_v && !json_is_null(codec_v) && !json_is_string(codec_v))
@@ -114,8 +118,9 @@ static int parse_kv(ci_server *s, const json_t *kv, ci_srv_job *job, char **err)
   job->has_kv = 1;
   job->kv_start = start;
   const int plain = !strcmp(codec, "bf16") || !strcmp(codec, "config");
-  if (plain && (has_bits || has_value_bits || has_group || has_start))
-    return fail(err, "kv.bits, kv.group_size and kv.start do not apply to kv.codec %s", codec);
+  if (plain && (has_bits || has_value_bits || has_group || has_start || has_protect))
+    return fail(err, "kv.bits, kv.group_size, kv.start and kv.protect do not apply to kv.codec %s",
+                codec);
   if (!strcmp(codec, "bf16")) {
     job->kv_plan = CI_KV_PLAN_NONE;
     return 0;

@@ -317,6 +317,7 @@ int ci_srv_gen_start(ci_server *s, ci_srv_job *job, ci_srv_gen *g, int anthropic
   ej.kv_plan = job->has_kv ? job->kv_plan : s->o.kv_plan;
   ej.kv_target = job->has_kv ? job->kv_target : s->o.kv_target;
   ej.kv_start = job->has_kv ? job->kv_start : s->o.kv_start;
+  ej.kv_protect = job->has_kv ? job->kv_protect : s->o.kv_protect;
   ej.top_logprobs = job->top_logprobs;
   const ci_engine_verdict v = ci_engine_submit(s->o.engine, &ej, &g->req);
   if (v != CI_ENGINE_SUBMITTED) {

@@ -34,6 +34,7 @@ typedef struct {
   ci_kv_plan_source kv_plan;
   ci_kv_format kv_target;
   int64_t kv_start;
+  int kv_protect; /* default protect, and the most a request may ask (the cache's layout) */
   const char *model_id;
   const char *host;
   int port;
@@ -163,6 +164,7 @@ typedef struct {
   ci_kv_plan_source kv_plan;
   ci_kv_format kv_target;
   int64_t kv_start;
+  int kv_protect;
   int continue_final;   /* continue_final_message */
   const char *err_code; /* set with a parse error that is not "invalid_value" */
 } ci_srv_job;

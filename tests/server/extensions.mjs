@@ -41,7 +41,7 @@ const late = (await post('/v1/chat/completions', { ...greedy, max_tokens: 8, kv:
 check(late.choices[0].message.content === plain, 'kv start beyond the sequence: same tokens as bf16');
 for (const [kv, field, code] of [[{ codec: 'affine', bits: 5 }, 'kv.bits', 'invalid_value'], [{ codec: 'zip' }, 'kv.codec', 'invalid_value'],
   [{ codec: 'affine', group_size: 48 }, 'kv.group_size', 'invalid_value'], [{ codec: 'affine', start: -1 }, 'kv.start', 'invalid_value'],
-  [{ codec: 'affine', protect: 2 }, 'kv.protect', 'unsupported'], [{ codec: 'affine', colour: 1 }, 'kv.colour', 'invalid_value'],
+  [{ codec: 'affine', protect: 2 }, 'kv.protect', 'unsupported'], [{ codec: 'bf16', protect: 0 }, 'kv.protect', 'invalid_value'], [{ codec: 'affine', colour: 1 }, 'kv.colour', 'invalid_value'],
   ['affine', 'kv must', 'invalid_value'], [{ codec: 'affine', bits: 8, group_size: 128 }, 'group size', 'invalid_value']]) {
   const k = await post('/v1/chat/completions', { ...greedy, max_tokens: 2, kv });
   check(k.status === 400 && k.json.error.message.includes(field) && k.json.error.code === code, `kv ${JSON.stringify(kv)}: 400 naming ${field}`);
