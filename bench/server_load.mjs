@@ -18,6 +18,10 @@
 //               tokens, each with its own short question (completions: "\n\nQuestion: ...
 //               \nAnswer:" after the shared text): request 1 is cold, the rest warm;
 //               reports each TTFT and the cached prompt tokens the server says it reused.
+// --ban-partial-utf8 sends, with every request, logit_bias -100 for the byte-level BPE tokens of
+// --tokenizer whose bytes are not valid UTF-8 on their own (1352 of Llama 3's 128000): a
+// random-weight model strings such fragments into invalid UTF-8, which trained models do not
+// emit and on which llama-server's output parser fails the request (HTTP 500 mid-stream).
 // Before measuring: waits (bounded) for the machine to go idle and sends --warmup unrelated
 // short requests. While measuring it samples /proc/stat and the server's /proc/PID/stat
 // (--server-pid) to report how much CPU other processes took ("interference").
@@ -25,7 +29,7 @@
 // Usage: node bench/server_load.mjs --url http://127.0.0.1:PORT --out FILE [--mode throughput]
 //   [--concurrency C] [--requests N] [--prompt-tokens P] [--max-tokens M] [--system-tokens S]
 //   [--api completions|chat] [--tokenizer tokenizer.json] [--bos-id ID] [--seed 1]
-//   [--ignore-eos] [--label NAME] [--server-pid PID]
+//   [--ignore-eos] [--ban-partial-utf8] [--label NAME] [--server-pid PID]
 //   [--warmup 1] [--wait-idle 60] [--timeout 900]
 import fs from 'node:fs';
 import os from 'node:os';
@@ -39,7 +43,7 @@ function parseArgs(argv) {
   const a = {
     url: null, out: null, mode: 'throughput', concurrency: 1, requests: 0, 'prompt-tokens': 128,
     'max-tokens': 32, 'system-tokens': 2048, tokenizer: null, seed: 1, 'ignore-eos': false,
-    label: '', 'server-pid': 0, api: 'completions', 'bos-id': -1, warmup: 1, 'wait-idle': 60, timeout: 900,
+    label: '', 'server-pid': 0, api: 'completions', 'bos-id': -1, 'ban-partial-utf8': false, warmup: 1, 'wait-idle': 60, timeout: 900,
   };
   for (let i = 0; i < argv.length; i++) {
     const k = argv[i].replace(/^--/, '');
@@ -118,6 +122,23 @@ async function loadTokenizer(file) {
   return Tokenizer.fromFile(file);
 }
 
+// Token ids of a byte-level BPE tokenizer.json whose bytes are not valid UTF-8 by themselves.
+function partialUtf8Tokens(file) {
+  const bs = [];
+  for (let b = 33; b <= 126; b++) bs.push(b);
+  for (let b = 161; b <= 172; b++) bs.push(b);
+  for (let b = 174; b <= 255; b++) bs.push(b);
+  const byteOf = new Map(bs.map((b) => [String.fromCodePoint(b), b]));
+  for (let b = 0, n = 0; b < 256; b++) if (!bs.includes(b)) byteOf.set(String.fromCodePoint(256 + n++), b);
+  const vocab = JSON.parse(fs.readFileSync(file, 'utf8')).model.vocab;
+  const strict = new TextDecoder('utf-8', { fatal: true }), ids = [];
+  for (const [piece, id] of Object.entries(vocab)) {
+    const bytes = Uint8Array.from([...piece].map((ch) => byteOf.get(ch) ?? 0));
+    try { strict.decode(bytes); } catch { ids.push(id); }
+  }
+  return ids.sort((x, y) => x - y);
+}
+
 const QUESTIONS = [
   'What is the main idea of the text above?', 'Summarize the second paragraph in one line.',
   'Which word appears most often?', 'Give the text a short title.',
@@ -177,6 +198,7 @@ async function streamRequest(a, input, maxTokens) {
     stream_options: { include_usage: true },
   };
   if (a['ignore-eos']) body.ignore_eos = true;
+  if (a.logitBias) body.logit_bias = a.logitBias;
   const r = { ttft_ms: null, itl_ms: [], content_chunks: 0, tokens: null, prompt_tokens: null,
     cached_tokens: null, latency_ms: null, finish_reason: null, error: null };
   let t0 = performance.now();
@@ -336,6 +358,11 @@ async function prefix(a, tok) {
 async function main() {
   const a = parseArgs(process.argv.slice(2));
   const tok = await loadTokenizer(a.tokenizer);
+  if (a['ban-partial-utf8']) {
+    if (!a.tokenizer) throw new Error('--ban-partial-utf8 needs --tokenizer');
+    a.banned = partialUtf8Tokens(a.tokenizer);
+    a.logitBias = Object.fromEntries(a.banned.map((id) => [String(id), -100]));
+  }
   const idle = a['wait-idle'] > 0 ? await waitIdle(a['wait-idle']) : null;
   for (let i = 0; i < a.warmup; i++) {
     const text = `Warm-up ${i}: say something.`;
@@ -345,6 +372,7 @@ async function main() {
   }
   const run = a.mode === 'prefix' ? await prefix(a, tok) : await throughput(a, tok);
   const out = { label: a.label, url: a.url, mode: a.mode, ignore_eos: a['ignore-eos'], seed: a.seed,
+    banned_tokens: a.banned ? a.banned.length : 0,
     machine_idle_before: idle, date: new Date().toISOString(), ...run };
   fs.writeFileSync(a.out, JSON.stringify(out, null, 1) + '\n');
   const s = out.summary;

@@ -163,7 +163,7 @@ def main():
                 "--api", "--out"):
         ap.add_argument(opt, required=True)
     for opt in ("--threads", "--prompt", "--gen", "--system", "--prefix-requests",
-                "--prefix-slots", "--have-llama", "--elapsed"):
+                "--prefix-slots", "--have-llama", "--elapsed", "--ban"):
         ap.add_argument(opt, type=int, required=True)
     a = ap.parse_args()
     have_llama = bool(a.have_llama)
@@ -206,6 +206,10 @@ def main():
                  "conditions): the machine was busy, so these figures are preliminary; rerun "
                  "on a quiet machine.**\n\n" if busy else "")
     llama_note = "" if have_llama else f"\nllama-server columns: {NA_LLAMA}.\n"
+    ban_note = ("; every request carries `logit_bias` -100 for the 1352 Llama 3 tokens whose bytes "
+                "are not valid UTF-8 alone (a random-weight model strings them into invalid UTF-8, "
+                "on which llama-server's output parser fails the request mid-stream)"
+                if a.ban else "")
     if a.api == "chat":
         workload = (f"streaming `/v1/chat/completions` requests; each request's user message "
                     f"is its own seeded text of {a.prompt} tokens (each server applies its chat "
@@ -229,7 +233,8 @@ weight), llama-server `{a.gguf}` (Q4_0, 4.5 bits per weight, same weights, writt
 llama-server `-np C --cont-batching`) and {a.threads} threads, and is started fresh for each
 level. The client (`bench/server_load.mjs`) keeps C requests in flight until max(2C, 8) are
 done: {workload}; max_tokens {a.gen}, temperature 0, `ignore_eos` (both servers honour it; the
-tokens actually received are in the tables). One unmeasured warm-up request precedes each run.
+tokens actually received are in the tables){ban_note}. One unmeasured warm-up request precedes
+each run.
 {busy_note}
 - Machine: {cpu_model()}, {a.threads} threads (`nproc` = {os.cpu_count()}), {mem_gib():.0f} GiB
 - Date: {now}; load average at the end {" ".join(loadavg)}
