@@ -1,7 +1,8 @@
 #!/usr/bin/env node
 // Load generator of bench/server.sh: drives any OpenAI-compatible server (cinfer serve,
-// llama-server, ...) with a fixed, deterministic streaming workload over plain fetch + SSE and
-// writes one JSON file per run with per-request timings and their aggregates.
+// llama-server, ...) with a fixed, deterministic streaming workload and writes one JSON file per
+// run with per-request timings and their aggregates (node:http, one connection per request, and
+// SSE parsing; no client library).
 //
 // Requests: --api completions (default) sends /v1/completions with the prompt as token ids
 // (--tokenizer needed; --bos-id first), so every server sees exactly the same tokens without
@@ -32,6 +33,7 @@
 //   [--ignore-eos] [--ban-partial-utf8] [--label NAME] [--server-pid PID]
 //   [--warmup 1] [--wait-idle 60] [--timeout 900]
 import fs from 'node:fs';
+import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { createRequire } from 'node:module';
@@ -188,9 +190,23 @@ async function waitIdle(limitS) {
 
 // ==== One streamed request ====
 
+// POSTs JSON on a connection of its own (no keep-alive: a pooled connection that the server has
+// just closed would fail the request); resolves with the response stream.
+function post(url, body, timeoutS) {
+  return new Promise((resolve, reject) => {
+    const data = Buffer.from(JSON.stringify(body));
+    const req = http.request(url, {
+      method: 'POST', agent: false, signal: AbortSignal.timeout(timeoutS * 1000),
+      headers: { 'content-type': 'application/json', 'content-length': data.length },
+    }, resolve);
+    req.on('error', reject);
+    req.end(data);
+  });
+}
+
 // Sends a streaming request: `input` is {messages} (chat) or {prompt} (completions: text or
 // token ids). Returns {ttft_ms, itl_ms[], content_chunks, tokens, prompt_tokens, cached_tokens,
-// latency_ms, finish_reason, error}. Times are from just before fetch().
+// latency_ms, finish_reason, error}. Times are from just before the request is sent.
 async function streamRequest(a, input, maxTokens) {
   const chat = 'messages' in input;
   const body = {
@@ -203,27 +219,16 @@ async function streamRequest(a, input, maxTokens) {
     cached_tokens: null, latency_ms: null, finish_reason: null, error: null };
   let t0 = performance.now();
   let last = null;
-  const send = () => fetch(`${a.url}/v1/${chat ? 'chat/completions' : 'completions'}`, {
-    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body),
-    signal: AbortSignal.timeout(a.timeout * 1000),
-  });
-  r.retries = 0;
   try {
-    let res;
-    try {
-      res = await send();
-    } catch (e) {
-      // A kept-alive connection the server had already closed ("other side closed"): nothing
-      // was answered, so send once more on a fresh connection, timing from the new send.
-      if (!(e && e.cause && /UND_ERR_SOCKET|ECONNRESET/.test(e.cause.code || ''))) throw e;
-      r.retries = 1;
-      t0 = performance.now();
-      res = await send();
+    const res = await post(`${a.url}/v1/${chat ? 'chat/completions' : 'completions'}`, body, a.timeout);
+    if (res.statusCode !== 200) {
+      let text = '';
+      for await (const b of res) text += b;
+      throw new Error(`HTTP ${res.statusCode}: ${text.slice(0, 300)}`);
     }
-    if (!res.ok) throw new Error(`HTTP ${res.status}: ${(await res.text()).slice(0, 300)}`);
     const decoder = new TextDecoder();
     let buf = '';
-    for await (const bytes of res.body) {
+    for await (const bytes of res) {
       const now = performance.now();
       buf += decoder.decode(bytes, { stream: true });
       let cut;
@@ -259,7 +264,6 @@ async function streamRequest(a, input, maxTokens) {
     }
   } catch (e) {
     r.error = String(e && e.message ? e.message : e);
-    if (e && e.cause) r.error += ` (${e.cause.code || ''} ${e.cause.message || e.cause})`;
   }
   r.latency_ms = performance.now() - t0;
   if (r.tokens === null) r.tokens = r.content_chunks;
@@ -305,7 +309,6 @@ async function throughput(a, tok) {
       max_tokens: a['max-tokens'], concurrency: a.concurrency, requests: a.requests },
     summary: {
       wall_s: wall, requests_ok: ok.length, errors: results.length - ok.length,
-      retries: results.reduce((n, r) => n + r.retries, 0),
       output_tokens: outTokens, prompt_tokens: inTokens,
       output_tokens_per_request: { min: Math.min(...ok.map((r) => r.tokens)), max: Math.max(...ok.map((r) => r.tokens)) },
       server_prompt_tokens: { min: Math.min(...ok.map((r) => r.prompt_tokens)), max: Math.max(...ok.map((r) => r.prompt_tokens)) },
@@ -347,7 +350,6 @@ async function prefix(a, tok) {
       prompt_tokens: results.map((r) => r.prompt_tokens),
       cached_tokens: results.map((r) => r.cached_tokens),
       errors: results.filter((r) => r.error).length,
-      retries: results.reduce((n, r) => n + r.retries, 0),
       first_error: results.find((r) => r.error)?.error ?? null,
       cpu,
     },
