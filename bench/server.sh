@@ -251,6 +251,7 @@ elapsed=$(( $(date +%s) - t_start ))
 "$PY" bench/server_report.py --results "$RESULTS" --threads "$THREADS" --model "$MODEL" \
   --gguf "$GGUF" --config "$CONFIG" --levels "$LEVELS" --prompt "$PROMPT" --gen "$GEN" \
   --system "$SYSTEM" --prefix-requests "$PREFIX_REQUESTS" --prefix-slots "$PREFIX_SLOTS" \
-  --api "$API" --ban "$BAN" --llama-server "$LLAMA_SERVER" --have-llama "$have_llama" --elapsed "$elapsed" --out "$REPORT"
+  --prefix-gen "$PREFIX_GEN" --api "$API" --ban "$BAN" --llama-server "$LLAMA_SERVER" \
+  --have-llama "$have_llama" --elapsed "$elapsed" --out "$REPORT"
 log "wrote $REPORT"
 cat "$REPORT"

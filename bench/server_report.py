@@ -9,6 +9,7 @@ import datetime
 import json
 import os
 import subprocess
+import textwrap
 
 ENGINES = (("cinfer", "cinfer"), ("llama", "llama-server"))
 NA_LLAMA = "n/a (llama-server not built: see bench/README.md)"
@@ -44,6 +45,12 @@ def mem_gib():
     return 0
 
 
+def para(text, width=96):
+    """Text with its line breaks and runs of spaces collapsed, filled to `width` columns."""
+    return textwrap.fill(" ".join(text.split()), width, break_long_words=False,
+                         break_on_hyphens=False)
+
+
 def fmt(x, digits=1):
     return "n/a" if x is None else f"{x:.{digits}f}"
 
@@ -66,6 +73,7 @@ def level_table(c, runs, have_llama):
     n = (cin or lla or {}).get("config", {}).get("requests", "?")
     rows = [
         ("output tok/s (higher is better)", ("output_tok_s",), 2),
+        ("prompt + output tok/s", ("total_tok_s",), 1),
         ("TTFT p50 ms", ("ttft_ms", "p50"), 0),
         ("TTFT p99 ms", ("ttft_ms", "p99"), 0),
         ("ITL p50 ms", ("itl_ms", "p50"), 1),
@@ -163,7 +171,7 @@ def main():
                 "--api", "--out"):
         ap.add_argument(opt, required=True)
     for opt in ("--threads", "--prompt", "--gen", "--system", "--prefix-requests",
-                "--prefix-slots", "--have-llama", "--elapsed", "--ban"):
+                "--prefix-slots", "--prefix-gen", "--have-llama", "--elapsed", "--ban"):
         ap.add_argument(opt, type=int, required=True)
     a = ap.parse_args()
     have_llama = bool(a.have_llama)
@@ -200,11 +208,15 @@ def main():
             run = runs_by_level[c].get(key)
             if run:
                 conditions.append(f"{name} C={c} {interference(run)}")
+    for key, name in ENGINES:
+        run = load(os.path.join(a.results, f"{key}-prefix.json"))
+        if run:
+            conditions.append(f"{name} prefix {interference(run)}")
     busy = any((get(r, "cpu", "interference") or 0) > 0.05
                for lv in runs_by_level.values() for r in lv.values() if r)
-    busy_note = ("**Other processes took more than 5% of the CPUs during some runs (see Run "
+    busy_note = ("\n**Other processes took more than 5% of the CPUs during some runs (see Run "
                  "conditions): the machine was busy, so these figures are preliminary; rerun "
-                 "on a quiet machine.**\n\n" if busy else "")
+                 "on a quiet machine.**\n" if busy else "")
     llama_note = "" if have_llama else f"\nllama-server columns: {NA_LLAMA}.\n"
     ban_note = ("; every request carries `logit_bias` -100 for the 1352 Llama 3 tokens whose bytes "
                 "are not valid UTF-8 alone (a random-weight model strings them into invalid UTF-8, "
@@ -219,22 +231,46 @@ def main():
     else:
         workload = (f"streaming `/v1/completions` requests whose prompts are token ids, the "
                     f"same on both sides: BOS + its own seeded text of {a.prompt} tokens (no "
-                    f"chat template or tool-call parser involved; llama-server's chat parser "
-                    f"rejects some random-weight outputs)")
+                    f"chat template involved)")
         prefix_how = ("(token ids: BOS + the shared text) followed by a different short "
                       "question (`Question: ...` / `Answer:`) per request")
 
+    intro = para(f"""Both servers run the same random-weight Llama-3.2-1B-geometry model
+({describe(cfg)}) with the real Llama 3 tokenizer: cinfer serves `{a.model}` (q4: MLX affine,
+group 64, 4.5 bits per weight), llama-server `{a.gguf}` (Q4_0, 4.5 bits per weight, same
+weights, written by `bench/gguf_from_hf.py --tokenizer`). Each server gets C slots (cinfer
+`--batch C`, llama-server `-np C --cont-batching`) and {a.threads} threads, and is started fresh
+for each level. The client (`bench/server_load.mjs`) keeps C requests in flight until max(2C, 8)
+are done: {workload}; max_tokens {a.gen}, temperature 0, `ignore_eos` (both servers honour it;
+the tokens actually received are in the tables){ban_note}. One unmeasured warm-up request
+precedes each run.""")
+    definitions = para("""Definitions: output tok/s = output tokens of all requests / wall time
+of the level; prompt + output tok/s counts the prompt tokens too (with these short answers most
+of the work is prefill). TTFT = request sent -> first streamed token. ITL = gaps between
+consecutive streamed chunks, pooled over all requests (a chunk is one token unless a token's
+text is empty, e.g. half of a UTF-8 character, or the client read several at once). TPOT = per
+request, (last - first token time) / (tokens - 1). Ratios are cinfer / llama.cpp: above 1 means
+cinfer is faster for tok/s, slower for the latencies. Absolute times are specific to this
+machine; compare the ratios.""")
+    prefix_intro = para(f"""A shared system prompt of {a.system} tokens of seeded text
+{prefix_how}: {a.prefix_requests} requests one after another on a fresh server with
+{a.prefix_slots} slots, max_tokens {a.prefix_gen}. The first is cold; the others can reuse the
+shared prompt's KV (cinfer: its prefix cache; llama-server: its slots' prompt cache,
+`cache_prompt` on by default, and its host-memory prompt cache). Cached tokens are what each
+server reports (`usage.prompt_tokens_details.cached_tokens`; llama-server also
+`timings.cache_n`).""")
+    cin_prefix = load(os.path.join(a.results, "cinfer-prefix.json"))
+    if cin_prefix and not any(cin_prefix["summary"]["cached_tokens"][1:]):
+        prefix_intro += "\n\n" + para("""cinfer reported no cached tokens on the warm requests:
+this build does not reuse the prefix (no prefix cache yet, or it missed), so its warm TTFT is
+another full prefill.""")
+    conditions_text = para(f"""CPU time taken by other processes during each run, as a share of
+all CPUs (the load generator waits up to a minute for the machine to go idle before each run; a
+run above 5% is repeated once on a fresh server, keeping the cleaner): {", ".join(conditions) or
+"n/a"}.""")
     out = f"""# Server benchmark: cinfer vs llama-server
 
-Both servers run the same random-weight Llama-3.2-1B-geometry model ({describe(cfg)}) with the
-real Llama 3 tokenizer: cinfer serves `{a.model}` (q4: MLX affine, group 64, 4.5 bits per
-weight), llama-server `{a.gguf}` (Q4_0, 4.5 bits per weight, same weights, written by
-`bench/gguf_from_hf.py --tokenizer`). Each server gets C slots (cinfer `--batch C`,
-llama-server `-np C --cont-batching`) and {a.threads} threads, and is started fresh for each
-level. The client (`bench/server_load.mjs`) keeps C requests in flight until max(2C, 8) are
-done: {workload}; max_tokens {a.gen}, temperature 0, `ignore_eos` (both servers honour it; the
-tokens actually received are in the tables){ban_note}. One unmeasured warm-up request precedes
-each run.
+{intro}
 {busy_note}
 - Machine: {cpu_model()}, {a.threads} threads (`nproc` = {os.cpu_count()}), {mem_gib():.0f} GiB
 - Date: {now}; load average at the end {" ".join(loadavg)}
@@ -242,13 +278,7 @@ each run.
 - Command: `make bench` (runs `bench/server.sh` after `bench/run.sh` and `bench/kv.sh`), or
   `bench/server.sh` alone; this run took {a.elapsed / 60:.1f} minutes
 {llama_note}
-Definitions: output tok/s = output tokens of all requests / wall time of the level. TTFT =
-request sent -> first streamed content token. ITL = gaps between consecutive streamed content
-chunks, pooled over all requests (a chunk is one token unless a token's text is empty, e.g.
-half of a UTF-8 character, or the client read several at once). TPOT = per request, (last -
-first token time) / (tokens - 1). Ratios are cinfer / llama.cpp: above 1 means cinfer is
-faster for tok/s, slower for the latencies. Absolute times are specific to this machine;
-compare the ratios.
+{definitions}
 
 ## Summary
 
@@ -259,21 +289,18 @@ compare the ratios.
 {chr(10).join(level_sections)}
 ## Prefix cache
 
-A shared system prompt of {a.system} tokens of seeded text {prefix_how}:
-{a.prefix_requests} requests one after another on a fresh server with
-{a.prefix_slots} slots: the first is cold, the others can reuse the system prompt's KV (cinfer:
-its prefix cache; llama-server: its per-slot prompt cache, `cache_prompt` on by default, and
-its host-memory prompt cache). max_tokens 8. Cached tokens are what each server reports
-(`usage.prompt_tokens_details.cached_tokens`; llama-server also `timings.cache_n`).
+{prefix_intro}
 
 {chr(10).join(prefix_table(a.results, have_llama))}
 
 ## Run conditions
 
-CPU time taken by other processes during each run, as a share of all CPUs (the load generator
-waits up to a minute for the machine to go idle before each run): {", ".join(conditions) or "n/a"}.
+{conditions_text}
 
 ## Commands
+
+Result files: `ENGINE-cC.json`, `ENGINE-prefix.json` in `{a.results}` (`.tryN` in a command is
+attempt N; the kept attempt is renamed without it).
 
 ```
 {commands}
