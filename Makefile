@@ -1,6 +1,7 @@
 # cinfer front door: `make` builds build/cinfer, `make test` runs every test (normal and
 # AddressSanitizer+UBSan builds), `make run` serves the bundled starter model, `make bench`
-# writes bench/cpu.md and bench/kv.md, `make fuzz` runs the libFuzzer targets briefly.
+# writes bench/cpu.md, bench/kv.md and bench/server.md, `make fuzz` runs the libFuzzer targets
+# briefly.
 JOBS ?= $(shell nproc)
 DEFAULT_MODEL ?= models/starter
 RUN_PROMPT ?= Write a Python function that returns the n-th Fibonacci number.
@@ -36,9 +37,10 @@ run: build
 	@echo "  build/cinfer chat --model $(DEFAULT_MODEL)"
 	build/cinfer serve --model $(DEFAULT_MODEL)
 
-bench: build
+bench: build npm-deps
 	bench/run.sh
 	bench/kv.sh
+	bench/server.sh
 
 fuzz: deps
 	@CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DCINFER_FUZZ=ON -DCINFER_SANITIZE=ON >/dev/null

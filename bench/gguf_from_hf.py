@@ -2,7 +2,7 @@
 """Convert a cinfer/Hugging Face Llama or Gemma 3 folder (config.json + bf16 safetensors) to a
 GGUF that llama.cpp runs, as bf16, q8_0 or q4_0, so both engines benchmark the very same model.
 
-Usage: gguf_from_hf.py MODEL_DIR OUT.gguf [--type bf16|q8_0|q4_0]
+Usage: gguf_from_hf.py MODEL_DIR OUT.gguf [--type bf16|q8_0|q4_0] [--tokenizer DIR]
 
 Needs only numpy and llama.cpp's gguf-py (found through $LLAMA_CPP_DIR, default
 /work/llama.cpp). Metadata and tensor names follow llama.cpp's own converter
@@ -19,7 +19,11 @@ Every 2-D weight, the embedding included, gets the requested type ("pure" quanti
 per weight match cinfer's q8/q4 at group 64: 8.5 and 4.5); norms and rope_freqs stay f32. The
 vocabulary is a synthetic SentencePiece-style list of vocab_size entries (the family's special
 tokens at their ids, 256 byte tokens, then dummies): enough for llama-bench, which feeds random
-token ids.
+token ids. With --tokenizer DIR (a folder holding a Llama 3 tokenizer.json and
+tokenizer_config.json; llama arch only) the real byte-level BPE vocabulary is written instead,
+as the converter's _set_vocab_gpt2 does: tokenizer.ggml.model "gpt2", pre "llama-bpe", the
+tokens with their types (added tokens CONTROL when special), the merges, bos/eos ids and the
+chat template (gguf-py's SpecialVocab), so llama-server can tokenize text and chat.
 """
 
 import argparse
@@ -153,6 +157,64 @@ def synthetic_vocab(n_vocab, specials):
     return tokens, types
 
 
+# The Llama 3 pre-tokenizer regex; the converter recognises the family by hashing the tokens of
+# a check text (needs transformers), this script by the regex itself.
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def does_token_look_special(token):
+    """conversion/base.py TextModel.does_token_look_special."""
+    return (token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
+            or (token.startswith("<|") and token.endswith("|>"))
+            or (token.startswith("<\uff5c") and token.endswith("\uff5c>"))
+            or (token.startswith("<unused") and token.endswith(">")))
+
+
+def write_bpe_vocab(w, tok_dir, n_vocab):
+    """TextModel._set_vocab_gpt2 / get_vocab_base for a Llama 3 tokenizer.json, without
+    transformers: the vocabulary plus added tokens by id ([PADi] UNUSED for holes), added
+    tokens CONTROL when special or special-looking, else USER_DEFINED; then SpecialVocab
+    (merges, bos/eos, add_bos, chat template) exactly as the converter calls it."""
+    with open(os.path.join(tok_dir, "tokenizer.json"), encoding="utf-8") as f:
+        tj = json.load(f)
+    model = tj.get("model", {})
+    if model.get("type") != "BPE":
+        raise SystemExit("--tokenizer: only byte-level BPE tokenizer.json files are handled")
+    splits = [p for p in (tj.get("pre_tokenizer") or {}).get("pretokenizers", [])
+              if p.get("type") == "Split"]
+    if len(splits) != 1 or splits[0].get("pattern", {}).get("Regex") != LLAMA3_SPLIT:
+        raise SystemExit("--tokenizer: not the Llama 3 pre-tokenizer (only llama-bpe is handled)")
+    reverse = {i: t for t, i in model["vocab"].items()}
+    special = {}
+    for tok in tj.get("added_tokens", []):
+        reverse[tok["id"]] = tok["content"]
+        special[tok["content"]] = tok.get("special", False)
+    if max(reverse) >= n_vocab:
+        raise SystemExit(f"--tokenizer: token id {max(reverse)} >= vocab_size {n_vocab}")
+    tokens, types = [], []
+    for i in range(n_vocab):
+        if i not in reverse:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+            continue
+        token = reverse[i]
+        if token in special:
+            if special[token] or does_token_look_special(token):
+                types.append(gguf.TokenType.CONTROL)
+            else:
+                token = token.replace("\u2581", " ")
+                types.append(gguf.TokenType.USER_DEFINED)
+        else:
+            types.append(gguf.TokenType.NORMAL)
+        tokens.append(token)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("llama-bpe")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    gguf.SpecialVocab(tok_dir, load_merges=True).add_to_gguf(w)
+
+
 def swa_period(cfg, n_layer):
     """Period P of the sliding/full layout in llama.cpp's form (layer il slides iff
     il % P < P - 1), 1 when every layer is full; SystemExit when llama.cpp cannot express it."""
@@ -209,8 +271,9 @@ ARCHS = {  # model_type -> (gguf arch, per-layer plan, final norm transform)
 }
 
 
-def write_llama_metadata(w, cfg, geo):
-    """LlamaModel.set_gguf_parameters + the SentencePiece vocabulary."""
+def write_llama_metadata(w, cfg, geo, tok_dir=None):
+    """LlamaModel.set_gguf_parameters + the vocabulary (synthetic SentencePiece, or the real
+    BPE one of tok_dir)."""
     theta, llama3 = rope_params(cfg)
     w.add_rope_freq_base(theta)
     w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-5))
@@ -218,19 +281,22 @@ def write_llama_metadata(w, cfg, geo):
         w.add_key_length(geo["head_dim"])
         w.add_value_length(geo["head_dim"])
     w.add_rope_dimension_count(geo["head_dim"])
-    tokens, types = synthetic_vocab(geo["n_vocab"], {
-        0: ("<unk>", gguf.TokenType.UNKNOWN),
-        1: ("<s>", gguf.TokenType.CONTROL),
-        2: ("</s>", gguf.TokenType.CONTROL)})
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores([-float(i) for i in range(len(tokens))])
-    w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
+    if tok_dir is not None:
+        write_bpe_vocab(w, tok_dir, geo["n_vocab"])
+    else:
+        tokens, types = synthetic_vocab(geo["n_vocab"], {
+            0: ("<unk>", gguf.TokenType.UNKNOWN),
+            1: ("<s>", gguf.TokenType.CONTROL),
+            2: ("</s>", gguf.TokenType.CONTROL)})
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_scores([-float(i) for i in range(len(tokens))])
+        w.add_token_types(types)
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_add_bos_token(True)
     if llama3 is not None:
         return {"rope_freqs.weight": llama3_rope_factors(theta, geo["head_dim"], llama3)}
     return {}
@@ -318,6 +384,9 @@ def main():
     ap.add_argument("model_dir")
     ap.add_argument("out")
     ap.add_argument("--type", choices=["bf16", "q8_0", "q4_0"], default="bf16")
+    ap.add_argument("--tokenizer", metavar="DIR",
+                    help="write the real Llama 3 BPE vocabulary of DIR/tokenizer.json "
+                         "(llama arch only) instead of a synthetic one")
     args = ap.parse_args()
 
     qtype, ftype = {
@@ -373,7 +442,12 @@ def main():
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(n_head)
     w.add_head_count_kv(n_head_kv)
-    extra = METADATA[arch](w, cfg, geo)
+    if args.tokenizer is not None:
+        if arch != "llama":
+            raise SystemExit("--tokenizer is handled for the llama arch only")
+        extra = write_llama_metadata(w, cfg, geo, args.tokenizer)
+    else:
+        extra = METADATA[arch](w, cfg, geo)
     w.add_file_type(ftype)
     w.add_vocab_size(geo["n_vocab"])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
