@@ -9,6 +9,7 @@
 
 #include <cmocka.h>
 
+#include "gemma_markers_tokenizer.h"
 #include "base/error.h"
 #include "text/detok_stream.h"
 #include "text/gemma_output.h"
@@ -206,46 +207,9 @@ static void test_gemma_segments(void **state) {
   json_decref(t);
 }
 
-/* A word-level vocabulary with the Gemma 4 markers as special added tokens. */
-enum {
-  T_THOUGHT = 1,
-  T_NL,
-  T_I,
-  T_THINK,
-  T_HELLO,
-  T_WORLD,
-  T_CALL,
-  T_WEATHER,
-  T_LBRACE,
-  T_RBRACE,
-  T_CITY,
-  T_PARIS,
-  T_COMMA,
-  T_DAYS,
-  T_3,
-  T_CH_OPEN = 20,
-  T_CH_CLOSE,
-  T_CALL_OPEN,
-  T_CALL_CLOSE,
-  T_QUOTE,
-  T_RESPONSE
-};
-
 static ci_tokenizer *gemma_tokenizer(void) {
-  static const char json[] =
-      "{\"model\": {\"type\": \"WordLevel\", \"unk_token\": \"<unk>\", \"vocab\": {\"<unk>\": 0, "
-      "\"thought\": 1, \"\\n\": 2, \"I\": 3, \" think\": 4, \"Hello\": 5, \" world\": 6, "
-      "\"call:\": 7, \"get_weather\": 8, \"{\": 9, \"}\": 10, \"city:\": 11, \"Paris\": 12, "
-      "\",\": 13, \"days:\": 14, \"3\": 15, \"<|channel>\": 20, \"<channel|>\": 21, "
-      "\"<|tool_call>\": 22, \"<tool_call|>\": 23, \"<|\\\"|>\": 24, \"<|tool_response>\": 25}}, "
-      "\"decoder\": {\"type\": \"Fuse\"}, \"added_tokens\": ["
-      "{\"id\": 20, \"content\": \"<|channel>\", \"special\": true},"
-      "{\"id\": 21, \"content\": \"<channel|>\", \"special\": true},"
-      "{\"id\": 22, \"content\": \"<|tool_call>\", \"special\": true},"
-      "{\"id\": 23, \"content\": \"<tool_call|>\", \"special\": true},"
-      "{\"id\": 24, \"content\": \"<|\\\"|>\", \"special\": true},"
-      "{\"id\": 25, \"content\": \"<|tool_response>\", \"special\": true}]}";
-  ci_tokenizer *tok = ci_tokenizer_load_json(json, strlen(json));
+  ci_tokenizer *tok =
+      ci_tokenizer_load_json(gemma_markers_tokenizer_json, strlen(gemma_markers_tokenizer_json));
   if (!tok) fail_msg("synthetic tokenizer: %s", ci_last_error());
   return tok;
 }
