@@ -8,21 +8,14 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
+
+from report_common import cpu_model, fmt, load, sh
 
 NO_LLAMA = "n/a (llama.cpp not built: see bench/README.md)"
 TITLES = {  # section title per model name of bench/run.sh
     "llama1b": "Llama 3.2 1B geometry",
     "gemma3-1b": "Gemma 3 1B geometry",
 }
-
-
-def load(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
 
 
 def llama_medians(results, n_prompt, n_gen):
@@ -44,26 +37,8 @@ def best(modes, i):
     return max(vals) if vals else (None, None)
 
 
-def fmt(x, digits=1):
-    return "n/a" if x is None else f"{x:.{digits}f}"
-
-
 def ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
-
-
-def sh(cmd):
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def cpu_model():
-    for line in sh(["lscpu"]).splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def parse_pairs(text):

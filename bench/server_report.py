@@ -8,33 +8,12 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import textwrap
+
+from report_common import cpu_model, fmt, load, sh
 
 ENGINES = (("cinfer", "cinfer"), ("llama", "llama-server"))
 NA_LLAMA = "n/a (llama-server not built: see bench/README.md)"
-
-
-def load(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def sh(cmd):
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def cpu_model():
-    for line in sh(["lscpu"]).splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def mem_gib():
@@ -49,10 +28,6 @@ def para(text, width=96):
     """Text with its line breaks and runs of spaces collapsed, filled to `width` columns."""
     return textwrap.fill(" ".join(text.split()), width, break_long_words=False,
                          break_on_hyphens=False)
-
-
-def fmt(x, digits=1):
-    return "n/a" if x is None else f"{x:.{digits}f}"
 
 
 def ratio(a, b):
