@@ -1,10 +1,11 @@
-/* The serving engine: engine thread, FIFO admission under the KV memory contract, and the
+/* The serving engine: engine thread, FIFO admission under the KV memory contract (each request
+ * reserves its peak under its own codec plan), the prefix cache at admission and finish, and the
  * continuous-batching step (generation.md §8). Each step: boundary work (cancellations and
- * finished sequences leave, their blocks are freed), admission, then one decode row for every
- * decoding sequence and prefill chunks for the admitted ones under the step's token budget.
- * The model API forwards one sequence per call, so a step forwards each scheduled sequence in
- * turn; a prefill chunk's length depends only on the request itself (never on what else is in
- * the step), which keeps every request's tokens identical to a solo run. */
+ * finished sequences leave; their full blocks go to the prefix cache, the rest is freed),
+ * admission, then one batched forward of every decoding sequence's row (row-invariant kernels)
+ * and a forward per prefill chunk under the step's token budget. A chunk's length depends only
+ * on its own request (never on what else is in the step), so with the row-invariant decode every
+ * request's logits are identical to a solo run. */
 #include "engine/engine.h"
 
 #include "base/error.h"

@@ -1,7 +1,8 @@
 /* The serving engine (generation.md §1, §8, §9): one engine thread owns the model, the shared
  * paged KV cache and the continuous-batching scheduler. Other threads submit token-id jobs and
  * read each request's events (tokens, then done or error) from its own queue; cancelling is a
- * flag the engine applies at the next step boundary, where the sequence's blocks are freed.
+ * flag the engine applies at the next step boundary, where the sequence's blocks are freed (its
+ * full blocks stay in the prefix cache, engine/prefix_cache.h).
  *
  * Ownership: the caller owns the model (it must outlive the engine). ci_engine_submit returns a
  * request handle shared by the caller and the engine thread; the caller gives up its share with
