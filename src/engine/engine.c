@@ -206,7 +206,7 @@ static int64_t plan_reservation(const ci_engine *e, const ci_kv_format *targets,
   for (int g = 0; g < c->n_groups; g++) {
     const ci_kv_group *group = &c->groups[g];
     const int layer = group->layers[0];
-    const int kept = uniform && (layer < protect || layer >= c->n_layers - protect);
+    const int kept = uniform && ci_kv_layer_protected(layer, c->n_layers, protect);
     const ci_kv_format *target = !targets || kept ? &base : &targets[uniform ? 0 : layer];
     const int group_converts = converts && !ci_kv_format_equal(target, &base);
     const int64_t base_block = block_bytes(e, group, &base);

@@ -205,6 +205,10 @@ int ci_kv_seq_set_layer_plan(ci_kv_seq *seq, const ci_kv_format *targets, int64_
   return CI_OK;
 }
 
+int ci_kv_layer_protected(int layer, int n_layers, int protect) {
+  return layer < protect || layer >= n_layers - protect;
+}
+
 int ci_kv_seq_set_plan_protected(ci_kv_seq *seq, const ci_kv_format *target, int64_t start,
                                  int protect) {
   const ci_kv_cache *cache = seq->cache;
@@ -214,7 +218,7 @@ int ci_kv_seq_set_plan_protected(ci_kv_seq *seq, const ci_kv_format *target, int
   if (!targets) return ci_fail("out of memory");
   for (int l = 0; l < n; l++) {
     const int g = cache->group_of_layer[l];
-    const int protected_layer = l < protect || l >= n - protect;
+    const int protected_layer = ci_kv_layer_protected(l, n, protect);
     if (protected_layer && cache->groups[g].n_layers > 1) {
       free(targets);
       return ci_fail("kv protect %d: cache layer %d shares its blocks with other layers (the "

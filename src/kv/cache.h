@@ -113,6 +113,9 @@ void ci_kv_seq_free(ci_kv_seq *seq);
  * the layer, when a layer's head_dim cannot use the format. */
 int ci_kv_seq_set_plan(ci_kv_seq *seq, const ci_kv_format *target, int64_t start);
 
+/* 1 when cache layer `layer` of n is among the first or last `protect` (kv.md §7). */
+int ci_kv_layer_protected(int layer, int n_layers, int protect);
+
 /* As ci_kv_seq_set_plan, except that the first and last `protect` cache layers stay in the base
  * format (kv.md §7 `--kv-protect`). Fails, naming the problem, when one of them shares its group
  * with other layers (the cache must give them groups of their own). */

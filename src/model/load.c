@@ -330,11 +330,6 @@ int64_t ci_model_weight_bytes_per_token(const ci_model *m) {
   return count.bytes + matrix_bytes(&m->head); /* tied or not, the head is read once */
 }
 
-/* 1 when cache layer i is among the first or last `protect` of n. */
-static int is_protected(int i, int n, int protect) {
-  return i < protect || i >= n - protect;
-}
-
 ci_kv_cache *ci_model_kv_cache_create(const ci_model *m, ci_kv_codec codec, int block_tokens,
                                       int32_t max_blocks_per_group) {
   return ci_model_kv_cache_create_protected(m, codec, block_tokens, max_blocks_per_group, 0);
@@ -357,7 +352,8 @@ ci_kv_cache *ci_model_kv_cache_create_protected(const ci_model *m, ci_kv_codec c
     if (m->kv_config)
       while (plan_class < i && !ci_kv_format_equal(&m->kv_config[plan_class], &m->kv_config[i]))
         plan_class++;
-    if (is_protected(i, n_cache, protect)) plan_class = n_cache + i; /* a group of its own */
+    if (ci_kv_layer_protected(i, n_cache, protect))
+      plan_class = n_cache + i; /* a group of its own */
     desc[i] = (ci_kv_layer_desc){.window = l->kind == CI_ATTN_SLIDING ? l->window : 0,
                                  .n_kv_heads = l->n_kv_heads,
                                  .head_dim = l->head_dim,
