@@ -225,7 +225,9 @@ static void twin_fill(ci_backend *be, twin *t, const ci_kv_format *format, int w
     /* One token per step: the first is stored in bf16 and converted after it (start 0). */
     assert_int_equal(ci_kv_seq_reserve(t->seq, 1), CI_OK);
     ci_paged_kv kv = ci_kv_seq_view(t->seq, 0);
-    assert_int_equal(be->ops->kv_store(be, &kv, k, v, &pos, 1), CI_OK);
+    const int32_t first_row = 0, one_row = 1;
+    const ci_step_kv step = {.n_seqs = 1, .first_row = &first_row, .n_rows = &one_row, .kv = &kv};
+    assert_int_equal(be->ops->kv_store(be, &step, k, v, &pos), CI_OK);
     assert_int_equal(ci_kv_seq_commit(t->seq, 1), CI_OK);
     kv = ci_kv_seq_view(t->seq, 0);
     assert_true(ci_kv_format_equal(&kv.format, format));
@@ -235,7 +237,9 @@ static void twin_fill(ci_backend *be, twin *t, const ci_kv_format *format, int w
     }
     assert_int_equal(ci_kv_seq_reserve(t->ref_seq, 1), CI_OK);
     ci_paged_kv ref = ci_kv_seq_view(t->ref_seq, 0);
-    assert_int_equal(be->ops->kv_store(be, &ref, dk, dv, &pos, 1), CI_OK);
+    const ci_step_kv ref_step = {
+        .n_seqs = 1, .first_row = &first_row, .n_rows = &one_row, .kv = &ref};
+    assert_int_equal(be->ops->kv_store(be, &ref_step, dk, dv, &pos), CI_OK);
     assert_int_equal(ci_kv_seq_commit(t->ref_seq, 1), CI_OK);
   }
   free(k);
@@ -298,17 +302,19 @@ static void check_attention_n(ci_backend *be, const ci_kv_format *format, int wi
   int32_t pos[5];
   for (int i = 0; i < rows; i++) pos[i] = n - rows + i;
   ci_paged_kv kv = ci_kv_seq_view(t.seq, 0), ref = ci_kv_seq_view(t.ref_seq, 0);
+  const int32_t first_row = 0, n_rows = rows;
+  const ci_step_kv step = {.n_seqs = 1, .first_row = &first_row, .n_rows = &n_rows, .kv = &kv};
+  const ci_step_kv ref_step = {.n_seqs = 1, .first_row = &first_row, .n_rows = &n_rows, .kv = &ref};
   ci_attention_args args = {.q = q,
                             .out = out,
                             .pos = pos,
-                            .n_rows = rows,
                             .n_heads = q_heads,
                             .scale = 0.125f,
                             .window = window,
-                            .kv = &kv};
+                            .seqs = &step};
   assert_int_equal(be->ops->attention(be, &args), CI_OK);
   args.out = ref_out;
-  args.kv = &ref;
+  args.seqs = &ref_step;
   assert_int_equal(be->ops->attention(be, &args), CI_OK);
   float max_diff = 0.0f, max_abs = 0.0f;
   for (int i = 0; i < rows * q_heads * D; i++) {

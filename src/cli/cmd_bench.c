@@ -50,8 +50,10 @@ static int fill_depth(ci_model *model, ci_kv_seq *seq, int64_t depth, uint64_t s
     for (int l = 0; rc == CI_OK && l < model->spec.n_cache_layers; l++) {
       const int64_t layer_window = model->spec.layers[l].window;
       if (layer_window > 0 && start + n < depth - layer_window - chunk) continue; /* released */
-      ci_paged_kv kv = ci_kv_seq_view(seq, l);
-      rc = be->ops->kv_store(be, &kv, k, v, pos, n);
+      const ci_paged_kv kv = ci_kv_seq_view(seq, l);
+      const int32_t first_row = 0, n_rows = n;
+      const ci_step_kv one = {.n_seqs = 1, .first_row = &first_row, .n_rows = &n_rows, .kv = &kv};
+      rc = be->ops->kv_store(be, &one, k, v, pos);
     }
   }
   free(k);

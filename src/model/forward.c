@@ -1,119 +1,28 @@
 /* Forward pass of the decoder-only transformer families, written once against the backend op
  * table: Llama/Mistral/Qwen pre-norm blocks and Gemma 2/3/4 sandwich blocks with GeGLU,
- * softcaps, K=V layers, KV sharing, per-layer inputs and MoE (model.md §5). A step is one
- * sequence's tokens, or one decode token of each of several sequences: their rows share every
- * matmul (the weights are read once) through row kernels whose per-row results do not depend
- * on the batch, while KV writes and attention run per sequence. */
+ * softcaps, K=V layers, KV sharing, per-layer inputs and MoE (docs/models.md). A step is any mix
+ * of rows: prefill chunks and decode tokens of many sequences. Every matmul reads its weights
+ * once for all rows, with each sequence's rows a segment computed as if alone; KV writes and
+ * attention cover every sequence in one call per layer. */
 #include "base/error.h"
 #include "model/model.h"
 
 #include <math.h>
 #include <stdlib.h>
 
-/* Activation buffers of one forward call of n tokens (backend memory), plus the host-side
- * expert schedule of an MoE step. */
+/* The step as the layers see it: its workspace, its rows and the sequences they belong to. */
 typedef struct {
-  float *x;       /* (n, hidden) residual stream */
-  float *a;       /* (n, hidden) normed input of a block */
-  float *q;       /* (n, Hq * D) */
-  float *k;       /* (n, Hkv * D) */
-  float *v;       /* (n, Hkv * D) */
-  float *att;     /* (n, Hq * D) attention output */
-  float *proj;    /* (n, hidden) o_proj / down_proj output */
-  float *gate;    /* (n, I) */
-  float *up;      /* (n, I) */
-  int32_t *pos;   /* (n) */
-  float *ple;     /* (n, N, P) per-layer inputs; NULL without PLE */
-  float *ple_tmp; /* (n, N * P) */
-  /* MoE */
-  float *moe_scores;  /* (n, E) router scores */
-  float *moe_out;     /* (n, hidden) weighted expert sum */
-  float *moe_in;      /* (n, hidden) gathered rows of one expert */
-  float *moe_y;       /* (n, hidden) one expert's output rows */
-  int32_t *route_ids; /* host (n, k) */
-  float *route_w;     /* host (n, k) */
-  int32_t *rows;      /* host (n) token rows of one expert */
-  float *row_w;       /* host (n) their weights */
-} activations;
-
-static void activations_free(ci_backend *be, activations *act) {
-  void *bufs[] = {act->x,          act->a,       act->q,      act->k,    act->v,   act->att,
-                  act->proj,       act->gate,    act->up,     act->pos,  act->ple, act->ple_tmp,
-                  act->moe_scores, act->moe_out, act->moe_in, act->moe_y};
-  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-    if (bufs[i]) be->ops->release(be, bufs[i]);
-  free(act->route_ids);
-  free(act->route_w);
-  free(act->rows);
-  free(act->row_w);
-}
-
-static int activations_alloc(const ci_model *m, int n, activations *act) {
-  const ci_model_spec *s = &m->spec;
-  int64_t q_dim = 0, kv_dim = 0, inter = 0;
-  for (int i = 0; i < s->n_layers; i++) {
-    const ci_layer_spec *l = &s->layers[i];
-    int64_t qd = (int64_t)s->n_heads * l->head_dim;
-    int64_t kd = (int64_t)l->n_kv_heads * l->head_dim;
-    if (qd > q_dim) q_dim = qd;
-    if (kd > kv_dim) kv_dim = kd;
-    if (l->intermediate > inter) inter = l->intermediate;
-  }
-  if (s->moe_intermediate > inter) inter = s->moe_intermediate;
-  if (s->ple_dim > inter) inter = s->ple_dim;
-  ci_backend *be = m->be;
-  const size_t f = sizeof(float);
-  act->x = be->ops->alloc(be, (size_t)n * s->hidden * f);
-  act->a = be->ops->alloc(be, (size_t)n * s->hidden * f);
-  act->q = be->ops->alloc(be, (size_t)n * q_dim * f);
-  act->k = be->ops->alloc(be, (size_t)n * kv_dim * f);
-  act->v = be->ops->alloc(be, (size_t)n * kv_dim * f);
-  act->att = be->ops->alloc(be, (size_t)n * q_dim * f);
-  act->proj = be->ops->alloc(be, (size_t)n * s->hidden * f);
-  act->gate = be->ops->alloc(be, (size_t)n * inter * f);
-  act->up = be->ops->alloc(be, (size_t)n * inter * f);
-  act->pos = be->ops->alloc(be, (size_t)n * sizeof(int32_t));
-  int ok = act->x && act->a && act->q && act->k && act->v && act->att && act->proj && act->gate &&
-           act->up && act->pos;
-  if (ok && s->ple_dim > 0) {
-    const size_t width = (size_t)s->n_layers * s->ple_dim;
-    act->ple = be->ops->alloc(be, (size_t)n * width * f);
-    act->ple_tmp = be->ops->alloc(be, (size_t)n * width * f);
-    ok = act->ple && act->ple_tmp;
-  }
-  if (ok && s->n_experts > 0) {
-    const size_t k = (size_t)s->top_k_experts;
-    act->moe_scores = be->ops->alloc(be, (size_t)n * s->n_experts * f);
-    act->moe_out = be->ops->alloc(be, (size_t)n * s->hidden * f);
-    act->moe_in = be->ops->alloc(be, (size_t)n * s->hidden * f);
-    act->moe_y = be->ops->alloc(be, (size_t)n * s->hidden * f);
-    act->route_ids = malloc((size_t)n * k * sizeof(int32_t));
-    act->route_w = malloc((size_t)n * k * sizeof(float));
-    act->rows = malloc((size_t)n * sizeof(int32_t));
-    act->row_w = malloc((size_t)n * sizeof(float));
-    ok = act->moe_scores && act->moe_out && act->moe_in && act->moe_y && act->route_ids &&
-         act->route_w && act->rows && act->row_w;
-  }
-  if (!ok) {
-    activations_free(be, act);
-    return ci_fail("out of memory for activations of %d tokens", n);
-  }
-  return CI_OK;
-}
-
-/* The rows of one step: sequence i owns rows [first[i], first[i] + rows[i]). */
-typedef struct {
-  int n_seqs;
-  ci_kv_seq *const *seqs;
-  const int *first;
-  const int *rows;
-  int row_invariant; /* several sequences: matmul rows must not depend on the batch */
+  ci_workspace *ws;
+  int n;                    /* rows */
+  ci_row_segments segments; /* rows of each sequence, for the matmuls */
+  ci_step_kv kv;            /* the sequences, for kv_store and attention (views per layer) */
+  const ci_step_seq *seqs;  /* [n_seqs] */
 } step_rows;
 
-/* y = x @ W^T for the step's n rows. */
+/* y = x @ W^T for the step's n rows (or a subset given by `segments`). */
 static int matmul(ci_backend *be, const step_rows *sr, const ci_tensor *w, const float *x, int n,
                   float *y) {
-  return sr->row_invariant ? be->ops->matmul_rows(be, w, x, n, y) : be->ops->matmul(be, w, x, n, y);
+  return be->ops->matmul(be, w, x, n, y, &sr->segments);
 }
 
 /* y = x @ W^T (+ b). */
@@ -145,7 +54,7 @@ static ci_tensor expert_rows(const ci_tensor *stack, int64_t e, int64_t first, i
 
 /* out = GeGLU or SwiGLU MLP of a (n rows) with layer li's dense weights. */
 static int dense_mlp(ci_model *m, const step_rows *sr, int li, const float *a, int n,
-                     activations *act, float *out) {
+                     ci_workspace *act, float *out) {
   ci_backend *be = m->be;
   const ci_layer_weights *L = &m->layers[li];
   const int64_t inter = m->spec.layers[li].intermediate;
@@ -161,7 +70,7 @@ static int dense_mlp(ci_model *m, const step_rows *sr, int li, const float *a, i
 
 /* act->moe_out = Σ_k w_k · expert_k(RMSNorm(x, moe_norm)) with the router's choice (model.md
  * §5.7): experts run one at a time over the rows routed to them. */
-static int moe_block(ci_model *m, const step_rows *sr, int li, int n, activations *act) {
+static int moe_block(ci_model *m, const step_rows *sr, int li, int n, ci_workspace *act) {
   ci_backend *be = m->be;
   const ci_model_spec *s = &m->spec;
   const ci_layer_weights *L = &m->layers[li];
@@ -175,24 +84,33 @@ static int moe_block(ci_model *m, const step_rows *sr, int li, int n, activation
                      act->route_w);
   norm(m, act->a, act->x, L->moe_norm, n, hidden);
   be->ops->scale(be, act->moe_out, 0.0f, (int64_t)n * hidden);
+  const int n_seqs = sr->kv.n_seqs;
   for (int e = 0; e < s->n_experts; e++) {
+    /* the expert's rows, in row order, counted per sequence: each sequence's rows form a
+     * segment, computed as in a step of that sequence alone */
     int count = 0;
-    for (int t = 0; t < n; t++)
-      for (int k = 0; k < top_k; k++)
-        if (act->route_ids[t * top_k + k] == e) {
-          act->rows[count] = t;
-          act->row_w[count++] = act->route_w[t * top_k + k];
-        }
+    for (int i = 0; i < n_seqs; i++) {
+      const int before = count;
+      for (int t = sr->kv.first_row[i]; t < sr->kv.first_row[i] + sr->kv.n_rows[i]; t++)
+        for (int k = 0; k < top_k; k++)
+          if (act->route_ids[t * top_k + k] == e) {
+            act->rows[count] = t;
+            act->row_w[count++] = act->route_w[t * top_k + k];
+          }
+      act->expert_seg[i] = count - before;
+    }
     if (count == 0) continue;
+    const step_rows expert_rows_of_step = {.segments = {.n = n_seqs, .rows = act->expert_seg}};
     be->ops->gather_rows(be, act->moe_in, act->a, act->rows, count, hidden);
     ci_tensor gate = expert_rows(&L->experts_gate_up, e, 0, width);
     ci_tensor up = expert_rows(&L->experts_gate_up, e, width, width);
     ci_tensor down = expert_rows(&L->experts_down, e, 0, hidden);
-    if (matmul(be, sr, &gate, act->moe_in, count, act->gate) ||
-        matmul(be, sr, &up, act->moe_in, count, act->up))
+    const step_rows *er = &expert_rows_of_step;
+    if (matmul(be, er, &gate, act->moe_in, count, act->gate) ||
+        matmul(be, er, &up, act->moe_in, count, act->up))
       return CI_ERR;
     be->ops->gelu_tanh_mul(be, act->gate, act->up, count, width, width);
-    if (matmul(be, sr, &down, act->gate, count, act->moe_y)) return CI_ERR;
+    if (matmul(be, er, &down, act->gate, count, act->moe_y)) return CI_ERR;
     be->ops->scatter_add_rows(be, act->moe_out, act->moe_y, act->rows, act->row_w, count, hidden);
   }
   return CI_OK;
@@ -200,7 +118,7 @@ static int moe_block(ci_model *m, const step_rows *sr, int li, int n, activation
 
 /* Attention half of layer li: projections, norms, RoPE, KV write (cache owners) and attention
  * over the cache layer for each sequence of the step, o_proj into act->proj. */
-static int attention_block(ci_model *m, const step_rows *sr, int li, int n, activations *act) {
+static int attention_block(ci_model *m, const step_rows *sr, int li, int n, ci_workspace *act) {
   ci_backend *be = m->be;
   const ci_model_spec *s = &m->spec;
   const ci_layer_spec *ls = &s->layers[li];
@@ -224,29 +142,23 @@ static int attention_block(ci_model *m, const step_rows *sr, int li, int n, acti
       be->ops->rmsnorm(be, act->v, act->v, NULL, (int64_t)n * Hkv, D, s->norm_eps, 0.0f);
     be->ops->rope(be, act->k, n, Hkv, act->pos, rope);
   }
-  for (int i = 0; i < sr->n_seqs; i++) {
-    const int64_t r0 = sr->first[i];
-    const int rows = sr->rows[i];
-    ci_paged_kv kv = ci_kv_seq_view(sr->seqs[i], ls->cache_layer);
-    if (owner && be->ops->kv_store(be, &kv, act->k + r0 * Hkv * D, act->v + r0 * Hkv * D,
-                                   act->pos + r0, rows))
-      return CI_ERR;
-    ci_attention_args args = {.q = act->q + r0 * Hq * D,
-                              .out = act->att + r0 * Hq * D,
-                              .pos = act->pos + r0,
-                              .n_rows = rows,
-                              .n_heads = Hq,
-                              .scale = ls->attn_scale,
-                              .softcap = s->attn_softcap,
-                              .window = ls->kind == CI_ATTN_SLIDING ? ls->window : 0,
-                              .kv = &kv};
-    if (be->ops->attention(be, &args)) return CI_ERR;
-  }
+  for (int i = 0; i < sr->kv.n_seqs; i++)
+    act->views[i] = ci_kv_seq_view(sr->seqs[i].seq, ls->cache_layer);
+  if (owner && be->ops->kv_store(be, &sr->kv, act->k, act->v, act->pos)) return CI_ERR;
+  const ci_attention_args args = {.q = act->q,
+                                  .out = act->att,
+                                  .pos = act->pos,
+                                  .n_heads = Hq,
+                                  .scale = ls->attn_scale,
+                                  .softcap = s->attn_softcap,
+                                  .window = ls->kind == CI_ATTN_SLIDING ? ls->window : 0,
+                                  .seqs = &sr->kv};
+  if (be->ops->attention(be, &args)) return CI_ERR;
   return linear(be, sr, &L->wo, L->bo, act->att, n, act->proj);
 }
 
 /* One layer, in the family's wiring. */
-static int layer_forward(ci_model *m, const step_rows *sr, int li, int n, activations *act) {
+static int layer_forward(ci_model *m, const step_rows *sr, int li, int n, ci_workspace *act) {
   ci_backend *be = m->be;
   const ci_model_spec *s = &m->spec;
   const ci_layer_weights *L = &m->layers[li];
@@ -287,7 +199,7 @@ static int layer_forward(ci_model *m, const step_rows *sr, int li, int n, activa
 /* Per-layer inputs of the n tokens (model.md §5.7): ((h0 @ W^T)·hidden^-0.5 normed over P +
  * E_ple[ids]·sqrt(P)) · 2^-0.5, laid out [n, N, P]. */
 static int per_layer_inputs(ci_model *m, const step_rows *sr, const int32_t *ids, int n,
-                            activations *act) {
+                            ci_workspace *act) {
   ci_backend *be = m->be;
   const ci_model_spec *s = &m->spec;
   const int64_t width = (int64_t)s->n_layers * s->ple_dim;
@@ -305,62 +217,110 @@ static int per_layer_inputs(ci_model *m, const step_rows *sr, const int32_t *ids
   return CI_OK;
 }
 
-/* One step of n tokens (already validated) of the step's sequences through every layer; the
- * logits of the last n_logit_rows rows. */
-static int forward_step(ci_model *m, const step_rows *sr, const int32_t *ids, int n, float *logits,
-                        int n_logit_rows) {
+/* Checks a step against the model and its sequences' state. */
+static int check_step(const ci_model *m, const ci_step_seq *seqs, int n_seqs) {
   const ci_model_spec *s = &m->spec;
-  for (int i = 0; i < sr->n_seqs; i++)
-    if (ci_kv_seq_reserve(sr->seqs[i], sr->rows[i])) return CI_ERR;
-
-  activations act = {0};
-  if (activations_alloc(m, n, &act)) return CI_ERR;
-  for (int i = 0; i < sr->n_seqs; i++)
-    for (int r = 0; r < sr->rows[i]; r++) act.pos[sr->first[i] + r] = (int32_t)(sr->seqs[i]->n + r);
-  ci_backend *be = m->be;
-  int status = be->ops->embed(be, &m->embed, ids, n, act.x);
-  if (status == CI_OK && s->embed_scale != 0.0f)
-    be->ops->scale(be, act.x, s->embed_scale, (int64_t)n * s->hidden);
-  if (status == CI_OK && s->ple_dim > 0) status = per_layer_inputs(m, sr, ids, n, &act);
-  for (int li = 0; li < s->n_layers && status == CI_OK; li++)
-    status = layer_forward(m, sr, li, n, &act);
-  for (int i = 0; i < sr->n_seqs && status == CI_OK; i++)
-    status = ci_kv_seq_commit(sr->seqs[i], sr->rows[i]);
-  if (status == CI_OK && logits) {
-    const float *last = act.x + (int64_t)(n - n_logit_rows) * s->hidden;
-    norm(m, act.a, last, m->final_norm, n_logit_rows, s->hidden);
-    status = matmul(be, sr, &m->head, act.a, n_logit_rows, logits);
-    if (status == CI_OK && s->final_softcap != 0.0f)
-      be->ops->softcap(be, logits, s->final_softcap, (int64_t)n_logit_rows * s->vocab);
+  if (n_seqs < 1) return ci_fail("step: no sequences");
+  for (int i = 0; i < n_seqs; i++) {
+    const ci_step_seq *q = &seqs[i];
+    if (!q->seq || q->n_rows < 1) return ci_fail("step: sequence %d has no rows", i);
+    if (q->n_logit_rows < 0 || q->n_logit_rows > q->n_rows)
+      return ci_fail("step: %d logit rows requested for %d tokens", q->n_logit_rows, q->n_rows);
+    for (int r = 0; r < q->n_rows; r++)
+      if (q->ids[r] < 0 || q->ids[r] >= s->vocab)
+        return ci_fail("token id %d at index %d is out of range [0, %d)", q->ids[r], r, s->vocab);
+    if (q->seq->n + q->n_rows > (int64_t)INT32_MAX) return ci_fail("step: sequence too long");
+    /* a pending KV conversion must happen exactly at its start (docs/kv-cache.md) */
+    if ((int64_t)q->n_rows > ci_kv_seq_chunk_limit(q->seq))
+      return ci_fail("step: %d rows cross the sequence's KV conversion point", q->n_rows);
+    for (int j = 0; j < i; j++)
+      if (seqs[j].seq == q->seq) return ci_fail("step: a sequence appears twice in a step");
   }
-  activations_free(be, &act);
+  return CI_OK;
+}
+
+int ci_model_step(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, int n_seqs,
+                  float *logits) {
+  const ci_model_spec *s = &m->spec;
+  if (check_step(m, seqs, n_seqs)) return CI_ERR;
+  int n = 0, n_logits = 0;
+  for (int i = 0; i < n_seqs; i++) {
+    if (seqs[i].n_rows > INT32_MAX - n) return ci_fail("step: too many rows");
+    n += seqs[i].n_rows;
+  }
+  if (ci_workspace_fit(ws, s, n, n_seqs)) return CI_ERR;
+  for (int i = 0; i < n_seqs; i++)
+    if (ci_kv_seq_reserve(seqs[i].seq, seqs[i].n_rows)) return CI_ERR;
+
+  /* the step's rows: each sequence's ids at its next positions, and the rows that give logits */
+  for (int i = 0, row = 0; i < n_seqs; i++) {
+    const ci_step_seq *q = &seqs[i];
+    ws->seq_first[i] = row;
+    ws->seq_rows[i] = q->n_rows;
+    ws->logit_seg[i] = logits ? q->n_logit_rows : 0;
+    for (int r = 0; r < q->n_rows; r++, row++) {
+      ws->ids[row] = q->ids[r];
+      ws->pos[row] = (int32_t)(q->seq->n + r);
+      if (logits && r >= q->n_rows - q->n_logit_rows) ws->logit_rows[n_logits++] = row;
+    }
+  }
+  const step_rows sr = {
+      .ws = ws,
+      .n = n,
+      .segments = {.n = n_seqs, .rows = ws->seq_rows},
+      .kv = {.n_seqs = n_seqs, .first_row = ws->seq_first, .n_rows = ws->seq_rows, .kv = ws->views},
+      .seqs = seqs};
+  ci_backend *be = m->be;
+  int status = be->ops->embed(be, &m->embed, ws->ids, n, ws->x);
+  if (status == CI_OK && s->embed_scale != 0.0f)
+    be->ops->scale(be, ws->x, s->embed_scale, (int64_t)n * s->hidden);
+  if (status == CI_OK && s->ple_dim > 0) status = per_layer_inputs(m, &sr, ws->ids, n, ws);
+  for (int li = 0; li < s->n_layers && status == CI_OK; li++)
+    status = layer_forward(m, &sr, li, n, ws);
+  for (int i = 0; i < n_seqs && status == CI_OK; i++)
+    status = ci_kv_seq_commit(seqs[i].seq, seqs[i].n_rows);
+  if (status == CI_OK && n_logits > 0) {
+    be->ops->gather_rows(be, ws->proj, ws->x, ws->logit_rows, n_logits, s->hidden);
+    norm(m, ws->a, ws->proj, m->final_norm, n_logits, s->hidden);
+    const step_rows logit_rows = {.segments = {.n = n_seqs, .rows = ws->logit_seg}};
+    status = matmul(be, &logit_rows, &m->head, ws->a, n_logits, logits);
+    if (status == CI_OK && s->final_softcap != 0.0f)
+      be->ops->softcap(be, logits, s->final_softcap, (int64_t)n_logits * s->vocab);
+  }
   return status;
 }
 
-/* A step of one sequence's n tokens. */
+/* The model's own workspace, for the single-sequence calls. */
+static ci_workspace *own_workspace(ci_model *m) {
+  if (!m->workspace) m->workspace = ci_workspace_create(m->be);
+  return m->workspace;
+}
+
+/* A step of one sequence's n tokens (within its chunk limit). */
 static int forward_one(ci_model *m, ci_kv_seq *seq, const int32_t *ids, int n, float *logits,
                        int n_logit_rows) {
-  const int first = 0;
-  const step_rows sr = {.n_seqs = 1, .seqs = &seq, .first = &first, .rows = &n};
-  return forward_step(m, &sr, ids, n, logits, n_logit_rows);
+  ci_workspace *ws = own_workspace(m);
+  if (!ws) return CI_ERR;
+  const ci_step_seq step = {.seq = seq, .ids = ids, .n_rows = n, .n_logit_rows = n_logit_rows};
+  return ci_model_step(m, ws, &step, 1, logits);
 }
 
 int ci_model_forward(ci_model *m, ci_kv_seq *seq, const int32_t *ids, int n, float *logits,
                      int n_logit_rows) {
   const ci_model_spec *s = &m->spec;
   if (n < 1) return ci_fail("forward: no tokens");
+  if (!logits) n_logit_rows = 0;
   if (logits && (n_logit_rows < 1 || n_logit_rows > n))
     return ci_fail("forward: %d logit rows requested for %d tokens", n_logit_rows, n);
+  /* A pending KV conversion caps the step so that it happens exactly at its start. */
+  const int64_t limit = ci_kv_seq_chunk_limit(seq);
+  if ((int64_t)n <= limit) return forward_one(m, seq, ids, n, logits, n_logit_rows);
   for (int i = 0; i < n; i++)
     if (ids[i] < 0 || ids[i] >= s->vocab)
       return ci_fail("token id %d at index %d is out of range [0, %d)", ids[i], i, s->vocab);
-  if (seq->n + n > (int64_t)INT32_MAX) return ci_fail("forward: sequence too long");
-  /* A pending KV conversion caps the step so that it happens exactly at its start (kv.md §5). */
-  const int64_t limit = ci_kv_seq_chunk_limit(seq);
-  if ((int64_t)n <= limit) return forward_one(m, seq, ids, n, logits, n_logit_rows);
   const int head = (int)limit, tail = n - head;
-  const int tail_rows = logits ? (n_logit_rows < tail ? n_logit_rows : tail) : 0;
-  const int head_rows = logits ? n_logit_rows - tail_rows : 0;
+  const int tail_rows = n_logit_rows < tail ? n_logit_rows : tail;
+  const int head_rows = n_logit_rows - tail_rows;
   if (forward_one(m, seq, ids, head, head_rows ? logits : NULL, head_rows)) return CI_ERR;
   return ci_model_forward(m, seq, ids + head, tail,
                           logits ? logits + (int64_t)head_rows * s->vocab : NULL, tail_rows);
@@ -368,30 +328,17 @@ int ci_model_forward(ci_model *m, ci_kv_seq *seq, const int32_t *ids, int n, flo
 
 int ci_model_forward_decode_batch(ci_model *m, ci_kv_seq *const *seqs, const int32_t *ids, int n,
                                   float *logits) {
-  const ci_model_spec *s = &m->spec;
   if (n < 1) return ci_fail("forward: no sequences");
-  if (n == 1) return ci_model_forward(m, seqs[0], ids, 1, logits, logits ? 1 : 0);
-  for (int i = 0; i < n; i++) {
-    if (ids[i] < 0 || ids[i] >= s->vocab)
-      return ci_fail("token id %d at index %d is out of range [0, %d)", ids[i], i, s->vocab);
-    if (seqs[i]->n + 1 > (int64_t)INT32_MAX) return ci_fail("forward: sequence too long");
-    for (int j = 0; j < i; j++)
-      if (seqs[j] == seqs[i]) return ci_fail("forward: a sequence appears twice in a batch");
-  }
-  int *first = malloc((size_t)n * sizeof *first), *rows = malloc((size_t)n * sizeof *rows);
-  if (!first || !rows) {
-    free(first);
-    free(rows);
+  ci_workspace *ws = own_workspace(m);
+  ci_step_seq *steps = malloc((size_t)n * sizeof *steps);
+  if (!ws || !steps) {
+    free(steps);
     return ci_fail("forward: out of memory");
   }
-  for (int i = 0; i < n; i++) {
-    first[i] = i;
-    rows[i] = 1; /* a pending conversion still allows one token (kv.md §5: start > n) */
-  }
-  const step_rows sr = {
-      .n_seqs = n, .seqs = seqs, .first = first, .rows = rows, .row_invariant = 1};
-  const int status = forward_step(m, &sr, ids, n, logits, logits ? n : 0);
-  free(first);
-  free(rows);
+  for (int i = 0; i < n; i++)
+    steps[i] =
+        (ci_step_seq){.seq = seqs[i], .ids = ids + i, .n_rows = 1, .n_logit_rows = logits ? 1 : 0};
+  const int status = ci_model_step(m, ws, steps, n, logits);
+  free(steps);
   return status;
 }

@@ -260,6 +260,7 @@ ci_model *ci_model_load(const char *model_dir, ci_backend *be) {
 
 void ci_model_free(ci_model *m) {
   if (!m) return;
+  ci_workspace_free(m->workspace);
   if (m->layers) {
     for (int i = 0; i < m->spec.n_layers; i++) {
       ci_layer_weights *L = &m->layers[i];

@@ -5,6 +5,7 @@
 
 #include "kv/cache.h"
 #include "model/spec.h"
+#include "model/workspace.h"
 #include "tensor/backend.h"
 
 typedef struct ci_weights ci_weights;
@@ -55,6 +56,7 @@ typedef struct ci_model {
   float *ple_norm;          /* (P) */
   ci_layer_weights *layers; /* [n_layers] */
   ci_kv_format *kv_config;  /* [n_cache_layers] per-layer KV plan from kv_config.json, or NULL */
+  ci_workspace *workspace;  /* owned: the workspace of ci_model_forward (created on first use) */
 } ci_model;
 
 /* Loads a model folder (config.json + safetensors) for backend `be`. Validates every tensor
@@ -84,6 +86,26 @@ ci_kv_cache *ci_model_kv_cache_create_protected(const ci_model *model, ci_kv_cod
  * Returns CI_OK (also when there is none) or CI_ERR. */
 int ci_model_kv_seq_apply_config(const ci_model *model, ci_kv_seq *seq);
 
+/* One sequence's part of a step: n_rows tokens appended at its positions seq->n, seq->n + 1, ...
+ * (a prefill chunk, or one decode token), and how many of the last rows return logits. */
+typedef struct {
+  ci_kv_seq *seq;
+  const int32_t *ids; /* [n_rows] */
+  int n_rows;         /* >= 1, at most ci_kv_seq_chunk_limit(seq) */
+  int n_logit_rows;   /* 0 .. n_rows */
+} ci_step_seq;
+
+/* Runs one step: the rows of every sequence in seqs[0..n_seqs) go through the model together
+ * (each matmul reads its weights once for all rows), their K/V are written to their sequences,
+ * which advance, and `logits` (may be NULL) receives [sum of n_logit_rows, vocab] f32 logits,
+ * sequence by sequence. Each sequence's rows are bit-identical to a step of that sequence alone
+ * with the same rows (batch invariance). Uses `ws`, grown when the step is larger than any
+ * before. Returns CI_OK, or CI_ERR (bad id, a sequence twice, rows crossing a pending KV
+ * conversion, KV exhausted): after a failure past validation the step's sequences are in no
+ * defined state and must be dropped. */
+int ci_model_step(ci_model *model, ci_workspace *ws, const ci_step_seq *seqs, int n_seqs,
+                  float *logits);
+
 /* Forward pass of n tokens `ids` of one sequence at positions seq->n .. seq->n+n-1: writes
  * their K/V into the sequence and advances it. When logits is non-NULL it receives
  * [n_logit_rows, vocab] f32 logits for the last n_logit_rows positions (1 <= n_logit_rows <= n).
@@ -91,12 +113,9 @@ int ci_model_kv_seq_apply_config(const ci_model *model, ci_kv_seq *seq);
 int ci_model_forward(ci_model *model, ci_kv_seq *seq, const int32_t *ids, int n, float *logits,
                      int n_logit_rows);
 
-/* One decode step of n sequences at once: sequence i appends ids[i] and, when logits is
- * non-NULL, gets its next-token logits in row i of logits [n, vocab]. The rows share every
- * matmul (the weights are read once for the batch) through row kernels, so each row is
- * bit-identical to what ci_model_forward gives for that sequence alone. Returns CI_OK, or CI_ERR
- * (bad id, KV exhausted): the step's sequences are then in no defined state and must be
- * dropped. */
+/* One decode step of n sequences at once (ci_model_step with one row each): sequence i appends
+ * ids[i] and, when logits is non-NULL, gets its next-token logits in row i of logits [n, vocab].
+ * Returns CI_OK, or CI_ERR as ci_model_step. */
 int ci_model_forward_decode_batch(ci_model *model, ci_kv_seq *const *seqs, const int32_t *ids,
                                   int n, float *logits);
 

@@ -54,19 +54,34 @@ static inline uint8_t *ci_kv_row_at(const ci_paged_kv *kv, int value, int64_t po
          (size_t)((int64_t)head * kv->block_tokens + slot) * row_bytes;
 }
 
-/* Arguments of one attention call: n_rows query rows of one sequence attending over its
- * paged KV (which already holds every position <= the largest query position). */
+/* The sequences of a step as one layer's KV ops see them: sequence i owns the step's rows
+ * [first_row[i], first_row[i] + n_rows[i]) and reads and writes its KV through kv[i]. */
+typedef struct {
+  int n_seqs;
+  const int32_t *first_row; /* [n_seqs] */
+  const int32_t *n_rows;    /* [n_seqs] */
+  const ci_paged_kv *kv;    /* [n_seqs] */
+} ci_step_kv;
+
+/* Arguments of one attention call: every query row of a step attending over its own sequence's
+ * paged KV (which already holds every position <= the row's position). */
 typedef struct {
   const float *q;     /* [n_rows, n_heads, head_dim] */
   float *out;         /* [n_rows, n_heads, head_dim] */
   const int32_t *pos; /* [n_rows] absolute positions */
-  int n_rows;
-  int n_heads;   /* query heads; head h reads KV head h / (n_heads / n_kv_heads) */
-  float scale;   /* multiplies <q, k> */
-  float softcap; /* 0 = none; else scores become softcap * tanh(score / softcap) */
-  int window;    /* 0 = full causal; W > 0: keys max(0, p-W+1) .. p */
-  const ci_paged_kv *kv;
+  int n_heads;        /* query heads; head h reads KV head h / (n_heads / n_kv_heads) */
+  float scale;        /* multiplies <q, k> */
+  float softcap;      /* 0 = none; else scores become softcap * tanh(score / softcap) */
+  int window;         /* 0 = full causal; W > 0: keys max(0, p-W+1) .. p */
+  const ci_step_kv *seqs;
 } ci_attention_args;
+
+/* How the rows of a matmul split into independent segments (the sequences of a step): each
+ * segment's rows of the result must be bit-identical to a matmul of that segment alone. */
+typedef struct {
+  int n;               /* segments; 0 = one segment of every row */
+  const int32_t *rows; /* [n] rows of each segment, in order, summing to the row count */
+} ci_row_segments;
 
 /* ==== The op table ==== */
 
@@ -78,12 +93,20 @@ typedef struct {
   /* Activation/KV memory. alloc returns zeroed memory or NULL (with ci_last_error). */
   void *(*alloc)(ci_backend *be, size_t bytes);
   void (*release)(ci_backend *be, void *ptr);
+  /* Allocations the backend has made so far (alloc calls and growth of its scratch): a steady
+   * state that allocates nothing leaves it unchanged. */
+  int64_t (*allocation_count)(ci_backend *be);
+  /* Makes sure the ops need no further scratch memory for steps of up to max_rows rows whose
+   * matmuls have at most max_k inputs (attention: max_heads x max_head_dim per row). Returns
+   * CI_OK or CI_ERR. */
+  int (*reserve_scratch)(ci_backend *be, int64_t max_rows, int64_t max_k, int max_heads,
+                         int max_head_dim);
 
-  /* y[m, N] = x[m, K] @ W[N, K]^T for any weight dtype (f32/f16/bf16/q8/q4). */
-  int (*matmul)(ci_backend *be, const ci_tensor *w, const float *x, int64_t m, float *y);
-  /* As matmul, but row i of y is bit-identical to what a one-row matmul of x[i] gives, whatever
-   * m is: batches the decode rows of independent sequences (batch invariance). */
-  int (*matmul_rows)(ci_backend *be, const ci_tensor *w, const float *x, int64_t m, float *y);
+  /* y[m, N] = x[m, K] @ W[N, K]^T for any weight dtype (f32/f16/bf16/q8/q4); with segments
+   * (may be NULL), each segment's rows are computed as a matmul of that segment alone would
+   * compute them, while the weights are read once for all rows. */
+  int (*matmul)(ci_backend *be, const ci_tensor *w, const float *x, int64_t m, float *y,
+                const ci_row_segments *segments);
   /* out[n, dim] = rows ids of an embedding table (dequantized); ids already range-checked. */
   int (*embed)(ci_backend *be, const ci_tensor *table, const int32_t *ids, int64_t n, float *out);
   /* out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * (w_offset + w); w NULL means no scale.
@@ -121,10 +144,12 @@ typedef struct {
   /* Rotates x [n_rows, n_heads, head_dim] in place at the rows' positions. */
   void (*rope)(ci_backend *be, float *x, int64_t n_rows, int n_heads, const int32_t *pos,
                const ci_rope *rope);
-  /* Encodes k, v [n_rows, n_kv_heads, head_dim] into the paged KV at positions pos. */
-  int (*kv_store)(ci_backend *be, const ci_paged_kv *kv, const float *k, const float *v,
-                  const int32_t *pos, int n_rows);
-  /* Masked attention over the paged KV (see ci_attention_args). */
+  /* Encodes the step's k, v [rows, n_kv_heads, head_dim] at positions pos into each sequence's
+   * paged KV. */
+  int (*kv_store)(ci_backend *be, const ci_step_kv *seqs, const float *k, const float *v,
+                  const int32_t *pos);
+  /* Masked attention of every row of a step over its sequence's paged KV (see
+   * ci_attention_args); each sequence's rows come out as a call for it alone gives them. */
   int (*attention)(ci_backend *be, const ci_attention_args *args);
 } ci_backend_ops;
 

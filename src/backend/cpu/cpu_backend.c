@@ -14,6 +14,8 @@ typedef struct {
   ci_threadpool *pool;
   ci_isa isa;
   const ci_cpu_vec_kernels *vec;
+  ci_arena scratch;    /* buffers of the op running now (ops run one at a time) */
+  int64_t allocations; /* alloc calls */
 } cpu_backend;
 
 static cpu_backend *as_cpu(ci_backend *be) {
@@ -27,7 +29,7 @@ ci_isa ci_cpu_backend_isa(const ci_backend *be) {
 /* ==== Memory ==== */
 
 static void *cpu_alloc(ci_backend *be, size_t bytes) {
-  (void)be;
+  as_cpu(be)->allocations++;
   size_t rounded = (bytes + 63) / 64 * 64;
   void *p = aligned_alloc(64, rounded ? rounded : 64);
   if (!p) {
@@ -43,17 +45,40 @@ static void cpu_release(ci_backend *be, void *ptr) {
   free(ptr);
 }
 
-/* ==== Dense ops ==== */
-
-static int cpu_matmul(ci_backend *be, const ci_tensor *w, const float *x, int64_t m, float *y) {
+static int64_t cpu_allocation_count(ci_backend *be) {
   cpu_backend *cpu = as_cpu(be);
-  return ci_cpu_matmul(cpu->pool, cpu->isa, w, x, m, y);
+  return cpu->allocations + cpu->scratch.allocations;
 }
 
-static int cpu_matmul_rows(ci_backend *be, const ci_tensor *w, const float *x, int64_t m,
-                           float *y) {
+/* Scratch floats per thread of one attention task (see attention_task). */
+static int64_t attention_thread_floats(int group, int head_dim, int block_tokens) {
+  return (int64_t)group * head_dim + (int64_t)group * (head_dim + 2) +
+         2 * (int64_t)block_tokens * head_dim;
+}
+
+/* The most scratch a step of max_rows rows can take: the largest matmul preparation (panels,
+ * word lanes, int8 planes and group sums of every row, per-thread panel scratch) or the
+ * attention partials of every row and head with the per-thread buffers. */
+static int cpu_reserve_scratch(ci_backend *be, int64_t max_rows, int64_t max_k, int max_heads,
+                               int max_head_dim) {
   cpu_backend *cpu = as_cpu(be);
-  return ci_cpu_matmul_rows(cpu->pool, cpu->isa, w, x, m, y);
+  const int64_t threads = ci_threadpool_size(cpu->pool);
+  const int64_t rows = max_rows + 64; /* panel padding */
+  const int64_t matmul =
+      rows * max_k * 4 /* panels or lanes, planes, sums, units */ + threads * 16384 + 4096;
+  const int64_t d = max_head_dim + 2;
+  const int64_t attention = (rows * max_heads + 4 * threads * max_heads) * d +
+                            threads * attention_thread_floats(max_heads, max_head_dim, 64) + 4096;
+  const int64_t floats = matmul > attention ? matmul : attention;
+  return ci_arena_reserve(&cpu->scratch, (size_t)floats * sizeof(float)) ? CI_ERR : CI_OK;
+}
+
+/* ==== Dense ops ==== */
+
+static int cpu_matmul(ci_backend *be, const ci_tensor *w, const float *x, int64_t m, float *y,
+                      const ci_row_segments *segments) {
+  cpu_backend *cpu = as_cpu(be);
+  return ci_cpu_matmul_segments(cpu->pool, cpu->isa, &cpu->scratch, w, x, m, y, segments);
 }
 
 /* Bits [c*b, c*b+b) of a row's LSB-first stream of u32 words (b divides 32). */
@@ -199,25 +224,45 @@ static void cpu_rope(ci_backend *be, float *x, int64_t n_rows, int n_heads, cons
 
 /* ==== Paged KV ==== */
 
-static int cpu_kv_store(ci_backend *be, const ci_paged_kv *kv, const float *k, const float *v,
-                        const int32_t *pos, int n_rows) {
-  return ci_cpu_kv_store(as_cpu(be)->isa, kv, k, v, pos, n_rows);
+static int cpu_kv_store(ci_backend *be, const ci_step_kv *seqs, const float *k, const float *v,
+                        const int32_t *pos) {
+  for (int i = 0; i < seqs->n_seqs; i++) {
+    const ci_paged_kv *kv = &seqs->kv[i];
+    const int64_t width = (int64_t)kv->n_kv_heads * kv->head_dim, r0 = seqs->first_row[i];
+    if (ci_cpu_kv_store(as_cpu(be)->isa, kv, k + r0 * width, v + r0 * width, pos + r0,
+                        seqs->n_rows[i]))
+      return CI_ERR;
+  }
+  return CI_OK;
 }
 
 /* Attention work is split into tasks of (query row, KV head, key range): each task scores its
  * keys for every query head of the KV head's group (each stored row is decoded once and used G
  * times) and leaves a partial softmax (max, sum, unnormalised output) that merge_task combines.
- * Key ranges split long contexts only when rows x KV heads alone would leave threads idle. */
+ * Key ranges split long contexts only when a sequence's rows x KV heads alone would leave
+ * threads idle; the split depends on that sequence only, so its result does not depend on the
+ * other sequences of the step. The tasks of every sequence run in one pool run. */
 enum { SPLIT_MIN_KEYS = 512 };
+
+/* One sequence of an attention call. */
+typedef struct {
+  const ci_paged_kv *kv;
+  ci_kv_kernels kernels;
+  int first_row, n_rows;
+  int splits;       /* key ranges per (row, KV head) */
+  int first_task;   /* its attention tasks: [first_task, first_task + n_rows*Hkv*splits) */
+  int first_merge;  /* its merge tasks: [first_merge, first_merge + n_rows*Hq) */
+  int64_t partial0; /* floats: its partials start here */
+} attention_seq;
 
 typedef struct {
   const ci_attention_args *args;
-  ci_kv_kernels kernels;
+  const attention_seq *seqs;
+  int n_seqs;
   int group;                  /* G = query heads per KV head */
-  int splits;                 /* key ranges per (row, KV head) */
   int64_t scratch_per_thread; /* floats: prepared queries, partial outputs, row tiles */
   float *scratch;             /* [threads][scratch_per_thread] */
-  float *partial;             /* [rows][Hq][splits][D + 2]: max, sum, output */
+  float *partial;             /* per sequence [rows][Hq][splits][D + 2]: max, sum, output */
 } attention_job;
 
 /* Visible keys [first, last] of query row r. */
@@ -227,15 +272,32 @@ static void visible_keys(const ci_attention_args *a, int r, int64_t *first, int6
   *last = p;
 }
 
+/* The sequence whose tasks (merge: 0 attention, 1 merge) include `task`. */
+static const attention_seq *seq_of_task(const attention_job *job, int task, int merge) {
+  int lo = 0, hi = job->n_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    const int first = merge ? job->seqs[mid].first_merge : job->seqs[mid].first_task;
+    if (first <= task)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return &job->seqs[lo];
+}
+
 static void attention_task(void *ctx, int task, int thread) {
   const attention_job *job = ctx;
   const ci_attention_args *a = job->args;
-  const ci_paged_kv *kv = a->kv;
-  const ci_kv_kernels *k = &job->kernels;
-  const int D = kv->head_dim, G = job->group, splits = job->splits;
-  const int split = task % splits;
-  const int kv_head = task / splits % kv->n_kv_heads;
-  const int row = task / splits / kv->n_kv_heads;
+  const attention_seq *s = seq_of_task(job, task, 0);
+  const ci_paged_kv *kv = s->kv;
+  const ci_kv_kernels *k = &s->kernels;
+  const int D = kv->head_dim, G = job->group, splits = s->splits;
+  const int local = task - s->first_task;
+  const int split = local % splits;
+  const int kv_head = local / splits % kv->n_kv_heads;
+  const int row_in_seq = local / splits / kv->n_kv_heads;
+  const int row = s->first_row + row_in_seq;
   int64_t first, last;
   visible_keys(a, row, &first, &last);
   const int64_t n_keys = last - first + 1;
@@ -246,8 +308,8 @@ static void attention_task(void *ctx, int task, int thread) {
     k->prepare(kv, a->q + ((int64_t)row * a->n_heads + kv_head * G + g) * D, qp + g * D);
   k->attend(k, kv, kv_head, qp, G, lo, hi, a->scale, a->softcap, tile, out);
   for (int g = 0; g < G; g++)
-    memcpy(job->partial +
-               (((int64_t)row * a->n_heads + kv_head * G + g) * splits + split) * (D + 2),
+    memcpy(job->partial + s->partial0 +
+               (((int64_t)row_in_seq * a->n_heads + kv_head * G + g) * splits + split) * (D + 2),
            out + g * (D + 2), (size_t)(D + 2) * sizeof(float));
 }
 
@@ -255,64 +317,85 @@ static void attention_task(void *ctx, int task, int thread) {
 static void merge_task(void *ctx, int task, int thread) {
   const attention_job *job = ctx;
   const ci_attention_args *a = job->args;
-  const int D = a->kv->head_dim, splits = job->splits;
-  const float *parts = job->partial + (int64_t)task * splits * (D + 2);
+  const attention_seq *s = seq_of_task(job, task, 1);
+  const int local = task - s->first_merge; /* row_in_seq * Hq + head */
+  const int D = s->kv->head_dim, splits = s->splits;
+  const float *parts = job->partial + s->partial0 + (int64_t)local * splits * (D + 2);
   float *acc = job->scratch + (int64_t)thread * job->scratch_per_thread;
   float max = -INFINITY;
-  for (int s = 0; s < splits; s++)
-    if (parts[s * (D + 2) + 1] > 0.0f && parts[s * (D + 2)] > max) max = parts[s * (D + 2)];
+  for (int sp = 0; sp < splits; sp++)
+    if (parts[sp * (D + 2) + 1] > 0.0f && parts[sp * (D + 2)] > max) max = parts[sp * (D + 2)];
   float total = 0.0f;
   memset(acc, 0, (size_t)D * sizeof *acc);
-  for (int s = 0; s < splits; s++) {
-    const float *part = parts + s * (D + 2);
+  for (int sp = 0; sp < splits; sp++) {
+    const float *part = parts + sp * (D + 2);
     if (!(part[1] > 0.0f)) continue; /* an empty range */
     const float w = splits == 1 ? 1.0f : expf(part[0] - max);
     total += w * part[1];
-    job->kernels.vec->axpy_f32(acc, w, part + 2, D);
+    s->kernels.vec->axpy_f32(acc, w, part + 2, D);
   }
   const float inv = 1.0f / total;
   for (int i = 0; i < D; i++) acc[i] *= inv;
-  job->kernels.finish(a->kv, acc, a->out + (int64_t)task * D);
+  s->kernels.finish(s->kv, acc, a->out + ((int64_t)s->first_row * a->n_heads + local) * D);
 }
 
 static int cpu_attention(ci_backend *be, const ci_attention_args *args) {
   cpu_backend *cpu = as_cpu(be);
-  const ci_paged_kv *kv = args->kv;
-  if (args->n_heads % kv->n_kv_heads != 0)
+  const ci_step_kv *step = args->seqs;
+  if (step->n_seqs < 1) return CI_OK;
+  const ci_paged_kv *kv0 = &step->kv[0];
+  if (args->n_heads % kv0->n_kv_heads != 0)
     return ci_fail("attention: %d query heads do not group over %d kv heads", args->n_heads,
-                   kv->n_kv_heads);
-  const int G = args->n_heads / kv->n_kv_heads, D = kv->head_dim;
+                   kv0->n_kv_heads);
+  const int G = args->n_heads / kv0->n_kv_heads, D = kv0->head_dim;
   if (G > CI_MAX_GQA_GROUP)
     return ci_fail("attention: %d query heads per kv head (at most %d)", G, CI_MAX_GQA_GROUP);
-  int64_t max_keys = 1;
-  for (int r = 0; r < args->n_rows; r++) {
-    int64_t first, last;
-    visible_keys(args, r, &first, &last);
-    if (last - first + 1 > max_keys) max_keys = last - first + 1;
-    if (args->pos[r] / kv->block_tokens >= kv->n_table_entries)
-      return ci_fail("attention: position %d is beyond the stored KV", args->pos[r]);
-  }
   const int threads = ci_threadpool_size(cpu->pool);
-  const int units = args->n_rows * kv->n_kv_heads;
-  int splits = 1;
-  while (units * splits < 2 * threads && max_keys / (splits * 2) >= SPLIT_MIN_KEYS) splits *= 2;
-  attention_job job = {.args = args,
-                       .kernels = ci_cpu_kv_kernels(cpu->isa, &kv->format, D),
-                       .group = G,
-                       .splits = splits,
-                       .scratch_per_thread =
-                           (int64_t)G * D + (int64_t)G * (D + 2) + 2 * kv->block_tokens * D};
-  job.scratch = malloc((size_t)threads * (size_t)job.scratch_per_thread * sizeof(float));
-  job.partial = malloc((size_t)args->n_rows * args->n_heads * splits * (D + 2) * sizeof(float));
-  if (!job.scratch || !job.partial) {
-    free(job.scratch);
-    free(job.partial);
-    return ci_fail("attention: out of memory for %lld keys", (long long)max_keys);
+  ci_arena_reset(&cpu->scratch);
+  attention_seq *seqs = ci_arena_take(&cpu->scratch, (size_t)step->n_seqs * sizeof *seqs);
+  if (!seqs) return CI_ERR;
+  int n_tasks = 0, n_merges = 0;
+  int64_t partial_floats = 0;
+  for (int i = 0; i < step->n_seqs; i++) {
+    const ci_paged_kv *kv = &step->kv[i];
+    const int first_row = step->first_row[i], n_rows = step->n_rows[i];
+    if (kv->n_kv_heads != kv0->n_kv_heads || kv->head_dim != D ||
+        kv->block_tokens != kv0->block_tokens)
+      return ci_fail("attention: the sequences of a step differ in KV geometry");
+    int64_t max_keys = 1;
+    for (int r = first_row; r < first_row + n_rows; r++) {
+      int64_t first, last;
+      visible_keys(args, r, &first, &last);
+      if (last - first + 1 > max_keys) max_keys = last - first + 1;
+      if (args->pos[r] / kv->block_tokens >= kv->n_table_entries)
+        return ci_fail("attention: position %d is beyond the stored KV", args->pos[r]);
+    }
+    const int units = n_rows * kv->n_kv_heads;
+    int splits = 1;
+    while (units * splits < 2 * threads && max_keys / (splits * 2) >= SPLIT_MIN_KEYS) splits *= 2;
+    seqs[i] = (attention_seq){.kv = kv,
+                              .kernels = ci_cpu_kv_kernels(cpu->isa, &kv->format, D),
+                              .first_row = first_row,
+                              .n_rows = n_rows,
+                              .splits = splits,
+                              .first_task = n_tasks,
+                              .first_merge = n_merges,
+                              .partial0 = partial_floats};
+    n_tasks += units * splits;
+    n_merges += n_rows * args->n_heads;
+    partial_floats += (int64_t)n_rows * args->n_heads * splits * (D + 2);
   }
-  ci_threadpool_run(cpu->pool, units * splits, attention_task, &job);
-  ci_threadpool_run(cpu->pool, args->n_rows * args->n_heads, merge_task, &job);
-  free(job.scratch);
-  free(job.partial);
+  attention_job job = {.args = args,
+                       .seqs = seqs,
+                       .n_seqs = step->n_seqs,
+                       .group = G,
+                       .scratch_per_thread = attention_thread_floats(G, D, kv0->block_tokens)};
+  job.scratch = ci_arena_take(&cpu->scratch,
+                              (size_t)threads * (size_t)job.scratch_per_thread * sizeof(float));
+  job.partial = ci_arena_take(&cpu->scratch, (size_t)partial_floats * sizeof(float));
+  if (!job.scratch || !job.partial) return ci_fail("attention: out of memory for its scratch");
+  ci_threadpool_run(cpu->pool, n_tasks, attention_task, &job);
+  ci_threadpool_run(cpu->pool, n_merges, merge_task, &job);
   return CI_OK;
 }
 
@@ -321,6 +404,7 @@ static int cpu_attention(ci_backend *be, const ci_attention_args *args) {
 static void cpu_destroy(ci_backend *be) {
   cpu_backend *cpu = as_cpu(be);
   ci_threadpool_free(cpu->pool);
+  ci_arena_free(&cpu->scratch);
   free(cpu);
 }
 
@@ -329,8 +413,9 @@ static const ci_backend_ops cpu_ops = {
     .destroy = cpu_destroy,
     .alloc = cpu_alloc,
     .release = cpu_release,
+    .allocation_count = cpu_allocation_count,
+    .reserve_scratch = cpu_reserve_scratch,
     .matmul = cpu_matmul,
-    .matmul_rows = cpu_matmul_rows,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .add_bias = cpu_add_bias,
@@ -356,6 +441,7 @@ ci_backend *ci_cpu_backend_create(int n_threads) {
     return NULL;
   }
   cpu->base.ops = &cpu_ops;
+  ci_arena_init(&cpu->scratch);
   cpu->isa = ci_cpu_detect_isa();
   cpu->vec = ci_cpu_vec_kernels_get(cpu->isa);
   cpu->pool = ci_threadpool_create(n_threads);

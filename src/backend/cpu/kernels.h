@@ -4,6 +4,7 @@
 #ifndef CI_BACKEND_CPU_KERNELS_H
 #define CI_BACKEND_CPU_KERNELS_H
 
+#include "base/arena.h"
 #include "base/threadpool.h"
 #include "tensor/backend.h"
 #include "tensor/tensor.h"
@@ -30,10 +31,16 @@ int ci_cpu_matmul(ci_threadpool *pool, ci_isa isa, const ci_tensor *w, const flo
                   float *y);
 
 /* As ci_cpu_matmul, but every row of y is computed exactly as a one-row call computes it (the
- * row kernels only, whatever m): used to batch the decode rows of independent sequences
- * without making any sequence's result depend on the batch. */
+ * row kernels only, whatever m). */
 int ci_cpu_matmul_rows(ci_threadpool *pool, ci_isa isa, const ci_tensor *w, const float *x,
                        int64_t m, float *y);
+
+/* The matmul of a step: rows [0, m) split into `segments` (NULL or n = 0: one segment), each
+ * computed exactly as a ci_cpu_matmul of that segment alone computes it (its kernel chosen by its
+ * own row count), while the weights are read once for all of them. Buffers come from `scratch`
+ * (reset by the call). */
+int ci_cpu_matmul_segments(ci_threadpool *pool, ci_isa isa, ci_arena *scratch, const ci_tensor *w,
+                           const float *x, int64_t m, float *y, const ci_row_segments *segments);
 
 /* Vector loops over bf16 rows (KV cache rows), f32 accumulation. */
 typedef struct {

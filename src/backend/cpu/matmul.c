@@ -1,8 +1,11 @@
-/* Matmul dispatch: checks the weight, prepares the activations once per call (group sums,
- * word-lane order, int8 planes, GEMM panels), picks the ISA's row or panel kernel, and splits
- * the output rows over the thread pool. */
+/* Matmul dispatch: checks the weight, splits the activation rows into parts (a panel part per
+ * segment large enough for the panel kernels, merged runs of row-kernel segments), prepares each
+ * part's activations in scratch (group sums, word-lane order, int8 planes, GEMM panels), and
+ * splits the weight rows over the thread pool so that every part uses each chunk of the weights
+ * while it is in cache. */
 #include "backend/cpu/kernels_impl.h"
 
+#include "base/arena.h"
 #include "base/error.h"
 
 #include <math.h>
@@ -14,25 +17,6 @@ enum { MIN_MACS_PER_TASK = 1 << 17 };
 enum { TASKS_PER_THREAD = 4 };
 /* Row chunks of the row kernels are multiples of this (their row blocks are 4). */
 enum { GEMV_ROW_UNIT = 16 };
-
-/* Per-call state shared by the tasks of one matmul. */
-typedef struct {
-  const ci_matmul_job *job;
-  ci_matmul_rows_fn rows_fn;
-  int64_t rows_per_task;
-  float *scratch;        /* n_threads * scratch_stride floats */
-  size_t scratch_stride; /* floats per thread, a multiple of 16 */
-} matmul_tasks;
-
-/* Pool task: one chunk of output rows. */
-static void run_matmul_task(void *ctx, int task, int thread) {
-  const matmul_tasks *tasks = ctx;
-  int64_t begin = (int64_t)task * tasks->rows_per_task;
-  int64_t end = begin + tasks->rows_per_task;
-  if (end > tasks->job->n) end = tasks->job->n;
-  float *scratch = tasks->scratch ? tasks->scratch + (size_t)thread * tasks->scratch_stride : NULL;
-  tasks->rows_fn(tasks->job, begin, end, scratch);
-}
 
 /* The kernel table of an ISA. */
 static const ci_matmul_kernels *kernels_for(ci_isa isa) {
@@ -126,12 +110,6 @@ static void pack_x_panel(void *ctx, int task, int thread) {
   }
 }
 
-/* 64-byte aligned allocation of n floats (at least one), or NULL. */
-static float *alloc_floats(size_t n) {
-  size_t bytes = (n * sizeof(float) + 63) & ~(size_t)63;
-  return aligned_alloc(64, bytes ? bytes : 64);
-}
-
 /* Chooses the row chunk per task: a multiple of `unit`, about TASKS_PER_THREAD chunks per
  * thread, none smaller than MIN_MACS_PER_TASK of work. */
 static int64_t rows_per_task_for(int64_t n, int64_t macs_per_row, int n_threads, int64_t unit) {
@@ -146,9 +124,103 @@ static int64_t rows_per_task_for(int64_t n, int64_t macs_per_row, int n_threads,
   return units_per_task * unit;
 }
 
-/* The matmul, with the panel (GEMM) kernels allowed or not. */
-static int matmul(ci_threadpool *pool, ci_isa isa, const ci_tensor *w, const float *x, int64_t m,
-                  float *y, int allow_panels) {
+/* One run of rows computed by one kernel: a panel segment, or consecutive row-kernel
+ * segments (the row kernels compute each row on its own, so runs of them merge). */
+typedef struct {
+  ci_matmul_job job;
+  ci_matmul_rows_fn fn;
+  int panel; /* 1: panel kernel, 0: row kernel */
+} matmul_part;
+
+/* Per-call state shared by the tasks of one matmul: every task runs every part over its chunk
+ * of weight rows, so the chunk is read from memory once for all of them. */
+typedef struct {
+  const matmul_part *parts;
+  int n_parts;
+  int64_t n;
+  int64_t rows_per_task;
+  float *scratch;        /* n_threads * scratch_stride floats */
+  size_t scratch_stride; /* floats per thread, a multiple of 16 */
+} matmul_tasks;
+
+/* Pool task: one chunk of output columns (weight rows) for every part. */
+static void run_matmul_task(void *ctx, int task, int thread) {
+  const matmul_tasks *tasks = ctx;
+  int64_t begin = (int64_t)task * tasks->rows_per_task;
+  int64_t end = begin + tasks->rows_per_task;
+  if (end > tasks->n) end = tasks->n;
+  float *scratch = tasks->scratch ? tasks->scratch + (size_t)thread * tasks->scratch_stride : NULL;
+  for (int p = 0; p < tasks->n_parts; p++)
+    tasks->parts[p].fn(&tasks->parts[p].job, begin, end, scratch);
+}
+
+/* n floats (at least one) from the scratch arena, or NULL. */
+static float *take_floats(ci_arena *scratch, size_t n) {
+  return ci_arena_take(scratch, (n ? n : 1) * sizeof(float));
+}
+
+/* Prepares the activations of one part (rows [0, job->m) of job->x) for its kernel: int8 planes,
+ * word-lane order and group sums for the affine row kernels, panels for the panel kernels.
+ * Returns CI_OK, or CI_ERR when scratch runs out. */
+static int prepare_part(ci_threadpool *pool, ci_arena *scratch, const ci_matmul_kernels *kernels,
+                        const ci_tensor *w, matmul_part *part, int int8) {
+  ci_matmul_job *job = &part->job;
+  const int64_t m = job->m, k = job->k;
+  const int affine = ci_dtype_is_affine(w->dtype);
+  if (part->panel) {
+    const int mr = kernels->gemm_mr;
+    float *packed = take_floats(scratch, (size_t)((m + mr - 1) / mr * mr * k));
+    if (!packed) return CI_ERR;
+    x_panel_packing packing = {.dst = packed, .x = job->x, .m = m, .k = k, .mr = mr};
+    const int n_panels = (int)((m + mr - 1) / mr);
+    if (pool)
+      ci_threadpool_run(pool, n_panels, pack_x_panel, &packing);
+    else
+      for (int p = 0; p < n_panels; p++) pack_x_panel(&packing, p, 0);
+    job->x_packed = packed;
+    part->fn = kernels->gemm[job->format];
+    return CI_OK;
+  }
+  part->fn = kernels->gemv[job->format];
+  if (!affine) return CI_OK;
+  const int64_t n_groups = k / job->group;
+  float *group_sums = take_floats(scratch, (size_t)(m * n_groups));
+  if (!group_sums) return CI_ERR;
+  sum_groups(group_sums, job->x, m, k, job->group);
+  if (int8) {
+    const int bits = ci_tensor_bits(w);
+    const int64_t cols_per_block = bits == 8 ? 64 : 128;
+    const int64_t stride = (k + cols_per_block - 1) / cols_per_block *
+                           (bits == 8 ? CI_X_PLANE_BLOCK_Q8 : CI_X_PLANE_BLOCK_Q4);
+    int8_t *planes = ci_arena_take(scratch, (size_t)(m * stride)); /* stride: multiple of 64 */
+    float *units = take_floats(scratch, (size_t)(m * n_groups));
+    if (!planes || !units) return CI_ERR;
+    kernels->quantize_x_planes(planes, units, job->x, m, k, job->group, bits, stride);
+    job->x_planes = planes;
+    job->x_plane_stride = stride;
+    job->x_plane_units = units;
+    part->fn = kernels->gemv_int8[job->format];
+  } else if (kernels->word_lanes) {
+    float *lanes = take_floats(scratch, (size_t)(m * k));
+    if (!lanes) return CI_ERR;
+    to_word_lane_order(lanes, job->x, m, k, kernels->word_lanes, ci_tensor_bits(w));
+    job->x = lanes;
+  }
+  job->x_group_sums = group_sums;
+  return CI_OK;
+}
+
+static int64_t gcd64(int64_t a, int64_t b) {
+  while (b) {
+    const int64_t t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+
+int ci_cpu_matmul_segments(ci_threadpool *pool, ci_isa isa, ci_arena *scratch, const ci_tensor *w,
+                           const float *x, int64_t m, float *y, const ci_row_segments *segments) {
   if (!w || (m > 0 && (!x || !y))) return ci_fail("matmul: NULL argument");
   if ((unsigned)isa >= CI_ISA_COUNT || !ci_isa_supported(isa))
     return ci_fail("matmul: ISA %s not supported on this CPU", ci_isa_name(isa));
@@ -156,17 +228,23 @@ static int matmul(ci_threadpool *pool, ci_isa isa, const ci_tensor *w, const flo
   ci_weight_format format = CI_WF_F32;
   if (check_weight(w, &n, &k, &format) != CI_OK) return CI_ERR;
   if (m < 0) return ci_fail("matmul: negative row count");
+  const int n_segments = segments && segments->n > 0 ? segments->n : 1;
+  if (segments && segments->n > 0) {
+    int64_t total = 0;
+    for (int s = 0; s < segments->n; s++) {
+      if (segments->rows[s] < 0) return ci_fail("matmul: negative segment");
+      total += segments->rows[s];
+    }
+    if (total != m)
+      return ci_fail("matmul: segments cover %lld of %lld rows", (long long)total, (long long)m);
+  }
   if (m == 0 || n == 0) return CI_OK;
 
   const ci_matmul_kernels *kernels = kernels_for(isa);
-  ci_dtype dtype = w->dtype;
-  int affine = ci_dtype_is_affine(dtype);
-  ci_matmul_rows_fn gemm =
-      allow_panels && m >= kernels->gemm_min_m[format] ? kernels->gemm[format] : NULL;
-  int int8 = affine && !gemm && kernels->gemv_int8 && kernels->gemv_int8[format] &&
-             kernels->quantize_x_planes && ci_cpu_int8_matmul_enabled();
-  ci_matmul_rows_fn gemv_int8 = int8 ? kernels->gemv_int8[format] : NULL;
-  ci_matmul_job job = {
+  const int affine = ci_dtype_is_affine(w->dtype);
+  const int int8 = affine && kernels->gemv_int8 && kernels->gemv_int8[format] &&
+                   kernels->quantize_x_planes && ci_cpu_int8_matmul_enabled();
+  const ci_matmul_job base = {
       .format = format,
       .n = n,
       .k = k,
@@ -174,67 +252,51 @@ static int matmul(ci_threadpool *pool, ci_isa isa, const ci_tensor *w, const flo
       .scales = w->scales,
       .biases = w->biases,
       .group = affine ? w->group_size : 0,
-      .m = m,
-      .x = x,
-      .y = y,
   };
-
-  /* Activation preparation, each buffer O(m*k): tiny next to the O(m*n*k) product. */
-  float *x_word_lanes = NULL, *group_sums = NULL, *x_packed = NULL, *scratch = NULL;
-  float *plane_units = NULL;
-  int8_t *x_planes = NULL;
+  ci_arena_reset(scratch);
+  matmul_part *parts = ci_arena_take(scratch, (size_t)n_segments * sizeof *parts);
+  if (!parts) return CI_ERR;
+  int n_parts = 0, any_panel = 0, any_rows = 0;
+  int64_t row = 0;
+  for (int s = 0; s < n_segments; s++) {
+    const int64_t rows = segments && segments->n > 0 ? segments->rows[s] : m;
+    if (rows == 0) continue;
+    /* a segment's kernel depends on its own rows only: that keeps it equal to a solo call */
+    const int panel = kernels->gemm[format] && rows >= kernels->gemm_min_m[format];
+    if (!panel && n_parts && !parts[n_parts - 1].panel) {
+      parts[n_parts - 1].job.m += rows; /* extend the open row-kernel run */
+    } else {
+      parts[n_parts] = (matmul_part){.job = base, .panel = panel};
+      parts[n_parts].job.m = rows;
+      parts[n_parts].job.x = x + row * k;
+      parts[n_parts].job.y = y + row * n;
+      n_parts++;
+    }
+    any_panel |= panel;
+    any_rows |= !panel;
+    row += rows;
+  }
+  for (int p = 0; p < n_parts; p++) {
+    if (prepare_part(pool, scratch, kernels, w, &parts[p], int8))
+      return ci_fail("matmul: out of memory preparing activations (m=%lld, k=%lld)", (long long)m,
+                     (long long)k);
+  }
   int n_threads = pool ? ci_threadpool_size(pool) : 1;
-  size_t scratch_stride = (kernels->scratch_floats + 15) & ~(size_t)15;
-  int status = CI_OK;
-  if (gemv_int8) {
-    int bits = ci_tensor_bits(w);
-    int64_t cols_per_block = bits == 8 ? 64 : 128;
-    int64_t stride = (k + cols_per_block - 1) / cols_per_block *
-                     (bits == 8 ? CI_X_PLANE_BLOCK_Q8 : CI_X_PLANE_BLOCK_Q4);
-    x_planes = aligned_alloc(64, (size_t)(m * stride)); /* stride is a multiple of 64 */
-    plane_units = alloc_floats((size_t)(m * (k / job.group)));
-    if (!x_planes || !plane_units) goto out_of_memory;
-    kernels->quantize_x_planes(x_planes, plane_units, x, m, k, job.group, bits, stride);
-    job.x_planes = x_planes;
-    job.x_plane_stride = stride;
-    job.x_plane_units = plane_units;
-  } else if (affine && kernels->word_lanes && !gemm) {
-    x_word_lanes = alloc_floats((size_t)(m * k));
-    if (!x_word_lanes) goto out_of_memory;
-    to_word_lane_order(x_word_lanes, x, m, k, kernels->word_lanes, ci_tensor_bits(w));
-    job.x = x_word_lanes;
+  size_t scratch_stride = any_panel ? (kernels->scratch_floats + 15) & ~(size_t)15 : 0;
+  float *thread_scratch = NULL;
+  if (scratch_stride) {
+    thread_scratch = take_floats(scratch, scratch_stride * (size_t)n_threads);
+    if (!thread_scratch) return ci_fail("matmul: out of memory for panel scratch");
   }
-  if (affine && !gemm) { /* the panel kernels dequantize, so need no group sums */
-    group_sums = alloc_floats((size_t)(m * (k / job.group)));
-    if (!group_sums) goto out_of_memory;
-    sum_groups(group_sums, x, m, k, job.group);
-    job.x_group_sums = group_sums;
-  }
-  if (gemm) {
-    int mr = kernels->gemm_mr;
-    x_packed = alloc_floats((size_t)((m + mr - 1) / mr * mr * k));
-    if (!x_packed) goto out_of_memory;
-    x_panel_packing packing = {.dst = x_packed, .x = x, .m = m, .k = k, .mr = mr};
-    int n_panels = (int)((m + mr - 1) / mr);
-    if (pool)
-      ci_threadpool_run(pool, n_panels, pack_x_panel, &packing);
-    else
-      for (int p = 0; p < n_panels; p++) pack_x_panel(&packing, p, 0);
-    job.x_packed = x_packed;
-  }
-  if (gemm && scratch_stride) {
-    scratch = alloc_floats(scratch_stride * (size_t)n_threads);
-    if (!scratch) goto out_of_memory;
-  }
-
+  /* chunks of weight rows: whole row blocks of every kernel in use */
+  int64_t unit = any_panel ? kernels->gemm_nr : GEMV_ROW_UNIT;
+  if (any_panel && any_rows) unit = unit / gcd64(unit, GEMV_ROW_UNIT) * GEMV_ROW_UNIT;
   matmul_tasks tasks = {
-      .job = &job,
-      .rows_fn = gemm        ? gemm
-                 : gemv_int8 ? gemv_int8
-                             : kernels->gemv[format],
-      .rows_per_task =
-          rows_per_task_for(n, m * k, n_threads, gemm ? kernels->gemm_nr : GEMV_ROW_UNIT),
-      .scratch = scratch,
+      .parts = parts,
+      .n_parts = n_parts,
+      .n = n,
+      .rows_per_task = rows_per_task_for(n, m * k, n_threads, unit),
+      .scratch = thread_scratch,
       .scratch_stride = scratch_stride,
   };
   int n_tasks = (int)((n + tasks.rows_per_task - 1) / tasks.rows_per_task);
@@ -242,27 +304,34 @@ static int matmul(ci_threadpool *pool, ci_isa isa, const ci_tensor *w, const flo
     ci_threadpool_run(pool, n_tasks, run_matmul_task, &tasks);
   else
     for (int t = 0; t < n_tasks; t++) run_matmul_task(&tasks, t, 0);
-  goto done;
+  return CI_OK;
+}
 
-out_of_memory:
-  status = ci_fail("matmul: out of memory preparing activations (m=%lld, k=%lld)", (long long)m,
-                   (long long)k);
-done:
-  free(x_word_lanes);
-  free(x_planes);
-  free(plane_units);
-  free(group_sums);
-  free(x_packed);
-  free(scratch);
+/* Runs a matmul with a scratch arena of its own. */
+static int matmul_with_own_scratch(ci_threadpool *pool, ci_isa isa, const ci_tensor *w,
+                                   const float *x, int64_t m, float *y, int each_row) {
+  ci_arena scratch;
+  ci_arena_init(&scratch);
+  int32_t *ones = NULL;
+  ci_row_segments segments = {0};
+  if (each_row && m > 0) {
+    ones = malloc((size_t)m * sizeof *ones);
+    if (!ones) return ci_fail("matmul: out of memory");
+    for (int64_t i = 0; i < m; i++) ones[i] = 1;
+    segments = (ci_row_segments){.n = (int)m, .rows = ones};
+  }
+  const int status = ci_cpu_matmul_segments(pool, isa, &scratch, w, x, m, y, &segments);
+  free(ones);
+  ci_arena_free(&scratch);
   return status;
 }
 
 int ci_cpu_matmul(ci_threadpool *pool, ci_isa isa, const ci_tensor *w, const float *x, int64_t m,
                   float *y) {
-  return matmul(pool, isa, w, x, m, y, 1);
+  return matmul_with_own_scratch(pool, isa, w, x, m, y, 0);
 }
 
 int ci_cpu_matmul_rows(ci_threadpool *pool, ci_isa isa, const ci_tensor *w, const float *x,
                        int64_t m, float *y) {
-  return matmul(pool, isa, w, x, m, y, 0);
+  return matmul_with_own_scratch(pool, isa, w, x, m, y, 1);
 }

@@ -1,0 +1,117 @@
+/* The workspace of a model's steps: sizing from the spec, growth, release (see workspace.h). */
+#include "model/workspace.h"
+
+#include "base/error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+ci_workspace *ci_workspace_create(ci_backend *be) {
+  ci_workspace *ws = calloc(1, sizeof *ws);
+  if (!ws) return ci_fail("workspace: out of memory"), NULL;
+  ws->be = be;
+  return ws;
+}
+
+/* Releases every buffer (the sizes become 0). */
+static void release_buffers(ci_workspace *ws) {
+  float **dev[] = {&ws->x,       &ws->a,          &ws->q,       &ws->k,      &ws->v,
+                   &ws->att,     &ws->proj,       &ws->gate,    &ws->up,     &ws->ple,
+                   &ws->ple_tmp, &ws->moe_scores, &ws->moe_out, &ws->moe_in, &ws->moe_y};
+  for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) {
+    if (*dev[i]) ws->be->ops->release(ws->be, *dev[i]);
+    *dev[i] = NULL;
+  }
+  void **host[] = {(void **)&ws->ids,      (void **)&ws->pos,        (void **)&ws->seq_first,
+                   (void **)&ws->seq_rows, (void **)&ws->logit_rows, (void **)&ws->logit_seg,
+                   (void **)&ws->views,    (void **)&ws->route_ids,  (void **)&ws->route_w,
+                   (void **)&ws->rows,     (void **)&ws->row_w,      (void **)&ws->expert_seg};
+  for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) {
+    free(*host[i]);
+    *host[i] = NULL;
+  }
+  ws->max_rows = ws->max_seqs = 0;
+}
+
+void ci_workspace_free(ci_workspace *ws) {
+  if (!ws) return;
+  release_buffers(ws);
+  free(ws);
+}
+
+/* Widest rows of each buffer kind over every layer of the model. */
+typedef struct {
+  int64_t q_dim, kv_dim, inter, max_k;
+  int max_heads, max_head_dim;
+} widths;
+
+static widths widths_of(const ci_model_spec *s) {
+  widths w = {.inter = s->intermediate, .max_heads = s->n_heads};
+  for (int i = 0; i < s->n_layers; i++) {
+    const ci_layer_spec *l = &s->layers[i];
+    const int64_t qd = (int64_t)s->n_heads * l->head_dim;
+    const int64_t kd = (int64_t)l->n_kv_heads * l->head_dim;
+    if (qd > w.q_dim) w.q_dim = qd;
+    if (kd > w.kv_dim) w.kv_dim = kd;
+    if (l->intermediate > w.inter) w.inter = l->intermediate;
+    if (l->head_dim > w.max_head_dim) w.max_head_dim = l->head_dim;
+  }
+  if (s->moe_intermediate > w.inter) w.inter = s->moe_intermediate;
+  if (s->ple_dim > w.inter) w.inter = s->ple_dim;
+  /* the widest matmul input: hidden, the attention output, an MLP or per-layer width */
+  w.max_k = s->hidden;
+  if (w.q_dim > w.max_k) w.max_k = w.q_dim;
+  if (w.inter > w.max_k) w.max_k = w.inter;
+  return w;
+}
+
+int ci_workspace_fit(ci_workspace *ws, const ci_model_spec *s, int max_rows, int max_seqs) {
+  if (max_rows < 1 || max_seqs < 1) return ci_fail("workspace: empty step");
+  if (max_rows <= ws->max_rows && max_seqs <= ws->max_seqs) return CI_OK;
+  if (max_rows < ws->max_rows) max_rows = ws->max_rows;
+  if (max_seqs < ws->max_seqs) max_seqs = ws->max_seqs;
+  release_buffers(ws);
+  ws->allocations++;
+  ci_backend *be = ws->be;
+  const widths w = widths_of(s);
+  const size_t n = (size_t)max_rows, f = sizeof(float);
+  int ok = (ws->x = be->ops->alloc(be, n * s->hidden * f)) &&
+           (ws->a = be->ops->alloc(be, n * s->hidden * f)) &&
+           (ws->q = be->ops->alloc(be, n * w.q_dim * f)) &&
+           (ws->k = be->ops->alloc(be, n * w.kv_dim * f)) &&
+           (ws->v = be->ops->alloc(be, n * w.kv_dim * f)) &&
+           (ws->att = be->ops->alloc(be, n * w.q_dim * f)) &&
+           (ws->proj = be->ops->alloc(be, n * s->hidden * f)) &&
+           (ws->gate = be->ops->alloc(be, n * w.inter * f)) &&
+           (ws->up = be->ops->alloc(be, n * w.inter * f));
+  if (ok && s->ple_dim > 0) {
+    const size_t width = (size_t)s->n_layers * s->ple_dim;
+    ok = (ws->ple = be->ops->alloc(be, n * width * f)) &&
+         (ws->ple_tmp = be->ops->alloc(be, n * width * f));
+  }
+  if (ok && s->n_experts > 0) {
+    const size_t k = (size_t)s->top_k_experts;
+    ok = (ws->moe_scores = be->ops->alloc(be, n * s->n_experts * f)) &&
+         (ws->moe_out = be->ops->alloc(be, n * s->hidden * f)) &&
+         (ws->moe_in = be->ops->alloc(be, n * s->hidden * f)) &&
+         (ws->moe_y = be->ops->alloc(be, n * s->hidden * f)) &&
+         (ws->route_ids = malloc(n * k * sizeof(int32_t))) &&
+         (ws->route_w = malloc(n * k * sizeof(float))) &&
+         (ws->rows = malloc(n * sizeof(int32_t))) && (ws->row_w = malloc(n * sizeof(float))) &&
+         (ws->expert_seg = malloc((size_t)max_seqs * sizeof(int32_t)));
+  }
+  const size_t seqs = (size_t)max_seqs;
+  ok = ok && (ws->ids = malloc(n * sizeof(int32_t))) && (ws->pos = malloc(n * sizeof(int32_t))) &&
+       (ws->seq_first = malloc(seqs * sizeof(int32_t))) &&
+       (ws->seq_rows = malloc(seqs * sizeof(int32_t))) &&
+       (ws->logit_rows = malloc(n * sizeof(int32_t))) &&
+       (ws->logit_seg = malloc(seqs * sizeof(int32_t))) &&
+       (ws->views = malloc(seqs * sizeof(ci_paged_kv)));
+  if (!ok) {
+    release_buffers(ws);
+    return ci_fail("workspace: out of memory for steps of %d rows", max_rows);
+  }
+  ws->max_rows = max_rows;
+  ws->max_seqs = max_seqs;
+  return be->ops->reserve_scratch(be, max_rows, w.max_k, w.max_heads, w.max_head_dim);
+}

@@ -1,0 +1,60 @@
+/* The workspace of a model's steps: every activation and bookkeeping buffer a step needs, sized
+ * once for the largest step it will run and reused by every step after, so that a step in the
+ * steady state allocates nothing (the forward pass in forward.c reads it top to bottom). */
+#ifndef CI_MODEL_WORKSPACE_H
+#define CI_MODEL_WORKSPACE_H
+
+#include "model/spec.h"
+#include "tensor/backend.h"
+
+#include <stdint.h>
+
+typedef struct ci_workspace {
+  ci_backend *be;      /* not owned */
+  int max_rows;        /* rows of a step (tokens over every sequence) */
+  int max_seqs;        /* sequences of a step */
+  int64_t allocations; /* buffer (re)allocations so far */
+  /* Activations, backend memory. */
+  float *x;          /* (rows, hidden) residual stream */
+  float *a;          /* (rows, hidden) normed input of a block */
+  float *q;          /* (rows, Hq * D) */
+  float *k;          /* (rows, Hkv * D) */
+  float *v;          /* (rows, Hkv * D) */
+  float *att;        /* (rows, Hq * D) attention output */
+  float *proj;       /* (rows, hidden) o_proj / down_proj output */
+  float *gate;       /* (rows, I) */
+  float *up;         /* (rows, I) */
+  float *ple;        /* (rows, N, P) per-layer inputs; NULL without PLE */
+  float *ple_tmp;    /* (rows, N * P) */
+  float *moe_scores; /* (rows, E) router scores; NULL without MoE */
+  float *moe_out;    /* (rows, hidden) weighted expert sum */
+  float *moe_in;     /* (rows, hidden) gathered rows of one expert */
+  float *moe_y;      /* (rows, hidden) one expert's output rows */
+  /* The step's description, host memory. */
+  int32_t *ids;        /* (rows) token of each row */
+  int32_t *pos;        /* (rows) position of each row */
+  int32_t *seq_first;  /* (seqs) first row of each sequence */
+  int32_t *seq_rows;   /* (seqs) rows of each sequence */
+  int32_t *logit_rows; /* (rows) the rows whose logits the step returns, in order */
+  int32_t *logit_seg;  /* (seqs) logit rows of each sequence */
+  ci_paged_kv *views;  /* (seqs) one layer's KV view of each sequence */
+  /* MoE scheduling, host memory. */
+  int32_t *route_ids;  /* (rows, k) */
+  float *route_w;      /* (rows, k) */
+  int32_t *rows;       /* (rows) token rows of one expert */
+  float *row_w;        /* (rows) their weights */
+  int32_t *expert_seg; /* (seqs) rows of one expert from each sequence */
+} ci_workspace;
+
+/* An empty workspace for `spec` on `be` (no buffers yet). NULL with ci_last_error. */
+ci_workspace *ci_workspace_create(ci_backend *be);
+
+/* Makes the workspace hold steps of up to max_rows rows over max_seqs sequences of a model of
+ * `spec`, (re)allocating only when it is smaller, and reserves the backend's scratch for such
+ * steps. Returns CI_OK or CI_ERR. */
+int ci_workspace_fit(ci_workspace *ws, const ci_model_spec *spec, int max_rows, int max_seqs);
+
+/* Frees every buffer and the workspace. NULL is a no-op. */
+void ci_workspace_free(ci_workspace *ws);
+
+#endif
