@@ -63,10 +63,9 @@ struct ci_engine {
   ci_kv_cache *cache;
   ci_prefix_cache *prefix; /* NULL when off; engine thread only */
   uint64_t model_key;
-  float *logits;         /* [logit_rows, vocab] */
-  int logit_rows;        /* rows logits has room for */
-  ci_kv_seq **step_seqs; /* [batch] decode batch of a step */
-  int32_t *step_ids;     /* [batch] */
+  ci_workspace *ws;        /* sized at creation for the largest step */
+  float *logits;           /* [batch, vocab]: one row per sequence of a step */
+  ci_step_seq *step_seqs;  /* [batch] the sequences of a step */
   pthread_t thread;
   pthread_mutex_t mu; /* queue, running list, refs, cancel flags, stats */
   pthread_cond_t cv;
@@ -162,6 +161,22 @@ void ci_engine_request_release(ci_engine_request *r) {
   pthread_mutex_unlock(&e->mu);
 }
 
+/* ==== The prefill-chunk rule ==== */
+
+/* The most prompt tokens one prefill chunk may hold. */
+static int64_t chunk_cap(const ci_engine *e) {
+  return e->o.prefill_chunk < e->o.batch_tokens ? e->o.prefill_chunk : e->o.batch_tokens;
+}
+
+/* The rows of the next prefill chunk of a sequence with `left` prompt tokens to go and KV
+ * chunk limit `limit` (ci_kv_seq_chunk_limit). It depends on the request alone, never on what
+ * else runs in the step: batch invariance, admission (peak blocks, the conversion offset) and
+ * the prefix-cache key all rely on that. */
+static int64_t chunk_rows(const ci_engine *e, int64_t left, int64_t limit) {
+  int64_t chunk = left < chunk_cap(e) ? left : chunk_cap(e);
+  return chunk < limit ? chunk : limit;
+}
+
 /* ==== Memory contract ==== */
 
 /* Blocks group g holds at its peak for a sequence of n tokens (kv.md §10): every block of a
@@ -171,7 +186,7 @@ static int64_t peak_blocks(const ci_engine *e, const ci_kv_group *group, int64_t
   const int64_t T = e->cache->block_tokens;
   int64_t blocks = (n + T - 1) / T;
   if (group->window > 0) {
-    int64_t chunk = e->o.prefill_chunk < e->o.batch_tokens ? e->o.prefill_chunk : e->o.batch_tokens;
+    const int64_t chunk = chunk_cap(e);
     const int64_t held = (group->window - 1 + chunk + T - 1) / T + 1;
     if (blocks > held) blocks = held;
   }
@@ -196,9 +211,7 @@ static int64_t plan_reservation(const ci_engine *e, const ci_kv_format *targets,
   const ci_kv_cache *c = e->cache;
   const ci_kv_format base = ci_kv_format_plain(e->o.base);
   /* the conversion happens at the start, or after the first chunk when the start is 0 */
-  int64_t first_chunk = n_prompt;
-  if (first_chunk > e->o.prefill_chunk) first_chunk = e->o.prefill_chunk;
-  if (first_chunk > e->o.batch_tokens) first_chunk = e->o.batch_tokens;
+  const int64_t first_chunk = chunk_rows(e, n_prompt, INT64_MAX);
   const int64_t at = start > first_chunk ? start : first_chunk;
   const int converts = targets && start <= n;
   const int64_t held_at_conversion = at < n ? at : n;
@@ -264,9 +277,9 @@ static void *engine_main(void *arg);
 static void engine_free_parts(ci_engine *e) {
   ci_prefix_cache_free(e->prefix);
   ci_kv_cache_free(e->cache);
+  ci_workspace_free(e->ws);
   free(e->logits);
   free(e->step_seqs);
-  free(e->step_ids);
   free(e);
 }
 
@@ -275,10 +288,12 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
   if (!e) return ci_fail("engine: out of memory"), NULL;
   e->model = model;
   e->o = *options;
-  if (e->o.batch < 1 || e->o.batch_tokens < 1 || e->o.prefill_chunk < 1 || e->o.max_queue < 0 ||
-      e->o.block_tokens < 1) {
+  if (e->o.batch < 1 || e->o.batch > CI_ENGINE_MAX_BATCH || e->o.batch_tokens < 1 ||
+      e->o.prefill_chunk < 1 || e->o.max_queue < 0 || e->o.block_tokens < 1) {
     free(e);
-    return ci_fail("engine: batch, batch_tokens, prefill_chunk and block_tokens must be >= 1"),
+    return ci_fail("engine: batch must be 1..%d; batch_tokens, prefill_chunk and block_tokens "
+                   ">= 1",
+                   CI_ENGINE_MAX_BATCH),
            NULL;
   }
   if (e->o.ctx_size <= 0 || e->o.ctx_size > model->spec.max_position)
@@ -286,12 +301,14 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
   e->cache =
       ci_model_kv_cache_create_protected(model, e->o.base, e->o.block_tokens, 0, e->o.kv_protect);
   if (!e->cache) return engine_free_parts(e), NULL;
-  e->logits = malloc((size_t)model->spec.vocab * sizeof *e->logits);
-  e->logit_rows = 1;
+  e->logits = malloc((size_t)e->o.batch * (size_t)model->spec.vocab * sizeof *e->logits);
   e->step_seqs = malloc((size_t)e->o.batch * sizeof *e->step_seqs);
-  e->step_ids = malloc((size_t)e->o.batch * sizeof *e->step_ids);
-  if (!e->logits || !e->step_seqs || !e->step_ids)
+  if (!e->logits || !e->step_seqs)
     return engine_free_parts(e), ci_fail("engine: out of memory"), NULL;
+  /* the largest step: a decode row of every sequence but one, and a chunk over the budget */
+  e->ws = ci_workspace_create(model->be);
+  if (!e->ws || ci_workspace_fit(e->ws, &model->spec, e->o.batch + e->o.batch_tokens, e->o.batch))
+    return engine_free_parts(e), NULL;
   if (e->o.kv_budget_bytes <= 0)
     e->o.kv_budget_bytes = (int64_t)e->o.batch * ci_engine_reservation_bytes(e, e->o.ctx_size);
   e->stats.kv_budget_bytes = e->o.kv_budget_bytes;
@@ -457,12 +474,7 @@ static void attach_prefix(ci_engine *e, ci_engine_request *r) {
   if (seq->has_plan) {
     /* converted blocks: the conversion offset the request would reach on its own (its start,
      * or the end of its first chunk when the start is 0) */
-    int64_t c = seq->start;
-    if (c == 0) {
-      c = r->n_prompt;
-      if (c > e->o.prefill_chunk) c = e->o.prefill_chunk;
-      if (c > e->o.batch_tokens) c = e->o.batch_tokens;
-    }
+    const int64_t c = seq->start > 0 ? seq->start : chunk_rows(e, r->n_prompt, INT64_MAX);
     p = ci_prefix_cache_attach(e->prefix, prefix_key(e, seq, 1, c), r->history, c, max_p, seq, 1,
                                c);
     if (p == 0 && seq->start > 0) {
@@ -640,7 +652,7 @@ static void sweep_locked(ci_engine *e) {
   if (finished && e->prefix) ci_prefix_cache_trim(e->prefix, e->o.prefix_cache_bytes);
 }
 
-/* What a request wants this step: its rows and whether they end with a sampled token. */
+/* A request's rows in this step. */
 typedef struct {
   ci_engine_request *r;
   int rows;
@@ -659,20 +671,6 @@ static int sample_next(ci_engine *e, ci_engine_request *r, float *logits, int *f
   return CI_OK;
 }
 
-/* Forwards one prefill chunk of a request and samples after its last one. Returns CI_OK, or
- * CI_ERR (the request failed). */
-static int run_prefill(ci_engine *e, ci_engine_request *r, int rows, int *finished,
-                       ci_finish_reason *finish) {
-  const int last = r->n_prefilled + rows == r->n_prompt;
-  if (ci_model_forward(e->model, r->seq, r->history + r->n_prefilled, rows, last ? e->logits : NULL,
-                       1))
-    return CI_ERR;
-  r->n_prefilled += rows;
-  if (!last) return CI_OK;
-  r->state = REQ_DECODE;
-  return sample_next(e, r, e->logits, finished, finish);
-}
-
 /* Ends a request of this step (failed or finished). */
 static void end_in_step(ci_engine *e, ci_engine_request *r, int status, int finished,
                         ci_finish_reason finish) {
@@ -684,76 +682,67 @@ static void end_in_step(ci_engine *e, ci_engine_request *r, int status, int fini
   pthread_mutex_unlock(&e->mu);
 }
 
-/* The decode rows of a step, one per decoding sequence, in one batched forward (weights read
- * once; every row computed as it would be alone), then each request samples from its row. A
- * forward error fails all of them. */
-static void run_decodes(ci_engine *e, const step_entry *entries, int n) {
-  if (n == 0) return;
-  const int64_t vocab = e->model->spec.vocab;
-  if (n > e->logit_rows) {
-    float *bigger = realloc(e->logits, (size_t)n * (size_t)vocab * sizeof *bigger);
-    if (!bigger) {
-      ci_fail("engine: out of memory for %d logit rows", n);
-      for (int i = 0; i < n; i++) end_in_step(e, entries[i].r, CI_ERR, 0, CI_FINISH_STOP);
-      return;
-    }
-    e->logits = bigger;
-    e->logit_rows = n;
-  }
-  for (int i = 0; i < n; i++) {
-    e->step_seqs[i] = entries[i].r->seq;
-    e->step_ids[i] = entries[i].r->pending;
-  }
-  if (ci_model_forward_decode_batch(e->model, e->step_seqs, e->step_ids, n, e->logits)) {
-    for (int i = 0; i < n; i++) end_in_step(e, entries[i].r, CI_ERR, 0, CI_FINISH_STOP);
-    return;
-  }
-  for (int i = 0; i < n; i++) {
-    int finished = 0;
-    ci_finish_reason finish = CI_FINISH_STOP;
-    const int status = sample_next(e, entries[i].r, e->logits + i * vocab, &finished, &finish);
-    end_in_step(e, entries[i].r, status, finished, finish);
-  }
-}
-
-static void engine_step(ci_engine *e) {
-  /* compose the batch from a snapshot of the running list (only this thread changes it):
-   * decode rows first (at most `batch` of them), then prefill chunks */
-  step_entry entries[512];
-  int n_entries = 0, n_decodes = 0, budget = e->o.batch_tokens, prefills = 0;
-  for (ci_engine_request *r = e->running; r && n_entries < 512; r = r->next)
+/* Picks the step's rows from a snapshot of the running list (only this thread changes it): a
+ * decode row of every decoding sequence, then prefill chunks in admission order under the
+ * token budget. A chunk never shrinks to fit the budget (that would make results depend on the
+ * batch): it waits, unless it is the step's first prefill. Returns the number of entries. */
+static int compose_step(ci_engine *e, step_entry *entries) {
+  int n = 0, budget = e->o.batch_tokens, prefills = 0;
+  for (ci_engine_request *r = e->running; r && n < e->o.batch; r = r->next)
     if (r->state == REQ_DECODE) {
-      entries[n_entries++] = (step_entry){r, 1};
+      entries[n++] = (step_entry){r, 1};
       budget--;
     }
-  n_decodes = n_entries;
-  for (ci_engine_request *r = e->running; r && n_entries < 512; r = r->next) {
+  for (ci_engine_request *r = e->running; r && n < e->o.batch; r = r->next) {
     if (r->state != REQ_PREFILL) continue;
-    int64_t chunk = r->n_prompt - r->n_prefilled;
-    if (chunk > e->o.prefill_chunk) chunk = e->o.prefill_chunk;
-    if (chunk > e->o.batch_tokens) chunk = e->o.batch_tokens;
-    const int64_t limit = ci_kv_seq_chunk_limit(r->seq);
-    if (chunk > limit) chunk = limit;
-    /* the chunk never shrinks to fit the budget (that would make results depend on the batch):
-     * it waits, unless it is the step's first prefill */
+    const int64_t chunk =
+        chunk_rows(e, r->n_prompt - r->n_prefilled, ci_kv_seq_chunk_limit(r->seq));
     if (chunk > budget && prefills > 0) break;
-    entries[n_entries++] = (step_entry){r, (int)chunk};
+    entries[n++] = (step_entry){r, (int)chunk};
     budget -= (int)chunk;
     prefills++;
   }
-  int64_t rows = n_decodes;
-  run_decodes(e, entries, n_decodes);
-  for (int i = n_decodes; i < n_entries; i++) {
-    int finished = 0;
-    ci_finish_reason finish = CI_FINISH_STOP;
-    const int status = run_prefill(e, entries[i].r, entries[i].rows, &finished, &finish);
+  return n;
+}
+
+/* One step: every entry's rows (decode tokens and prefill chunks) in one forward, then each
+ * request that reached the end of its prompt, or decodes, samples from its logits row. A
+ * forward error fails every request of the step. */
+static void engine_step(ci_engine *e) {
+  step_entry entries[CI_ENGINE_MAX_BATCH];
+  const int n = compose_step(e, entries);
+  const int64_t vocab = e->model->spec.vocab;
+  int64_t rows = 0;
+  for (int i = 0; i < n; i++) {
+    ci_engine_request *r = entries[i].r;
+    const int decode = r->state == REQ_DECODE;
+    const int last = decode || r->n_prefilled + entries[i].rows == r->n_prompt;
+    e->step_seqs[i] = (ci_step_seq){.seq = r->seq,
+                                    .ids = decode ? &r->pending : r->history + r->n_prefilled,
+                                    .n_rows = entries[i].rows,
+                                    .n_logit_rows = last ? 1 : 0};
     rows += entries[i].rows;
-    end_in_step(e, entries[i].r, status, finished, finish);
   }
-  for (int i = 0; i < n_entries; i++)
+  if (ci_model_step(e->model, e->ws, e->step_seqs, n, e->logits)) {
+    for (int i = 0; i < n; i++) end_in_step(e, entries[i].r, CI_ERR, 0, CI_FINISH_STOP);
+  } else {
+    float *row = e->logits;
+    for (int i = 0; i < n; i++) {
+      ci_engine_request *r = entries[i].r;
+      if (r->state == REQ_PREFILL) r->n_prefilled += entries[i].rows;
+      if (!e->step_seqs[i].n_logit_rows) continue;
+      r->state = REQ_DECODE;
+      int finished = 0;
+      ci_finish_reason finish = CI_FINISH_STOP;
+      const int status = sample_next(e, r, row, &finished, &finish);
+      row += vocab;
+      end_in_step(e, r, status, finished, finish);
+    }
+  }
+  for (int i = 0; i < n; i++)
     if (entries[i].r->state != REQ_FINISHED) register_prefix(e, entries[i].r, 0);
   pthread_mutex_lock(&e->mu);
-  for (int i = 0; i < n_entries; i++) count_conversion_locked(e, entries[i].r);
+  for (int i = 0; i < n; i++) count_conversion_locked(e, entries[i].r);
   e->stats.steps++;
   e->stats.step_rows += rows;
   pthread_mutex_unlock(&e->mu);

@@ -20,10 +20,10 @@
 typedef struct ci_engine ci_engine;
 typedef struct ci_engine_request ci_engine_request;
 
-enum { CI_ENGINE_MAX_TOP_LOGPROBS = 20 };
+enum { CI_ENGINE_MAX_TOP_LOGPROBS = 20, CI_ENGINE_MAX_BATCH = 512 };
 
 typedef struct {
-  int batch;               /* max running sequences (default 8) */
+  int batch;               /* max running sequences (default 8, at most CI_ENGINE_MAX_BATCH) */
   int batch_tokens;        /* rows per step (default 2048) */
   int prefill_chunk;       /* prompt tokens per prefill chunk (default 2048) */
   int max_queue;           /* waiting requests beyond which submit answers "queue full" (256) */
