@@ -1,7 +1,10 @@
-/* Batched decode (ci_model_forward_decode_batch): the logits of every sequence in a batch are
- * bit-identical to its solo ci_model_forward logits, for sequences of different lengths and
- * different KV codecs (bf16, turbo 4-bit from the start, turbo 3-bit converting mid-way), on
- * dense, quantized-weight, sliding-window, KV-sharing and MoE fixtures. */
+/* Batched steps: the logits of every sequence in a batch are bit-identical to its solo
+ * ci_model_forward logits, for sequences of different lengths and different KV codecs (bf16,
+ * turbo 4-bit from the start, turbo 3-bit converting mid-way), on dense, quantized-weight,
+ * sliding-window, KV-sharing and MoE fixtures: decode rows batched together
+ * (ci_model_forward_decode_batch), and mixed steps (ci_model_step) where a prefill chunk of one
+ * sequence — long enough for the panel kernels, and converting its KV at the chunk boundary —
+ * runs beside the decode rows of three others. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -25,6 +28,70 @@ static void apply_plan(ci_kv_seq *seq, int i) {
   ci_kv_format target;
   assert_int_equal(ci_kv_format_parse("turbo", i == 1 ? 4 : 3, 0, 0, &target), CI_OK);
   if (ci_kv_seq_set_plan(seq, &target, i == 1 ? 0 : 22)) fail_msg("%s", ci_last_error());
+}
+
+enum { MIXED_PROMPT = 160, MIXED_FIRST_CHUNK = 130 };
+
+/* Two mixed steps: the decode rows of the three sequences beside the prefill of a fourth whose
+ * prompt goes in chunks of 130 (no logits; its turbo plan converts exactly at 130) and 30 (logits
+ * of its last row). Every sequence's logits must equal its solo run with the same chunking. */
+static void check_mixed_steps(const char *name, ci_model *model, ci_kv_cache *cache,
+                              ci_kv_seq **solo, ci_kv_seq **batch, int32_t *next) {
+  const int vocab = model->spec.vocab;
+  int32_t prompt[MIXED_PROMPT];
+  for (int t = 0; t < MIXED_PROMPT; t++) prompt[t] = (int32_t)((t * 37 + 11) % vocab);
+  ci_kv_format turbo;
+  assert_int_equal(ci_kv_format_parse("turbo", 4, 0, 0, &turbo), CI_OK);
+  ci_kv_seq *solo_new = ci_kv_seq_create(cache), *mixed_new = ci_kv_seq_create(cache);
+  assert_int_equal(ci_kv_seq_set_plan(solo_new, &turbo, MIXED_FIRST_CHUNK), CI_OK);
+  assert_int_equal(ci_kv_seq_set_plan(mixed_new, &turbo, MIXED_FIRST_CHUNK), CI_OK);
+  float *solo_logits = malloc((size_t)(N_SEQ + 1) * vocab * sizeof *solo_logits);
+  float *mixed_logits = malloc((size_t)(N_SEQ + 1) * vocab * sizeof *mixed_logits);
+  ci_workspace *ws = ci_workspace_create(model->be);
+  assert_non_null(ws);
+  const int chunks[2] = {MIXED_FIRST_CHUNK, MIXED_PROMPT - MIXED_FIRST_CHUNK};
+  for (int step = 0, done = 0; step < 2; done += chunks[step], step++) {
+    const int last = step == 1;
+    for (int i = 0; i < N_SEQ; i++)
+      assert_int_equal(ci_model_forward(model, solo[i], &next[i], 1, solo_logits + i * vocab, 1),
+                       CI_OK);
+    assert_int_equal(ci_model_forward(model, solo_new, prompt + done, chunks[step],
+                                      last ? solo_logits + N_SEQ * vocab : NULL, last),
+                     CI_OK);
+    /* the new sequence's chunk first: rows of a panel segment, then the decode rows */
+    ci_step_seq step_seqs[N_SEQ + 1];
+    step_seqs[0] = (ci_step_seq){
+        .seq = mixed_new, .ids = prompt + done, .n_rows = chunks[step], .n_logit_rows = last};
+    for (int i = 0; i < N_SEQ; i++)
+      step_seqs[i + 1] =
+          (ci_step_seq){.seq = batch[i], .ids = &next[i], .n_rows = 1, .n_logit_rows = 1};
+    if (ci_model_step(model, ws, step_seqs, N_SEQ + 1, mixed_logits))
+      fail_msg("%s: mixed step %d: %s", name, step, ci_last_error());
+    const float *mixed_decode = mixed_logits + (last ? vocab : 0);
+    for (int i = 0; i < N_SEQ; i++) {
+      if (memcmp(solo_logits + (size_t)i * vocab, mixed_decode + (size_t)i * vocab,
+                 (size_t)vocab * sizeof(float)))
+        fail_msg("%s: mixed step %d, decoding sequence %d differs from solo", name, step, i);
+      next[i] = (int32_t)((next[i] * 17 + step + 3) % vocab);
+    }
+    if (last &&
+        memcmp(solo_logits + (size_t)N_SEQ * vocab, mixed_logits, (size_t)vocab * sizeof(float)))
+      fail_msg("%s: the prefilled sequence's logits differ from its solo run", name);
+    assert_int_equal(mixed_new->converted, solo_new->converted);
+  }
+  assert_int_equal(mixed_new->converted, 1);
+  assert_int_equal(mixed_new->n, MIXED_PROMPT);
+  /* a chunk crossing a pending conversion is refused */
+  ci_kv_seq *pending = ci_kv_seq_create(cache);
+  assert_int_equal(ci_kv_seq_set_plan(pending, &turbo, 10), CI_OK);
+  const ci_step_seq crossing = {.seq = pending, .ids = prompt, .n_rows = 11};
+  assert_int_equal(ci_model_step(model, ws, &crossing, 1, NULL), CI_ERR);
+  ci_kv_seq_free(pending);
+  ci_workspace_free(ws);
+  ci_kv_seq_free(solo_new);
+  ci_kv_seq_free(mixed_new);
+  free(solo_logits);
+  free(mixed_logits);
 }
 
 static void check_fixture(const char *name) {
@@ -70,6 +137,7 @@ static void check_fixture(const char *name) {
     }
   }
   assert_int_equal(batch[2]->converted, 1);
+  check_mixed_steps(name, model, cache, solo, batch, next);
   /* a sequence listed twice is refused */
   ci_kv_seq *twice[2] = {batch[0], batch[0]};
   assert_int_equal(ci_model_forward_decode_batch(model, twice, next, 2, batch_logits), CI_ERR);

@@ -63,9 +63,9 @@ struct ci_engine {
   ci_kv_cache *cache;
   ci_prefix_cache *prefix; /* NULL when off; engine thread only */
   uint64_t model_key;
-  ci_workspace *ws;        /* sized at creation for the largest step */
-  float *logits;           /* [batch, vocab]: one row per sequence of a step */
-  ci_step_seq *step_seqs;  /* [batch] the sequences of a step */
+  ci_workspace *ws;       /* sized at creation for the largest step */
+  float *logits;          /* [batch, vocab]: one row per sequence of a step */
+  ci_step_seq *step_seqs; /* [batch] the sequences of a step */
   pthread_t thread;
   pthread_mutex_t mu; /* queue, running list, refs, cancel flags, stats */
   pthread_cond_t cv;
