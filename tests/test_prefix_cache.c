@@ -49,10 +49,8 @@ static void append(ci_kv_seq *seq, int64_t n) {
   for (int layer = 0; layer < 2; layer++) {
     ci_paged_kv kv = ci_kv_seq_view(seq, layer);
     for (int64_t p = seq->n; p < seq->n + n; p++) {
-      const int32_t block = kv.block_table[p / T];
       for (int h = 0; h < HKV; h++) {
-        uint8_t *k = kv.k_base + (size_t)block * kv.k_block_bytes +
-                     ((size_t)h * T + (size_t)(p % T)) * kv.k_row_bytes;
+        uint8_t *k = ci_kv_row_at(&kv, 0, p, h);
         memset(k, (int)((p * 7 + h + layer) & 0xff), kv.k_row_bytes);
       }
     }
@@ -63,8 +61,7 @@ static void append(ci_kv_seq *seq, int64_t n) {
 /* The first K byte of position p, layer 0, head 0. */
 static uint8_t k_byte(const ci_kv_seq *seq, int64_t p) {
   ci_paged_kv kv = ci_kv_seq_view(seq, 0);
-  const int32_t block = kv.block_table[p / T];
-  return kv.k_base[(size_t)block * kv.k_block_bytes + (size_t)(p % T) * kv.k_row_bytes];
+  return *ci_kv_row_at(&kv, 0, p, 0);
 }
 
 static void test_copy_on_write(void **state) {
@@ -80,8 +77,7 @@ static void test_copy_on_write(void **state) {
   for (int64_t p = 16; p < 21; p++) assert_int_equal(k_byte(seq, p), (p * 7) & 0xff);
   /* the other owner's block did not see the write */
   ci_paged_kv kv = ci_kv_seq_view(seq, 0);
-  assert_int_not_equal(kv.k_base[(size_t)shared.id * kv.k_block_bytes + 4 * kv.k_row_bytes],
-                       (20 * 7) & 0xff);
+  assert_int_not_equal(*ci_kv_block_row(&kv, 0, shared.id, 4, 0), (20 * 7) & 0xff);
   ci_kv_pool_release(shared.pool, shared.id);
   /* a block nobody else holds is written in place */
   append(seq, 1);

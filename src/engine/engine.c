@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ==== Requests and their event queues ==== */
 
@@ -193,11 +194,10 @@ static int64_t peak_blocks(const ci_engine *e, const ci_kv_group *group, int64_t
   return blocks;
 }
 
-/* Bytes of one block of group g in format f (K and V of every layer of the group). */
-static int64_t block_bytes(const ci_engine *e, const ci_kv_group *group, const ci_kv_format *f) {
-  const int64_t row =
-      (int64_t)(ci_kv_row_bytes(f, group->head_dim, 0) + ci_kv_row_bytes(f, group->head_dim, 1));
-  return row * group->n_kv_heads * e->cache->block_tokens * group->n_layers;
+/* Arena bytes one block of group g in format f takes (K and V of every layer of the group, with
+ * its share of the slab's unused tail). */
+static int64_t block_bytes(const ci_engine *e, int g, const ci_kv_format *f) {
+  return ci_kv_cache_block_cost(e->cache, g, f);
 }
 
 /* The peak KV bytes of a request of n tokens (prompt n_prompt) under its codec plan (kv.md §10,
@@ -222,13 +222,13 @@ static int64_t plan_reservation(const ci_engine *e, const ci_kv_format *targets,
     const int kept = uniform && ci_kv_layer_protected(layer, c->n_layers, protect);
     const ci_kv_format *target = !targets || kept ? &base : &targets[uniform ? 0 : layer];
     const int group_converts = converts && !ci_kv_format_equal(target, &base);
-    const int64_t base_block = block_bytes(e, group, &base);
+    const int64_t base_block = block_bytes(e, g, &base);
     if (!group_converts) {
       before += base_block * peak_blocks(e, group, converts ? held_at_conversion : n);
       after += base_block * peak_blocks(e, group, n);
       continue;
     }
-    const int64_t target_block = block_bytes(e, group, target);
+    const int64_t target_block = block_bytes(e, g, target);
     before += base_block * peak_blocks(e, group, held_at_conversion);
     after += target_block * peak_blocks(e, group, n);
     const int64_t copy = target_block * peak_blocks(e, group, held_at_conversion);
@@ -309,8 +309,18 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
   e->ws = ci_workspace_create(model->be);
   if (!e->ws || ci_workspace_fit(e->ws, &model->spec, e->o.batch + e->o.batch_tokens, e->o.batch))
     return engine_free_parts(e), NULL;
-  if (e->o.kv_budget_bytes <= 0)
+  if (e->o.kv_budget_bytes <= 0) {
+    /* batch requests of the whole context, within half of the machine's memory */
     e->o.kv_budget_bytes = (int64_t)e->o.batch * ci_engine_reservation_bytes(e, e->o.ctx_size);
+    const int64_t half_memory = (int64_t)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGE_SIZE) / 2;
+    if (half_memory > 0 && e->o.kv_budget_bytes > half_memory) e->o.kv_budget_bytes = half_memory;
+  }
+  /* the arena: the budget, plus a partly filled slab for each layer group in each format a
+   * sequence may use */
+  if (ci_kv_cache_set_arena(e->cache, e->o.kv_budget_bytes + (int64_t)e->cache->n_groups *
+                                                                 CI_ENGINE_MAX_KV_FORMATS *
+                                                                 ci_kv_cache_slab_bytes(e->cache)))
+    return engine_free_parts(e), NULL;
   e->stats.kv_budget_bytes = e->o.kv_budget_bytes;
   if (e->o.prefix_cache_bytes < 0) e->o.prefix_cache_bytes = 0;
   if (e->o.prefix_cache_bytes > e->o.kv_budget_bytes)

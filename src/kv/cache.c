@@ -5,6 +5,9 @@
 #include "base/error.h"
 #include "tensor/turbo_quant.h"
 
+/* Blocks of the largest group (in f32) per slab of the arena. */
+enum { SLAB_BLOCKS = 4 };
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,8 +26,8 @@ static ci_kv_pool *group_pool(ci_kv_cache *cache, ci_kv_group *group, const ci_k
     ci_fail("kv cache: out of memory");
     return NULL;
   }
-  if (ci_kv_pool_init(pool, cache->be, *format, cache->block_tokens, group->n_layers,
-                      group->n_kv_heads, group->head_dim, cache->max_blocks)) {
+  if (ci_kv_pool_init(pool, cache->be, &cache->arena, *format, cache->block_tokens,
+                      group->n_layers, group->n_kv_heads, group->head_dim)) {
     free(pool);
     return NULL;
   }
@@ -33,7 +36,7 @@ static ci_kv_pool *group_pool(ci_kv_cache *cache, ci_kv_group *group, const ci_k
 }
 
 ci_kv_cache *ci_kv_cache_create(ci_backend *be, int n_layers, const ci_kv_layer_desc *layers,
-                                ci_kv_codec base, int block_tokens, int32_t max_blocks_per_group) {
+                                ci_kv_codec base, int block_tokens, int64_t arena_bytes) {
   if (block_tokens < 1 || block_tokens > 64) {
     ci_fail("kv cache: block size %d is outside 1..64", block_tokens);
     return NULL;
@@ -46,7 +49,6 @@ ci_kv_cache *ci_kv_cache_create(ci_backend *be, int n_layers, const ci_kv_layer_
   if (!cache) goto oom;
   cache->be = be;
   cache->block_tokens = block_tokens;
-  cache->max_blocks = max_blocks_per_group;
   cache->n_layers = n_layers;
   cache->groups = calloc((size_t)(n_layers ? n_layers : 1), sizeof *cache->groups);
   cache->group_of_layer = calloc((size_t)(n_layers ? n_layers : 1), sizeof(int));
@@ -82,6 +84,21 @@ ci_kv_cache *ci_kv_cache_create(ci_backend *be, int n_layers, const ci_kv_layer_
     group->layers[slot] = l;
     ci_turbo_signs(l, group->head_dim, group->signs + (size_t)slot * group->head_dim);
   }
+  /* slabs hold SLAB_BLOCKS blocks of the group with the largest blocks in the widest format
+   * (f32), so that a block of any group in any format fits one */
+  const ci_kv_format widest = ci_kv_format_plain(CI_KV_F32);
+  size_t largest = 1;
+  for (int g = 0; g < cache->n_groups; g++) {
+    const ci_kv_group *group = &cache->groups[g];
+    const size_t stride = ci_kv_block_stride(&widest, block_tokens, group->n_layers,
+                                             group->n_kv_heads, group->head_dim);
+    if (stride > largest) largest = stride;
+  }
+  if (ci_kv_arena_init(&cache->arena, be, largest * SLAB_BLOCKS, arena_bytes)) {
+    ci_kv_cache_free(cache);
+    return NULL;
+  }
+  cache->has_arena = 1;
   const ci_kv_format base_format = ci_kv_format_plain(base);
   for (int g = 0; g < cache->n_groups; g++)
     if (!group_pool(cache, &cache->groups[g], &base_format)) {
@@ -108,10 +125,45 @@ void ci_kv_cache_free(ci_kv_cache *cache) {
       free(group->layers);
       free(group->signs);
     }
+  if (cache->has_arena) ci_kv_arena_destroy(&cache->arena);
   free(cache->groups);
   free(cache->group_of_layer);
   free(cache->slot_of_layer);
   free(cache);
+}
+
+int ci_kv_cache_set_arena(ci_kv_cache *cache, int64_t arena_bytes) {
+  if (ci_kv_cache_blocks_used(cache) > 0 || cache->arena.allocations > 0)
+    return ci_fail("kv cache: the arena is fixed before the first block");
+  const size_t slab_bytes = cache->arena.slab_bytes;
+  ci_kv_arena_destroy(&cache->arena);
+  if (ci_kv_arena_init(&cache->arena, cache->be, slab_bytes, arena_bytes)) {
+    ci_kv_arena_init(&cache->arena, cache->be, slab_bytes, 0); /* back to on-demand slabs */
+    return CI_ERR;
+  }
+  for (int g = 0; g < cache->n_groups; g++)
+    for (int i = 0; i < cache->groups[g].n_pools; i++)
+      if (ci_kv_pool_fit_arena(cache->groups[g].pools[i])) return CI_ERR;
+  return CI_OK;
+}
+
+int64_t ci_kv_cache_arena_bytes(const ci_kv_cache *cache) {
+  return (int64_t)cache->arena.n_slabs * (int64_t)cache->arena.slab_bytes;
+}
+
+const void *ci_kv_cache_arena_base(const ci_kv_cache *cache) {
+  return cache->arena.base;
+}
+
+int64_t ci_kv_cache_block_cost(const ci_kv_cache *cache, int g, const ci_kv_format *format) {
+  const ci_kv_group *group = &cache->groups[g];
+  const size_t stride = ci_kv_block_stride(format, cache->block_tokens, group->n_layers,
+                                           group->n_kv_heads, group->head_dim);
+  return (int64_t)(cache->arena.slab_bytes / (cache->arena.slab_bytes / stride));
+}
+
+int64_t ci_kv_cache_slab_bytes(const ci_kv_cache *cache) {
+  return (int64_t)cache->arena.slab_bytes;
 }
 
 int64_t ci_kv_cache_blocks_used(const ci_kv_cache *cache) {
@@ -133,7 +185,7 @@ int ci_kv_cache_usage_by_format(const ci_kv_cache *cache, ci_kv_format_usage *ou
         out[n++] = (ci_kv_format_usage){.format = pool->format};
       }
       out[k].blocks_used += pool->n_used;
-      out[k].blocks_free += pool->capacity - pool->n_used;
+      out[k].blocks_free += (int64_t)pool->n_held * pool->blocks_per_slab - pool->n_used;
       out[k].bytes_used += ci_kv_pool_bytes_used(pool);
     }
   return n;
@@ -278,47 +330,46 @@ int ci_kv_seq_reserve(ci_kv_seq *seq, int64_t n_new) {
   return CI_OK;
 }
 
-/* Re-encodes every retained position of group g into `target`'s pool and releases the old
- * blocks (kv.md §5 procedure). Encoding from the decoded base rows equals encoding at append. */
+/* The view of slot `slot` (layer inside the group) of a pool, for block-level backend ops. */
+static ci_paged_kv pool_layer_view(const ci_kv_group *group, const ci_kv_pool *pool, int slot) {
+  return (ci_paged_kv){.format = pool->format,
+                       .block_tokens = pool->block_tokens,
+                       .n_kv_heads = group->n_kv_heads,
+                       .head_dim = group->head_dim,
+                       .slabs = pool->slabs,
+                       .blocks_per_slab = pool->blocks_per_slab,
+                       .block_stride = pool->block_stride,
+                       .k_offset = (size_t)slot * (pool->k_block_bytes + pool->v_block_bytes),
+                       .v_offset = (size_t)slot * (pool->k_block_bytes + pool->v_block_bytes) +
+                                   pool->k_block_bytes,
+                       .k_row_bytes = ci_kv_row_bytes(&pool->format, group->head_dim, 0),
+                       .v_row_bytes = ci_kv_row_bytes(&pool->format, group->head_dim, 1),
+                       .signs = group->signs + (size_t)slot * group->head_dim};
+}
+
+/* Re-encodes every retained position of group g into `target`'s pool (a backend op per block and
+ * layer) and releases the old blocks (docs/kv-cache.md, delayed conversion). Encoding from the
+ * decoded base rows equals encoding at append. */
 static int convert_group(ci_kv_seq *seq, int g, ci_kv_pool *target) {
   const ci_kv_group *group = &seq->cache->groups[g];
+  ci_backend *be = seq->cache->be;
   ci_kv_block_table *table = &seq->tables[g];
   ci_kv_pool *source = table->pool;
-  const int T = seq->cache->block_tokens, D = group->head_dim, H = group->n_kv_heads;
-  const size_t src_k = ci_kv_row_bytes(&source->format, D, 0);
-  const size_t src_v = ci_kv_row_bytes(&source->format, D, 1);
-  const size_t dst_k = ci_kv_row_bytes(&target->format, D, 0);
-  const size_t dst_v = ci_kv_row_bytes(&target->format, D, 1);
-  float *row = malloc((size_t)D * sizeof *row);
-  if (!row) return ci_fail("kv conversion: out of memory");
+  const int T = seq->cache->block_tokens;
   for (int64_t i = table->first_live; i < table->n_entries; i++) {
     const int32_t old_id = table->entries[i];
     if (old_id < 0) continue;
     const int32_t new_id = ci_kv_pool_alloc(target);
-    if (new_id < 0) {
-      free(row);
-      return ci_fail_context("kv conversion");
-    }
-    const int64_t live = seq->n - i * T < T ? seq->n - i * T : T;
+    if (new_id < 0) return ci_fail_context("kv conversion");
+    const int live = seq->n - i * T < T ? (int)(seq->n - i * T) : T;
     for (int l = 0; l < group->n_layers; l++) {
-      const float *signs = group->signs + (size_t)l * D;
-      const uint8_t *k_in = source->k_data[l] + (size_t)old_id * source->k_block_bytes;
-      const uint8_t *v_in = source->v_data[l] + (size_t)old_id * source->v_block_bytes;
-      uint8_t *k_out = target->k_data[l] + (size_t)new_id * target->k_block_bytes;
-      uint8_t *v_out = target->v_data[l] + (size_t)new_id * target->v_block_bytes;
-      for (int h = 0; h < H; h++)
-        for (int64_t t = 0; t < live; t++) {
-          const size_t r = (size_t)h * T + (size_t)t;
-          ci_kv_decode_row(&source->format, 0, signs, k_in + r * src_k, D, row);
-          ci_kv_encode_row(&target->format, 0, signs, row, D, k_out + r * dst_k);
-          ci_kv_decode_row(&source->format, 1, signs, v_in + r * src_v, D, row);
-          ci_kv_encode_row(&target->format, 1, signs, row, D, v_out + r * dst_v);
-        }
+      const ci_paged_kv from = pool_layer_view(group, source, l);
+      const ci_paged_kv to = pool_layer_view(group, target, l);
+      if (be->ops->kv_convert_block(be, &from, old_id, &to, new_id, live)) return CI_ERR;
     }
     ci_kv_pool_release(source, old_id);
     table->entries[i] = new_id;
   }
-  free(row);
   table->pool = target;
   return CI_OK;
 }
@@ -429,20 +480,9 @@ int ci_kv_seq_attach(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *re
 ci_paged_kv ci_kv_seq_view(const ci_kv_seq *seq, int layer) {
   const ci_kv_cache *cache = seq->cache;
   const int g = cache->group_of_layer[layer];
-  const int slot = cache->slot_of_layer[layer];
-  const ci_kv_group *group = &cache->groups[g];
-  const ci_kv_pool *pool = seq->tables[g].pool;
-  return (ci_paged_kv){.format = pool->format,
-                       .block_tokens = cache->block_tokens,
-                       .n_kv_heads = group->n_kv_heads,
-                       .head_dim = group->head_dim,
-                       .block_table = seq->tables[g].entries,
-                       .n_table_entries = seq->tables[g].n_entries,
-                       .k_base = pool->k_data[slot],
-                       .v_base = pool->v_data[slot],
-                       .k_row_bytes = ci_kv_row_bytes(&pool->format, group->head_dim, 0),
-                       .v_row_bytes = ci_kv_row_bytes(&pool->format, group->head_dim, 1),
-                       .k_block_bytes = pool->k_block_bytes,
-                       .v_block_bytes = pool->v_block_bytes,
-                       .signs = group->signs + (size_t)slot * group->head_dim};
+  ci_paged_kv view =
+      pool_layer_view(&cache->groups[g], seq->tables[g].pool, cache->slot_of_layer[layer]);
+  view.block_table = seq->tables[g].entries;
+  view.n_table_entries = seq->tables[g].n_entries;
+  return view;
 }

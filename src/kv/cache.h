@@ -34,8 +34,9 @@ typedef struct {
 
 typedef struct {
   ci_backend *be;
+  ci_kv_arena arena; /* every block's storage */
+  int has_arena;
   int block_tokens;
-  int32_t max_blocks; /* per pool; 0 = unbounded */
   int n_layers;
   int n_groups;
   ci_kv_group *groups; /* [n_groups] */
@@ -76,9 +77,27 @@ typedef struct {
 } ci_kv_block_ref;
 
 /* Builds a cache for n_layers cache-owning layers whose sequences start in `base` (bf16 or f32)
- * with T = block_tokens. max_blocks_per_group 0 = unbounded. Returns NULL with ci_last_error. */
+ * with T = block_tokens. arena_bytes > 0 allocates the whole KV arena now (at least that many
+ * bytes, in whole slabs; blocks then never move and steps never allocate); 0 takes memory as
+ * blocks are first needed. Returns NULL with ci_last_error. */
 ci_kv_cache *ci_kv_cache_create(ci_backend *be, int n_layers, const ci_kv_layer_desc *layers,
-                                ci_kv_codec base, int block_tokens, int32_t max_blocks_per_group);
+                                ci_kv_codec base, int block_tokens, int64_t arena_bytes);
+
+/* Gives a cache made without a budget its arena of arena_bytes (whole slabs) now, before any
+ * block is taken (a caller that needs the cache's geometry to size its budget). Returns CI_OK or
+ * CI_ERR (the cache then keeps taking memory on demand). */
+int ci_kv_cache_set_arena(ci_kv_cache *cache, int64_t arena_bytes);
+
+/* Bytes of the arena allocated at creation (0 without a budget), and its base address. */
+int64_t ci_kv_cache_arena_bytes(const ci_kv_cache *cache);
+const void *ci_kv_cache_arena_base(const ci_kv_cache *cache);
+
+/* Bytes of the arena one block of group g in `format` takes: its share of a slab (a slab holds
+ * a whole number of blocks). */
+int64_t ci_kv_cache_block_cost(const ci_kv_cache *cache, int g, const ci_kv_format *format);
+
+/* Bytes of one slab: pools take arena memory in slabs. */
+int64_t ci_kv_cache_slab_bytes(const ci_kv_cache *cache);
 
 /* Frees the cache; every sequence must have been freed first. */
 void ci_kv_cache_free(ci_kv_cache *cache);

@@ -1,4 +1,5 @@
-/* KV block pool: storage grows by doubling; ids are recycled through a free stack. */
+/* KV block pool: blocks in slabs of the arena, the lowest free id handed out first so that
+ * slabs stay packed and empty ones can go back to the arena. */
 #include "kv/pool.h"
 
 #include "base/error.h"
@@ -21,84 +22,104 @@ int64_t ci_kv_pool_bytes_used(const ci_kv_pool *pool) {
          pool->n_layers;
 }
 
-int ci_kv_pool_init(ci_kv_pool *pool, ci_backend *be, ci_kv_format format, int block_tokens,
-                    int n_layers, int n_kv_heads, int head_dim, int32_t max_blocks) {
+/* Grows the slab slot table to n slots (no slab taken). */
+static int grow_slots(ci_kv_pool *pool, int32_t n) {
+  if (n <= pool->n_slots) return CI_OK;
+  if ((int64_t)n * pool->blocks_per_slab > INT32_MAX) return ci_fail("kv pool: too many blocks");
+  uint8_t **slabs = realloc(pool->slabs, (size_t)n * sizeof *slabs);
+  if (slabs) pool->slabs = slabs;
+  int32_t *used = realloc(pool->slab_used, (size_t)n * sizeof *used);
+  if (used) pool->slab_used = used;
+  int32_t *refcount =
+      realloc(pool->refcount, (size_t)n * (size_t)pool->blocks_per_slab * sizeof *refcount);
+  if (refcount) pool->refcount = refcount;
+  if (!slabs || !used || !refcount) return ci_fail("kv pool: out of memory");
+  for (int32_t s = pool->n_slots; s < n; s++) {
+    slabs[s] = NULL;
+    used[s] = 0;
+  }
+  memset(refcount + (size_t)pool->n_slots * pool->blocks_per_slab, 0,
+         (size_t)(n - pool->n_slots) * (size_t)pool->blocks_per_slab * sizeof *refcount);
+  pool->n_slots = n;
+  return CI_OK;
+}
+
+size_t ci_kv_block_stride(const ci_kv_format *format, int block_tokens, int n_layers,
+                          int n_kv_heads, int head_dim) {
+  const size_t rows = (size_t)n_kv_heads * (size_t)block_tokens;
+  return (ci_kv_row_bytes(format, head_dim, 0) + ci_kv_row_bytes(format, head_dim, 1)) * rows *
+         (size_t)n_layers;
+}
+
+int ci_kv_pool_init(ci_kv_pool *pool, ci_backend *be, ci_kv_arena *arena, ci_kv_format format,
+                    int block_tokens, int n_layers, int n_kv_heads, int head_dim) {
   memset(pool, 0, sizeof *pool);
   if (block_tokens < 1 || n_layers < 1 || n_kv_heads < 1 || head_dim < 1)
     return ci_fail("kv pool: invalid geometry");
   pool->be = be;
+  pool->arena = arena;
   pool->format = format;
   pool->block_tokens = block_tokens;
   pool->n_layers = n_layers;
   pool->n_kv_heads = n_kv_heads;
   pool->head_dim = head_dim;
-  pool->max_blocks = max_blocks;
   pool->k_block_bytes =
       ci_kv_row_bytes(&format, head_dim, 0) * (size_t)n_kv_heads * (size_t)block_tokens;
   pool->v_block_bytes =
       ci_kv_row_bytes(&format, head_dim, 1) * (size_t)n_kv_heads * (size_t)block_tokens;
-  pool->k_data = calloc((size_t)n_layers, sizeof *pool->k_data);
-  pool->v_data = calloc((size_t)n_layers, sizeof *pool->v_data);
-  if (!pool->k_data || !pool->v_data) {
-    free(pool->k_data);
-    free(pool->v_data);
-    return ci_fail("kv pool: out of memory");
+  pool->block_stride = (pool->k_block_bytes + pool->v_block_bytes) * (size_t)n_layers;
+  if (pool->block_stride > arena->slab_bytes)
+    return ci_fail("kv pool: a block of %zu bytes does not fit a slab of %zu", pool->block_stride,
+                   arena->slab_bytes);
+  pool->blocks_per_slab = (int32_t)(arena->slab_bytes / pool->block_stride);
+  if (ci_kv_pool_fit_arena(pool)) {
+    ci_kv_pool_destroy(pool);
+    return CI_ERR;
   }
   return CI_OK;
+}
+
+int ci_kv_pool_fit_arena(ci_kv_pool *pool) {
+  /* with a budget every slab of the arena may end up here: the slot table never grows */
+  return pool->arena->n_slabs > 0 ? grow_slots(pool, pool->arena->n_slabs) : CI_OK;
 }
 
 void ci_kv_pool_destroy(ci_kv_pool *pool) {
-  if (!pool->k_data) return;
-  for (int l = 0; l < pool->n_layers; l++) {
-    if (pool->k_data[l]) pool->be->ops->release(pool->be, pool->k_data[l]);
-    if (pool->v_data[l]) pool->be->ops->release(pool->be, pool->v_data[l]);
-  }
-  free(pool->k_data);
-  free(pool->v_data);
+  for (int32_t s = 0; s < pool->n_slots; s++)
+    if (pool->slabs[s]) {
+      if (pool->arena->base)
+        ci_kv_arena_give(pool->arena, pool->slabs[s]);
+      else
+        pool->be->ops->release(pool->be, pool->slabs[s]);
+    }
+  free(pool->slabs);
+  free(pool->slab_used);
   free(pool->refcount);
-  free(pool->free_ids);
   memset(pool, 0, sizeof *pool);
 }
 
-/* Moves one layer's storage into a larger backend buffer. */
-static int grow_layer(ci_kv_pool *pool, uint8_t **data, size_t block_bytes, int32_t new_capacity) {
-  uint8_t *bigger = pool->be->ops->alloc(pool->be, (size_t)new_capacity * block_bytes);
-  if (!bigger) return CI_ERR;
-  if (*data) {
-    memcpy(bigger, *data, (size_t)pool->capacity * block_bytes);
-    pool->be->ops->release(pool->be, *data);
-  }
-  *data = bigger;
-  return CI_OK;
-}
-
-static int grow(ci_kv_pool *pool) {
-  int32_t new_capacity = pool->capacity ? pool->capacity * 2 : 16;
-  if (pool->max_blocks && new_capacity > pool->max_blocks) new_capacity = pool->max_blocks;
-  if (new_capacity <= pool->capacity)
-    return ci_fail("kv pool: all %d blocks are in use", pool->capacity);
-  int32_t *refcount = realloc(pool->refcount, (size_t)new_capacity * sizeof *refcount);
-  if (refcount) pool->refcount = refcount;
-  int32_t *free_ids = realloc(pool->free_ids, (size_t)new_capacity * sizeof *free_ids);
-  if (free_ids) pool->free_ids = free_ids;
-  if (!refcount || !free_ids) return ci_fail("kv pool: out of memory");
-  for (int l = 0; l < pool->n_layers; l++)
-    if (grow_layer(pool, &pool->k_data[l], pool->k_block_bytes, new_capacity) ||
-        grow_layer(pool, &pool->v_data[l], pool->v_block_bytes, new_capacity))
-      return ci_fail_context("kv pool: growing to %d blocks", new_capacity);
-  /* Push new ids so that the lowest id is handed out first. */
-  for (int32_t id = new_capacity - 1; id >= pool->capacity; id--) {
-    pool->refcount[id] = 0;
-    pool->free_ids[pool->n_free++] = id;
-  }
-  pool->capacity = new_capacity;
-  return CI_OK;
+/* Takes a slab from the arena into the lowest empty slot. Returns the slot, or -1. */
+static int32_t take_slab(ci_kv_pool *pool) {
+  int32_t slot = 0;
+  while (slot < pool->n_slots && pool->slabs[slot]) slot++;
+  if (slot == pool->n_slots && grow_slots(pool, pool->n_slots ? pool->n_slots * 2 : 4)) return -1;
+  uint8_t *slab = ci_kv_arena_take(pool->arena);
+  if (!slab) return -1;
+  pool->slabs[slot] = slab;
+  pool->slab_used[slot] = 0;
+  pool->n_held++;
+  return slot;
 }
 
 int32_t ci_kv_pool_alloc(ci_kv_pool *pool) {
-  if (pool->n_free == 0 && grow(pool) != CI_OK) return -1;
-  int32_t id = pool->free_ids[--pool->n_free];
+  const int32_t per = pool->blocks_per_slab;
+  int32_t slot = 0;
+  while (slot < pool->n_slots && !(pool->slabs[slot] && pool->slab_used[slot] < per)) slot++;
+  if (slot == pool->n_slots && (slot = take_slab(pool)) < 0) return -1;
+  int32_t id = slot * per;
+  while (pool->refcount[id] != 0) id++;
   pool->refcount[id] = 1;
+  pool->slab_used[slot]++;
   pool->n_used++;
   return id;
 }
@@ -112,14 +133,10 @@ int32_t ci_kv_pool_refcount(const ci_kv_pool *pool, int32_t id) {
 }
 
 int32_t ci_kv_pool_copy_block(ci_kv_pool *pool, int32_t id) {
-  const int32_t copy = ci_kv_pool_alloc(pool); /* may move the storage: address blocks after */
+  const int32_t copy = ci_kv_pool_alloc(pool);
   if (copy < 0) return -1;
-  for (int l = 0; l < pool->n_layers; l++) {
-    memcpy(pool->k_data[l] + (size_t)copy * pool->k_block_bytes,
-           pool->k_data[l] + (size_t)id * pool->k_block_bytes, pool->k_block_bytes);
-    memcpy(pool->v_data[l] + (size_t)copy * pool->v_block_bytes,
-           pool->v_data[l] + (size_t)id * pool->v_block_bytes, pool->v_block_bytes);
-  }
+  pool->be->ops->copy_bytes(pool->be, ci_kv_pool_block_at(pool, copy, 0, 0),
+                            ci_kv_pool_block_at(pool, id, 0, 0), pool->block_stride);
   return copy;
 }
 
@@ -128,8 +145,12 @@ void ci_kv_pool_retain(ci_kv_pool *pool, int32_t id) {
 }
 
 void ci_kv_pool_release(ci_kv_pool *pool, int32_t id) {
-  if (--pool->refcount[id] == 0) {
-    pool->free_ids[pool->n_free++] = id;
-    pool->n_used--;
+  if (--pool->refcount[id] != 0) return;
+  pool->n_used--;
+  const int32_t slot = id / pool->blocks_per_slab;
+  if (--pool->slab_used[slot] == 0 && pool->arena->base) {
+    ci_kv_arena_give(pool->arena, pool->slabs[slot]);
+    pool->slabs[slot] = NULL;
+    pool->n_held--;
   }
 }

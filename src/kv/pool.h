@@ -1,8 +1,10 @@
 /* KV block pool: fixed-size, reference-counted blocks of T token slots for every layer of one
- * layer group in one codec. A block id names the same slot range in each layer of the group. */
+ * layer group in one codec, in slabs taken from the cache's arena. A block id names the same
+ * slot range in each layer of the group; a block's address never changes while it is held. */
 #ifndef CI_KV_POOL_H
 #define CI_KV_POOL_H
 
+#include "kv/arena.h"
 #include "tensor/backend.h"
 
 #include <stddef.h>
@@ -10,21 +12,22 @@
 
 typedef struct {
   ci_backend *be;
+  ci_kv_arena *arena; /* not owned: where the slabs come from */
   ci_kv_format format;
   int block_tokens; /* T */
   int n_layers;
   int n_kv_heads;
   int head_dim;
-  size_t k_block_bytes; /* one block of K of one layer: [Hkv][T][K row] */
-  size_t v_block_bytes; /* one block of V of one layer */
-  int32_t capacity;     /* blocks allocated in storage */
-  int32_t max_blocks;   /* 0 = grow without limit */
+  size_t k_block_bytes;    /* one block of K of one layer: [Hkv][T][K row] */
+  size_t v_block_bytes;    /* one block of V of one layer */
+  size_t block_stride;     /* one block over every layer: [layer][K block, V block] */
+  int32_t blocks_per_slab; /* block id b lives in slab b / blocks_per_slab */
+  int32_t n_slots;         /* slab slots (capacity = n_slots * blocks_per_slab ids) */
+  uint8_t **slabs;         /* [n_slots] NULL where the pool holds no slab */
+  int32_t *slab_used;      /* [n_slots] blocks in use per slab */
+  int32_t *refcount;       /* [n_slots * blocks_per_slab]; 0 = free */
   int32_t n_used;
-  uint8_t **k_data; /* [n_layers] -> [capacity * k_block_bytes] */
-  uint8_t **v_data;
-  int32_t *refcount; /* [capacity] */
-  int32_t *free_ids; /* stack of free block ids */
-  int32_t n_free;
+  int32_t n_held;          /* slabs held */
 } ci_kv_pool;
 
 /* Bytes one token of one KV head takes in a plain codec (bf16, f32; K and V together). */
@@ -33,9 +36,27 @@ size_t ci_kv_codec_bytes_per_token(ci_kv_codec codec, int head_dim);
 /* "bf16", ... for the plain codecs. */
 const char *ci_kv_codec_name(ci_kv_codec codec);
 
-/* Sets up an empty pool (no storage yet) storing rows in `format`. Returns CI_OK or CI_ERR. */
-int ci_kv_pool_init(ci_kv_pool *pool, ci_backend *be, ci_kv_format format, int block_tokens,
-                    int n_layers, int n_kv_heads, int head_dim, int32_t max_blocks);
+/* Bytes of one block over every layer of a pool of this geometry (K and V). */
+size_t ci_kv_block_stride(const ci_kv_format *format, int block_tokens, int n_layers,
+                          int n_kv_heads, int head_dim);
+
+/* Sets up an empty pool (no storage yet) storing rows in `format`, its blocks in slabs of
+ * `arena` (whose slabs must hold at least one block). Returns CI_OK or CI_ERR. */
+int ci_kv_pool_init(ci_kv_pool *pool, ci_backend *be, ci_kv_arena *arena, ci_kv_format format,
+                    int block_tokens, int n_layers, int n_kv_heads, int head_dim);
+
+/* Sizes the slot table for every slab of the pool's arena (called when the arena gets its
+ * budget), so that taking a slab never allocates. Returns CI_OK or CI_ERR. */
+int ci_kv_pool_fit_arena(ci_kv_pool *pool);
+
+/* Address of K (value 0) or V (value 1) of block `id` in layer `layer` of the pool. */
+static inline uint8_t *ci_kv_pool_block_at(const ci_kv_pool *pool, int32_t id, int layer,
+                                           int value) {
+  return pool->slabs[id / pool->blocks_per_slab] +
+         (size_t)(id % pool->blocks_per_slab) * pool->block_stride +
+         (size_t)layer * (pool->k_block_bytes + pool->v_block_bytes) +
+         (value ? pool->k_block_bytes : 0);
+}
 
 /* Bytes in use (K and V of every layer of the used blocks). */
 int64_t ci_kv_pool_bytes_used(const ci_kv_pool *pool);
@@ -43,8 +64,8 @@ int64_t ci_kv_pool_bytes_used(const ci_kv_pool *pool);
 /* Frees the storage. Every block should have been released first. */
 void ci_kv_pool_destroy(ci_kv_pool *pool);
 
-/* Takes a free block (growing storage when needed) with refcount 1. Returns its id, or -1 with
- * ci_last_error when the pool is at max_blocks or memory runs out. */
+/* Takes the lowest free block (taking a slab from the arena when needed) with refcount 1.
+ * Returns its id, or -1 with ci_last_error when the arena is used up. */
 int32_t ci_kv_pool_alloc(ci_kv_pool *pool);
 
 /* Bytes one block takes over every layer of the pool (K and V). */
@@ -53,14 +74,15 @@ int64_t ci_kv_pool_block_bytes(const ci_kv_pool *pool);
 /* Owners of a block (0 = free). */
 int32_t ci_kv_pool_refcount(const ci_kv_pool *pool, int32_t id);
 
-/* A new block (refcount 1) holding a copy of block `id` in every layer: the copy half of
- * copy-on-write. Returns its id, or -1 with ci_last_error when the pool is full. */
+/* A new block (refcount 1) holding a copy of block `id` in every layer (a backend copy): the
+ * copy half of copy-on-write. Returns its id, or -1 with ci_last_error when the pool is full. */
 int32_t ci_kv_pool_copy_block(ci_kv_pool *pool, int32_t id);
 
 /* Adds an owner to a block (prefix cache, forked sequence). */
 void ci_kv_pool_retain(ci_kv_pool *pool, int32_t id);
 
-/* Drops an owner; the block returns to the free list when none is left. */
+/* Drops an owner; the block is free when none is left, and a slab of an arena with a budget
+ * goes back to the arena when its last block is freed. */
 void ci_kv_pool_release(ci_kv_pool *pool, int32_t id);
 
 #endif

@@ -332,12 +332,12 @@ int64_t ci_model_weight_bytes_per_token(const ci_model *m) {
 }
 
 ci_kv_cache *ci_model_kv_cache_create(const ci_model *m, ci_kv_codec codec, int block_tokens,
-                                      int32_t max_blocks_per_group) {
-  return ci_model_kv_cache_create_protected(m, codec, block_tokens, max_blocks_per_group, 0);
+                                      int64_t arena_bytes) {
+  return ci_model_kv_cache_create_protected(m, codec, block_tokens, arena_bytes, 0);
 }
 
 ci_kv_cache *ci_model_kv_cache_create_protected(const ci_model *m, ci_kv_codec codec,
-                                                int block_tokens, int32_t max_blocks_per_group,
+                                                int block_tokens, int64_t arena_bytes,
                                                 int protect) {
   const int n_cache = m->spec.n_cache_layers;
   if (protect < 0) return ci_fail("kv protect must be >= 0"), NULL;
@@ -361,7 +361,7 @@ ci_kv_cache *ci_model_kv_cache_create_protected(const ci_model *m, ci_kv_codec c
                                  .plan_class = plan_class};
   }
   ci_kv_cache *cache =
-      ci_kv_cache_create(m->be, n_cache, desc, codec, block_tokens, max_blocks_per_group);
+      ci_kv_cache_create(m->be, n_cache, desc, codec, block_tokens, arena_bytes);
   free(desc);
   return cache;
 }

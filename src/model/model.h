@@ -71,15 +71,15 @@ void ci_model_free(ci_model *model);
 int64_t ci_model_weight_bytes_per_token(const ci_model *model);
 
 /* A KV cache laid out for this model's cache-owning layers (KV sharers own none), storing every
- * layer in `codec`. Cache layer i is model layer i. */
+ * layer in `codec`. Cache layer i is model layer i. arena_bytes: see ci_kv_cache_create. */
 ci_kv_cache *ci_model_kv_cache_create(const ci_model *model, ci_kv_codec codec, int block_tokens,
-                                      int32_t max_blocks_per_group);
+                                      int64_t arena_bytes);
 
 /* As ci_model_kv_cache_create, with each of the first and last `protect` cache layers in a group
  * of its own, so that plans can keep up to that many layers at each end in the base format
  * (kv.md §7, `--kv-protect`). */
 ci_kv_cache *ci_model_kv_cache_create_protected(const ci_model *model, ci_kv_codec codec,
-                                                int block_tokens, int32_t max_blocks_per_group,
+                                                int block_tokens, int64_t arena_bytes,
                                                 int protect);
 
 /* Gives an empty sequence the model's kv_config.json plan (start 0), if the folder has one.

@@ -26,9 +26,10 @@ typedef struct {
 /* ==== Paged KV ==== */
 
 /* One layer's KV of one sequence, as attention and kv_store see it. Position p lives in pool
- * block block_table[p / block_tokens] at slot p % block_tokens; a released block is -1.
- * Block layout: K block = [n_kv_heads][block_tokens] rows of ci_kv_row_bytes(format, D, 0)
- * bytes at k_base + block * k_block_bytes, V likewise at v_base. */
+ * block block_table[p / block_tokens] at slot p % block_tokens; a released block is -1. Block b
+ * is in slab slabs[b / blocks_per_slab] at (b % blocks_per_slab) * block_stride; within it this
+ * layer's K block, [n_kv_heads][block_tokens] rows of k_row_bytes, starts at k_offset and its V
+ * block at v_offset. */
 typedef struct {
   ci_kv_format format;
   int block_tokens;
@@ -36,22 +37,27 @@ typedef struct {
   int head_dim;
   const int32_t *block_table;
   int64_t n_table_entries;
-  uint8_t *k_base;
-  uint8_t *v_base;
-  size_t k_row_bytes, v_row_bytes;     /* one stored row of one head */
-  size_t k_block_bytes, v_block_bytes; /* one block of K (V) of this layer */
-  const float *signs;                  /* [head_dim] TurboQuant sign vector of this cache layer */
+  uint8_t *const *slabs;
+  int32_t blocks_per_slab;
+  size_t block_stride;             /* one block over every layer of its pool */
+  size_t k_offset, v_offset;       /* this layer's K and V blocks inside a block */
+  size_t k_row_bytes, v_row_bytes; /* one stored row of one head */
+  const float *signs;              /* [head_dim] TurboQuant sign vector of this cache layer */
 } ci_paged_kv;
+
+/* Address of row `slot` of kv head `head` in block `block` (K: value 0, V: value 1). */
+static inline uint8_t *ci_kv_block_row(const ci_paged_kv *kv, int value, int32_t block,
+                                       int64_t slot, int head) {
+  return kv->slabs[block / kv->blocks_per_slab] +
+         (size_t)(block % kv->blocks_per_slab) * kv->block_stride +
+         (value ? kv->v_offset : kv->k_offset) +
+         (size_t)((int64_t)head * kv->block_tokens + slot) * (value ? kv->v_row_bytes : kv->k_row_bytes);
+}
 
 /* Address of the stored row of (position, kv head). */
 static inline uint8_t *ci_kv_row_at(const ci_paged_kv *kv, int value, int64_t position, int head) {
-  const int32_t block = kv->block_table[position / kv->block_tokens];
-  const int64_t slot = position % kv->block_tokens;
-  uint8_t *base = value ? kv->v_base : kv->k_base;
-  const size_t block_bytes = value ? kv->v_block_bytes : kv->k_block_bytes;
-  const size_t row_bytes = value ? kv->v_row_bytes : kv->k_row_bytes;
-  return base + (size_t)block * block_bytes +
-         (size_t)((int64_t)head * kv->block_tokens + slot) * row_bytes;
+  return ci_kv_block_row(kv, value, kv->block_table[position / kv->block_tokens],
+                         position % kv->block_tokens, head);
 }
 
 /* The sequences of a step as one layer's KV ops see them: sequence i owns the step's rows
@@ -90,9 +96,13 @@ typedef struct ci_backend ci_backend;
 typedef struct {
   const char *name;
   void (*destroy)(ci_backend *be);
-  /* Activation/KV memory. alloc returns zeroed memory or NULL (with ci_last_error). */
+  /* Activation/KV memory. alloc returns zeroed memory, alloc_uninitialized memory whose
+   * contents are undefined (the KV arena), both NULL with ci_last_error on failure. */
   void *(*alloc)(ci_backend *be, size_t bytes);
+  void *(*alloc_uninitialized)(ci_backend *be, size_t bytes);
   void (*release)(ci_backend *be, void *ptr);
+  /* dst[0..bytes) = src[0..bytes) in backend memory (copy-on-write of KV blocks). */
+  void (*copy_bytes)(ci_backend *be, void *dst, const void *src, size_t bytes);
   /* Allocations the backend has made so far (alloc calls and growth of its scratch): a steady
    * state that allocates nothing leaves it unchanged. */
   int64_t (*allocation_count)(ci_backend *be);
@@ -148,6 +158,10 @@ typedef struct {
    * paged KV. */
   int (*kv_store)(ci_backend *be, const ci_step_kv *seqs, const float *k, const float *v,
                   const int32_t *pos);
+  /* Re-encodes the first live_tokens slots of block src_block of src into block dst_block of
+   * dst, head by head (one layer; a sequence's KV codec conversion). Returns CI_OK or CI_ERR. */
+  int (*kv_convert_block)(ci_backend *be, const ci_paged_kv *src, int32_t src_block,
+                          const ci_paged_kv *dst, int32_t dst_block, int live_tokens);
   /* Masked attention of every row of a step over its sequence's paged KV (see
    * ci_attention_args); each sequence's rows come out as a call for it alone gives them. */
   int (*attention)(ci_backend *be, const ci_attention_args *args);

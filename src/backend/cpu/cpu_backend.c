@@ -40,6 +40,19 @@ static void *cpu_alloc(ci_backend *be, size_t bytes) {
   return p;
 }
 
+static void *cpu_alloc_uninitialized(ci_backend *be, size_t bytes) {
+  as_cpu(be)->allocations++;
+  size_t rounded = (bytes + 63) / 64 * 64;
+  void *p = aligned_alloc(64, rounded ? rounded : 64);
+  if (!p) ci_fail("out of memory allocating %zu bytes", bytes);
+  return p;
+}
+
+static void cpu_copy_bytes(ci_backend *be, void *dst, const void *src, size_t bytes) {
+  (void)be;
+  memmove(dst, src, bytes);
+}
+
 static void cpu_release(ci_backend *be, void *ptr) {
   (void)be;
   free(ptr);
@@ -236,6 +249,24 @@ static int cpu_kv_store(ci_backend *be, const ci_step_kv *seqs, const float *k, 
   return CI_OK;
 }
 
+static int cpu_kv_convert_block(ci_backend *be, const ci_paged_kv *src, int32_t src_block,
+                                const ci_paged_kv *dst, int32_t dst_block, int live_tokens) {
+  (void)be;
+  const int D = src->head_dim;
+  if (D > CI_MAX_HEAD_DIM || dst->head_dim != D || dst->n_kv_heads != src->n_kv_heads)
+    return ci_fail("kv conversion: mismatched geometry");
+  float row[CI_MAX_HEAD_DIM];
+  for (int h = 0; h < src->n_kv_heads; h++)
+    for (int t = 0; t < live_tokens; t++)
+      for (int value = 0; value < 2; value++) {
+        ci_kv_decode_row(&src->format, value, src->signs,
+                         ci_kv_block_row(src, value, src_block, t, h), D, row);
+        ci_kv_encode_row(&dst->format, value, dst->signs, row, D,
+                         ci_kv_block_row(dst, value, dst_block, t, h));
+      }
+  return CI_OK;
+}
+
 /* Attention work is split into tasks of (query row, KV head, key range): each task scores its
  * keys for every query head of the KV head's group (each stored row is decoded once and used G
  * times) and leaves a partial softmax (max, sum, unnormalised output) that merge_task combines.
@@ -412,7 +443,10 @@ static const ci_backend_ops cpu_ops = {
     .name = "cpu",
     .destroy = cpu_destroy,
     .alloc = cpu_alloc,
+    .alloc_uninitialized = cpu_alloc_uninitialized,
     .release = cpu_release,
+    .copy_bytes = cpu_copy_bytes,
+    .kv_convert_block = cpu_kv_convert_block,
     .allocation_count = cpu_allocation_count,
     .reserve_scratch = cpu_reserve_scratch,
     .matmul = cpu_matmul,
