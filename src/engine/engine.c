@@ -317,7 +317,8 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
   }
   /* the arena: the budget, plus a partly filled slab for each layer group in each format a
    * sequence may use */
-  if (ci_kv_cache_set_arena(e->cache, e->o.kv_budget_bytes + (int64_t)e->cache->n_groups *
+  if (ci_kv_cache_set_limits(e->cache, e->o.batch, e->o.ctx_size) ||
+      ci_kv_cache_set_arena(e->cache, e->o.kv_budget_bytes + (int64_t)e->cache->n_groups *
                                                                  CI_ENGINE_MAX_KV_FORMATS *
                                                                  ci_kv_cache_slab_bytes(e->cache)))
     return engine_free_parts(e), NULL;

@@ -14,11 +14,11 @@
 typedef struct {
   ci_backend *be;
   size_t slab_bytes;
-  uint8_t *base;        /* n_slabs * slab_bytes; NULL without a budget */
-  int32_t n_slabs;      /* slabs of base */
-  int32_t *free_slabs;  /* stack of free slab indexes of base, lowest on top */
+  uint8_t *base;       /* n_slabs * slab_bytes; NULL without a budget */
+  int32_t n_slabs;     /* slabs of base */
+  int32_t *free_slabs; /* stack of free slab indexes of base, lowest on top */
   int32_t n_free;
-  int64_t allocations;  /* backend allocations made (1 with a budget) */
+  int64_t allocations; /* backend allocations made (1 with a budget) */
 } ci_kv_arena;
 
 /* Sets up an arena of slabs of slab_bytes. budget_bytes > 0 allocates ceil(budget / slab) slabs

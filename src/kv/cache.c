@@ -26,8 +26,8 @@ static ci_kv_pool *group_pool(ci_kv_cache *cache, ci_kv_group *group, const ci_k
     ci_fail("kv cache: out of memory");
     return NULL;
   }
-  if (ci_kv_pool_init(pool, cache->be, &cache->arena, *format, cache->block_tokens,
-                      group->n_layers, group->n_kv_heads, group->head_dim)) {
+  if (ci_kv_pool_init(pool, cache->be, &cache->arena, *format, cache->block_tokens, group->n_layers,
+                      group->n_kv_heads, group->head_dim)) {
     free(pool);
     return NULL;
   }
@@ -126,6 +126,8 @@ void ci_kv_cache_free(ci_kv_cache *cache) {
       free(group->signs);
     }
   if (cache->has_arena) ci_kv_arena_destroy(&cache->arena);
+  free(cache->table_store);
+  free(cache->row_taken);
   free(cache->groups);
   free(cache->group_of_layer);
   free(cache->slot_of_layer);
@@ -144,6 +146,26 @@ int ci_kv_cache_set_arena(ci_kv_cache *cache, int64_t arena_bytes) {
   for (int g = 0; g < cache->n_groups; g++)
     for (int i = 0; i < cache->groups[g].n_pools; i++)
       if (ci_kv_pool_fit_arena(cache->groups[g].pools[i])) return CI_ERR;
+  return CI_OK;
+}
+
+int ci_kv_cache_set_limits(ci_kv_cache *cache, int max_seqs, int64_t max_positions) {
+  if (cache->table_store || cache->n_live_seqs > 0)
+    return ci_fail("kv cache: limits are set once, before the first sequence");
+  if (max_seqs < 1 || max_positions < 1) return ci_fail("kv cache: empty limits");
+  const int64_t entries = (max_positions + cache->block_tokens - 1) / cache->block_tokens;
+  const size_t n = (size_t)max_seqs * (size_t)cache->n_groups * (size_t)entries;
+  cache->table_store = malloc((n ? n : 1) * sizeof *cache->table_store);
+  cache->row_taken = calloc((size_t)max_seqs, 1);
+  if (!cache->table_store || !cache->row_taken) {
+    free(cache->table_store);
+    free(cache->row_taken);
+    cache->table_store = NULL;
+    cache->row_taken = NULL;
+    return ci_fail("kv cache: out of memory for the block tables");
+  }
+  cache->max_seqs = max_seqs;
+  cache->max_table_entries = entries;
   return CI_OK;
 }
 
@@ -214,6 +236,25 @@ ci_kv_seq *ci_kv_seq_create(ci_kv_cache *cache) {
     return NULL;
   }
   seq->cache = cache;
+  seq->row = -1;
+  if (cache->table_store) {
+    int row = 0;
+    while (row < cache->max_seqs && cache->row_taken[row]) row++;
+    if (row == cache->max_seqs) {
+      free(seq->tables);
+      free(seq);
+      ci_fail("kv cache: all %d sequence slots are in use", cache->max_seqs);
+      return NULL;
+    }
+    cache->row_taken[row] = 1;
+    seq->row = row;
+    for (int g = 0; g < cache->n_groups; g++) {
+      seq->tables[g].entries =
+          cache->table_store + ((size_t)row * cache->n_groups + g) * cache->max_table_entries;
+      seq->tables[g].capacity = cache->max_table_entries;
+    }
+  }
+  cache->n_live_seqs++;
   for (int g = 0; g < cache->n_groups; g++) seq->tables[g].pool = cache->groups[g].pools[0];
   return seq;
 }
@@ -224,8 +265,10 @@ void ci_kv_seq_free(ci_kv_seq *seq) {
     ci_kv_block_table *table = &seq->tables[g];
     for (int64_t i = 0; i < table->n_entries; i++)
       if (table->entries[i] >= 0) ci_kv_pool_release(table->pool, table->entries[i]);
-    free(table->entries);
+    if (seq->row < 0) free(table->entries);
   }
+  if (seq->row >= 0) seq->cache->row_taken[seq->row] = 0;
+  seq->cache->n_live_seqs--;
   free(seq->tables);
   free(seq);
 }
@@ -249,6 +292,8 @@ int ci_kv_seq_set_layer_plan(ci_kv_seq *seq, const ci_kv_format *targets, int64_
     ci_kv_block_table *table = &seq->tables[g];
     const ci_kv_format *target = &targets[cache->groups[g].layers[0]];
     table->has_target = !ci_kv_format_equal(target, &table->pool->format);
+    /* the target's pool exists before the first step, so that converting allocates nothing */
+    if (table->has_target && !group_pool(seq->cache, &seq->cache->groups[g], target)) return CI_ERR;
     table->target = *target;
     seq->has_plan |= table->has_target;
   }
@@ -294,8 +339,11 @@ int64_t ci_kv_seq_chunk_limit(const ci_kv_seq *seq) {
 }
 
 /* Grows a table to hold at least n entries. */
-static int table_reserve(ci_kv_block_table *table, int64_t n) {
+static int table_reserve(ci_kv_block_table *table, int table_is_shared, int64_t n) {
   if (n <= table->capacity) return CI_OK;
+  if (table_is_shared)
+    return ci_fail("kv sequence: %lld blocks exceed the cache's limit of %lld per sequence",
+                   (long long)n, (long long)table->capacity);
   int64_t capacity = table->capacity ? table->capacity : 16;
   while (capacity < n) capacity *= 2;
   int32_t *entries = realloc(table->entries, (size_t)capacity * sizeof *entries);
@@ -320,7 +368,7 @@ int ci_kv_seq_reserve(ci_kv_seq *seq, int64_t n_new) {
       ci_kv_pool_release(table->pool, table->entries[last]);
       table->entries[last] = copy;
     }
-    if (table_reserve(table, needed)) return CI_ERR;
+    if (table_reserve(table, seq->row >= 0, needed)) return CI_ERR;
     while (table->n_entries < needed) {
       int32_t id = ci_kv_pool_alloc(table->pool);
       if (id < 0) return CI_ERR;
@@ -451,7 +499,7 @@ int ci_kv_seq_attach(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *re
         status = ci_fail("kv attach: the blocks of layer group %d are in different pools", g);
       pools[g] = ref->pool;
     }
-    if (status == CI_OK) status = table_reserve(&seq->tables[g], n_blocks);
+    if (status == CI_OK) status = table_reserve(&seq->tables[g], seq->row >= 0, n_blocks);
   }
   if (status == CI_OK) {
     for (int g = 0; g < cache->n_groups; g++) {

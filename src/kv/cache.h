@@ -37,6 +37,13 @@ typedef struct {
   ci_kv_arena arena; /* every block's storage */
   int has_arena;
   int block_tokens;
+  /* Block tables of every sequence in one array (after ci_kv_cache_set_limits): sequence row r,
+   * group g owns entries [(r * n_groups + g) * max_table_entries, ... + max_table_entries). */
+  int32_t *table_store; /* [max_seqs][n_groups][max_table_entries] */
+  int max_seqs;
+  int64_t max_table_entries; /* blocks of the longest sequence */
+  uint8_t *row_taken;        /* [max_seqs] */
+  int n_live_seqs;           /* sequences created and not yet freed */
   int n_layers;
   int n_groups;
   ci_kv_group *groups; /* [n_groups] */
@@ -59,6 +66,7 @@ typedef struct {
 
 typedef struct {
   ci_kv_cache *cache;
+  int row;                   /* its row of cache->table_store; -1 when its tables are its own */
   int64_t n;                 /* positions stored */
   ci_kv_block_table *tables; /* [cache->n_groups] */
   /* Delayed quantization plan (kv.md §5). */
@@ -87,6 +95,12 @@ ci_kv_cache *ci_kv_cache_create(ci_backend *be, int n_layers, const ci_kv_layer_
  * block is taken (a caller that needs the cache's geometry to size its budget). Returns CI_OK or
  * CI_ERR (the cache then keeps taking memory on demand). */
 int ci_kv_cache_set_arena(ci_kv_cache *cache, int64_t arena_bytes);
+
+/* Puts the block tables of up to max_seqs sequences of up to max_positions positions into one
+ * array owned by the cache (so that a step never grows a table, and a device can hold them),
+ * before any sequence exists. Later sequences beyond max_seqs, or growing past max_positions,
+ * are refused. Returns CI_OK or CI_ERR. */
+int ci_kv_cache_set_limits(ci_kv_cache *cache, int max_seqs, int64_t max_positions);
 
 /* Bytes of the arena allocated at creation (0 without a budget), and its base address. */
 int64_t ci_kv_cache_arena_bytes(const ci_kv_cache *cache);

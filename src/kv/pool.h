@@ -27,7 +27,7 @@ typedef struct {
   int32_t *slab_used;      /* [n_slots] blocks in use per slab */
   int32_t *refcount;       /* [n_slots * blocks_per_slab]; 0 = free */
   int32_t n_used;
-  int32_t n_held;          /* slabs held */
+  int32_t n_held; /* slabs held */
 } ci_kv_pool;
 
 /* Bytes one token of one KV head takes in a plain codec (bf16, f32; K and V together). */

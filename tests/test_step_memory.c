@@ -1,0 +1,151 @@
+/* The step's memory contract: after warm-up, decode steps of several sequences (one converting
+ * its KV codec during the measured steps) allocate nothing in the backend, the workspace or the
+ * KV arena; the KV arena is one buffer whose address does not change as its budget fills up, and
+ * a full arena refuses blocks instead of growing. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "base/error.h"
+#include "model/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { N_SEQ = 3, PROMPT = 20, WARMUP = 5, MEASURED = 100 };
+
+static ci_model *load(const char *name, ci_backend *be) {
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s/%s", CI_FIXTURE_DIR, name);
+  ci_model *model = ci_model_load(dir, be);
+  if (!model) fail_msg("%s: %s", dir, ci_last_error());
+  return model;
+}
+
+/* Allocations so far in the backend (with its scratch), the workspace and the KV arena. */
+static int64_t allocations(ci_backend *be, const ci_workspace *ws, const ci_kv_cache *cache) {
+  return be->ops->allocation_count(be) + ws->allocations + cache->arena.allocations;
+}
+
+static void check_steady_state(const char *name) {
+  ci_backend *be = ci_cpu_backend_create(2);
+  assert_non_null(be);
+  ci_model *model = load(name, be);
+  const int vocab = model->spec.vocab;
+  ci_kv_cache *cache = ci_model_kv_cache_create(model, CI_KV_BF16, 16, 0);
+  assert_non_null(cache);
+  assert_int_equal(ci_kv_cache_set_limits(cache, N_SEQ, PROMPT + WARMUP + MEASURED + 1), CI_OK);
+  assert_int_equal(ci_kv_cache_set_arena(cache, 8 << 20), CI_OK);
+  ci_workspace *ws = ci_workspace_create(be);
+  assert_non_null(ws);
+  assert_int_equal(ci_workspace_fit(ws, &model->spec, N_SEQ * PROMPT, N_SEQ), CI_OK);
+  ci_kv_seq *seqs[N_SEQ];
+  int32_t prompts[N_SEQ][PROMPT], next[N_SEQ];
+  ci_step_seq step[N_SEQ];
+  for (int i = 0; i < N_SEQ; i++) {
+    seqs[i] = ci_kv_seq_create(cache);
+    assert_non_null(seqs[i]);
+    if (i > 0) { /* turbo 4-bit from the start; turbo 3-bit from position 60, mid-measurement */
+      ci_kv_format target;
+      assert_int_equal(ci_kv_format_parse("turbo", i == 1 ? 4 : 3, 0, 0, &target), CI_OK);
+      assert_int_equal(ci_kv_seq_set_plan(seqs[i], &target, i == 1 ? 0 : 60), CI_OK);
+    }
+    for (int t = 0; t < PROMPT; t++) prompts[i][t] = (int32_t)((t * 31 + i * 7 + 2) % vocab);
+    step[i] = (ci_step_seq){.seq = seqs[i], .ids = prompts[i], .n_rows = PROMPT, .n_logit_rows = 1};
+  }
+  float *logits = malloc((size_t)N_SEQ * vocab * sizeof *logits);
+  /* the prompts in one step (the first one converts after its chunk) */
+  assert_int_equal(ci_model_step(model, ws, step, N_SEQ, logits), CI_OK);
+  int64_t before = 0;
+  for (int s = 0; s < WARMUP + MEASURED; s++) {
+    if (s == WARMUP) before = allocations(be, ws, cache);
+    for (int i = 0; i < N_SEQ; i++) {
+      next[i] = (int32_t)((s * 13 + i * 5 + 1) % vocab);
+      step[i] = (ci_step_seq){.seq = seqs[i], .ids = &next[i], .n_rows = 1, .n_logit_rows = 1};
+    }
+    if (ci_model_step(model, ws, step, N_SEQ, logits)) fail_msg("%s: %s", name, ci_last_error());
+  }
+  const int64_t after = allocations(be, ws, cache);
+  if (after != before)
+    fail_msg("%s: %lld allocations in %d decode steps after warm-up", name,
+             (long long)(after - before), MEASURED);
+  assert_int_equal(seqs[2]->converted, 1); /* the conversion happened while measuring */
+  for (int i = 0; i < N_SEQ; i++) ci_kv_seq_free(seqs[i]);
+  free(logits);
+  ci_workspace_free(ws);
+  ci_kv_cache_free(cache);
+  ci_model_free(model);
+  be->ops->destroy(be);
+}
+
+static void test_steady_state_llama(void **state) {
+  (void)state;
+  check_steady_state("llama");
+}
+
+static void test_steady_state_gemma4_moe(void **state) {
+  (void)state;
+  check_steady_state("gemma4-moe");
+}
+
+static void test_steady_state_gemma4_ple(void **state) {
+  (void)state;
+  check_steady_state("gemma4-ple");
+}
+
+/* Fills an arena with sequences until a block is refused: its base and size never change and
+ * every block lies inside it. */
+static void test_arena_fixed(void **state) {
+  (void)state;
+  ci_backend *be = ci_cpu_backend_create(1);
+  ci_model *model = load("llama", be);
+  ci_kv_cache *cache = ci_model_kv_cache_create(model, CI_KV_BF16, 16, 1 << 20);
+  assert_non_null(cache);
+  const uint8_t *base = ci_kv_cache_arena_base(cache);
+  const int64_t bytes = ci_kv_cache_arena_bytes(cache);
+  assert_non_null(base);
+  assert_true(bytes >= 1 << 20);
+  const int64_t allocations_before = cache->arena.allocations;
+  ci_kv_seq *seqs[64];
+  int n = 0, refused = 0;
+  while (n < 64 && !refused) {
+    seqs[n] = ci_kv_seq_create(cache);
+    assert_non_null(seqs[n]);
+    /* 1000 positions each: 63 blocks of the 256 the arena holds */
+    refused = ci_kv_seq_reserve(seqs[n], 1000) != CI_OK;
+    n++;
+    assert_ptr_equal(ci_kv_cache_arena_base(cache), base);
+    assert_int_equal(ci_kv_cache_arena_bytes(cache), bytes);
+  }
+  assert_true(refused);
+  assert_non_null(strstr(ci_last_error(), "slabs"));
+  assert_int_equal(cache->arena.allocations, allocations_before);
+  for (int i = 0; i < n; i++) {
+    const ci_paged_kv kv = ci_kv_seq_view(seqs[i], 0);
+    for (int64_t b = 0; b < kv.n_table_entries; b++) {
+      if (kv.block_table[b] < 0) continue;
+      const uint8_t *row = ci_kv_block_row(&kv, 1, kv.block_table[b], 15, kv.n_kv_heads - 1);
+      assert_true(row >= base && row + kv.v_row_bytes <= base + bytes);
+    }
+  }
+  /* freeing the sequences gives every slab back: the whole budget is usable again */
+  for (int i = 0; i < n; i++) ci_kv_seq_free(seqs[i]);
+  assert_int_equal(cache->arena.n_free, cache->arena.n_slabs);
+  ci_kv_cache_free(cache);
+  ci_model_free(model);
+  be->ops->destroy(be);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_steady_state_llama),
+      cmocka_unit_test(test_steady_state_gemma4_moe),
+      cmocka_unit_test(test_steady_state_gemma4_ple),
+      cmocka_unit_test(test_arena_fixed),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
