@@ -279,7 +279,8 @@ int ci_kv_seq_reserve(ci_kv_seq *seq, int64_t n_new) {
 }
 
 /* Re-encodes every retained position of group g into `target`'s pool and releases the old
- * blocks (kv.md §5 procedure). Encoding from the decoded base rows equals encoding at append. */
+ * blocks (docs/kv-cache.md §5 procedure). Encoding from the decoded base rows equals encoding at
+ * append. */
 static int convert_group(ci_kv_seq *seq, int g, ci_kv_pool *target) {
   const ci_kv_group *group = &seq->cache->groups[g];
   ci_kv_block_table *table = &seq->tables[g];

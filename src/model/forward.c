@@ -1,6 +1,6 @@
 /* Forward pass of the decoder-only transformer families, written once against the backend op
  * table: Llama/Mistral/Qwen pre-norm blocks and Gemma 2/3/4 sandwich blocks with GeGLU,
- * softcaps, K=V layers, KV sharing, per-layer inputs and MoE (model.md §5). A step is one
+ * softcaps, K=V layers, KV sharing, per-layer inputs and MoE (docs/models.md §5). A step is one
  * sequence's tokens, or one decode token of each of several sequences: their rows share every
  * matmul (the weights are read once) through row kernels whose per-row results do not depend
  * on the batch, while KV writes and attention run per sequence. */
@@ -159,8 +159,8 @@ static int dense_mlp(ci_model *m, const step_rows *sr, int li, const float *a, i
   return linear(be, sr, &L->w_down, L->b_down, act->gate, n, out);
 }
 
-/* act->moe_out = Σ_k w_k · expert_k(RMSNorm(x, moe_norm)) with the router's choice (model.md
- * §5.7): experts run one at a time over the rows routed to them. */
+/* act->moe_out = Σ_k w_k · expert_k(RMSNorm(x, moe_norm)) with the router's choice
+ * (docs/models.md §5.7): experts run one at a time over the rows routed to them. */
 static int moe_block(ci_model *m, const step_rows *sr, int li, int n, activations *act) {
   ci_backend *be = m->be;
   const ci_model_spec *s = &m->spec;
@@ -284,7 +284,7 @@ static int layer_forward(ci_model *m, const step_rows *sr, int li, int n, activa
   return CI_OK;
 }
 
-/* Per-layer inputs of the n tokens (model.md §5.7): ((h0 @ W^T)·hidden^-0.5 normed over P +
+/* Per-layer inputs of the n tokens (docs/models.md §5.7): ((h0 @ W^T)·hidden^-0.5 normed over P +
  * E_ple[ids]·sqrt(P)) · 2^-0.5, laid out [n, N, P]. */
 static int per_layer_inputs(ci_model *m, const step_rows *sr, const int32_t *ids, int n,
                             activations *act) {
@@ -355,7 +355,8 @@ int ci_model_forward(ci_model *m, ci_kv_seq *seq, const int32_t *ids, int n, flo
     if (ids[i] < 0 || ids[i] >= s->vocab)
       return ci_fail("token id %d at index %d is out of range [0, %d)", ids[i], i, s->vocab);
   if (seq->n + n > (int64_t)INT32_MAX) return ci_fail("forward: sequence too long");
-  /* A pending KV conversion caps the step so that it happens exactly at its start (kv.md §5). */
+  /* A pending KV conversion caps the step so that it happens exactly at its start
+   * (docs/kv-cache.md §5). */
   const int64_t limit = ci_kv_seq_chunk_limit(seq);
   if ((int64_t)n <= limit) return forward_one(m, seq, ids, n, logits, n_logit_rows);
   const int head = (int)limit, tail = n - head;
@@ -386,7 +387,7 @@ int ci_model_forward_decode_batch(ci_model *m, ci_kv_seq *const *seqs, const int
   }
   for (int i = 0; i < n; i++) {
     first[i] = i;
-    rows[i] = 1; /* a pending conversion still allows one token (kv.md §5: start > n) */
+    rows[i] = 1; /* a pending conversion still allows one token (docs/kv-cache.md §5: start > n) */
   }
   const step_rows sr = {
       .n_seqs = n, .seqs = seqs, .first = first, .rows = rows, .row_invariant = 1};
