@@ -52,7 +52,8 @@ def main():
     w = lines.append
     w("# KV-cache benchmark: codecs against bf16 KV")
     w("")
-    w("Every codec of spec/kv.md on this CPU. Quality: `cinfer kv-quality` teacher-forces the same "
+    w("Every codec of docs/kv-cache.md on this CPU. Quality: `cinfer kv-quality` "
+      "teacher-forces the same "
       "seeded random tokens through a bf16-KV sequence and a sequence in the codec (fed in chunks "
       "of 128; the codec sequence converts after its first chunk) and scores every later position: "
       "mean KL(p_bf16 || p_codec) in nats and top-1 agreement. Speed: `cinfer bench --depth N` "

@@ -3,7 +3,7 @@
 # Idempotent and silent when nothing is missing; called by the Makefile targets.
 set -euo pipefail
 packages=(build-essential cmake pkg-config clang libclang-rt-14-dev
-          libjansson-dev libopenblas-dev libcmocka-dev
+          libjansson-dev libcmocka-dev
           libpcre2-dev libutf8proc-dev libmicrohttpd-dev nodejs
           python3-numpy)
 missing=()

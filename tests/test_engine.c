@@ -266,9 +266,9 @@ static int run_job(ci_engine *e, const ci_engine_job *job, int32_t *out, ci_engi
   return n;
 }
 
-/* Prefix cache (generation.md §7, invariant 6): a repeated prompt, a prompt extending an earlier
- * conversation, and a fully cached prompt (one token forwarded) give the tokens the same request
- * gives with no cache, for bf16 and for quantized plans (converted and not yet converted
+/* Prefix cache (docs/generation.md §7, §11 invariant 6): a repeated prompt, a prompt extending an
+ * earlier conversation, and a fully cached prompt (one token forwarded) give the tokens the same
+ * request gives with no cache, for bf16 and for quantized plans (converted and not yet converted
  * blocks); cached_tokens is the attached length, a multiple of the block size. */
 static void test_prefix_cache(void **state) {
   fixture *f = *state;

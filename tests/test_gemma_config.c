@@ -1,4 +1,4 @@
-/* Gemma configuration forms (model.md §1, §5.5-5.7, conformance 5-6): the transformers 5.x and
+/* Gemma configuration forms (docs/models.md §1, §5.5-5.7, §9 items 5-6): the transformers 5.x and
  * the upstream/legacy serialisations of the same model resolve to the same layer geometry and
  * RoPE tables; proportional RoPE; KV-sharing donors; rejected configs; and a multimodal wrapper
  * checkpoint (text_config + model.language_model. prefix + vision tensors) loading its text part

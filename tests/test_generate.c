@@ -1,6 +1,6 @@
-/* Tests of the single-sequence generation loop (generation.md §2-3, §11.6) on the qwen3
- * fixture: greedy output equals the argmax continuation computed step by step through the model
- * API, prefill chunking does not change it, termination (EOS, callback, length) and its
+/* Tests of the single-sequence generation loop (docs/generation.md §2-3, §11 invariant 6) on the
+ * qwen3 fixture: greedy output equals the argmax continuation computed step by step through the
+ * model API, prefill chunking does not change it, termination (EOS, callback, length) and its
  * reasons, validation errors; and the `cinfer generate` verb: --temp 0 equals that
  * continuation, the same --seed repeats, generation_config.json supplies defaults and EOS ids. */
 #include <setjmp.h>

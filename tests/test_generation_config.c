@@ -1,5 +1,5 @@
 /* Tests of generation_config.json reading (absent file, scalars, lists, do_sample, malformed
- * input), the EOS set and the parameter precedence built on them (api.md §2). */
+ * input), the EOS set and the parameter precedence built on them (docs/generation.md §4.1). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -1,7 +1,7 @@
-/* KV codecs against theory and against themselves (kv.md §2, §12): TurboQuant MSE per coordinate
- * on Gaussian vectors within 10% of the Lloyd-Max values, norm preservation, the rotation's
- * orthonormality; affine error within half a step; attention over encoded blocks equal to
- * attention over their decoded values on every kernel path, full and sliding; exact bytes per
+/* KV codecs against theory and against themselves (docs/kv-cache.md §2, §12): TurboQuant MSE per
+ * coordinate on Gaussian vectors within 10% of the Lloyd-Max values, norm preservation, the
+ * rotation's orthonormality; affine error within half a step; attention over encoded blocks equal
+ * to attention over their decoded values on every kernel path, full and sliding; exact bytes per
  * token; bad formats rejected by name. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -110,7 +110,7 @@ static void test_turbo_mse(void **state) {
 }
 
 /* Affine rows: every element within half a step of its group (one step at the clamped far end,
- * model.md §2), plus the bf16 rounding of the stored scale and bias. */
+ * docs/models.md §2), plus the bf16 rounding of the stored scale and bias. */
 static void test_affine_error(void **state) {
   (void)state;
   rng r = {5};
@@ -150,7 +150,7 @@ static void test_affine_error(void **state) {
     }
 }
 
-/* Bytes per token per KV head, kv.md §2.6. */
+/* Bytes per token per KV head, docs/kv-cache.md §2.6. */
 static void test_bytes_per_token(void **state) {
   (void)state;
   static const struct {
@@ -280,8 +280,9 @@ static void naive_attention(const ci_paged_kv *ref, const float *q, int kv_head,
   for (int i = 0; i < D; i++) out[i] = (float)(acc[i] / total);
 }
 
-/* Attention over encoded rows == attention over their decoded values (kv.md §12.3), both equal
- * to a plain double-precision attention; n_keys long enough splits the key range. */
+/* Attention over encoded rows == attention over their decoded values (docs/kv-cache.md §12,
+ * invariant 3), both equal to a plain double-precision attention; n_keys long enough splits the key
+ * range. */
 static void check_attention_n(ci_backend *be, const ci_kv_format *format, int window, int n,
                               int rows);
 

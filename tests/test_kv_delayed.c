@@ -1,8 +1,8 @@
-/* Delayed KV quantization through real forward passes (kv.md §5, §12.6): a start beyond the
- * prompt leaves logits bit-identical to bf16; conversion happens exactly at `start` for chunk
- * sizes 1, 3 and whole (right after the first chunk when start is 0, never while empty); results
- * after conversion agree across chunkings; sliding-window layers and KV-sharing layers run on
- * quantized blocks, with every block moved to the target pool. */
+/* Delayed KV quantization through real forward passes (docs/kv-cache.md §5, §12 invariant 6): a
+ * start beyond the prompt leaves logits bit-identical to bf16; conversion happens exactly at
+ * `start` for chunk sizes 1, 3 and whole (right after the first chunk when start is 0, never while
+ * empty); results after conversion agree across chunkings; sliding-window layers and KV-sharing
+ * layers run on quantized blocks, with every block moved to the target pool. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

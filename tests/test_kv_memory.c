@@ -1,7 +1,7 @@
 /* KV memory of sliding-window and KV-sharing layers: run the Gemma fixtures (real forward passes)
  * over 4096 tokens and check that only full-attention layer groups grow with the context, that
- * sliding groups stay within W - 1 + L + 2(T - 1) positions (kv.md §4), and that KV-sharing
- * layers own no cache. */
+ * sliding groups stay within W - 1 + L + 2(T - 1) positions (docs/kv-cache.md §4), and that
+ * KV-sharing layers own no cache. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -1,5 +1,5 @@
-/* Prefix reuse below the engine: ci_kv_seq_attach (kv.md §8 conditions), copy-on-write of a
- * shared partly filled block, and the prefix cache's chained lookup, token verification and
+/* Prefix reuse below the engine: ci_kv_seq_attach (docs/kv-cache.md §8 conditions), copy-on-write
+ * of a shared partly filled block, and the prefix cache's chained lookup, token verification and
  * leaves-first LRU trimming (engine/prefix_cache.h), on a small cache with one full and one
  * sliding layer group. */
 #include <setjmp.h>

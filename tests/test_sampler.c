@@ -1,4 +1,5 @@
-/* Tests of the sampler (generation.md §4, §5, §11.1-3): Philox known answers, processors,
+/* Tests of the sampler (docs/generation.md §4, §5, §11 invariants
+ * 1-3): Philox known answers, processors,
  * log-softmax and top logprobs, chi-square goodness of fit of the draw against the exact
  * truncated and renormalised distribution (10^5 draws, fixed seeds, p >= 0.001), determinism,
  * greedy, edge cases, and the partial-selection paths on a 262144-token vocabulary. */

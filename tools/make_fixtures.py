@@ -169,7 +169,7 @@ def round_bf16(x):
 
 
 # ----------------------------------------------------------------------------------------------
-# MLX affine quantization (model.md section 2)
+# MLX affine quantization (docs/models.md §2)
 # ----------------------------------------------------------------------------------------------
 def quantize(w, bits, group):
     """w: f32 [..., in]. Returns codes uint32 [..., in], s f32, bias f32 [..., in/group]
@@ -323,7 +323,7 @@ def quantizable(name, arr):
 
 
 def module_qparams(module, qmap):
-    """Lookup rule of model.md section 2: exact path, else default. None = unquantized."""
+    """Lookup rule of docs/models.md §2: exact path, else default. None = unquantized."""
     if module in qmap:
         o = qmap[module]
         if o is False:
@@ -494,7 +494,7 @@ def selftest():
 # torch / transformers part
 # ----------------------------------------------------------------------------------------------
 def spec_inv_freq(rp, head_dim):
-    """inv_freq per model.md 3.1 for default / linear / llama3 (f32 power then reciprocal)."""
+    """inv_freq per docs/models.md §3.1 for default / linear / llama3 (f32 power, reciprocal)."""
     theta = F32(rp.get("rope_theta", 10000.0))
     d = head_dim
     w0 = (F32(1.0) / (theta ** (np.arange(0, d, 2).astype(F32) / F32(d)))).astype(F32)
@@ -605,9 +605,9 @@ class Ctx:
 
     def logits_kvbf16(self, model, ids):
         """Logits with K (after RoPE) and V rounded to bf16 where attention reads them: the
-        semantics of cinfer's bf16 KV codec (kv.md §2.1) on an otherwise f32 model. The model
-        module's eager attention function is wrapped (so masks are built exactly as for eager);
-        the wrapper without rounding is checked to reproduce the plain logits exactly."""
+        semantics of cinfer's bf16 KV codec (docs/kv-cache.md §2.1) on an otherwise f32 model.
+        The model module's eager attention function is wrapped (so masks are built exactly as for
+        eager); the wrapper without rounding is checked to reproduce the plain logits exactly."""
         import importlib
         torch = self.torch
         module = importlib.import_module(type(model).__module__)

@@ -525,7 +525,7 @@ def run_prep(a):
 
 
 # ----------------------------------------------------------------------------------------------
-# numpy: bf16, MLX affine quantization (spec/model.md section 2), safetensors
+# numpy: bf16, MLX affine quantization (docs/models.md §2), safetensors
 # ----------------------------------------------------------------------------------------------
 def f32_to_bf16_bits(x):
     import numpy as np

@@ -1,7 +1,8 @@
 /* `cinfer generate`: continuation of a prompt with the full sampler, on top of the library's
  * single-sequence loop (engine/generate.h). Parameters: flags > generation_config.json >
- * built-in (api.md §2). Token-id prompts (--ids) print the generated ids as they come; text
- * prompts (--prompt, --prompt-file, --chat) arrive with the tokenizer and chat template. */
+ * built-in (docs/generation.md §4.1). Token-id prompts (--ids) print the generated ids as they
+ * come; text prompts (--prompt, --prompt-file, --chat) arrive with the tokenizer and chat template.
+ */
 #include "base/error.h"
 #include "cli/args.h"
 #include "cli/kv_flags.h"
@@ -33,7 +34,7 @@ static const char usage[] =
     "wraps it in the model's chat template); an --ids prompt prints the generated ids (EOS not\n"
     "printed). Stats go to stderr; --json prints {ids, text?, finish_reason, stats} instead.\n";
 
-/* Built-in max_tokens of this verb (api.md §11). */
+/* Built-in max_tokens of this verb (docs/generation.md §4.1). */
 enum { GENERATE_DEFAULT_MAX_TOKENS = 256 };
 
 /* ==== Prompt ==== */

@@ -36,7 +36,7 @@ int ci_cli_kv_plan_parse(const ci_flag *flags, int n_flags, const char *verb, ci
 
 int ci_cli_kv_plan_apply(const ci_cli_kv_plan *plan, const ci_model *model, ci_kv_seq *seq,
                          const char *verb) {
-  /* Precedence (kv.md §7): flags, then the model's kv_config.json, then bf16. */
+  /* Precedence (docs/kv-cache.md §7): flags, then the model's kv_config.json, then bf16. */
   int status = plan->quantized
                    ? ci_kv_seq_set_plan_protected(seq, &plan->target, plan->start, plan->protect)
                : plan->explicit_codec ? CI_OK

@@ -1,6 +1,6 @@
 /* The sampling flags of the generating verbs (--temp/--temperature, --top-p, --top-k, --min-p,
  * --repeat-penalty, --presence-penalty, --frequency-penalty, --seed, -n/--max-tokens), read as
- * the CLI layer of the parameter precedence stack (api.md §2). */
+ * the CLI layer of the parameter precedence stack (docs/generation.md §4.1). */
 #ifndef CI_CLI_SAMPLING_FLAGS_H
 #define CI_CLI_SAMPLING_FLAGS_H
 

@@ -1,11 +1,11 @@
 /* The serving engine: engine thread, FIFO admission under the KV memory contract (each request
  * reserves its peak under its own codec plan), the prefix cache at admission and finish, and the
- * continuous-batching step (generation.md §8). Each step: boundary work (cancellations and
- * finished sequences leave; their full blocks go to the prefix cache, the rest is freed),
- * admission, then one batched forward of every decoding sequence's row (row-invariant kernels)
- * and a forward per prefill chunk under the step's token budget. A chunk's length depends only
- * on its own request (never on what else is in the step), so with the row-invariant decode every
- * request's logits are identical to a solo run. */
+ * continuous-batching step (docs/generation.md §8, docs/architecture.md "The step"). Each step:
+ * boundary work (cancellations and finished sequences leave; their full blocks go to the prefix
+ * cache, the rest is freed), admission, then one batched forward of every decoding sequence's row
+ * (row-invariant kernels) and a forward per prefill chunk under the step's token budget. A chunk's
+ * length depends only on its own request (never on what else is in the step), so with the
+ * row-invariant decode every request's logits are identical to a solo run. */
 #include "engine/engine.h"
 
 #include "base/error.h"
@@ -180,8 +180,8 @@ static int64_t chunk_rows(const ci_engine *e, int64_t left, int64_t limit) {
 
 /* ==== Memory contract ==== */
 
-/* Blocks group g holds at its peak for a sequence of n tokens (kv.md §10): every block of a
- * full group; a sliding group at most the window plus one prefill chunk, plus one block of
+/* Blocks group g holds at its peak for a sequence of n tokens (docs/kv-cache.md §10): every block
+ * of a full group; a sliding group at most the window plus one prefill chunk, plus one block of
  * alignment. */
 static int64_t peak_blocks(const ci_engine *e, const ci_kv_group *group, int64_t n) {
   const int64_t T = e->cache->block_tokens;
@@ -200,12 +200,12 @@ static int64_t block_bytes(const ci_engine *e, int g, const ci_kv_format *f) {
   return ci_kv_cache_block_cost(e->cache, g, f);
 }
 
-/* The peak KV bytes of a request of n tokens (prompt n_prompt) under its codec plan (kv.md §10,
- * generation.md §9): layers convert to targets[layer] (NULL = no plan; `uniform`: targets[0] for
- * every layer but the first and last `protect`) once start tokens are stored, so the peak is the
- * larger of the base-format part before conversion and the target part after it, plus the transient
- * of the one group being converted. Only immutable cache geometry is read, so any thread may call
- * it. */
+/* The peak KV bytes of a request of n tokens (prompt n_prompt) under its codec plan
+ * (docs/kv-cache.md §10, docs/generation.md §9): layers convert to targets[layer] (NULL = no plan;
+ * `uniform`: targets[0] for every layer but the first and last `protect`) once start tokens are
+ * stored, so the peak is the larger of the base-format part before conversion and the target part
+ * after it, plus the transient of the one group being converted. Only immutable cache geometry is
+ * read, so any thread may call it. */
 static int64_t plan_reservation(const ci_engine *e, const ci_kv_format *targets, int uniform,
                                 int protect, int64_t start, int64_t n_prompt, int64_t n) {
   const ci_kv_cache *c = e->cache;

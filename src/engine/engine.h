@@ -1,4 +1,4 @@
-/* The serving engine (generation.md §1, §8, §9): one engine thread owns the model, the shared
+/* The serving engine (docs/generation.md §1, §8, §9): one engine thread owns the model, the shared
  * paged KV cache and the continuous-batching scheduler. Other threads submit token-id jobs and
  * read each request's events (tokens, then done or error) from its own queue; cancelling is a
  * flag the engine applies at the next step boundary, where the sequence's blocks are freed (its

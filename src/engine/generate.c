@@ -95,7 +95,7 @@ int ci_generate(ci_model *model, ci_sampler *sampler, const int32_t *prompt, int
 
   double t_first = 0.0, t_last = 0.0;
   for (;;) {
-    /* §3: sample, count, then EOS > callback (stop strings) > length. */
+    /* docs/generation.md §3: sample, count, then EOS > callback (stop strings) > length. */
     const int32_t token = ci_sampler_next(sampler, logits, history, n_history);
     if (token < 0) goto done;
     t_last = ci_now_seconds();

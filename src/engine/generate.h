@@ -1,4 +1,4 @@
-/* Single-sequence generation (generation.md §1-3, §10): chunked prefill of a token-id prompt
+/* Single-sequence generation (docs/generation.md §1-3, §10): chunked prefill of a token-id prompt
  * into a fresh paged KV cache (logits only for the last row of the last chunk), then one decode
  * step per sampled token until EOS, the caller's callback, or max_tokens ends it. The caller
  * owns the model and the sampler (and so the seed, output index and lp for logprobs: the
@@ -37,7 +37,7 @@ typedef struct {
   int prefill_chunk;          /* prompt tokens per prefill forward; 0 = 2048 */
   int ctx_size;               /* context limit; 0 = the model's max_position_embeddings */
   ci_kv_codec kv_codec;       /* storage the KV cache starts in (bf16, or f32) */
-  ci_kv_plan_source kv_plan;  /* which codec plan the sequence follows (kv.md §5, §7) */
+  ci_kv_plan_source kv_plan; /* which codec plan the sequence follows (docs/kv-cache.md §5, §7) */
   ci_kv_format kv_target;     /* CI_KV_PLAN_TARGET: convert to this ... */
   int64_t kv_start;           /* ... once the sequence holds this many tokens */
   int kv_protect;             /* CI_KV_PLAN_TARGET: the first and last N cache layers stay */

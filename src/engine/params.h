@@ -1,8 +1,8 @@
-/* Parameter precedence (api.md §2): request > CLI flag > generation_config.json > built-in.
- * Each source that can set sampling parameters fills a ci_sampling_overrides (a field applies
- * only when its has_ flag is set); ci_sampling_resolve stacks them on the built-in defaults and
- * the model's generation_config.json. The thinking-aware temperature rule belongs to the
- * caller that knows the template (it sets has_temperature itself). */
+/* Parameter precedence (docs/generation.md §4.1): request > CLI flag > generation_config.json >
+ * built-in. Each source that can set sampling parameters fills a ci_sampling_overrides (a field
+ * applies only when its has_ flag is set); ci_sampling_resolve stacks them on the built-in defaults
+ * and the model's generation_config.json. The thinking-aware temperature rule belongs to the caller
+ * that knows the template (it sets has_temperature itself). */
 #ifndef CI_ENGINE_PARAMS_H
 #define CI_ENGINE_PARAMS_H
 

@@ -1,7 +1,7 @@
-/* Prefix cache (generation.md §7, kv.md §8): full KV blocks of running and finished sequences,
- * content-addressed by a hash chained over the token ids of every block from the first, seeded
- * with a key that names the model and the sequence's codec state (plan and conversion). A new
- * request walks its prompt's chain, attaches the longest run of cached blocks its KV state
+/* Prefix cache (docs/generation.md §7, docs/kv-cache.md §8): full KV blocks of running and finished
+ * sequences, content-addressed by a hash chained over the token ids of every block from the first,
+ * seeded with a key that names the model and the sequence's codec state (plan and conversion). A
+ * new request walks its prompt's chain, attaches the longest run of cached blocks its KV state
  * allows, and prefills only the rest. Blocks are shared by reference (the cache holds one owner
  * of each); writes into shared blocks copy them first (ci_kv_seq_reserve).
  *

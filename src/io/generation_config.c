@@ -84,7 +84,7 @@ int ci_generation_config_from_json(json_t *root, const char *what, ci_generation
       ci_fail("%s: \"do_sample\" must be true or false", what);
       goto fail;
     }
-    if (json_is_false(do_sample)) { /* api.md §2: do_sample false means greedy */
+    if (json_is_false(do_sample)) { /* docs/generation.md §4.1: do_sample false means greedy */
       out->has_temperature = 1;
       out->temperature = 0.0f;
     }

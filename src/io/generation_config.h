@@ -1,5 +1,5 @@
-/* generation_config.json: the model's own sampling defaults and extra EOS ids (api.md §2,
- * generation.md §3). Each field carries a has_ flag, because precedence (request > CLI flag >
+/* generation_config.json: the model's own sampling defaults and extra EOS ids (docs/generation.md
+ * §3, §4.1). Each field carries a has_ flag, because precedence (request > CLI flag >
  * generation_config.json > built-in) needs to know what the file actually set. Also the EOS
  * set E: config.json's ids (already parsed into the model spec) ∪ generation_config.json's ∪
  * any the caller adds (the tokenizer's eos_token). */

@@ -1,5 +1,5 @@
-/* kv_config.json (kv.md §7): the per-cache-layer KV codec plan a model folder may carry — a
- * JSON array of {layer_idx, bits, group_size} (MLX affine) or {layer_idx, codec: "turbo" |
+/* kv_config.json (docs/kv-cache.md §7): the per-cache-layer KV codec plan a model folder may carry
+ * — a JSON array of {layer_idx, bits, group_size} (MLX affine) or {layer_idx, codec: "turbo" |
  * "turbo-v", k_bits, v_bits}; unlisted layers stay bf16. */
 #ifndef CI_IO_KV_CONFIG_H
 #define CI_IO_KV_CONFIG_H

@@ -396,7 +396,7 @@ static ci_paged_kv pool_layer_view(const ci_kv_group *group, const ci_kv_pool *p
 }
 
 /* Re-encodes every retained position of group g into `target`'s pool (a backend op per block and
- * layer) and releases the old blocks (docs/kv-cache.md, delayed conversion). Encoding from the
+ * layer) and releases the old blocks (docs/kv-cache.md §5). Encoding from the
  * decoded base rows equals encoding at append. */
 static int convert_group(ci_kv_seq *seq, int g, ci_kv_pool *target) {
   const ci_kv_group *group = &seq->cache->groups[g];

@@ -1,7 +1,7 @@
 /* Paged KV cache: layers grouped by geometry and retention, block pools per (group, format), and
  * the per-sequence block tables that map positions to blocks; each sequence carries its own
  * codec plan and converts from its base format to the target at its start threshold
- * (DESIGN.md §4, kv.md §1-5). */
+ * (docs/kv-cache.md §1-5). */
 #ifndef CI_KV_CACHE_H
 #define CI_KV_CACHE_H
 
@@ -69,7 +69,7 @@ typedef struct {
   int row;                   /* its row of cache->table_store; -1 when its tables are its own */
   int64_t n;                 /* positions stored */
   ci_kv_block_table *tables; /* [cache->n_groups] */
-  /* Delayed quantization plan (kv.md §5). */
+  /* Delayed quantization plan (docs/kv-cache.md §5). */
   int has_plan;
   ci_kv_format target;
   int64_t start; /* S: convert once n >= S (and n > 0) */
@@ -146,12 +146,12 @@ void ci_kv_seq_free(ci_kv_seq *seq);
  * the layer, when a layer's head_dim cannot use the format. */
 int ci_kv_seq_set_plan(ci_kv_seq *seq, const ci_kv_format *target, int64_t start);
 
-/* 1 when cache layer `layer` of n is among the first or last `protect` (kv.md §7). */
+/* 1 when cache layer `layer` of n is among the first or last `protect` (docs/kv-cache.md §7). */
 int ci_kv_layer_protected(int layer, int n_layers, int protect);
 
 /* As ci_kv_seq_set_plan, except that the first and last `protect` cache layers stay in the base
- * format (kv.md §7 `--kv-protect`). Fails, naming the problem, when one of them shares its group
- * with other layers (the cache must give them groups of their own). */
+ * format (docs/kv-cache.md §7 `--kv-protect`). Fails, naming the problem, when one of them shares
+ * its group with other layers (the cache must give them groups of their own). */
 int ci_kv_seq_set_plan_protected(ci_kv_seq *seq, const ci_kv_format *target, int64_t start,
                                  int protect);
 
@@ -160,7 +160,7 @@ int ci_kv_seq_set_plan_protected(ci_kv_seq *seq, const ci_kv_format *target, int
 int ci_kv_seq_set_layer_plan(ci_kv_seq *seq, const ci_kv_format *targets, int64_t start);
 
 /* The most tokens the next step may append so that a pending conversion happens exactly at
- * `start` (kv.md §5 "exact crossing"); INT64_MAX when unconstrained. */
+ * `start` (docs/kv-cache.md §5 "Exact crossing"); INT64_MAX when unconstrained. */
 int64_t ci_kv_seq_chunk_limit(const ci_kv_seq *seq);
 
 /* Makes sure blocks exist for positions [n, n + n_new) in every group (step contract item 2);
@@ -176,8 +176,8 @@ int ci_kv_seq_commit(ci_kv_seq *seq, int64_t n_new);
 /* Block i (positions [i*T, (i+1)*T)) of group g, id -1 when released or not yet allocated. */
 ci_kv_block_ref ci_kv_seq_block(const ci_kv_seq *seq, int g, int64_t i);
 
-/* Prefix reuse (kv.md §8 "attach"): makes an empty sequence whose plan is already set hold
- * positions [0, n_blocks*T) by referencing existing blocks (no copy; each gains an owner).
+/* Prefix reuse (docs/kv-cache.md §8 "attach"): makes an empty sequence whose plan is already set
+ * hold positions [0, n_blocks*T) by referencing existing blocks (no copy; each gains an owner).
  * refs[i * n_groups + g] is block i of group g. `converted` says the blocks are in the plan's
  * target formats: the sequence then counts as converted at `conversion_offset` (which must be
  * <= n_blocks*T); otherwise they are in the base format and n_blocks*T must stay below the

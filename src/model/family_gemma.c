@@ -1,6 +1,6 @@
-/* Gemma family: `gemma2`, `gemma3_text`/`gemma3` and `gemma4_text`/`gemma4` (model.md §5.5-5.7):
- * sandwich norms, GeGLU, scaled embeddings, sliding/full layer patterns with per-type RoPE, and
- * Gemma 4's per-layer geometry, K=V full layers, per-layer inputs, KV sharing and MoE. */
+/* Gemma family: `gemma2`, `gemma3_text`/`gemma3` and `gemma4_text`/`gemma4` (docs/models.md
+ * §5.5-5.7): sandwich norms, GeGLU, scaled embeddings, sliding/full layer patterns with per-type
+ * RoPE, and Gemma 4's per-layer geometry, K=V full layers, per-layer inputs, KV sharing and MoE. */
 #include "base/error.h"
 #include "model/config_read.h"
 
@@ -162,8 +162,8 @@ int ci_family_gemma3_configure(json_t *cfg, ci_model_spec *spec) {
 
 /* ==== Gemma 4 ==== */
 
-/* Per-layer geometry (model.md §5.7): per_layer_config entries when present, else one entry per
- * full layer from the flat global_head_dim / num_global_key_value_heads. */
+/* Per-layer geometry (docs/models.md §5.7): per_layer_config entries when present, else one entry
+ * per full layer from the flat global_head_dim / num_global_key_value_heads. */
 static int read_gemma4_geometry(json_t *cfg, ci_model_spec *spec, int k_eq_v) {
   const int head_dim = spec->layers[0].head_dim, kv_heads = spec->layers[0].n_kv_heads;
   json_t *per_layer = json_object_get(cfg, "per_layer_config");

@@ -1,4 +1,4 @@
-/* Llama family: `llama` (incl. MiniCPM5 checkpoints) and `mistral` (model.md §5.1). */
+/* Llama family: `llama` (incl. MiniCPM5 checkpoints) and `mistral` (docs/models.md §5.1). */
 #include "base/error.h"
 #include "model/config_read.h"
 

@@ -1,4 +1,4 @@
-/* Qwen family: `qwen2` (q/k/v biases) and `qwen3` (q/k RMSNorm), model.md §5.2-5.3. */
+/* Qwen family: `qwen2` (q/k/v biases) and `qwen3` (q/k RMSNorm), docs/models.md §5.2-5.3. */
 #include "base/error.h"
 #include "model/config_read.h"
 

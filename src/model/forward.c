@@ -1,6 +1,6 @@
 /* Forward pass of the decoder-only transformer families, written once against the backend op
  * table: Llama/Mistral/Qwen pre-norm blocks and Gemma 2/3/4 sandwich blocks with GeGLU,
- * softcaps, K=V layers, KV sharing, per-layer inputs and MoE (docs/models.md). A step is any mix
+ * softcaps, K=V layers, KV sharing, per-layer inputs and MoE (docs/models.md §5). A step is any mix
  * of rows: prefill chunks and decode tokens of many sequences. Every matmul reads its weights
  * once for all rows, with each sequence's rows a segment computed as if alone; KV writes and
  * attention cover every sequence in one call per layer. */
@@ -68,8 +68,8 @@ static int dense_mlp(ci_model *m, const step_rows *sr, int li, const float *a, i
   return linear(be, sr, &L->w_down, L->b_down, act->gate, n, out);
 }
 
-/* act->moe_out = Σ_k w_k · expert_k(RMSNorm(x, moe_norm)) with the router's choice (model.md
- * §5.7): experts run one at a time over the rows routed to them. */
+/* act->moe_out = Σ_k w_k · expert_k(RMSNorm(x, moe_norm)) with the router's choice
+ * (docs/models.md §5.7): experts run one at a time over the rows routed to them. */
 static int moe_block(ci_model *m, const step_rows *sr, int li, int n, ci_workspace *act) {
   ci_backend *be = m->be;
   const ci_model_spec *s = &m->spec;
@@ -196,7 +196,7 @@ static int layer_forward(ci_model *m, const step_rows *sr, int li, int n, ci_wor
   return CI_OK;
 }
 
-/* Per-layer inputs of the n tokens (model.md §5.7): ((h0 @ W^T)·hidden^-0.5 normed over P +
+/* Per-layer inputs of the n tokens (docs/models.md §5.7): ((h0 @ W^T)·hidden^-0.5 normed over P +
  * E_ple[ids]·sqrt(P)) · 2^-0.5, laid out [n, N, P]. */
 static int per_layer_inputs(ci_model *m, const step_rows *sr, const int32_t *ids, int n,
                             ci_workspace *act) {
@@ -230,7 +230,7 @@ static int check_step(const ci_model *m, const ci_step_seq *seqs, int n_seqs) {
       if (q->ids[r] < 0 || q->ids[r] >= s->vocab)
         return ci_fail("token id %d at index %d is out of range [0, %d)", q->ids[r], r, s->vocab);
     if (q->seq->n + q->n_rows > (int64_t)INT32_MAX) return ci_fail("step: sequence too long");
-    /* a pending KV conversion must happen exactly at its start (docs/kv-cache.md) */
+    /* a pending KV conversion must happen exactly at its start (docs/kv-cache.md §5) */
     if ((int64_t)q->n_rows > ci_kv_seq_chunk_limit(q->seq))
       return ci_fail("step: %d rows cross the sequence's KV conversion point", q->n_rows);
     for (int j = 0; j < i; j++)

@@ -147,7 +147,7 @@ static int bind_entry(void *ctx, const ci_manifest_entry *e) {
   return ci_fail("manifest: unknown tensor kind");
 }
 
-/* Tensors that checkpoints carry but no supported family reads (model.md §1 drop list). */
+/* Tensors that checkpoints carry but no supported family reads (docs/models.md §1, drop list). */
 static int is_droppable(const char *name) {
   static const char *const dropped_prefixes[] = {
       "vision_tower.", "multi_modal_projector.", "embed_vision.", "audio_tower.",
@@ -180,7 +180,7 @@ static void drop_sharer_kv(ci_model *m, const char *prefix) {
     }
 }
 
-/* A Gemma embedding scale converted to the embedding table's dtype first (model.md §0). */
+/* A Gemma embedding scale converted to the embedding table's dtype first (docs/models.md §0). */
 static float scale_in_dtype(float scale, const ci_tensor *table) {
   ci_dtype dtype = ci_dtype_is_affine(table->dtype) ? table->scale_dtype : table->dtype;
   if (dtype == CI_BF16) return ci_bf16_to_f32(ci_f32_to_bf16(scale));

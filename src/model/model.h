@@ -77,7 +77,7 @@ ci_kv_cache *ci_model_kv_cache_create(const ci_model *model, ci_kv_codec codec, 
 
 /* As ci_model_kv_cache_create, with each of the first and last `protect` cache layers in a group
  * of its own, so that plans can keep up to that many layers at each end in the base format
- * (kv.md §7, `--kv-protect`). */
+ * (docs/kv-cache.md §7, `--kv-protect`). */
 ci_kv_cache *ci_model_kv_cache_create_protected(const ci_model *model, ci_kv_codec codec,
                                                 int block_tokens, int64_t arena_bytes,
                                                 int protect);

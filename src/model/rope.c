@@ -1,5 +1,6 @@
 /* RoPE resolution: picks a layer type's RoPE parameters from either config serialisation and
- * builds its f32 inverse-frequency table in the reference's operation order (model.md §3.1). */
+ * builds its f32 inverse-frequency table in the reference's operation order (docs/models.md §3.1).
+ */
 #include "base/error.h"
 #include "model/config_read.h"
 

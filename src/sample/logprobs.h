@@ -1,4 +1,4 @@
-/* Log-probabilities (generation.md §4.2 end, §5): lp = z - logsumexp(z) in f32 over the
+/* Log-probabilities (docs/generation.md §4.2 end, §5): lp = z - logsumexp(z) in f32 over the
  * processed logits, and the top-N entries of lp that responses report as top_logprobs. The
  * sampler computes lp once per step and exposes it (ci_sampler_logprobs), so logprob = lp[token]
  * is taken after the processors and before filters and temperature. */

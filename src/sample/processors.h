@@ -1,4 +1,4 @@
-/* Logits processors (generation.md §4.2), applied in place to the raw f32 logits z[V] of the
+/* Logits processors (docs/generation.md §4.2), applied in place to the raw f32 logits z[V] of the
  * position being sampled, in this exact order: logit_bias, repetition, presence, frequency
  * (then the grammar mask, which lives with the grammar). Each processor's window is the last c
  * tokens of the history h = prompt + every token sampled so far (c = its context size; 0 = all).

@@ -1,4 +1,4 @@
-/* Philox4x32-10 and the per-output-index keys of generation.md §4.4 (see rng.h). */
+/* Philox4x32-10 and the per-output-index keys of docs/generation.md §4.4 (see rng.h). */
 #include "sample/rng.h"
 
 #include "base/error.h"

@@ -1,4 +1,4 @@
-/* Counter-based random numbers for sampling (generation.md §4.4): Philox4x32-10 keyed by the
+/* Counter-based random numbers for sampling (docs/generation.md §4.4): Philox4x32-10 keyed by the
  * request seed and the output index, so the token at index s depends only on (seed, s, lp,
  * parameters) — never on batch composition, thread count or call order. There is no hidden
  * generator state: a ci_rng is just the request's 64-bit seed, owned by whoever holds it. */
@@ -7,7 +7,7 @@
 
 #include <stdint.h>
 
-/* Streams of generation.md §4.4; the counter i each one uses is in the comment. */
+/* Streams of docs/generation.md §4.4; the counter i each one uses is in the comment. */
 enum {
   CI_RNG_STREAM_DRAW = 0,         /* Gumbel draw, i = token id */
   CI_RNG_STREAM_XTC = 1,          /* XTC coin, i = 0 */

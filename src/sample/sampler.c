@@ -1,5 +1,5 @@
-/* The sampler: processors, log-softmax and the §4.3 chain over a candidate list (see
- * sampler.h).
+/* The sampler: processors, log-softmax and the docs/generation.md §4.3 chain over a candidate list
+ * (see sampler.h).
  *
  * Candidates are kept as 64-bit rank keys — an order-preserving encoding of lp in the high
  * half (descending) and the token id in the low half — so "higher lp first, ties to the lower

@@ -1,9 +1,9 @@
-/* The sampler (generation.md §4): request parameters, the processors of §4.2, log-softmax, and
- * the chain of §4.3 in its exact mlx-lm-compatible order — top-p, min-p, XTC, top-k on the
- * untempered lp, then a Gumbel-max draw over softmax(lp / T) keyed by (seed, output index,
- * token id) — or the argmax of lp at temperature 0. One sampler serves one sequence: it owns a
- * copy of the parameters, the seed, the next output index and scratch buffers sized to the
- * vocabulary (about 12 bytes per token), so a step allocates nothing. */
+/* The sampler (docs/generation.md §4; bare § numbers below refer to that page): request parameters,
+ * the processors of §4.2, log-softmax, and the chain of §4.3 in its exact mlx-lm-compatible order —
+ * top-p, min-p, XTC, top-k on the untempered lp, then a Gumbel-max draw over softmax(lp / T) keyed
+ * by (seed, output index, token id) — or the argmax of lp at temperature 0. One sampler serves one
+ * sequence: it owns a copy of the parameters, the seed, the next output index and scratch buffers
+ * sized to the vocabulary (about 12 bytes per token), so a step allocates nothing. */
 #ifndef CI_SAMPLE_SAMPLER_H
 #define CI_SAMPLE_SAMPLER_H
 
@@ -32,8 +32,8 @@ typedef struct {
 
 typedef struct ci_sampler ci_sampler;
 
-/* Built-in defaults (api.md §2): temperature 0.7, every filter and penalty off, penalty
- * windows 20, min_tokens_to_keep 1, xtc_threshold 0.1, no seed. */
+/* Built-in defaults (docs/generation.md §4.1): temperature 0.7, every filter and penalty off,
+ * penalty windows 20, min_tokens_to_keep 1, xtc_threshold 0.1, no seed. */
 void ci_sampler_params_default(ci_sampler_params *params);
 
 /* Checks every field against §4.1 for a vocabulary of `vocab` tokens. Returns CI_OK, or CI_ERR

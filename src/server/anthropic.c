@@ -1,5 +1,6 @@
-/* Anthropic route (api.md §8): POST /v1/messages — system, content blocks, tool_use and
- * tool_result mapped onto chat messages; the message response and its SSE event grammar. */
+/* Anthropic route (docs/server.md "Anthropic messages"): POST /v1/messages — system, content
+ * blocks, tool_use and tool_result mapped onto chat messages; the message response and its SSE
+ * event grammar. */
 #include "server/server.h"
 
 #include <stdio.h>

@@ -1,7 +1,8 @@
-/* cinfer request extensions (api.md §3.1), shared by every generation route: `kv` (the request's
- * own KV codec plan, kv.md §7, mapped onto the engine job's kv_plan/kv_target/kv_start),
- * `ignore_eos`, `stop_token_ids` (added to the job's EOS set, so they finish with "stop"),
- * `continue_final_message`, and `num_draft` (validated; there is no speculative decoding yet). */
+/* cinfer request extensions (docs/server.md "Extensions"), shared by every generation route: `kv`
+ * (the request's own KV codec plan, docs/kv-cache.md §7, mapped onto the engine job's
+ * kv_plan/kv_target/kv_start), `ignore_eos`, `stop_token_ids` (added to the job's EOS set, so they
+ * finish with "stop"), `continue_final_message`, and `num_draft` (validated; there is no
+ * speculative decoding yet). */
 #include "server/server.h"
 
 #include "base/error.h"
@@ -61,7 +62,7 @@ static int kv_bits(const json_t *kv, long long *k, long long *v, int *has, char 
   return 0;
 }
 
-/* The request's `kv` object (api.md §3.1, kv.md §7) onto job->kv_*. */
+/* The request's `kv` object (docs/server.md "Extensions", docs/kv-cache.md §7) onto job->kv_*. */
 static int parse_kv(ci_server *s, const json_t *kv, ci_srv_job *job, char **err) {
   if (!kv || json_is_null(kv)) return 0;
   if (!json_is_object(kv))
@@ -133,8 +134,8 @@ static int parse_kv(ci_server *s, const json_t *kv, ci_srv_job *job, char **err)
     job->err_code = "unsupported";
     return fail(err, "kv.codec f32 is a server-wide setting (cinfer serve --kv-codec f32)");
   }
-  /* quantized codecs. Defaults (api.md §11): affine 8 bits, turbo 4, turbo-v keys 8 and values
-     4; an integer kv.bits sets keys and values alike, as --kv-bits does */
+  /* quantized codecs. Defaults (docs/server.md "Extensions"): affine 8 bits, turbo 4, turbo-v keys
+     8 and values 4; an integer kv.bits sets keys and values alike, as --kv-bits does */
   const int is_affine = !strcmp(codec, "affine"), is_turbo = !strcmp(codec, "turbo");
   const int is_turbo_v = !strcmp(codec, "turbo-v");
   if (!is_affine && !is_turbo && !is_turbo_v)

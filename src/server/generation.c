@@ -1,4 +1,5 @@
-/* One generation seen from an HTTP thread: request parameters (api.md §2, §3.1), chat rendering
+/* One generation seen from an HTTP thread: request parameters (docs/generation.md §4.1,
+ * docs/server.md "Chat requests"), chat rendering
  * and tokenization, submission to the engine, and the text pipeline on its token events
  * (detokenizer with stop strings -> reasoning split -> tool-call parser), kept as deltas for
  * streaming and totals for the final response. */
@@ -379,12 +380,13 @@ void ci_server_detect_formats(ci_server *s) {
   s->think_close = ci_tokenizer_token_to_id(tok, "</think>");
   s->think_format = s->think_open >= 0 && s->think_close >= 0;
   ci_gemma_markers_find(tok, &s->gemma);
-  /* api.md §3.3: a template mentioning <|channel> means gemma-channel reasoning */
+  /* docs/server.md "Output formats": a template mentioning <|channel> means gemma-channel reasoning
+   */
   s->gemma_channels = s->o.chat_template &&
                       ci_chat_template_mentions(s->o.chat_template, "<|channel>") &&
                       ci_gemma_markers_have_channels(&s->gemma);
-  /* api.md §4: model_type gemma4* means the token parser, always on; <|tool_response> after a
-     call ends generation */
+  /* docs/server.md "Output formats": model_type gemma4* means the token parser, always on;
+     <|tool_response> after a call ends generation */
   const char *type = s->o.model ? s->o.model->spec.model_type : NULL;
   s->gemma_calls = type && !strncmp(type, "gemma4", 6) && ci_gemma_markers_have_calls(&s->gemma);
   if (s->gemma_calls && s->gemma.response_open >= 0)
@@ -602,7 +604,7 @@ void ci_srv_gen_apply(ci_srv_gen *g, const ci_engine_event *ev, double now) {
 
 json_t *ci_srv_gen_timings(const ci_srv_gen *g) {
   const int prompt_n = g->prompt_tokens - g->cached_tokens, predicted_n = g->completion_tokens;
-  /* generation.md §10: prefill tok/s = (P - p) / prefill time; decode tok/s = (g - 1) / (last
+  /* docs/generation.md §10: prefill tok/s = (P - p) / prefill time; decode tok/s = (g - 1) / (last
      token time - first token time) */
   const double prompt_rate = g->prefill_s > 0 ? prompt_n / g->prefill_s : 0;
   const double decode_rate =

@@ -1,8 +1,8 @@
-/* HTTP plumbing over libmicrohttpd (api.md §1, §10): a thread per connection, body collection
- * with a size limit, bearer / x-api-key auth, CORS (--cors: Access-Control-Allow-* headers and
- * OPTIONS preflight), the route table, JSON and SSE responses, errors in each API's shape. A client
- * that disconnects mid-stream makes libmicrohttpd free the stream, which releases (cancels) its
- * engine request. */
+/* HTTP plumbing over libmicrohttpd (docs/server.md "HTTP basics", "Errors"): a thread per
+ * connection, body collection with a size limit, bearer / x-api-key auth, CORS (--cors:
+ * Access-Control-Allow-* headers and OPTIONS preflight), the route table, JSON and SSE responses,
+ * errors in each API's shape. A client that disconnects mid-stream makes libmicrohttpd free the
+ * stream, which releases (cancels) its engine request. */
 #include "server/server.h"
 
 #include "base/error.h"
@@ -77,7 +77,7 @@ typedef struct {
   int too_large;
 } connection;
 
-/* ==== CORS (api.md §1: off unless --cors ORIGIN|*) ==== */
+/* ==== CORS (docs/server.md "Routes": off unless --cors ORIGIN|*) ==== */
 
 /* The Access-Control-Allow-Origin value for this request: "*", the request's Origin when it is
  * one of the --cors list, else NULL (no CORS headers). */

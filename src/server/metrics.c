@@ -1,6 +1,6 @@
-/* /metrics (Prometheus text 0.0.4) and /stats (JSON) (api.md §9): request counters per route and
- * status, token counters, queue and batch gauges, KV blocks and bytes per codec and in all,
- * prefix-cache figures, weights bytes, latency histograms. */
+/* /metrics (Prometheus text 0.0.4) and /stats (JSON) (docs/server.md "Metrics and stats"): request
+ * counters per route and status, token counters, queue and batch gauges, KV blocks and bytes per
+ * codec and in all, prefix-cache figures, weights bytes, latency histograms. */
 #include "server/server.h"
 
 #include <stddef.h>

@@ -1,4 +1,4 @@
-/* OpenAI routes (api.md §3, §7, §9): /v1/chat/completions, /v1/completions and /v1/models —
+/* OpenAI routes (docs/server.md "Routes"): /v1/chat/completions, /v1/completions and /v1/models —
  * request validation into a job, the non-streaming JSON and the SSE chunk grammar. */
 #include "server/server.h"
 
@@ -51,7 +51,7 @@ static int content_text(const json_t *content, int anthropic, ci_strbuf *out, ch
   return 0;
 }
 
-/* OpenAI messages -> template messages (api.md §3.2). */
+/* OpenAI messages -> template messages (docs/server.md "Chat requests"). */
 static json_t *normalize_messages(const json_t *messages, char **err) {
   if (!json_is_array(messages) || json_array_size(messages) == 0)
     return *err = strdup("messages must be a non-empty array"), NULL;
@@ -134,8 +134,9 @@ static long utf8_chars(const char *s, size_t n) {
   return chars;
 }
 
-/* The legacy /v1/completions logprobs object (api.md §7) of the given token entries (the chat
- * entries ci_srv_gen keeps); *offset is the text offset of the first one and advances. */
+/* The legacy /v1/completions logprobs object (docs/server.md "Completions") of the given token
+ * entries (the chat entries ci_srv_gen keeps); *offset is the text offset of the first one and
+ * advances. */
 static json_t *legacy_logprobs(const json_t *entries, long *offset) {
   json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offsets = json_array();
   size_t i;
@@ -438,7 +439,7 @@ int ci_openai_completions(ci_server *s, json_t *body, json_t **out, ci_srv_strea
     ci_srv_job_free(&job);
     return bad(out, code, err);
   }
-  job.raw_text = 1; /* no template, no tool or reasoning parsing (api.md §7) */
+  job.raw_text = 1; /* no template, no tool or reasoning parsing (docs/server.md "Completions") */
   if (json_is_true(json_object_get(body, "echo")) ||
       json_string_length(json_object_get(body, "suffix")) > 0 ||
       (json_is_integer(json_object_get(body, "best_of")) &&

@@ -1,4 +1,4 @@
-/* The HTTP server (DESIGN.md §7, api.md): libmicrohttpd, thread per connection, OpenAI and
+/* The HTTP server (docs/server.md): libmicrohttpd, thread per connection, OpenAI and
  * Anthropic routes over the serving engine. HTTP threads own the text side of a request (chat
  * template, tokenizer, streaming detokenizer, stop strings, reasoning and tool-call parsing);
  * the engine thread owns the model. This header is the server's public face plus the pieces its
@@ -156,7 +156,7 @@ typedef struct {
   int raw_text;  /* /v1/completions: no reasoning or tool-call parsing at all */
   int reasoning_open;
   int channel_open, channel_name_done; /* the prompt ends inside a Gemma channel */
-  /* extensions (api.md §3.1) */
+  /* extensions (docs/server.md "Extensions") */
   int ignore_eos;
   int32_t stop_ids[CI_EOS_SET_MAX]; /* stop_token_ids */
   int n_stop_ids;
@@ -186,7 +186,7 @@ int ci_srv_gen_pump(ci_srv_gen *g, double timeout_s);
 /* Applies one engine event, received at time `now`, to the text pipeline. */
 void ci_srv_gen_apply(ci_srv_gen *g, const ci_engine_event *ev, double now);
 
-/* The `timings` extension object of a finished generation (generation.md §10). */
+/* The `timings` extension object of a finished generation (docs/generation.md §10). */
 json_t *ci_srv_gen_timings(const ci_srv_gen *g);
 
 /* Decides the server's output formats from its model, tokenizer and template (think-tag,
@@ -208,7 +208,7 @@ int ci_srv_parse_sampling(ci_server *s, const json_t *body, int anthropic, ci_sr
 int ci_srv_tokenize_chat(ci_server *s, json_t *messages, json_t *tools, const json_t *kwargs,
                          ci_srv_job *job, char **err);
 
-/* The cinfer request extensions (api.md §3.1): kv, ignore_eos, stop_token_ids,
+/* The cinfer request extensions (docs/server.md "Extensions"): kv, ignore_eos, stop_token_ids,
  * continue_final_message. ci_srv_parse_sampling calls it. Returns 0 or fills *err (and
  * job->err_code for unsupported values). */
 int ci_srv_parse_extensions(ci_server *s, const json_t *body, ci_srv_job *job, char **err);

@@ -1,4 +1,4 @@
-/* MLX affine quantization: the per-group rule of model.md §2 in f32, LSB-first u32 packing,
+/* MLX affine quantization: the per-group rule of docs/models.md §2 in f32, LSB-first u32 packing,
  * and the whole-matrix quantizer (codes + scales + biases). */
 #include "tensor/affine_quant.h"
 

@@ -1,5 +1,6 @@
-/* MLX affine quantization: the bit-exact per-group quantize rule of model.md §2, the LSB-first
- * u32 bit-stream packing of the codes, and a whole-matrix quantizer built from the two. */
+/* MLX affine quantization: the bit-exact per-group quantize rule of docs/models.md §2, the
+ * LSB-first u32 bit-stream packing of the codes, and a whole-matrix quantizer built from the two.
+ */
 #ifndef CI_TENSOR_AFFINE_QUANT_H
 #define CI_TENSOR_AFFINE_QUANT_H
 
@@ -16,7 +17,7 @@ int ci_affine_bits_ok(int bits);
 uint8_t ci_affine_code(float x, float n);
 
 /* Quantizes one group of g (>= 1) f32 values w with b = bits per code (see ci_affine_bits_ok),
- * exactly as model.md §2, all arithmetic in f32:
+ * exactly as docs/models.md §2, all arithmetic in f32:
  *   n = 2^b - 1; lo = min(w); hi = max(w); s = max((hi - lo) / n, 1e-7)
  *   if |lo| > |hi|: edge = lo  else: edge = hi, s = -s
  *   q0 = rint(edge / s)                      (rint = nearbyintf: round half to even)
@@ -49,7 +50,7 @@ void ci_affine_unpack(const uint32_t *words, size_t n, int bits, uint8_t *codes)
 /* Dequantizes n codes (one group or part of one): out[i] = scale * codes[i] + bias, in f32. */
 void ci_affine_dequantize(const uint8_t *codes, size_t n, float scale, float bias, float *out);
 
-/* Quantizes a row-major [rows, cols] matrix to the MLX affine layout of model.md §2:
+/* Quantizes a row-major [rows, cols] matrix to the MLX affine layout of docs/models.md §2:
  *   src:    rows*cols elements of src_dtype (CI_F32, CI_F16 or CI_BF16), read as f32;
  *   codes:  [rows, cols*bits/32] u32 words, each row its own LSB-first bit stream;
  *   scales, biases: [rows, cols/group_size] elements of scale_dtype (CI_F32, CI_F16 or CI_BF16),

@@ -1,4 +1,5 @@
-/* KV row formats: sizes, names, and the reference encoder/decoder of every codec (kv.md §2). */
+/* KV row formats: sizes, names, and the reference encoder/decoder of every codec (docs/kv-cache.md
+ * §2). */
 #include "tensor/kv_format.h"
 
 #include "base/error.h"
@@ -141,7 +142,7 @@ static void put_bf16(uint8_t *p, uint16_t v) {
   memcpy(p, &v, 2);
 }
 
-/* MLX affine per group (model.md §2): codes | bf16 scales | bf16 biases. */
+/* MLX affine per group (docs/models.md §2): codes | bf16 scales | bf16 biases. */
 static void affine_encode(const float *x, int D, int bits, int group, uint8_t *row) {
   uint8_t codes[CI_MAX_HEAD_DIM];
   const int groups = D / group;
@@ -165,7 +166,7 @@ static void affine_decode(const uint8_t *row, int D, int bits, int group, float 
   }
 }
 
-/* TurboQuant (kv.md §2.3): codes of the rotated, renormalised vector | fp16 ν. */
+/* TurboQuant (docs/kv-cache.md §2.3): codes of the rotated, renormalised vector | fp16 ν. */
 static void turbo_encode(const float *x, int D, int bits, const float *signs, uint8_t *row) {
   float y[CI_MAX_HEAD_DIM];
   uint8_t codes[CI_MAX_HEAD_DIM];
@@ -199,7 +200,7 @@ static void turbo_decode(const uint8_t *row, int D, int bits, const float *signs
   for (int i = 0; i < D; i++) x[i] *= signs[i];
 }
 
-/* turbo-v K (kv.md §2.4): asymmetric affine per 32-group, codes | fp16 sc | fp16 zp. */
+/* turbo-v K (docs/kv-cache.md §2.4): asymmetric affine per 32-group, codes | fp16 sc | fp16 zp. */
 static void turbo_v_key_encode(const float *x, int D, int bits, uint8_t *row) {
   uint8_t codes[CI_MAX_HEAD_DIM];
   const int groups = D / TURBO_V_GROUP;

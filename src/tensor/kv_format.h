@@ -1,6 +1,6 @@
-/* KV row formats: how one token of one KV head is stored by each codec (kv.md §2) — bf16, f32,
- * MLX affine, TurboQuant and the seed's turbo-v — with exact row sizes, a reference encoder and
- * decoder per codec, and the names the CLI and reports use. */
+/* KV row formats: how one token of one KV head is stored by each codec (docs/kv-cache.md §2) —
+ * bf16, f32, MLX affine, TurboQuant and the seed's turbo-v — with exact row sizes, a reference
+ * encoder and decoder per codec, and the names the CLI and reports use. */
 #ifndef CI_TENSOR_KV_FORMAT_H
 #define CI_TENSOR_KV_FORMAT_H
 
@@ -51,7 +51,7 @@ void ci_kv_format_name(const ci_kv_format *f, char *buf, size_t size);
 /* Bytes of one stored K row (value 0) or V row (value 1) of head_dim D. */
 size_t ci_kv_row_bytes(const ci_kv_format *f, int head_dim, int value);
 
-/* Bytes of one token of one KV head, K and V together (kv.md §2.6). */
+/* Bytes of one token of one KV head, K and V together (docs/kv-cache.md §2.6). */
 size_t ci_kv_bytes_per_token(const ci_kv_format *f, int head_dim);
 
 /* Encodes x[0..D) as a K (value 0) or V (value 1) row. signs is the layer's TurboQuant sign

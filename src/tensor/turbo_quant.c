@@ -30,7 +30,7 @@ void ci_fwht(float *x, int head_dim) {
   for (int i = 0; i < head_dim; i++) x[i] *= scale;
 }
 
-/* ==== Lloyd-Max codebooks (kv.md §2.5) ==== */
+/* ==== Lloyd-Max codebooks (docs/kv-cache.md §2.5) ==== */
 
 static const float centroids2[4] = {-1.510418f, -0.452780f, 0.452780f, 1.510418f};
 static const float thresholds2[3] = {-0.981599f, 0.0f, 0.981599f};

@@ -1,13 +1,13 @@
-/* TurboQuant primitives (kv.md §2.3-2.5): the per-layer random sign vector, the normalised
- * Walsh-Hadamard transform, the Lloyd-Max codebooks for N(0,1), and scalar quantization against
- * them. The KV row formats built on these live in kv_format.c. */
+/* TurboQuant primitives (docs/kv-cache.md §2.3-2.5): the per-layer random sign vector, the
+ * normalised Walsh-Hadamard transform, the Lloyd-Max codebooks for N(0,1), and scalar quantization
+ * against them. The KV row formats built on these live in kv_format.c. */
 #ifndef CI_TENSOR_TURBO_QUANT_H
 #define CI_TENSOR_TURBO_QUANT_H
 
 #include <stdint.h>
 
 /* Fills signs[0..D) with the ±1 sign vector s_ℓ of cache layer `layer` for head dim D (the
- * normative splitmix64 generator of kv.md §2.3). */
+ * normative splitmix64 generator of docs/kv-cache.md §2.3). */
 void ci_turbo_signs(int layer, int head_dim, float *signs);
 
 /* In place x <- H_D x with H_D[i][j] = (-1)^popcount(i & j) / sqrt(D): log2(D) butterfly stages
@@ -23,10 +23,12 @@ const float *ci_lloyd_max_thresholds(int bits);
  * lower code). */
 uint8_t ci_lloyd_max_code(float u, int bits);
 
-/* Per-coordinate mean squared error of the codebook for N(0,1) (the table of kv.md §2.5). */
+/* Per-coordinate mean squared error of the codebook for N(0,1) (the table of docs/kv-cache.md
+ * §2.5). */
 double ci_lloyd_max_mse(int bits);
 
-/* f32 -> f16, round to nearest even, saturating at ±65504 (kv.md stores ν, scales in fp16). */
+/* f32 -> f16, round to nearest even, saturating at ±65504 (the KV codecs store ν and scales in
+ * fp16). */
 uint16_t ci_f32_to_f16_saturate(float f);
 
 #endif

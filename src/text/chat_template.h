@@ -25,8 +25,8 @@ void ci_chat_template_free(ci_chat_template *t);
  * transformers does). */
 int ci_chat_template_render(const ci_chat_template *t, const json_t *request, char **out,
                             size_t *out_len);
-/* Whether any of the template's sources contains needle (reasoning-format detection, api.md
- * §3.3: "<|channel>" means gemma-channel). */
+/* Whether any of the template's sources contains needle (reasoning-format detection,
+ * docs/server.md "Output formats": "<|channel>" means gemma-channel). */
 int ci_chat_template_mentions(const ci_chat_template *t, const char *needle);
 const char *ci_chat_template_bos_token(const ci_chat_template *t); /* may be NULL */
 const char *ci_chat_template_eos_token(const ci_chat_template *t); /* may be NULL */

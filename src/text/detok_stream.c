@@ -1,4 +1,4 @@
-/* Streaming detokenizer (spec generation.md §3.1, §3.2): a window of ids from prefix_offset (at
+/* Streaming detokenizer (docs/generation.md §3.1, §3.2): a window of ids from prefix_offset (at
  * least five visible tokens of left context, never starting inside a run of byte-fallback tokens,
  * which HF's ByteFallback decodes as one group) is decoded with and without the newest ids; the
  * difference is the new text. Text ending in U+FFFD waits for the bytes that may complete it (a

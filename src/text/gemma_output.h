@@ -1,4 +1,5 @@
-/* Gemma 4 output segments at the token level (api.md §4 "Gemma 4" row, §5 gemma-channel). The
+/* Gemma 4 output segments at the token level (docs/server.md "Output formats": Gemma 4 tool
+ * calls, gemma-channel). The
  * special tokens <|channel> … <channel|> enclose reasoning, whose first line is the channel name
  * (e.g. "thought\n") and is dropped; <|tool_call> … <tool_call|> enclose tool calls. The router
  * takes each generated token id: markers and enclosed tokens are consumed — reasoning decoded by

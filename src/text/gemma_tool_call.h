@@ -1,8 +1,8 @@
-/* Gemma 4 tool-call syntax (api.md §4, "Gemma 4" row). The text of one tool-call segment — what
- * the model writes between the <|tool_call> and <tool_call|> tokens, decoded with special tokens
- * kept — is one or more `call:NAME{key:value,…}`: strings are delimited by the <|"|> token, keys
- * are bare, numbers, true/false/null, arrays and objects are JSON-like. This file turns that text
- * into OpenAI-style calls {name, arguments: compact JSON string}. */
+/* Gemma 4 tool-call syntax (docs/server.md "Output formats", Gemma 4 tool calls). The text of one
+ * tool-call segment — what the model writes between the <|tool_call> and <tool_call|> tokens,
+ * decoded with special tokens kept — is one or more `call:NAME{key:value,…}`: strings are delimited
+ * by the <|"|> token, keys are bare, numbers, true/false/null, arrays and objects are JSON-like.
+ * This file turns that text into OpenAI-style calls {name, arguments: compact JSON string}. */
 #ifndef CI_TEXT_GEMMA_TOOL_CALL_H
 #define CI_TEXT_GEMMA_TOOL_CALL_H
 

@@ -1,6 +1,6 @@
-/* Reasoning split for the think-tag format (api.md §5): streamed visible text is divided into
- * reasoning (between <think> and </think>) and content, with partial tags held back and the tags
- * themselves never emitted. */
+/* Reasoning split for the think-tag format (docs/server.md "Output formats"): streamed visible text
+ * is divided into reasoning (between <think> and </think>) and content, with partial tags held back
+ * and the tags themselves never emitted. */
 #ifndef CI_TEXT_REASONING_SPLIT_H
 #define CI_TEXT_REASONING_SPLIT_H
 

@@ -1,4 +1,5 @@
-/* Tool calls in generated text (api.md §4, text parser): hermes JSON
+/* Tool calls in generated text (docs/server.md "Output formats",
+ * text tool-call parser): hermes JSON
  * `<tool_call>{"name":…,"arguments":…}</tool_call>` and Qwen XML
  * `<tool_call><function=NAME><parameter=KEY>VALUE</parameter></function></tool_call>` (wrapper
  * optional). Streamed content passes through until a marker; a suffix that could start a marker

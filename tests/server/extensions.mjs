@@ -1,7 +1,7 @@
 // cinfer extensions over HTTP against a live server: `timings`, usage reasoning_tokens, the `kv`
 // request plan (and its 400s), ignore_eos, stop_token_ids, continue_final_message,
 // /v1/completions legacy logprobs (stream and not), CORS (--cors http://allowed.example) and the
-// /metrics names of api.md §9.
+// /metrics names of docs/server.md "Metrics and stats".
 import { Anthropic, OpenAI, base, check } from './common.mjs';
 
 const auth = { Authorization: 'Bearer test-key' };
@@ -123,7 +123,7 @@ check(plainC.choices[0].logprobs === null, 'no logprobs unless asked');
   check(sse.headers.get('access-control-allow-origin') === 'http://allowed.example', 'CORS header on SSE');
 }
 
-// /metrics: every api.md §9 name the engine can report
+// /metrics: every docs/server.md "Metrics and stats" name the engine can report
 const metrics = await (await fetch(`${base}/metrics`, { headers: auth })).text();
 const names = ['cinfer_requests_total', 'cinfer_prompt_tokens_total', 'cinfer_prompt_tokens_cached_total',
   'cinfer_generation_tokens_total', 'cinfer_prefix_cache_hits_total', 'cinfer_prefix_cache_misses_total',

@@ -161,7 +161,7 @@ static void cpu_silu_mul(ci_backend *be, float *gate, const float *up, int64_t n
   }
 }
 
-/* GELU with the tanh approximation, x^3 as a power (model.md §3). */
+/* GELU with the tanh approximation, x^3 as a power (docs/models.md §3). */
 static inline float gelu_tanh(float x) {
   const float sqrt_2_over_pi = 0.7978845608028654f;
   return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * (x + 0.044715f * powf(x, 3.0f))));

@@ -1,7 +1,7 @@
-/* Attention inner loops over stored KV rows, one set per codec (kv.md §2). Each stored row is
- * decoded into a D-float register tile inside the kernel — never a decoded copy of the cache —
- * and scored against every query head of its GQA group (or accumulated for each), so a row is
- * read and decoded once per step. Rotated codecs stay in the rotated basis: the query is rotated
+/* Attention inner loops over stored KV rows, one set per codec (docs/kv-cache.md §2). Each stored
+ * row is decoded into a D-float register tile inside the kernel (never a decoded copy of the
+ * cache) and scored against every query head of its GQA group (or accumulated for each), so a row
+ * is read and decoded once per step. Rotated codecs stay in the rotated basis: the query is rotated
  * once in `prepare` and the output un-rotated once in `finish`. */
 #ifndef CI_BACKEND_CPU_KV_KERNELS_H
 #define CI_BACKEND_CPU_KV_KERNELS_H

@@ -1,5 +1,6 @@
 /* MoE routing on the CPU: softmax over the router scores, top-k experts per token, weights
- * renormalised over the chosen k and scaled per expert (model.md §5.7, Router). */
+ * renormalised over the chosen k and scaled per expert (docs/models.md §5.7, Mixture of experts).
+ */
 #include "backend/cpu/kernels.h"
 
 #include <math.h>
