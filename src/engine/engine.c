@@ -50,11 +50,16 @@ struct ci_engine_request {
   int32_t pending; /* last sampled token, not yet forwarded */
   double t_submit, t_admit, t_first, t_last;
   struct ci_engine_request *next; /* queue / running list */
-  /* events: guarded by mu */
+  /* events: guarded by mu. Tokens queue in `events`; the last event (DONE or ERROR) has a slot
+   * of its own that needs no allocation, so it can never be lost, and the reader gets it once
+   * the queue is drained. */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   ci_engine_event *events;
   int n_events, cap_events, head;
+  ci_engine_event final;
+  int has_final, final_read;
+  int events_lost; /* a token could not be queued: the request fails (engine thread only) */
 };
 
 struct ci_engine {
@@ -80,8 +85,25 @@ struct ci_engine {
   ci_engine_stats stats;
 };
 
+/* Queues an event for the reader (engine thread). The final event goes to its own slot (first one
+ * wins). A token that cannot be queued is not dropped silently: the request is marked
+ * events_lost, later tokens are not queued either (the reader would see a gap), and the request
+ * ends with an "out of memory" error at the next boundary (sweep_locked / finish_locked). */
 static void push_event(ci_engine_request *r, const ci_engine_event *ev) {
   pthread_mutex_lock(&r->mu);
+  if (ev->kind != CI_ENGINE_EVENT_TOKEN) {
+    if (!r->has_final) {
+      r->final = *ev;
+      r->has_final = 1;
+    }
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    return;
+  }
+  if (r->events_lost || r->has_final) {
+    pthread_mutex_unlock(&r->mu);
+    return;
+  }
   if (r->n_events == r->cap_events) {
     /* compact first, then grow */
     if (r->head > 0) {
@@ -92,7 +114,8 @@ static void push_event(ci_engine_request *r, const ci_engine_event *ev) {
     if (r->n_events == r->cap_events) {
       int cap = r->cap_events ? r->cap_events * 2 : 16;
       ci_engine_event *bigger = realloc(r->events, (size_t)cap * sizeof *bigger);
-      if (!bigger) { /* out of memory: drop the event rather than crash */
+      if (!bigger) { /* out of memory: the request fails rather than lose a token */
+        r->events_lost = 1;
         pthread_mutex_unlock(&r->mu);
         return;
       }
@@ -114,7 +137,7 @@ int ci_engine_request_next(ci_engine_request *r, ci_engine_event *event, double 
     deadline.tv_sec += (time_t)(ns / 1000000000LL);
     deadline.tv_nsec = (long)(ns % 1000000000LL);
   }
-  while (r->head == r->n_events) {
+  while (r->head == r->n_events && !r->has_final) {
     if (timeout_s < 0)
       pthread_cond_wait(&r->cv, &r->mu);
     else if (pthread_cond_timedwait(&r->cv, &r->mu, &deadline) == ETIMEDOUT)
@@ -123,6 +146,10 @@ int ci_engine_request_next(ci_engine_request *r, ci_engine_event *event, double 
   int got = 0;
   if (r->head < r->n_events) {
     *event = r->events[r->head++];
+    got = 1;
+  } else if (r->has_final && !r->final_read) {
+    *event = r->final;
+    r->final_read = 1;
     got = 1;
   }
   pthread_mutex_unlock(&r->mu);
@@ -360,6 +387,7 @@ ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
   r->history = malloc((size_t)n_total * sizeof *r->history);
   r->sampler = ci_sampler_create(&job->sampling, vocab);
   if (!r->history || !r->sampler) {
+    if (!r->history) ci_fail("out of memory");
     free(r->history);
     ci_sampler_free(r->sampler);
     free(r);
@@ -511,6 +539,7 @@ static void finish_locked(ci_engine *e, ci_engine_request *r, ci_finish_reason f
   ci_engine_event ev;
   memset(&ev, 0, sizeof ev);
   const double now = ci_now_seconds();
+  if (!error && r->events_lost) error = "out of memory: a token event could not be queued";
   if (error) {
     ev.kind = CI_ENGINE_EVENT_ERROR;
     snprintf(ev.message, sizeof ev.message, "%s", error);
@@ -623,7 +652,8 @@ static void sweep_locked(ci_engine *e) {
   ci_engine_request **link = &e->running;
   while (*link) {
     ci_engine_request *r = *link;
-    if (r->cancelled && r->state != REQ_FINISHED) finish_locked(e, r, CI_FINISH_ABORT, NULL);
+    if ((r->cancelled || r->events_lost) && r->state != REQ_FINISHED)
+      finish_locked(e, r, CI_FINISH_ABORT, NULL); /* events_lost: an error event */
     if (r->state == REQ_FINISHED) {
       *link = r->next;
       r->next = NULL;

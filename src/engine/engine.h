@@ -127,7 +127,9 @@ ci_engine_verdict ci_engine_submit(ci_engine *engine, const ci_engine_job *job,
                                    ci_engine_request **out);
 
 /* Waits up to timeout_s seconds (< 0: forever) for the request's next event. Returns 1 with
- * *event filled, 0 on timeout. After DONE or ERROR no more events come. */
+ * *event filled, 0 on timeout. Every request ends with exactly one DONE or ERROR, after all its
+ * tokens; the final event needs no allocation, so it is never lost (a token that cannot be queued
+ * turns the request into an ERROR "out of memory" instead). After it, calls return 0 at once. */
 int ci_engine_request_next(ci_engine_request *request, ci_engine_event *event, double timeout_s);
 
 /* Asks the engine to stop the request at the next step boundary (client gone, stop string
