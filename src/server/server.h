@@ -56,6 +56,7 @@ void ci_server_stop(ci_server *server);
 typedef struct {
   char *data;
   size_t len, cap;
+  int oom; /* an append could not grow the buffer (the text is incomplete) */
 } ci_strbuf;
 
 void ci_strbuf_append(ci_strbuf *b, const char *s, size_t n);
