@@ -213,7 +213,7 @@ static void test_admission(void **state) {
   make_job(1, prompt, &job);
   ci_engine_request *r = NULL, *r2 = NULL, *r3 = NULL;
   job.max_tokens = 400; /* 414 tokens: over the budget */
-  assert_int_equal(ci_engine_submit(e, &job, &r), CI_ENGINE_REJECTED);
+  assert_int_equal(ci_engine_submit(e, &job, &r), CI_ENGINE_OVER_BUDGET);
   assert_non_null(strstr(ci_last_error(), "memory budget caps a request at"));
   /* the reservation follows the request's codec plan: turbo 4-bit from the start holds the
    * same 414 tokens in about a quarter of the bytes, so it fits where bf16 does not */
@@ -234,9 +234,9 @@ static void test_admission(void **state) {
   assert_non_null(strstr(ci_last_error(), "at most 0 layers"));
   turbo_job.kv_protect = 0;
   turbo_job.kv_start = 300; /* bf16 until 300 tokens: over the budget again */
-  assert_int_equal(ci_engine_submit(e, &turbo_job, &r), CI_ENGINE_REJECTED);
+  assert_int_equal(ci_engine_submit(e, &turbo_job, &r), CI_ENGINE_OVER_BUDGET);
   job.max_tokens = 600; /* over the context */
-  assert_int_equal(ci_engine_submit(e, &job, &r), CI_ENGINE_REJECTED);
+  assert_int_equal(ci_engine_submit(e, &job, &r), CI_ENGINE_OVER_CONTEXT);
   assert_non_null(strstr(ci_last_error(), "context size"));
   prompt[0] = 1 << 30;
   job.max_tokens = 4;

@@ -353,7 +353,7 @@ ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
   if ((int64_t)job->n_prompt + job->max_tokens > e->o.ctx_size)
     return ci_fail("prompt (%d tokens) + max_tokens (%d) exceeds the context size %d",
                    job->n_prompt, job->max_tokens, e->o.ctx_size),
-           CI_ENGINE_REJECTED;
+           CI_ENGINE_OVER_CONTEXT;
   for (int i = 0; i < job->n_prompt; i++)
     if (job->prompt[i] < 0 || job->prompt[i] >= vocab)
       return ci_fail("prompt token id %d is out of range [0, %d)", (int)job->prompt[i], vocab),
@@ -377,21 +377,22 @@ ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
     return ci_fail("request needs %lld tokens of context (prompt %d + max_tokens %d) but the "
                    "memory budget caps a request at %lld tokens",
                    (long long)n_total, job->n_prompt, job->max_tokens, (long long)cap),
-           CI_ENGINE_REJECTED;
+           CI_ENGINE_OVER_BUDGET;
   }
   if (job->top_logprobs < 0 || job->top_logprobs > CI_ENGINE_MAX_TOP_LOGPROBS)
     return ci_fail("top_logprobs must be an integer between 0 and 20"), CI_ENGINE_REJECTED;
+  if (ci_sampler_params_validate(&job->sampling, vocab)) return CI_ENGINE_REJECTED;
   ci_engine_request *r = calloc(1, sizeof *r);
-  if (!r) return ci_fail("out of memory"), CI_ENGINE_REJECTED;
+  if (!r) return ci_fail("out of memory"), CI_ENGINE_OUT_OF_MEMORY;
   r->engine = e;
   r->history = malloc((size_t)n_total * sizeof *r->history);
   r->sampler = ci_sampler_create(&job->sampling, vocab);
-  if (!r->history || !r->sampler) {
+  if (!r->history || !r->sampler) { /* the parameters were valid: memory ran out */
     if (!r->history) ci_fail("out of memory");
     free(r->history);
     ci_sampler_free(r->sampler);
     free(r);
-    return CI_ENGINE_REJECTED;
+    return CI_ENGINE_OUT_OF_MEMORY;
   }
   memcpy(r->history, job->prompt, (size_t)job->n_prompt * sizeof *r->history);
   r->n_prompt = r->n_history = job->n_prompt;

@@ -309,6 +309,25 @@ int ci_srv_tokenize_chat(ci_server *s, json_t *messages, json_t *tools, const js
 
 /* ==== Submission ==== */
 
+/* The HTTP status and error code of a submission verdict other than CI_ENGINE_SUBMITTED. */
+static const char *submit_error(ci_engine_verdict v, int *status) {
+  switch (v) {
+  case CI_ENGINE_OVER_CONTEXT:
+    return *status = 400, "context_length_exceeded";
+  case CI_ENGINE_OVER_BUDGET:
+    return *status = 400, "context_over_budget";
+  case CI_ENGINE_QUEUE_FULL:
+    return *status = 429, "overloaded";
+  case CI_ENGINE_STOPPED:
+  case CI_ENGINE_OUT_OF_MEMORY:
+    return *status = 503, "overloaded";
+  case CI_ENGINE_REJECTED:
+  case CI_ENGINE_SUBMITTED:
+    break;
+  }
+  return *status = 400, "invalid_value";
+}
+
 int ci_srv_gen_start(ci_server *s, ci_srv_job *job, ci_srv_gen *g, int anthropic, json_t **body) {
   memset(g, 0, sizeof *g);
   g->srv = s;
@@ -345,16 +364,10 @@ int ci_srv_gen_start(ci_server *s, ci_srv_job *job, ci_srv_gen *g, int anthropic
   ej.top_logprobs = job->top_logprobs;
   const ci_engine_verdict v = ci_engine_submit(s->o.engine, &ej, &g->req);
   if (v != CI_ENGINE_SUBMITTED) {
-    const char *msg = ci_last_error();
-    if (v == CI_ENGINE_REJECTED) {
-      const int over = strstr(msg, "memory budget") != NULL;
-      *body =
-          ci_server_error_body(anthropic, 400, over ? "context_over_budget" : "invalid_value", msg);
-      return 400;
-    }
-    *body =
-        ci_server_error_body(anthropic, v == CI_ENGINE_QUEUE_FULL ? 429 : 503, "overloaded", msg);
-    return v == CI_ENGINE_QUEUE_FULL ? 429 : 503;
+    int status;
+    const char *code = submit_error(v, &status);
+    *body = ci_server_error_body(anthropic, status, code, ci_last_error());
+    return status;
   }
   ci_srv_gen_init_text(s, job, g);
   return 0;
