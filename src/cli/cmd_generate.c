@@ -8,6 +8,7 @@
 #include "cli/sampling_flags.h"
 #include "cli/text_session.h"
 #include "cli/verbs.h"
+#include "engine/eos_set.h"
 #include "engine/generate.h"
 #include "engine/params.h"
 #include "io/generation_config.h"
@@ -251,13 +252,9 @@ int ci_verb_generate(int argc, char **argv) {
 
   ci_eos_set eos = {0};
   const int ignore_eos = ci_args_get(flags, nf, "--ignore-eos") != NULL;
-  if (!ignore_eos && ci_eos_set_build(&eos, spec->eos_ids, spec->n_eos, &gen)) {
+  if (!ignore_eos && ci_eos_set_for_model(&eos, spec, &gen, text.tokenizer)) {
     fprintf(stderr, "cinfer generate: %s\n", ci_last_error());
     goto done;
-  }
-  if (!ignore_eos && text.tokenizer) {
-    const int32_t eos_token = ci_tokenizer_config_token_id(text.tokenizer, "eos_token");
-    if (eos_token >= 0) ci_eos_set_add(&eos, eos_token);
   }
   sampler = ci_sampler_create(&params, spec->vocab);
   if (!sampler) {

@@ -38,6 +38,7 @@ struct ci_engine_request {
   int64_t kv_start;
   int kv_protect;
   ci_sampler *sampler;
+  int owns_sampler;
   int64_t reservation; /* bytes */
   /* engine-side progress */
   ci_kv_seq *seq;
@@ -158,7 +159,7 @@ int ci_engine_request_next(ci_engine_request *r, ci_engine_event *event, double 
 
 static void request_destroy(ci_engine_request *r) {
   free(r->history);
-  ci_sampler_free(r->sampler);
+  if (r->owns_sampler) ci_sampler_free(r->sampler);
   ci_kv_seq_free(r->seq);
   free(r->events);
   pthread_mutex_destroy(&r->mu);
@@ -381,16 +382,18 @@ ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
   }
   if (job->top_logprobs < 0 || job->top_logprobs > CI_ENGINE_MAX_TOP_LOGPROBS)
     return ci_fail("top_logprobs must be an integer between 0 and 20"), CI_ENGINE_REJECTED;
-  if (ci_sampler_params_validate(&job->sampling, vocab)) return CI_ENGINE_REJECTED;
+  if (!job->sampler && ci_sampler_params_validate(&job->sampling, vocab))
+    return CI_ENGINE_REJECTED;
   ci_engine_request *r = calloc(1, sizeof *r);
   if (!r) return ci_fail("out of memory"), CI_ENGINE_OUT_OF_MEMORY;
   r->engine = e;
   r->history = malloc((size_t)n_total * sizeof *r->history);
-  r->sampler = ci_sampler_create(&job->sampling, vocab);
+  r->owns_sampler = !job->sampler;
+  r->sampler = job->sampler ? job->sampler : ci_sampler_create(&job->sampling, vocab);
   if (!r->history || !r->sampler) { /* the parameters were valid: memory ran out */
     if (!r->history) ci_fail("out of memory");
     free(r->history);
-    ci_sampler_free(r->sampler);
+    if (r->owns_sampler) ci_sampler_free(r->sampler);
     free(r);
     return CI_ENGINE_OUT_OF_MEMORY;
   }
@@ -553,6 +556,7 @@ static void finish_locked(ci_engine *e, ci_engine_request *r, ci_finish_reason f
     else
       e->stats.requests_finished++;
   }
+  ev.token = r->generated > 0 ? r->history[r->n_history - 1] : -1;
   ev.prompt_tokens = r->n_prompt;
   ev.cached_tokens = r->cached;
   ev.generated_tokens = r->generated;

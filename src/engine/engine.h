@@ -50,6 +50,9 @@ typedef struct {
   int64_t kv_start;          /* ... at this many tokens */
   int kv_protect;            /* ... except the first and last N cache layers (<= the engine's) */
   int top_logprobs;          /* 0..20 top entries per token event (logprob is always sent) */
+  ci_sampler *sampler; /* NULL: the engine creates one from `sampling`; else borrowed (its seed
+                          and output index continue): the caller leaves it alone until it has
+                          read the request's final event */
 } ci_engine_job;
 
 typedef enum {
@@ -60,7 +63,8 @@ typedef enum {
 
 typedef struct {
   ci_engine_event_kind kind;
-  int32_t token;
+  int32_t token; /* TOKEN: the token; DONE: the last sampled one (the EOS id when it ended the
+                    request), -1 when none */
   float logprob; /* lp[token] */
   int n_top;
   int32_t top_ids[CI_ENGINE_MAX_TOP_LOGPROBS];
