@@ -507,19 +507,10 @@ static void flush_text(ci_srv_gen *g) {
   }
 }
 
-/* Which stop string fired: the earliest one in the decoded text. */
+/* Which stop string fired, as the detokenizer matched it. */
 static void find_stop_sequence(ci_srv_gen *g) {
-  char *text = NULL;
-  size_t len = 0;
-  if (ci_tokenizer_decode(g->srv->o.tokenizer, g->ids, (size_t)g->n_ids, 1, &text, &len)) return;
-  const char *best = NULL;
-  int which = -1;
-  for (int i = 0; i < g->n_stop; i++) {
-    const char *hit = strstr(text, g->stop[i]);
-    if (hit && (!best || hit < best)) best = hit, which = i;
-  }
-  if (which >= 0) g->stop_sequence = strdup(g->stop[which]);
-  free(text);
+  const char *fired = ci_detok_stream_stop_string(g->detok);
+  if (fired && !(g->stop_sequence = strdup(fired))) fail_generation(g, "out of memory");
 }
 
 static json_t *token_logprob(const ci_srv_gen *g, int32_t id, float logprob) {
@@ -617,17 +608,6 @@ void ci_srv_gen_apply(ci_srv_gen *g, const ci_engine_event *ev, double now) {
   if (g->completion_tokens == 0) g->t_first = now;
   g->t_prev = now;
   g->completion_tokens++;
-  if (g->n_ids == g->cap_ids) {
-    int cap = g->cap_ids ? g->cap_ids * 2 : 64;
-    int32_t *bigger = realloc(g->ids, (size_t)cap * sizeof *bigger);
-    if (!bigger) {
-      fail_generation(g, "out of memory");
-      return;
-    }
-    g->ids = bigger;
-    g->cap_ids = cap;
-  }
-  g->ids[g->n_ids++] = ev->token;
   count_think(g, ev->token);
   const char *piece = NULL;
   size_t len = 0;
@@ -698,7 +678,6 @@ void ci_srv_gen_free(ci_srv_gen *g) {
   json_decref(g->tool_defs);
   for (int i = 0; i < g->n_stop; i++) free(g->stop[i]);
   free(g->stop);
-  free(g->ids);
   ci_strbuf_free(&g->d_content);
   ci_strbuf_free(&g->d_reasoning);
   ci_strbuf_free(&g->content);

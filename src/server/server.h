@@ -119,8 +119,6 @@ typedef struct {
   char **stop;
   int n_stop;
   int want_logprobs, top_logprobs;
-  int32_t *ids;
-  int n_ids, cap_ids;
   /* deltas since the last ci_srv_gen_take */
   ci_strbuf d_content, d_reasoning;
   json_t *d_calls, *d_logprobs;
