@@ -1,7 +1,8 @@
-/* `cinfer generate`: continuation of a prompt with the full sampler, on top of the library's
- * single-sequence loop (engine/generate.h). Parameters: flags > generation_config.json >
- * built-in (api.md §2). Token-id prompts (--ids) print the generated ids as they come; text
- * prompts (--prompt, --prompt-file, --chat) arrive with the tokenizer and chat template. */
+/* `cinfer generate`: continuation of a prompt with the full sampler, run by the serving engine
+ * (engine/generate.h: a batch-1 engine, the server's loop; stats from its DONE timings).
+ * Parameters: flags > generation_config.json > built-in (api.md §2). Token-id prompts (--ids)
+ * print the generated ids as they come; text prompts (--prompt, --prompt-file, --chat) arrive
+ * with the tokenizer and chat template. */
 #include "base/error.h"
 #include "cli/args.h"
 #include "cli/kv_flags.h"
