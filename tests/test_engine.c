@@ -1,6 +1,7 @@
 /* The serving engine (engine/engine.h): batch invariance (a greedy request gives the same tokens
  * alone and among concurrent requests of other lengths and KV codecs, joining mid-flight),
- * cancellation frees blocks, admission rejects what can never fit, the bounded queue. */
+ * cancellation frees blocks, admission rejects what can never fit, the bounded queue, and the
+ * final event survives an event queue that cannot grow. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +19,16 @@
 #include <time.h>
 
 #define STARTER CI_FIXTURE_DIR "/../../models/starter"
+
+/* Test hook of this executable only (linked with -Wl,--wrap=realloc, tests/CMakeLists.txt): while
+ * armed, growing a request's event queue from 16 to 32 events fails. */
+void *__real_realloc(void *p, size_t n);
+void *__wrap_realloc(void *p, size_t n);
+static int fail_event_growth; /* set before submit, cleared after the request ended */
+void *__wrap_realloc(void *p, size_t n) {
+  if (fail_event_growth && n == 32 * sizeof(ci_engine_event)) return NULL;
+  return __real_realloc(p, n);
+}
 
 typedef struct {
   ci_backend *be;
@@ -202,7 +213,7 @@ static void test_admission(void **state) {
   make_job(1, prompt, &job);
   ci_engine_request *r = NULL, *r2 = NULL, *r3 = NULL;
   job.max_tokens = 400; /* 414 tokens: over the budget */
-  assert_int_equal(ci_engine_submit(e, &job, &r), CI_ENGINE_REJECTED);
+  assert_int_equal(ci_engine_submit(e, &job, &r), CI_ENGINE_OVER_BUDGET);
   assert_non_null(strstr(ci_last_error(), "memory budget caps a request at"));
   /* the reservation follows the request's codec plan: turbo 4-bit from the start holds 394
    * tokens in about a quarter of the bytes (with its blocks' share of the arena's slabs), so it
@@ -225,9 +236,9 @@ static void test_admission(void **state) {
   assert_non_null(strstr(ci_last_error(), "at most 0 layers"));
   turbo_job.kv_protect = 0;
   turbo_job.kv_start = 300; /* bf16 until 300 tokens: over the budget again */
-  assert_int_equal(ci_engine_submit(e, &turbo_job, &r), CI_ENGINE_REJECTED);
+  assert_int_equal(ci_engine_submit(e, &turbo_job, &r), CI_ENGINE_OVER_BUDGET);
   job.max_tokens = 600; /* over the context */
-  assert_int_equal(ci_engine_submit(e, &job, &r), CI_ENGINE_REJECTED);
+  assert_int_equal(ci_engine_submit(e, &job, &r), CI_ENGINE_OVER_CONTEXT);
   assert_non_null(strstr(ci_last_error(), "context size"));
   prompt[0] = 1 << 30;
   job.max_tokens = 4;
@@ -390,11 +401,57 @@ static void test_prefix_cache_cap(void **state) {
   ci_engine_free(e);
 }
 
+/* A token that cannot be queued fails the request instead of vanishing: the reader gets the tokens
+ * queued before it, then an ERROR (never a hang); after the final event nothing more comes. */
+static void test_final_event_not_lost(void **state) {
+  fixture *f = *state;
+  ci_engine *e = small_engine(f, 1, 64);
+  int32_t prompt[64];
+  ci_engine_job job;
+  make_job(0, prompt, &job);
+  job.max_tokens = 40;
+  job.eos.n = 0; /* all 40 tokens, unless the queue fails */
+  ci_engine_request *r;
+  fail_event_growth = 1;
+  assert_int_equal(ci_engine_submit(e, &job, &r), CI_ENGINE_SUBMITTED);
+  ci_engine_stats st;
+  for (int tries = 0; tries < 6000; tries++) { /* read nothing until the request has ended */
+    ci_engine_get_stats(e, &st);
+    if (st.requests_failed + st.requests_finished > 0 && st.running == 0) break;
+    struct timespec ts = {0, 10000000};
+    nanosleep(&ts, NULL);
+  }
+  fail_event_growth = 0;
+  assert_int_equal(st.requests_failed, 1);
+  ci_engine_event ev;
+  int tokens = 0;
+  for (;;) {
+    assert_int_equal(ci_engine_request_next(r, &ev, 60.0), 1);
+    if (ev.kind != CI_ENGINE_EVENT_TOKEN) break;
+    tokens++;
+  }
+  assert_int_equal(tokens, 16); /* the queue's first capacity */
+  assert_int_equal(ev.kind, CI_ENGINE_EVENT_ERROR);
+  assert_non_null(strstr(ev.message, "out of memory"));
+  assert_int_equal(ci_engine_request_next(r, &ev, 0.0), 0);
+  ci_engine_request_release(r);
+  /* a request that ends normally: DONE once, then nothing (no wait) */
+  job.max_tokens = 3;
+  assert_int_equal(ci_engine_submit(e, &job, &r), CI_ENGINE_SUBMITTED);
+  int32_t out[MAX_GEN];
+  ci_engine_event done;
+  assert_int_equal(collect(r, out, &done), 3);
+  assert_int_equal(done.finish, CI_FINISH_LENGTH);
+  assert_int_equal(ci_engine_request_next(r, &ev, -1.0), 0);
+  ci_engine_request_release(r);
+  ci_engine_free(e);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_cancel_frees_blocks),
       cmocka_unit_test(test_admission),        cmocka_unit_test(test_prefix_cache),
-      cmocka_unit_test(test_prefix_cache_cap),
+      cmocka_unit_test(test_prefix_cache_cap), cmocka_unit_test(test_final_event_not_lost),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

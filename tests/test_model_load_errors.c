@@ -247,6 +247,28 @@ static void test_unexpected_tensor(void **state) {
   remove_dir(dir);
 }
 
+static void untie(json_t *c) {
+  json_object_set_new(c, "tie_word_embeddings", json_false());
+}
+static void drop_tie(json_t *c) {
+  json_object_del(c, "tie_word_embeddings");
+}
+
+/* A config that says (or, for qwen2, defaults to) untied embeddings needs lm_head.weight: the
+ * loader must name it rather than silently reuse the embedding as the head. */
+static void test_untied_without_head(void **state) {
+  (void)state;
+  void (*edits[])(json_t *) = {untie, drop_tie};
+  for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+    char dir[64];
+    make_temp_dir(dir, sizeof dir);
+    write_config(dir, edits[i]);
+    write_weights(dir, NULL, NULL); /* the tied fixture has no lm_head.weight */
+    expect_load_error(dir, "missing tensor lm_head.weight");
+    remove_dir(dir);
+  }
+}
+
 /* ==== Bad token ids through the CLI ==== */
 
 /* Runs `cinfer logits` with `ids`; returns the exit status and the first stderr line. */
@@ -293,7 +315,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_config_errors), cmocka_unit_test(test_config_not_json_or_missing),
       cmocka_unit_test(test_weight_errors), cmocka_unit_test(test_unexpected_tensor),
-      cmocka_unit_test(test_bad_token_ids),
+      cmocka_unit_test(test_untied_without_head), cmocka_unit_test(test_bad_token_ids),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

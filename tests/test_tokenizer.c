@@ -76,6 +76,9 @@ static int same_text(const char *label, const char *got, size_t n_got, json_t *w
   return ok;
 }
 
+/* The stop string the last stream_all saw fire ("" when none). */
+static char last_fired[128];
+
 /* Streams ids through a detok stream; returns the concatenated text (caller frees) after checking
  * every piece is valid UTF-8. *stopped receives whether a stop string fired. */
 static char *stream_all(const ci_tokenizer *tok, const int32_t *ids, size_t n, int skip,
@@ -104,6 +107,9 @@ static char *stream_all(const ci_tokenizer *tok, const int32_t *ids, size_t n, i
   }
   out[used] = '\0';
   *len = used;
+  const char *fired = ci_detok_stream_stop_string(s);
+  assert_int_equal(fired != NULL, *stopped);
+  snprintf(last_fired, sizeof last_fired, "%s", fired ? fired : "");
   ci_detok_stream_free(s);
   return out;
 }
@@ -292,10 +298,12 @@ static void test_stop_strings(void **state) {
     const char *text = "Hello world, this is a test. STOP here and more text";
     const char *stop1[] = {"STOP"};
     check_stop(tok, text, stop1, 1, "Hello world, this is a test. ", 1);
+    assert_string_equal(last_fired, "STOP");
     const char *spanning[] = {"orld, th"}; /* spans several tokens */
     check_stop(tok, text, spanning, 1, "Hello w", 1);
     const char *earliest[] = {"test", "is a", "Hello world, this is a test. STOP here and more!"};
     check_stop(tok, text, earliest, 3, "Hello world, this ", 1);
+    assert_string_equal(last_fired, "is a"); /* the earliest in the text, not the first given */
     const char *absent[] = {"xyz", "text!", "more textual"};
     check_stop(tok, text, absent, 3, text, 0); /* held-back prefixes flushed at finish */
     const char *at_end[] = {"more text"};

@@ -7,6 +7,7 @@
 #include "cli/sampling_flags.h"
 #include "cli/text_session.h"
 #include "cli/verbs.h"
+#include "engine/eos_set.h"
 #include "engine/generate.h"
 #include "io/generation_config.h"
 #include "io/model_path.h"
@@ -94,12 +95,10 @@ int ci_verb_chat(int argc, char **argv) {
   json_t *history = new_history(ci_args_get(flags, nf, "--system"));
   char *line = NULL;
   size_t cap = 0;
-  if (ci_eos_set_build(&eos, spec->eos_ids, spec->n_eos, &gen)) {
+  if (ci_eos_set_for_model(&eos, spec, &gen, text.tokenizer)) {
     fprintf(stderr, "cinfer chat: %s\n", ci_last_error());
     goto done;
   }
-  const int32_t eos_token = ci_tokenizer_config_token_id(text.tokenizer, "eos_token");
-  if (eos_token >= 0) ci_eos_set_add(&eos, eos_token);
   sampler = ci_sampler_create(&params, spec->vocab);
   if (!sampler) {
     fprintf(stderr, "cinfer chat: %s\n", ci_last_error());

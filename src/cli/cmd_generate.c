@@ -1,14 +1,15 @@
-/* `cinfer generate`: continuation of a prompt with the full sampler, on top of the library's
- * single-sequence loop (engine/generate.h). Parameters: flags > generation_config.json >
- * built-in (docs/generation.md §4.1). Token-id prompts (--ids) print the generated ids as they
- * come; text prompts (--prompt, --prompt-file, --chat) arrive with the tokenizer and chat template.
- */
+/* `cinfer generate`: continuation of a prompt with the full sampler, run by the serving engine
+ * (engine/generate.h: a batch-1 engine, the server's loop; stats from its DONE timings).
+ * Parameters: flags > generation_config.json > built-in (docs/generation.md §4.1). Token-id prompts (--ids)
+ * print the generated ids as they come; text prompts (--prompt, --prompt-file, --chat) arrive
+ * with the tokenizer and chat template. */
 #include "base/error.h"
 #include "cli/args.h"
 #include "cli/kv_flags.h"
 #include "cli/sampling_flags.h"
 #include "cli/text_session.h"
 #include "cli/verbs.h"
+#include "engine/eos_set.h"
 #include "engine/generate.h"
 #include "engine/params.h"
 #include "io/generation_config.h"
@@ -252,13 +253,9 @@ int ci_verb_generate(int argc, char **argv) {
 
   ci_eos_set eos = {0};
   const int ignore_eos = ci_args_get(flags, nf, "--ignore-eos") != NULL;
-  if (!ignore_eos && ci_eos_set_build(&eos, spec->eos_ids, spec->n_eos, &gen)) {
+  if (!ignore_eos && ci_eos_set_for_model(&eos, spec, &gen, text.tokenizer)) {
     fprintf(stderr, "cinfer generate: %s\n", ci_last_error());
     goto done;
-  }
-  if (!ignore_eos && text.tokenizer) {
-    const int32_t eos_token = ci_tokenizer_config_token_id(text.tokenizer, "eos_token");
-    if (eos_token >= 0) ci_eos_set_add(&eos, eos_token);
   }
   sampler = ci_sampler_create(&params, spec->vocab);
   if (!sampler) {

@@ -6,6 +6,7 @@
 #include "cli/sampling_flags.h"
 #include "cli/verbs.h"
 #include "engine/engine.h"
+#include "engine/eos_set.h"
 #include "engine/params.h"
 #include "io/generation_config.h"
 #include "io/model_path.h"
@@ -171,11 +172,10 @@ int ci_verb_serve(int argc, char **argv) {
   so.chat_template = tmpl;
   so.gen = &gen;
   so.cli = &cli;
-  if (ci_eos_set_build(&so.eos, cm.model->spec.eos_ids, cm.model->spec.n_eos, &gen)) {
+  if (ci_eos_set_for_model(&so.eos, &cm.model->spec, &gen, tok)) {
     fprintf(stderr, "cinfer serve: %s\n", ci_last_error());
     goto done;
   }
-  ci_eos_set_add(&so.eos, ci_tokenizer_config_token_id(tok, "eos_token"));
   so.kv_plan = kv_plan.quantized        ? CI_KV_PLAN_TARGET
                : kv_plan.explicit_codec ? CI_KV_PLAN_NONE
                                         : CI_KV_PLAN_MODEL_CONFIG;

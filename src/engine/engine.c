@@ -39,6 +39,7 @@ struct ci_engine_request {
   int64_t kv_start;
   int kv_protect;
   ci_sampler *sampler;
+  int owns_sampler;
   int64_t reservation; /* bytes */
   /* engine-side progress */
   ci_kv_seq *seq;
@@ -51,11 +52,16 @@ struct ci_engine_request {
   int32_t pending; /* last sampled token, not yet forwarded */
   double t_submit, t_admit, t_first, t_last;
   struct ci_engine_request *next; /* queue / running list */
-  /* events: guarded by mu */
+  /* events: guarded by mu. Tokens queue in `events`; the last event (DONE or ERROR) has a slot
+   * of its own that needs no allocation, so it can never be lost, and the reader gets it once
+   * the queue is drained. */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   ci_engine_event *events;
   int n_events, cap_events, head;
+  ci_engine_event final;
+  int has_final, final_read;
+  int events_lost; /* a token could not be queued: the request fails (engine thread only) */
 };
 
 struct ci_engine {
@@ -80,8 +86,25 @@ struct ci_engine {
   ci_engine_stats stats;
 };
 
+/* Queues an event for the reader (engine thread). The final event goes to its own slot (first one
+ * wins). A token that cannot be queued is not dropped silently: the request is marked
+ * events_lost, later tokens are not queued either (the reader would see a gap), and the request
+ * ends with an "out of memory" error at the next boundary (sweep_locked / finish_locked). */
 static void push_event(ci_engine_request *r, const ci_engine_event *ev) {
   pthread_mutex_lock(&r->mu);
+  if (ev->kind != CI_ENGINE_EVENT_TOKEN) {
+    if (!r->has_final) {
+      r->final = *ev;
+      r->has_final = 1;
+    }
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    return;
+  }
+  if (r->events_lost || r->has_final) {
+    pthread_mutex_unlock(&r->mu);
+    return;
+  }
   if (r->n_events == r->cap_events) {
     /* compact first, then grow */
     if (r->head > 0) {
@@ -92,7 +115,8 @@ static void push_event(ci_engine_request *r, const ci_engine_event *ev) {
     if (r->n_events == r->cap_events) {
       int cap = r->cap_events ? r->cap_events * 2 : 16;
       ci_engine_event *bigger = realloc(r->events, (size_t)cap * sizeof *bigger);
-      if (!bigger) { /* out of memory: drop the event rather than crash */
+      if (!bigger) { /* out of memory: the request fails rather than lose a token */
+        r->events_lost = 1;
         pthread_mutex_unlock(&r->mu);
         return;
       }
@@ -114,7 +138,7 @@ int ci_engine_request_next(ci_engine_request *r, ci_engine_event *event, double 
     deadline.tv_sec += (time_t)(ns / 1000000000LL);
     deadline.tv_nsec = (long)(ns % 1000000000LL);
   }
-  while (r->head == r->n_events) {
+  while (r->head == r->n_events && !r->has_final) {
     if (timeout_s < 0)
       pthread_cond_wait(&r->cv, &r->mu);
     else if (pthread_cond_timedwait(&r->cv, &r->mu, &deadline) == ETIMEDOUT)
@@ -124,6 +148,10 @@ int ci_engine_request_next(ci_engine_request *r, ci_engine_event *event, double 
   if (r->head < r->n_events) {
     *event = r->events[r->head++];
     got = 1;
+  } else if (r->has_final && !r->final_read) {
+    *event = r->final;
+    r->final_read = 1;
+    got = 1;
   }
   pthread_mutex_unlock(&r->mu);
   return got;
@@ -131,7 +159,7 @@ int ci_engine_request_next(ci_engine_request *r, ci_engine_event *event, double 
 
 static void request_destroy(ci_engine_request *r) {
   free(r->history);
-  ci_sampler_free(r->sampler);
+  if (r->owns_sampler) ci_sampler_free(r->sampler);
   ci_kv_seq_free(r->seq);
   free(r->events);
   pthread_mutex_destroy(&r->mu);
@@ -309,19 +337,26 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
   e->ws = ci_workspace_create(model->be);
   if (!e->ws || ci_workspace_fit(e->ws, &model->spec, e->o.batch + e->o.batch_tokens, e->o.batch))
     return engine_free_parts(e), NULL;
-  if (e->o.kv_budget_bytes <= 0) {
-    /* batch requests of the whole context, within half of the machine's memory */
-    e->o.kv_budget_bytes = (int64_t)e->o.batch * ci_engine_reservation_bytes(e, e->o.ctx_size);
-    const int64_t half_memory = (int64_t)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGE_SIZE) / 2;
-    if (half_memory > 0 && e->o.kv_budget_bytes > half_memory) e->o.kv_budget_bytes = half_memory;
-  }
-  /* the arena: the budget, plus a partly filled slab for each layer group in each format a
-   * sequence may use */
-  if (ci_kv_cache_set_limits(e->cache, e->o.batch, e->o.ctx_size) ||
-      ci_kv_cache_set_arena(e->cache, e->o.kv_budget_bytes + (int64_t)e->cache->n_groups *
-                                                                 CI_ENGINE_MAX_KV_FORMATS *
-                                                                 ci_kv_cache_slab_bytes(e->cache)))
+  if (ci_kv_cache_set_limits(e->cache, e->o.batch, e->o.ctx_size))
     return engine_free_parts(e), NULL;
+  if (e->o.kv_budget_bytes < 0) {
+    /* unbounded: KV memory is taken as sequences grow (never refused by admission) */
+    e->o.kv_budget_bytes = INT64_MAX / 4;
+  } else {
+    if (e->o.kv_budget_bytes == 0) {
+      /* batch requests of the whole context, within half of the machine's memory */
+      e->o.kv_budget_bytes = (int64_t)e->o.batch * ci_engine_reservation_bytes(e, e->o.ctx_size);
+      const int64_t half_memory = (int64_t)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGE_SIZE) / 2;
+      if (half_memory > 0 && e->o.kv_budget_bytes > half_memory)
+        e->o.kv_budget_bytes = half_memory;
+    }
+    /* the arena: the budget, plus a partly filled slab for each layer group in each format a
+     * sequence may use */
+    const int64_t slack =
+        (int64_t)e->cache->n_groups * CI_ENGINE_MAX_KV_FORMATS * ci_kv_cache_slab_bytes(e->cache);
+    if (ci_kv_cache_set_arena(e->cache, e->o.kv_budget_bytes + slack))
+      return engine_free_parts(e), NULL;
+  }
   e->stats.kv_budget_bytes = e->o.kv_budget_bytes;
   if (e->o.prefix_cache_bytes < 0) e->o.prefix_cache_bytes = 0;
   if (e->o.prefix_cache_bytes > e->o.kv_budget_bytes)
@@ -354,7 +389,7 @@ ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
   if ((int64_t)job->n_prompt + job->max_tokens > e->o.ctx_size)
     return ci_fail("prompt (%d tokens) + max_tokens (%d) exceeds the context size %d",
                    job->n_prompt, job->max_tokens, e->o.ctx_size),
-           CI_ENGINE_REJECTED;
+           CI_ENGINE_OVER_CONTEXT;
   for (int i = 0; i < job->n_prompt; i++)
     if (job->prompt[i] < 0 || job->prompt[i] >= vocab)
       return ci_fail("prompt token id %d is out of range [0, %d)", (int)job->prompt[i], vocab),
@@ -378,20 +413,24 @@ ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
     return ci_fail("request needs %lld tokens of context (prompt %d + max_tokens %d) but the "
                    "memory budget caps a request at %lld tokens",
                    (long long)n_total, job->n_prompt, job->max_tokens, (long long)cap),
-           CI_ENGINE_REJECTED;
+           CI_ENGINE_OVER_BUDGET;
   }
   if (job->top_logprobs < 0 || job->top_logprobs > CI_ENGINE_MAX_TOP_LOGPROBS)
     return ci_fail("top_logprobs must be an integer between 0 and 20"), CI_ENGINE_REJECTED;
+  if (!job->sampler && ci_sampler_params_validate(&job->sampling, vocab))
+    return CI_ENGINE_REJECTED;
   ci_engine_request *r = calloc(1, sizeof *r);
-  if (!r) return ci_fail("out of memory"), CI_ENGINE_REJECTED;
+  if (!r) return ci_fail("out of memory"), CI_ENGINE_OUT_OF_MEMORY;
   r->engine = e;
   r->history = malloc((size_t)n_total * sizeof *r->history);
-  r->sampler = ci_sampler_create(&job->sampling, vocab);
-  if (!r->history || !r->sampler) {
+  r->owns_sampler = !job->sampler;
+  r->sampler = job->sampler ? job->sampler : ci_sampler_create(&job->sampling, vocab);
+  if (!r->history || !r->sampler) { /* the parameters were valid: memory ran out */
+    if (!r->history) ci_fail("out of memory");
     free(r->history);
-    ci_sampler_free(r->sampler);
+    if (r->owns_sampler) ci_sampler_free(r->sampler);
     free(r);
-    return CI_ENGINE_REJECTED;
+    return CI_ENGINE_OUT_OF_MEMORY;
   }
   memcpy(r->history, job->prompt, (size_t)job->n_prompt * sizeof *r->history);
   r->n_prompt = r->n_history = job->n_prompt;
@@ -534,6 +573,7 @@ static void finish_locked(ci_engine *e, ci_engine_request *r, ci_finish_reason f
   ci_engine_event ev;
   memset(&ev, 0, sizeof ev);
   const double now = ci_now_seconds();
+  if (!error && r->events_lost) error = "out of memory: a token event could not be queued";
   if (error) {
     ev.kind = CI_ENGINE_EVENT_ERROR;
     snprintf(ev.message, sizeof ev.message, "%s", error);
@@ -546,6 +586,7 @@ static void finish_locked(ci_engine *e, ci_engine_request *r, ci_finish_reason f
     else
       e->stats.requests_finished++;
   }
+  ev.token = r->generated > 0 ? r->history[r->n_history - 1] : -1;
   ev.prompt_tokens = r->n_prompt;
   ev.cached_tokens = r->cached;
   ev.generated_tokens = r->generated;
@@ -646,7 +687,8 @@ static void sweep_locked(ci_engine *e) {
   ci_engine_request **link = &e->running;
   while (*link) {
     ci_engine_request *r = *link;
-    if (r->cancelled && r->state != REQ_FINISHED) finish_locked(e, r, CI_FINISH_ABORT, NULL);
+    if ((r->cancelled || r->events_lost) && r->state != REQ_FINISHED)
+      finish_locked(e, r, CI_FINISH_ABORT, NULL); /* events_lost: an error event */
     if (r->state == REQ_FINISHED) {
       *link = r->next;
       r->next = NULL;

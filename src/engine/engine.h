@@ -30,8 +30,10 @@ typedef struct {
   int ctx_size;            /* per-request context limit; 0 = the model's max_position */
   int block_tokens;        /* KV block size T (16) */
   ci_kv_codec base;        /* what every sequence starts in (bf16) */
-  int64_t kv_budget_bytes; /* KV bytes all running reservations share; 0 = batch x the
-                              reservation of one ctx_size request */
+  int64_t kv_budget_bytes; /* KV bytes all running reservations share, allocated at creation
+                              as the KV arena; 0 = batch x the reservation of one ctx_size
+                              request (at most half of the machine's memory); < 0 = unbounded:
+                              no arena, memory taken as sequences grow (single-request use) */
   int kv_protect; /* the first and last N cache layers get groups of their own, so that jobs may
                      keep up to N layers at each end in the base format */
   int64_t prefix_cache_bytes; /* cap on KV bytes only the prefix cache holds (2 GiB); 0 turns
@@ -50,6 +52,9 @@ typedef struct {
   int64_t kv_start;          /* ... at this many tokens */
   int kv_protect;            /* ... except the first and last N cache layers (<= the engine's) */
   int top_logprobs;          /* 0..20 top entries per token event (logprob is always sent) */
+  ci_sampler *sampler; /* NULL: the engine creates one from `sampling`; else borrowed (its seed
+                          and output index continue): the caller leaves it alone until it has
+                          read the request's final event */
 } ci_engine_job;
 
 typedef enum {
@@ -60,7 +65,8 @@ typedef enum {
 
 typedef struct {
   ci_engine_event_kind kind;
-  int32_t token;
+  int32_t token; /* TOKEN: the token; DONE: the last sampled one (the EOS id when it ended the
+                    request), -1 when none */
   float logprob; /* lp[token] */
   int n_top;
   int32_t top_ids[CI_ENGINE_MAX_TOP_LOGPROBS];
@@ -75,13 +81,16 @@ typedef struct {
   char message[256];       /* ERROR */
 } ci_engine_event;
 
-/* Submission verdicts. */
+/* Submission verdicts: callers decide on these, never on the message text (ci_last_error
+ * says why for every verdict but CI_ENGINE_SUBMITTED). */
 typedef enum {
   CI_ENGINE_SUBMITTED = 0,
-  CI_ENGINE_REJECTED = 1,   /* can never run (too big for the budget, bad ids, bad params):
-                               ci_last_error says why */
-  CI_ENGINE_QUEUE_FULL = 2, /* try again later */
-  CI_ENGINE_STOPPED = 3     /* the engine is shutting down */
+  CI_ENGINE_REJECTED = 1,      /* invalid: bad ids, bad params, empty prompt */
+  CI_ENGINE_QUEUE_FULL = 2,    /* try again later */
+  CI_ENGINE_STOPPED = 3,       /* the engine is shutting down */
+  CI_ENGINE_OVER_CONTEXT = 4,  /* prompt + max_tokens exceeds the context size */
+  CI_ENGINE_OVER_BUDGET = 5,   /* valid, but needs more KV than the memory budget ever allows */
+  CI_ENGINE_OUT_OF_MEMORY = 6  /* the request could not be allocated (may work later) */
 } ci_engine_verdict;
 
 enum { CI_ENGINE_MAX_KV_FORMATS = 8 };
@@ -127,7 +136,9 @@ ci_engine_verdict ci_engine_submit(ci_engine *engine, const ci_engine_job *job,
                                    ci_engine_request **out);
 
 /* Waits up to timeout_s seconds (< 0: forever) for the request's next event. Returns 1 with
- * *event filled, 0 on timeout. After DONE or ERROR no more events come. */
+ * *event filled, 0 on timeout. Every request ends with exactly one DONE or ERROR, after all its
+ * tokens; the final event needs no allocation, so it is never lost (a token that cannot be queued
+ * turns the request into an ERROR "out of memory" instead). After it, calls return 0 at once. */
 int ci_engine_request_next(ci_engine_request *request, ci_engine_event *event, double timeout_s);
 
 /* Asks the engine to stop the request at the next step boundary (client gone, stop string

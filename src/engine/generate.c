@@ -1,14 +1,18 @@
-/* Single-sequence generation loop: chunked prefill, then decode until a finish condition
- * (see generate.h). */
+/* Single-sequence generation as a synchronous wrapper over the serving engine (see generate.h):
+ * an engine of batch 1 runs the one generation loop there is; this file submits the job, feeds
+ * the token events to the caller's callback (cancelling the request when it says stop) and
+ * turns the DONE event into the result and its stats. */
 #include "engine/generate.h"
 
 #include "base/error.h"
 #include "base/timing.h"
+#include "engine/engine.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { DEFAULT_PREFILL_CHUNK = 2048, KV_BLOCK_TOKENS = 16 };
+enum { DEFAULT_PREFILL_CHUNK = 2048 };
 
 static const char *const finish_names[] = {
     [CI_FINISH_STOP] = "stop", [CI_FINISH_LENGTH] = "length", [CI_FINISH_ABORT] = "abort"};
@@ -48,94 +52,84 @@ static int validate(const ci_model *model, const int32_t *prompt, int n_prompt,
   return CI_OK;
 }
 
-/* Prefill prompt[0..n) in chunks; the last chunk writes the logits of its last row. */
-static int prefill(ci_model *model, ci_kv_seq *seq, const int32_t *prompt, int n, int chunk,
-                   float *logits) {
-  for (int start = 0; start < n; start += chunk) {
-    const int len = n - start < chunk ? n - start : chunk;
-    const int last = start + len == n;
-    if (ci_model_forward(model, seq, prompt + start, len, last ? logits : NULL, 1))
-      return ci_fail_context("prefill of prompt tokens [%d, %d)", start, start + len);
-  }
-  return CI_OK;
+/* The engine of one call: batch 1, the caller's prefill chunk, context and KV codec, no prefix
+ * cache, and a KV budget that never refuses what the context allows (the sequence's blocks are
+ * allocated as it grows, as before). */
+static ci_engine *call_engine(ci_model *model, const ci_generate_options *o, int chunk) {
+  ci_engine_options eo;
+  ci_engine_options_default(&eo);
+  eo.batch = 1;
+  eo.batch_tokens = chunk;
+  eo.prefill_chunk = chunk;
+  eo.max_queue = 1;
+  eo.ctx_size = o->ctx_size > 0 ? o->ctx_size : model->spec.max_position;
+  eo.base = o->kv_codec;
+  eo.kv_protect = o->kv_plan == CI_KV_PLAN_TARGET ? o->kv_protect : 0;
+  eo.kv_budget_bytes = -1;
+  eo.prefix_cache_bytes = 0;
+  return ci_engine_create(model, &eo);
 }
 
 int ci_generate(ci_model *model, ci_sampler *sampler, const int32_t *prompt, int n_prompt,
                 const ci_generate_options *o, ci_generate_result *result) {
   memset(result, 0, sizeof *result);
-  const double t_start = ci_now_seconds();
   if (validate(model, prompt, n_prompt, o)) return CI_ERR;
-  const int vocab = model->spec.vocab;
   const int chunk = o->prefill_chunk > 0 ? o->prefill_chunk : DEFAULT_PREFILL_CHUNK;
-  int status = CI_ERR;
-  ci_kv_cache *cache =
-      ci_model_kv_cache_create_protected(model, o->kv_codec, KV_BLOCK_TOKENS, 0, o->kv_protect);
-  ci_kv_seq *seq = cache ? ci_kv_seq_create(cache) : NULL;
-  if (seq && (o->kv_plan == CI_KV_PLAN_TARGET
-                  ? ci_kv_seq_set_plan_protected(seq, &o->kv_target, o->kv_start, o->kv_protect)
-              : o->kv_plan == CI_KV_PLAN_MODEL_CONFIG ? ci_model_kv_seq_apply_config(model, seq)
-                                                      : CI_OK)) {
-    ci_kv_seq_free(seq);
-    seq = NULL;
-  }
-  float *logits = malloc((size_t)vocab * sizeof *logits);
-  /* history = prompt + sampled tokens, the window the penalties look at */
-  int32_t *history = malloc(((size_t)n_prompt + (size_t)o->max_tokens) * sizeof *history);
   result->ids = malloc((size_t)o->max_tokens * sizeof *result->ids);
-  if (!seq || !logits || !history || !result->ids) {
-    if (seq) ci_fail("out of memory for generation buffers");
-    goto done;
+  if (!result->ids) return ci_fail("out of memory for generation buffers");
+  ci_engine *engine = call_engine(model, o, chunk);
+  if (!engine) return CI_ERR;
+  ci_engine_job job;
+  memset(&job, 0, sizeof job);
+  job.prompt = prompt;
+  job.n_prompt = n_prompt;
+  job.max_tokens = o->max_tokens;
+  job.sampler = sampler;
+  if (o->eos) job.eos = *o->eos;
+  job.kv_plan = o->kv_plan;
+  job.kv_target = o->kv_target;
+  job.kv_start = o->kv_start;
+  job.kv_protect = o->kv_protect;
+  ci_engine_request *request;
+  if (ci_engine_submit(engine, &job, &request) != CI_ENGINE_SUBMITTED) {
+    ci_engine_free(engine);
+    return CI_ERR;
   }
-  memcpy(history, prompt, (size_t)n_prompt * sizeof *history);
-  size_t n_history = (size_t)n_prompt;
-
-  const double t_prefill = ci_now_seconds();
-  if (prefill(model, seq, prompt, n_prompt, chunk, logits)) goto done;
-  const double t_prefilled = ci_now_seconds();
-
-  double t_first = 0.0, t_last = 0.0;
+  /* tokens after a callback verdict (the engine runs ahead until it sees the cancellation) are
+   * not part of the result; every event is read, so the engine is done with the sampler */
+  int verdict = 0, status = CI_OK;
+  ci_engine_event ev;
   for (;;) {
-    /* docs/generation.md §3: sample, count, then EOS > callback (stop strings) > length. */
-    const int32_t token = ci_sampler_next(sampler, logits, history, n_history);
-    if (token < 0) goto done;
-    t_last = ci_now_seconds();
-    if (result->n_ids == 0) t_first = t_last;
-    history[n_history++] = token;
-    result->ids[result->n_ids++] = token;
-    if (o->eos && ci_eos_set_contains(o->eos, token)) {
-      result->finish = CI_FINISH_STOP;
-      break;
-    }
-    const int verdict = o->on_token ? o->on_token(o->ctx, token) : 0;
-    if (verdict != 0) {
-      result->finish = verdict > 0 ? CI_FINISH_STOP : CI_FINISH_ABORT;
-      break;
-    }
-    if (result->n_ids == o->max_tokens) {
-      result->finish = CI_FINISH_LENGTH;
-      break;
-    }
-    if (ci_model_forward(model, seq, &token, 1, logits, 1)) {
-      ci_fail_context("decode step %d", result->n_ids);
-      goto done;
-    }
+    ci_engine_request_next(request, &ev, -1.0);
+    if (ev.kind != CI_ENGINE_EVENT_TOKEN) break;
+    if (verdict != 0) continue;
+    result->ids[result->n_ids++] = ev.token;
+    verdict = o->on_token ? o->on_token(o->ctx, ev.token) : 0;
+    if (verdict != 0) ci_engine_request_cancel(request);
   }
-  status = CI_OK;
-
+  if (verdict != 0) {
+    result->finish = verdict > 0 ? CI_FINISH_STOP : CI_FINISH_ABORT;
+  } else if (ev.kind == CI_ENGINE_EVENT_ERROR) {
+    status = ci_fail("%s", ev.message);
+  } else {
+    result->finish = ev.finish;
+    if (ev.finish == CI_FINISH_STOP && ev.generated_tokens == result->n_ids + 1)
+      result->ids[result->n_ids++] = ev.token; /* the EOS id that ended it */
+  }
+  ci_engine_request_release(request);
+  ci_engine_free(engine);
+  if (status) return CI_ERR;
+  /* stats from the engine's timings: admission -> first token is the prefill */
   ci_generate_stats *st = &result->stats;
   st->prompt_tokens = n_prompt;
   st->generated_tokens = result->n_ids;
-  st->prefill_seconds = t_prefilled - t_prefill;
-  st->prefill_tok_s = st->prefill_seconds > 0 ? n_prompt / st->prefill_seconds : 0.0;
-  st->decode_tok_s =
-      result->n_ids > 1 && t_last > t_first ? (result->n_ids - 1) / (t_last - t_first) : 0.0;
-  st->ttft_seconds = t_first - t_start;
-  st->total_seconds = ci_now_seconds() - t_start;
+  st->prefill_seconds = ev.prefill_seconds;
+  st->prefill_tok_s = ev.prefill_seconds > 0 ? n_prompt / ev.prefill_seconds : 0.0;
+  st->decode_tok_s = result->n_ids > 1 && ev.decode_seconds > 0
+                         ? (ev.generated_tokens - 1) / ev.decode_seconds
+                         : 0.0;
+  st->ttft_seconds = ev.queue_seconds + ev.prefill_seconds;
+  st->total_seconds = ev.queue_seconds + ev.prefill_seconds + ev.decode_seconds;
   st->peak_rss_bytes = ci_peak_rss_bytes();
-done:
-  free(history);
-  free(logits);
-  ci_kv_seq_free(seq);
-  ci_kv_cache_free(cache);
-  return status;
+  return CI_OK;
 }

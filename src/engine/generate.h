@@ -1,8 +1,10 @@
-/* Single-sequence generation (docs/generation.md §1-3, §10): chunked prefill of a token-id prompt
- * into a fresh paged KV cache (logits only for the last row of the last chunk), then one decode
- * step per sampled token until EOS, the caller's callback, or max_tokens ends it. The caller
- * owns the model and the sampler (and so the seed, output index and lp for logprobs: the
- * callback may call ci_sampler_logprobs); the loop owns its KV cache for the call. */
+/* Single-sequence generation (docs/generation.md §1-3, §10), synchronous: the prompt runs through a
+ * serving engine of batch 1 (engine/engine.h, the one generation loop: chunked prefill into a
+ * fresh paged KV cache, then one decode step per sampled token until EOS or max_tokens), and
+ * each sampled token goes to the caller's callback, which may end it (a stop string). The caller
+ * owns the model and the sampler (the seed and output index continue across calls); the engine
+ * and its KV cache live for the call. The engine samples ahead of the callback, so the callback
+ * must not read the sampler's state (a token event carries its logprob). */
 #ifndef CI_ENGINE_GENERATE_H
 #define CI_ENGINE_GENERATE_H
 

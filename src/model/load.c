@@ -216,12 +216,16 @@ static int bind_all(ci_model *m) {
       strcmp(prefix, "language_model.model.") == 0 ? "language_model.lm_head" : "lm_head";
   char name[300];
   snprintf(name, sizeof name, "%s.weight", head_module);
-  int has_head = ci_weights_find(m->files, name) != NULL;
-  int untied = !s->tied && has_head;
+  /* An untied model (tie_word_embeddings false, or absent where the family defaults to
+   * untied) must carry its own head: reusing the embedding would silently compute wrong logits. */
+  if (!s->tied && !ci_weights_find(m->files, name))
+    return ci_fail("missing tensor %s (config.json: tie_word_embeddings is false, so the model "
+                   "needs its own output head)",
+                   name);
   m->layers = calloc((size_t)s->n_layers, sizeof *m->layers);
   if (!m->layers) return ci_fail("out of memory");
-  if (ci_manifest_each(s, prefix, untied, bind_entry, m)) return CI_ERR;
-  if (!untied) {
+  if (ci_manifest_each(s, prefix, !s->tied, bind_entry, m)) return CI_ERR;
+  if (s->tied) {
     m->head = m->embed;
     drop_tied_head(m, head_module);
   }

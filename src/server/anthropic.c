@@ -282,14 +282,22 @@ int ci_anthropic_messages(ci_server *s, json_t *body, json_t **out, ci_srv_strea
     json_decref(messages);
     json_decref(tools);
     ci_srv_job_free(&job);
-    *out = ci_server_error_body(1, 400, code, err ? err : "invalid request");
+    /* every parse error comes with a message: none means it could not be copied */
+    const int status = err ? 400 : 500;
+    *out = ci_server_error_body(1, status, err ? code : "internal_error",
+                                err ? err : "out of memory");
     free(err);
-    return 400;
+    return status;
   }
   json_decref(messages);
   if (!tools_off && json_array_size(tools)) job.tools = json_incref(tools);
   json_decref(tools);
   ci_srv_stream *st = calloc(1, sizeof *st);
+  if (!st) {
+    ci_srv_job_free(&job);
+    *out = ci_server_error_body(1, 500, "internal_error", "out of memory");
+    return 500;
+  }
   const int status = ci_srv_gen_start(s, &job, &st->gen, 1, out);
   ci_srv_job_free(&job);
   if (status) {

@@ -22,7 +22,10 @@ void ci_strbuf_append(ci_strbuf *b, const char *s, size_t n) {
     size_t cap = b->cap ? b->cap : 128;
     while (cap < b->len + n + 1) cap *= 2;
     char *bigger = realloc(b->data, cap);
-    if (!bigger) return;
+    if (!bigger) {
+      b->oom = 1;
+      return;
+    }
     b->data = bigger;
     b->cap = cap;
   }
@@ -43,7 +46,10 @@ void ci_strbuf_appendf(ci_strbuf *b, const char *fmt, ...) {
     return;
   }
   char *big = malloc((size_t)n + 1);
-  if (!big) return;
+  if (!big) {
+    b->oom = 1;
+    return;
+  }
   va_start(ap, fmt);
   vsnprintf(big, (size_t)n + 1, fmt, ap);
   va_end(ap);
@@ -114,6 +120,14 @@ static int get_int(const json_t *body, const char *key, long long lo, long long 
   return 0;
 }
 
+/* Appends a copy of a stop string to job->stop (room already allocated). Returns 0 or sets *err. */
+static int add_stop(ci_srv_job *job, const char *text, char **err) {
+  char *copy = strdup(text);
+  if (!copy) return *err = strdup("out of memory"), -1;
+  job->stop[job->n_stop++] = copy;
+  return 0;
+}
+
 int ci_srv_parse_sampling(ci_server *s, const json_t *body, int anthropic, ci_srv_job *job,
                           int default_max_tokens, char **err) {
   ci_sampling_overrides req = {0};
@@ -173,6 +187,7 @@ int ci_srv_parse_sampling(ci_server *s, const json_t *body, int anthropic, ci_sr
     const char *msg = "logit_bias must map token ids (< vocab size) to numbers in [-100, 100]";
     if (!json_is_object(bias)) return *err = strdup(msg), -1;
     job->bias = calloc(json_object_size(bias) + 1, sizeof *job->bias);
+    if (!job->bias) return *err = strdup("out of memory"), -1;
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)bias, key, v) {
@@ -194,14 +209,16 @@ int ci_srv_parse_sampling(ci_server *s, const json_t *body, int anthropic, ci_sr
     if (json_is_string(stop)) {
       if (anthropic) return *err = strdup(msg), -1;
       job->stop = calloc(1, sizeof *job->stop);
-      if (json_string_length(stop) > 0) job->stop[job->n_stop++] = strdup(json_string_value(stop));
+      if (!job->stop) return *err = strdup("out of memory"), -1;
+      if (json_string_length(stop) > 0 && add_stop(job, json_string_value(stop), err)) return -1;
     } else if (json_is_array(stop) && json_array_size(stop) <= 16) {
       job->stop = calloc(json_array_size(stop) + 1, sizeof *job->stop);
+      if (!job->stop) return *err = strdup("out of memory"), -1;
       size_t i;
       json_t *v;
       json_array_foreach(stop, i, v) {
         if (!json_is_string(v) || json_string_length(v) > 256) return *err = strdup(msg), -1;
-        if (json_string_length(v) > 0) job->stop[job->n_stop++] = strdup(json_string_value(v));
+        if (json_string_length(v) > 0 && add_stop(job, json_string_value(v), err)) return -1;
       }
     } else {
       return *err = strdup(msg), -1;
@@ -243,11 +260,18 @@ int ci_srv_tokenize_chat(ci_server *s, json_t *messages, json_t *tools, const js
     return *err = strdup("continue_final_message needs a final assistant message"), -1;
   json_t *request =
       json_pack("{s:O, s:b}", "messages", messages, "add_generation_prompt", !job->continue_final);
-  if (tools && json_array_size(tools) > 0) json_object_set(request, "tools", tools);
-  if (json_is_object(kwargs)) {
+  int set_failed = !request;
+  if (request && tools && json_array_size(tools) > 0)
+    set_failed |= json_object_set(request, "tools", tools) != 0;
+  if (request && json_is_object(kwargs)) {
     const char *key;
     json_t *v;
-    json_object_foreach((json_t *)kwargs, key, v) json_object_set(request, key, v);
+    json_object_foreach((json_t *)kwargs, key, v) set_failed |=
+        json_object_set(request, key, v) != 0;
+  }
+  if (set_failed) {
+    json_decref(request);
+    return *err = strdup("out of memory"), -1;
   }
   char *rendered = NULL;
   size_t len = 0;
@@ -286,6 +310,25 @@ int ci_srv_tokenize_chat(ci_server *s, json_t *messages, json_t *tools, const js
 
 /* ==== Submission ==== */
 
+/* The HTTP status and error code of a submission verdict other than CI_ENGINE_SUBMITTED. */
+static const char *submit_error(ci_engine_verdict v, int *status) {
+  switch (v) {
+  case CI_ENGINE_OVER_CONTEXT:
+    return *status = 400, "context_length_exceeded";
+  case CI_ENGINE_OVER_BUDGET:
+    return *status = 400, "context_over_budget";
+  case CI_ENGINE_QUEUE_FULL:
+    return *status = 429, "overloaded";
+  case CI_ENGINE_STOPPED:
+  case CI_ENGINE_OUT_OF_MEMORY:
+    return *status = 503, "overloaded";
+  case CI_ENGINE_REJECTED:
+  case CI_ENGINE_SUBMITTED:
+    break;
+  }
+  return *status = 400, "invalid_value";
+}
+
 int ci_srv_gen_start(ci_server *s, ci_srv_job *job, ci_srv_gen *g, int anthropic, json_t **body) {
   memset(g, 0, sizeof *g);
   g->srv = s;
@@ -322,19 +365,23 @@ int ci_srv_gen_start(ci_server *s, ci_srv_job *job, ci_srv_gen *g, int anthropic
   ej.top_logprobs = job->top_logprobs;
   const ci_engine_verdict v = ci_engine_submit(s->o.engine, &ej, &g->req);
   if (v != CI_ENGINE_SUBMITTED) {
-    const char *msg = ci_last_error();
-    if (v == CI_ENGINE_REJECTED) {
-      const int over = strstr(msg, "memory budget") != NULL;
-      *body =
-          ci_server_error_body(anthropic, 400, over ? "context_over_budget" : "invalid_value", msg);
-      return 400;
-    }
-    *body =
-        ci_server_error_body(anthropic, v == CI_ENGINE_QUEUE_FULL ? 429 : 503, "overloaded", msg);
-    return v == CI_ENGINE_QUEUE_FULL ? 429 : 503;
+    int status;
+    const char *code = submit_error(v, &status);
+    *body = ci_server_error_body(anthropic, status, code, ci_last_error());
+    return status;
   }
   ci_srv_gen_init_text(s, job, g);
   return 0;
+}
+
+/* Ends the generation with an error (the response reports `message`); the engine stops the
+ * request at its next boundary. */
+static void fail_generation(ci_srv_gen *g, const char *message) {
+  snprintf(g->error, sizeof g->error, "%s", message);
+  g->failed = 1;
+  g->done = 1;
+  g->finish = "error";
+  if (g->req) ci_engine_request_cancel(g->req);
 }
 
 void ci_srv_gen_init_text(ci_server *s, ci_srv_job *job, ci_srv_gen *g) {
@@ -370,6 +417,12 @@ void ci_srv_gen_init_text(ci_server *s, ci_srv_job *job, ci_srv_gen *g) {
   g->d_logprobs = json_array();
   g->logprobs = json_array();
   g->prompt_tokens = job->n_prompt;
+  /* a stage that could not be created fails the generation before any event is applied */
+  if (!g->detok || (s->think_format && !job->raw_text && !g->split) ||
+      (g->tool_defs && !s->gemma_calls && !g->tools) ||
+      ((gemma_channels || gemma_calls) && !g->gemma) || !g->d_calls || !g->calls ||
+      !g->d_logprobs || !g->logprobs)
+    fail_generation(g, "out of memory");
 }
 
 /* ==== The text pipeline ==== */
@@ -456,35 +509,36 @@ static void flush_text(ci_srv_gen *g) {
   }
 }
 
-/* Which stop string fired: the earliest one in the decoded text. */
+/* Which stop string fired, as the detokenizer matched it. */
 static void find_stop_sequence(ci_srv_gen *g) {
-  char *text = NULL;
-  size_t len = 0;
-  if (ci_tokenizer_decode(g->srv->o.tokenizer, g->ids, (size_t)g->n_ids, 1, &text, &len)) return;
-  const char *best = NULL;
-  int which = -1;
-  for (int i = 0; i < g->n_stop; i++) {
-    const char *hit = strstr(text, g->stop[i]);
-    if (hit && (!best || hit < best)) best = hit, which = i;
-  }
-  if (which >= 0) g->stop_sequence = strdup(g->stop[which]);
-  free(text);
+  const char *fired = ci_detok_stream_stop_string(g->detok);
+  if (fired && !(g->stop_sequence = strdup(fired))) fail_generation(g, "out of memory");
 }
 
 static json_t *token_logprob(const ci_srv_gen *g, int32_t id, float logprob) {
   char *text = NULL;
   size_t len = 0;
-  if (ci_tokenizer_decode(g->srv->o.tokenizer, &id, 1, 0, &text, &len)) text = strdup("");
+  if (ci_tokenizer_decode(g->srv->o.tokenizer, &id, 1, 0, &text, &len)) text = NULL, len = 0;
   json_t *bytes = json_array();
-  for (size_t i = 0; i < len; i++)
-    json_array_append_new(bytes, json_integer((unsigned char)text[i]));
-  json_t *token = json_stringn(text, len);
+  int lost = !bytes;
+  for (size_t i = 0; i < len && !lost; i++)
+    lost = json_array_append_new(bytes, json_integer((unsigned char)text[i]));
+  json_t *token = json_stringn(text ? text : "", len);
   if (!token) token = json_string(""); /* a lone byte of a multi-byte character */
-  json_t *entry =
-      json_pack("{s:o, s:f, s:o, s:i}", "token", token, "logprob",
-                isfinite(logprob) ? (double)logprob : -9999.0, "bytes", bytes, "id", (int)id);
   free(text);
-  return entry;
+  if (lost || !token) {
+    json_decref(bytes);
+    json_decref(token);
+    return NULL;
+  }
+  /* "o" steals token and bytes even when packing fails */
+  return json_pack("{s:o, s:f, s:o, s:i}", "token", token, "logprob",
+                   isfinite(logprob) ? (double)logprob : -9999.0, "bytes", bytes, "id", (int)id);
+}
+
+/* Whether appending text failed somewhere (the response would be incomplete). */
+static int text_lost(const ci_srv_gen *g) {
+  return g->d_content.oom || g->content.oom || g->d_reasoning.oom || g->reasoning.oom;
 }
 
 static void finish(ci_srv_gen *g, const char *reason) {
@@ -495,6 +549,7 @@ static void finish(ci_srv_gen *g, const char *reason) {
     g->prefill_s = g->t_first > 0 ? g->t_first - g->t_start : 0;
     g->decode_s = g->t_first > 0 ? g->t_prev - g->t_first : 0;
   }
+  if (text_lost(g)) fail_generation(g, "out of memory");
 }
 
 /* Think-tag reasoning tokens: those strictly between <think> and </think> (by id). */
@@ -514,14 +569,6 @@ int ci_srv_gen_pump(ci_srv_gen *g, double timeout_s) {
   if (!ci_engine_request_next(g->req, &ev, timeout_s)) return 0;
   ci_srv_gen_apply(g, &ev, ci_now_seconds());
   return 1;
-}
-
-static void fail_generation(ci_srv_gen *g, const char *message) {
-  snprintf(g->error, sizeof g->error, "%s", message);
-  g->failed = 1;
-  g->done = 1;
-  g->finish = "error";
-  if (g->req) ci_engine_request_cancel(g->req);
 }
 
 void ci_srv_gen_apply(ci_srv_gen *g, const ci_engine_event *ev, double now) {
@@ -563,12 +610,6 @@ void ci_srv_gen_apply(ci_srv_gen *g, const ci_engine_event *ev, double now) {
   if (g->completion_tokens == 0) g->t_first = now;
   g->t_prev = now;
   g->completion_tokens++;
-  if (g->n_ids == g->cap_ids) {
-    int cap = g->cap_ids ? g->cap_ids * 2 : 64;
-    int32_t *bigger = realloc(g->ids, (size_t)cap * sizeof *bigger);
-    if (bigger) g->ids = bigger, g->cap_ids = cap;
-  }
-  if (g->n_ids < g->cap_ids) g->ids[g->n_ids++] = ev->token;
   count_think(g, ev->token);
   const char *piece = NULL;
   size_t len = 0;
@@ -582,17 +623,25 @@ void ci_srv_gen_apply(ci_srv_gen *g, const ci_engine_event *ev, double now) {
     return;
   }
   visible_text(g, piece, len);
+  if (text_lost(g)) {
+    fail_generation(g, "out of memory");
+    return;
+  }
   if (g->want_logprobs) {
     json_t *entry = token_logprob(g, ev->token, ev->logprob);
     json_t *top = json_array();
-    for (int i = 0; i < ev->n_top; i++)
-      json_array_append_new(top, token_logprob(g, ev->top_ids[i], ev->top_logprobs[i]));
-    json_object_set_new(entry, "top_logprobs", top);
-    if (r != 1) {
-      json_array_append(g->d_logprobs, entry);
-      json_array_append(g->logprobs, entry);
-    }
+    int lost = !entry || !top;
+    for (int i = 0; i < ev->n_top && !lost; i++)
+      lost = json_array_append_new(top, token_logprob(g, ev->top_ids[i], ev->top_logprobs[i]));
+    if (!lost) lost = json_object_set_new(entry, "top_logprobs", top);
+    else json_decref(top);
+    if (!lost && r != 1)
+      lost = json_array_append(g->d_logprobs, entry) || json_array_append(g->logprobs, entry);
     json_decref(entry);
+    if (lost) {
+      fail_generation(g, "out of memory");
+      return;
+    }
   }
   if (r == 1) { /* a stop string completed: the engine stops at its next boundary */
     if (g->req) ci_engine_request_cancel(g->req);
@@ -631,7 +680,6 @@ void ci_srv_gen_free(ci_srv_gen *g) {
   json_decref(g->tool_defs);
   for (int i = 0; i < g->n_stop; i++) free(g->stop[i]);
   free(g->stop);
-  free(g->ids);
   ci_strbuf_free(&g->d_content);
   ci_strbuf_free(&g->d_reasoning);
   ci_strbuf_free(&g->content);

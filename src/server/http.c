@@ -126,8 +126,17 @@ static enum MHD_Result send_preflight(const ci_server *s, struct MHD_Connection 
  * Retry-After. */
 static enum MHD_Result send_text(const ci_server *s, struct MHD_Connection *c, int status,
                                  const char *type, char *text) {
+  static const char out_of_memory[] =
+      "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}";
   struct MHD_Response *r =
-      MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+      text ? MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE)
+           : MHD_create_response_from_buffer(sizeof out_of_memory - 1, (void *)out_of_memory,
+                                             MHD_RESPMEM_PERSISTENT);
+  if (!r) {
+    free(text);
+    return MHD_NO;
+  }
+  if (!text) status = 500, type = "application/json";
   MHD_add_response_header(r, "Content-Type", type);
   if (status == 429) MHD_add_response_header(r, "Retry-After", "1");
   add_cors(s, c, r);
@@ -231,6 +240,11 @@ static enum MHD_Result dispatch(ci_server *s, struct MHD_Connection *c, const ch
         s, c, 401,
         ci_server_error_body(anthropic, 401, "invalid_api_key", "invalid or missing API key"));
   }
+  if (conn->body.oom) {
+    ci_server_count_request(s, url, 500);
+    return send_json(s, c, 500,
+                     ci_server_error_body(anthropic, 500, "internal_error", "out of memory"));
+  }
   if (conn->too_large) {
     ci_server_count_request(s, url, 413);
     return send_json(
@@ -331,13 +345,20 @@ ci_server *ci_server_start(const ci_server_options *o) {
   s->weights_bytes = ci_model_weight_bytes_per_token(o->model);
   if (o->api_keys && *o->api_keys) {
     char *copy = strdup(o->api_keys), *save = NULL;
-    for (char *k = strtok_r(copy, ",", &save); k; k = strtok_r(NULL, ",", &save)) {
+    int lost = !copy;
+    for (char *k = copy ? strtok_r(copy, ",", &save) : NULL; k && !lost;
+         k = strtok_r(NULL, ",", &save)) {
       char **bigger = realloc(s->keys, (size_t)(s->n_keys + 1) * sizeof *bigger);
-      if (!bigger) break;
-      s->keys = bigger;
-      s->keys[s->n_keys++] = strdup(k);
+      char *key = bigger ? strdup(k) : NULL;
+      if (bigger) s->keys = bigger;
+      if (!key) lost = 1;
+      else s->keys[s->n_keys++] = key;
     }
     free(copy);
+    if (lost) { /* a server missing some of its keys would refuse their clients */
+      ci_server_stop(s);
+      return ci_fail("server: out of memory"), NULL;
+    }
   }
   struct sockaddr_in addr;
   memset(&addr, 0, sizeof addr);

@@ -12,6 +12,10 @@
 static const char fingerprint[] = "cinfer-0.1";
 
 static int bad(json_t **out, const char *code, char *msg /* freed */) {
+  if (!msg) { /* every parse error comes with a message: none means it could not be copied */
+    *out = ci_server_error_body(0, 500, "internal_error", "out of memory");
+    return 500;
+  }
   *out = ci_server_error_body(0, 400, code, msg);
   free(msg);
   return 400;
@@ -331,6 +335,11 @@ static int get_stream_flag(const json_t *body, int *stream, int *include_usage, 
 static int start_and_answer(ci_server *s, ci_srv_job *job, int kind, int stream, int include_usage,
                             json_t **out, ci_srv_stream **out_stream) {
   ci_srv_stream *st = calloc(1, sizeof *st);
+  if (!st) {
+    ci_srv_job_free(job);
+    *out = ci_server_error_body(kind == 2, 500, "internal_error", "out of memory");
+    return 500;
+  }
   const int status = ci_srv_gen_start(s, job, &st->gen, kind == 2, out);
   ci_srv_job_free(job);
   if (status) {
@@ -462,6 +471,10 @@ int ci_openai_completions(ci_server *s, json_t *body, json_t **out, ci_srv_strea
     job.n_prompt = (int)n;
   } else if (json_is_array(prompt) && json_array_size(prompt) > 0) {
     job.prompt = malloc(json_array_size(prompt) * sizeof *job.prompt);
+    if (!job.prompt) {
+      ci_srv_job_free(&job);
+      return bad(out, "internal_error", NULL);
+    }
     size_t i;
     json_t *v;
     json_array_foreach(prompt, i, v) {

@@ -56,6 +56,7 @@ void ci_server_stop(ci_server *server);
 typedef struct {
   char *data;
   size_t len, cap;
+  int oom; /* an append could not grow the buffer (the text is incomplete) */
 } ci_strbuf;
 
 void ci_strbuf_append(ci_strbuf *b, const char *s, size_t n);
@@ -118,8 +119,6 @@ typedef struct {
   char **stop;
   int n_stop;
   int want_logprobs, top_logprobs;
-  int32_t *ids;
-  int n_ids, cap_ids;
   /* deltas since the last ci_srv_gen_take */
   ci_strbuf d_content, d_reasoning;
   json_t *d_calls, *d_logprobs;

@@ -27,6 +27,7 @@ struct ci_detok_stream {
   tok_buf pending;      /* decoded text not yet emitted (held for stop strings) */
   tok_buf piece;        /* the last returned piece */
   int stopped;
+  const char *fired; /* the stop string that completed (one of stops) */
 };
 
 void ci_detok_stream_free(ci_detok_stream *s) {
@@ -147,15 +148,19 @@ static void take(ci_detok_stream *s, size_t n, const char **piece, size_t *len) 
 static int emit(ci_detok_stream *s, int final, const char **piece, size_t *len) {
   if (tok_buf_reserve(&s->piece, s->pending.len)) return CI_ERR;
   size_t n = s->pending.len, earliest = n;
+  const char *fired = NULL;
   for (size_t k = 0; k < s->n_stop; k++) {
     const char *hit = memmem(s->pending.data, n, s->stops[k], s->stop_lens[k]);
-    if (hit && (size_t)(hit - s->pending.data) < earliest)
+    if (hit && (size_t)(hit - s->pending.data) < earliest) {
       earliest = (size_t)(hit - s->pending.data);
+      fired = s->stops[k];
+    }
   }
-  if (earliest < n) {
+  if (fired) {
     take(s, earliest, piece, len);
     s->pending.len = 0;
     s->stopped = 1;
+    s->fired = fired;
     return 1;
   }
   size_t hold = 0;
@@ -185,4 +190,8 @@ int ci_detok_stream_finish(ci_detok_stream *s, const char **piece, size_t *len) 
   if (s->stopped) return 1;
   if (advance(s, 1)) return CI_ERR;
   return emit(s, 1, piece, len);
+}
+
+const char *ci_detok_stream_stop_string(const ci_detok_stream *s) {
+  return s->fired;
 }

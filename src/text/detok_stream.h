@@ -29,4 +29,8 @@ int ci_detok_stream_push(ci_detok_stream *s, int32_t id, const char **piece, siz
  * text and makes the call return 1). */
 int ci_detok_stream_finish(ci_detok_stream *s, const char **piece, size_t *len);
 
+/* The stop string that completed (the stream's copy; the earliest in the text, the first given on
+ * a tie), or NULL while none has. */
+const char *ci_detok_stream_stop_string(const ci_detok_stream *s);
+
 #endif
