@@ -137,7 +137,8 @@ static cinfer_status run_pending(cinfer_session *s, float *rows, size_t n_rows) 
     s->n_run += len;
     start = end;
   }
-  if (rows) memcpy(s->logits, rows + (wanted - 1) * (size_t)s->vocab, (size_t)s->vocab * 4);
+  if (rows)
+    memcpy(s->logits, rows + (wanted - 1) * (size_t)s->vocab, (size_t)s->vocab * sizeof *s->logits);
   s->has_logits = 1;
   return CINFER_OK;
 }
