@@ -1,13 +1,15 @@
 # cinfer front door: `make` builds build/cinfer, `make test` runs every test (normal and
 # AddressSanitizer+UBSan builds), `make run` serves the bundled starter model, `make bench`
 # writes bench/cpu.md, bench/kv.md and bench/server.md, `make fuzz` runs the libFuzzer targets
-# briefly.
+# briefly, `make install` installs libcinfer, include/cinfer.h, cinfer.pc and bin/cinfer under
+# PREFIX (default /usr/local; DESTDIR is honoured for staged installs).
+PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
 DEFAULT_MODEL ?= models/starter
 RUN_PROMPT ?= Write a Python function that returns the n-th Fibonacci number.
 FUZZ_SECONDS ?= 30
 
-.PHONY: all deps npm-deps build test test-release test-asan run bench fuzz clean
+.PHONY: all deps npm-deps build install test test-release test-asan run bench fuzz clean
 
 all: build
 
@@ -17,6 +19,9 @@ deps:
 build: deps
 	@cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 	@cmake --build build -j$(JOBS)
+
+install: build
+	DESTDIR="$(DESTDIR)" cmake --install build --prefix "$(PREFIX)"
 
 test: test-release test-asan
 

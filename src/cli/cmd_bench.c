@@ -5,6 +5,7 @@
 #include "cli/args.h"
 #include "cli/kv_flags.h"
 #include "cli/verbs.h"
+#include "engine/session.h"
 #include "sample/greedy.h"
 
 #include <stdio.h>
@@ -22,78 +23,39 @@ typedef struct {
   int64_t kv_bytes; /* KV storage in use at the end */
 } run_times;
 
-/* Fills positions [0, depth) of every cache layer with pseudo-random K/V rows, as if a prompt
- * had been processed (the values do not matter for timing). Conversion to the plan's codec
- * happens at the commit, as for a real prompt. */
-static int fill_depth(ci_model *model, ci_kv_seq *seq, int64_t depth, uint64_t seed) {
-  if (depth == 0) return CI_OK;
-  if (ci_kv_seq_reserve(seq, depth)) return CI_ERR;
-  ci_backend *be = model->be;
-  int width = 0;
-  for (int l = 0; l < model->spec.n_cache_layers; l++) {
-    const ci_layer_spec *ls = &model->spec.layers[l];
-    if (ls->n_kv_heads * ls->head_dim > width) width = ls->n_kv_heads * ls->head_dim;
-  }
-  const int chunk = 256;
-  float *k = malloc((size_t)chunk * width * sizeof *k),
-        *v = malloc((size_t)chunk * width * sizeof *v);
-  int32_t *pos = malloc((size_t)chunk * sizeof *pos);
-  int rc = k && v && pos ? CI_OK : ci_fail("out of memory");
-  for (int i = 0; rc == CI_OK && i < chunk * width; i++) {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    k[i] = (float)((int64_t)(seed >> 40) - (1 << 23)) / (float)(1 << 23);
-    v[i] = -k[i] * 0.5f;
-  }
-  for (int64_t start = 0; rc == CI_OK && start < depth; start += chunk) {
-    const int n = depth - start < chunk ? (int)(depth - start) : chunk;
-    for (int i = 0; i < n; i++) pos[i] = (int32_t)(start + i);
-    for (int l = 0; rc == CI_OK && l < model->spec.n_cache_layers; l++) {
-      const int64_t layer_window = model->spec.layers[l].window;
-      if (layer_window > 0 && start + n < depth - layer_window - chunk) continue; /* released */
-      const ci_paged_kv kv = ci_kv_seq_view(seq, l);
-      const int32_t first_row = 0, n_rows = n;
-      const ci_step_kv one = {.n_seqs = 1, .first_row = &first_row, .n_rows = &n_rows, .kv = &kv};
-      rc = be->ops->kv_store(be, &one, k, v, pos);
-    }
-  }
-  free(k);
-  free(v);
-  free(pos);
-  return rc == CI_OK ? ci_kv_seq_commit(seq, depth) : rc;
-}
-
-/* One run: fill `depth` positions, prefill `prompt_len` random ids, then greedy-decode gen_len
- * tokens. */
+/* One run in a fresh session: fill `depth` synthetic positions, prefill `prompt_len` random ids,
+ * then greedy-decode gen_len tokens. */
 static int bench_run(ci_model *model, const ci_cli_kv_plan *plan, int64_t depth, int prompt_len,
                      int gen_len, uint64_t seed, run_times *t) {
-  ci_kv_cache *cache = ci_model_kv_cache_create_protected(model, plan->base, 16, 0, plan->protect);
-  ci_kv_seq *seq = cache ? ci_kv_seq_create(cache) : NULL;
+  const int vocab = ci_model_vocab_size(model);
+  ci_session_options options;
+  ci_session_options_default(&options);
+  ci_cli_kv_plan_to_session(plan, &options);
+  ci_session *session = ci_session_create(model, &options);
   int32_t *ids = malloc((size_t)prompt_len * sizeof *ids);
-  float *logits = malloc((size_t)model->spec.vocab * sizeof *logits);
+  float *logits = malloc((size_t)vocab * sizeof *logits);
   int rc = CI_ERR;
-  if (!seq || !ids || !logits) goto done;
-  if (ci_cli_kv_plan_apply(plan, model, seq, "bench")) goto done;
-  if (fill_depth(model, seq, depth, seed)) goto done;
+  if (!session || !ids || !logits) goto done;
+  if (ci_session_fill_synthetic(session, depth, seed)) goto done;
   for (int i = 0; i < prompt_len; i++) {
     seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    ids[i] = (int32_t)((seed >> 33) % (uint64_t)model->spec.vocab);
+    ids[i] = (int32_t)((seed >> 33) % (uint64_t)vocab);
   }
   double start = ci_now_seconds();
-  if (ci_model_forward(model, seq, ids, prompt_len, logits, 1)) goto done;
+  if (ci_session_feed(session, ids, prompt_len, logits, 1)) goto done;
   double prefilled = ci_now_seconds();
   for (int g = 0; g < gen_len; g++) {
-    int32_t next = ci_argmax(logits, model->spec.vocab);
-    if (ci_model_forward(model, seq, &next, 1, logits, 1)) goto done;
+    int32_t next = ci_argmax(logits, vocab);
+    if (ci_session_feed(session, &next, 1, logits, 1)) goto done;
   }
   t->prefill_seconds = prefilled - start;
   t->decode_seconds = ci_now_seconds() - prefilled;
-  t->kv_bytes = ci_kv_cache_bytes_used(cache);
+  t->kv_bytes = ci_session_kv_bytes_used(session);
   rc = CI_OK;
 done:
   free(ids);
   free(logits);
-  ci_kv_seq_free(seq);
-  ci_kv_cache_free(cache);
+  ci_session_free(session);
   return rc;
 }
 

@@ -7,6 +7,7 @@
 #include "cli/args.h"
 #include "cli/kv_flags.h"
 #include "cli/verbs.h"
+#include "engine/session.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -106,7 +107,7 @@ int ci_verb_kv_quality(int argc, char **argv) {
   if (skip < 0) skip = plan.start > chunk ? plan.start : chunk;
   ci_cli_model cm;
   if (ci_cli_model_open(model_arg, (int)threads, &cm)) return 1;
-  const int V = cm.model->spec.vocab;
+  const int V = ci_model_vocab_size(cm.model);
   int n = (int)tokens;
   int32_t *ids = NULL;
   if (ids_path) {
@@ -126,25 +127,33 @@ int ci_verb_kv_quality(int argc, char **argv) {
     }
   }
   int rc = 1;
-  ci_kv_cache *cache =
-      ci_model_kv_cache_create_protected(cm.model, CI_KV_BF16, 16, 0, plan.protect);
-  ci_kv_seq *ref = cache ? ci_kv_seq_create(cache) : NULL;
-  ci_kv_seq *test = cache ? ci_kv_seq_create(cache) : NULL;
+  /* The reference runs in bf16 with no plan, laid out like the codec session. */
+  ci_session_options ref_options, test_options;
+  ci_session_options_default(&ref_options);
+  ref_options.kv_plan = CI_KV_PLAN_NONE;
+  ref_options.kv_protect = plan.protect;
+  ci_session_options_default(&test_options);
+  ci_cli_kv_plan_to_session(&plan, &test_options);
+  ci_session *ref = NULL, *test = NULL;
   float *ref_logits = malloc((size_t)chunk * V * sizeof(float));
   float *test_logits = malloc((size_t)chunk * V * sizeof(float));
   double *lp = malloc((size_t)V * sizeof(double)), *lq = malloc((size_t)V * sizeof(double));
-  if (!ids || !ref || !test || !ref_logits || !test_logits || !lp || !lq) {
-    fprintf(stderr, "cinfer kv-quality: %s\n",
-            ci_last_error()[0] ? ci_last_error() : "out of memory");
+  if (!ids || !ref_logits || !test_logits || !lp || !lq) {
+    fprintf(stderr, "cinfer kv-quality: out of memory\n");
     goto done;
   }
-  if (ci_cli_kv_plan_apply(&plan, cm.model, test, "kv-quality")) goto done;
+  ref = ci_session_create(cm.model, &ref_options);
+  test = ref ? ci_session_create(cm.model, &test_options) : NULL;
+  if (!test) {
+    fprintf(stderr, "cinfer kv-quality: %s\n", ci_last_error());
+    goto done;
+  }
   double kl_sum = 0.0, kl_max = 0.0;
   long long scored = 0, agree = 0;
   for (int start = 0; start < n; start += (int)chunk) {
     const int len = n - start < chunk ? n - start : (int)chunk;
-    if (ci_model_forward(cm.model, ref, ids + start, len, ref_logits, len) ||
-        ci_model_forward(cm.model, test, ids + start, len, test_logits, len)) {
+    if (ci_session_feed(ref, ids + start, len, ref_logits, len) ||
+        ci_session_feed(test, ids + start, len, test_logits, len)) {
       fprintf(stderr, "cinfer kv-quality: %s\n", ci_last_error());
       goto done;
     }
@@ -167,13 +176,9 @@ int ci_verb_kv_quality(int argc, char **argv) {
   }
   char name[32];
   ci_kv_format_name(&plan.target, name, sizeof name);
-  double bpt = 0.0, bpt_bf16 = 0.0;
   const ci_kv_format bf16 = ci_kv_format_plain(CI_KV_BF16);
-  for (int l = 0; l < cm.model->spec.n_cache_layers; l++) {
-    const ci_layer_spec *ls = &cm.model->spec.layers[l];
-    bpt += (double)ls->n_kv_heads * ci_kv_bytes_per_token(&plan.target, ls->head_dim);
-    bpt_bf16 += (double)ls->n_kv_heads * ci_kv_bytes_per_token(&bf16, ls->head_dim);
-  }
+  const double bpt = (double)ci_model_kv_bytes_per_token(cm.model, &plan.target);
+  const double bpt_bf16 = (double)ci_model_kv_bytes_per_token(cm.model, &bf16);
   printf("{\"kv_codec\": \"%s\", \"kv_start\": %lld, \"positions\": %lld, \"kl_mean\": %.6g, "
          "\"kl_max\": %.6g, \"top1_agreement\": %.6f, \"bytes_per_token\": %.0f, "
          "\"bytes_vs_bf16\": %.4f}\n",
@@ -186,9 +191,8 @@ done:
   free(test_logits);
   free(lp);
   free(lq);
-  ci_kv_seq_free(ref);
-  ci_kv_seq_free(test);
-  ci_kv_cache_free(cache);
+  ci_session_free(ref);
+  ci_session_free(test);
   ci_cli_model_close(&cm);
   return rc;
 }

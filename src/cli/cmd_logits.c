@@ -4,6 +4,7 @@
 #include "cli/args.h"
 #include "cli/kv_flags.h"
 #include "cli/verbs.h"
+#include "engine/session.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,7 +49,10 @@ int ci_verb_logits(int argc, char **argv) {
     return 1;
   }
   int rc = 1;
-  const int vocab = cm.model->spec.vocab;
+  const int vocab = ci_model_vocab_size(cm.model);
+  ci_session *session = NULL;
+  float *rows = NULL;
+  FILE *out = NULL;
   for (int i = 0; i < n_ids; i++) {
     if (ids[i] >= vocab) {
       fprintf(stderr, "cinfer logits: token id %d at index %d is out of range [0, %d)\n", ids[i], i,
@@ -57,23 +61,23 @@ int ci_verb_logits(int argc, char **argv) {
     }
   }
   if (chunk == 0) chunk = n_ids;
-  ci_kv_cache *cache =
-      ci_model_kv_cache_create_protected(cm.model, kv_plan.base, 16, 0, kv_plan.protect);
-  ci_kv_seq *seq = cache ? ci_kv_seq_create(cache) : NULL;
-  if (seq && ci_cli_kv_plan_apply(&kv_plan, cm.model, seq, "logits")) {
-    ci_kv_seq_free(seq);
-    ci_kv_cache_free(cache);
+  ci_session_options options;
+  ci_session_options_default(&options);
+  ci_cli_kv_plan_to_session(&kv_plan, &options);
+  session = ci_session_create(cm.model, &options);
+  if (!session) {
+    fprintf(stderr, "cinfer logits: %s\n", ci_last_error());
     goto done;
   }
-  float *rows = malloc((size_t)chunk * (size_t)vocab * sizeof(float));
-  FILE *out = fopen(out_path, "wb");
-  if (!cache || !seq || !rows || !out) {
-    fprintf(stderr, "cinfer logits: %s\n", !out ? "cannot open the output file" : ci_last_error());
+  rows = malloc((size_t)chunk * (size_t)vocab * sizeof(float));
+  out = fopen(out_path, "wb");
+  if (!rows || !out) {
+    fprintf(stderr, "cinfer logits: %s\n", !out ? "cannot open the output file" : "out of memory");
   } else {
     rc = 0;
     for (int start = 0; start < n_ids && rc == 0; start += (int)chunk) {
       int n = n_ids - start < chunk ? n_ids - start : (int)chunk;
-      if (ci_model_forward(cm.model, seq, ids + start, n, rows, n)) {
+      if (ci_session_feed(session, ids + start, n, rows, n)) {
         fprintf(stderr, "cinfer logits: %s\n", ci_last_error());
         rc = 1;
       } else if (fwrite(rows, sizeof(float) * (size_t)vocab, (size_t)n, out) != (size_t)n) {
@@ -86,10 +90,9 @@ int ci_verb_logits(int argc, char **argv) {
     fprintf(stderr, "cinfer logits: write to %s failed\n", out_path);
     rc = 1;
   }
-  free(rows);
-  ci_kv_seq_free(seq);
-  ci_kv_cache_free(cache);
 done:
+  free(rows);
+  ci_session_free(session);
   free(ids);
   ci_cli_model_close(&cm);
   return rc;

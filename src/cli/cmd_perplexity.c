@@ -7,6 +7,7 @@
 #include "cli/args.h"
 #include "cli/kv_flags.h"
 #include "cli/verbs.h"
+#include "engine/session.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -16,18 +17,20 @@
 static const char usage[] = "usage: cinfer perplexity --model DIR --ids-file FILE.json [--chunk N] "
                             "[--threads N] [--json]\n" CI_CLI_KV_USAGE;
 
-/* Mean NLL of seq[1..n) given its prefix; adds to *sum and *count. */
+/* Mean NLL of seq[1..n) given its prefix, in a session of its own; adds to *sum and *count. */
 static int score_sequence(ci_model *model, const ci_cli_kv_plan *plan, const int32_t *ids, int n,
                           int chunk, double *sum, long long *count) {
-  const int V = model->spec.vocab;
-  ci_kv_cache *cache = ci_model_kv_cache_create_protected(model, plan->base, 16, 0, plan->protect);
-  ci_kv_seq *seq = cache ? ci_kv_seq_create(cache) : NULL;
+  const int V = ci_model_vocab_size(model);
+  ci_session_options options;
+  ci_session_options_default(&options);
+  ci_cli_kv_plan_to_session(plan, &options);
+  ci_session *session = ci_session_create(model, &options);
   float *logits = malloc((size_t)chunk * V * sizeof(float));
   int rc = CI_ERR;
-  if (!seq || !logits || ci_cli_kv_plan_apply(plan, model, seq, "perplexity")) goto done;
+  if (!session || !logits) goto done;
   for (int start = 0; start < n - 1; start += chunk) {
     const int len = n - 1 - start < chunk ? n - 1 - start : chunk;
-    if (ci_model_forward(model, seq, ids + start, len, logits, len)) goto done;
+    if (ci_session_feed(session, ids + start, len, logits, len)) goto done;
     for (int r = 0; r < len; r++) {
       const float *row = logits + (size_t)r * V;
       double max = row[0], total = 0.0;
@@ -41,8 +44,7 @@ static int score_sequence(ci_model *model, const ci_cli_kv_plan *plan, const int
   rc = CI_OK;
 done:
   free(logits);
-  ci_kv_seq_free(seq);
-  ci_kv_cache_free(cache);
+  ci_session_free(session);
   return rc;
 }
 
@@ -118,7 +120,7 @@ int ci_verb_perplexity(int argc, char **argv) {
     for (int i = 0; ids && i < n; i++) {
       json_t *v = json_array_get(seq, (size_t)i);
       long long id = json_is_integer(v) ? json_integer_value(v) : -1;
-      if (id < 0 || id >= cm.model->spec.vocab) {
+      if (id < 0 || id >= ci_model_vocab_size(cm.model)) {
         fprintf(stderr, "cinfer perplexity: sequence %zu, position %d: bad token id\n", s, i);
         rc = 1;
         break;

@@ -34,25 +34,23 @@ int ci_cli_kv_plan_parse(const ci_flag *flags, int n_flags, const char *verb, ci
   return 0;
 }
 
-int ci_cli_kv_plan_apply(const ci_cli_kv_plan *plan, const ci_model *model, ci_kv_seq *seq,
-                         const char *verb) {
-  /* Precedence (docs/kv-cache.md §7): flags, then the model's kv_config.json, then bf16. */
-  int status = plan->quantized
-                   ? ci_kv_seq_set_plan_protected(seq, &plan->target, plan->start, plan->protect)
-               : plan->explicit_codec ? CI_OK
-                                      : ci_model_kv_seq_apply_config(model, seq);
-  if (status) {
-    fprintf(stderr, "cinfer %s: %s\n", verb, ci_last_error());
-    return 1;
-  }
-  return 0;
+ci_kv_plan_source ci_cli_kv_plan_source(const ci_cli_kv_plan *plan) {
+  return plan->quantized        ? CI_KV_PLAN_TARGET
+         : plan->explicit_codec ? CI_KV_PLAN_NONE
+                                : CI_KV_PLAN_MODEL_CONFIG;
+}
+
+void ci_cli_kv_plan_to_session(const ci_cli_kv_plan *plan, ci_session_options *options) {
+  options->kv_codec = plan->base;
+  options->kv_plan = ci_cli_kv_plan_source(plan);
+  options->kv_target = plan->target;
+  options->kv_start = plan->start;
+  options->kv_protect = plan->protect;
 }
 
 void ci_cli_kv_plan_to_options(const ci_cli_kv_plan *plan, ci_generate_options *options) {
   options->kv_codec = plan->base;
-  options->kv_plan = plan->quantized        ? CI_KV_PLAN_TARGET
-                     : plan->explicit_codec ? CI_KV_PLAN_NONE
-                                            : CI_KV_PLAN_MODEL_CONFIG;
+  options->kv_plan = ci_cli_kv_plan_source(plan);
   options->kv_target = plan->target;
   options->kv_start = plan->start;
   options->kv_protect = plan->protect;

@@ -5,9 +5,9 @@
 #define CI_CLI_KV_FLAGS_H
 
 #include "cli/args.h"
-#include "kv/cache.h"
 #include "engine/generate.h"
-#include "model/model.h"
+#include "engine/session.h"
+#include "tensor/kv_format.h"
 
 /* Flag table entries to splice into a verb's flags. */
 #define CI_CLI_KV_FLAGS                                                                            \
@@ -34,13 +34,14 @@ typedef struct {
  * line naming the bad flag and returns 2 on a usage error, else 0. */
 int ci_cli_kv_plan_parse(const ci_flag *flags, int n_flags, const char *verb, ci_cli_kv_plan *out);
 
-/* Gives an empty sequence its plan: the flags' target, else (no --kv-codec) the model's
- * kv_config.json. Prints the error and returns 1 on failure. */
-int ci_cli_kv_plan_apply(const ci_cli_kv_plan *plan, const ci_model *model, ci_kv_seq *seq,
-                         const char *verb);
+/* Where the plan's sequences take their codec plan from (kv.md §7 precedence): the flags' target,
+ * else (no --kv-codec) the model's kv_config.json; an explicit bf16/f32 --kv-codec means none. */
+ci_kv_plan_source ci_cli_kv_plan_source(const ci_cli_kv_plan *plan);
 
-/* Sets the KV fields of generation options from the plan (same precedence as
- * ci_cli_kv_plan_apply). */
+/* Sets the KV fields of session options from the plan. */
+void ci_cli_kv_plan_to_session(const ci_cli_kv_plan *plan, ci_session_options *options);
+
+/* Sets the KV fields of generation options from the plan. */
 void ci_cli_kv_plan_to_options(const ci_cli_kv_plan *plan, ci_generate_options *options);
 
 #endif

@@ -2,7 +2,7 @@
 #ifndef CI_CLI_VERBS_H
 #define CI_CLI_VERBS_H
 
-#include "model/model.h"
+#include "engine/model_open.h"
 
 /* Each verb gets argv with argv[0] = the verb name and returns the process exit code:
  * 0 success, 1 runtime/load error, 2 usage error. */
@@ -18,15 +18,16 @@ int ci_verb_tokenize(int argc, char **argv);
 int ci_verb_detokenize(int argc, char **argv);
 int ci_verb_serve(int argc, char **argv);
 
-/* A loaded model and the backend it runs on. */
+/* A model opened for a verb (engine/model_open.h: it owns its backend). */
 typedef struct {
-  ci_backend *be;
   ci_model *model;
 } ci_cli_model;
 
-/* Resolves `model_arg` (folder or HF cache id), starts a CPU backend with n_threads (0 = all
- * cores) and loads the model. Prints the error and returns 1 on failure, 0 on success. */
+/* Opens `model_arg` (folder or HF cache id) on n_threads threads (0 = all cores) with
+ * ci_model_open. Prints the error as one line and returns 1 on failure, 0 on success. */
 int ci_cli_model_open(const char *model_arg, int n_threads, ci_cli_model *out);
+
+/* Closes the model (ci_model_close); cm->model becomes NULL. */
 void ci_cli_model_close(ci_cli_model *cm);
 
 #endif

@@ -1,0 +1,296 @@
+/* cinfer.h: the public C API of cinfer, the one header an embedding program includes.
+ *
+ * Objects (all opaque; every one is created by a function here and freed by its _free):
+ *   cinfer_model    a model folder loaded on a CPU backend (weights, config, tokenizer and chat
+ *                   template when the folder has them, generation_config.json defaults).
+ *                   Immutable once loaded: any number of sessions and engines may share it, from
+ *                   any threads. It must outlive them.
+ *   cinfer_session  one sequence run synchronously on the caller's thread: feed ids or text,
+ *                   then step (sample one token) or generate until done. One thread at a time;
+ *                   cinfer_session_cancel may be called from any thread.
+ *   cinfer_engine   a continuous-batching engine thread serving many requests at once: submit a
+ *                   prompt, read its events (tokens, then done or error), cancel.
+ *   cinfer_request  one submitted request of an engine.
+ *
+ * Errors: functions that can fail return a cinfer_status; negative values are failures, and
+ * cinfer_last_error() then holds a one-line message (per thread). Memory the library hands out
+ * (token arrays, strings) is freed with cinfer_free.
+ *
+ * Build: `make install` puts this header, libcinfer.a and cinfer.pc under PREFIX; link with
+ *   cc app.c $(pkg-config --cflags --libs --static cinfer)
+ */
+#ifndef CINFER_H
+#define CINFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ==== Version and errors ==== */
+
+#define CINFER_VERSION_MAJOR 0
+#define CINFER_VERSION_MINOR 1
+#define CINFER_VERSION_PATCH 0
+
+/* The library's version as "MAJOR.MINOR.PATCH" (a static string). */
+const char *cinfer_version(void);
+
+typedef enum {
+  CINFER_OK = 0,
+  CINFER_DONE = 1,    /* generation finished (EOS, max_tokens, context full); not an error */
+  CINFER_TIMEOUT = 2, /* no engine event within the timeout; not an error */
+  CINFER_ERROR = -1,  /* a runtime failure (unreadable model, KV memory exhausted, ...) */
+  CINFER_INVALID_ARGUMENT = -2, /* a NULL handle, an id out of range, a bad parameter */
+  CINFER_UNSUPPORTED = -3,      /* the model lacks what was asked (no tokenizer, no template) */
+  CINFER_CANCELLED = -4,        /* cinfer_session_cancel stopped the session */
+  CINFER_QUEUE_FULL = -5,       /* engine: too many waiting requests; try again later */
+  CINFER_REJECTED = -6,         /* engine: this request can never run (too big, bad params) */
+  CINFER_STOPPED = -7           /* engine: it is shutting down */
+} cinfer_status;
+
+/* A short name of a status ("ok", "invalid argument", ...). */
+const char *cinfer_status_name(cinfer_status status);
+
+/* The calling thread's message about its last failure ("" when none). Valid until the thread's
+ * next call into the library. */
+const char *cinfer_last_error(void);
+
+/* Frees memory the library returned (token arrays, strings). NULL is a no-op. */
+void cinfer_free(void *memory);
+
+/* ==== Models ==== */
+
+typedef struct cinfer_model cinfer_model;
+
+typedef struct {
+  int n_threads; /* CPU threads for the forward pass; 0 = every online CPU */
+} cinfer_model_options;
+
+/* Fills the defaults (n_threads 0). */
+void cinfer_model_options_init(cinfer_model_options *options);
+
+/* Loads a model folder (config.json + safetensors; a Hugging Face cache id such as
+ * "org/name" is resolved in the local cache too). options may be NULL (defaults). The folder's
+ * tokenizer.json, chat template and generation_config.json are loaded when present. On success
+ * *out is the model; on failure *out is NULL and the status says why. */
+cinfer_status cinfer_model_load(const char *path, const cinfer_model_options *options,
+                                cinfer_model **out);
+
+/* Frees the model and its backend. Every session and engine over it must be freed first. NULL is
+ * a no-op. */
+void cinfer_model_free(cinfer_model *model);
+
+/* Number of token ids the model knows: ids are in [0, vocab), logit rows are vocab wide. */
+int cinfer_model_vocab_size(const cinfer_model *model);
+
+/* The model's context length (config.json max_position_embeddings). */
+int cinfer_model_context_length(const cinfer_model *model);
+
+/* The architecture as config.json names it ("llama", "qwen3", "gemma3_text", ...); owned by the
+ * library. */
+const char *cinfer_model_architecture(const cinfer_model *model);
+
+/* 1 when `token` ends generation for this model (config.json and generation_config.json EOS ids
+ * and the tokenizer's eos_token), else 0. */
+int cinfer_model_is_eos(const cinfer_model *model, int32_t token);
+
+/* ==== Text ==== */
+
+/* Encodes len bytes of UTF-8 text with the model's tokenizer; add_special adds the tokenizer's
+ * special tokens (BOS), as Hugging Face's add_special_tokens=True. *ids (free with cinfer_free)
+ * receives *n_ids ids. CINFER_UNSUPPORTED when the model folder has no tokenizer.json. */
+cinfer_status cinfer_tokenize(const cinfer_model *model, const char *text, size_t len,
+                              int add_special, int32_t **ids, size_t *n_ids);
+
+/* Decodes ids to NUL-terminated UTF-8 text (free with cinfer_free); skip_special drops special
+ * tokens. *len (may be NULL) receives the length without the NUL. */
+cinfer_status cinfer_detokenize(const cinfer_model *model, const int32_t *ids, size_t n_ids,
+                                int skip_special, char **text, size_t *len);
+
+/* Renders a chat with the model's chat template: messages_json is a JSON array of
+ * {"role": ..., "content": ...} objects; add_generation_prompt appends the assistant turn's
+ * opening. *text (free with cinfer_free) is the prompt to feed without special tokens.
+ * CINFER_UNSUPPORTED when the model has no chat template. */
+cinfer_status cinfer_chat_render(const cinfer_model *model, const char *messages_json,
+                                 int add_generation_prompt, char **text);
+
+/* ==== Generation parameters (sessions and engine requests) ==== */
+
+typedef struct {
+  /* Sampling. temperature 0 is greedy (argmax). */
+  float temperature;        /* [0, 5] */
+  float top_p;              /* (0, 1) filters; 0 or 1 = off */
+  int top_k;                /* 0 = off */
+  float min_p;              /* [0, 1]; 0 = off */
+  float repetition_penalty; /* > 0; 1 = off */
+  float presence_penalty;   /* [-2, 2]; 0 = off */
+  float frequency_penalty;  /* [-2, 2]; 0 = off */
+  uint64_t seed;            /* used when has_seed; otherwise a seed is drawn from the OS */
+  int has_seed;
+  /* Limits. */
+  int max_tokens; /* tokens one generation samples at most, EOS included (>= 1) */
+  int ignore_eos; /* 1: EOS ids do not end generation */
+  /* KV cache codec plan (docs/kv-cache.md). kv_codec NULL follows the model folder's
+   * kv_config.json (bf16 without one); "bf16" or "f32" store every layer in that format;
+   * "affine", "turbo" or "turbo-v" store bf16 until the sequence holds kv_start tokens, then
+   * convert to that codec with kv_bits (K) / kv_value_bits (V, 0 = kv_bits) and kv_group_size
+   * (affine, 0 = 64), keeping the first and last kv_protect cache layers in bf16. */
+  const char *kv_codec; /* borrowed: copied by the function that takes the params */
+  int kv_bits;          /* 2..8 (4) */
+  int kv_value_bits;    /* 0 or 2..8 */
+  int kv_group_size;    /* 0 or 32..128 */
+  int64_t kv_start;     /* >= 0 */
+  int kv_protect;       /* >= 0 */
+  /* Sessions only (an engine sets these for all its requests). */
+  int context_size;  /* positions a session may hold; 0 = the model's context length */
+  int prefill_chunk; /* prompt tokens per forward pass while feeding; 0 = 2048 */
+} cinfer_params;
+
+/* Fills the defaults: the built-in sampling defaults (temperature 0.7, filters off, max_tokens
+ * 256) overridden by the model's generation_config.json when model is non-NULL; EOS honoured;
+ * kv_codec NULL (the model's plan), kv_bits 4; context_size and prefill_chunk 0. */
+void cinfer_params_init(cinfer_params *params, const cinfer_model *model);
+
+/* ==== Sessions ==== */
+
+typedef struct cinfer_session cinfer_session;
+
+/* Why generation ended. */
+typedef enum {
+  CINFER_FINISH_NONE = 0, /* still running, or nothing generated yet */
+  CINFER_FINISH_STOP,     /* an EOS id was sampled, or the token callback asked to stop */
+  CINFER_FINISH_LENGTH,   /* max_tokens sampled, or the context is full */
+  CINFER_FINISH_CANCEL    /* cinfer_session_cancel or cinfer_request_cancel */
+} cinfer_finish;
+
+/* Creates a session over model with params (NULL = cinfer_params_init(params, model)): an empty
+ * sequence with its own KV cache and sampler. On failure *out is NULL. */
+cinfer_status cinfer_session_create(cinfer_model *model, const cinfer_params *params,
+                                    cinfer_session **out);
+
+/* Frees the session (its KV cache and sampler). NULL is a no-op. */
+void cinfer_session_free(cinfer_session *session);
+
+/* Appends n_ids token ids (each in [0, vocab)) to the sequence and runs them through the model
+ * (prefill, in chunks of prefill_chunk). Starts a new turn: the previous generation's finish
+ * state, token count and cancellation are cleared. When logits is non-NULL it receives
+ * [n_logit_rows, vocab] floats: the raw logits after each of the last n_logit_rows ids
+ * (1 <= n_logit_rows <= n_ids; n_ids rows give every position, for scoring). CINFER_ERROR when
+ * the sequence would pass context_size. */
+cinfer_status cinfer_session_feed(cinfer_session *session, const int32_t *ids, size_t n_ids,
+                                  float *logits, size_t n_logit_rows);
+
+/* Tokenizes text (add_special as in cinfer_tokenize) and feeds it (cinfer_session_feed without
+ * logits). */
+cinfer_status cinfer_session_feed_text(cinfer_session *session, const char *text, int add_special);
+
+/* Samples the next token from the logits of the last position and appends it to the sequence
+ * (it is run through the model when the next token is asked for, so the last one costs no
+ * forward pass). Returns CINFER_OK with *token set; CINFER_DONE when generation has finished:
+ * *token is the EOS id if one was just sampled (it stays in the sequence), else -1 (max_tokens
+ * already sampled, context full, or finished before); CINFER_CANCELLED after
+ * cinfer_session_cancel; CINFER_INVALID_ARGUMENT when nothing was fed yet. */
+cinfer_status cinfer_session_step(cinfer_session *session, int32_t *token);
+
+/* Called by cinfer_session_generate with each token sampled (EOS excluded); return 0 to go on,
+ * non-zero to stop (finish CINFER_FINISH_STOP). */
+typedef int (*cinfer_token_callback)(void *user, int32_t token);
+
+/* Steps until generation finishes, calling on_token (may be NULL) with each token. Returns
+ * CINFER_OK when it finished (see cinfer_session_finish_reason), CINFER_CANCELLED, or an error. */
+cinfer_status cinfer_session_generate(cinfer_session *session, cinfer_token_callback on_token,
+                                      void *user);
+
+/* Asks the session to stop: its current or next step returns CINFER_CANCELLED. Safe from any
+ * thread while another runs the session; the next feed clears it. */
+void cinfer_session_cancel(cinfer_session *session);
+
+/* Why the current turn's generation ended (CINFER_FINISH_NONE while it runs). */
+cinfer_finish cinfer_session_finish_reason(const cinfer_session *session);
+
+/* Every token of the sequence in order: fed ids and sampled ones (an EOS included). *n_tokens
+ * receives the count. The array belongs to the session and is valid until its next call. */
+const int32_t *cinfer_session_tokens(const cinfer_session *session, size_t *n_tokens);
+
+/* Tokens sampled in the current turn (since the last feed). */
+size_t cinfer_session_n_generated(const cinfer_session *session);
+
+/* The raw logits (vocab floats) after the last token run through the model — the distribution
+ * the next step samples from; NULL before any feed. Owned by the session, valid until its next
+ * call. */
+const float *cinfer_session_logits(const cinfer_session *session);
+
+/* Empties the sequence (KV freed, tokens forgotten) and restarts the sampler's output count;
+ * the parameters stay. */
+cinfer_status cinfer_session_reset(cinfer_session *session);
+
+/* ==== Engine: many concurrent requests ==== */
+
+typedef struct cinfer_engine cinfer_engine;
+typedef struct cinfer_request cinfer_request;
+
+typedef struct {
+  int max_batch;              /* sequences decoded together (8) */
+  int context_size;           /* per-request context limit; 0 = the model's context length */
+  const char *kv_codec;       /* what every sequence starts in: "bf16" (NULL) or "f32" */
+  int kv_protect;             /* requests may keep up to this many first/last layers in bf16 (0) */
+  int64_t kv_budget_bytes;    /* KV memory all running requests share; 0 = max_batch requests of
+                                 context_size tokens */
+  int64_t prefix_cache_bytes; /* KV kept for reuse by later prompts with the same prefix (2 GiB);
+                                 0 = off */
+} cinfer_engine_options;
+
+/* Fills the defaults listed above. */
+void cinfer_engine_options_init(cinfer_engine_options *options);
+
+/* Creates an engine over model (options NULL = defaults) and starts its thread. */
+cinfer_status cinfer_engine_create(cinfer_model *model, const cinfer_engine_options *options,
+                                   cinfer_engine **out);
+
+/* Stops the engine thread (running and queued requests end with an error event) and frees it.
+ * Request handles still held must be freed too (before or after). NULL is a no-op. */
+void cinfer_engine_free(cinfer_engine *engine);
+
+/* Queues a request: prompt ids (copied) continued with params (NULL = cinfer_params_init with the
+ * engine's model; context_size and prefill_chunk are the engine's). CINFER_QUEUE_FULL,
+ * CINFER_REJECTED (with the reason) or CINFER_STOPPED when it was not queued. */
+cinfer_status cinfer_engine_submit(cinfer_engine *engine, const int32_t *prompt, size_t n_prompt,
+                                   const cinfer_params *params, cinfer_request **out);
+
+typedef enum {
+  CINFER_EVENT_TOKEN = 0, /* one sampled token (never an EOS) */
+  CINFER_EVENT_DONE = 1,  /* the request finished; its last event */
+  CINFER_EVENT_ERROR = 2  /* the request failed (message); its last event */
+} cinfer_event_kind;
+
+typedef struct {
+  cinfer_event_kind kind;
+  int32_t token;        /* TOKEN */
+  float logprob;        /* TOKEN: log-probability of token under the sampling distribution */
+  cinfer_finish finish; /* DONE */
+  int prompt_tokens;    /* DONE */
+  int cached_tokens;    /* DONE: prompt tokens reused from the prefix cache */
+  int generated_tokens; /* DONE: sampled tokens, EOS included */
+  char message[256];    /* ERROR */
+} cinfer_event;
+
+/* Waits up to timeout_seconds (< 0: forever) for the request's next event. CINFER_OK with *event
+ * filled, CINFER_TIMEOUT, or CINFER_DONE when the last event was already read. */
+cinfer_status cinfer_request_next(cinfer_request *request, cinfer_event *event,
+                                  double timeout_seconds);
+
+/* Asks the engine to stop the request at its next step; it then ends with a DONE event whose
+ * finish is CINFER_FINISH_CANCEL. Safe from any thread. */
+void cinfer_request_cancel(cinfer_request *request);
+
+/* Releases the caller's handle (cancelling the request if it still runs). NULL is a no-op. */
+void cinfer_request_free(cinfer_request *request);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

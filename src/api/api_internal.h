@@ -1,0 +1,46 @@
+/* What the files of the public C API (include/cinfer.h) share: the model handle's contents and
+ * the resolution of cinfer_params into the engine's sampling, EOS and KV-plan settings. Internal
+ * to libcinfer: an embedding program never sees it. */
+#ifndef CI_API_API_INTERNAL_H
+#define CI_API_API_INTERNAL_H
+
+#include "cinfer.h"
+#include "engine/generate.h"
+#include "engine/model_open.h"
+#include "io/generation_config.h"
+#include "sample/sampler.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+struct cinfer_model {
+  ci_model *model;                 /* owned (ci_model_open: with its backend) */
+  char *dir;                       /* the resolved model folder; owned */
+  ci_tokenizer *tokenizer;         /* owned; NULL when the folder has no tokenizer.json */
+  ci_chat_template *chat_template; /* owned; NULL when the model has none */
+  char template_error[256];        /* why chat_template is NULL */
+  ci_generation_config generation; /* generation_config.json (has_ flags 0 when absent) */
+  ci_eos_set eos; /* config.json ∪ generation_config.json ∪ tokenizer eos_token */
+};
+
+/* cinfer_params resolved for one sequence. */
+typedef struct {
+  ci_sampler_params sampling;
+  int max_tokens;
+  ci_eos_set eos; /* empty when ignore_eos */
+  ci_kv_codec kv_base;
+  ci_kv_plan_source kv_plan;
+  ci_kv_format kv_target;
+  int64_t kv_start;
+  int kv_protect;
+} ci_api_resolved;
+
+/* Checks params against the model and resolves them. Returns CINFER_OK or
+ * CINFER_INVALID_ARGUMENT with the reason as the last error. */
+cinfer_status ci_api_resolve(const cinfer_model *model, const cinfer_params *params,
+                             ci_api_resolved *out);
+
+/* Records a message as the last error and returns status (for `return ci_api_fail(...)`). */
+cinfer_status ci_api_fail(cinfer_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#endif

@@ -1,0 +1,272 @@
+/* Public API sessions: one sequence fed and sampled on the caller's thread, over ci_session
+ * (engine/session.h) and a sampler. The sequence's tokens are kept here; a sampled token is run
+ * through the model only when the next one is asked for (or more ids are fed), so generation
+ * costs exactly what ci_generate costs and gives the same tokens. */
+#include "api/api_internal.h"
+
+#include "base/error.h"
+#include "engine/session.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { DEFAULT_PREFILL_CHUNK = 2048 };
+
+struct cinfer_session {
+  cinfer_model *model; /* not owned */
+  ci_api_resolved params;
+  int context_size;
+  int prefill_chunk;
+  int vocab;
+  ci_session *seq;     /* owned: the KV cache and sequence */
+  ci_sampler *sampler; /* owned */
+  int32_t *tokens;     /* [n_tokens] fed and sampled ids; owned */
+  size_t n_tokens, cap;
+  size_t n_run;       /* tokens[0..n_run) are in the KV cache */
+  float *logits;      /* [vocab] raw logits after tokens[n_run - 1]; owned */
+  int has_logits;     /* logits are those of the current n_run */
+  float *scratch;     /* [vocab] the sampler's working copy; owned */
+  size_t n_generated; /* sampled in the current turn */
+  cinfer_finish finish;
+  atomic_int cancelled;
+};
+
+/* A sampler for the session's parameters with `seed` (keeps the drawn seed across resets). */
+static ci_sampler *new_sampler(const cinfer_session *s, const uint64_t *seed) {
+  ci_sampler_params params = s->params.sampling;
+  if (seed) {
+    params.seed = *seed;
+    params.has_seed = 1;
+  }
+  return ci_sampler_create(&params, s->vocab);
+}
+
+cinfer_status cinfer_session_create(cinfer_model *model, const cinfer_params *params,
+                                    cinfer_session **out) {
+  if (!out) return ci_api_fail(CINFER_INVALID_ARGUMENT, "cinfer_session_create: out is NULL");
+  *out = NULL;
+  if (!model) return ci_api_fail(CINFER_INVALID_ARGUMENT, "cinfer_session_create: model is NULL");
+  cinfer_params defaults;
+  if (!params) {
+    cinfer_params_init(&defaults, model);
+    params = &defaults;
+  }
+  cinfer_session *s = calloc(1, sizeof *s);
+  if (!s) return ci_api_fail(CINFER_ERROR, "out of memory for a session");
+  s->model = model;
+  s->vocab = ci_model_vocab_size(model->model);
+  cinfer_status status = ci_api_resolve(model, params, &s->params);
+  if (status != CINFER_OK) {
+    cinfer_session_free(s);
+    return status;
+  }
+  s->context_size =
+      params->context_size > 0 ? params->context_size : ci_model_context_length(model->model);
+  s->prefill_chunk = params->prefill_chunk > 0 ? params->prefill_chunk : DEFAULT_PREFILL_CHUNK;
+  ci_session_options options;
+  ci_session_options_default(&options);
+  options.kv_codec = s->params.kv_base;
+  options.kv_plan = s->params.kv_plan;
+  options.kv_target = s->params.kv_target;
+  options.kv_start = s->params.kv_start;
+  options.kv_protect = s->params.kv_protect;
+  options.max_tokens = s->context_size;
+  s->seq = ci_session_create(model->model, &options);
+  s->sampler = s->seq ? new_sampler(s, NULL) : NULL;
+  s->logits = malloc((size_t)s->vocab * sizeof *s->logits);
+  s->scratch = malloc((size_t)s->vocab * sizeof *s->scratch);
+  if (!s->seq || !s->sampler || !s->logits || !s->scratch) {
+    if (s->seq && s->sampler) ci_fail("out of memory for a session");
+    cinfer_session_free(s);
+    return CINFER_ERROR;
+  }
+  atomic_init(&s->cancelled, 0);
+  *out = s;
+  return CINFER_OK;
+}
+
+void cinfer_session_free(cinfer_session *session) {
+  if (!session) return;
+  ci_session_free(session->seq);
+  ci_sampler_free(session->sampler);
+  free(session->tokens);
+  free(session->logits);
+  free(session->scratch);
+  free(session);
+}
+
+/* Appends ids to tokens (not yet run). */
+static cinfer_status append_tokens(cinfer_session *s, const int32_t *ids, size_t n) {
+  if (s->n_tokens + n > s->cap) {
+    size_t cap = s->cap ? s->cap : 256;
+    while (cap < s->n_tokens + n) cap *= 2;
+    int32_t *bigger = realloc(s->tokens, cap * sizeof *bigger);
+    if (!bigger) return ci_api_fail(CINFER_ERROR, "out of memory for %zu tokens", cap);
+    s->tokens = bigger;
+    s->cap = cap;
+  }
+  memcpy(s->tokens + s->n_tokens, ids, n * sizeof *ids);
+  s->n_tokens += n;
+  return CINFER_OK;
+}
+
+/* Runs tokens[n_run..n_tokens) through the model in prefill chunks. The last n_rows of them give
+ * logits into rows (when non-NULL); the last one's are also kept in s->logits. On failure the
+ * tokens not run are dropped. */
+static cinfer_status run_pending(cinfer_session *s, float *rows, size_t n_rows) {
+  const size_t total = s->n_tokens - s->n_run;
+  const size_t wanted = rows ? n_rows : 1; /* rows of the last `wanted` tokens */
+  const size_t first_row = total - wanted;
+  for (size_t start = 0; start < total;) {
+    const size_t len =
+        total - start < (size_t)s->prefill_chunk ? total - start : (size_t)s->prefill_chunk;
+    const size_t end = start + len;
+    float *dest = NULL;
+    int n_logit_rows = 0;
+    if (end > first_row) {
+      const size_t from = start > first_row ? start : first_row;
+      n_logit_rows = (int)(end - from);
+      dest = rows ? rows + (from - first_row) * (size_t)s->vocab : s->logits;
+    }
+    if (ci_session_feed(s->seq, s->tokens + s->n_run, (int)len, dest, n_logit_rows)) {
+      s->n_tokens = s->n_run;
+      s->has_logits = 0;
+      return CINFER_ERROR;
+    }
+    s->n_run += len;
+    start = end;
+  }
+  if (rows)
+    memcpy(s->logits, rows + (wanted - 1) * (size_t)s->vocab, (size_t)s->vocab * sizeof *s->logits);
+  s->has_logits = 1;
+  return CINFER_OK;
+}
+
+cinfer_status cinfer_session_feed(cinfer_session *session, const int32_t *ids, size_t n_ids,
+                                  float *logits, size_t n_logit_rows) {
+  if (!session || !ids || n_ids == 0)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT, "cinfer_session_feed: no ids");
+  if (logits && (n_logit_rows < 1 || n_logit_rows > n_ids))
+    return ci_api_fail(CINFER_INVALID_ARGUMENT, "n_logit_rows %zu out of range [1, %zu]",
+                       n_logit_rows, n_ids);
+  for (size_t i = 0; i < n_ids; i++)
+    if (ids[i] < 0 || ids[i] >= session->vocab)
+      return ci_api_fail(CINFER_INVALID_ARGUMENT,
+                         "token id %d at index %zu is out of range "
+                         "[0, %d)",
+                         (int)ids[i], i, session->vocab);
+  if (session->n_tokens + n_ids > (size_t)session->context_size)
+    return ci_api_fail(CINFER_ERROR, "%zu tokens + %zu new exceed the context size %d",
+                       session->n_tokens, n_ids, session->context_size);
+  session->finish = CINFER_FINISH_NONE;
+  session->n_generated = 0;
+  atomic_store(&session->cancelled, 0);
+  if (append_tokens(session, ids, n_ids) != CINFER_OK) return CINFER_ERROR;
+  return run_pending(session, logits, n_logit_rows);
+}
+
+cinfer_status cinfer_session_feed_text(cinfer_session *session, const char *text, int add_special) {
+  if (!session || !text)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT, "cinfer_session_feed_text: NULL argument");
+  int32_t *ids = NULL;
+  size_t n = 0;
+  cinfer_status status = cinfer_tokenize(session->model, text, strlen(text), add_special, &ids, &n);
+  if (status == CINFER_OK && n == 0)
+    status = ci_api_fail(CINFER_INVALID_ARGUMENT, "the text encodes to no tokens");
+  if (status == CINFER_OK) status = cinfer_session_feed(session, ids, n, NULL, 0);
+  free(ids);
+  return status;
+}
+
+/* Ends the turn with `reason`; returns CINFER_DONE with *token = -1. */
+static cinfer_status finish(cinfer_session *s, cinfer_finish reason, int32_t *token) {
+  if (s->finish == CINFER_FINISH_NONE) s->finish = reason;
+  *token = -1;
+  return CINFER_DONE;
+}
+
+cinfer_status cinfer_session_step(cinfer_session *session, int32_t *token) {
+  if (!session || !token)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT, "cinfer_session_step: NULL argument");
+  cinfer_session *s = session;
+  *token = -1;
+  if (atomic_load(&s->cancelled)) {
+    s->finish = CINFER_FINISH_CANCEL;
+    return ci_api_fail(CINFER_CANCELLED, "the session was cancelled");
+  }
+  if (s->finish != CINFER_FINISH_NONE) return CINFER_DONE;
+  if (s->n_tokens == 0)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT, "nothing to continue: feed a prompt first");
+  if (s->n_generated >= (size_t)s->params.max_tokens || s->n_tokens >= (size_t)s->context_size)
+    return finish(s, CINFER_FINISH_LENGTH, token);
+  if (s->n_run < s->n_tokens && run_pending(s, NULL, 0) != CINFER_OK) return CINFER_ERROR;
+  if (!s->has_logits)
+    return ci_api_fail(CINFER_ERROR, "no logits to sample from (a feed failed): reset the session");
+  if (atomic_load(&s->cancelled)) {
+    s->finish = CINFER_FINISH_CANCEL;
+    return ci_api_fail(CINFER_CANCELLED, "the session was cancelled");
+  }
+  /* §3 of generation.md: sample, count, then EOS > length. */
+  memcpy(s->scratch, s->logits, (size_t)s->vocab * sizeof *s->scratch);
+  const int32_t next = ci_sampler_next(s->sampler, s->scratch, s->tokens, s->n_tokens);
+  if (next < 0) return CINFER_ERROR;
+  if (append_tokens(s, &next, 1) != CINFER_OK) return CINFER_ERROR;
+  s->n_generated++;
+  *token = next;
+  if (ci_eos_set_contains(&s->params.eos, next)) {
+    s->finish = CINFER_FINISH_STOP;
+    return CINFER_DONE;
+  }
+  if (s->n_generated == (size_t)s->params.max_tokens) s->finish = CINFER_FINISH_LENGTH;
+  return CINFER_OK;
+}
+
+cinfer_status cinfer_session_generate(cinfer_session *session, cinfer_token_callback on_token,
+                                      void *user) {
+  for (;;) {
+    int32_t token;
+    const cinfer_status status = cinfer_session_step(session, &token);
+    if (status == CINFER_DONE) return CINFER_OK;
+    if (status != CINFER_OK) return status;
+    if (on_token && on_token(user, token) != 0) {
+      session->finish = CINFER_FINISH_STOP;
+      return CINFER_OK;
+    }
+  }
+}
+
+void cinfer_session_cancel(cinfer_session *session) {
+  if (session) atomic_store(&session->cancelled, 1);
+}
+
+cinfer_finish cinfer_session_finish_reason(const cinfer_session *session) {
+  return session ? session->finish : CINFER_FINISH_NONE;
+}
+
+const int32_t *cinfer_session_tokens(const cinfer_session *session, size_t *n_tokens) {
+  if (n_tokens) *n_tokens = session ? session->n_tokens : 0;
+  return session ? session->tokens : NULL;
+}
+
+size_t cinfer_session_n_generated(const cinfer_session *session) {
+  return session ? session->n_generated : 0;
+}
+
+const float *cinfer_session_logits(const cinfer_session *session) {
+  return session && session->has_logits ? session->logits : NULL;
+}
+
+cinfer_status cinfer_session_reset(cinfer_session *session) {
+  if (!session) return ci_api_fail(CINFER_INVALID_ARGUMENT, "cinfer_session_reset: NULL session");
+  const uint64_t seed = ci_sampler_seed(session->sampler);
+  ci_sampler *sampler = new_sampler(session, &seed);
+  if (!sampler) return CINFER_ERROR;
+  ci_sampler_free(session->sampler);
+  session->sampler = sampler;
+  session->n_tokens = session->n_run = session->n_generated = 0;
+  session->has_logits = 0;
+  session->finish = CINFER_FINISH_NONE;
+  atomic_store(&session->cancelled, 0);
+  return ci_session_reset(session->seq) ? CINFER_ERROR : CINFER_OK;
+}

@@ -1,0 +1,54 @@
+/* Opening and closing a model together with its CPU backend, and the model facts programs ask
+ * for (see model_open.h). */
+#include "engine/model_open.h"
+
+#include "backend/cpu/cpu_backend.h"
+#include "base/error.h"
+#include "io/model_path.h"
+
+#include <stdlib.h>
+
+ci_model *ci_model_open(const char *model_arg, int n_threads) {
+  char *dir = ci_model_path_resolve(model_arg);
+  if (!dir) return NULL;
+  ci_backend *be = ci_cpu_backend_create(n_threads);
+  if (!be) {
+    free(dir);
+    return NULL;
+  }
+  ci_model *model = ci_model_load(dir, be);
+  if (!model) {
+    ci_fail_context("cannot load model %s", dir);
+    be->ops->destroy(be);
+  }
+  free(dir);
+  return model;
+}
+
+void ci_model_close(ci_model *model) {
+  if (!model) return;
+  ci_backend *be = model->be;
+  ci_model_free(model);
+  if (be) be->ops->destroy(be);
+}
+
+int ci_model_vocab_size(const ci_model *model) {
+  return model->spec.vocab;
+}
+
+int ci_model_context_length(const ci_model *model) {
+  return model->spec.max_position;
+}
+
+const char *ci_model_architecture(const ci_model *model) {
+  return model->spec.model_type;
+}
+
+int64_t ci_model_kv_bytes_per_token(const ci_model *model, const ci_kv_format *format) {
+  int64_t bytes = 0;
+  for (int l = 0; l < model->spec.n_cache_layers; l++) {
+    const ci_layer_spec *layer = &model->spec.layers[l];
+    bytes += (int64_t)layer->n_kv_heads * (int64_t)ci_kv_bytes_per_token(format, layer->head_dim);
+  }
+  return bytes;
+}

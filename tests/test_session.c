@@ -1,0 +1,151 @@
+/* ci_session (engine/session.h) and ci_model_open: a session's logits are bit-identical to
+ * ci_model_forward on a sequence of its own, whatever the feed chunks; the position limit,
+ * bad ids, synthetic fill (position, KV bytes, conversion), reset, and the model facts. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "base/error.h"
+#include "engine/session.h"
+#include "kv/cache.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define FIXTURE(name) CI_FIXTURE_DIR "/" name
+
+enum { N = 40 };
+
+static void fill_ids(int32_t *ids, int n, int vocab) {
+  uint64_t state = 7;
+  for (int i = 0; i < n; i++) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    ids[i] = (int32_t)((state >> 33) % (uint64_t)vocab);
+  }
+}
+
+/* Logits of every position through ci_model_forward on a plain bf16 sequence, in one step. */
+static float *reference_logits(ci_model *model, const int32_t *ids, int n) {
+  const int vocab = ci_model_vocab_size(model);
+  ci_kv_cache *cache = ci_model_kv_cache_create(model, CI_KV_BF16, 16, 0);
+  ci_kv_seq *seq = ci_kv_seq_create(cache);
+  float *logits = malloc((size_t)n * vocab * sizeof *logits);
+  assert_int_equal(ci_model_forward(model, seq, ids, n, logits, n), CI_OK);
+  ci_kv_seq_free(seq);
+  ci_kv_cache_free(cache);
+  return logits;
+}
+
+static void check_model(const char *dir) {
+  ci_model *model = ci_model_open(dir, 2);
+  assert_non_null(model);
+  const int vocab = ci_model_vocab_size(model);
+  int32_t ids[N];
+  fill_ids(ids, N, vocab);
+  float *want = reference_logits(model, ids, N);
+  float *got = malloc((size_t)N * vocab * sizeof *got);
+  ci_session_options options;
+  ci_session_options_default(&options);
+  options.kv_plan = CI_KV_PLAN_NONE;
+  ci_session *session = ci_session_create(model, &options);
+  assert_non_null(session);
+  assert_ptr_equal(ci_session_model(session), model);
+  for (int round = 0; round < 2; round++) { /* the second after a reset */
+    int done = 0;
+    const int chunks[] = {1, 7, 16, 16};
+    for (int c = 0; done < N; c++) {
+      const int len = N - done < chunks[c % 4] ? N - done : chunks[c % 4];
+      assert_int_equal(ci_session_feed(session, ids + done, len, got + (size_t)done * vocab, len),
+                       CI_OK);
+      done += len;
+      assert_int_equal(ci_session_position(session), done);
+    }
+    assert_memory_equal(got, want, (size_t)N * vocab * sizeof *got);
+    assert_true(ci_session_kv_bytes_used(session) > 0);
+    assert_int_equal(ci_session_reset(session), CI_OK);
+    assert_int_equal(ci_session_position(session), 0);
+  }
+  ci_session_free(session);
+  free(want);
+  free(got);
+  ci_model_close(model);
+}
+
+static void test_logits_match_forward(void **state) {
+  (void)state;
+  check_model(FIXTURE("llama"));
+  check_model(FIXTURE("gemma3")); /* sliding-window layers */
+  check_model(FIXTURE("gemma4")); /* KV-sharing layers */
+}
+
+static void test_limits_and_errors(void **state) {
+  (void)state;
+  ci_model *model = ci_model_open(FIXTURE("llama"), 1);
+  assert_non_null(model);
+  assert_string_equal(ci_model_architecture(model), "llama");
+  assert_true(ci_model_context_length(model) > 0);
+  const ci_kv_format bf16 = ci_kv_format_plain(CI_KV_BF16), f32 = ci_kv_format_plain(CI_KV_F32);
+  assert_int_equal(ci_model_kv_bytes_per_token(model, &f32),
+                   2 * ci_model_kv_bytes_per_token(model, &bf16));
+  ci_session_options options;
+  ci_session_options_default(&options);
+  options.max_tokens = 10;
+  ci_session *session = ci_session_create(model, &options);
+  assert_non_null(session);
+  int32_t ids[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  assert_int_equal(ci_session_feed(session, ids, 11, NULL, 0), CI_ERR);
+  assert_int_equal(ci_session_position(session), 0);
+  const int32_t bad = ci_model_vocab_size(model);
+  assert_int_equal(ci_session_feed(session, &bad, 1, NULL, 0), CI_ERR);
+  assert_non_null(strstr(ci_last_error(), "out of range"));
+  float logits[2];
+  assert_int_equal(ci_session_feed(session, ids, 1, logits, 2), CI_ERR); /* 2 rows of 1 */
+  assert_int_equal(ci_session_feed(session, ids, 0, NULL, 0), CI_ERR);
+  assert_int_equal(ci_session_feed(session, ids, 10, NULL, 0), CI_OK);
+  assert_int_equal(ci_session_fill_synthetic(session, 1, 1), CI_ERR);
+  ci_session_free(session);
+  ci_model_close(model);
+  assert_null(ci_model_open(FIXTURE("no-such-model"), 1));
+  assert_non_null(strstr(ci_last_error(), "no-such-model"));
+}
+
+/* Synthetic rows count as positions, convert like fed ones, and a feed can follow them. */
+static void test_fill_synthetic(void **state) {
+  (void)state;
+  ci_model *model = ci_model_open(FIXTURE("gemma3"), 1);
+  assert_non_null(model);
+  ci_session_options options;
+  ci_session_options_default(&options);
+  ci_session *plain = ci_session_create(model, &options);
+  options.kv_plan = CI_KV_PLAN_TARGET;
+  assert_int_equal(ci_kv_format_parse("turbo", 4, 0, 0, &options.kv_target), CI_OK);
+  options.kv_start = 64;
+  ci_session *quantized = ci_session_create(model, &options);
+  assert_non_null(plain);
+  assert_non_null(quantized);
+  assert_int_equal(ci_session_fill_synthetic(plain, 300, 5), CI_OK);
+  assert_int_equal(ci_session_fill_synthetic(quantized, 300, 5), CI_OK);
+  assert_int_equal(ci_session_position(plain), 300);
+  assert_true(ci_session_kv_bytes_used(quantized) < ci_session_kv_bytes_used(plain));
+  int32_t id = 3;
+  float *logits = malloc((size_t)ci_model_vocab_size(model) * sizeof *logits);
+  assert_int_equal(ci_session_feed(quantized, &id, 1, logits, 1), CI_OK);
+  free(logits);
+  assert_int_equal(ci_session_position(quantized), 301);
+  assert_int_equal(ci_session_fill_synthetic(quantized, 0, 5), CI_OK);
+  assert_int_equal(ci_session_fill_synthetic(quantized, -1, 5), CI_ERR);
+  ci_session_free(plain);
+  ci_session_free(quantized);
+  ci_model_close(model);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_logits_match_forward),
+      cmocka_unit_test(test_limits_and_errors),
+      cmocka_unit_test(test_fill_synthetic),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
