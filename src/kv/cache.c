@@ -75,14 +75,23 @@ ci_kv_cache *ci_kv_cache_create(ci_backend *be, int n_layers, const ci_kv_layer_
   for (int g = 0; g < cache->n_groups; g++) {
     ci_kv_group *group = &cache->groups[g];
     group->layers = calloc((size_t)group->n_layers, sizeof(int));
-    group->signs = malloc((size_t)group->n_layers * (size_t)group->head_dim * sizeof(float));
+    group->signs =
+        be->ops->alloc(be, (size_t)group->n_layers * (size_t)group->head_dim * sizeof(float));
     if (!group->layers || !group->signs) goto oom;
   }
+  float signs[CI_MAX_HEAD_DIM];
   for (int l = 0; l < n_layers; l++) {
     ci_kv_group *group = &cache->groups[cache->group_of_layer[l]];
     const int slot = cache->slot_of_layer[l];
     group->layers[slot] = l;
-    ci_turbo_signs(l, group->head_dim, group->signs + (size_t)slot * group->head_dim);
+    if (group->head_dim > CI_MAX_HEAD_DIM) {
+      ci_kv_cache_free(cache);
+      ci_fail("kv cache: head_dim %d is over %d", group->head_dim, CI_MAX_HEAD_DIM);
+      return NULL;
+    }
+    ci_turbo_signs(l, group->head_dim, signs);
+    be->ops->upload(be, group->signs + (size_t)slot * group->head_dim, signs,
+                    (size_t)group->head_dim * sizeof(float));
   }
   /* slabs hold SLAB_BLOCKS blocks of the group with the largest blocks in the widest format
    * (f32), so that a block of any group in any format fits one */
@@ -123,9 +132,11 @@ void ci_kv_cache_free(ci_kv_cache *cache) {
       }
       free(group->pools);
       free(group->layers);
-      free(group->signs);
+      if (group->signs) cache->be->ops->release(cache->be, group->signs);
     }
   if (cache->has_arena) ci_kv_arena_destroy(&cache->arena);
+  if (cache->table_device && cache->table_device != cache->table_store)
+    cache->be->ops->release(cache->be, cache->table_device);
   free(cache->table_store);
   free(cache->row_taken);
   free(cache->groups);
@@ -157,10 +168,15 @@ int ci_kv_cache_set_limits(ci_kv_cache *cache, int max_seqs, int64_t max_positio
   const size_t n = (size_t)max_seqs * (size_t)cache->n_groups * (size_t)entries;
   cache->table_store = malloc((n ? n : 1) * sizeof *cache->table_store);
   cache->row_taken = calloc((size_t)max_seqs, 1);
-  if (!cache->table_store || !cache->row_taken) {
+  ci_backend *be = cache->be;
+  cache->table_device =
+      be->host_visible ? cache->table_store : be->ops->alloc(be, (n ? n : 1) * sizeof(int32_t));
+  if (!cache->table_store || !cache->row_taken || !cache->table_device) {
+    if (cache->table_device && cache->table_device != cache->table_store)
+      be->ops->release(be, cache->table_device);
     free(cache->table_store);
     free(cache->row_taken);
-    cache->table_store = NULL;
+    cache->table_store = cache->table_device = NULL;
     cache->row_taken = NULL;
     return ci_fail("kv cache: out of memory for the block tables");
   }
@@ -237,6 +253,12 @@ ci_kv_seq *ci_kv_seq_create(ci_kv_cache *cache) {
   }
   seq->cache = cache;
   seq->row = -1;
+  if (!cache->table_store && !cache->be->host_visible) {
+    free(seq->tables);
+    free(seq);
+    ci_fail("kv cache: a backend with memory of its own needs the cache's limits set");
+    return NULL;
+  }
   if (cache->table_store) {
     int row = 0;
     while (row < cache->max_seqs && cache->row_taken[row]) row++;
@@ -384,7 +406,7 @@ static ci_paged_kv pool_layer_view(const ci_kv_group *group, const ci_kv_pool *p
                        .block_tokens = pool->block_tokens,
                        .n_kv_heads = group->n_kv_heads,
                        .head_dim = group->head_dim,
-                       .slabs = pool->slabs,
+                       .slabs = pool->slabs_device,
                        .blocks_per_slab = pool->blocks_per_slab,
                        .block_stride = pool->block_stride,
                        .k_offset = (size_t)slot * (pool->k_block_bytes + pool->v_block_bytes),
@@ -525,12 +547,24 @@ int ci_kv_seq_attach(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *re
   return status;
 }
 
+void ci_kv_seq_sync_tables(const ci_kv_seq *seq) {
+  const ci_kv_cache *cache = seq->cache;
+  if (cache->table_device == cache->table_store || seq->row < 0) return;
+  for (int g = 0; g < cache->n_groups; g++) {
+    const ci_kv_block_table *table = &seq->tables[g];
+    cache->be->ops->upload(cache->be, cache->table_device + (table->entries - cache->table_store),
+                           table->entries, (size_t)table->n_entries * sizeof(int32_t));
+  }
+}
+
 ci_paged_kv ci_kv_seq_view(const ci_kv_seq *seq, int layer) {
   const ci_kv_cache *cache = seq->cache;
   const int g = cache->group_of_layer[layer];
   ci_paged_kv view =
       pool_layer_view(&cache->groups[g], seq->tables[g].pool, cache->slot_of_layer[layer]);
-  view.block_table = seq->tables[g].entries;
+  view.block_table = seq->row >= 0
+                         ? cache->table_device + (seq->tables[g].entries - cache->table_store)
+                         : seq->tables[g].entries;
   view.n_table_entries = seq->tables[g].n_entries;
   return view;
 }

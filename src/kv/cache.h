@@ -27,7 +27,8 @@ typedef struct {
   int plan_class;
   int n_layers;
   int *layers;        /* [n_layers] cache layer index of each slot */
-  float *signs;       /* [n_layers][head_dim] TurboQuant sign vectors of those layers */
+  float *signs;       /* [n_layers][head_dim] TurboQuant sign vectors of those layers (backend
+                         memory) */
   ci_kv_pool **pools; /* [n_pools]; pools[0] holds the base format */
   int n_pools;
 } ci_kv_group;
@@ -39,7 +40,9 @@ typedef struct {
   int block_tokens;
   /* Block tables of every sequence in one array (after ci_kv_cache_set_limits): sequence row r,
    * group g owns entries [(r * n_groups + g) * max_table_entries, ... + max_table_entries). */
-  int32_t *table_store; /* [max_seqs][n_groups][max_table_entries] */
+  int32_t *table_store;  /* [max_seqs][n_groups][max_table_entries], host */
+  int32_t *table_device; /* its copy in backend memory (the same array where the backend shares
+                            host memory) */
   int max_seqs;
   int64_t max_table_entries; /* blocks of the longest sequence */
   uint8_t *row_taken;        /* [max_seqs] */
@@ -188,7 +191,12 @@ ci_kv_block_ref ci_kv_seq_block(const ci_kv_seq *seq, int g, int64_t i);
 int ci_kv_seq_attach(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *refs, int converted,
                      int64_t conversion_offset);
 
-/* The paged view of cache layer `layer` for this sequence, for kv_store and attention. */
+/* Brings the backend's copy of the sequence's block tables up to date (before a step that reads
+ * them; nothing to do where the backend shares host memory). */
+void ci_kv_seq_sync_tables(const ci_kv_seq *seq);
+
+/* The paged view of cache layer `layer` for this sequence, for kv_store and attention (its
+ * tables and slab pointers in backend memory). */
 ci_paged_kv ci_kv_seq_view(const ci_kv_seq *seq, int layer);
 
 #endif

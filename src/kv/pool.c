@@ -38,6 +38,7 @@ static int grow_slots(ci_kv_pool *pool, int32_t n) {
     slabs[s] = NULL;
     used[s] = 0;
   }
+  if (pool->be->host_visible) pool->slabs_device = slabs;
   memset(refcount + (size_t)pool->n_slots * pool->blocks_per_slab, 0,
          (size_t)(n - pool->n_slots) * (size_t)pool->blocks_per_slab * sizeof *refcount);
   pool->n_slots = n;
@@ -81,7 +82,22 @@ int ci_kv_pool_init(ci_kv_pool *pool, ci_backend *be, ci_kv_arena *arena, ci_kv_
 
 int ci_kv_pool_fit_arena(ci_kv_pool *pool) {
   /* with a budget every slab of the arena may end up here: the slot table never grows */
-  return pool->arena->n_slabs > 0 ? grow_slots(pool, pool->arena->n_slabs) : CI_OK;
+  if (pool->arena->n_slabs > 0 && grow_slots(pool, pool->arena->n_slabs)) return CI_ERR;
+  if (pool->be->host_visible || pool->n_slots == 0) return CI_OK;
+  /* a device reads the slot table from its own memory: one copy, kept current slab by slab */
+  if (pool->slabs_device) pool->be->ops->release(pool->be, pool->slabs_device);
+  pool->slabs_device = pool->be->ops->alloc(pool->be, (size_t)pool->n_slots * sizeof(uint8_t *));
+  if (!pool->slabs_device) return CI_ERR;
+  pool->be->ops->upload(pool->be, pool->slabs_device, pool->slabs,
+                        (size_t)pool->n_slots * sizeof(uint8_t *));
+  return CI_OK;
+}
+
+/* Publishes slot `slot` of the slab table to the backend's copy. */
+static void publish_slot(ci_kv_pool *pool, int32_t slot) {
+  if (pool->slabs_device != pool->slabs)
+    pool->be->ops->upload(pool->be, pool->slabs_device + slot, pool->slabs + slot,
+                          sizeof(uint8_t *));
 }
 
 void ci_kv_pool_destroy(ci_kv_pool *pool) {
@@ -92,6 +108,8 @@ void ci_kv_pool_destroy(ci_kv_pool *pool) {
       else
         pool->be->ops->release(pool->be, pool->slabs[s]);
     }
+  if (pool->slabs_device && pool->slabs_device != pool->slabs)
+    pool->be->ops->release(pool->be, pool->slabs_device);
   free(pool->slabs);
   free(pool->slab_used);
   free(pool->refcount);
@@ -100,6 +118,8 @@ void ci_kv_pool_destroy(ci_kv_pool *pool) {
 
 /* Takes a slab from the arena into the lowest empty slot. Returns the slot, or -1. */
 static int32_t take_slab(ci_kv_pool *pool) {
+  if (!pool->be->host_visible && !pool->arena->base)
+    return ci_fail("kv pool: a backend with memory of its own needs a KV budget (an arena)"), -1;
   int32_t slot = 0;
   while (slot < pool->n_slots && pool->slabs[slot]) slot++;
   if (slot == pool->n_slots && grow_slots(pool, pool->n_slots ? pool->n_slots * 2 : 4)) return -1;
@@ -108,6 +128,7 @@ static int32_t take_slab(ci_kv_pool *pool) {
   pool->slabs[slot] = slab;
   pool->slab_used[slot] = 0;
   pool->n_held++;
+  publish_slot(pool, slot);
   return slot;
 }
 
@@ -152,5 +173,6 @@ void ci_kv_pool_release(ci_kv_pool *pool, int32_t id) {
     ci_kv_arena_give(pool->arena, pool->slabs[slot]);
     pool->slabs[slot] = NULL;
     pool->n_held--;
+    publish_slot(pool, slot);
   }
 }

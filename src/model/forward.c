@@ -83,7 +83,7 @@ static int moe_block(ci_model *m, const step_rows *sr, int li, int n, ci_workspa
   be->ops->moe_route(be, act->moe_scores, n, s->n_experts, top_k, L->expert_scale, act->route_ids,
                      act->route_w);
   norm(m, act->a, act->x, L->moe_norm, n, hidden);
-  be->ops->scale(be, act->moe_out, 0.0f, (int64_t)n * hidden);
+  be->ops->fill(be, act->moe_out, 0.0f, (int64_t)n * hidden);
   const int n_seqs = sr->kv.n_seqs;
   for (int e = 0; e < s->n_experts; e++) {
     /* the expert's rows, in row order, counted per sequence: each sequence's rows form a
@@ -124,7 +124,7 @@ static int attention_block(ci_model *m, const step_rows *sr, int li, int n, ci_w
   const ci_layer_spec *ls = &s->layers[li];
   const ci_layer_weights *L = &m->layers[li];
   const int D = ls->head_dim, Hq = s->n_heads, Hkv = ls->n_kv_heads;
-  const ci_rope *rope = &s->ropes[ls->rope_index].rope;
+  const ci_rope *rope = &m->ropes[ls->rope_index];
   const int owner = ls->cache_layer == li;
 
   norm(m, act->a, act->x, L->attn_norm, n, s->hidden);
@@ -192,7 +192,7 @@ static int layer_forward(ci_model *m, const step_rows *sr, int li, int n, ci_wor
     norm(m, act->proj, act->proj, L->ple_post_norm, n, s->hidden);
     be->ops->add(be, act->x, act->proj, hn);
   }
-  if (s->layer_scalar) be->ops->scale(be, act->x, L->layer_scalar[0], hn);
+  if (s->layer_scalar) be->ops->scale(be, act->x, L->layer_scale, hn);
   return CI_OK;
 }
 
@@ -203,10 +203,6 @@ static int per_layer_inputs(ci_model *m, const step_rows *sr, const int32_t *ids
   ci_backend *be = m->be;
   const ci_model_spec *s = &m->spec;
   const int64_t width = (int64_t)s->n_layers * s->ple_dim;
-  for (int i = 0; i < n; i++)
-    if (ids[i] >= s->ple_vocab)
-      return ci_fail("token id %d is outside the per-layer input table (%d rows)", ids[i],
-                     s->ple_vocab);
   if (be->ops->embed(be, &m->ple_embed, ids, n, act->ple_tmp)) return CI_ERR;
   be->ops->scale(be, act->ple_tmp, s->ple_embed_scale, (int64_t)n * width);
   if (matmul(be, sr, &m->ple_model_proj, act->x, n, act->ple)) return CI_ERR;
@@ -226,9 +222,13 @@ static int check_step(const ci_model *m, const ci_step_seq *seqs, int n_seqs) {
     if (!q->seq || q->n_rows < 1) return ci_fail("step: sequence %d has no rows", i);
     if (q->n_logit_rows < 0 || q->n_logit_rows > q->n_rows)
       return ci_fail("step: %d logit rows requested for %d tokens", q->n_logit_rows, q->n_rows);
-    for (int r = 0; r < q->n_rows; r++)
+    for (int r = 0; r < q->n_rows; r++) {
       if (q->ids[r] < 0 || q->ids[r] >= s->vocab)
         return ci_fail("token id %d at index %d is out of range [0, %d)", q->ids[r], r, s->vocab);
+      if (s->ple_dim > 0 && q->ids[r] >= s->ple_vocab)
+        return ci_fail("token id %d is outside the per-layer input table (%d rows)", q->ids[r],
+                       s->ple_vocab);
+    }
     if (q->seq->n + q->n_rows > (int64_t)INT32_MAX) return ci_fail("step: sequence too long");
     /* a pending KV conversion must happen exactly at its start (docs/kv-cache.md §5) */
     if ((int64_t)q->n_rows > ci_kv_seq_chunk_limit(q->seq))
@@ -252,17 +252,31 @@ int ci_model_step(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, int n_
   for (int i = 0; i < n_seqs; i++)
     if (ci_kv_seq_reserve(seqs[i].seq, seqs[i].n_rows)) return CI_ERR;
 
-  /* the step's rows: each sequence's ids at its next positions, and the rows that give logits */
+  /* the step descriptor: each sequence's ids at its next positions (host, then backend memory),
+   * and the rows that give logits */
+  int32_t *ids_host = ws->desc_host, *pos_host = ws->desc_host + n;
   for (int i = 0, row = 0; i < n_seqs; i++) {
     const ci_step_seq *q = &seqs[i];
     ws->seq_first[i] = row;
     ws->seq_rows[i] = q->n_rows;
     ws->logit_seg[i] = logits ? q->n_logit_rows : 0;
     for (int r = 0; r < q->n_rows; r++, row++) {
-      ws->ids[row] = q->ids[r];
-      ws->pos[row] = (int32_t)(q->seq->n + r);
+      ids_host[row] = q->ids[r];
+      pos_host[row] = (int32_t)(q->seq->n + r);
       if (logits && r >= q->n_rows - q->n_logit_rows) ws->logit_rows[n_logits++] = row;
     }
+  }
+  ci_backend *be = m->be;
+  ws->ids = ws->desc;
+  ws->pos = ws->desc + n;
+  if (be->ops->step_begin(be, ws->desc, ws->desc_host, (size_t)2 * n * sizeof(int32_t)))
+    return CI_ERR;
+  for (int i = 0; i < n_seqs; i++) ci_kv_seq_sync_tables(seqs[i].seq);
+  /* logits: straight into the caller's buffer where the backend shares host memory */
+  float *out = NULL;
+  if (n_logits > 0) {
+    out = be->host_visible ? logits : ci_workspace_logits(ws, (int64_t)n_logits * s->vocab);
+    if (!out) return CI_ERR;
   }
   const step_rows sr = {
       .ws = ws,
@@ -270,7 +284,6 @@ int ci_model_step(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, int n_
       .segments = {.n = n_seqs, .rows = ws->seq_rows},
       .kv = {.n_seqs = n_seqs, .first_row = ws->seq_first, .n_rows = ws->seq_rows, .kv = ws->views},
       .seqs = seqs};
-  ci_backend *be = m->be;
   int status = be->ops->embed(be, &m->embed, ws->ids, n, ws->x);
   if (status == CI_OK && s->embed_scale != 0.0f)
     be->ops->scale(be, ws->x, s->embed_scale, (int64_t)n * s->hidden);
@@ -283,11 +296,13 @@ int ci_model_step(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, int n_
     be->ops->gather_rows(be, ws->proj, ws->x, ws->logit_rows, n_logits, s->hidden);
     norm(m, ws->a, ws->proj, m->final_norm, n_logits, s->hidden);
     const step_rows logit_rows = {.segments = {.n = n_seqs, .rows = ws->logit_seg}};
-    status = matmul(be, &logit_rows, &m->head, ws->a, n_logits, logits);
+    status = matmul(be, &logit_rows, &m->head, ws->a, n_logits, out);
     if (status == CI_OK && s->final_softcap != 0.0f)
-      be->ops->softcap(be, logits, s->final_softcap, (int64_t)n_logits * s->vocab);
+      be->ops->softcap(be, out, s->final_softcap, (int64_t)n_logits * s->vocab);
   }
-  return status;
+  const int end = be->ops->step_end(be, n_logits > 0 ? logits : NULL, out,
+                                    (size_t)n_logits * s->vocab * sizeof(float));
+  return status ? status : end;
 }
 
 /* The model's own workspace, for the single-sequence calls. */

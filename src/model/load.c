@@ -77,7 +77,14 @@ static int bind_matrix(ci_model *m, const char *module, int64_t rows, int64_t co
   return CI_OK;
 }
 
-/* Copies the 1-D float tensor `name` of `len` elements to an owned f32 array. */
+/* A backend copy of n host floats, or NULL with ci_last_error. */
+static float *backend_floats(ci_backend *be, const float *host, int64_t n) {
+  float *copy = be->ops->alloc(be, (size_t)n * sizeof(float));
+  if (copy) be->ops->upload(be, copy, host, (size_t)n * sizeof(float));
+  return copy;
+}
+
+/* Copies the 1-D float tensor `name` of `len` elements to an owned f32 array in backend memory. */
 static int bind_vector(ci_model *m, const char *name, int64_t len, float **out) {
   *out = NULL;
   ci_st_tensor *t = ci_weights_take(m->files, name);
@@ -87,10 +94,12 @@ static int bind_vector(ci_model *m, const char *name, int64_t len, float **out) 
   if (t->ndim != 1 || t->shape[0] != len)
     return ci_fail("tensor %s: shape disagrees with config.json (expected [%lld])", name,
                    (long long)len);
-  *out = malloc((size_t)len * sizeof(float));
-  if (!*out) return ci_fail("out of memory");
-  for (int64_t i = 0; i < len; i++) (*out)[i] = ci_float_at(t->dtype, t->data, (size_t)i);
-  return CI_OK;
+  float *host = malloc((size_t)len * sizeof(float));
+  if (!host) return ci_fail("out of memory");
+  for (int64_t i = 0; i < len; i++) host[i] = ci_float_at(t->dtype, t->data, (size_t)i);
+  *out = backend_floats(m->be, host, len);
+  free(host);
+  return *out ? CI_OK : CI_ERR;
 }
 
 /* Binds a bare stack of expert matrices `name` [experts, rows, cols] (plain float dtypes). */
@@ -230,6 +239,18 @@ static int bind_all(ci_model *m) {
     drop_tied_head(m, head_module);
   }
   drop_sharer_kv(m, prefix);
+  for (int i = 0; i < s->n_layers; i++) /* the residual scale is a step argument, not data */
+    if (m->layers[i].layer_scalar)
+      m->be->ops->download(m->be, &m->layers[i].layer_scale, m->layers[i].layer_scalar,
+                           sizeof(float));
+  for (int r = 0; r < s->n_ropes; r++) { /* RoPE frequencies in backend memory */
+    const ci_rope *rope = &s->ropes[r].rope;
+    m->ropes[r] = *rope;
+    m->rope_freqs[r] =
+        backend_floats(m->be, rope->inv_freq, rope->rot_dim / 2 > 0 ? rope->rot_dim / 2 : 1);
+    if (!m->rope_freqs[r]) return CI_ERR;
+    m->ropes[r].inv_freq = m->rope_freqs[r];
+  }
   m->spec.embed_scale = m->spec.embed_scale ? scale_in_dtype(m->spec.embed_scale, &m->embed) : 0;
   if (s->ple_dim > 0)
     m->spec.ple_embed_scale = scale_in_dtype(m->spec.ple_embed_scale, &m->ple_embed);
@@ -288,12 +309,14 @@ void ci_model_free(ci_model *m) {
                         L->expert_scale,
                         L->ple_post_norm,
                         L->layer_scalar};
-      for (size_t k = 0; k < sizeof owned / sizeof owned[0]; k++) free(owned[k]);
+      for (size_t k = 0; k < sizeof owned / sizeof owned[0]; k++)
+        if (owned[k]) m->be->ops->release(m->be, owned[k]);
     }
     free(m->layers);
   }
-  free(m->final_norm);
-  free(m->ple_norm);
+  float *globals[] = {m->final_norm, m->ple_norm, m->rope_freqs[0], m->rope_freqs[1]};
+  for (size_t k = 0; k < sizeof globals / sizeof globals[0]; k++)
+    if (globals[k]) m->be->ops->release(m->be, globals[k]);
   free(m->kv_config);
   ci_weights_free(m->files);
   ci_model_spec_free(&m->spec);
@@ -364,8 +387,7 @@ ci_kv_cache *ci_model_kv_cache_create_protected(const ci_model *m, ci_kv_codec c
                                  .head_dim = l->head_dim,
                                  .plan_class = plan_class};
   }
-  ci_kv_cache *cache =
-      ci_kv_cache_create(m->be, n_cache, desc, codec, block_tokens, arena_bytes);
+  ci_kv_cache *cache = ci_kv_cache_create(m->be, n_cache, desc, codec, block_tokens, arena_bytes);
   free(desc);
   return cache;
 }

@@ -11,7 +11,8 @@
 typedef struct ci_weights ci_weights;
 
 /* Tensors of one transformer layer. Linear weights are [out, in] in their stored format;
- * vectors (norm weights, biases) are owned f32 copies, NULL when the model has none. */
+ * vectors (norm weights, biases) are owned f32 copies in backend memory, NULL when the model has
+ * none. */
 typedef struct {
   float *attn_norm;       /* (hidden) input_layernorm */
   ci_tensor wq;           /* (Hq*D, hidden) */
@@ -42,21 +43,24 @@ typedef struct {
   ci_tensor ple_proj;   /* (hidden, P) */
   float *ple_post_norm; /* (hidden) */
   float *layer_scalar;  /* (1) */
+  float layer_scale;    /* its value, read once at load */
 } ci_layer_weights;
 
 typedef struct ci_model {
   ci_model_spec spec;
-  ci_backend *be;           /* not owned */
-  ci_weights *files;        /* owned: the mmap'd safetensors */
-  ci_tensor embed;          /* (V, hidden) */
-  ci_tensor head;           /* (V, hidden); the embedding itself when tied */
-  float *final_norm;        /* (hidden) */
-  ci_tensor ple_embed;      /* (V_ple, N * P) per-layer input table (Gemma 4) */
-  ci_tensor ple_model_proj; /* (N * P, hidden) */
-  float *ple_norm;          /* (P) */
-  ci_layer_weights *layers; /* [n_layers] */
-  ci_kv_format *kv_config;  /* [n_cache_layers] per-layer KV plan from kv_config.json, or NULL */
-  ci_workspace *workspace;  /* owned: the workspace of ci_model_forward (created on first use) */
+  ci_backend *be;                  /* not owned */
+  ci_weights *files;               /* owned: the mmap'd safetensors */
+  ci_tensor embed;                 /* (V, hidden) */
+  ci_tensor head;                  /* (V, hidden); the embedding itself when tied */
+  float *final_norm;               /* (hidden) */
+  ci_tensor ple_embed;             /* (V_ple, N * P) per-layer input table (Gemma 4) */
+  ci_tensor ple_model_proj;        /* (N * P, hidden) */
+  float *ple_norm;                 /* (P) */
+  ci_layer_weights *layers;        /* [n_layers] */
+  ci_rope ropes[CI_MAX_ROPES];     /* spec.ropes with their frequencies in backend memory */
+  float *rope_freqs[CI_MAX_ROPES]; /* owned: (rot_dim / 2) each */
+  ci_kv_format *kv_config; /* [n_cache_layers] per-layer KV plan from kv_config.json, or NULL */
+  ci_workspace *workspace; /* owned: the workspace of ci_model_forward (created on first use) */
 } ci_model;
 
 /* Loads a model folder (config.json + safetensors) for backend `be`. Validates every tensor
@@ -79,8 +83,7 @@ ci_kv_cache *ci_model_kv_cache_create(const ci_model *model, ci_kv_codec codec, 
  * of its own, so that plans can keep up to that many layers at each end in the base format
  * (docs/kv-cache.md §7, `--kv-protect`). */
 ci_kv_cache *ci_model_kv_cache_create_protected(const ci_model *model, ci_kv_codec codec,
-                                                int block_tokens, int64_t arena_bytes,
-                                                int protect);
+                                                int block_tokens, int64_t arena_bytes, int protect);
 
 /* Gives an empty sequence the model's kv_config.json plan (start 0), if the folder has one.
  * Returns CI_OK (also when there is none) or CI_ERR. */

@@ -15,22 +15,36 @@ ci_workspace *ci_workspace_create(ci_backend *be) {
 
 /* Releases every buffer (the sizes become 0). */
 static void release_buffers(ci_workspace *ws) {
-  float **dev[] = {&ws->x,       &ws->a,          &ws->q,       &ws->k,      &ws->v,
-                   &ws->att,     &ws->proj,       &ws->gate,    &ws->up,     &ws->ple,
-                   &ws->ple_tmp, &ws->moe_scores, &ws->moe_out, &ws->moe_in, &ws->moe_y};
+  float **dev[] = {&ws->x,       &ws->a,      &ws->q,     &ws->k,     &ws->v,       &ws->att,
+                   &ws->proj,    &ws->gate,   &ws->up,    &ws->ple,   &ws->ple_tmp, &ws->moe_scores,
+                   &ws->moe_out, &ws->moe_in, &ws->moe_y, &ws->logits};
   for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) {
     if (*dev[i]) ws->be->ops->release(ws->be, *dev[i]);
     *dev[i] = NULL;
   }
-  void **host[] = {(void **)&ws->ids,      (void **)&ws->pos,        (void **)&ws->seq_first,
-                   (void **)&ws->seq_rows, (void **)&ws->logit_rows, (void **)&ws->logit_seg,
-                   (void **)&ws->views,    (void **)&ws->route_ids,  (void **)&ws->route_w,
-                   (void **)&ws->rows,     (void **)&ws->row_w,      (void **)&ws->expert_seg};
+  if (ws->desc) ws->be->ops->release(ws->be, ws->desc);
+  ws->desc = ws->ids = ws->pos = NULL;
+  ws->logit_capacity = 0;
+  void **host[] = {(void **)&ws->desc_host,  (void **)&ws->seq_first, (void **)&ws->seq_rows,
+                   (void **)&ws->logit_rows, (void **)&ws->logit_seg, (void **)&ws->views,
+                   (void **)&ws->route_ids,  (void **)&ws->route_w,   (void **)&ws->rows,
+                   (void **)&ws->row_w,      (void **)&ws->expert_seg};
   for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) {
     free(*host[i]);
     *host[i] = NULL;
   }
   ws->max_rows = ws->max_seqs = 0;
+}
+
+float *ci_workspace_logits(ci_workspace *ws, int64_t n) {
+  if (n <= ws->logit_capacity) return ws->logits;
+  if (ws->logits) ws->be->ops->release(ws->be, ws->logits);
+  ws->logit_capacity = 0;
+  ws->allocations++;
+  ws->logits = ws->be->ops->alloc(ws->be, (size_t)n * sizeof(float));
+  if (!ws->logits) return NULL;
+  ws->logit_capacity = n;
+  return ws->logits;
 }
 
 void ci_workspace_free(ci_workspace *ws) {
@@ -101,7 +115,8 @@ int ci_workspace_fit(ci_workspace *ws, const ci_model_spec *s, int max_rows, int
          (ws->expert_seg = malloc((size_t)max_seqs * sizeof(int32_t)));
   }
   const size_t seqs = (size_t)max_seqs;
-  ok = ok && (ws->ids = malloc(n * sizeof(int32_t))) && (ws->pos = malloc(n * sizeof(int32_t))) &&
+  ok = ok && (ws->desc = be->ops->alloc(be, 2 * n * sizeof(int32_t))) &&
+       (ws->desc_host = malloc(2 * n * sizeof(int32_t))) &&
        (ws->seq_first = malloc(seqs * sizeof(int32_t))) &&
        (ws->seq_rows = malloc(seqs * sizeof(int32_t))) &&
        (ws->logit_rows = malloc(n * sizeof(int32_t))) &&

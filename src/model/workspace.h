@@ -31,8 +31,12 @@ typedef struct ci_workspace {
   float *moe_in;     /* (rows, hidden) gathered rows of one expert */
   float *moe_y;      /* (rows, hidden) one expert's output rows */
   /* The step's description, host memory. */
-  int32_t *ids;        /* (rows) token of each row */
-  int32_t *pos;        /* (rows) position of each row */
+  int32_t *desc;      /* (2 rows) the step descriptor in backend memory: ids, positions */
+  int32_t *desc_host; /* (2 rows) its host copy, written by the step */
+  int32_t *ids;       /* (rows) token of each row: inside desc */
+  int32_t *pos;       /* (rows) position of each row: inside desc */
+  float *logits;      /* (logit_capacity) logits in backend memory where it is not host memory */
+  int64_t logit_capacity;
   int32_t *seq_first;  /* (seqs) first row of each sequence */
   int32_t *seq_rows;   /* (seqs) rows of each sequence */
   int32_t *logit_rows; /* (rows) the rows whose logits the step returns, in order */
@@ -53,6 +57,10 @@ ci_workspace *ci_workspace_create(ci_backend *be);
  * `spec`, (re)allocating only when it is smaller, and reserves the backend's scratch for such
  * steps. Returns CI_OK or CI_ERR. */
 int ci_workspace_fit(ci_workspace *ws, const ci_model_spec *spec, int max_rows, int max_seqs);
+
+/* A backend buffer of at least n logits (grown when smaller), for backends whose memory the host
+ * cannot read. NULL with ci_last_error. */
+float *ci_workspace_logits(ci_workspace *ws, int64_t n);
 
 /* Frees every buffer and the workspace. NULL is a no-op. */
 void ci_workspace_free(ci_workspace *ws);

@@ -51,7 +51,8 @@ static inline uint8_t *ci_kv_block_row(const ci_paged_kv *kv, int value, int32_t
   return kv->slabs[block / kv->blocks_per_slab] +
          (size_t)(block % kv->blocks_per_slab) * kv->block_stride +
          (value ? kv->v_offset : kv->k_offset) +
-         (size_t)((int64_t)head * kv->block_tokens + slot) * (value ? kv->v_row_bytes : kv->k_row_bytes);
+         (size_t)((int64_t)head * kv->block_tokens + slot) *
+             (value ? kv->v_row_bytes : kv->k_row_bytes);
 }
 
 /* Address of the stored row of (position, kv head). */
@@ -103,6 +104,19 @@ typedef struct {
   void (*release)(ci_backend *be, void *ptr);
   /* dst[0..bytes) = src[0..bytes) in backend memory (copy-on-write of KV blocks). */
   void (*copy_bytes)(ci_backend *be, void *dst, const void *src, size_t bytes);
+  /* Host memory to backend memory and back (weights' vectors and tables at load, the step
+   * descriptor, logits). */
+  void (*upload)(ci_backend *be, void *dst, const void *host_src, size_t bytes);
+  void (*download)(ci_backend *be, void *host_dst, const void *src, size_t bytes);
+  /* x[i] = value for n floats of backend memory. */
+  void (*fill)(ci_backend *be, float *x, float value, int64_t n);
+  /* Starts a step: the step descriptor (host_desc, bytes) goes to backend memory at desc, which
+   * the step's ops then read (token ids, positions). Returns CI_OK or CI_ERR. */
+  int (*step_begin)(ci_backend *be, void *desc, const void *host_desc, size_t bytes);
+  /* Ends a step: waits for its work, downloads logits_bytes of logits to host_logits (nothing to
+   * do when they are the same memory), and returns CI_OK or the first error an op raised during
+   * the step. */
+  int (*step_end)(ci_backend *be, float *host_logits, const float *logits, size_t logits_bytes);
   /* Allocations the backend has made so far (alloc calls and growth of its scratch): a steady
    * state that allocates nothing leaves it unchanged. */
   int64_t (*allocation_count)(ci_backend *be);
@@ -169,6 +183,7 @@ typedef struct {
 
 struct ci_backend {
   const ci_backend_ops *ops;
+  int host_visible; /* 1: backend memory is host memory (the CPU): no copies are needed */
 };
 
 #endif

@@ -53,6 +53,28 @@ static void cpu_copy_bytes(ci_backend *be, void *dst, const void *src, size_t by
   memmove(dst, src, bytes);
 }
 
+static void cpu_upload(ci_backend *be, void *dst, const void *host_src, size_t bytes) {
+  (void)be;
+  if (dst != host_src) memcpy(dst, host_src, bytes);
+}
+
+static void cpu_fill(ci_backend *be, float *x, float value, int64_t n) {
+  (void)be;
+  for (int64_t i = 0; i < n; i++) x[i] = value;
+}
+
+static int cpu_step_begin(ci_backend *be, void *desc, const void *host_desc, size_t bytes) {
+  cpu_upload(be, desc, host_desc, bytes);
+  return CI_OK;
+}
+
+/* CPU ops run synchronously and report errors as they return: only the copy is left. */
+static int cpu_step_end(ci_backend *be, float *host_logits, const float *logits,
+                        size_t logits_bytes) {
+  cpu_upload(be, host_logits, logits, logits_bytes);
+  return CI_OK;
+}
+
 static void cpu_release(ci_backend *be, void *ptr) {
   (void)be;
   free(ptr);
@@ -446,6 +468,11 @@ static const ci_backend_ops cpu_ops = {
     .alloc_uninitialized = cpu_alloc_uninitialized,
     .release = cpu_release,
     .copy_bytes = cpu_copy_bytes,
+    .upload = cpu_upload,
+    .download = cpu_upload,
+    .fill = cpu_fill,
+    .step_begin = cpu_step_begin,
+    .step_end = cpu_step_end,
     .kv_convert_block = cpu_kv_convert_block,
     .allocation_count = cpu_allocation_count,
     .reserve_scratch = cpu_reserve_scratch,
@@ -475,6 +502,7 @@ ci_backend *ci_cpu_backend_create(int n_threads) {
     return NULL;
   }
   cpu->base.ops = &cpu_ops;
+  cpu->base.host_visible = 1;
   ci_arena_init(&cpu->scratch);
   cpu->isa = ci_cpu_detect_isa();
   cpu->vec = ci_cpu_vec_kernels_get(cpu->isa);
