@@ -91,16 +91,16 @@ static int64_t attention_thread_floats(int group, int head_dim, int block_tokens
          2 * (int64_t)block_tokens * head_dim;
 }
 
-/* The most scratch a step of max_rows rows can take: the largest matmul preparation (panels,
- * word lanes, int8 planes and group sums of every row, per-thread panel scratch) or the
- * attention partials of every row and head with the per-thread buffers. */
+/* The most scratch a step of max_rows rows can take: the larger of a matmul's preparation (one
+ * of panels, word lanes or int8 planes for every row, with group sums and units, and the
+ * per-thread panel scratch) and attention's partials of every row and head with its per-thread
+ * buffers. A step that needs more still runs: the arena grows once, and the count shows it. */
 static int cpu_reserve_scratch(ci_backend *be, int64_t max_rows, int64_t max_k, int max_heads,
                                int max_head_dim) {
   cpu_backend *cpu = as_cpu(be);
   const int64_t threads = ci_threadpool_size(cpu->pool);
   const int64_t rows = max_rows + 64; /* panel padding */
-  const int64_t matmul =
-      rows * max_k * 4 /* panels or lanes, planes, sums, units */ + threads * 16384 + 4096;
+  const int64_t matmul = rows * max_k + rows * max_k / 8 + threads * 512 * 32 + 4096;
   const int64_t d = max_head_dim + 2;
   const int64_t attention = (rows * max_heads + 4 * threads * max_heads) * d +
                             threads * attention_thread_floats(max_heads, max_head_dim, 64) + 4096;
