@@ -9,7 +9,7 @@ import json
 import os
 import statistics
 
-from report_common import cpu_model, fmt, load, sh
+from report_common import commit_of_binary, cpu_model, fmt, load, sh
 
 NO_LLAMA = "n/a (llama.cpp not built: see bench/README.md)"
 TITLES = {  # section title per model name of bench/run.sh
@@ -143,9 +143,7 @@ def main():
     membw = load(os.path.join(a.results, "membw.json")) or {}
     roof = membw.get("read_gbs_nt")
     have_llama = os.access(a.llama_bench, os.X_OK)
-    commit = sh(["git", "rev-parse", "--short=12", "HEAD"])
-    if sh(["git", "status", "--porcelain", "--untracked-files=no"]) not in ("", "unknown"):
-        commit += " (with uncommitted changes)"
+    commit = commit_of_binary()
     llama_commit = "not built"
     for name, _, pairs in a.model:  # llama-bench reports the commit it was built from
         for _, gdt in parse_pairs(pairs):

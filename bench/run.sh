@@ -7,7 +7,8 @@
 # BENCH_MODELS (a subset of "llama1b gemma3-1b", space-separated), BENCH_CONFIG (the llama1b
 # config), BENCH_GEMMA_CONFIG (the gemma3-1b config), BENCH_WORK (model/result folder),
 # BENCH_REPORT (the markdown written), BENCH_ATTEMPTS (retries of a measurement disturbed by
-# other processes; see isolated_run.py).
+# other processes; see isolated_run.py), CINFER_COMMIT (the commit the report names, for a
+# binary built from another checkout; default: this checkout's HEAD).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -18,7 +18,8 @@
 # for /v1/chat/completions with the servers' chat templates), SERVER_ENGINES ("cinfer llama"),
 # SERVER_BAN_PARTIAL_UTF8 (1: every request carries logit_bias -100 for the 1352 tokens that are
 # not valid UTF-8 alone, see server_load.mjs; 0: none), SERVER_WORK, SERVER_REPORT,
-# SERVER_TOKENIZER_DIR, NODE.
+# SERVER_TOKENIZER_DIR, NODE, CINFER_COMMIT (the commit the report names, for a binary built
+# from another checkout; default: this checkout's HEAD).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -10,7 +10,7 @@ import json
 import os
 import textwrap
 
-from report_common import cpu_model, fmt, load, sh
+from report_common import commit_of_binary, cpu_model, fmt, load, sh
 
 ENGINES = (("cinfer", "cinfer"), ("llama", "llama-server"))
 NA_LLAMA = "n/a (llama-server not built: see bench/README.md)"
@@ -156,9 +156,7 @@ def main():
     with open(a.config) as f:
         cfg = json.load(f)
 
-    commit = sh(["git", "rev-parse", "--short=12", "HEAD"])
-    if sh(["git", "status", "--porcelain", "--untracked-files=no"]) not in ("", "unknown"):
-        commit += " (with uncommitted changes)"
+    commit = commit_of_binary()
     llama_dir = os.path.dirname(os.path.dirname(os.path.dirname(a.llama_server)))
     llama_commit = os.environ.get("LLAMA_CPP_COMMIT") or sh(
         ["git", "-C", llama_dir, "rev-parse", "--short=12", "HEAD"])

@@ -2,10 +2,11 @@
  * reserves its peak under its own codec plan), the prefix cache at admission and finish, and the
  * continuous-batching step (docs/generation.md §8, docs/architecture.md "The step"). Each step:
  * boundary work (cancellations and finished sequences leave; their full blocks go to the prefix
- * cache, the rest is freed), admission, then one batched forward of every decoding sequence's row
- * (row-invariant kernels) and a forward per prefill chunk under the step's token budget. A chunk's
- * length depends only on its own request (never on what else is in the step), so with the
- * row-invariant decode every request's logits are identical to a solo run. */
+ * cache, the rest is freed), admission, then one forward (ci_model_step) of every decoding
+ * sequence's row together with the prefill chunks that fit the step's token budget. A chunk's
+ * length depends only on its own request (never on what else is in the step) and the step
+ * computes each sequence's rows as it would alone, so every request's logits are identical to a
+ * solo run. The KV arena, block tables, workspace and logits are sized at creation. */
 #include "engine/engine.h"
 
 #include "base/error.h"
@@ -333,7 +334,8 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
   e->step_seqs = malloc((size_t)e->o.batch * sizeof *e->step_seqs);
   if (!e->logits || !e->step_seqs)
     return engine_free_parts(e), ci_fail("engine: out of memory"), NULL;
-  /* the largest step: a decode row of every sequence but one, and a chunk over the budget */
+  /* the largest step compose_step builds: decode rows of the other sequences plus a first
+   * chunk of up to batch_tokens rows */
   e->ws = ci_workspace_create(model->be);
   if (!e->ws || ci_workspace_fit(e->ws, &model->spec, e->o.batch + e->o.batch_tokens, e->o.batch))
     return engine_free_parts(e), NULL;
