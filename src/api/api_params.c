@@ -27,7 +27,7 @@ void cinfer_params_init(cinfer_params *params, const cinfer_model *model) {
   params->kv_bits = 4;
 }
 
-/* The KV fields: the same precedence as the command line's --kv-* flags (kv.md §7). */
+/* The KV fields: the same precedence as the command line's --kv-* flags (docs/kv-cache.md §7). */
 static cinfer_status resolve_kv(const cinfer_params *p, ci_api_resolved *out) {
   out->kv_base = CI_KV_BF16;
   out->kv_plan = CI_KV_PLAN_MODEL_CONFIG;

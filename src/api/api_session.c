@@ -207,7 +207,7 @@ cinfer_status cinfer_session_step(cinfer_session *session, int32_t *token) {
     s->finish = CINFER_FINISH_CANCEL;
     return ci_api_fail(CINFER_CANCELLED, "the session was cancelled");
   }
-  /* §3 of generation.md: sample, count, then EOS > length. */
+  /* docs/generation.md §3: sample, count, then EOS > length. */
   memcpy(s->scratch, s->logits, (size_t)s->vocab * sizeof *s->scratch);
   const int32_t next = ci_sampler_next(s->sampler, s->scratch, s->tokens, s->n_tokens);
   if (next < 0) return CINFER_ERROR;

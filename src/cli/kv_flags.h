@@ -34,8 +34,9 @@ typedef struct {
  * line naming the bad flag and returns 2 on a usage error, else 0. */
 int ci_cli_kv_plan_parse(const ci_flag *flags, int n_flags, const char *verb, ci_cli_kv_plan *out);
 
-/* Where the plan's sequences take their codec plan from (kv.md §7 precedence): the flags' target,
- * else (no --kv-codec) the model's kv_config.json; an explicit bf16/f32 --kv-codec means none. */
+/* Where the plan's sequences take their codec plan from (docs/kv-cache.md §7 precedence): the
+ * flags' target, else (no --kv-codec) the model's kv_config.json; an explicit bf16/f32 --kv-codec
+ * means none. */
 ci_kv_plan_source ci_cli_kv_plan_source(const ci_cli_kv_plan *plan);
 
 /* Sets the KV fields of session options from the plan. */

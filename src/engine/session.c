@@ -23,8 +23,8 @@ void ci_session_options_default(ci_session_options *options) {
   options->kv_plan = CI_KV_PLAN_MODEL_CONFIG;
 }
 
-/* A new empty sequence with the options' plan (kv.md §7 precedence is the caller's choice of
- * kv_plan). */
+/* A new empty sequence with the options' plan (docs/kv-cache.md §7 precedence is the caller's
+ * choice of kv_plan). */
 static ci_kv_seq *new_sequence(ci_session *s) {
   const ci_session_options *o = &s->options;
   ci_kv_seq *seq = ci_kv_seq_create(s->cache);

@@ -19,7 +19,7 @@ typedef struct ci_session ci_session;
 
 typedef struct {
   ci_kv_codec kv_codec;      /* storage the sequence starts in (bf16, or f32) */
-  ci_kv_plan_source kv_plan; /* which codec plan it follows (kv.md §5, §7) */
+  ci_kv_plan_source kv_plan; /* which codec plan it follows (docs/kv-cache.md §5, §7) */
   ci_kv_format kv_target;    /* CI_KV_PLAN_TARGET: convert to this ... */
   int64_t kv_start;          /* ... once the sequence holds this many tokens */
   int kv_protect;            /* the first and last N cache layers get groups of their own and
