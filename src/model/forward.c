@@ -10,10 +10,8 @@
 #include <math.h>
 #include <stdlib.h>
 
-/* The step as the layers see it: its workspace, its rows and the sequences they belong to. */
+/* The step as the layers see it: its rows and the sequences they belong to. */
 typedef struct {
-  ci_workspace *ws;
-  int n;                    /* rows */
   ci_row_segments segments; /* rows of each sequence, for the matmuls */
   ci_step_kv kv;            /* the sequences, for kv_store and attention (views per layer) */
   const ci_step_seq *seqs;  /* [n_seqs] */
@@ -279,8 +277,6 @@ int ci_model_step(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, int n_
     if (!out) return CI_ERR;
   }
   const step_rows sr = {
-      .ws = ws,
-      .n = n,
       .segments = {.n = n_seqs, .rows = ws->seq_rows},
       .kv = {.n_seqs = n_seqs, .first_row = ws->seq_first, .n_rows = ws->seq_rows, .kv = ws->views},
       .seqs = seqs};
