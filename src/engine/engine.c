@@ -765,7 +765,18 @@ static int compose_step(ci_engine *e, step_entry *entries) {
  * forward error fails every request of the step. */
 static void engine_step(ci_engine *e) {
   step_entry entries[CI_ENGINE_MAX_BATCH];
-  const int n = compose_step(e, entries);
+  int n = compose_step(e, entries);
+  /* KV blocks first, sequence by sequence: one that cannot get its blocks fails alone instead of
+   * failing the step */
+  int kept = 0;
+  for (int i = 0; i < n; i++) {
+    if (ci_kv_seq_reserve(entries[i].r->seq, entries[i].rows))
+      end_in_step(e, entries[i].r, CI_ERR, 0, CI_FINISH_STOP);
+    else
+      entries[kept++] = entries[i];
+  }
+  n = kept;
+  if (n == 0) return;
   const int64_t vocab = e->model->spec.vocab;
   int64_t rows = 0;
   for (int i = 0; i < n; i++) {
