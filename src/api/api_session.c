@@ -5,6 +5,7 @@
 #include "api/api_internal.h"
 
 #include "base/error.h"
+#include "engine/finish_rule.h"
 #include "engine/session.h"
 
 #include <stdatomic.h>
@@ -207,19 +208,19 @@ cinfer_status cinfer_session_step(cinfer_session *session, int32_t *token) {
     s->finish = CINFER_FINISH_CANCEL;
     return ci_api_fail(CINFER_CANCELLED, "the session was cancelled");
   }
-  /* docs/generation.md §3: sample, count, then EOS > length. */
+  /* docs/generation.md §3: sample, count, then the finish rule (EOS > length). */
   memcpy(s->scratch, s->logits, (size_t)s->vocab * sizeof *s->scratch);
   const int32_t next = ci_sampler_next(s->sampler, s->scratch, s->tokens, s->n_tokens);
   if (next < 0) return CINFER_ERROR;
   if (append_tokens(s, &next, 1) != CINFER_OK) return CINFER_ERROR;
   s->n_generated++;
   *token = next;
-  if (ci_eos_set_contains(&s->params.eos, next)) {
-    s->finish = CINFER_FINISH_STOP;
-    return CINFER_DONE;
-  }
-  if (s->n_generated == (size_t)s->params.max_tokens) s->finish = CINFER_FINISH_LENGTH;
-  return CINFER_OK;
+  ci_finish_reason reason;
+  if (!ci_generation_ends(&s->params.eos, next, (int64_t)s->n_generated, s->params.max_tokens,
+                          &reason))
+    return CINFER_OK;
+  s->finish = reason == CI_FINISH_STOP ? CINFER_FINISH_STOP : CINFER_FINISH_LENGTH;
+  return reason == CI_FINISH_STOP ? CINFER_DONE : CINFER_OK; /* EOS comes back with DONE */
 }
 
 cinfer_status cinfer_session_generate(cinfer_session *session, cinfer_token_callback on_token,

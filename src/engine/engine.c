@@ -11,6 +11,7 @@
 
 #include "base/error.h"
 #include "base/timing.h"
+#include "engine/finish_rule.h"
 #include "engine/prefix_cache.h"
 #include "sample/logprobs.h"
 
@@ -349,8 +350,7 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
       /* batch requests of the whole context, within half of the machine's memory */
       e->o.kv_budget_bytes = (int64_t)e->o.batch * ci_engine_reservation_bytes(e, e->o.ctx_size);
       const int64_t half_memory = (int64_t)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGE_SIZE) / 2;
-      if (half_memory > 0 && e->o.kv_budget_bytes > half_memory)
-        e->o.kv_budget_bytes = half_memory;
+      if (half_memory > 0 && e->o.kv_budget_bytes > half_memory) e->o.kv_budget_bytes = half_memory;
     }
     /* the arena: the budget, plus a partly filled slab for each layer group in each format a
      * sequence may use */
@@ -419,8 +419,7 @@ ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
   }
   if (job->top_logprobs < 0 || job->top_logprobs > CI_ENGINE_MAX_TOP_LOGPROBS)
     return ci_fail("top_logprobs must be an integer between 0 and 20"), CI_ENGINE_REJECTED;
-  if (!job->sampler && ci_sampler_params_validate(&job->sampling, vocab))
-    return CI_ENGINE_REJECTED;
+  if (!job->sampler && ci_sampler_params_validate(&job->sampling, vocab)) return CI_ENGINE_REJECTED;
   ci_engine_request *r = calloc(1, sizeof *r);
   if (!r) return ci_fail("out of memory"), CI_ENGINE_OUT_OF_MEMORY;
   r->engine = e;
@@ -605,15 +604,17 @@ static void finish_locked(ci_engine *e, ci_engine_request *r, ci_finish_reason f
   push_event(r, &ev);
 }
 
-/* Emits a sampled token (or finishes on EOS / length). Returns 1 when the request finished. */
-static int take_token(ci_engine *e, ci_engine_request *r, int32_t token) {
+/* Counts and emits a sampled token; returns 1 with *finish set when it ends the request (the
+ * finish rule: EOS, which is not emitted, then length). */
+static int take_token(ci_engine *e, ci_engine_request *r, int32_t token, ci_finish_reason *finish) {
   const double now = ci_now_seconds();
   if (r->generated == 0) r->t_first = now;
   r->t_last = now;
   r->generated++;
   r->history[r->n_history++] = token;
   r->pending = token;
-  if (ci_eos_set_contains(&r->eos, token)) return 1;
+  const int ends = ci_generation_ends(&r->eos, token, r->generated, r->max_tokens, finish);
+  if (ends && *finish == CI_FINISH_STOP) return 1;
   ci_engine_event ev;
   ev.kind = CI_ENGINE_EVENT_TOKEN;
   ev.token = token;
@@ -629,7 +630,7 @@ static int take_token(ci_engine *e, ci_engine_request *r, int32_t token) {
     }
   }
   push_event(r, &ev);
-  return r->generated >= r->max_tokens;
+  return ends;
 }
 
 /* Admission at a step boundary: FIFO, no overtaking; a cancelled queued request leaves.
@@ -719,10 +720,7 @@ static int sample_next(ci_engine *e, ci_engine_request *r, float *logits, int *f
                        ci_finish_reason *finish) {
   const int32_t token = ci_sampler_next(r->sampler, logits, r->history, (size_t)r->n_history);
   if (token < 0) return CI_ERR;
-  if (take_token(e, r, token)) {
-    *finished = 1;
-    *finish = ci_eos_set_contains(&r->eos, token) ? CI_FINISH_STOP : CI_FINISH_LENGTH;
-  }
+  *finished = take_token(e, r, token, finish);
   return CI_OK;
 }
 
