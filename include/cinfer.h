@@ -237,8 +237,9 @@ typedef struct {
   int context_size;           /* per-request context limit; 0 = the model's context length */
   const char *kv_codec;       /* what every sequence starts in: "bf16" (NULL) or "f32" */
   int kv_protect;             /* requests may keep up to this many first/last layers in bf16 (0) */
-  int64_t kv_budget_bytes;    /* KV memory all running requests share; 0 = max_batch requests of
-                                 context_size tokens */
+  int64_t kv_budget_bytes;    /* KV memory all running requests share, reserved when the engine
+                                 is created; 0 = max_batch requests of context_size tokens, at
+                                 most half of the machine's memory */
   int64_t prefix_cache_bytes; /* KV kept for reuse by later prompts with the same prefix (2 GiB);
                                  0 = off */
 } cinfer_engine_options;
