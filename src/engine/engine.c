@@ -288,6 +288,10 @@ int ci_engine_ctx_size(const ci_engine *e) {
   return e->o.ctx_size;
 }
 
+int ci_engine_max_batch(const ci_engine *e) {
+  return e->o.batch;
+}
+
 /* ==== Options, creation ==== */
 
 void ci_engine_options_default(ci_engine_options *o) {

@@ -128,6 +128,9 @@ void ci_engine_free(ci_engine *engine);
 /* The context limit and KV budget in use. */
 int ci_engine_ctx_size(const ci_engine *engine);
 
+/* The most sequences a step runs (the batch option). */
+int ci_engine_max_batch(const ci_engine *engine);
+
 /* The KV bytes a request of n tokens reserves (its peak under the base codec). */
 int64_t ci_engine_reservation_bytes(const ci_engine *engine, int64_t n_tokens);
 

@@ -31,4 +31,5 @@ await Promise.all(Array.from({ length: clients }, (_, w) => worker(w)));
 check(done >= clients && bad === 0, `${done} streamed requests, ${bad} mismatched`);
 const st = await idle();
 check(st.kv.blocks_used === st.prefix_cache.blocks && st.batch.running === 0 && st.batch.waiting === 0, 'idle: no KV blocks held but the prefix cache\'s');
+check(st.batch.max === 8, `/stats batch.max is the --batch the server runs with (${st.batch.max})`);
 console.log('load: all passed');
