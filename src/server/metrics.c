@@ -111,13 +111,14 @@ json_t *ci_server_stats_json(ci_server *s) {
       "max_position_embeddings", spec->max_position, "kv", "bytes_used", (json_int_t)st.bytes_used,
       "bytes_budget", (json_int_t)st.kv_budget_bytes, "blocks_used", (json_int_t)st.blocks_used,
       "bytes_reserved", (json_int_t)st.reserved_bytes, "batch", "running", st.running, "waiting",
-      st.waiting, "max", ci_engine_max_batch(s->o.engine), "steps", (json_int_t)st.steps, "step_rows", (json_int_t)st.step_rows,
-      "totals", "requests_finished", (json_int_t)st.requests_finished, "requests_cancelled",
-      (json_int_t)st.requests_cancelled, "requests_failed", (json_int_t)st.requests_failed,
-      "prompt_tokens", (json_int_t)st.prompt_tokens, "generation_tokens",
-      (json_int_t)st.generated_tokens, "prefix_cache_hits", (json_int_t)st.prefix_hits,
-      "prefix_cache_misses", (json_int_t)st.prefix_misses, "prefix_cache", "entries",
-      (json_int_t)st.prefix_cache_entries, "blocks", (json_int_t)st.prefix_cache_blocks, "bytes",
-      (json_int_t)st.prefix_cache_bytes, "max_bytes", (json_int_t)st.prefix_cache_max_bytes, "hits",
-      (json_int_t)st.prefix_hits, "misses", (json_int_t)st.prefix_misses);
+      st.waiting, "max", ci_engine_max_batch(s->o.engine), "steps", (json_int_t)st.steps,
+      "step_rows", (json_int_t)st.step_rows, "totals", "requests_finished",
+      (json_int_t)st.requests_finished, "requests_cancelled", (json_int_t)st.requests_cancelled,
+      "requests_failed", (json_int_t)st.requests_failed, "prompt_tokens",
+      (json_int_t)st.prompt_tokens, "generation_tokens", (json_int_t)st.generated_tokens,
+      "prefix_cache_hits", (json_int_t)st.prefix_hits, "prefix_cache_misses",
+      (json_int_t)st.prefix_misses, "prefix_cache", "entries", (json_int_t)st.prefix_cache_entries,
+      "blocks", (json_int_t)st.prefix_cache_blocks, "bytes", (json_int_t)st.prefix_cache_bytes,
+      "max_bytes", (json_int_t)st.prefix_cache_max_bytes, "hits", (json_int_t)st.prefix_hits,
+      "misses", (json_int_t)st.prefix_misses);
 }
