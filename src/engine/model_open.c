@@ -3,15 +3,45 @@
 #include "engine/model_open.h"
 
 #include "backend/cpu/cpu_backend.h"
+#ifdef CINFER_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 #include "base/error.h"
 #include "io/model_path.h"
 
 #include <stdlib.h>
+#include <string.h>
+
+/* Starts the backend `options` names (see ci_model_open_on). */
+static ci_backend *backend_start(const ci_device_options *options) {
+  const char *device = options->device;
+  int want_cuda = device && strcmp(device, "cuda") == 0;
+  int is_auto = !device || strcmp(device, "auto") == 0;
+  if (!want_cuda && !is_auto && strcmp(device, "cpu") != 0) {
+    ci_fail("unknown device '%s' (expected cpu, cuda or auto)", device);
+    return NULL;
+  }
+#ifdef CINFER_CUDA
+  if (want_cuda || (is_auto && ci_cuda_device_count() > 0))
+    return ci_cuda_backend_create(options->gpu, options->n_threads);
+#else
+  if (want_cuda) {
+    ci_fail("--device cuda: this build has no CUDA backend (nvcc was not found when it was built)");
+    return NULL;
+  }
+#endif
+  return ci_cpu_backend_create(options->n_threads);
+}
 
 ci_model *ci_model_open(const char *model_arg, int n_threads) {
+  ci_device_options options = {.device = "cpu", .gpu = 0, .n_threads = n_threads};
+  return ci_model_open_on(model_arg, &options);
+}
+
+ci_model *ci_model_open_on(const char *model_arg, const ci_device_options *device) {
   char *dir = ci_model_path_resolve(model_arg);
   if (!dir) return NULL;
-  ci_backend *be = ci_cpu_backend_create(n_threads);
+  ci_backend *be = backend_start(device);
   if (!be) {
     free(dir);
     return NULL;

@@ -12,11 +12,24 @@
 
 #include <stdint.h>
 
+/* Where a model runs: the device kind and, for a GPU, which one. */
+typedef struct {
+  const char *device; /* "cpu", "cuda", or NULL/"auto" = cuda when a GPU is visible, else cpu */
+  int gpu;            /* GPU ordinal for "cuda" (0) */
+  int n_threads;      /* CPU threads (0 = every online CPU); the CPU backend's pool, and the
+                         host-side work of a GPU backend */
+} ci_device_options;
+
 /* Resolves `model_arg` (a folder, or a Hugging Face cache id, io/model_path.h), starts a CPU
  * backend on n_threads threads (0 = every online CPU) and loads the model on it. Returns the
  * model, or NULL with ci_last_error: the path message as is, a backend failure as is, a load
  * failure as "cannot load model DIR: why". */
 ci_model *ci_model_open(const char *model_arg, int n_threads);
+
+/* As ci_model_open on the backend `device` selects (NULL = auto). "cuda" on a build without
+ * the CUDA backend, or on a machine without a GPU, is an error naming the cause; auto falls
+ * back to the CPU only when no GPU is visible. */
+ci_model *ci_model_open_on(const char *model_arg, const ci_device_options *device);
 
 /* Frees a model from ci_model_open and the backend it runs on. NULL is a no-op. */
 void ci_model_close(ci_model *model);
