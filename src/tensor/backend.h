@@ -126,6 +126,12 @@ typedef struct {
   int (*reserve_scratch)(ci_backend *be, int64_t max_rows, int64_t max_k, int max_heads,
                          int max_head_dim);
 
+  /* Makes a weight's arrays (data, scales, biases) readable by this backend's ops, once at
+   * load: nothing on the CPU (the mapped file is read in place); a device copies them to its
+   * memory, which it owns until destroy, and points t at the copies. Returns CI_OK, or CI_ERR
+   * naming what this backend cannot run (a dtype it has no kernels for). */
+  int (*prepare_weight)(ci_backend *be, ci_tensor *t);
+
   /* y[m, N] = x[m, K] @ W[N, K]^T for any weight dtype (f32/f16/bf16/q8/q4); with segments
    * (may be NULL), each segment's rows are computed as a matmul of that segment alone would
    * compute them, while the weights are read once for all rows. */
