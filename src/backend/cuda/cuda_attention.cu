@@ -169,6 +169,9 @@ typedef struct {
   int window;
 } attention_params;
 
+/* PER_LANE = head_dim / 32 rounded up to a power of two: q and the output accumulator stay in
+ * registers. */
+template <int PER_LANE>
 __global__ static void __launch_bounds__(WARPS * 32)
     attention_kernel(kv_layout L, seq_group g, attention_params a, int *error_flag) {
   __shared__ float merge_m[WARPS], merge_l[WARPS];
@@ -182,9 +185,9 @@ __global__ static void __launch_bounds__(WARPS * 32)
   const int64_t p = a.pos[row];
   const int64_t lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
   const float *q = a.q + ((int64_t)row * a.n_heads + h) * D;
-  float qr[MAX_D / 32], acc[MAX_D / 32];
-  const int per_lane = (D + 31) / 32;
-  for (int i = 0; i < per_lane; i++) {
+  float qr[PER_LANE], acc[PER_LANE];
+#pragma unroll
+  for (int i = 0; i < PER_LANE; i++) {
     int d = lane + 32 * i;
     qr[i] = d < D ? q[d] : 0.0f;
     acc[i] = 0.0f;
@@ -199,7 +202,8 @@ __global__ static void __launch_bounds__(WARPS * 32)
     }
     const uint8_t *kr = row_address(L, 0, block, key % L.block_tokens, kv_head);
     float dot = 0.0f;
-    for (int i = 0; i < per_lane; i++) {
+#pragma unroll
+    for (int i = 0; i < PER_LANE; i++) {
       int d = lane + 32 * i;
       if (d < D) dot += qr[i] * load_kv(L, kr, d);
     }
@@ -210,7 +214,8 @@ __global__ static void __launch_bounds__(WARPS * 32)
     const float correction = expf(m - m_new), weight = expf(score - m_new);
     l = l * correction + weight;
     const uint8_t *vr = row_address(L, 1, block, key % L.block_tokens, kv_head);
-    for (int i = 0; i < per_lane; i++) {
+#pragma unroll
+    for (int i = 0; i < PER_LANE; i++) {
       int d = lane + 32 * i;
       if (d < D) acc[i] = acc[i] * correction + weight * load_kv(L, vr, d);
     }
@@ -220,7 +225,8 @@ __global__ static void __launch_bounds__(WARPS * 32)
     merge_m[warp] = m;
     merge_l[warp] = l;
   }
-  for (int i = 0; i < per_lane; i++) {
+#pragma unroll
+  for (int i = 0; i < PER_LANE; i++) {
     int d = lane + 32 * i;
     if (d < D) merge_acc[warp][d] = acc[i];
   }
@@ -253,7 +259,17 @@ int ci_cuda_attention(ci_cuda *cu, const ci_attention_args *args) {
       return ci_fail("attention: %d query heads do not group over %d KV heads", a.n_heads,
                      L.n_kv_heads);
     dim3 grid((unsigned)g.total_rows, (unsigned)a.n_heads);
-    attention_kernel<<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+    const int per_lane = (L.head_dim + 31) / 32;
+    if (per_lane <= 1)
+      attention_kernel<1><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+    else if (per_lane <= 2)
+      attention_kernel<2><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+    else if (per_lane <= 4)
+      attention_kernel<4><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+    else if (per_lane <= 8)
+      attention_kernel<8><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+    else
+      attention_kernel<16><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
     return ci_cuda_check_launch(cu, "attention");
   });
 }
