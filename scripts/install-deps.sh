@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Installs the Debian packages cinfer's build, tests and benchmarks need.
+# Installs the Debian packages cinfer's build, tests and benchmarks need (chromium: the chat page's
+# browser test drives it headless through puppeteer-core).
 # Idempotent and silent when nothing is missing; called by the Makefile targets.
 set -euo pipefail
 packages=(build-essential cmake pkg-config clang libclang-rt-14-dev
           libjansson-dev libcmocka-dev
           libpcre2-dev libutf8proc-dev libmicrohttpd-dev nodejs
-          python3-numpy)
+          python3-numpy chromium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
