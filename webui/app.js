@@ -165,6 +165,7 @@ function renderMarkdown(text) {
 const STORE_CONVERSATIONS = 'cinfer.conversations';
 const STORE_CURRENT = 'cinfer.current';
 const STORE_SETTINGS = 'cinfer.settings';
+const KEY_NOTICE = 'This server needs an API key: enter it in Settings.';
 const SETTING_FIELDS = ['temperature', 'top_p', 'top_k', 'min_p', 'max_tokens', 'seed', 'ignore_eos', 'kv_codec', 'api_key'];
 
 function loadJson(key, fallback) {
@@ -471,7 +472,7 @@ async function send(text) {
     });
     if (!response.ok) {
       msg.error = await errorMessage(response);
-      if (response.status === 401) showNotice('This server needs an API key: enter it in Settings.');
+      if (response.status === 401) showNotice(KEY_NOTICE);
       msg.state = 'error';
     } else {
       await readSse(response, (chunk) => {
@@ -571,9 +572,10 @@ async function refreshModelInfo() {
     }
     if (stats.prefix_cache) rows.push(['prefix cache', stats.prefix_cache.entries + ' entries, ' + stats.prefix_cache.hits + ' hits']);
     dl.dataset.loaded = 'true';
+    if ($('notice').textContent === KEY_NOTICE) showNotice('');
   } catch (e) {
     rows.push(['error', e.message]);
-    if (e.status === 401) showNotice('This server needs an API key: enter it in Settings.');
+    if (e.status === 401) showNotice(KEY_NOTICE);
   }
   dl.textContent = '';
   for (const [k, v] of rows) dl.append(el('dt', '', k), el('dd', '', v === undefined || v === null ? '?' : String(v)));

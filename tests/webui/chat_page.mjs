@@ -5,7 +5,8 @@
 // (sampling fields, KV codec), stops a long reply mid-stream (the server counts it cancelled and
 // the text stops growing), renders a canned stream with reasoning folded in a <details>, checks
 // the markdown renderer escapes model text, reloads and finds the conversation again, saves a
-// screenshot, and finally checks that `--no-webui` answers 404 at /.
+// screenshot, checks that a server with --api-key serves the page, which asks for the key and
+// works once it is entered, and finally checks that `--no-webui` answers 404 at /.
 //
 // Usage: node chat_page.mjs CINFER_BIN MODEL_DIR SCREENSHOT.png
 // CHROMIUM (default /usr/bin/chromium) names the browser; CI_NPM_DIR the npm folder.
@@ -322,12 +323,32 @@ async function run() {
   check((await page.$$('#conversations li')).length === 1, 'a conversation can be deleted');
 
   check(pageErrors.length === 0, `no errors in the page (${pageErrors.join('; ')})`);
-  await browser.close();
-  cleanups.shift();
-
   check(await stopServer(server) === 0, 'cinfer serve exits 0 on SIGINT');
 
-  // 7. --no-webui: no page, the API still there.
+  // 7. --api-key: the page loads without a key, asks for one, and works once it is entered.
+  const keyed = await startServer(['--api-key', 'page-key']);
+  pageErrors.length = 0;
+  await page.goto(keyed.base + '/', { waitUntil: 'load' });
+  await page.waitForFunction(() => !document.getElementById('notice').hidden);
+  const notice = await page.$eval('#notice', (e) => e.textContent);
+  check(/API key/.test(notice), `without a key the page asks for one (${notice})`);
+  check(!(await page.$eval('#model-info', (e) => e.dataset.loaded)), 'the model panel stays empty without the key');
+  await page.click('#toggle-settings');
+  await setField(page, 'api_key', 'page-key');
+  await page.waitForSelector('#model-info[data-loaded="true"]');
+  check(await page.$eval('#notice', (e) => e.hidden), 'with the key entered in Settings the model panel loads and the notice goes');
+  await setField(page, 'max_tokens', '8');
+  await sendPrompt(page, 'Hello');
+  await page.waitForFunction(() => [...document.querySelectorAll('.msg.assistant')].pop()?.dataset.state !== 'streaming');
+  const keyedReply = await page.evaluate(lastReply);
+  check(keyedReply.state === 'done' && keyedReply.text.length > 0, `a reply streams with the key (${keyedReply.meta})`);
+  // The failed loads before the key was entered are the browser's 401 console errors.
+  check(pageErrors.every((e) => /401/.test(e)), `no other errors in the page (${pageErrors.join('; ')})`);
+  await browser.close();
+  cleanups.shift();
+  check(await stopServer(keyed) === 0, 'cinfer serve --api-key exits 0 on SIGINT');
+
+  // 8. --no-webui: no page, the API still there.
   const bare = await startServer(['--no-webui']);
   check((await fetch(bare.base + '/')).status === 404, '--no-webui: GET / is 404');
   check((await fetch(bare.base + '/assets/app.js')).status === 404, '--no-webui: the assets are 404');
