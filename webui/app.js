@@ -561,7 +561,7 @@ async function refreshModelInfo() {
     }
     rows.push(['reasoning', m.reasoning ? 'yes' : 'no']);
     if (stats.server) {
-      rows.push(['device', stats.server.device + (stats.server.threads ? ', ' + stats.server.threads + ' threads' : '')]);
+      rows.push(['device', stats.server.device + (stats.server.threads ? ', ' + stats.server.threads + (stats.server.threads === 1 ? ' thread' : ' threads') : '')]);
       rows.push(['uptime', formatDuration(stats.server.uptime_s)]);
     }
     if (stats.kv) rows.push(['KV cache', formatBytes(stats.kv.bytes_used) + ' of ' + formatBytes(stats.kv.bytes_budget)]);
