@@ -177,6 +177,29 @@ function loadJson(key, fallback) {
   }
 }
 
+// The stored conversations, keeping only well-formed ones (storage is shared with whatever else
+// ran on this origin, and a user can edit it).
+function loadConversations() {
+  const list = loadJson(STORE_CONVERSATIONS, []);
+  if (!Array.isArray(list)) return [];
+  const ok = (m) => m && typeof m === 'object' && (m.role === 'user' || m.role === 'assistant') && typeof m.content === 'string';
+  return list.filter((c) => c && typeof c === 'object' && typeof c.id === 'string' && Array.isArray(c.messages))
+    .map((c) => ({
+      id: c.id,
+      title: typeof c.title === 'string' ? c.title : 'Chat',
+      created: Number(c.created) || 0,
+      updated: Number(c.updated) || 0,
+      system: typeof c.system === 'string' ? c.system : '',
+      messages: c.messages.filter(ok).map((m) => ({
+        ...m,
+        reasoning: typeof m.reasoning === 'string' ? m.reasoning : '',
+        stats: m.stats && typeof m.stats === 'object' ? m.stats : {},
+        // A reply that was streaming when the page went away ends as stopped.
+        state: m.state === 'streaming' ? 'stopped' : m.state,
+      })),
+    }));
+}
+
 const state = {
   conversations: [], // [{id, title, created, updated, system, messages: [{role, content, reasoning?, state?, stats?, error?}]}]
   currentId: null,
@@ -599,13 +622,16 @@ function deleteConversation(id) {
 }
 
 function init() {
-  state.conversations = loadJson(STORE_CONVERSATIONS, []);
-  if (!Array.isArray(state.conversations)) state.conversations = [];
-  // A reply that was streaming when the page went away ends as stopped.
-  for (const c of state.conversations) for (const m of c.messages || []) if (m.state === 'streaming') m.state = 'stopped';
-  state.currentId = localStorage.getItem(STORE_CURRENT) || null;
+  state.conversations = loadConversations();
+  try {
+    state.currentId = localStorage.getItem(STORE_CURRENT) || null;
+  } catch {
+    state.currentId = null;
+    showNotice('This browser does not allow local storage: conversations will not be kept.');
+  }
   if (!current()) state.currentId = null;
-  state.settings = loadJson(STORE_SETTINGS, {});
+  const settings = loadJson(STORE_SETTINGS, {});
+  state.settings = settings && typeof settings === 'object' && !Array.isArray(settings) ? settings : {};
   if (state.settings.settings_open) $('app').classList.add('with-settings');
   fillSettingsForm();
 

@@ -322,6 +322,22 @@ async function run() {
   await page.$$eval('#conversations li', (lis) => lis.find((li) => li.textContent.includes('Say hello')).querySelector('.delete').click());
   check((await page.$$('#conversations li')).length === 1, 'a conversation can be deleted');
 
+  // Damaged storage: malformed entries are dropped, the page still works.
+  await page.evaluate(() => {
+    localStorage.setItem('cinfer.conversations', JSON.stringify([null, 5, { id: 'k', title: '<b>kept</b>', messages: [{ role: 'user', content: 'hi' }, 7, { role: 'evil', content: 'x' }, { role: 'assistant', content: '**yo**', state: 'streaming' }] }, { id: 'no-messages' }]));
+    localStorage.setItem('cinfer.current', 'k');
+    localStorage.setItem('cinfer.settings', '[1,2]');
+  });
+  await page.reload({ waitUntil: 'load' });
+  await page.waitForSelector('#conversations li');
+  const damaged = await page.evaluate(() => ({
+    titles: [...document.querySelectorAll('#conversations li .title')].map((e) => e.textContent),
+    msgs: [...document.querySelectorAll('.msg')].map((n) => n.dataset.state || 'user'),
+    bold: document.querySelector('.msg.assistant .content').innerHTML,
+  }));
+  check(damaged.titles.length === 1 && damaged.titles[0] === '<b>kept</b>' && damaged.msgs.join() === 'user,stopped' &&
+    damaged.bold.includes('<strong>yo</strong>'), `damaged storage keeps only the well-formed conversation (${JSON.stringify(damaged)})`);
+
   check(pageErrors.length === 0, `no errors in the page (${pageErrors.join('; ')})`);
   check(await stopServer(server) === 0, 'cinfer serve exits 0 on SIGINT');
 
