@@ -24,13 +24,14 @@ static const char usage[] =
     "                    [--alias NAME] [--batch N] [--batch-tokens N] [--max-queue N]\n"
     "                    [-c|--ctx-size N] [--memory-budget GB] [--prefill-chunk N]\n"
     "                    [--prompt-cache GiB] [--max-body MiB] [--threads N] [--cors ORIGIN|*]\n"
+    "                    [--no-webui]\n"
     "                    [sampling defaults: --temp ...]\n" CI_CLI_KV_USAGE
     "Serves the OpenAI (/v1/chat/completions, /v1/completions, /v1/models) and Anthropic\n"
     "(/v1/messages) APIs plus /health, /metrics and /stats. --api-key (or CINFER_API_KEY; a\n"
     "comma-separated list) requires `Authorization: Bearer KEY` or `x-api-key: KEY`. --cors\n"
     "ORIGIN (a comma-separated list, or *) adds CORS headers and answers OPTIONS preflights.\n"
     "--prompt-cache caps the KV bytes the prefix cache keeps for reuse (default 2 GiB, within\n"
-    "the KV budget; 0 turns it off).\n";
+    "the KV budget; 0 turns it off). A chat page is served at / unless --no-webui.\n";
 
 int ci_verb_serve(int argc, char **argv) {
   ci_flag flags[] = {{"--model", "-m", 1, NULL},
@@ -48,6 +49,7 @@ int ci_verb_serve(int argc, char **argv) {
                      {"--max-body", NULL, 1, NULL},
                      {"--threads", "-t", 1, NULL},
                      {"--cors", NULL, 1, NULL},
+                     {"--no-webui", NULL, 0, NULL},
                      {"--help", "-h", 0, NULL},
                      CI_CLI_SAMPLING_FLAGS,
                      CI_CLI_KV_FLAGS};
@@ -193,6 +195,7 @@ int ci_verb_serve(int argc, char **argv) {
   so.max_body = (size_t)max_body << 20;
   so.threads = (int)threads;
   so.cors = ci_args_get(flags, nf, "--cors");
+  so.no_webui = ci_args_get(flags, nf, "--no-webui") != NULL;
   server = ci_server_start(&so);
   if (!server) {
     fprintf(stderr, "cinfer serve: %s\n", ci_last_error());
@@ -213,6 +216,7 @@ int ci_verb_serve(int argc, char **argv) {
           "-d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":64}'\n",
           host, port, api_key ? " -H 'Authorization: Bearer " : "", api_key ? api_key : "",
           api_key ? "'" : "");
+  if (!so.no_webui) fprintf(stderr, "chat page: http://%s:%lld/\n", host, port);
   int sig = 0;
   sigwait(&stop_signals, &sig);
   fprintf(stderr, "cinfer serve: signal %d, shutting down\n", sig);

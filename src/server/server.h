@@ -42,6 +42,7 @@ typedef struct {
   size_t max_body;      /* bytes */
   int threads;
   const char *cors; /* --cors: "*" or comma-separated origins; NULL = no CORS headers */
+  int no_webui;     /* --no-webui: no chat page at / (404 like any unknown route) */
 } ci_server_options;
 
 /* Binds and starts serving. NULL with ci_last_error (port taken, ...). */
