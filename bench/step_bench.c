@@ -6,6 +6,7 @@
  *
  * usage: step_bench MODEL_DIR [--device cpu|cuda] [--prompts 512,2048] [--batches 1,16,64]
  *                             [--gen N] [--context N] [--threads N] [--planes 1|2]
+ *                             [--graphs 0|1]
  * --planes: how the CUDA backend feeds activations to bf16 matmuls (cuda_backend.h). */
 #include "backend/cuda/cuda_backend.h"
 #include "base/error.h"
@@ -66,7 +67,7 @@ int main(int argc, char **argv) {
   }
   ci_device_options device = {.device = "auto", .gpu = 0, .n_threads = 0};
   int prompts[8] = {512, 2048}, n_prompts = 2, batches[16] = {1, 16, 64}, n_batches = 3;
-  int gen = 32, context = 128, planes = 2;
+  int gen = 32, context = 128, planes = 2, graphs = 1;
   for (int i = 2; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--device"))
       device.device = argv[i + 1];
@@ -94,12 +95,15 @@ int main(int argc, char **argv) {
   }
   ci_backend *be = model->be;
 #ifdef CINFER_CUDA
-  if (!be->host_visible) ci_cuda_set_input_planes(be, planes);
+  if (!be->host_visible) {
+    ci_cuda_set_input_planes(be, planes);
+    ci_cuda_set_graphs(be, graphs);
+  }
 #endif
   const int vocab = model->spec.vocab;
-  printf("{\"model\": \"%s\", \"backend\": \"%s\", \"input_planes\": %d, "
+  printf("{\"model\": \"%s\", \"backend\": \"%s\", \"input_planes\": %d, \"graphs\": %d, "
          "\"weight_bytes_per_token\": %lld",
-         argv[1], be->ops->name, planes, (long long)ci_model_weight_bytes_per_token(model));
+         argv[1], be->ops->name, planes, graphs, (long long)ci_model_weight_bytes_per_token(model));
   double bandwidth = be->host_visible ? 0.0 : measure_bandwidth(be, (size_t)2 << 30);
   printf(", \"bandwidth_bytes_per_s\": %.4g", bandwidth);
   /* the KV every measurement needs at once: the largest batch's contexts, or the longest prompt */
@@ -122,7 +126,10 @@ int main(int argc, char **argv) {
     return 1;
   }
   int32_t *ids = malloc(sizeof(int32_t) * 65536);
-  float *logits = malloc((size_t)vocab * 256 * sizeof(float));
+  const size_t logits_bytes = (size_t)vocab * 256 * sizeof(float);
+  float *logits = malloc(logits_bytes);
+  /* as the engine does: the step's logits land in page-locked memory */
+  const int pinned = be->ops->pin_host(be, logits, logits_bytes) == CI_OK;
   /* warm-up: a short prefill and a few decode steps */
   {
     ci_kv_seq *s = ci_kv_seq_create(cache);
@@ -191,6 +198,7 @@ int main(int argc, char **argv) {
 #endif
   printf("}\n");
   free(ids);
+  if (pinned) be->ops->unpin_host(be, logits);
   free(logits);
   ci_kv_cache_free(cache);
   ci_model_close(model);

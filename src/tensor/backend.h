@@ -117,6 +117,11 @@ typedef struct {
    * do when they are the same memory), and returns CI_OK or the first error an op raised during
    * the step. */
   int (*step_end)(ci_backend *be, float *host_logits, const float *logits, size_t logits_bytes);
+  /* Registers host memory that step_end downloads logits into, so that a device can write it
+   * directly (page-locked); the caller unpins it before freeing it. Nothing to do on the CPU.
+   * Returns CI_OK, or CI_ERR (downloads then stay correct, only slower). */
+  int (*pin_host)(ci_backend *be, void *host, size_t bytes);
+  void (*unpin_host)(ci_backend *be, void *host);
   /* Allocations the backend has made so far (alloc calls and growth of its scratch): a steady
    * state that allocates nothing leaves it unchanged. */
   int64_t (*allocation_count)(ci_backend *be);

@@ -115,6 +115,19 @@ static int cpu_prepare_weight(ci_backend *be, ci_tensor *t) {
   return CI_OK;
 }
 
+/* Host memory is the CPU's own: nothing to pin. */
+static int cpu_pin_host(ci_backend *be, void *host, size_t bytes) {
+  (void)be;
+  (void)host;
+  (void)bytes;
+  return CI_OK;
+}
+
+static void cpu_unpin_host(ci_backend *be, void *host) {
+  (void)be;
+  (void)host;
+}
+
 /* ==== Dense ops ==== */
 
 static int cpu_matmul(ci_backend *be, const ci_tensor *w, const float *x, int64_t m, float *y,
@@ -497,6 +510,8 @@ static const ci_backend_ops cpu_ops = {
     .scatter_add_rows = cpu_scatter_add_rows,
     .moe_route = ci_cpu_moe_route,
     .prepare_weight = cpu_prepare_weight,
+    .pin_host = cpu_pin_host,
+    .unpin_host = cpu_unpin_host,
     .rope = cpu_rope,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,

@@ -15,28 +15,11 @@ extern "C" {
 
 #include <string.h>
 
-enum { MAX_SEQS = 64, WARPS = 4, MAX_D = 512 };
+enum { MAX_SEQS = CI_CUDA_MAX_SEQS, WARPS = 4, MAX_D = 512 };
 
-/* Where one layer's KV of a group of sequences lives (everything but the block tables). */
-typedef struct {
-  uint8_t *const *slabs;
-  int64_t block_stride, k_offset, v_offset, k_row_bytes, v_row_bytes;
-  int32_t blocks_per_slab;
-  int block_tokens, n_kv_heads, head_dim;
-  int f32; /* 1: f32 rows, 0: bf16 rows */
-} kv_layout;
-
-/* The sequences of one launch: rows [first_row, first_row + n_rows) of the step; row_start is
- * the launch's own running count (block x of the launch -> sequence). */
-typedef struct {
-  int n;
-  int total_rows;
-  const int32_t *table[MAX_SEQS];
-  int64_t n_entries[MAX_SEQS];
-  int32_t first_row[MAX_SEQS];
-  int32_t n_rows[MAX_SEQS];
-  int32_t row_start[MAX_SEQS];
-} seq_group;
+typedef ci_cuda_kv_layout kv_layout;
+typedef ci_cuda_seq_group seq_group;
+typedef ci_cuda_attention_params attention_params;
 
 static int layout_of(const ci_paged_kv *kv, kv_layout *out) {
   if (kv->format.codec != CI_KV_BF16 && kv->format.codec != CI_KV_F32) {
@@ -80,22 +63,22 @@ __device__ static inline float load_kv(const kv_layout &L, const uint8_t *row, i
 }
 
 /* The launch's sequence of block x (a linear scan: at most MAX_SEQS entries). */
-__device__ static inline int seq_of(const seq_group &g, int x) {
+__device__ static inline int seq_of(const seq_group *g, int x) {
   int s = 0;
-  while (s + 1 < g.n && g.row_start[s + 1] <= x) s++;
+  while (s + 1 < g->n && g->row_start[s + 1] <= x) s++;
   return s;
 }
 
 /* ==== kv_store ==== */
 
-__global__ static void kv_store_kernel(kv_layout L, seq_group g, const float *k, const float *v,
-                                       const int32_t *pos, int *error_flag) {
+__global__ static void kv_store_kernel(kv_layout L, const seq_group *g, const float *k,
+                                       const float *v, const int32_t *pos, int *error_flag) {
   const int s = seq_of(g, blockIdx.x);
-  const int row = g.first_row[s] + (blockIdx.x - g.row_start[s]);
+  const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
   const int width = L.n_kv_heads * L.head_dim;
   const int64_t p = pos[row];
   const int64_t entry = p / L.block_tokens;
-  const int32_t block = entry < g.n_entries[s] ? g.table[s][entry] : -1;
+  const int32_t block = entry < g->n_entries[s] ? g->table[s][entry] : -1;
   if (block < 0) {
     if (threadIdx.x == 0) *error_flag = 1;
     return;
@@ -115,9 +98,19 @@ __global__ static void kv_store_kernel(kv_layout L, seq_group g, const float *k,
   }
 }
 
+/* Copies the group to the device (the step's staging ring) and calls launch(layout, group on the
+ * device, rows). */
+template <typename Launch>
+static int stage_and_launch(ci_cuda *cu, const kv_layout &L, const seq_group &g, Launch launch) {
+  const seq_group *device = (const seq_group *)ci_cuda_stage(cu, &g, sizeof g);
+  if (!device) return CI_ERR;
+  return launch(L, device, g.total_rows);
+}
+
 /* Calls launch(layout, group) for the sequences of `seqs`, grouped by layout, MAX_SEQS at a time
  * (rows of every sequence once). */
-template <typename Launch> static int for_each_group(const ci_step_kv *seqs, Launch launch) {
+template <typename Launch>
+static int for_each_group(ci_cuda *cu, const ci_step_kv *seqs, Launch launch) {
   int done[1024];
   if (seqs->n_seqs > 1024) return ci_fail("CUDA: more than 1024 sequences in one step");
   memset(done, 0, sizeof done);
@@ -140,44 +133,48 @@ template <typename Launch> static int for_each_group(const ci_step_kv *seqs, Lau
       g.row_start[g.n] = g.total_rows;
       g.total_rows += seqs->n_rows[i];
       if (++g.n == MAX_SEQS) {
-        if (launch(L, g)) return CI_ERR;
+        if (stage_and_launch(cu, L, g, launch)) return CI_ERR;
         memset(&g, 0, sizeof g);
       }
     }
-    if (g.n > 0 && launch(L, g)) return CI_ERR;
+    if (g.n > 0 && stage_and_launch(cu, L, g, launch)) return CI_ERR;
   }
   return CI_OK;
 }
 
 int ci_cuda_kv_store(ci_cuda *cu, const ci_step_kv *seqs, const float *k, const float *v,
                      const int32_t *pos) {
-  return for_each_group(seqs, [&](const kv_layout &L, const seq_group &g) {
-    kv_store_kernel<<<(unsigned)g.total_rows, 128, 0, cu->stream>>>(L, g, k, v, pos,
-                                                                    cu->error_flag);
-    return ci_cuda_check_launch(cu, "kv_store");
+  return for_each_group(cu, seqs, [&](const kv_layout &L, const seq_group *g, int rows) {
+    ci_cuda_cmd cmd;
+    memset(&cmd, 0, sizeof cmd);
+    cmd.kind = CMD_KV_STORE;
+    cmd.a.kv.layout = L;
+    cmd.a.kv.group = g;
+    cmd.a.kv.total_rows = rows;
+    cmd.a.kv.k = k;
+    cmd.a.kv.v = v;
+    cmd.a.kv.pos = pos;
+    return ci_cuda_emit(cu, &cmd);
   });
 }
 
-/* ==== attention ==== */
+void ci_cuda_kv_store_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
+  kv_store_kernel<<<(unsigned)cmd->a.kv.total_rows, 128, 0, cu->stream>>>(
+      cmd->a.kv.layout, cmd->a.kv.group, cmd->a.kv.k, cmd->a.kv.v, cmd->a.kv.pos, cu->error_flag);
+  ci_cuda_check_launch(cu, "kv_store");
+}
 
-typedef struct {
-  const float *q;
-  float *out;
-  const int32_t *pos;
-  int n_heads;
-  float scale, softcap;
-  int window;
-} attention_params;
+/* ==== attention ==== */
 
 /* PER_LANE = head_dim / 32 rounded up to a power of two: q and the output accumulator stay in
  * registers. */
 template <int PER_LANE>
 __global__ static void __launch_bounds__(WARPS * 32)
-    attention_kernel(kv_layout L, seq_group g, attention_params a, int *error_flag) {
+    attention_kernel(kv_layout L, const seq_group *g, attention_params a, int *error_flag) {
   __shared__ float merge_m[WARPS], merge_l[WARPS];
   __shared__ float merge_acc[WARPS][MAX_D];
   const int s = seq_of(g, blockIdx.x);
-  const int row = g.first_row[s] + (blockIdx.x - g.row_start[s]);
+  const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
   const int h = blockIdx.y;
   const int D = L.head_dim;
   const int kv_head = h / (a.n_heads / L.n_kv_heads);
@@ -195,7 +192,7 @@ __global__ static void __launch_bounds__(WARPS * 32)
   float m = -INFINITY, l = 0.0f;
   for (int64_t key = lo + warp; key <= p; key += WARPS) {
     const int64_t entry = key / L.block_tokens;
-    const int32_t block = entry < g.n_entries[s] ? g.table[s][entry] : -1;
+    const int32_t block = entry < g->n_entries[s] ? g->table[s][entry] : -1;
     if (block < 0) {
       if (lane == 0) *error_flag = 1;
       continue;
@@ -247,6 +244,7 @@ __global__ static void __launch_bounds__(WARPS * 32)
 
 int ci_cuda_attention(ci_cuda *cu, const ci_attention_args *args) {
   attention_params a;
+  memset(&a, 0, sizeof a);
   a.q = args->q;
   a.out = args->out;
   a.pos = args->pos;
@@ -254,24 +252,38 @@ int ci_cuda_attention(ci_cuda *cu, const ci_attention_args *args) {
   a.scale = args->scale;
   a.softcap = args->softcap;
   a.window = args->window;
-  return for_each_group(args->seqs, [&](const kv_layout &L, const seq_group &g) {
+  return for_each_group(cu, args->seqs, [&](const kv_layout &L, const seq_group *g, int rows) {
     if (a.n_heads % L.n_kv_heads != 0)
       return ci_fail("attention: %d query heads do not group over %d KV heads", a.n_heads,
                      L.n_kv_heads);
-    dim3 grid((unsigned)g.total_rows, (unsigned)a.n_heads);
-    const int per_lane = (L.head_dim + 31) / 32;
-    if (per_lane <= 1)
-      attention_kernel<1><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
-    else if (per_lane <= 2)
-      attention_kernel<2><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
-    else if (per_lane <= 4)
-      attention_kernel<4><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
-    else if (per_lane <= 8)
-      attention_kernel<8><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
-    else
-      attention_kernel<16><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
-    return ci_cuda_check_launch(cu, "attention");
+    ci_cuda_cmd cmd;
+    memset(&cmd, 0, sizeof cmd);
+    cmd.kind = CMD_ATTENTION;
+    cmd.a.kv.layout = L;
+    cmd.a.kv.group = g;
+    cmd.a.kv.total_rows = rows;
+    cmd.a.kv.att = a;
+    return ci_cuda_emit(cu, &cmd);
   });
+}
+
+void ci_cuda_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
+  const kv_layout &L = cmd->a.kv.layout;
+  const attention_params &a = cmd->a.kv.att;
+  const seq_group *g = cmd->a.kv.group;
+  dim3 grid((unsigned)cmd->a.kv.total_rows, (unsigned)a.n_heads);
+  const int per_lane = (L.head_dim + 31) / 32;
+  if (per_lane <= 1)
+    attention_kernel<1><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+  else if (per_lane <= 2)
+    attention_kernel<2><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+  else if (per_lane <= 4)
+    attention_kernel<4><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+  else if (per_lane <= 8)
+    attention_kernel<8><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+  else
+    attention_kernel<16><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+  ci_cuda_check_launch(cu, "attention");
 }
 
 /* ==== conversion ==== */

@@ -51,18 +51,49 @@ void *ci_cuda_stage(ci_cuda *cu, const void *host, size_t bytes) {
     return NULL;
   }
   if (cu->ring.used + need > cu->ring.bytes) { /* wrap: wait until earlier copies are done */
+    if (ci_cuda_record_flush(cu)) return NULL;
     cudaStreamSynchronize(cu->stream);
     cu->ring.used = 0;
   }
   uint8_t *h = cu->ring.host + cu->ring.used, *d = cu->ring.device + cu->ring.used;
   cu->ring.used += need;
   memcpy(h, host, bytes);
-  cudaError_t err = cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, cu->stream);
-  if (err != cudaSuccess) {
-    ci_cuda_fail(cu, err, "staging copy");
-    return NULL;
-  }
-  return d;
+  ci_cuda_cmd cmd;
+  memset(&cmd, 0, sizeof cmd);
+  cmd.kind = CMD_MEMCPY;
+  cmd.a.memcpy.dst = d;
+  cmd.a.memcpy.src = h;
+  cmd.a.memcpy.bytes = bytes;
+  cmd.a.memcpy.kind = cudaMemcpyHostToDevice;
+  return ci_cuda_emit(cu, &cmd) ? NULL : d;
+}
+
+/* Emits a device-to-device copy. */
+static void emit_copy(ci_cuda *cu, void *dst, const void *src, size_t bytes) {
+  ci_cuda_cmd cmd;
+  memset(&cmd, 0, sizeof cmd);
+  cmd.kind = CMD_MEMCPY;
+  cmd.a.memcpy.dst = dst;
+  cmd.a.memcpy.src = src;
+  cmd.a.memcpy.bytes = bytes;
+  cmd.a.memcpy.kind = cudaMemcpyDeviceToDevice;
+  ci_cuda_emit(cu, &cmd);
+}
+
+/* A command of the vector family with its fields. */
+static void emit_vec(ci_cuda *cu, ci_cuda_cmd_kind kind, float *x, const float *y, int64_t rows,
+                     int64_t cols, int64_t stride, int64_t n, float value) {
+  ci_cuda_cmd cmd;
+  memset(&cmd, 0, sizeof cmd);
+  cmd.kind = kind;
+  cmd.a.vec.x = x;
+  cmd.a.vec.y = y;
+  cmd.a.vec.rows = rows;
+  cmd.a.vec.cols = cols;
+  cmd.a.vec.stride = stride;
+  cmd.a.vec.n = n;
+  cmd.a.vec.value = value;
+  ci_cuda_emit(cu, &cmd);
 }
 
 void *ci_cuda_scratch(ci_cuda *cu, int slot, size_t bytes) {
@@ -73,6 +104,7 @@ void *ci_cuda_scratch(ci_cuda *cu, int slot, size_t bytes) {
     cu->scratch[slot] = NULL;
     cu->scratch_bytes[slot] = 0;
   }
+  ci_cuda_graphs_invalidate(cu); /* captured graphs hold the old address */
   cu->scratch[slot] = ci_cuda_malloc(cu, bytes);
   if (cu->scratch[slot]) cu->scratch_bytes[slot] = bytes;
   return cu->scratch[slot];
@@ -84,6 +116,7 @@ static void cuda_destroy(ci_backend *be) {
   ci_cuda *cu = ci_as_cuda(be);
   cudaSetDevice(cu->device);
   if (cu->stream) cudaStreamSynchronize(cu->stream);
+  ci_cuda_graphs_destroy(cu);
   ci_cuda_blas_destroy(cu);
   for (int i = 0; i < cu->n_weights; i++) cudaFree(cu->weights[i]);
   free(cu->weights);
@@ -120,27 +153,29 @@ static void cuda_release(ci_backend *be, void *ptr) {
 }
 
 static void cuda_copy_bytes(ci_backend *be, void *dst, const void *src, size_t bytes) {
-  ci_cuda *cu = ci_as_cuda(be);
-  cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cu->stream);
-  if (err != cudaSuccess) ci_cuda_fail(cu, err, "device copy");
+  emit_copy(ci_as_cuda(be), dst, src, bytes);
 }
 
 static void cuda_upload(ci_backend *be, void *dst, const void *host_src, size_t bytes) {
   ci_cuda *cu = ci_as_cuda(be);
-  /* from pageable memory the copy is staged before the call returns, so host_src may change */
+  /* at once even while a step records: uploads (the step descriptor, block-table changes) come
+   * before the step's work on the stream, and keeping them out of the recorded list keeps the
+   * lists of consecutive decode steps equal. From pageable memory the copy is staged before the
+   * call returns, so host_src may change */
   cudaError_t err = cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, cu->stream);
   if (err != cudaSuccess) ci_cuda_fail(cu, err, "upload");
 }
 
 static void cuda_download(ci_backend *be, void *host_dst, const void *src, size_t bytes) {
   ci_cuda *cu = ci_as_cuda(be);
+  if (ci_cuda_record_flush(cu)) return;
   cudaError_t err = cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, cu->stream);
   if (err == cudaSuccess) err = cudaStreamSynchronize(cu->stream);
   if (err != cudaSuccess) ci_cuda_fail(cu, err, "download");
 }
 
 static void cuda_fill(ci_backend *be, float *x, float value, int64_t n) {
-  ci_cuda_fill(ci_as_cuda(be), x, value, n);
+  emit_vec(ci_as_cuda(be), CMD_FILL, x, NULL, 0, 0, 0, n, value);
 }
 
 static int64_t cuda_allocation_count(ci_backend *be) {
@@ -184,20 +219,39 @@ static int cuda_prepare_weight(ci_backend *be, ci_tensor *t) {
   return CI_OK;
 }
 
+static int cuda_pin_host(ci_backend *be, void *host, size_t bytes) {
+  ci_cuda *cu = ci_as_cuda(be);
+  cudaError_t err = cudaHostRegister(host, bytes, cudaHostRegisterDefault);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return ci_fail("CUDA: cannot pin %zu bytes of host memory: %s", bytes, cudaGetErrorString(err));
+  }
+  (void)cu;
+  return CI_OK;
+}
+
+static void cuda_unpin_host(ci_backend *be, void *host) {
+  (void)be;
+  if (cudaHostUnregister(host) != cudaSuccess) cudaGetLastError();
+}
+
 /* ==== Steps ==== */
 
 static int cuda_step_begin(ci_backend *be, void *desc, const void *host_desc, size_t bytes) {
   ci_cuda *cu = ci_as_cuda(be);
   if (cu->sticky_error) return ci_fail("%s", cu->sticky_message);
   cudaError_t err = cudaMemcpyAsync(desc, host_desc, bytes, cudaMemcpyHostToDevice, cu->stream);
-  return err == cudaSuccess ? CI_OK : ci_cuda_fail(cu, err, "step descriptor upload");
+  if (err != cudaSuccess) return ci_cuda_fail(cu, err, "step descriptor upload");
+  ci_cuda_record_begin(cu);
+  return CI_OK;
 }
 
 static int cuda_step_end(ci_backend *be, float *host_logits, const float *logits,
                          size_t logits_bytes) {
   ci_cuda *cu = ci_as_cuda(be);
   cudaError_t err = cudaSuccess;
-  if (host_logits && logits && logits_bytes)
+  if (ci_cuda_record_end(cu)) err = cudaErrorUnknown;
+  if (err == cudaSuccess && host_logits && logits && logits_bytes)
     err = cudaMemcpyAsync(host_logits, logits, logits_bytes, cudaMemcpyDeviceToHost, cu->stream);
   if (err == cudaSuccess) err = cudaStreamSynchronize(cu->stream);
   if (err == cudaSuccess) err = cudaGetLastError();
@@ -220,49 +274,94 @@ static int cuda_matmul(ci_backend *be, const ci_tensor *w, const float *x, int64
                        const ci_row_segments *segments) {
   (void)segments; /* cuBLASLt without workspace computes every row alike for any m */
   if (m <= 0) return CI_OK;
-  return ci_cuda_matmul(ci_as_cuda(be), w, x, m, y);
+  if (ci_dtype_is_affine(w->dtype))
+    return ci_fail("the CUDA backend does not run MLX %d-bit weights yet", ci_tensor_bits(w));
+  ci_cuda_cmd cmd;
+  memset(&cmd, 0, sizeof cmd);
+  cmd.kind = CMD_MATMUL;
+  cmd.a.matmul.w = w->data;
+  cmd.a.matmul.dtype = (int)w->dtype;
+  cmd.a.matmul.n = w->shape[w->ndim - 2];
+  cmd.a.matmul.k = w->shape[w->ndim - 1];
+  cmd.a.matmul.m = m;
+  cmd.a.matmul.x = x;
+  cmd.a.matmul.y = y;
+  return ci_cuda_emit(ci_as_cuda(be), &cmd);
 }
 
 static int cuda_embed(ci_backend *be, const ci_tensor *table, const int32_t *ids, int64_t n,
                       float *out) {
-  return ci_cuda_embed(ci_as_cuda(be), table, ids, n, out);
+  if (n <= 0) return CI_OK;
+  if (ci_dtype_is_affine(table->dtype))
+    return ci_fail("the CUDA backend does not run quantized embeddings yet");
+  ci_cuda_cmd cmd;
+  memset(&cmd, 0, sizeof cmd);
+  cmd.kind = CMD_EMBED;
+  cmd.a.embed.table = table->data;
+  cmd.a.embed.dtype = (int)table->dtype;
+  cmd.a.embed.dim = table->shape[1];
+  cmd.a.embed.ids = ids;
+  cmd.a.embed.n = n;
+  cmd.a.embed.out = out;
+  return ci_cuda_emit(ci_as_cuda(be), &cmd);
 }
 
 static void cuda_rmsnorm(ci_backend *be, float *out, const float *x, const float *w, int64_t n_rows,
                          int64_t dim, float eps, float w_offset) {
-  ci_cuda_rmsnorm(ci_as_cuda(be), out, x, w, n_rows, dim, eps, w_offset);
+  ci_cuda_cmd cmd;
+  memset(&cmd, 0, sizeof cmd);
+  cmd.kind = CMD_RMSNORM;
+  cmd.a.rmsnorm.out = out;
+  cmd.a.rmsnorm.x = x;
+  cmd.a.rmsnorm.w = w;
+  cmd.a.rmsnorm.rows = n_rows;
+  cmd.a.rmsnorm.dim = dim;
+  cmd.a.rmsnorm.eps = eps;
+  cmd.a.rmsnorm.w_offset = w_offset;
+  ci_cuda_emit(ci_as_cuda(be), &cmd);
 }
 
 static void cuda_add_bias(ci_backend *be, float *x, const float *bias, int64_t rows, int64_t cols) {
-  ci_cuda_add_bias(ci_as_cuda(be), x, bias, rows, cols);
+  emit_vec(ci_as_cuda(be), CMD_ADD_BIAS, x, bias, rows, cols, 0, rows * cols, 0.0f);
 }
 
 static void cuda_add(ci_backend *be, float *x, const float *y, int64_t n) {
-  ci_cuda_add(ci_as_cuda(be), x, y, n);
+  emit_vec(ci_as_cuda(be), CMD_ADD, x, y, 0, 0, 0, n, 0.0f);
 }
 
 static void cuda_silu_mul(ci_backend *be, float *gate, const float *up, int64_t n) {
-  ci_cuda_silu_mul(ci_as_cuda(be), gate, up, n);
+  emit_vec(ci_as_cuda(be), CMD_SILU_MUL, gate, up, 0, 0, 0, n, 0.0f);
 }
 
 static void cuda_gelu_tanh_mul(ci_backend *be, float *gate, const float *up, int64_t rows,
                                int64_t cols, int64_t up_stride) {
-  ci_cuda_gelu_tanh_mul(ci_as_cuda(be), gate, up, rows, cols, up_stride);
+  emit_vec(ci_as_cuda(be), CMD_GELU_MUL, gate, up, rows, cols, up_stride, rows * cols, 0.0f);
 }
 
 static void cuda_scale(ci_backend *be, float *x, float s, int64_t n) {
-  ci_cuda_scale(ci_as_cuda(be), x, s, n);
+  emit_vec(ci_as_cuda(be), CMD_SCALE, x, NULL, 0, 0, 0, n, s);
 }
 
 static void cuda_softcap(ci_backend *be, float *x, float cap, int64_t n) {
-  ci_cuda_softcap(ci_as_cuda(be), x, cap, n);
+  emit_vec(ci_as_cuda(be), CMD_SOFTCAP, x, NULL, 0, 0, 0, n, cap);
 }
 
 static void cuda_copy(ci_backend *be, float *dst, const float *src, int64_t n) {
-  ci_cuda *cu = ci_as_cuda(be);
-  cudaError_t err =
-      cudaMemcpyAsync(dst, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToDevice, cu->stream);
-  if (err != cudaSuccess) ci_cuda_fail(cu, err, "copy");
+  if (n > 0) emit_copy(ci_as_cuda(be), dst, src, (size_t)n * sizeof(float));
+}
+
+static void emit_rows(ci_cuda *cu, ci_cuda_cmd_kind kind, float *dst, const float *src,
+                      const int32_t *rows, const float *weights, int64_t m, int64_t dim) {
+  ci_cuda_cmd cmd;
+  memset(&cmd, 0, sizeof cmd);
+  cmd.kind = kind;
+  cmd.a.rows.dst = dst;
+  cmd.a.rows.src = src;
+  cmd.a.rows.rows = rows;
+  cmd.a.rows.weights = weights;
+  cmd.a.rows.m = m;
+  cmd.a.rows.dim = dim;
+  ci_cuda_emit(cu, &cmd);
 }
 
 static void cuda_gather_rows(ci_backend *be, float *dst, const float *src, const int32_t *rows,
@@ -270,7 +369,7 @@ static void cuda_gather_rows(ci_backend *be, float *dst, const float *src, const
   ci_cuda *cu = ci_as_cuda(be);
   if (m <= 0) return;
   const int32_t *rows_dev = (const int32_t *)ci_cuda_stage(cu, rows, (size_t)m * sizeof *rows);
-  if (rows_dev) ci_cuda_gather_rows(cu, dst, src, rows_dev, m, dim);
+  if (rows_dev) emit_rows(cu, CMD_GATHER, dst, src, rows_dev, NULL, m, dim);
 }
 
 static void cuda_scatter_add_rows(ci_backend *be, float *dst, const float *src, const int32_t *rows,
@@ -279,8 +378,7 @@ static void cuda_scatter_add_rows(ci_backend *be, float *dst, const float *src, 
   if (m <= 0) return;
   const int32_t *rows_dev = (const int32_t *)ci_cuda_stage(cu, rows, (size_t)m * sizeof *rows);
   const float *weights_dev = (const float *)ci_cuda_stage(cu, weights, (size_t)m * sizeof *weights);
-  if (rows_dev && weights_dev)
-    ci_cuda_scatter_add_rows(cu, dst, src, rows_dev, weights_dev, m, dim);
+  if (rows_dev && weights_dev) emit_rows(cu, CMD_SCATTER, dst, src, rows_dev, weights_dev, m, dim);
 }
 
 /* MoE routing: the host schedules experts, so the router scores come to the host (the step's
@@ -301,6 +399,7 @@ static void cuda_moe_route(ci_backend *be, const float *scores, int64_t n, int n
     cu->allocations++;
     cu->host_scores_bytes = bytes;
   }
+  if (ci_cuda_record_flush(cu)) return; /* the host needs the scores now */
   float *host_scale = cu->host_scores + (size_t)n * n_experts;
   cudaMemcpyAsync(cu->host_scores, scores, (size_t)n * n_experts * sizeof(float),
                   cudaMemcpyDeviceToHost, cu->stream);
@@ -318,7 +417,15 @@ static void cuda_moe_route(ci_backend *be, const float *scores, int64_t n, int n
 
 static void cuda_rope(ci_backend *be, float *x, int64_t n_rows, int n_heads, const int32_t *pos,
                       const ci_rope *rope) {
-  ci_cuda_rope(ci_as_cuda(be), x, n_rows, n_heads, pos, rope);
+  ci_cuda_cmd cmd;
+  memset(&cmd, 0, sizeof cmd);
+  cmd.kind = CMD_ROPE;
+  cmd.a.rope.x = x;
+  cmd.a.rope.n_rows = n_rows;
+  cmd.a.rope.n_heads = n_heads;
+  cmd.a.rope.pos = pos;
+  cmd.a.rope.rope = *rope;
+  ci_cuda_emit(ci_as_cuda(be), &cmd);
 }
 
 static int cuda_kv_store(ci_backend *be, const ci_step_kv *seqs, const float *k, const float *v,
@@ -328,6 +435,7 @@ static int cuda_kv_store(ci_backend *be, const ci_step_kv *seqs, const float *k,
 
 static int cuda_kv_convert_block(ci_backend *be, const ci_paged_kv *src, int32_t src_block,
                                  const ci_paged_kv *dst, int32_t dst_block, int live_tokens) {
+  if (ci_cuda_record_flush(ci_as_cuda(be))) return CI_ERR;
   return ci_cuda_kv_convert_block(ci_as_cuda(be), src, src_block, dst, dst_block, live_tokens);
 }
 
@@ -352,6 +460,8 @@ static ci_backend_ops make_ops(void) {
   ops.allocation_count = cuda_allocation_count;
   ops.reserve_scratch = cuda_reserve_scratch;
   ops.prepare_weight = cuda_prepare_weight;
+  ops.pin_host = cuda_pin_host;
+  ops.unpin_host = cuda_unpin_host;
   ops.matmul = cuda_matmul;
   ops.embed = cuda_embed;
   ops.rmsnorm = cuda_rmsnorm;
@@ -431,7 +541,7 @@ extern "C" ci_backend *ci_cuda_backend_create(int gpu, int n_threads) {
   *cu->error_flag = 0;
   cu->ring.bytes = RING_BYTES;
   cu->ring.device = (uint8_t *)ci_cuda_malloc(cu, RING_BYTES);
-  if (!cu->ring.device || ci_cuda_blas_create(cu)) {
+  if (!cu->ring.device || ci_cuda_blas_create(cu) || ci_cuda_graphs_create(cu)) {
     cuda_destroy(&cu->base);
     return NULL;
   }

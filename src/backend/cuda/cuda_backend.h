@@ -24,6 +24,10 @@ ci_backend *ci_cuda_backend_create(int gpu, int n_threads);
  * the tensor-core work for prefill; logits move by ~1e-1 on small random models). */
 void ci_cuda_set_input_planes(ci_backend *be, int planes);
 
+/* Turns the replay of repeated steps as CUDA graphs on (the default) or off; results are the
+ * same either way. */
+void ci_cuda_set_graphs(ci_backend *be, int enabled);
+
 /* Bytes of device memory free and in total on the backend's GPU. */
 int ci_cuda_memory_info(ci_backend *be, size_t *free_bytes, size_t *total_bytes);
 

@@ -30,13 +30,10 @@ __global__ static void embed_kernel(const void *table, int dtype, int64_t dim, c
   }
 }
 
-int ci_cuda_embed(ci_cuda *cu, const ci_tensor *table, const int32_t *ids, int64_t n, float *out) {
-  if (n <= 0) return CI_OK;
-  if (ci_dtype_is_affine(table->dtype))
-    return ci_fail("the CUDA backend does not run quantized embeddings yet");
-  embed_kernel<<<blocks_for(n * table->shape[1]), THREADS, 0, cu->stream>>>(
-      table->data, (int)table->dtype, table->shape[1], ids, n, out);
-  return ci_cuda_check_launch(cu, "embed");
+void ci_cuda_embed(ci_cuda *cu, const void *table, int dtype, int64_t dim, const int32_t *ids,
+                   int64_t n, float *out) {
+  embed_kernel<<<blocks_for(n * dim), THREADS, 0, cu->stream>>>(table, dtype, dim, ids, n, out);
+  ci_cuda_check_launch(cu, "embed");
 }
 
 /* One block per row: each thread sums a strided slice in order, then a fixed tree. */

@@ -171,28 +171,28 @@ static plan *plan_get(ci_cuda *cu, int64_t n, int64_t k, int64_t m, int dtype) {
   return p;
 }
 
-int ci_cuda_matmul(ci_cuda *cu, const ci_tensor *w, const float *x, int64_t m, float *y) {
-  if (ci_dtype_is_affine(w->dtype))
-    return ci_fail("the CUDA backend does not run MLX %d-bit weights yet", ci_tensor_bits(w));
-  const int64_t n = w->shape[w->ndim - 2], k = w->shape[w->ndim - 1];
+void ci_cuda_matmul_scratch(const ci_cuda *cu, int dtype, int64_t n, int64_t k, int64_t m,
+                            size_t need[2]) {
+  const int planes = dtype == CI_F32 ? 1 : cu->input_planes;
+  need[0] = dtype == CI_F32 ? 0 : (size_t)planes * m * k * sizeof(uint16_t);
+  need[1] = planes == 2 ? (size_t)2 * m * n * sizeof(float) : 0;
+}
+
+int ci_cuda_matmul_launch(ci_cuda *cu, const void *w, int dtype, int64_t n, int64_t k,
+                          const float *x, int64_t m, float *y) {
   const void *input = x;
   float *out = y;
-  const int planes = w->dtype == CI_F32 ? 1 : cu->input_planes;
-  if (w->dtype != CI_F32) {
-    void *half = ci_cuda_scratch(cu, 0, (size_t)planes * m * k * sizeof(uint16_t));
-    if (!half) return CI_ERR;
-    ci_cuda_to_half(cu, half, x, m * k, w->dtype == CI_BF16, planes);
-    input = half;
+  const int planes = dtype == CI_F32 ? 1 : cu->input_planes;
+  if (dtype != CI_F32) {
+    ci_cuda_to_half(cu, cu->scratch[0], x, m * k, dtype == CI_BF16, planes);
+    input = cu->scratch[0];
   }
-  if (planes == 2) { /* rows [0, m) multiply the values, rows [m, 2m) their remainders */
-    out = (float *)ci_cuda_scratch(cu, 1, (size_t)2 * m * n * sizeof(float));
-    if (!out) return CI_ERR;
-  }
-  plan *p = plan_get(cu, n, k, planes * m, (int)w->dtype);
+  if (planes == 2) out = (float *)cu->scratch[1]; /* rows [0, m): values, [m, 2m): remainders */
+  plan *p = plan_get(cu, n, k, planes * m, dtype);
   if (!p) return CI_ERR;
   const float one = 1.0f, zero = 0.0f;
-  cublasStatus_t st = cu->blas->matmul(cu->blas->handle, p->desc, &one, w->data, p->a, input, p->b,
-                                       &zero, out, p->c, out, p->c, &p->algo, NULL, 0, cu->stream);
+  cublasStatus_t st = cu->blas->matmul(cu->blas->handle, p->desc, &one, w, p->a, input, p->b, &zero,
+                                       out, p->c, out, p->c, &p->algo, NULL, 0, cu->stream);
   if (st != CUBLAS_STATUS_SUCCESS)
     return ci_fail("cuBLASLt: matmul %lld x %lld x %lld failed (status %d)", (long long)m,
                    (long long)n, (long long)k, (int)st);
