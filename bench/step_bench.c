@@ -83,6 +83,8 @@ int main(int argc, char **argv) {
       device.n_threads = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--planes"))
       planes = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--graphs"))
+      graphs = atoi(argv[i + 1]);
     else {
       fprintf(stderr, "step_bench: unknown option %s\n", argv[i]);
       return 2;
