@@ -66,10 +66,12 @@ void cinfer_free(void *memory);
 typedef struct cinfer_model cinfer_model;
 
 typedef struct {
-  int n_threads; /* CPU threads for the forward pass; 0 = every online CPU */
+  int n_threads;      /* CPU threads for the forward pass; 0 = every online CPU */
+  const char *device; /* "cpu", "cuda", or NULL/"auto" = cuda when a GPU is visible, else cpu */
+  int gpu;            /* GPU ordinal when the device is cuda (0) */
 } cinfer_model_options;
 
-/* Fills the defaults (n_threads 0). */
+/* Fills the defaults (n_threads 0, device NULL = auto, gpu 0). */
 void cinfer_model_options_init(cinfer_model_options *options);
 
 /* Loads a model folder (config.json + safetensors; a Hugging Face cache id such as
@@ -131,8 +133,14 @@ typedef struct {
   uint64_t seed;            /* used when has_seed; otherwise a seed is drawn from the OS */
   int has_seed;
   /* Limits. */
-  int max_tokens; /* tokens one generation samples at most, EOS included (>= 1) */
-  int ignore_eos; /* 1: EOS ids do not end generation */
+  int max_tokens;          /* tokens one generation samples at most, EOS included (>= 1) */
+  int max_tokens_explicit; /* 0 (cinfer_params_init): max_tokens is a default and is cut to the
+                              room the context leaves; 1: the caller asked for it, so a prompt
+                              plus max_tokens past the context is an error (a session's first
+                              step, an engine submit) */
+  int ignore_eos;          /* 1: EOS ids do not end generation */
+  int top_logprobs; /* engine requests: 0..CINFER_MAX_TOP_LOGPROBS most likely tokens reported
+                       with each token event */
   /* KV cache codec plan (docs/kv-cache.md). kv_codec NULL follows the model folder's
    * kv_config.json (bf16 without one); "bf16" or "f32" store every layer in that format;
    * "affine", "turbo" or "turbo-v" store bf16 until the sequence holds kv_start tokens, then
@@ -261,6 +269,8 @@ void cinfer_engine_free(cinfer_engine *engine);
 cinfer_status cinfer_engine_submit(cinfer_engine *engine, const int32_t *prompt, size_t n_prompt,
                                    const cinfer_params *params, cinfer_request **out);
 
+enum { CINFER_MAX_TOP_LOGPROBS = 20 };
+
 typedef enum {
   CINFER_EVENT_TOKEN = 0, /* one sampled token (never an EOS) */
   CINFER_EVENT_DONE = 1,  /* the request finished; its last event */
@@ -269,13 +279,19 @@ typedef enum {
 
 typedef struct {
   cinfer_event_kind kind;
-  int32_t token;        /* TOKEN */
-  float logprob;        /* TOKEN: log-probability of token under the sampling distribution */
-  cinfer_finish finish; /* DONE */
-  int prompt_tokens;    /* DONE */
-  int cached_tokens;    /* DONE: prompt tokens reused from the prefix cache */
-  int generated_tokens; /* DONE: sampled tokens, EOS included */
-  char message[256];    /* ERROR */
+  int32_t token;          /* TOKEN */
+  float logprob;          /* TOKEN: log-probability of token under the sampling distribution */
+  cinfer_finish finish;   /* DONE */
+  int prompt_tokens;      /* DONE */
+  int cached_tokens;      /* DONE: prompt tokens reused from the prefix cache */
+  int generated_tokens;   /* DONE: sampled tokens, EOS included */
+  double queue_seconds;   /* DONE: submit -> admission */
+  double prefill_seconds; /* DONE: admission -> first token */
+  double decode_seconds;  /* DONE: first token -> last token */
+  int n_top;              /* TOKEN: entries in top_ids/top_logprobs */
+  int32_t top_ids[CINFER_MAX_TOP_LOGPROBS];    /* TOKEN: the most likely tokens, best first */
+  float top_logprobs[CINFER_MAX_TOP_LOGPROBS]; /* TOKEN: their log-probabilities */
+  char message[256];                           /* ERROR */
 } cinfer_event;
 
 /* Waits up to timeout_seconds (< 0: forever) for the request's next event. CINFER_OK with *event
@@ -289,6 +305,148 @@ void cinfer_request_cancel(cinfer_request *request);
 
 /* Releases the caller's handle (cancelling the request if it still runs). NULL is a no-op. */
 void cinfer_request_free(cinfer_request *request);
+
+/* ==== Model facts and the KV codec ==== */
+
+/* generation_config.json's max_new_tokens, or 0 when the model folder sets none (a program with a
+ * built-in default of its own uses it only then). */
+int cinfer_model_max_new_tokens(const cinfer_model *model);
+
+/* Bytes of weights one forward pass reads per token (every matrix once): the memory traffic a
+ * decode step cannot avoid. */
+int64_t cinfer_model_weight_bytes(const cinfer_model *model);
+
+/* Checks the KV fields of params (kv_codec, kv_bits, kv_value_bits, kv_group_size, kv_start,
+ * kv_protect) without a model: CINFER_INVALID_ARGUMENT naming the bad field otherwise. When name
+ * is non-NULL it receives the canonical name of the codec the sequence ends up in ("bf16",
+ * "f32", "affine:4:64", ...; "bf16" when kv_codec is NULL, the format sequences start in — a
+ * model folder's kv_config.json may still convert them); *quantized (may be NULL) is 1 when
+ * kv_codec names a quantized codec (affine, turbo, turbo-v). */
+cinfer_status cinfer_params_kv_codec(const cinfer_params *params, char *name, size_t name_size,
+                                     int *quantized);
+
+/* Bytes one token of KV takes in this model (K and V of every cache layer) when stored in the
+ * codec params name (its quantized target, else its base format; bf16 when kv_codec is NULL). */
+cinfer_status cinfer_model_kv_bytes_per_token(const cinfer_model *model,
+                                              const cinfer_params *params, int64_t *bytes);
+
+/* ==== Session extras: timings, seeds, synthetic context ==== */
+
+/* How long the current turn took (the feeds since the last generation, then its steps). */
+typedef struct {
+  int prompt_tokens;      /* ids fed in the turn */
+  int generated_tokens;   /* tokens sampled in the turn, EOS included */
+  double prefill_seconds; /* time spent feeding */
+  double ttft_seconds;    /* first feed of the turn -> first token sampled */
+  double decode_seconds;  /* first token sampled -> last token sampled */
+  double prefill_tok_s;   /* prompt_tokens / prefill_seconds (0 when nothing was fed) */
+  double decode_tok_s;    /* (generated_tokens - 1) / decode_seconds; 0 below 2 tokens */
+} cinfer_timings;
+
+/* The timings of the session's current turn. */
+cinfer_status cinfer_session_timings(const cinfer_session *session, cinfer_timings *timings);
+
+/* The sampling seed in use (the one drawn from the OS when the params had none). */
+uint64_t cinfer_session_seed(const cinfer_session *session);
+
+/* Bytes of KV storage the session's sequence holds now. */
+int64_t cinfer_session_kv_bytes(const cinfer_session *session);
+
+/* Fills the next n_positions positions of the KV cache with seeded pseudo-random K/V, as if that
+ * many tokens had been fed (the values mean nothing; the time attention then takes is real: a
+ * benchmark at a given context depth). Only on an empty session. */
+cinfer_status cinfer_session_fill_synthetic(cinfer_session *session, int64_t n_positions,
+                                            uint64_t seed);
+
+/* ==== Tokenizers and chat templates on their own ==== */
+
+typedef struct cinfer_tokenizer cinfer_tokenizer;
+typedef struct cinfer_chat_template cinfer_chat_template;
+
+/* Loads a tokenizer without weights: path is a model folder (its tokenizer.json and
+ * tokenizer_config.json) or a tokenizer.json file. */
+cinfer_status cinfer_tokenizer_load(const char *path, cinfer_tokenizer **out);
+
+/* Frees a tokenizer from cinfer_tokenizer_load. NULL is a no-op. */
+void cinfer_tokenizer_free(cinfer_tokenizer *tokenizer);
+
+/* The model's tokenizer (owned by the model), or NULL when its folder has no tokenizer.json. */
+const cinfer_tokenizer *cinfer_model_tokenizer(const cinfer_model *model);
+
+/* As cinfer_tokenize and cinfer_detokenize, on a tokenizer. */
+cinfer_status cinfer_tokenizer_encode(const cinfer_tokenizer *tokenizer, const char *text,
+                                      size_t len, int add_special, int32_t **ids, size_t *n_ids);
+cinfer_status cinfer_tokenizer_decode(const cinfer_tokenizer *tokenizer, const int32_t *ids,
+                                      size_t n_ids, int skip_special, char **text, size_t *len);
+
+/* Loads the chat template of a model folder (tokenizer_config.json's chat_template, or
+ * chat_template.jinja/.json) without weights. */
+cinfer_status cinfer_chat_template_load(const char *model_dir, cinfer_chat_template **out);
+
+/* A chat template from Jinja source; bos_token and eos_token (may be NULL) are the values the
+ * template sees as bos_token/eos_token. */
+cinfer_status cinfer_chat_template_from_source(const char *source, const char *bos_token,
+                                               const char *eos_token, cinfer_chat_template **out);
+
+/* Frees a template from cinfer_chat_template_load/_from_source. NULL is a no-op. */
+void cinfer_chat_template_free(cinfer_chat_template *chat_template);
+
+/* The model's chat template (owned by the model), or NULL when it has none. */
+const cinfer_chat_template *cinfer_model_chat_template(const cinfer_model *model);
+
+/* The template's bos_token/eos_token strings ("" when unset); owned by the template. */
+const char *cinfer_chat_template_bos_token(const cinfer_chat_template *chat_template);
+const char *cinfer_chat_template_eos_token(const cinfer_chat_template *chat_template);
+
+/* Renders a whole chat request, as Hugging Face's apply_chat_template: request_json is an object
+ * with "messages" and optionally "tools", "add_generation_prompt", "documents" and any template
+ * keyword (enable_thinking, ...). *text (free with cinfer_free) receives *len bytes (len may be
+ * NULL). A template error is CINFER_ERROR with the template's own message. */
+cinfer_status cinfer_chat_template_render(const cinfer_chat_template *chat_template,
+                                          const char *request_json, char **text, size_t *len);
+
+/* ==== Streaming detokenization and stop strings ==== */
+
+typedef struct cinfer_detokenizer cinfer_detokenizer;
+
+/* A detokenizer that turns generated ids into text pieces as soon as the text is stable (never
+ * inside a UTF-8 character), cutting the text before the first of n_stop stop strings (copied;
+ * matched across token boundaries and never emitted). skip_special drops special tokens. The
+ * tokenizer must outlive it. */
+cinfer_status cinfer_detokenizer_create(const cinfer_tokenizer *tokenizer, const char *const *stop,
+                                        size_t n_stop, int skip_special, cinfer_detokenizer **out);
+
+/* Frees the detokenizer. NULL is a no-op. */
+void cinfer_detokenizer_free(cinfer_detokenizer *detokenizer);
+
+/* Pushes one id. *piece and *len receive the text that became final (may be empty; owned by the
+ * detokenizer, valid until its next call). CINFER_OK to go on; CINFER_DONE when a stop string
+ * completed (piece = the text before it; later pushes give nothing); CINFER_INVALID_ARGUMENT for
+ * an id outside the vocabulary. */
+cinfer_status cinfer_detokenizer_push(cinfer_detokenizer *detokenizer, int32_t token,
+                                      const char **piece, size_t *len);
+
+/* End of generation: releases the text held back (it may still complete a stop string:
+ * CINFER_DONE). */
+cinfer_status cinfer_detokenizer_finish(cinfer_detokenizer *detokenizer, const char **piece,
+                                        size_t *len);
+
+/* The stop string that ended the text (the detokenizer's copy), or NULL while none has. */
+const char *cinfer_detokenizer_stop_string(const cinfer_detokenizer *detokenizer);
+
+/* ==== Random-weight models (tests and benchmarks without a download) ==== */
+
+typedef struct {
+  const char *dtype; /* "bf16" (NULL), "q8" or "q4": quantized weights are affine with ... */
+  int group_size;    /* ... this group size: 32, 64 (0 = 64) or 128 */
+  uint64_t seed;     /* the same seed writes the same weights */
+} cinfer_random_model_options;
+
+/* Writes a model folder at out_dir (created if missing): config.json (the config at config_path,
+ * with a quantization entry when quantized) and model.safetensors with seeded random weights of
+ * every tensor the config needs. options may be NULL (bf16, seed 0). */
+cinfer_status cinfer_model_write_random(const char *config_path, const char *out_dir,
+                                        const cinfer_random_model_options *options);
 
 #ifdef __cplusplus
 }

@@ -302,12 +302,22 @@ static void test_engine(void **state) {
   assert_int_equal(event.kind, CINFER_EVENT_DONE);
   assert_int_equal(event.finish, CINFER_FINISH_CANCEL);
   cinfer_request_free(request);
-  /* too long for the context: rejected with a reason */
+  /* an explicit max_tokens too long for the context: rejected with a reason */
   params.max_tokens = cinfer_model_context_length(model) + 1;
+  params.max_tokens_explicit = 1;
   assert_int_equal(cinfer_engine_submit(engine, prompt, n_prompt, &params, &request),
                    CINFER_REJECTED);
   assert_null(request);
   assert_true(strlen(cinfer_last_error()) > 0);
+  /* a defaulted one is cut to the room the context leaves */
+  params.max_tokens_explicit = 0;
+  params.max_tokens = cinfer_model_context_length(model) + 1;
+  assert_int_equal(cinfer_engine_submit(engine, prompt, n_prompt, &params, &request), CINFER_OK);
+  cinfer_request_cancel(request);
+  do assert_int_equal(cinfer_request_next(request, &event, 60.0), CINFER_OK);
+  while (event.kind == CINFER_EVENT_TOKEN);
+  assert_int_equal(event.kind, CINFER_EVENT_DONE);
+  cinfer_request_free(request);
   cinfer_engine_free(engine);
   free(prompt);
   free(want);

@@ -89,6 +89,15 @@ cinfer_status cinfer_engine_submit(cinfer_engine *engine, const int32_t *prompt,
     return ci_api_fail(CINFER_INVALID_ARGUMENT,
                        "kv_codec \"%s\" is engine-wide (cinfer_engine_options.kv_codec)",
                        params->kv_codec);
+  if (params->top_logprobs < 0 || params->top_logprobs > CINFER_MAX_TOP_LOGPROBS)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT, "top_logprobs must be in [0, %d] (got %d)",
+                       CINFER_MAX_TOP_LOGPROBS, params->top_logprobs);
+  /* A defaulted cap is cut to the room the context leaves; an explicit one is checked by the
+   * engine (the request is rejected when it does not fit). */
+  const int64_t ctx = ci_engine_ctx_size(engine->engine);
+  if (!params->max_tokens_explicit && (int64_t)n_prompt < ctx &&
+      (int64_t)n_prompt + r.max_tokens > ctx)
+    r.max_tokens = (int)(ctx - (int64_t)n_prompt);
   cinfer_request *request = calloc(1, sizeof *request);
   if (!request) return ci_api_fail(CINFER_ERROR, "out of memory for a request");
   ci_engine_job job = {0};
@@ -101,6 +110,7 @@ cinfer_status cinfer_engine_submit(cinfer_engine *engine, const int32_t *prompt,
   job.kv_target = r.kv_target;
   job.kv_start = r.kv_start;
   job.kv_protect = r.kv_protect;
+  job.top_logprobs = params->top_logprobs;
   switch (ci_engine_submit(engine->engine, &job, &request->request)) {
   case CI_ENGINE_SUBMITTED:
     *out = request;
@@ -149,6 +159,9 @@ cinfer_status cinfer_request_next(cinfer_request *request, cinfer_event *event,
     event->kind = CINFER_EVENT_TOKEN;
     event->token = e.token;
     event->logprob = e.logprob;
+    event->n_top = e.n_top < CINFER_MAX_TOP_LOGPROBS ? e.n_top : CINFER_MAX_TOP_LOGPROBS;
+    memcpy(event->top_ids, e.top_ids, (size_t)event->n_top * sizeof *event->top_ids);
+    memcpy(event->top_logprobs, e.top_logprobs, (size_t)event->n_top * sizeof *event->top_logprobs);
     break;
   case CI_ENGINE_EVENT_DONE:
     event->kind = CINFER_EVENT_DONE;
@@ -157,6 +170,9 @@ cinfer_status cinfer_request_next(cinfer_request *request, cinfer_event *event,
     event->prompt_tokens = e.prompt_tokens;
     event->cached_tokens = e.cached_tokens;
     event->generated_tokens = e.generated_tokens;
+    event->queue_seconds = e.queue_seconds;
+    event->prefill_seconds = e.prefill_seconds;
+    event->decode_seconds = e.decode_seconds;
     request->finished = 1;
     break;
   case CI_ENGINE_EVENT_ERROR:

@@ -12,13 +12,23 @@
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
+/* The public text handles wrap the internal ones; a model's are views of its own. */
+struct cinfer_tokenizer {
+  ci_tokenizer *impl;
+};
+struct cinfer_chat_template {
+  ci_chat_template *impl;
+};
+
 struct cinfer_model {
-  ci_model *model;                 /* owned (ci_model_open: with its backend) */
-  char *dir;                       /* the resolved model folder; owned */
-  ci_tokenizer *tokenizer;         /* owned; NULL when the folder has no tokenizer.json */
-  ci_chat_template *chat_template; /* owned; NULL when the model has none */
-  char template_error[256];        /* why chat_template is NULL */
-  ci_generation_config generation; /* generation_config.json (has_ flags 0 when absent) */
+  ci_model *model;                         /* owned (ci_model_open: with its backend) */
+  char *dir;                               /* the resolved model folder; owned */
+  ci_tokenizer *tokenizer;                 /* owned; NULL when the folder has no tokenizer.json */
+  ci_chat_template *chat_template;         /* owned; NULL when the model has none */
+  cinfer_tokenizer tokenizer_view;         /* {tokenizer}: what cinfer_model_tokenizer returns */
+  cinfer_chat_template chat_template_view; /* {chat_template} */
+  char template_error[256];                /* why chat_template is NULL */
+  ci_generation_config generation;         /* generation_config.json (has_ flags 0 when absent) */
   ci_eos_set eos; /* config.json ∪ generation_config.json ∪ tokenizer eos_token */
 };
 
@@ -33,6 +43,10 @@ typedef struct {
   int64_t kv_start;
   int kv_protect;
 } ci_api_resolved;
+
+/* The KV fields of params resolved into the sequence's plan (no model needed). Returns CINFER_OK
+ * or CINFER_INVALID_ARGUMENT with the reason. */
+cinfer_status ci_api_resolve_kv(const cinfer_params *params, ci_api_resolved *out);
 
 /* Checks params against the model and resolves them. Returns CINFER_OK or
  * CINFER_INVALID_ARGUMENT with the reason as the last error. */

@@ -49,14 +49,19 @@ cinfer_status cinfer_model_load(const char *path, const cinfer_model_options *op
   if (options->n_threads < 0)
     return ci_api_fail(CINFER_INVALID_ARGUMENT, "n_threads must be >= 0 (got %d)",
                        options->n_threads);
+  if (options->gpu < 0)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT, "gpu must be >= 0 (got %d)", options->gpu);
   cinfer_model *m = calloc(1, sizeof *m);
   if (!m) return ci_api_fail(CINFER_ERROR, "out of memory for a model");
   m->dir = ci_model_path_resolve(path);
-  m->model = m->dir ? ci_model_open(m->dir, options->n_threads) : NULL;
+  const ci_device_options device = {options->device, options->gpu, options->n_threads};
+  m->model = m->dir ? ci_model_open_on(m->dir, &device) : NULL;
   if (!m->model || load_text_and_defaults(m) != CINFER_OK) {
     cinfer_model_free(m);
     return CINFER_ERROR;
   }
+  m->tokenizer_view.impl = m->tokenizer;
+  m->chat_template_view.impl = m->chat_template;
   *out = m;
   return CINFER_OK;
 }

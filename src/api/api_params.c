@@ -28,7 +28,7 @@ void cinfer_params_init(cinfer_params *params, const cinfer_model *model) {
 }
 
 /* The KV fields: the same precedence as the command line's --kv-* flags (docs/kv-cache.md §7). */
-static cinfer_status resolve_kv(const cinfer_params *p, ci_api_resolved *out) {
+cinfer_status ci_api_resolve_kv(const cinfer_params *p, ci_api_resolved *out) {
   out->kv_base = CI_KV_BF16;
   out->kv_plan = CI_KV_PLAN_MODEL_CONFIG;
   out->kv_start = p->kv_start;
@@ -72,5 +72,5 @@ cinfer_status ci_api_resolve(const cinfer_model *model, const cinfer_params *p,
     return ci_api_fail(CINFER_INVALID_ARGUMENT, "context_size and prefill_chunk must be >= 0");
   out->max_tokens = p->max_tokens;
   if (!p->ignore_eos) out->eos = model->eos;
-  return resolve_kv(p, out);
+  return ci_api_resolve_kv(p, out);
 }

@@ -4,6 +4,7 @@
 #include "cli/args.h"
 #include "cli/kv_flags.h"
 #include "cli/sampling_flags.h"
+#include "engine/model_open.h"
 #include "cli/verbs.h"
 #include "engine/engine.h"
 #include "engine/eos_set.h"
@@ -11,6 +12,63 @@
 #include "io/generation_config.h"
 #include "io/model_path.h"
 #include "server/server.h"
+#include "tensor/kv_format.h"
+
+/* Interim: the server is moved onto cinfer.h next; until then serve opens the model itself. */
+typedef struct {
+  ci_model *model;
+} ci_cli_model;
+typedef struct {
+  ci_kv_codec base;
+  int quantized;
+  ci_kv_format target;
+  long long start;
+  int protect;
+  int explicit_codec;
+} ci_cli_kv_plan;
+
+static int ci_cli_kv_plan_parse(const ci_flag *flags, int n_flags, const char *verb,
+                                ci_cli_kv_plan *out) {
+  memset(out, 0, sizeof *out);
+  const char *codec = ci_args_get(flags, n_flags, "--kv-codec");
+  long long bits, value_bits, group, start, protect;
+  if (ci_args_int(flags, n_flags, "--kv-bits", 4, 2, 8, &bits) ||
+      ci_args_int(flags, n_flags, "--kv-value-bits", 0, 2, 8, &value_bits) ||
+      ci_args_int(flags, n_flags, "--kv-group-size", 0, 32, 128, &group) ||
+      ci_args_int(flags, n_flags, "--kv-start", 0, 0, 1LL << 40, &start) ||
+      ci_args_int(flags, n_flags, "--kv-protect", 0, 0, 1 << 16, &protect))
+    return 2;
+  ci_kv_format format;
+  if (ci_kv_format_parse(codec ? codec : "bf16", (int)bits, (int)value_bits, (int)group, &format)) {
+    fprintf(stderr, "cinfer %s: --kv-codec: %s\n", verb, ci_last_error());
+    return 2;
+  }
+  out->start = start;
+  out->protect = (int)protect;
+  out->explicit_codec = codec != NULL;
+  if (ci_kv_format_is_quantized(&format)) {
+    out->base = CI_KV_BF16;
+    out->quantized = 1;
+    out->target = format;
+  } else {
+    out->base = format.codec;
+  }
+  return 0;
+}
+
+static int ci_cli_model_open(const char *model_arg, int n_threads, ci_cli_model *out) {
+  out->model = ci_model_open(model_arg, n_threads);
+  if (!out->model) {
+    fprintf(stderr, "cinfer: %s\n", ci_last_error());
+    return 1;
+  }
+  return 0;
+}
+
+static void ci_cli_model_close(ci_cli_model *cm) {
+  ci_model_close(cm->model);
+  cm->model = NULL;
+}
 
 #include <limits.h>
 #include <signal.h>
@@ -31,6 +89,33 @@ static const char usage[] =
     "ORIGIN (a comma-separated list, or *) adds CORS headers and answers OPTIONS preflights.\n"
     "--prompt-cache caps the KV bytes the prefix cache keeps for reuse (default 2 GiB, within\n"
     "the KV budget; 0 turns it off).\n";
+
+/* The sampling flags as a precedence layer (interim, see above). */
+static int ci_cli_serve_sampling_flags(const ci_flag *flags, int nf, ci_sampling_overrides *o) {
+  cinfer_params base, p;
+  cinfer_params_init(&base, NULL);
+  p = base;
+  if (ci_cli_sampling_flags(flags, nf, "serve", &p)) return 2;
+  o->has_temperature = ci_args_get(flags, nf, "--temp") != NULL;
+  o->temperature = p.temperature;
+  o->has_top_p = ci_args_get(flags, nf, "--top-p") != NULL;
+  o->top_p = p.top_p;
+  o->has_top_k = ci_args_get(flags, nf, "--top-k") != NULL;
+  o->top_k = p.top_k;
+  o->has_min_p = ci_args_get(flags, nf, "--min-p") != NULL;
+  o->min_p = p.min_p;
+  o->has_repetition_penalty = ci_args_get(flags, nf, "--repeat-penalty") != NULL;
+  o->repetition_penalty = p.repetition_penalty;
+  o->has_presence_penalty = ci_args_get(flags, nf, "--presence-penalty") != NULL;
+  o->presence_penalty = p.presence_penalty;
+  o->has_frequency_penalty = ci_args_get(flags, nf, "--frequency-penalty") != NULL;
+  o->frequency_penalty = p.frequency_penalty;
+  o->has_seed = p.has_seed;
+  o->seed = p.seed;
+  o->has_max_tokens = p.max_tokens_explicit;
+  o->max_tokens = p.max_tokens;
+  return 0;
+}
 
 int ci_verb_serve(int argc, char **argv) {
   ci_flag flags[] = {{"--model", "-m", 1, NULL},
@@ -65,9 +150,9 @@ int ci_verb_serve(int argc, char **argv) {
     return 2;
   }
   ci_sampling_overrides cli = {0};
+  if (ci_cli_serve_sampling_flags(flags, nf, &cli)) return 2;
   long long port, batch, batch_tokens, max_queue, ctx_size, prefill_chunk, max_body, threads;
-  if (ci_cli_sampling_flags(flags, nf, "serve", &cli) ||
-      ci_args_int(flags, nf, "--port", 8080, 0, 65535, &port) ||
+  if (ci_args_int(flags, nf, "--port", 8080, 0, 65535, &port) ||
       ci_args_int(flags, nf, "--batch", 8, 1, 512, &batch) ||
       ci_args_int(flags, nf, "--batch-tokens", 2048, 1, 1 << 20, &batch_tokens) ||
       ci_args_int(flags, nf, "--max-queue", 256, 0, 1 << 20, &max_queue) ||
