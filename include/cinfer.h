@@ -48,7 +48,9 @@ typedef enum {
   CINFER_CANCELLED = -4,        /* cinfer_session_cancel stopped the session */
   CINFER_QUEUE_FULL = -5,       /* engine: too many waiting requests; try again later */
   CINFER_REJECTED = -6,         /* engine: this request can never run (too big, bad params) */
-  CINFER_STOPPED = -7           /* engine: it is shutting down */
+  CINFER_STOPPED = -7,          /* engine: it is shutting down */
+  CINFER_CONTEXT_EXCEEDED = -8, /* the prompt plus max_tokens does not fit the context */
+  CINFER_OVER_BUDGET = -9       /* engine: the request needs more KV than its budget ever allows */
 } cinfer_status;
 
 /* A short name of a status ("ok", "invalid argument", ...). */
@@ -121,6 +123,12 @@ cinfer_status cinfer_chat_render(const cinfer_model *model, const char *messages
 
 /* ==== Generation parameters (sessions and engine requests) ==== */
 
+/* One logit bias: the token's logit gets bias added before sampling (-INFINITY bans it). */
+typedef struct {
+  int32_t token;
+  float bias; /* [-100, 100] or -INFINITY */
+} cinfer_logit_bias;
+
 typedef struct {
   /* Sampling. temperature 0 is greedy (argmax). */
   float temperature;        /* [0, 5] */
@@ -130,7 +138,14 @@ typedef struct {
   float repetition_penalty; /* > 0; 1 = off */
   float presence_penalty;   /* [-2, 2]; 0 = off */
   float frequency_penalty;  /* [-2, 2]; 0 = off */
-  uint64_t seed;            /* used when has_seed; otherwise a seed is drawn from the OS */
+  int repetition_context;   /* last tokens each penalty looks at (20, 20, 20) */
+  int presence_context;
+  int frequency_context;
+  float xtc_probability;               /* XTC: [0, 1]; 0 = off */
+  float xtc_threshold;                 /* XTC: [0, 0.5] (0.1) */
+  const cinfer_logit_bias *logit_bias; /* borrowed: copied by the function that takes params */
+  size_t n_logit_bias;
+  uint64_t seed; /* used when has_seed; otherwise a seed is drawn from the OS */
   int has_seed;
   /* Limits. */
   int max_tokens;          /* tokens one generation samples at most, EOS included (>= 1) */
@@ -139,6 +154,9 @@ typedef struct {
                               plus max_tokens past the context is an error (a session's first
                               step, an engine submit) */
   int ignore_eos;          /* 1: EOS ids do not end generation */
+  const int32_t *stop_token_ids; /* more ids that end generation as EOS does (finish stop), also
+                                    with ignore_eos; borrowed (copied) */
+  size_t n_stop_token_ids;
   int top_logprobs; /* engine requests: 0..CINFER_MAX_TOP_LOGPROBS most likely tokens reported
                        with each token event */
   /* KV cache codec plan (docs/kv-cache.md). kv_codec NULL follows the model folder's
@@ -157,7 +175,8 @@ typedef struct {
   int prefill_chunk; /* prompt tokens per forward pass while feeding; 0 = 2048 */
 } cinfer_params;
 
-/* Fills the defaults: the built-in sampling defaults (temperature 0.7, filters off, max_tokens
+/* Fills the defaults: the built-in sampling defaults (temperature 0.7, filters off, penalty
+ * windows 20, xtc_threshold 0.1, max_tokens
  * 256) overridden by the model's generation_config.json when model is non-NULL; EOS honoured;
  * kv_codec NULL (the model's plan), kv_bits 4; context_size and prefill_chunk 0. */
 void cinfer_params_init(cinfer_params *params, const cinfer_model *model);
@@ -250,6 +269,9 @@ typedef struct {
                                  most half of the machine's memory */
   int64_t prefix_cache_bytes; /* KV kept for reuse by later prompts with the same prefix (2 GiB);
                                  0 = off */
+  int batch_tokens;  /* rows one step runs at most, prompt chunks and decodes together (2048) */
+  int prefill_chunk; /* prompt tokens per chunk (2048) */
+  int max_queue;     /* waiting requests beyond which submit answers CINFER_QUEUE_FULL (256) */
 } cinfer_engine_options;
 
 /* Fills the defaults listed above. */
@@ -264,8 +286,11 @@ cinfer_status cinfer_engine_create(cinfer_model *model, const cinfer_engine_opti
 void cinfer_engine_free(cinfer_engine *engine);
 
 /* Queues a request: prompt ids (copied) continued with params (NULL = cinfer_params_init with the
- * engine's model; context_size and prefill_chunk are the engine's). CINFER_QUEUE_FULL,
- * CINFER_REJECTED (with the reason) or CINFER_STOPPED when it was not queued. */
+ * engine's model; context_size and prefill_chunk are the engine's). A max_tokens that is not
+ * explicit is cut to the room the context leaves. When it was not queued: CINFER_QUEUE_FULL,
+ * CINFER_STOPPED, CINFER_INVALID_ARGUMENT or CINFER_REJECTED (bad params or ids),
+ * CINFER_CONTEXT_EXCEEDED or CINFER_OVER_BUDGET (too long), CINFER_ERROR (out of memory), each
+ * with the reason as the last error. */
 cinfer_status cinfer_engine_submit(cinfer_engine *engine, const int32_t *prompt, size_t n_prompt,
                                    const cinfer_params *params, cinfer_request **out);
 
@@ -306,7 +331,50 @@ void cinfer_request_cancel(cinfer_request *request);
 /* Releases the caller's handle (cancelling the request if it still runs). NULL is a no-op. */
 void cinfer_request_free(cinfer_request *request);
 
+/* Stops the engine thread without freeing it: running and queued requests end with an error
+ * event (so readers of their events finish), later submits answer CINFER_STOPPED. Idempotent. */
+void cinfer_engine_stop(cinfer_engine *engine);
+
+/* The per-request context limit in use. */
+int cinfer_engine_context_size(const cinfer_engine *engine);
+
+/* The most sequences one step runs. */
+int cinfer_engine_max_batch(const cinfer_engine *engine);
+
+enum { CINFER_MAX_KV_FORMATS = 8 };
+
+/* KV storage of one format ("bf16", "affine:4:64", ...). */
+typedef struct {
+  char codec[32];
+  int64_t blocks_used, blocks_free, bytes_used;
+} cinfer_kv_usage;
+
+/* A snapshot of the engine's counters and gauges. */
+typedef struct {
+  int n_kv_formats;
+  cinfer_kv_usage kv_formats[CINFER_MAX_KV_FORMATS];
+  int n_kv_conversions; /* sequences converted so far, per target codec */
+  char kv_conversion_codecs[CINFER_MAX_KV_FORMATS][32];
+  int64_t kv_conversions[CINFER_MAX_KV_FORMATS];
+  int running, waiting;
+  int64_t blocks_used, bytes_used, kv_budget_bytes, reserved_bytes;
+  int64_t requests_finished, requests_cancelled, requests_failed;
+  int64_t prompt_tokens, cached_tokens, generated_tokens, steps, step_rows;
+  int64_t prefix_hits, prefix_misses;
+  int64_t prefix_cache_bytes, prefix_cache_max_bytes; /* bytes only the prefix cache holds; cap */
+  int64_t prefix_cache_blocks, prefix_cache_entries;
+} cinfer_engine_stats;
+
+/* Fills *stats with the engine's counters now. */
+cinfer_status cinfer_engine_get_stats(cinfer_engine *engine, cinfer_engine_stats *stats);
+
 /* ==== Model facts and the KV codec ==== */
+
+/* Number of transformer layers (config.json num_hidden_layers). */
+int cinfer_model_n_layers(const cinfer_model *model);
+
+/* The backend the model runs on ("cpu", "cuda", ...). */
+const char *cinfer_model_device(const cinfer_model *model);
 
 /* generation_config.json's max_new_tokens, or 0 when the model folder sets none (a program with a
  * built-in default of its own uses it only then). */
@@ -447,6 +515,90 @@ typedef struct {
  * every tensor the config needs. options may be NULL (bf16, seed 0). */
 cinfer_status cinfer_model_write_random(const char *config_path, const char *out_dir,
                                         const cinfer_random_model_options *options);
+
+/* ==== Chat output of a model family: reasoning and tool calls ==== */
+
+typedef struct cinfer_chat_format cinfer_chat_format;
+typedef struct cinfer_chat_output cinfer_chat_output;
+
+/* The output conventions of a model family, detected from its tokenizer, its chat template (may
+ * be NULL) and its architecture (config.json model_type; may be NULL): think-tag reasoning
+ * (<think> and </think> are tokens), Gemma channel reasoning (the template mentions <|channel>
+ * and the tokenizer has the channel markers), Gemma 4 tool-call tokens (architecture gemma4*);
+ * tool calls written as text (<tool_call>{...}</tool_call> and the like) otherwise. The tokenizer
+ * and template must outlive it. */
+cinfer_status cinfer_chat_format_create(const cinfer_tokenizer *tokenizer,
+                                        const cinfer_chat_template *chat_template,
+                                        const char *architecture, cinfer_chat_format **out);
+
+/* Frees a format from cinfer_chat_format_create. NULL is a no-op. */
+void cinfer_chat_format_free(cinfer_chat_format *format);
+
+/* The model's format (owned by the model), or NULL when its folder has no tokenizer.json. */
+const cinfer_chat_format *cinfer_model_chat_format(const cinfer_model *model);
+
+/* 1 when answers of this format can carry reasoning apart from content. */
+int cinfer_chat_format_has_reasoning(const cinfer_chat_format *format);
+
+/* Tokens that end a chat answer besides the EOS ids (Gemma 4: <|tool_response> after a call);
+ * writes up to cap of them to ids and returns how many there are. Add them to a request's
+ * stop_token_ids unless it ignores EOS. */
+size_t cinfer_chat_format_stop_tokens(const cinfer_chat_format *format, int32_t *ids, size_t cap);
+
+typedef struct {
+  const char *const *stop; /* stop strings (copied); the text ends before the first one */
+  size_t n_stop;
+  const char *tools_json; /* the request's tool definitions, a JSON array in OpenAI's shape
+                             ({type, function: {name, parameters}}); NULL: text tool calls are
+                             not parsed (Gemma 4 call tokens still are, with any name) */
+  int tools_off;          /* tool_choice "none": no call is parsed, their text stays content */
+  int raw_text;           /* plain completion: no reasoning or tool-call parsing at all */
+  const char *prompt;     /* the rendered prompt (may be NULL): an answer that starts inside an
+                             open <think> or channel begins as reasoning */
+  size_t prompt_len;
+} cinfer_chat_output_options;
+
+/* Where an answer's parts go, as they become final. */
+typedef struct {
+  void (*content)(void *user, const char *text, size_t len);
+  void (*reasoning)(void *user, const char *text, size_t len);
+  void (*tool_call)(void *user, const char *call_json); /* {"name": ..., "arguments": "..."} */
+} cinfer_chat_output_sinks;
+
+/* A parser for one answer: streaming detokenization with stop strings, then reasoning split,
+ * then tool-call parsing, as the format says. options may be NULL (none of them). */
+cinfer_status cinfer_chat_output_create(const cinfer_chat_format *format,
+                                        const cinfer_chat_output_options *options,
+                                        cinfer_chat_output **out);
+
+/* Frees the parser. NULL is a no-op. */
+void cinfer_chat_output_free(cinfer_chat_output *output);
+
+/* Pushes one generated token (never an EOS), calling sinks with what became final. CINFER_OK;
+ * CINFER_DONE when a stop string completed (nothing after it is ever produced);
+ * CINFER_INVALID_ARGUMENT for an id outside the vocabulary; CINFER_ERROR when out of memory. */
+cinfer_status cinfer_chat_output_push(cinfer_chat_output *output, int32_t token,
+                                      const cinfer_chat_output_sinks *sinks, void *user);
+
+/* End of the answer: releases held-back text and flushes every stage (a call cut short is closed
+ * best effort). CINFER_DONE when the held text completed a stop string. */
+cinfer_status cinfer_chat_output_finish(cinfer_chat_output *output,
+                                        const cinfer_chat_output_sinks *sinks, void *user);
+
+/* The stop string that ended the text, or NULL. */
+const char *cinfer_chat_output_stop_string(const cinfer_chat_output *output);
+
+/* Tokens of the answer that were reasoning (between <think> and </think>, or in a channel). */
+int cinfer_chat_output_reasoning_tokens(const cinfer_chat_output *output);
+
+/* A tokenizer from the text of a tokenizer.json (tests, embedded tokenizers). */
+cinfer_status cinfer_tokenizer_from_json(const char *json, size_t len, cinfer_tokenizer **out);
+
+/* The id of a special token tokenizer_config.json names ("bos_token", "eos_token", ...), or -1. */
+int32_t cinfer_tokenizer_config_token(const cinfer_tokenizer *tokenizer, const char *key);
+
+/* The id of a token string of the vocabulary ("<think>"), or -1. */
+int32_t cinfer_tokenizer_token_id(const cinfer_tokenizer *tokenizer, const char *token);
 
 #ifdef __cplusplus
 }

@@ -309,7 +309,7 @@ static void test_engine(void **state) {
   params.max_tokens = cinfer_model_context_length(model) + 1;
   params.max_tokens_explicit = 1;
   assert_int_equal(cinfer_engine_submit(engine, prompt, n_prompt, &params, &request),
-                   CINFER_REJECTED);
+                   CINFER_CONTEXT_EXCEEDED);
   assert_null(request);
   assert_true(strlen(cinfer_last_error()) > 0);
   /* a defaulted one is cut to the room the context leaves */

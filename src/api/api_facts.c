@@ -4,6 +4,14 @@
 
 #include "base/error.h"
 
+int cinfer_model_n_layers(const cinfer_model *model) {
+  return model ? model->model->spec.n_layers : 0;
+}
+
+const char *cinfer_model_device(const cinfer_model *model) {
+  return model && model->model->be ? model->model->be->ops->name : "";
+}
+
 int cinfer_model_max_new_tokens(const cinfer_model *model) {
   return model && model->generation.has_max_new_tokens ? model->generation.max_new_tokens : 0;
 }

@@ -62,6 +62,9 @@ cinfer_status cinfer_model_load(const char *path, const cinfer_model_options *op
   }
   m->tokenizer_view.impl = m->tokenizer;
   m->chat_template_view.impl = m->chat_template;
+  if (m->tokenizer)
+    ci_api_chat_format_detect(&m->chat_format, m->tokenizer, m->chat_template,
+                              ci_model_architecture(m->model));
   *out = m;
   return CINFER_OK;
 }

@@ -129,3 +129,26 @@ cinfer_status cinfer_chat_template_render(const cinfer_chat_template *chat_templ
   if (len) *len = n;
   return CINFER_OK;
 }
+
+cinfer_status cinfer_tokenizer_from_json(const char *json, size_t len, cinfer_tokenizer **out) {
+  if (!out) return ci_api_fail(CINFER_INVALID_ARGUMENT, "cinfer_tokenizer_from_json: out is NULL");
+  *out = NULL;
+  if (!json) return ci_api_fail(CINFER_INVALID_ARGUMENT, "cinfer_tokenizer_from_json: no text");
+  cinfer_tokenizer *t = calloc(1, sizeof *t);
+  if (!t) return ci_api_fail(CINFER_ERROR, "out of memory for a tokenizer");
+  t->impl = ci_tokenizer_load_json(json, len);
+  if (!t->impl) {
+    free(t);
+    return CINFER_ERROR;
+  }
+  *out = t;
+  return CINFER_OK;
+}
+
+int32_t cinfer_tokenizer_config_token(const cinfer_tokenizer *tokenizer, const char *key) {
+  return tokenizer && key ? ci_tokenizer_config_token_id(tokenizer->impl, key) : -1;
+}
+
+int32_t cinfer_tokenizer_token_id(const cinfer_tokenizer *tokenizer, const char *token) {
+  return tokenizer && token ? ci_tokenizer_token_to_id(tokenizer->impl, token) : -1;
+}
