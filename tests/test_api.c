@@ -699,6 +699,258 @@ static void test_engine_events(void **state) {
   cinfer_model_free(model);
 }
 
+/* A word-level vocabulary with think tags and a hermes tool call (test_chat_output). */
+static const char think_tokenizer_json[] =
+    "{\"model\": {\"type\": \"WordLevel\", \"unk_token\": \"<unk>\", \"vocab\": {\"<unk>\": 0, "
+    "\"<think>\": 1, \"</think>\": 2, \"hmm\": 3, \" ok\": 4, \"<tool_call>\": 5, "
+    "\"</tool_call>\": 6, \"{\\\"name\\\": \\\"f\\\", \\\"arguments\\\": {}}\": 7, \"Hello\": 8, "
+    "\" world\": 9, \"<s>\": 10}}, \"decoder\": {\"type\": \"Fuse\"}, \"added_tokens\": ["
+    "{\"id\": 1, \"content\": \"<think>\", \"special\": false},"
+    "{\"id\": 2, \"content\": \"</think>\", \"special\": false},"
+    "{\"id\": 10, \"content\": \"<s>\", \"special\": true}]}";
+
+typedef struct {
+  char content[256], reasoning[256], calls[512];
+  int n_calls;
+} answer;
+
+static void add_content(void *user, const char *text, size_t len) {
+  answer *a = user;
+  strncat(a->content, text, len);
+}
+
+static void add_reasoning(void *user, const char *text, size_t len) {
+  answer *a = user;
+  strncat(a->reasoning, text, len);
+}
+
+static void add_call(void *user, const char *call_json) {
+  answer *a = user;
+  strncat(a->calls, call_json, sizeof a->calls - strlen(a->calls) - 1);
+  a->n_calls++;
+}
+
+static const cinfer_chat_output_sinks answer_sinks = {add_content, add_reasoning, add_call};
+
+/* Pushes ids then finishes; returns the last status (CINFER_DONE when a stop string fired). */
+static cinfer_status run_output(cinfer_chat_output *o, const int32_t *ids, size_t n, answer *a) {
+  memset(a, 0, sizeof *a);
+  for (size_t i = 0; i < n; i++) {
+    const cinfer_status status = cinfer_chat_output_push(o, ids[i], &answer_sinks, a);
+    if (status != CINFER_OK) return status;
+  }
+  return cinfer_chat_output_finish(o, &answer_sinks, a);
+}
+
+/* The chat output parser: think-tag reasoning, hermes tool calls, a prompt that opened <think>,
+ * stop strings, raw text, and bad input. */
+static void test_chat_output(void **state) {
+  (void)state;
+  cinfer_tokenizer *tok = NULL;
+  assert_int_equal(
+      cinfer_tokenizer_from_json(think_tokenizer_json, strlen(think_tokenizer_json), &tok),
+      CINFER_OK);
+  assert_int_equal(cinfer_tokenizer_token_id(tok, "</think>"), 2);
+  assert_int_equal(cinfer_tokenizer_token_id(tok, "nope"), -1);
+  assert_int_equal(cinfer_tokenizer_config_token(tok, "bos_token"), -1); /* no config */
+  cinfer_tokenizer *bad = NULL;
+  assert_int_equal(cinfer_tokenizer_from_json("{", 1, &bad), CINFER_ERROR);
+  assert_null(bad);
+  cinfer_chat_format *format = NULL;
+  assert_int_equal(cinfer_chat_format_create(tok, NULL, "qwen3", &format), CINFER_OK);
+  assert_true(cinfer_chat_format_has_reasoning(format));
+  assert_int_equal(cinfer_chat_format_stop_tokens(format, NULL, 0), 0);
+
+  cinfer_chat_output_options options = {0};
+  options.tools_json = "[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]";
+  cinfer_chat_output *o = NULL;
+  answer a;
+  const int32_t full[] = {1, 3, 4, 2, 8, 5, 7, 6};
+  assert_int_equal(cinfer_chat_output_create(format, &options, &o), CINFER_OK);
+  assert_int_equal(run_output(o, full, 8, &a), CINFER_OK);
+  assert_string_equal(a.reasoning, "hmm ok");
+  assert_string_equal(a.content, "Hello");
+  assert_int_equal(a.n_calls, 1);
+  assert_non_null(strstr(a.calls, "\"name\":\"f\""));
+  assert_int_equal(cinfer_chat_output_reasoning_tokens(o), 2);
+  assert_null(cinfer_chat_output_stop_string(o));
+  cinfer_chat_output_free(o);
+
+  /* tool_choice none: the call stays text */
+  options.tools_off = 1;
+  assert_int_equal(cinfer_chat_output_create(format, &options, &o), CINFER_OK);
+  assert_int_equal(run_output(o, full + 4, 4, &a), CINFER_OK);
+  assert_int_equal(a.n_calls, 0);
+  assert_string_equal(a.content,
+                      "Hello<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>");
+  cinfer_chat_output_free(o);
+
+  /* a prompt that ends inside <think>: the answer starts as reasoning */
+  const cinfer_chat_output_options primed = {.prompt = "user: hi\n<think>\n", .prompt_len = 17};
+  assert_int_equal(cinfer_chat_output_create(format, &primed, &o), CINFER_OK);
+  assert_int_equal(run_output(o, full + 1, 4, &a), CINFER_OK);
+  assert_string_equal(a.reasoning, "hmm ok");
+  assert_string_equal(a.content, "Hello");
+  cinfer_chat_output_free(o);
+
+  /* a stop string across tokens ends the answer before it */
+  const char *stop[] = {"lo wor"};
+  const cinfer_chat_output_options stopping = {.stop = stop, .n_stop = 1};
+  const int32_t hello_world[] = {8, 9, 8};
+  assert_int_equal(cinfer_chat_output_create(format, &stopping, &o), CINFER_OK);
+  assert_int_equal(run_output(o, hello_world, 3, &a), CINFER_DONE);
+  assert_string_equal(a.content, "Hel");
+  assert_string_equal(cinfer_chat_output_stop_string(o), "lo wor");
+  cinfer_chat_output_free(o);
+
+  /* raw text: nothing is parsed */
+  const cinfer_chat_output_options raw = {.raw_text = 1, .tools_json = options.tools_json};
+  assert_int_equal(cinfer_chat_output_create(format, &raw, &o), CINFER_OK);
+  assert_int_equal(run_output(o, full, 5, &a), CINFER_OK);
+  assert_string_equal(a.content, "<think>hmm ok</think>Hello");
+  assert_string_equal(a.reasoning, "");
+  assert_int_equal(cinfer_chat_output_push(o, 1000, &answer_sinks, &a), CINFER_INVALID_ARGUMENT);
+  cinfer_chat_output_free(o);
+
+  /* bad input */
+  const cinfer_chat_output_options bad_tools = {.tools_json = "{\"no\": 1}"};
+  assert_int_equal(cinfer_chat_output_create(format, &bad_tools, &o), CINFER_INVALID_ARGUMENT);
+  assert_null(o);
+  assert_non_null(strstr(cinfer_last_error(), "tools"));
+  const cinfer_chat_output_options null_stop = {.stop = NULL, .n_stop = 2};
+  assert_int_equal(cinfer_chat_output_create(format, &null_stop, &o), CINFER_INVALID_ARGUMENT);
+  assert_int_equal(cinfer_chat_output_create(NULL, NULL, &o), CINFER_INVALID_ARGUMENT);
+  assert_int_equal(cinfer_chat_output_push(NULL, 1, NULL, NULL), CINFER_INVALID_ARGUMENT);
+  cinfer_chat_format_free(format);
+  cinfer_tokenizer_free(tok);
+
+  /* a model's own format */
+  cinfer_model *model = load(STARTER);
+  assert_non_null(cinfer_model_chat_format(model));
+  cinfer_model_free(model);
+  model = load(LLAMA);
+  assert_null(cinfer_model_chat_format(model));
+  assert_int_equal(cinfer_model_n_layers(model), 2);
+  assert_string_equal(cinfer_model_device(model), "cpu");
+  cinfer_model_free(model);
+}
+
+/* Engine extras: options, stats, context size, request params the server uses (stop_token_ids,
+ * logit bias), rejections by status, and stop. */
+static void test_engine_extras(void **state) {
+  (void)state;
+  cinfer_model *model = load(LLAMA);
+  cinfer_engine_options options;
+  cinfer_engine_options_init(&options);
+  assert_int_equal(options.batch_tokens, 2048);
+  assert_int_equal(options.max_queue, 256);
+  cinfer_engine *engine = NULL;
+  options.batch_tokens = 0;
+  assert_int_equal(cinfer_engine_create(model, &options, &engine), CINFER_INVALID_ARGUMENT);
+  assert_non_null(strstr(cinfer_last_error(), "batch_tokens"));
+  cinfer_engine_options_init(&options);
+  options.max_batch = 2;
+  options.context_size = 64;
+  options.kv_budget_bytes = 64 * 2 * 2 * 2 * 16 * 2 * 4; /* a few 64-token requests */
+  assert_int_equal(cinfer_engine_create(model, &options, &engine), CINFER_OK);
+  assert_int_equal(cinfer_engine_context_size(engine), 64);
+  assert_int_equal(cinfer_engine_max_batch(engine), 2);
+  size_t n_prompt = 0;
+  int32_t *prompt = read_ids(LLAMA "/ids.txt", &n_prompt);
+  cinfer_params params = greedy_params(model, 8);
+  params.kv_codec = NULL;
+  /* the greedy continuation, then the same with its third token as a stop id */
+  int32_t first[8];
+  cinfer_request *request = NULL;
+  cinfer_event event;
+  assert_int_equal(cinfer_engine_submit(engine, prompt, n_prompt, &params, &request), CINFER_OK);
+  int n = 0;
+  while (cinfer_request_next(request, &event, 60.0) == CINFER_OK &&
+         event.kind == CINFER_EVENT_TOKEN)
+    first[n++] = event.token;
+  assert_int_equal(n, 8);
+  cinfer_request_free(request);
+  params.stop_token_ids = &first[2];
+  params.n_stop_token_ids = 1;
+  assert_int_equal(cinfer_engine_submit(engine, prompt, n_prompt, &params, &request), CINFER_OK);
+  n = 0;
+  while (cinfer_request_next(request, &event, 60.0) == CINFER_OK &&
+         event.kind == CINFER_EVENT_TOKEN)
+    n++;
+  assert_int_equal(event.kind, CINFER_EVENT_DONE);
+  assert_int_equal(event.finish, CINFER_FINISH_STOP);
+  int want = 2; /* tokens before the first occurrence of the stop id */
+  for (int i = 0; i < 2; i++)
+    if (first[i] == first[2]) want = i;
+  assert_int_equal(n, want);
+  cinfer_request_free(request);
+  /* a logit bias that bans the greedy first token changes it */
+  const cinfer_logit_bias ban = {first[0], -100.0f};
+  params.stop_token_ids = NULL;
+  params.n_stop_token_ids = 0;
+  params.logit_bias = &ban;
+  params.n_logit_bias = 1;
+  assert_int_equal(cinfer_engine_submit(engine, prompt, n_prompt, &params, &request), CINFER_OK);
+  assert_int_equal(cinfer_request_next(request, &event, 60.0), CINFER_OK);
+  assert_int_equal(event.kind, CINFER_EVENT_TOKEN);
+  assert_true(event.token != first[0]);
+  cinfer_request_free(request);
+  /* bad params are named */
+  const cinfer_logit_bias out_of_range = {1 << 20, 1.0f};
+  params.logit_bias = &out_of_range;
+  assert_int_equal(cinfer_engine_submit(engine, prompt, n_prompt, &params, &request),
+                   CINFER_INVALID_ARGUMENT);
+  assert_non_null(strstr(cinfer_last_error(), "logit_bias"));
+  params.logit_bias = NULL;
+  params.n_logit_bias = 0;
+  const int32_t bad_stop = -3;
+  params.stop_token_ids = &bad_stop;
+  params.n_stop_token_ids = 1;
+  assert_int_equal(cinfer_engine_submit(engine, prompt, n_prompt, &params, &request),
+                   CINFER_INVALID_ARGUMENT);
+  assert_non_null(strstr(cinfer_last_error(), "stop_token_ids"));
+  params.stop_token_ids = NULL;
+  params.n_stop_token_ids = 0;
+  params.kv_codec = "affine";
+  params.kv_group_size = 128; /* head_dim 16 cannot hold groups of 128 */
+  assert_int_equal(cinfer_engine_submit(engine, prompt, n_prompt, &params, &request),
+                   CINFER_INVALID_ARGUMENT);
+  params.kv_codec = NULL;
+  /* too long: context first, then the KV budget */
+  params.max_tokens = 64;
+  params.max_tokens_explicit = 1;
+  assert_int_equal(cinfer_engine_submit(engine, prompt, n_prompt, &params, &request),
+                   CINFER_CONTEXT_EXCEEDED);
+  assert_non_null(strstr(cinfer_last_error(), "maximum context length is 64"));
+  cinfer_engine_stats stats;
+  assert_int_equal(cinfer_engine_get_stats(engine, &stats), CINFER_OK);
+  assert_true(stats.requests_finished >= 2);
+  assert_true(stats.generated_tokens >= 8);
+  assert_true(stats.kv_budget_bytes > 0);
+  assert_true(stats.n_kv_formats >= 1);
+  assert_string_equal(stats.kv_formats[0].codec, "bf16");
+  assert_int_equal(cinfer_engine_get_stats(NULL, &stats), CINFER_INVALID_ARGUMENT);
+  /* stop: later submits are refused */
+  cinfer_engine_stop(engine);
+  params.max_tokens = 4;
+  assert_int_equal(cinfer_engine_submit(engine, prompt, n_prompt, &params, &request),
+                   CINFER_STOPPED);
+  cinfer_engine_free(engine);
+  /* a budget too small for a whole request */
+  cinfer_engine_options_init(&options);
+  options.context_size = 2048;
+  options.kv_budget_bytes = 4096;
+  options.prefix_cache_bytes = 0;
+  assert_int_equal(cinfer_engine_create(model, &options, &engine), CINFER_OK);
+  params.max_tokens = 1024;
+  assert_int_equal(cinfer_engine_submit(engine, prompt, n_prompt, &params, &request),
+                   CINFER_OVER_BUDGET);
+  assert_non_null(strstr(cinfer_last_error(), "memory budget"));
+  cinfer_engine_free(engine);
+  free(prompt);
+  cinfer_model_free(model);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_errors),         cmocka_unit_test(test_model_facts),
@@ -708,7 +960,8 @@ int main(void) {
       cmocka_unit_test(test_device_options), cmocka_unit_test(test_kv_codec_and_facts),
       cmocka_unit_test(test_session_extras), cmocka_unit_test(test_text_handles),
       cmocka_unit_test(test_detokenizer),    cmocka_unit_test(test_write_random),
-      cmocka_unit_test(test_engine_events),
+      cmocka_unit_test(test_engine_events),  cmocka_unit_test(test_chat_output),
+      cmocka_unit_test(test_engine_extras),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
