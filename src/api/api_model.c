@@ -3,6 +3,7 @@
 #include "api/api_internal.h"
 
 #include "base/error.h"
+#include "engine/eos_set.h"
 #include "io/model_path.h"
 
 #include <jansson.h>
@@ -29,12 +30,9 @@ static cinfer_status load_text_and_defaults(cinfer_model *m) {
     snprintf(m->template_error, sizeof m->template_error, "%s", ci_last_error());
     ci_clear_error();
   }
-  const ci_model_spec *spec = &m->model->spec;
-  if (ci_eos_set_build(&m->eos, spec->eos_ids, spec->n_eos, &m->generation)) return CINFER_ERROR;
-  if (m->tokenizer) {
-    const int32_t eos_token = ci_tokenizer_config_token_id(m->tokenizer, "eos_token");
-    if (eos_token >= 0 && ci_eos_set_add(&m->eos, eos_token)) return CINFER_ERROR;
-  }
+  /* the one EOS set of the model: config.json, generation_config.json, the tokenizer's eos_token */
+  if (ci_eos_set_for_model(&m->eos, &m->model->spec, &m->generation, m->tokenizer))
+    return CINFER_ERROR;
   return CINFER_OK;
 }
 
