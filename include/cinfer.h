@@ -414,6 +414,14 @@ typedef struct {
 /* The timings of the session's current turn. */
 cinfer_status cinfer_session_timings(const cinfer_session *session, cinfer_timings *timings);
 
+/* The log-probability of the token the session sampled last (*logprob, may be NULL) and the k
+ * most likely tokens of the same distribution, best first, as engine token events carry them (k
+ * in [0, CINFER_MAX_TOP_LOGPROBS]; top_ids and top_logprobs hold k entries; *n_top receives how
+ * many were written). CINFER_INVALID_ARGUMENT when nothing was sampled since the last feed or
+ * reset. */
+cinfer_status cinfer_session_logprobs(const cinfer_session *session, int k, float *logprob,
+                                      int32_t *top_ids, float *top_logprobs, int *n_top);
+
 /* The sampling seed in use (the one drawn from the OS when the params had none). */
 uint64_t cinfer_session_seed(const cinfer_session *session);
 

@@ -461,6 +461,28 @@ static void test_session_extras(void **state) {
   assert_true(t.ttft_seconds >= t.prefill_seconds);
   assert_true(t.decode_seconds > 0 && t.decode_tok_s > 0);
   assert_int_equal(cinfer_session_timings(NULL, &t), CINFER_INVALID_ARGUMENT);
+  /* log-probabilities of the last sampled token: greedy, so it is the best one */
+  float lp = 1.0f, top_lp[3];
+  int32_t top_ids[3];
+  int n_top = -1;
+  assert_int_equal(cinfer_session_logprobs(session, 3, &lp, top_ids, top_lp, &n_top), CINFER_OK);
+  size_t n_all = 0;
+  const int32_t *all = cinfer_session_tokens(session, &n_all);
+  assert_int_equal(top_ids[0], all[n_all - 1]); /* the generation's last token */
+  assert_int_equal(cinfer_session_reset(session), CINFER_OK);
+  assert_int_equal(cinfer_session_feed(session, prompt, n_prompt, NULL, 0), CINFER_OK);
+  assert_int_equal(cinfer_session_logprobs(session, 3, &lp, top_ids, top_lp, &n_top),
+                   CINFER_INVALID_ARGUMENT); /* nothing sampled since the feed */
+  int32_t sampled;
+  assert_int_equal(cinfer_session_step(session, &sampled), CINFER_OK);
+  assert_int_equal(cinfer_session_logprobs(session, 3, &lp, top_ids, top_lp, &n_top), CINFER_OK);
+  assert_int_equal(n_top, 3);
+  assert_int_equal(top_ids[0], sampled);
+  assert_true(lp <= 0.0f && lp == top_lp[0]);
+  assert_true(top_lp[0] >= top_lp[1] && top_lp[1] >= top_lp[2]);
+  assert_int_equal(
+      cinfer_session_logprobs(session, CINFER_MAX_TOP_LOGPROBS + 1, &lp, top_ids, top_lp, &n_top),
+      CINFER_INVALID_ARGUMENT);
   /* synthetic positions: only into an empty session, within the context */
   assert_int_equal(cinfer_session_fill_synthetic(session, 8, 1), CINFER_INVALID_ARGUMENT);
   assert_non_null(strstr(cinfer_last_error(), "empty session"));

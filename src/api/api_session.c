@@ -8,6 +8,7 @@
 #include "base/timing.h"
 #include "engine/finish_rule.h"
 #include "engine/session.h"
+#include "sample/logprobs.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -32,6 +33,7 @@ struct cinfer_session {
   size_t n_generated; /* sampled in the current turn */
   cinfer_finish finish;
   atomic_int cancelled;
+  int has_sampled;         /* the sampler's log-probabilities are those of the last step's token */
   size_t n_synthetic;      /* positions before tokens[0] filled by cinfer_session_fill_synthetic */
   int max_tokens_explicit; /* the prompt plus max_tokens must fit the context */
   /* The current turn's timings (cinfer_session_timings). */
@@ -169,6 +171,7 @@ cinfer_status cinfer_session_feed(cinfer_session *session, const int32_t *ids, s
     return ci_api_fail(CINFER_ERROR, "%zu tokens + %zu new exceed the context size %d",
                        session->n_synthetic + session->n_tokens, n_ids, session->context_size);
   const double start = ci_now_seconds();
+  session->has_sampled = 0;
   if (!session->turn_open) {
     session->turn_open = 1;
     session->turn_prompt_tokens = 0;
@@ -235,8 +238,10 @@ cinfer_status cinfer_session_step(cinfer_session *session, int32_t *token) {
   }
   /* docs/generation.md §3: sample, count, then the finish rule (EOS > length). */
   memcpy(s->scratch, s->logits, (size_t)s->vocab * sizeof *s->scratch);
+  s->has_sampled = 0; /* the sampler's log-probabilities change now */
   const int32_t next = ci_sampler_next(s->sampler, s->scratch, s->tokens, s->n_tokens);
   if (next < 0) return CINFER_ERROR;
+  s->has_sampled = 1;
   if (append_tokens(s, &next, 1) != CINFER_OK) return CINFER_ERROR;
   s->last_token_at = ci_now_seconds();
   if (s->n_generated == 0) s->first_token_at = s->last_token_at;
@@ -296,6 +301,7 @@ cinfer_status cinfer_session_reset(cinfer_session *session) {
   session->has_logits = 0;
   session->finish = CINFER_FINISH_NONE;
   session->turn_open = 0;
+  session->has_sampled = 0;
   atomic_store(&session->cancelled, 0);
   return ci_session_reset(session->seq) ? CINFER_ERROR : CINFER_OK;
 }
@@ -315,6 +321,28 @@ cinfer_status cinfer_session_timings(const cinfer_session *session, cinfer_timin
   }
   if (s->n_generated > 1 && timings->decode_seconds > 0)
     timings->decode_tok_s = (double)(s->n_generated - 1) / timings->decode_seconds;
+  return CINFER_OK;
+}
+
+cinfer_status cinfer_session_logprobs(const cinfer_session *session, int k, float *logprob,
+                                      int32_t *top_ids, float *top_logprobs, int *n_top) {
+  if (n_top) *n_top = 0;
+  if (!session || k < 0 || k > CINFER_MAX_TOP_LOGPROBS || (k > 0 && (!top_ids || !top_logprobs)))
+    return ci_api_fail(CINFER_INVALID_ARGUMENT,
+                       "cinfer_session_logprobs: k must be in [0, %d] with room for k entries",
+                       CINFER_MAX_TOP_LOGPROBS);
+  const float *lp = session->has_sampled ? ci_sampler_logprobs(session->sampler) : NULL;
+  if (!lp)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT,
+                       "no log-probabilities: the last call was not a step that sampled a token");
+  if (logprob) *logprob = lp[session->tokens[session->n_tokens - 1]];
+  ci_logprob top[CINFER_MAX_TOP_LOGPROBS];
+  const int n = ci_logprobs_top(lp, session->vocab, k, top);
+  for (int i = 0; i < n; i++) {
+    top_ids[i] = top[i].id;
+    top_logprobs[i] = top[i].logprob;
+  }
+  if (n_top) *n_top = n;
   return CINFER_OK;
 }
 
