@@ -1,8 +1,9 @@
 /* cinfer.h: the public C API of cinfer, the one header an embedding program includes.
  *
  * Objects (all opaque; every one is created by a function here and freed by its _free):
- *   cinfer_model    a model folder loaded on a CPU backend (weights, config, tokenizer and chat
- *                   template when the folder has them, generation_config.json defaults).
+ *   cinfer_model    a model folder loaded on a device (the CPU or a GPU: weights, config,
+ *                   tokenizer and chat template when the folder has them,
+ *                   generation_config.json defaults).
  *                   Immutable once loaded: any number of sessions and engines may share it, from
  *                   any threads. It must outlive them.
  *   cinfer_session  one sequence run synchronously on the caller's thread: feed ids or text,
@@ -11,6 +12,13 @@
  *   cinfer_engine   a continuous-batching engine thread serving many requests at once: submit a
  *                   prompt, read its events (tokens, then done or error), cancel.
  *   cinfer_request  one submitted request of an engine.
+ *   cinfer_tokenizer, cinfer_chat_template
+ *                   text handles usable without weights (a model's own are views it owns).
+ *   cinfer_detokenizer
+ *                   generated ids to text pieces, UTF-8 safe, with stop strings.
+ *   cinfer_chat_format, cinfer_chat_output
+ *                   a model family's output conventions, and the parser of one answer into
+ *                   content, reasoning and tool calls.
  *
  * Errors: functions that can fail return a cinfer_status; negative values are failures, and
  * cinfer_last_error() then holds a one-line message (per thread). Memory the library hands out
@@ -443,7 +451,16 @@ typedef struct cinfer_chat_template cinfer_chat_template;
  * tokenizer_config.json) or a tokenizer.json file. */
 cinfer_status cinfer_tokenizer_load(const char *path, cinfer_tokenizer **out);
 
-/* Frees a tokenizer from cinfer_tokenizer_load. NULL is a no-op. */
+/* A tokenizer from the text of a tokenizer.json (tests, embedded tokenizers). */
+cinfer_status cinfer_tokenizer_from_json(const char *json, size_t len, cinfer_tokenizer **out);
+
+/* The id of a special token tokenizer_config.json names ("bos_token", "eos_token", ...), or -1. */
+int32_t cinfer_tokenizer_config_token(const cinfer_tokenizer *tokenizer, const char *key);
+
+/* The id of a token string of the vocabulary ("<think>"), or -1. */
+int32_t cinfer_tokenizer_token_id(const cinfer_tokenizer *tokenizer, const char *token);
+
+/* Frees a tokenizer from cinfer_tokenizer_load or cinfer_tokenizer_from_json. NULL is a no-op. */
 void cinfer_tokenizer_free(cinfer_tokenizer *tokenizer);
 
 /* The model's tokenizer (owned by the model), or NULL when its folder has no tokenizer.json. */
@@ -598,15 +615,6 @@ const char *cinfer_chat_output_stop_string(const cinfer_chat_output *output);
 
 /* Tokens of the answer that were reasoning (between <think> and </think>, or in a channel). */
 int cinfer_chat_output_reasoning_tokens(const cinfer_chat_output *output);
-
-/* A tokenizer from the text of a tokenizer.json (tests, embedded tokenizers). */
-cinfer_status cinfer_tokenizer_from_json(const char *json, size_t len, cinfer_tokenizer **out);
-
-/* The id of a special token tokenizer_config.json names ("bos_token", "eos_token", ...), or -1. */
-int32_t cinfer_tokenizer_config_token(const cinfer_tokenizer *tokenizer, const char *key);
-
-/* The id of a token string of the vocabulary ("<think>"), or -1. */
-int32_t cinfer_tokenizer_token_id(const cinfer_tokenizer *tokenizer, const char *token);
 
 #ifdef __cplusplus
 }
