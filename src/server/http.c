@@ -349,7 +349,7 @@ ci_server *ci_server_start(const ci_server_options *o) {
   s->started_at = (double)time(NULL);
   pthread_mutex_init(&s->metrics_mu, NULL);
   ci_server_detect_formats(s);
-  s->weights_bytes = ci_model_weight_bytes_per_token(o->model);
+  s->weights_bytes = cinfer_model_weight_bytes(o->model);
   if (o->api_keys && *o->api_keys) {
     char *copy = strdup(o->api_keys), *save = NULL;
     int lost = !copy;
@@ -358,8 +358,10 @@ ci_server *ci_server_start(const ci_server_options *o) {
       char **bigger = realloc(s->keys, (size_t)(s->n_keys + 1) * sizeof *bigger);
       char *key = bigger ? strdup(k) : NULL;
       if (bigger) s->keys = bigger;
-      if (!key) lost = 1;
-      else s->keys[s->n_keys++] = key;
+      if (!key)
+        lost = 1;
+      else
+        s->keys[s->n_keys++] = key;
     }
     free(copy);
     if (lost) { /* a server missing some of its keys would refuse their clients */
