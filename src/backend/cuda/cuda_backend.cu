@@ -270,48 +270,23 @@ static int cuda_step_end(ci_backend *be, float *host_logits, const float *logits
 
 /* ==== Ops ==== */
 
-/* One cuBLASLt call over rows [row, row + m). */
-static int emit_matmul(ci_cuda *cu, const ci_tensor *w, const float *x, int64_t row, int64_t m,
-                       float *y, int small) {
+static int cuda_matmul(ci_backend *be, const ci_tensor *w, const float *x, int64_t m, float *y,
+                       const ci_row_segments *segments) {
+  (void)segments; /* cuBLASLt without workspace computes every row alike for any m */
+  if (m <= 0) return CI_OK;
+  if (ci_dtype_is_affine(w->dtype))
+    return ci_fail("the CUDA backend does not run MLX %d-bit weights yet", ci_tensor_bits(w));
   ci_cuda_cmd cmd;
   memset(&cmd, 0, sizeof cmd);
   cmd.kind = CMD_MATMUL;
   cmd.a.matmul.w = w->data;
   cmd.a.matmul.dtype = (int)w->dtype;
-  cmd.a.matmul.small = small;
   cmd.a.matmul.n = w->shape[w->ndim - 2];
   cmd.a.matmul.k = w->shape[w->ndim - 1];
   cmd.a.matmul.m = m;
-  cmd.a.matmul.x = x + row * cmd.a.matmul.k;
-  cmd.a.matmul.y = y + row * cmd.a.matmul.n;
-  return ci_cuda_emit(cu, &cmd);
-}
-
-/* Consecutive short segments share one call (their pinned algorithm computes each row as it
- * would alone); each long segment gets its own. */
-static int cuda_matmul(ci_backend *be, const ci_tensor *w, const float *x, int64_t m, float *y,
-                       const ci_row_segments *segments) {
-  if (m <= 0) return CI_OK;
-  if (ci_dtype_is_affine(w->dtype))
-    return ci_fail("the CUDA backend does not run MLX %d-bit weights yet", ci_tensor_bits(w));
-  ci_cuda *cu = ci_as_cuda(be);
-  if (!segments || segments->n == 0)
-    return emit_matmul(cu, w, x, 0, m, y, m <= CI_CUDA_SHORT_SEGMENT);
-  int64_t row = 0, run_start = 0, run_rows = 0;
-  for (int i = 0; i < segments->n; i++) {
-    const int64_t rows = segments->rows[i];
-    if (rows <= CI_CUDA_SHORT_SEGMENT) {
-      if (run_rows == 0) run_start = row;
-      run_rows += rows;
-    } else {
-      if (run_rows > 0 && emit_matmul(cu, w, x, run_start, run_rows, y, 1)) return CI_ERR;
-      run_rows = 0;
-      if (emit_matmul(cu, w, x, row, rows, y, 0)) return CI_ERR;
-    }
-    row += rows;
-  }
-  if (run_rows > 0 && emit_matmul(cu, w, x, run_start, run_rows, y, 1)) return CI_ERR;
-  return CI_OK;
+  cmd.a.matmul.x = x;
+  cmd.a.matmul.y = y;
+  return ci_cuda_emit(ci_as_cuda(be), &cmd);
 }
 
 static int cuda_embed(ci_backend *be, const ci_tensor *table, const int32_t *ids, int64_t n,

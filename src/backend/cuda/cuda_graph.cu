@@ -124,7 +124,7 @@ int ci_cuda_execute(ci_cuda *cu, const ci_cuda_cmd *c) {
     for (int s = 0; s < 2; s++)
       if (need[s] && !ci_cuda_scratch(cu, s, need[s])) return CI_ERR;
     return ci_cuda_matmul_launch(cu, c->a.matmul.w, c->a.matmul.dtype, c->a.matmul.n, c->a.matmul.k,
-                                 c->a.matmul.x, c->a.matmul.m, c->a.matmul.y, c->a.matmul.small);
+                                 c->a.matmul.x, c->a.matmul.m, c->a.matmul.y);
   }
   case CMD_KV_STORE:
     ci_cuda_kv_store_launch(cu, c);

@@ -118,7 +118,6 @@ typedef struct {
     struct {
       const void *w;
       int dtype;
-      int small; /* rows of short segments (see cuda_matmul.cu) */
       int64_t n, k, m;
       const float *x;
       float *y;
@@ -213,9 +212,7 @@ int ci_cuda_blas_create(ci_cuda *cu);
 void ci_cuda_blas_destroy(ci_cuda *cu);
 /* Launches y = x W^T (cuBLASLt); the scratch it needs must already be reserved. */
 int ci_cuda_matmul_launch(ci_cuda *cu, const void *w, int dtype, int64_t n, int64_t k,
-                          const float *x, int64_t m, float *y, int small);
-/* Segments of at most this many rows are "short": their rows share one pinned algorithm. */
-enum { CI_CUDA_SHORT_SEGMENT = 16 };
+                          const float *x, int64_t m, float *y);
 /* Scratch bytes (slots 0 and 1) a matmul of this shape needs. */
 void ci_cuda_matmul_scratch(const ci_cuda *cu, int dtype, int64_t n, int64_t k, int64_t m,
                             size_t need[2]);

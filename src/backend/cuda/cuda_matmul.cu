@@ -2,11 +2,7 @@
  * weights. x is f32 in the workspace; for half-precision weights it is rounded to the weight's
  * type first (one conversion kernel), and the product accumulates in f32. cuBLASLt runs with no
  * workspace, so it never splits K across blocks: a row's result is the same for every m, which
- * keeps batched rows bit-identical to solo ones (tested on the GPU). Rows of short segments
- * (decode rows, short chunks) instead use one algorithm pinned per weight shape — the one
- * cuBLASLt picks for a single row, which splits K to fill the GPU — for any number of rows, so
- * they too come out as they would alone; long segments (prefill chunks) each get the algorithm
- * for their own row count. Plans (layouts and the
+ * keeps batched rows bit-identical to solo ones (tested on the GPU). Plans (layouts and the
  * chosen algorithm) are cached per shape; cuBLASLt itself is opened at run time, so programs that
  * never start a GPU never load it. */
 #include "backend/cuda/cuda_internal.h"
@@ -17,12 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { PLAN_CACHE = 1024, WORKSPACE_BYTES = 32 << 20 };
+enum { PLAN_CACHE = 1024 };
 
 typedef struct {
   int64_t n, k, m;
   int dtype;
-  int small; /* rows of short segments: the algorithm pinned per weight shape */
   int valid;
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t a, b, c;
@@ -45,10 +40,7 @@ struct ci_cuda_blas {
   decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set;
   decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic;
   decltype(&cublasLtMatmul) matmul;
-  decltype(&cublasLtMatmulAlgoCheck) algo_check;
-  cublasLtMatmulPreference_t pref;       /* no workspace, no split-K: long segments */
-  cublasLtMatmulPreference_t pref_small; /* workspace allowed: rows of short segments */
-  void *workspace;                       /* [WORKSPACE_BYTES] for the pinned algorithms */
+  cublasLtMatmulPreference_t pref;
   plan plans[PLAN_CACHE];
   int next_victim;
 };
@@ -83,8 +75,7 @@ int ci_cuda_blas_create(ci_cuda *cu) {
                 resolve(b->lib, "cublasLtMatmulPreferenceDestroy", &b->pref_destroy) |
                 resolve(b->lib, "cublasLtMatmulPreferenceSetAttribute", &b->pref_set) |
                 resolve(b->lib, "cublasLtMatmulAlgoGetHeuristic", &b->heuristic) |
-                resolve(b->lib, "cublasLtMatmul", &b->matmul) |
-                resolve(b->lib, "cublasLtMatmulAlgoCheck", &b->algo_check);
+                resolve(b->lib, "cublasLtMatmul", &b->matmul);
   if (missing) {
     dlclose(b->lib);
     free(b);
@@ -100,17 +91,6 @@ int ci_cuda_blas_create(ci_cuda *cu) {
                   sizeof workspace) != CUBLAS_STATUS_SUCCESS ||
       b->pref_set(b->pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
                   sizeof reduction) != CUBLAS_STATUS_SUCCESS) {
-    dlclose(b->lib);
-    free(b);
-    return ci_fail("CUDA: cannot start cuBLASLt");
-  }
-  size_t small_workspace = WORKSPACE_BYTES;
-  b->workspace = ci_cuda_malloc(cu, WORKSPACE_BYTES);
-  if (!b->workspace || b->pref_create(&b->pref_small) != CUBLAS_STATUS_SUCCESS ||
-      b->pref_set(b->pref_small, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &small_workspace,
-                  sizeof small_workspace) != CUBLAS_STATUS_SUCCESS) {
-    if (b->workspace) cudaFree(b->workspace);
-    b->destroy(b->handle);
     dlclose(b->lib);
     free(b);
     return ci_fail("CUDA: cannot start cuBLASLt");
@@ -133,8 +113,6 @@ void ci_cuda_blas_destroy(ci_cuda *cu) {
   if (!b) return;
   for (int i = 0; i < PLAN_CACHE; i++) plan_free(b, &b->plans[i]);
   b->pref_destroy(b->pref);
-  b->pref_destroy(b->pref_small);
-  cudaFree(b->workspace);
   b->destroy(b->handle);
   dlclose(b->lib);
   free(b);
@@ -147,23 +125,12 @@ static cudaDataType_t cuda_type(int dtype) {
 
 /* Column-major view: C[N, m] = op(A)[N, K] . B[K, m] with A = W stored [N][K] (K x N col-major,
  * transposed), B = x stored [m][K] (K x m), C = y stored [m][N] (N x m). */
-static plan *plan_get(ci_cuda *cu, int64_t n, int64_t k, int64_t m, int dtype, int small) {
+static plan *plan_get(ci_cuda *cu, int64_t n, int64_t k, int64_t m, int dtype) {
   ci_cuda_blas *b = cu->blas;
-  unsigned h = (unsigned)((n * 31 + k) * 131 + m * 7 + dtype * 3 + small) % PLAN_CACHE;
+  unsigned h = (unsigned)((n * 31 + k) * 131 + m * 7 + dtype) % PLAN_CACHE;
   for (int probe = 0; probe < 8; probe++) {
     plan *p = &b->plans[(h + probe) % PLAN_CACHE];
-    if (p->valid && p->n == n && p->k == k && p->m == m && p->dtype == dtype && p->small == small)
-      return p;
-  }
-  /* short segments: the algorithm of this weight's 1-row product (planes rows), whatever m */
-  cublasLtMatmulAlgo_t pinned;
-  if (small) {
-    const int64_t m_ref = dtype == CI_F32 ? 1 : cu->input_planes;
-    if (m != m_ref) {
-      plan *ref = plan_get(cu, n, k, m_ref, dtype, 1);
-      if (!ref) return NULL;
-      pinned = ref->algo;
-    }
+    if (p->valid && p->n == n && p->k == k && p->m == m && p->dtype == dtype) return p;
   }
   plan *p = NULL;
   for (int probe = 0; probe < 8 && !p; probe++)
@@ -186,17 +153,8 @@ static plan *plan_get(ci_cuda *cu, int64_t n, int64_t k, int64_t m, int dtype, i
        b->layout_create(&p->c, CUDA_R_32F, (uint64_t)n, (uint64_t)m, n) == CUBLAS_STATUS_SUCCESS;
   cublasLtMatmulHeuristicResult_t result;
   int found = 0;
-  const int64_t m_ref = dtype == CI_F32 ? 1 : cu->input_planes;
-  if (small && m != m_ref) {
-    result.algo = pinned;
-    found = ok &&
-            b->algo_check(b->handle, p->desc, p->a, p->b, p->c, p->c, &pinned, &result) ==
-                CUBLAS_STATUS_SUCCESS &&
-            result.workspaceSize <= WORKSPACE_BYTES;
-    result.algo = pinned;
-  } else if (ok && b->heuristic(b->handle, p->desc, p->a, p->b, p->c, p->c,
-                                small ? b->pref_small : b->pref, 1, &result,
-                                &found) != CUBLAS_STATUS_SUCCESS)
+  if (ok && b->heuristic(b->handle, p->desc, p->a, p->b, p->c, p->c, b->pref, 1, &result, &found) !=
+                CUBLAS_STATUS_SUCCESS)
     found = 0;
   p->valid = 1;
   if (!ok || found < 1) {
@@ -206,7 +164,6 @@ static plan *plan_get(ci_cuda *cu, int64_t n, int64_t k, int64_t m, int dtype, i
     return NULL;
   }
   p->algo = result.algo;
-  p->small = small;
   p->n = n;
   p->k = k;
   p->m = m;
@@ -222,7 +179,7 @@ void ci_cuda_matmul_scratch(const ci_cuda *cu, int dtype, int64_t n, int64_t k, 
 }
 
 int ci_cuda_matmul_launch(ci_cuda *cu, const void *w, int dtype, int64_t n, int64_t k,
-                          const float *x, int64_t m, float *y, int small) {
+                          const float *x, int64_t m, float *y) {
   const void *input = x;
   float *out = y;
   const int planes = dtype == CI_F32 ? 1 : cu->input_planes;
@@ -231,12 +188,11 @@ int ci_cuda_matmul_launch(ci_cuda *cu, const void *w, int dtype, int64_t n, int6
     input = cu->scratch[0];
   }
   if (planes == 2) out = (float *)cu->scratch[1]; /* rows [0, m): values, [m, 2m): remainders */
-  plan *p = plan_get(cu, n, k, planes * m, dtype, small);
+  plan *p = plan_get(cu, n, k, planes * m, dtype);
   if (!p) return CI_ERR;
   const float one = 1.0f, zero = 0.0f;
-  cublasStatus_t st = cu->blas->matmul(
-      cu->blas->handle, p->desc, &one, w, p->a, input, p->b, &zero, out, p->c, out, p->c, &p->algo,
-      small ? cu->blas->workspace : NULL, small ? WORKSPACE_BYTES : 0, cu->stream);
+  cublasStatus_t st = cu->blas->matmul(cu->blas->handle, p->desc, &one, w, p->a, input, p->b, &zero,
+                                       out, p->c, out, p->c, &p->algo, NULL, 0, cu->stream);
   if (st != CUBLAS_STATUS_SUCCESS)
     return ci_fail("cuBLASLt: matmul %lld x %lld x %lld failed (status %d)", (long long)m,
                    (long long)n, (long long)k, (int)st);
