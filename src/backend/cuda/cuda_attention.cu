@@ -3,10 +3,11 @@
  * codecs come with the GPU KV codecs). Sequences sharing a KV layout (codec, pool, layer offsets)
  * go in one launch; their block-table pointers and row ranges travel as kernel parameters.
  *
- * Attention runs one block of four warps per (query row, query head): the warps take the row's
- * keys in turn with an online softmax in f32 and merge in a fixed order, so a row's result
- * depends on its own sequence only (batch invariance). Sliding windows start at p - W + 1;
- * logit softcaps apply to the scaled score before the softmax. */
+ * Attention runs one block of four warps per (query row, query head): each warp takes chunks of
+ * 32 keys in turn (one key per lane for the scores, then every lane's output dims over the
+ * chunk's keys in order) with an online softmax in f32, and the warps merge in a fixed order, so
+ * a row's result depends on its own sequence only (batch invariance). Sliding windows start at p -
+ * W + 1; logit softcaps apply to the scaled score before the softmax. */
 #include "backend/cuda/cuda_internal.h"
 
 extern "C" {
@@ -181,40 +182,70 @@ __global__ static void __launch_bounds__(WARPS * 32)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t p = a.pos[row];
   const int64_t lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
+  __shared__ float q_shared[MAX_D];
   const float *q = a.q + ((int64_t)row * a.n_heads + h) * D;
-  float qr[PER_LANE], acc[PER_LANE];
+  for (int d = threadIdx.x; d < D; d += blockDim.x) q_shared[d] = q[d];
+  __syncthreads();
+  float acc[PER_LANE];
 #pragma unroll
-  for (int i = 0; i < PER_LANE; i++) {
-    int d = lane + 32 * i;
-    qr[i] = d < D ? q[d] : 0.0f;
-    acc[i] = 0.0f;
-  }
+  for (int i = 0; i < PER_LANE; i++) acc[i] = 0.0f;
   float m = -INFINITY, l = 0.0f;
-  for (int64_t key = lo + warp; key <= p; key += WARPS) {
-    const int64_t entry = key / L.block_tokens;
-    const int32_t block = entry < g->n_entries[s] ? g->table[s][entry] : -1;
-    if (block < 0) {
-      if (lane == 0) *error_flag = 1;
-      continue;
-    }
-    const uint8_t *kr = row_address(L, 0, block, key % L.block_tokens, kv_head);
-    float dot = 0.0f;
+  const int vector_rows = !L.f32 && D % 8 == 0;
+  /* warp w takes chunks w, w + WARPS, ... of 32 keys: lane j scores key j of the chunk, then
+   * every lane accumulates its output dims over the chunk's keys in order */
+  for (int64_t first = lo + (int64_t)warp * 32; first <= p; first += (int64_t)WARPS * 32) {
+    const int64_t key = first + lane;
+    float score = -INFINITY;
+    const uint8_t *vr = NULL;
+    if (key <= p) {
+      const int64_t entry = key / L.block_tokens;
+      const int32_t block = entry < g->n_entries[s] ? g->table[s][entry] : -1;
+      if (block < 0) {
+        *error_flag = 1;
+      } else {
+        const uint8_t *kr = row_address(L, 0, block, key % L.block_tokens, kv_head);
+        vr = row_address(L, 1, block, key % L.block_tokens, kv_head);
+        float dot = 0.0f;
+        if (vector_rows) {
+          for (int d = 0; d < D; d += 8) {
+            const uint4 packed = *(const uint4 *)(kr + 2 * d);
+            const __nv_bfloat162 *pair = (const __nv_bfloat162 *)&packed;
 #pragma unroll
-    for (int i = 0; i < PER_LANE; i++) {
-      int d = lane + 32 * i;
-      if (d < D) dot += qr[i] * load_kv(L, kr, d);
+            for (int t = 0; t < 4; t++) {
+              const float2 f = __bfloat1622float2(pair[t]);
+              dot += q_shared[d + 2 * t] * f.x;
+              dot += q_shared[d + 2 * t + 1] * f.y;
+            }
+          }
+        } else {
+          for (int d = 0; d < D; d++) dot += q_shared[d] * load_kv(L, kr, d);
+        }
+        score = dot * a.scale;
+        if (a.softcap != 0.0f) score = a.softcap * tanhf(score / a.softcap);
+      }
     }
-    for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-    float score = dot * a.scale;
-    if (a.softcap != 0.0f) score = a.softcap * tanhf(score / a.softcap);
-    const float m_new = fmaxf(m, score);
-    const float correction = expf(m - m_new), weight = expf(score - m_new);
-    l = l * correction + weight;
-    const uint8_t *vr = row_address(L, 1, block, key % L.block_tokens, kv_head);
+    float chunk_max = score;
+    for (int off = 16; off > 0; off >>= 1)
+      chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, off));
+    if (chunk_max == -INFINITY) continue; /* no live key in this chunk */
+    const float m_new = fmaxf(m, chunk_max);
+    const float correction = expf(m - m_new);
+    const float weight = vr ? expf(score - m_new) : 0.0f;
+    float weight_sum = weight;
+    for (int off = 16; off > 0; off >>= 1)
+      weight_sum += __shfl_xor_sync(0xffffffffu, weight_sum, off);
+    l = l * correction + weight_sum;
 #pragma unroll
-    for (int i = 0; i < PER_LANE; i++) {
-      int d = lane + 32 * i;
-      if (d < D) acc[i] = acc[i] * correction + weight * load_kv(L, vr, d);
+    for (int i = 0; i < PER_LANE; i++) acc[i] *= correction;
+    for (int j = 0; j < 32; j++) {
+      const float wj = __shfl_sync(0xffffffffu, weight, j);
+      const uint8_t *vj = (const uint8_t *)__shfl_sync(0xffffffffu, (unsigned long long)vr, j);
+      if (!vj) continue;
+#pragma unroll
+      for (int i = 0; i < PER_LANE; i++) {
+        const int d = lane + 32 * i;
+        if (d < D) acc[i] += wj * load_kv(L, vj, d);
+      }
     }
     m = m_new;
   }

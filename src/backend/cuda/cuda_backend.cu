@@ -105,6 +105,7 @@ void *ci_cuda_scratch(ci_cuda *cu, int slot, size_t bytes) {
     cu->scratch_bytes[slot] = 0;
   }
   ci_cuda_graphs_invalidate(cu); /* captured graphs hold the old address */
+  if (slot == 0) cu->converted_x = NULL;
   cu->scratch[slot] = ci_cuda_malloc(cu, bytes);
   if (cu->scratch[slot]) cu->scratch_bytes[slot] = bytes;
   return cu->scratch[slot];
@@ -148,6 +149,7 @@ static void *cuda_alloc(ci_backend *be, size_t bytes) {
 static void cuda_release(ci_backend *be, void *ptr) {
   if (!ptr) return;
   ci_cuda *cu = ci_as_cuda(be);
+  cu->converted_x = NULL;
   cudaStreamSynchronize(cu->stream);
   cudaFree(ptr);
 }
@@ -158,6 +160,7 @@ static void cuda_copy_bytes(ci_backend *be, void *dst, const void *src, size_t b
 
 static void cuda_upload(ci_backend *be, void *dst, const void *host_src, size_t bytes) {
   ci_cuda *cu = ci_as_cuda(be);
+  cu->converted_x = NULL;
   /* at once even while a step records: uploads (the step descriptor, block-table changes) come
    * before the step's work on the stream, and keeping them out of the recorded list keeps the
    * lists of consecutive decode steps equal. From pageable memory the copy is staged before the

@@ -36,21 +36,26 @@ void ci_cuda_embed(ci_cuda *cu, const void *table, int dtype, int64_t dim, const
   ci_cuda_check_launch(cu, "embed");
 }
 
-/* One block per row: each thread sums a strided slice in order, then a fixed tree. */
+/* One block per row: each thread sums a strided slice in order, each warp reduces its threads by
+ * a fixed shuffle tree, and thread 0 adds the warps' sums in order. */
 __global__ static void rmsnorm_kernel(float *out, const float *x, const float *w, int64_t dim,
                                       float eps, float w_offset) {
-  __shared__ float partial[THREADS];
+  __shared__ float warp_sums[THREADS / 32];
+  __shared__ float inv_shared;
   const float *src = x + blockIdx.x * dim;
   float *dst = out + blockIdx.x * dim;
   float sum = 0.0f;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) sum += src[i] * src[i];
-  partial[threadIdx.x] = sum;
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
   __syncthreads();
-  for (int stride = THREADS / 2; stride > 0; stride >>= 1) {
-    if ((int)threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
-    __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int i = 0; i < THREADS / 32; i++) total += warp_sums[i];
+    inv_shared = 1.0f / sqrtf(total / (float)dim + eps);
   }
-  const float inv = 1.0f / sqrtf(partial[0] / (float)dim + eps);
+  __syncthreads();
+  const float inv = inv_shared;
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
     dst[i] = w ? src[i] * inv * (w_offset + w[i]) : src[i] * inv;
 }

@@ -69,6 +69,7 @@ void ci_cuda_set_graphs(ci_backend *be, int enabled) {
 }
 
 int ci_cuda_execute(ci_cuda *cu, const ci_cuda_cmd *c) {
+  if (c->kind != CMD_MATMUL) cu->converted_x = NULL; /* any other op may rewrite an input */
   switch (c->kind) {
   case CMD_MEMCPY: {
     cudaError_t err = cudaMemcpyAsync(c->a.memcpy.dst, c->a.memcpy.src, c->a.memcpy.bytes,
@@ -155,6 +156,7 @@ void ci_cuda_record_begin(ci_cuda *cu) {
   if (!g || !g->enabled) return;
   g->recording = 1;
   g->n_cmds = 0;
+  cu->converted_x = NULL;
 }
 
 int ci_cuda_recording(const ci_cuda *cu) {
@@ -214,6 +216,7 @@ int ci_cuda_record_end(ci_cuda *cu) {
   for (int i = 0; i < GRAPH_CACHE; i++)
     if (g->graphs[i].exec && g->graphs[i].hash == h) {
       g->graphs[i].last_use = g->clock;
+      cu->converted_x = NULL;
       cudaError_t err = cudaGraphLaunch(g->graphs[i].exec, cu->stream);
       return err == cudaSuccess ? CI_OK : ci_cuda_fail(cu, err, "graph launch");
     }
@@ -224,6 +227,7 @@ int ci_cuda_record_end(ci_cuda *cu) {
     return run_all(cu);
   }
   /* second sighting: capture, keep, launch */
+  cu->converted_x = NULL;
   cudaGraph_t graph = NULL;
   cudaError_t err = cudaStreamBeginCapture(cu->stream, cudaStreamCaptureModeThreadLocal);
   if (err != cudaSuccess) return ci_cuda_fail(cu, err, "graph capture");

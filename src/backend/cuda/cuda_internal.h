@@ -154,6 +154,11 @@ typedef struct {
   /* scratch: [0] half-precision copies of matmul inputs, [1] f32 products of both planes */
   void *scratch[2];
   size_t scratch_bytes[2];
+  /* the matmul input last converted into scratch[0] (NULL: none valid); q/k/v and gate/up
+   * products of one input convert it once */
+  const float *converted_x;
+  int64_t converted_n;
+  int converted_kind;
   int input_planes; /* 2: matmul inputs as bf16 hi + lo planes (about 16 mantissa bits); 1: bf16 */
   float *host_scores; /* pinned host copy of MoE router scores */
   size_t host_scores_bytes;

@@ -184,7 +184,13 @@ int ci_cuda_matmul_launch(ci_cuda *cu, const void *w, int dtype, int64_t n, int6
   float *out = y;
   const int planes = dtype == CI_F32 ? 1 : cu->input_planes;
   if (dtype != CI_F32) {
-    ci_cuda_to_half(cu, cu->scratch[0], x, m * k, dtype == CI_BF16, planes);
+    const int kind = dtype * 4 + planes;
+    if (cu->converted_x != x || cu->converted_n != m * k || cu->converted_kind != kind) {
+      ci_cuda_to_half(cu, cu->scratch[0], x, m * k, dtype == CI_BF16, planes);
+      cu->converted_x = x;
+      cu->converted_n = m * k;
+      cu->converted_kind = kind;
+    }
     input = cu->scratch[0];
   }
   if (planes == 2) out = (float *)cu->scratch[1]; /* rows [0, m): values, [m, 2m): remainders */
