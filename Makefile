@@ -48,6 +48,8 @@ test-asan: npm-deps
 test-cuda: build
 	@test -x build/tests/test_cuda || { echo "test-cuda: this build has no CUDA backend (nvcc not found)"; exit 1; }
 	$(LOCAL_ENV) build/tests/test_cuda
+	python3 tools/dequantize.py $(DEFAULT_MODEL) build/starter-bf16
+	$(LOCAL_ENV) python3 tests/cuda_server_load.py build/cinfer build/starter-bf16 64 90
 
 bench-cuda: build
 	$(LOCAL_ENV) bench/cuda.sh
