@@ -147,6 +147,17 @@ typedef struct {
   /* Sessions only (an engine sets these for all its requests). */
   int context_size;  /* positions a session may hold; 0 = the model's context length */
   int prefill_chunk; /* prompt tokens per forward pass while feeding; 0 = 2048 */
+  /* Structured output (docs/generation.md §4.2): the generated text is constrained to a grammar;
+   * every token it does not allow next is masked before sampling, EOS only once the text is
+   * complete. At most one of: grammar, GBNF text (llama.cpp's format, start rule "root"); or
+   * json_schema, a JSON Schema as JSON text (json_schema_strict: objects admit no property the
+   * schema does not list, as OpenAI's strict mode; else additionalProperties decides, default
+   * any). Borrowed: compiled by the function that takes the params. A bad grammar or an
+   * unsupported schema keyword is CINFER_INVALID_ARGUMENT (sessions) or CINFER_REJECTED (engine
+   * submit) with a message naming it. A session's grammar restarts with each feed. */
+  const char *grammar;
+  const char *json_schema;
+  int json_schema_strict;
 } cinfer_params;
 
 /* Fills the defaults: the built-in sampling defaults (temperature 0.7, filters off, max_tokens

@@ -90,6 +90,21 @@ static void test_matcher_strings(void **state) {
   assert_true(accepts("root ::= \"é\" . [\\u00e0-\\u00ff]?", "é€"));
   assert_false(accepts("root ::= \"é\" . [\\u00e0-\\u00ff]", "é€€"));
   assert_true(accepts("root ::= (\"a\" | \"b\")* \"c\"?\n", ""));
+  assert_false(accepts("root ::= \"b\"", "\xe0\x81\xa2"));     /* overlong 'b' */
+  assert_false(accepts("root ::= \"b\"", "\xc1\xa2"));         /* overlong 'b' */
+  assert_false(accepts("root ::= \"b\"", "\xf0\x80\x81\xa2")); /* overlong 'b' */
+  assert_false(accepts("root ::= .", "\xf4\x90\x80\x80"));     /* past U+10FFFF */
+  assert_true(accepts("root ::= .", "\xf4\x8f\xbf\xbf"));
+  /* a lead byte alone is kept only when a character it starts can match */
+  ci_grammar *b = parse("root ::= \"b\" | [\\u0100-\\u0200]");
+  ci_grammar_matcher *mb = ci_grammar_matcher_create(b, NULL);
+  assert_false(ci_grammar_matcher_allows(mb, "\xe0", 1));
+  assert_false(ci_grammar_matcher_allows(mb, "\xc1", 1));
+  assert_false(ci_grammar_matcher_allows(mb, "\xc3", 1));
+  assert_true(ci_grammar_matcher_allows(mb, "\xc4", 1));
+  assert_false(ci_grammar_matcher_allows(mb, "\xc4\x7f", 2));
+  ci_grammar_matcher_free(mb);
+  ci_grammar_free(b);
   assert_true(accepts("root ::=\n  \"x\"\n  | \"y\"\n", "y"));
   /* a multi-byte character split across calls, and an invalid byte */
   ci_grammar *g = parse("root ::= [\\u4e00-\\u9fff]+");
@@ -103,6 +118,7 @@ static void test_matcher_strings(void **state) {
   assert_false(ci_grammar_matcher_allows(m, "\xc3\xa9", 2)); /* é is outside the class */
   assert_false(ci_grammar_matcher_allows(m, "\xc3", 1));     /* no such character can start so */
   assert_false(ci_grammar_matcher_allows(m, "\xff", 1));
+  assert_false(ci_grammar_matcher_allows(m, "\xed\xa0\x80", 3)); /* a surrogate */
   assert_int_equal(ci_grammar_matcher_accept_bytes(m, "a", 1), CI_ERR);
   assert_non_null(strstr(ci_last_error(), "does not allow byte 0"));
   assert_true(ci_grammar_matcher_is_complete(m)); /* a rejected byte leaves the state alone */

@@ -51,6 +51,7 @@ cinfer_status cinfer_model_load(const char *path, const cinfer_model_options *op
                        options->n_threads);
   cinfer_model *m = calloc(1, sizeof *m);
   if (!m) return ci_api_fail(CINFER_ERROR, "out of memory for a model");
+  pthread_mutex_init(&m->grammar_mu, NULL);
   m->dir = ci_model_path_resolve(path);
   m->model = m->dir ? ci_model_open(m->dir, options->n_threads) : NULL;
   if (!m->model || load_text_and_defaults(m) != CINFER_OK) {
@@ -64,6 +65,8 @@ cinfer_status cinfer_model_load(const char *path, const cinfer_model_options *op
 void cinfer_model_free(cinfer_model *model) {
   if (!model) return;
   ci_chat_template_free(model->chat_template);
+  ci_grammar_vocab_free(model->grammar_vocab);
+  pthread_mutex_destroy(&model->grammar_mu);
   ci_tokenizer_free(model->tokenizer);
   ci_model_close(model->model);
   free(model->dir);

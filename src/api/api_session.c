@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "engine/finish_rule.h"
 #include "engine/session.h"
+#include "grammar/matcher.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -24,11 +25,14 @@ struct cinfer_session {
   ci_sampler *sampler; /* owned */
   int32_t *tokens;     /* [n_tokens] fed and sampled ids; owned */
   size_t n_tokens, cap;
-  size_t n_run;       /* tokens[0..n_run) are in the KV cache */
-  float *logits;      /* [vocab] raw logits after tokens[n_run - 1]; owned */
-  int has_logits;     /* logits are those of the current n_run */
-  float *scratch;     /* [vocab] the sampler's working copy; owned */
-  size_t n_generated; /* sampled in the current turn */
+  size_t n_run;                    /* tokens[0..n_run) are in the KV cache */
+  float *logits;                   /* [vocab] raw logits after tokens[n_run - 1]; owned */
+  int has_logits;                  /* logits are those of the current n_run */
+  float *scratch;                  /* [vocab] the sampler's working copy; owned */
+  size_t n_generated;              /* sampled in the current turn */
+  ci_grammar *grammar;             /* owned reference; NULL when unconstrained */
+  ci_grammar_vocab *grammar_vocab; /* the model's */
+  ci_grammar_matcher *matcher;     /* owned: the current turn's, created at its first step */
   cinfer_finish finish;
   atomic_int cancelled;
 };
@@ -62,6 +66,11 @@ cinfer_status cinfer_session_create(cinfer_model *model, const cinfer_params *pa
     cinfer_session_free(s);
     return status;
   }
+  status = ci_api_grammar(model, params, CINFER_INVALID_ARGUMENT, &s->grammar, &s->grammar_vocab);
+  if (status != CINFER_OK) {
+    cinfer_session_free(s);
+    return status;
+  }
   s->context_size =
       params->context_size > 0 ? params->context_size : ci_model_context_length(model->model);
   s->prefill_chunk = params->prefill_chunk > 0 ? params->prefill_chunk : DEFAULT_PREFILL_CHUNK;
@@ -91,6 +100,8 @@ void cinfer_session_free(cinfer_session *session) {
   if (!session) return;
   ci_session_free(session->seq);
   ci_sampler_free(session->sampler);
+  ci_grammar_matcher_free(session->matcher);
+  ci_grammar_free(session->grammar);
   free(session->tokens);
   free(session->logits);
   free(session->scratch);
@@ -162,6 +173,8 @@ cinfer_status cinfer_session_feed(cinfer_session *session, const int32_t *ids, s
                        session->n_tokens, n_ids, session->context_size);
   session->finish = CINFER_FINISH_NONE;
   session->n_generated = 0;
+  ci_grammar_matcher_free(session->matcher); /* the grammar restarts with the turn */
+  session->matcher = NULL;
   atomic_store(&session->cancelled, 0);
   if (append_tokens(session, ids, n_ids) != CINFER_OK) return CINFER_ERROR;
   return run_pending(session, logits, n_logit_rows);
@@ -210,8 +223,23 @@ cinfer_status cinfer_session_step(cinfer_session *session, int32_t *token) {
   }
   /* docs/generation.md §3: sample, count, then the finish rule (EOS > length). */
   memcpy(s->scratch, s->logits, (size_t)s->vocab * sizeof *s->scratch);
+  if (s->grammar) { /* the grammar mask (processor 5 of §4.2) */
+    if (!s->matcher && !(s->matcher = ci_grammar_matcher_create(s->grammar, s->grammar_vocab)))
+      return ci_api_fail(CINFER_ERROR, "%s", ci_last_error());
+    const int allowed =
+        ci_grammar_matcher_apply(s->matcher, s->scratch, s->params.eos.ids, s->params.eos.n);
+    if (allowed < 0) return ci_api_fail(CINFER_ERROR, "%s", ci_last_error());
+    if (allowed == 0) {
+      if (!ci_grammar_matcher_is_complete(s->matcher))
+        return ci_api_fail(CINFER_ERROR, "the grammar allows no token of the vocabulary here");
+      return finish(s, CINFER_FINISH_STOP, token); /* complete, and nothing may follow */
+    }
+  }
   const int32_t next = ci_sampler_next(s->sampler, s->scratch, s->tokens, s->n_tokens);
   if (next < 0) return CINFER_ERROR;
+  if (s->matcher && !ci_eos_set_contains(&s->params.eos, next) &&
+      ci_grammar_matcher_accept_token(s->matcher, next))
+    return ci_api_fail(CINFER_ERROR, "%s", ci_last_error());
   if (append_tokens(s, &next, 1) != CINFER_OK) return CINFER_ERROR;
   s->n_generated++;
   *token = next;
@@ -266,6 +294,8 @@ cinfer_status cinfer_session_reset(cinfer_session *session) {
   ci_sampler_free(session->sampler);
   session->sampler = sampler;
   session->n_tokens = session->n_run = session->n_generated = 0;
+  ci_grammar_matcher_free(session->matcher);
+  session->matcher = NULL;
   session->has_logits = 0;
   session->finish = CINFER_FINISH_NONE;
   atomic_store(&session->cancelled, 0);

@@ -268,6 +268,16 @@ static int take_char(ci_grammar_matcher *m, int s, uint32_t c) {
   return t < 0 ? -3 : t;
 }
 
+/* Whether continuation byte b, the first after a lead byte, makes an overlong encoding, a
+ * surrogate or a code point past U+10FFFF (value, remaining: the partial character so far; a
+ * 3-byte lead leaves value < 0x10 with 2 bytes to go, a 4-byte lead 3 to go). */
+static int overlong_or_surrogate(int32_t value, int32_t remaining, int b) {
+  if (remaining == 2 && value < 0x10)
+    return (value == 0 && b < 0xA0) || (value == 0x0D && b > 0x9F);
+  if (remaining == 3) return (value == 0 && b < 0x90) || (value == 4 && b > 0x8F);
+  return 0;
+}
+
 /* The state after byte b from state s (T_DEAD, or -3 on failure), computed and remembered. */
 static int compute_transition(ci_grammar_matcher *m, int s, int b) {
   const int32_t *key = m->keys.v + m->key_off[s];
@@ -291,7 +301,7 @@ static int compute_transition(ci_grammar_matcher *m, int s, int b) {
     } else {
       value = -1;
     }
-  } else if ((b & 0xC0) == 0x80) {
+  } else if ((b & 0xC0) == 0x80 && !overlong_or_surrogate(value, remaining, b)) {
     value = value << 6 | (b & 0x3F);
     if (--remaining == 0) {
       cp = (uint32_t)value;
@@ -305,8 +315,12 @@ static int compute_transition(ci_grammar_matcher *m, int s, int b) {
   } else if (full) {
     t = take_char(m, s, cp);
   } else {
-    const uint32_t lo = (uint32_t)value << (6 * remaining);
-    const uint32_t hi = lo | ((1u << (6 * remaining)) - 1);
+    uint32_t lo = (uint32_t)value << (6 * remaining);
+    uint32_t hi = lo | ((1u << (6 * remaining)) - 1);
+    /* a 3- or 4-byte lead alone: the shortest form starts at U+0800 / U+10000 */
+    if (remaining == 2 && value < 0x10 && lo < 0x800) lo = 0x800;
+    if (remaining == 3 && lo < 0x10000) lo = 0x10000;
+    if (hi > 0x10FFFF) hi = 0x10FFFF;
     if (!may_take_range(m, key, lo, hi)) {
       t = T_DEAD;
     } else {
