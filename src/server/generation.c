@@ -86,6 +86,7 @@ void ci_srv_job_free(ci_srv_job *j) {
   for (int i = 0; i < j->n_stop; i++) free(j->stop[i]);
   free(j->stop);
   json_decref(j->tools);
+  ci_grammar_free(j->grammar);
   memset(j, 0, sizeof *j);
 }
 
@@ -363,6 +364,10 @@ int ci_srv_gen_start(ci_server *s, ci_srv_job *job, ci_srv_gen *g, int anthropic
   ej.kv_start = job->has_kv ? job->kv_start : s->o.kv_start;
   ej.kv_protect = job->has_kv ? job->kv_protect : s->o.kv_protect;
   ej.top_logprobs = job->top_logprobs;
+  if (job->grammar) { /* the engine request takes its own reference */
+    ej.grammar = job->grammar;
+    ej.grammar_vocab = ci_srv_grammar_vocab(s);
+  }
   const ci_engine_verdict v = ci_engine_submit(s->o.engine, &ej, &g->req);
   if (v != CI_ENGINE_SUBMITTED) {
     int status;
@@ -633,8 +638,10 @@ void ci_srv_gen_apply(ci_srv_gen *g, const ci_engine_event *ev, double now) {
     int lost = !entry || !top;
     for (int i = 0; i < ev->n_top && !lost; i++)
       lost = json_array_append_new(top, token_logprob(g, ev->top_ids[i], ev->top_logprobs[i]));
-    if (!lost) lost = json_object_set_new(entry, "top_logprobs", top);
-    else json_decref(top);
+    if (!lost)
+      lost = json_object_set_new(entry, "top_logprobs", top);
+    else
+      json_decref(top);
     if (!lost && r != 1)
       lost = json_array_append(g->d_logprobs, entry) || json_array_append(g->logprobs, entry);
     json_decref(entry);

@@ -341,6 +341,7 @@ ci_server *ci_server_start(const ci_server_options *o) {
   s->o = *o;
   s->started_at = (double)time(NULL);
   pthread_mutex_init(&s->metrics_mu, NULL);
+  pthread_mutex_init(&s->grammar_mu, NULL);
   ci_server_detect_formats(s);
   s->weights_bytes = ci_model_weight_bytes_per_token(o->model);
   if (o->api_keys && *o->api_keys) {
@@ -351,8 +352,10 @@ ci_server *ci_server_start(const ci_server_options *o) {
       char **bigger = realloc(s->keys, (size_t)(s->n_keys + 1) * sizeof *bigger);
       char *key = bigger ? strdup(k) : NULL;
       if (bigger) s->keys = bigger;
-      if (!key) lost = 1;
-      else s->keys[s->n_keys++] = key;
+      if (!key)
+        lost = 1;
+      else
+        s->keys[s->n_keys++] = key;
     }
     free(copy);
     if (lost) { /* a server missing some of its keys would refuse their clients */
@@ -388,5 +391,7 @@ void ci_server_stop(ci_server *s) {
   for (int i = 0; i < s->n_keys; i++) free(s->keys[i]);
   free(s->keys);
   pthread_mutex_destroy(&s->metrics_mu);
+  pthread_mutex_destroy(&s->grammar_mu);
+  ci_grammar_vocab_free(s->grammar_vocab);
   free(s);
 }

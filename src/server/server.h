@@ -8,6 +8,8 @@
 
 #include "engine/engine.h"
 #include "engine/params.h"
+#include "grammar/grammar.h"
+#include "grammar/vocab.h"
 #include "text/chat_template.h"
 #include "text/detok_stream.h"
 #include "text/gemma_output.h"
@@ -96,6 +98,8 @@ struct ci_server {
   ci_route_count routes[64];
   int n_routes;
   ci_histogram ttft, itl, queue, duration;
+  pthread_mutex_t grammar_mu;      /* guards grammar_vocab */
+  ci_grammar_vocab *grammar_vocab; /* owned; built on the first constrained request */
 };
 
 void ci_server_count_request(ci_server *s, const char *route, int status);
@@ -165,6 +169,7 @@ typedef struct {
   int64_t kv_start;
   int kv_protect;
   int continue_final;   /* continue_final_message */
+  ci_grammar *grammar;  /* owned; response_format / grammar / json_schema, NULL = free text */
   const char *err_code; /* set with a parse error that is not "invalid_value" */
 } ci_srv_job;
 
@@ -211,6 +216,14 @@ int ci_srv_tokenize_chat(ci_server *s, json_t *messages, json_t *tools, const js
  * continue_final_message. ci_srv_parse_sampling calls it. Returns 0 or fills *err (and
  * job->err_code for unsupported values). */
 int ci_srv_parse_extensions(ci_server *s, const json_t *body, ci_srv_job *job, char **err);
+
+/* Structured output (response_format, grammar, json_schema) into job->grammar; an unsupported
+ * schema feature or a bad grammar fills *err naming it (a 400). ci_srv_parse_extensions calls
+ * it. Returns 0 or -1. */
+int ci_srv_parse_structured(ci_server *s, const json_t *body, ci_srv_job *job, char **err);
+
+/* The server's token bytes for grammar masks, built on first use; NULL with ci_last_error. */
+ci_grammar_vocab *ci_srv_grammar_vocab(ci_server *s);
 
 /* Route handlers: return the HTTP status and either *body (JSON) or *stream (SSE, owned by
  * the response afterwards). */
