@@ -25,14 +25,16 @@ struct cinfer_session {
   ci_sampler *sampler; /* owned */
   int32_t *tokens;     /* [n_tokens] fed and sampled ids; owned */
   size_t n_tokens, cap;
-  size_t n_run;                    /* tokens[0..n_run) are in the KV cache */
-  float *logits;                   /* [vocab] raw logits after tokens[n_run - 1]; owned */
-  int has_logits;                  /* logits are those of the current n_run */
-  float *scratch;                  /* [vocab] the sampler's working copy; owned */
-  size_t n_generated;              /* sampled in the current turn */
+  size_t n_run;       /* tokens[0..n_run) are in the KV cache */
+  float *logits;      /* [vocab] raw logits after tokens[n_run - 1]; owned */
+  int has_logits;     /* logits are those of the current n_run */
+  float *scratch;     /* [vocab] the sampler's working copy; owned */
+  size_t n_generated; /* sampled in the current turn */
+
   ci_grammar *grammar;             /* owned reference; NULL when unconstrained */
   ci_grammar_vocab *grammar_vocab; /* the model's */
   ci_grammar_matcher *matcher;     /* owned: the current turn's, created at its first step */
+
   cinfer_finish finish;
   atomic_int cancelled;
 };

@@ -42,8 +42,8 @@ struct ci_engine_request {
   int kv_protect;
   ci_sampler *sampler;
   int owns_sampler;
+  int64_t reservation; /* bytes */
   ci_grammar_matcher *matcher; /* owned; NULL when unconstrained */
-  int64_t reservation;         /* bytes */
   /* engine-side progress */
   ci_kv_seq *seq;
   int n_prefilled;   /* prompt tokens whose KV is stored */

@@ -92,12 +92,12 @@ typedef struct {
  * says why for every verdict but CI_ENGINE_SUBMITTED). */
 typedef enum {
   CI_ENGINE_SUBMITTED = 0,
-  CI_ENGINE_REJECTED = 1,     /* invalid: bad ids, bad params, empty prompt */
-  CI_ENGINE_QUEUE_FULL = 2,   /* try again later */
-  CI_ENGINE_STOPPED = 3,      /* the engine is shutting down */
-  CI_ENGINE_OVER_CONTEXT = 4, /* prompt + max_tokens exceeds the context size */
-  CI_ENGINE_OVER_BUDGET = 5,  /* valid, but needs more KV than the memory budget ever allows */
-  CI_ENGINE_OUT_OF_MEMORY = 6 /* the request could not be allocated (may work later) */
+  CI_ENGINE_REJECTED = 1,      /* invalid: bad ids, bad params, empty prompt */
+  CI_ENGINE_QUEUE_FULL = 2,    /* try again later */
+  CI_ENGINE_STOPPED = 3,       /* the engine is shutting down */
+  CI_ENGINE_OVER_CONTEXT = 4,  /* prompt + max_tokens exceeds the context size */
+  CI_ENGINE_OVER_BUDGET = 5,   /* valid, but needs more KV than the memory budget ever allows */
+  CI_ENGINE_OUT_OF_MEMORY = 6  /* the request could not be allocated (may work later) */
 } ci_engine_verdict;
 
 enum { CI_ENGINE_MAX_KV_FORMATS = 8 };

@@ -638,10 +638,8 @@ void ci_srv_gen_apply(ci_srv_gen *g, const ci_engine_event *ev, double now) {
     int lost = !entry || !top;
     for (int i = 0; i < ev->n_top && !lost; i++)
       lost = json_array_append_new(top, token_logprob(g, ev->top_ids[i], ev->top_logprobs[i]));
-    if (!lost)
-      lost = json_object_set_new(entry, "top_logprobs", top);
-    else
-      json_decref(top);
+    if (!lost) lost = json_object_set_new(entry, "top_logprobs", top);
+    else json_decref(top);
     if (!lost && r != 1)
       lost = json_array_append(g->d_logprobs, entry) || json_array_append(g->logprobs, entry);
     json_decref(entry);

@@ -352,10 +352,8 @@ ci_server *ci_server_start(const ci_server_options *o) {
       char **bigger = realloc(s->keys, (size_t)(s->n_keys + 1) * sizeof *bigger);
       char *key = bigger ? strdup(k) : NULL;
       if (bigger) s->keys = bigger;
-      if (!key)
-        lost = 1;
-      else
-        s->keys[s->n_keys++] = key;
+      if (!key) lost = 1;
+      else s->keys[s->n_keys++] = key;
     }
     free(copy);
     if (lost) { /* a server missing some of its keys would refuse their clients */
