@@ -23,8 +23,9 @@ struct cinfer_model {
   ci_chat_template *chat_template; /* owned; NULL when the model has none */
   char template_error[256];        /* why chat_template is NULL */
   ci_generation_config generation; /* generation_config.json (has_ flags 0 when absent) */
-  ci_eos_set eos;             /* config.json ∪ generation_config.json ∪ tokenizer eos_token */
-  pthread_mutex_t grammar_mu; /* guards grammar_vocab */
+  ci_eos_set eos; /* config.json ∪ generation_config.json ∪ tokenizer eos_token */
+
+  pthread_mutex_t grammar_mu;      /* guards grammar_vocab */
   ci_grammar_vocab *grammar_vocab; /* owned; built on the first grammar-constrained request */
 };
 
