@@ -16,7 +16,8 @@ enum {
   MAX_STACKS = 1 << 16,       /* stacks one state may hold */
   MASK_CACHE_BYTES = 4 << 20, /* cached masks per matcher */
   T_UNKNOWN = -2,
-  T_DEAD = -1
+  T_DEAD = -1,
+  PARTIAL_ANY = -2 /* partial character whose exact value no stack cares about */
 };
 
 /* Growable int32 vector. */
@@ -236,13 +237,19 @@ static int intern_out(ci_grammar_matcher *m, int32_t value, int32_t remaining) {
 
 /* ==== Transitions ==== */
 
-/* Whether some stack of state key `key` may take a code point in [lo, hi]. */
-static int may_take_range(const ci_grammar_matcher *m, const int32_t *key, uint32_t lo,
-                          uint32_t hi) {
-  for (size_t i = 3, k = 0; k < (size_t)key[2]; k++, i += 1 + (size_t)key[i])
-    if (key[i] > 0 && ci_grammar_char_range_may_match(m->g, key[i + (size_t)key[i]], lo, hi))
-      return 1;
-  return 0;
+/* Whether the terminal at pos accepts every code point from U+0080 up (`.`, and negated
+ * classes of ASCII only, such as a JSON string's characters). */
+static int takes_all_non_ascii(const ci_grammar *g, int32_t pos) {
+  const ci_grammar_element *e = g->elements + pos;
+  if (e->type == CI_GE_CHAR_ANY) return 1;
+  const int negated = e->type == CI_GE_CHAR_NOT;
+  do {
+    const uint32_t a = e->value, b = e[1].type == CI_GE_CHAR_RNG_UPPER ? e[1].value : a;
+    if (negated && b >= 0x80) return 0;
+    if (!negated && a <= 0x80 && b >= 0x10FFFF) return 1;
+    e += e[1].type == CI_GE_CHAR_RNG_UPPER ? 2 : 1;
+  } while (e->type == CI_GE_CHAR_ALT);
+  return negated;
 }
 
 /* The state after code point c from the stacks of state s; T_DEAD when no stack takes it;
@@ -301,7 +308,14 @@ static int compute_transition(ci_grammar_matcher *m, int s, int b) {
     } else {
       value = -1;
     }
-  } else if ((b & 0xC0) == 0x80 && !overlong_or_surrogate(value, remaining, b)) {
+  } else if ((b & 0xC0) != 0x80) {
+    value = -1;
+  } else if (value == PARTIAL_ANY) { /* any continuation does */
+    if (--remaining == 0) {
+      cp = 0x80; /* every stack takes every non-ASCII character alike */
+      full = 1;
+    }
+  } else if (!overlong_or_surrogate(value, remaining, b)) {
     value = value << 6 | (b & 0x3F);
     if (--remaining == 0) {
       cp = (uint32_t)value;
@@ -310,10 +324,18 @@ static int compute_transition(ci_grammar_matcher *m, int s, int b) {
   } else {
     value = -1;
   }
-  if (value < 0 || (full && cp > 0x10FFFF)) {
+  if (value == -1 || (full && cp > 0x10FFFF)) {
     t = T_DEAD;
   } else if (full) {
     t = take_char(m, s, cp);
+  } else if (value == PARTIAL_ANY) {
+    const size_t n = key_len(m, s);
+    m->key.n = 0;
+    if (ivec_reserve(&m->key, n)) return -3;
+    memcpy(m->key.v, m->keys.v + m->key_off[s], n * sizeof *m->key.v);
+    m->key.v[1] = remaining;
+    t = intern(m, m->key.v, n);
+    if (t < 0) return -3;
   } else {
     uint32_t lo = (uint32_t)value << (6 * remaining);
     uint32_t hi = lo | ((1u << (6 * remaining)) - 1);
@@ -321,17 +343,34 @@ static int compute_transition(ci_grammar_matcher *m, int s, int b) {
     if (remaining == 2 && value < 0x10 && lo < 0x800) lo = 0x800;
     if (remaining == 3 && lo < 0x10000) lo = 0x10000;
     if (hi > 0x10FFFF) hi = 0x10FFFF;
-    if (!may_take_range(m, key, lo, hi)) {
+    /* the new partial state keeps only the stacks that may take the character; past the first
+     * continuation byte (where overlong forms are ruled out) its value is dropped when every
+     * such stack takes any non-ASCII character, so all such partial characters share a state */
+    const size_t n = key_len(m, s);
+    m->key.n = 0;
+    if (ivec_reserve(&m->key, n)) return -3;
+    const int32_t *old = m->keys.v + m->key_off[s];
+    int32_t kept = 0;
+    int all_wide = 1;
+    size_t at = 3;
+    for (size_t i = 3, k = 0; k < (size_t)old[2]; k++, i += 1 + (size_t)old[i]) {
+      const int32_t len = old[i];
+      if (len == 0 || !ci_grammar_char_range_may_match(m->g, old[i + (size_t)len], lo, hi))
+        continue;
+      all_wide &= takes_all_non_ascii(m->g, old[i + (size_t)len]);
+      memcpy(m->key.v + at, old + i, ((size_t)len + 1) * sizeof *old);
+      at += (size_t)len + 1;
+      kept++;
+    }
+    if (kept == 0) {
       t = T_DEAD;
     } else {
-      /* same stacks, new partial character */
-      const size_t n = key_len(m, s);
-      m->key.n = 0;
-      if (ivec_reserve(&m->key, n)) return -3;
-      memcpy(m->key.v, m->keys.v + m->key_off[s], n * sizeof *m->key.v);
-      m->key.v[0] = value;
+      const int past_first = remaining == 1 || (remaining == 2 && value >= 0x10);
+      m->key.v[0] = past_first && all_wide ? PARTIAL_ANY : value;
       m->key.v[1] = remaining;
-      t = intern(m, m->key.v, n);
+      m->key.v[2] = kept;
+      m->key.n = at;
+      t = intern(m, m->key.v, at);
       if (t < 0) return -3;
     }
   }
@@ -496,23 +535,24 @@ static int walk_trie(ci_grammar_matcher *m, uint32_t *bits) {
   memset(bits, 0, (size_t)m->words * sizeof *bits);
   int32_t *st = m->walk;
   st[0] = m->current;
-  const uint8_t *node_byte = v->node_byte;
-  const uint16_t *node_depth = v->node_depth;
-  const int32_t *node_end = v->node_end, *node_tokens = v->node_tokens, *ids = v->token_ids;
+  const ci_grammar_trie_node *nodes = v->nodes;
+  const int32_t *ids = v->token_ids;
+  const int32_t *trans = m->trans; /* re-read after a transition is computed (may move) */
   for (int32_t k = 1; k < v->n_nodes;) {
-    const int d = node_depth[k];
-    const int parent = st[d - 1];
-    int s = m->trans[(size_t)parent * 256 + node_byte[k]];
+    const ci_grammar_trie_node node = nodes[k];
+    const int parent = st[node.depth - 1];
+    int s = trans[(size_t)parent * 256 + node.byte];
     if (s == T_UNKNOWN) {
-      s = compute_transition(m, parent, node_byte[k]);
+      s = compute_transition(m, parent, node.byte);
       if (s == -3) return CI_ERR;
+      trans = m->trans;
     }
     if (s < 0) {
-      k = node_end[k];
+      k = node.end;
       continue;
     }
-    st[d] = s;
-    for (int32_t t = node_tokens[2 * k]; t < node_tokens[2 * k + 1]; t++)
+    st[node.depth] = s;
+    for (int32_t t = node.tokens; t < node.tokens + node.n_tokens; t++)
       bits[ids[t] >> 5] |= 1u << (ids[t] & 31);
     k++;
   }

@@ -31,10 +31,7 @@ void ci_grammar_vocab_free(ci_grammar_vocab *v) {
   if (atomic_fetch_sub(&v->refs, 1) > 1) return;
   free(v->bytes);
   free(v->offset);
-  free(v->node_byte);
-  free(v->node_depth);
-  free(v->node_end);
-  free(v->node_tokens);
+  free(v->nodes);
   free(v->token_ids);
   free(v);
 }
@@ -50,7 +47,41 @@ const char *ci_grammar_vocab_token(const ci_grammar_vocab *v, int32_t id, size_t
 }
 
 /* Builds the trie over v->bytes / v->offset. */
+typedef struct {
+  uint8_t *node_byte;
+  uint16_t *node_depth;
+  int32_t *node_end;
+  int32_t *node_tokens;
+} trie_arrays;
+
+static void trie_arrays_free(trie_arrays *a) {
+  free(a->node_byte);
+  free(a->node_depth);
+  free(a->node_end);
+  free(a->node_tokens);
+}
+
+static int build_trie_arrays(ci_grammar_vocab *v, trie_arrays *a);
+
+/* Builds the trie, then packs it into v->nodes. */
 static int build_trie(ci_grammar_vocab *v) {
+  trie_arrays a = {0};
+  int rc = build_trie_arrays(v, &a);
+  if (!rc) {
+    v->nodes = malloc((size_t)v->n_nodes * sizeof *v->nodes);
+    if (!v->nodes) rc = ci_fail("grammar vocabulary: out of memory");
+  }
+  for (int k = 0; !rc && k < v->n_nodes; k++) {
+    const int32_t n = a.node_tokens[2 * k + 1] - a.node_tokens[2 * k];
+    if (n > 255) rc = ci_fail("grammar vocabulary: more than 255 tokens with the same bytes");
+    v->nodes[k] = (ci_grammar_trie_node){a.node_end[k], a.node_tokens[2 * k], a.node_depth[k],
+                                         a.node_byte[k], (uint8_t)n};
+  }
+  trie_arrays_free(&a);
+  return rc;
+}
+
+static int build_trie_arrays(ci_grammar_vocab *v, trie_arrays *a) {
   const int n = v->n_vocab;
   sort_entry *sorted = malloc(((size_t)n + 1) * sizeof *sorted);
   size_t total = 0;
@@ -65,22 +96,22 @@ static int build_trie(ci_grammar_vocab *v) {
   }
   qsort(sorted, (size_t)n_sorted, sizeof *sorted, compare_entries);
   const size_t cap = total + 1; /* nodes never exceed the bytes plus the root */
-  v->node_byte = malloc(cap);
-  v->node_depth = malloc(cap * sizeof *v->node_depth);
-  v->node_end = malloc(cap * sizeof *v->node_end);
-  v->node_tokens = malloc((cap + 1) * sizeof *v->node_tokens);
+  a->node_byte = malloc(cap);
+  a->node_depth = malloc(cap * sizeof *a->node_depth);
+  a->node_end = malloc(cap * sizeof *a->node_end);
+  a->node_tokens = malloc((cap + 1) * sizeof *a->node_tokens);
   v->token_ids = malloc(((size_t)n_sorted + 1) * sizeof *v->token_ids);
   int32_t *open = malloc((MAX_TOKEN_BYTES + 2) * sizeof *open); /* open node at each depth */
-  if (!v->node_byte || !v->node_depth || !v->node_end || !v->node_tokens || !v->token_ids ||
+  if (!a->node_byte || !a->node_depth || !a->node_end || !a->node_tokens || !v->token_ids ||
       !open) {
     free(sorted);
     free(open);
     return ci_fail("grammar vocabulary: out of memory");
   }
   int n_nodes = 1, depth = 0, max_depth = 0;
-  v->node_byte[0] = 0;
-  v->node_depth[0] = 0;
-  v->node_tokens[0] = 0;
+  a->node_byte[0] = 0;
+  a->node_depth[0] = 0;
+  a->node_tokens[0] = 0;
   open[0] = 0;
   const char *prev = "";
   size_t prev_len = 0;
@@ -88,12 +119,12 @@ static int build_trie(ci_grammar_vocab *v) {
     const sort_entry *e = &sorted[i];
     size_t lcp = 0;
     while (lcp < prev_len && lcp < e->len && prev[lcp] == e->bytes[lcp]) lcp++;
-    while (depth > (int)lcp) v->node_end[open[depth--]] = n_nodes; /* close deeper nodes */
+    while (depth > (int)lcp) a->node_end[open[depth--]] = n_nodes; /* close deeper nodes */
     for (size_t d = lcp; d < e->len; d++) {
       const int node = n_nodes++;
-      v->node_byte[node] = (uint8_t)e->bytes[d];
-      v->node_depth[node] = (uint16_t)(d + 1);
-      v->node_tokens[node] = i; /* tokens ending here start at sorted index i (or later) */
+      a->node_byte[node] = (uint8_t)e->bytes[d];
+      a->node_depth[node] = (uint16_t)(d + 1);
+      a->node_tokens[node] = i; /* tokens ending here start at sorted index i (or later) */
       open[++depth] = node;
     }
     if (depth > max_depth) max_depth = depth;
@@ -101,7 +132,7 @@ static int build_trie(ci_grammar_vocab *v) {
     prev = e->bytes;
     prev_len = e->len;
   }
-  while (depth >= 0) v->node_end[open[depth--]] = n_nodes;
+  while (depth >= 0) a->node_end[open[depth--]] = n_nodes;
   free(open);
   v->n_nodes = n_nodes;
   v->max_depth = max_depth;
@@ -113,10 +144,10 @@ static int build_trie(ci_grammar_vocab *v) {
     return ci_fail("grammar vocabulary: out of memory");
   }
   for (int k = 0; k < n_nodes; k++) {
-    int a = v->node_tokens[k], b = a;
+    int first = a->node_tokens[k], b = first;
     if (k > 0)
-      while (b < n_sorted && sorted[b].len == v->node_depth[k] &&
-             memcmp(sorted[b].bytes, sorted[a].bytes, sorted[b].len) == 0)
+      while (b < n_sorted && sorted[b].len == a->node_depth[k] &&
+             memcmp(sorted[b].bytes, sorted[first].bytes, sorted[b].len) == 0)
         b++;
     run_end[k] = b;
   }
@@ -128,12 +159,12 @@ static int build_trie(ci_grammar_vocab *v) {
     return ci_fail("grammar vocabulary: out of memory");
   }
   for (int k = 0; k < n_nodes; k++) {
-    pairs[2 * k] = k > 0 ? v->node_tokens[k] : 0;
+    pairs[2 * k] = k > 0 ? a->node_tokens[k] : 0;
     pairs[2 * k + 1] = k > 0 ? run_end[k] : 0;
   }
   free(run_end);
-  free(v->node_tokens);
-  v->node_tokens = pairs;
+  free(a->node_tokens);
+  a->node_tokens = pairs;
   return CI_OK;
 }
 

@@ -15,6 +15,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* One trie node (12 bytes, so the walk streams through one array). */
+typedef struct {
+  int32_t end;      /* one past the last node of its subtree */
+  int32_t tokens;   /* first index into token_ids of the tokens whose bytes end here */
+  uint16_t depth;   /* bytes from the root */
+  uint8_t byte;     /* the byte on the edge into the node */
+  uint8_t n_tokens; /* tokens whose bytes end here */
+} ci_grammar_trie_node;
+
 typedef struct {
   _Atomic int refs;
   int n_vocab;
@@ -23,11 +32,8 @@ typedef struct {
   /* trie in preorder; node 0 is the root (the empty string) */
   int n_nodes;
   int max_depth;
-  uint8_t *node_byte;   /* the byte on the edge into the node */
-  uint16_t *node_depth; /* bytes from the root */
-  int32_t *node_end;    /* one past the last node of its subtree */
-  int32_t *node_tokens; /* first index into token_ids of the tokens ending here ... */
-  int32_t *token_ids;   /* ... up to node_tokens[node + 1] */
+  ci_grammar_trie_node *nodes; /* [n_nodes] */
+  int32_t *token_ids;          /* ids sorted by their bytes */
 } ci_grammar_vocab;
 
 /* From a tokenizer, for a model of n_vocab ids (>= the tokenizer's; ids it lacks get no bytes).
