@@ -343,9 +343,11 @@ static int compute_transition(ci_grammar_matcher *m, int s, int b) {
     if (remaining == 2 && value < 0x10 && lo < 0x800) lo = 0x800;
     if (remaining == 3 && lo < 0x10000) lo = 0x10000;
     if (hi > 0x10FFFF) hi = 0x10FFFF;
-    /* the new partial state keeps only the stacks that may take the character; past the first
-     * continuation byte (where overlong forms are ruled out) its value is dropped when every
-     * such stack takes any non-ASCII character, so all such partial characters share a state */
+    /* the new partial state keeps only the stacks that may take the character; when every such
+     * stack takes any non-ASCII character the value only matters for ruling out overlong forms
+     * and surrogates at the first continuation byte: a lead byte keeps just its class (E0, ED,
+     * other E*; F0, F4, other F*), and past that byte the value is dropped, so all such partial
+     * characters share a few states */
     const size_t n = key_len(m, s);
     m->key.n = 0;
     if (ivec_reserve(&m->key, n)) return -3;
@@ -366,7 +368,14 @@ static int compute_transition(ci_grammar_matcher *m, int s, int b) {
       t = T_DEAD;
     } else {
       const int past_first = remaining == 1 || (remaining == 2 && value >= 0x10);
-      m->key.v[0] = past_first && all_wide ? PARTIAL_ANY : value;
+      int32_t keep = value;
+      if (all_wide && past_first)
+        keep = PARTIAL_ANY;
+      else if (all_wide && remaining == 2) /* 3-byte lead: E0, ED or any other */
+        keep = value == 0 || value == 0x0D ? value : 1;
+      else if (all_wide && remaining == 3) /* 4-byte lead: F0, F4 or any other */
+        keep = value == 0 || value == 4 ? value : 1;
+      m->key.v[0] = keep;
       m->key.v[1] = remaining;
       m->key.v[2] = kept;
       m->key.n = at;
