@@ -251,6 +251,21 @@ static int cut_after_final_message(const char *rendered, size_t *len, const char
   return -1;
 }
 
+/* Whether request (which has tools) renders as it does without them: rendered[0..len) is its
+ * rendering with the tools. */
+static int template_ignores_tools(ci_server *s, json_t *request, const char *rendered,
+                                  size_t len) {
+  json_t *tools = json_incref(json_object_get(request, "tools"));
+  json_object_del(request, "tools");
+  char *plain = NULL;
+  size_t plain_len = 0;
+  const int same = !ci_chat_template_render(s->o.chat_template, request, &plain, &plain_len) &&
+                   plain_len == len && memcmp(plain, rendered, len) == 0;
+  free(plain);
+  json_object_set_new(request, "tools", tools);
+  return same;
+}
+
 int ci_srv_tokenize_chat(ci_server *s, json_t *messages, json_t *tools, const json_t *kwargs,
                          ci_srv_job *job, char **err) {
   if (!s->o.chat_template) return *err = strdup("model has no chat template"), -1;
@@ -279,6 +294,20 @@ int ci_srv_tokenize_chat(ci_server *s, json_t *messages, json_t *tools, const js
   if (ci_chat_template_render(s->o.chat_template, request, &rendered, &len)) {
     json_decref(request);
     return *err = dup_printf("chat template: %s", ci_last_error()), -1;
+  }
+  if (json_object_get(request, "tools") && template_ignores_tools(s, request, rendered, len)) {
+    /* the template drops the tools: tell the model about them in a system prompt instead */
+    json_t *injected = ci_srv_inject_tool_prompt(messages, tools);
+    free(rendered);
+    rendered = NULL;
+    const int failed = !injected || json_object_set_new(request, "messages", injected) ||
+                       json_object_del(request, "tools") ||
+                       ci_chat_template_render(s->o.chat_template, request, &rendered, &len);
+    if (failed) {
+      json_decref(request);
+      return *err = dup_printf("chat template: %s", injected ? ci_last_error() : "out of memory"),
+             -1;
+    }
   }
   json_decref(request);
   if (job->continue_final && cut_after_final_message(rendered, &len, last_content)) {
@@ -400,9 +429,12 @@ void ci_srv_gen_init_text(ci_server *s, ci_srv_job *job, ci_srv_gen *g) {
     g->tool_defs = job->tools;
     job->tools = NULL;
   }
-  const int gemma_calls = s->gemma_calls && !job->tools_off && !job->raw_text;
+  /* a forced tool call is a hermes one, read by the text parser */
+  const int gemma_calls =
+      s->gemma_calls && !job->tools_off && !job->raw_text && !job->forced_tool_call;
   const int gemma_channels = s->gemma_channels && !job->raw_text;
-  if (g->tool_defs && !s->gemma_calls) g->tools = ci_tool_parser_create(g->tool_defs);
+  if (g->tool_defs && (!s->gemma_calls || job->forced_tool_call))
+    g->tools = ci_tool_parser_create(g->tool_defs);
   if (gemma_channels || gemma_calls) {
     const ci_gemma_output_options go = {.channels = gemma_channels,
                                         .tool_calls = gemma_calls,

@@ -419,6 +419,7 @@ int ci_openai_chat(ci_server *s, json_t *body, json_t **out, ci_srv_stream **str
       check_common(body, &job, 1, &err) || check_tools(tools, &err) ||
       !(messages = normalize_messages(json_object_get(body, "messages"), &err)) ||
       ci_srv_parse_sampling(s, body, 0, &job, 65536, &err) ||
+      ci_srv_parse_tool_choice(s, tools, choice, &job, &err) ||
       (job.tools_off = tools_off,
        ci_srv_tokenize_chat(s, messages, tools_off ? NULL : (json_t *)tools, kwargs, &job, &err))) {
     const char *code = job.err_code ? job.err_code : "invalid_value";

@@ -170,6 +170,7 @@ typedef struct {
   int kv_protect;
   int continue_final;   /* continue_final_message */
   ci_grammar *grammar;  /* owned; response_format / grammar / json_schema, NULL = free text */
+  int forced_tool_call; /* the grammar is a tool call (tool_choice required or named) */
   const char *err_code; /* set with a parse error that is not "invalid_value" */
 } ci_srv_job;
 
@@ -221,6 +222,20 @@ int ci_srv_parse_extensions(ci_server *s, const json_t *body, ci_srv_job *job, c
  * schema feature or a bad grammar fills *err naming it (a 400). ci_srv_parse_extensions calls
  * it. Returns 0 or -1. */
 int ci_srv_parse_structured(ci_server *s, const json_t *body, ci_srv_job *job, char **err);
+
+/* tool_choice (OpenAI chat): none and auto change nothing here; "required" or {"type":
+ * "function", "function": {"name": N}} set job->grammar to one hermes tool call
+ * (<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>) of the tools (or of N), the
+ * arguments constrained to the tool's parameters schema. An unknown string, an unknown name,
+ * "required" without tools or a request that already has a grammar fills *err (a 400). */
+int ci_srv_parse_tool_choice(ci_server *s, const json_t *tools, const json_t *choice,
+                             ci_srv_job *job, char **err);
+
+/* messages for a chat template that does not render `tools`: a generic tool-use system prompt
+ * (the tools as JSON and the hermes call format) merged into the first system message or put
+ * before the messages, and assistant tool calls written out as hermes text (a template without
+ * tool support would render a null content as "None"). NULL on out of memory. */
+json_t *ci_srv_inject_tool_prompt(const json_t *messages, const json_t *tools);
 
 /* The server's token bytes for grammar masks, built on first use; NULL with ci_last_error. */
 ci_grammar_vocab *ci_srv_grammar_vocab(ci_server *s);
