@@ -132,7 +132,6 @@ static int add_call_schema(json_t *any_of, const json_t *t) {
 
 int ci_srv_parse_tool_choice(ci_server *s, const json_t *tools, const json_t *choice,
                              ci_srv_job *job, char **err) {
-  (void)s;
   if (!choice || json_is_null(choice)) return 0;
   const size_t n_tools = json_is_array(tools) ? json_array_size(tools) : 0;
   const char *mode = json_string_value(choice);
