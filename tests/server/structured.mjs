@@ -1,7 +1,7 @@
 // Structured output through the openai SDK against a live server: response_format json_schema
 // with chat.completions.parse() (parsed object validated here), json_object, streaming, the
-// grammar and json_schema extensions on /v1/completions and chat, and 400s naming what is not
-// supported.
+// grammar and json_schema extensions on /v1/completions and chat, 400s naming what is not
+// supported, and tool_choice required / named enforced (valid tool calls) with its 400s.
 import { OpenAI, base, check } from './common.mjs';
 
 const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'test-key', maxRetries: 0 });
@@ -85,4 +85,47 @@ await rejects({ response_format: { type: 'json_schema', json_schema: { name: 'n'
 await rejects({ response_format: { type: 'yaml' } }, /response_format.type "yaml"/, 'unknown response_format type');
 await rejects({ grammar: 'root ::= [a-' }, /grammar line 1, column 10/, 'bad GBNF is a 400 with its position');
 await rejects({ grammar: 'root ::= "a"', response_format: { type: 'json_object' } }, /one of/, 'two constraints');
+// tool_choice: "required" and a named function force one tool call whose arguments follow the
+// tool's parameters; invalid values are 400s
+const tools = [
+  { type: 'function', function: { name: 'get_weather', description: 'Current weather of a city',
+    parameters: { type: 'object', properties: { city: { type: 'string', maxLength: 20 },
+      unit: { enum: ['c', 'f'] } }, required: ['city', 'unit'] } } },
+  { type: 'function', function: { name: 'add', description: 'Add two integers',
+    parameters: { type: 'object', properties: { a: { type: 'integer' }, b: { type: 'integer' } },
+      required: ['a', 'b'] } } },
+];
+const ask = [{ role: 'user', content: 'What is the weather in Paris?' }];
+function validCall(call) {
+  const args = JSON.parse(call.function.arguments);
+  if (call.function.name === 'get_weather')
+    return typeof args.city === 'string' && [...args.city].length <= 20 && ['c', 'f'].includes(args.unit);
+  if (call.function.name === 'add') return Number.isInteger(args.a) && Number.isInteger(args.b);
+  return false;
+}
+for (const seed of [11, 12]) {
+  const r = await client.chat.completions.create({ model: 'x', messages: ask, tools, tool_choice: 'required',
+    max_tokens: 120, temperature: 1, seed });
+  const calls = r.choices[0].message.tool_calls ?? [];
+  check(r.choices[0].finish_reason === 'tool_calls' && calls.length === 1 && validCall(calls[0]),
+        `tool_choice required seed ${seed}: ${JSON.stringify(calls)}`);
+}
+const named = await client.chat.completions.create({ model: 'x', messages: ask, tools, max_tokens: 120,
+  temperature: 1, seed: 13, tool_choice: { type: 'function', function: { name: 'add' } } });
+const nc = named.choices[0].message.tool_calls ?? [];
+check(nc.length === 1 && nc[0].function.name === 'add' && validCall(nc[0]), `named tool_choice: ${JSON.stringify(nc)}`);
+const streamed = await client.chat.completions.create({ model: 'x', messages: ask, tools, tool_choice: 'required',
+  max_tokens: 120, temperature: 1, seed: 14, stream: true });
+let streamedName = '', streamedArgs = '';
+for await (const chunk of streamed)
+  for (const c of chunk.choices)
+    for (const tc of c.delta.tool_calls ?? []) {
+      streamedName += tc.function?.name ?? '';
+      streamedArgs += tc.function?.arguments ?? '';
+    }
+check(validCall({ function: { name: streamedName, arguments: streamedArgs } }), `streamed required tool call: ${streamedName} ${streamedArgs}`);
+await rejects({ tools, tool_choice: { type: 'function', function: { name: 'nope' } } }, /"nope", which is not in tools/, 'unknown tool name is a 400');
+await rejects({ tool_choice: 'required' }, /needs tools/, 'required without tools is a 400');
+await rejects({ tools, tool_choice: 'sometimes' }, /tool_choice "sometimes"/, 'unknown tool_choice string is a 400');
+await rejects({ tools, tool_choice: 'required', response_format: { type: 'json_object' } }, /cannot be combined/, 'required with response_format');
 console.log('structured: all passed');
