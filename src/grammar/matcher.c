@@ -51,6 +51,7 @@ struct ci_grammar_matcher {
   size_t *key_off;
   uint32_t *key_hash;
   uint8_t *complete;
+  int8_t *plain_loop; /* every plain byte leads back to the state: 1, 0, -1 not known yet */
   int32_t *mask_slot; /* cached mask slot of each state, -1 none */
   int32_t *trans;     /* [n_states * 256] */
   int n_states, cap_states;
@@ -111,11 +112,13 @@ static int grow_states(ci_grammar_matcher *m) {
   if (hash) m->key_hash = hash;
   uint8_t *complete = realloc(m->complete, (size_t)cap);
   if (complete) m->complete = complete;
+  int8_t *loop = realloc(m->plain_loop, (size_t)cap);
+  if (loop) m->plain_loop = loop;
   int32_t *slot = realloc(m->mask_slot, (size_t)cap * sizeof *slot);
   if (slot) m->mask_slot = slot;
   int32_t *trans = realloc(m->trans, (size_t)cap * 256 * sizeof *trans);
   if (trans) m->trans = trans;
-  if (!off || !hash || !complete || !slot || !trans)
+  if (!off || !hash || !complete || !loop || !slot || !trans)
     return ci_fail("grammar matcher: out of memory");
   m->cap_states = cap;
   return CI_OK;
@@ -148,6 +151,7 @@ static int intern(ci_grammar_matcher *m, const int32_t *key, size_t n) {
     for (size_t i = 3, k = 0; k < (size_t)key[2]; k++, i += 1 + (size_t)key[i])
       if (key[i] == 0) complete = 1;
   m->complete[s] = (uint8_t)complete;
+  m->plain_loop[s] = -1;
   size_t i = h & m->table_mask;
   while (m->table[i]) i = (i + 1) & m->table_mask;
   m->table[i] = (uint32_t)s + 1;
@@ -428,6 +432,7 @@ void ci_grammar_matcher_free(ci_grammar_matcher *m) {
   free(m->key_off);
   free(m->key_hash);
   free(m->complete);
+  free(m->plain_loop);
   free(m->mask_slot);
   free(m->trans);
   free(m->table);
@@ -538,18 +543,53 @@ int ci_grammar_matcher_n_states(const ci_grammar_matcher *m) {
 
 /* ==== Masks ==== */
 
-/* The trie walk: every token whose bytes lead from the current state to a live state. */
+/* Whether every plain byte leads from s back to s (inside a JSON string, say): 1, 0, or -3 on
+ * failure. Most states fail on the first bytes tried. */
+static int plain_loop(ci_grammar_matcher *m, int s) {
+  if (m->plain_loop[s] >= 0) return m->plain_loop[s];
+  static const uint8_t probe[] = {'a', ' ', 'Z', '0', '{', '}', ':', ','};
+  int loops = 1;
+  for (size_t i = 0; i < sizeof probe && loops; i++) {
+    const int t = transition(m, s, probe[i]);
+    if (t == -3) return -3;
+    loops = t == s;
+  }
+  for (int b = 0x20; b <= 0x7E && loops; b++) {
+    if (!ci_grammar_plain_byte((uint8_t)b)) continue;
+    const int t = transition(m, s, b);
+    if (t == -3) return -3;
+    loops = t == s;
+  }
+  m->plain_loop[s] = (int8_t)loops;
+  return loops;
+}
+
+/* The trie walk: every token whose bytes lead from the current state to a live state. A plain
+ * subtree under a state that every plain byte keeps is allowed whole: its tokens are a
+ * contiguous run of token_ids, set without walking it. */
 static int walk_trie(ci_grammar_matcher *m, uint32_t *bits) {
   const ci_grammar_vocab *v = m->vocab;
   memset(bits, 0, (size_t)m->words * sizeof *bits);
   int32_t *st = m->walk;
   st[0] = m->current;
   const ci_grammar_trie_node *nodes = v->nodes;
+  const uint8_t *plain = v->plain;
   const int32_t *ids = v->token_ids;
   const int32_t *trans = m->trans; /* re-read after a transition is computed (may move) */
   for (int32_t k = 1; k < v->n_nodes;) {
     const ci_grammar_trie_node node = nodes[k];
     const int parent = st[node.depth - 1];
+    if (plain[k]) {
+      const int loops = plain_loop(m, parent);
+      if (loops == -3) return CI_ERR;
+      trans = m->trans;
+      if (loops) {
+        const int32_t last = node.end < v->n_nodes ? nodes[node.end].tokens : v->n_sorted;
+        for (int32_t t = node.tokens; t < last; t++) bits[ids[t] >> 5] |= 1u << (ids[t] & 31);
+        k = node.end;
+        continue;
+      }
+    }
     int s = trans[(size_t)parent * 256 + node.byte];
     if (s == T_UNKNOWN) {
       s = compute_transition(m, parent, node.byte);

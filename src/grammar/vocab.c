@@ -32,6 +32,7 @@ void ci_grammar_vocab_free(ci_grammar_vocab *v) {
   free(v->bytes);
   free(v->offset);
   free(v->nodes);
+  free(v->plain);
   free(v->token_ids);
   free(v);
 }
@@ -63,6 +64,34 @@ static void trie_arrays_free(trie_arrays *a) {
 
 static int build_trie_arrays(ci_grammar_vocab *v, trie_arrays *a);
 
+/* v->plain: a node is plain when its byte is and all its children are (children come after
+ * their parent in preorder, so one backward pass with each node's parent settles it). */
+static int mark_plain(ci_grammar_vocab *v) {
+  const int n = v->n_nodes;
+  v->plain = malloc((size_t)n);
+  int32_t *parent = malloc((size_t)n * sizeof *parent);
+  int32_t *open = malloc(((size_t)v->max_depth + 1) * sizeof *open);
+  if (!v->plain || !parent || !open) {
+    free(parent);
+    free(open);
+    return ci_fail("grammar vocabulary: out of memory");
+  }
+  open[0] = 0;
+  parent[0] = -1;
+  for (int k = 1; k < n; k++) {
+    const int d = v->nodes[k].depth;
+    parent[k] = open[d - 1];
+    open[d] = k;
+    v->plain[k] = (uint8_t)ci_grammar_plain_byte(v->nodes[k].byte);
+  }
+  v->plain[0] = 0;
+  for (int k = n - 1; k > 0; k--)
+    if (!v->plain[k] && parent[k] > 0) v->plain[parent[k]] = 0;
+  free(parent);
+  free(open);
+  return CI_OK;
+}
+
 /* Builds the trie, then packs it into v->nodes. */
 static int build_trie(ci_grammar_vocab *v) {
   trie_arrays a = {0};
@@ -78,6 +107,7 @@ static int build_trie(ci_grammar_vocab *v) {
                                          a.node_byte[k], (uint8_t)n};
   }
   trie_arrays_free(&a);
+  if (!rc) rc = mark_plain(v);
   return rc;
 }
 
@@ -101,6 +131,7 @@ static int build_trie_arrays(ci_grammar_vocab *v, trie_arrays *a) {
   a->node_end = malloc(cap * sizeof *a->node_end);
   a->node_tokens = malloc((cap + 1) * sizeof *a->node_tokens);
   v->token_ids = malloc(((size_t)n_sorted + 1) * sizeof *v->token_ids);
+  v->n_sorted = n_sorted;
   int32_t *open = malloc((MAX_TOKEN_BYTES + 2) * sizeof *open); /* open node at each depth */
   if (!a->node_byte || !a->node_depth || !a->node_end || !a->node_tokens || !v->token_ids ||
       !open) {

@@ -33,8 +33,17 @@ typedef struct {
   int n_nodes;
   int max_depth;
   ci_grammar_trie_node *nodes; /* [n_nodes] */
-  int32_t *token_ids;          /* ids sorted by their bytes */
+  uint8_t *plain;     /* [n_nodes] 1 when the node's byte and every byte below it is plain text
+                         (ci_grammar_plain_byte): a state that every plain byte leads back to
+                         allows the whole subtree */
+  int32_t *token_ids; /* ids sorted by their bytes */
+  int32_t n_sorted;   /* ids in token_ids (those with bytes) */
 } ci_grammar_vocab;
+
+/* Printable ASCII other than '"' and '\\' (what a JSON string takes as itself). */
+static inline int ci_grammar_plain_byte(uint8_t b) {
+  return b >= 0x20 && b <= 0x7E && b != '"' && b != '\\';
+}
 
 /* From a tokenizer, for a model of n_vocab ids (>= the tokenizer's; ids it lacks get no bytes).
  * Special added tokens get no bytes. NULL with ci_last_error on failure. */
