@@ -2,7 +2,7 @@
 // with chat.completions.parse() (parsed object validated here), json_object, streaming, the
 // grammar and json_schema extensions on /v1/completions and chat, 400s naming what is not
 // supported, and tool_choice required / named enforced (valid tool calls) with its 400s.
-import { OpenAI, base, check } from './common.mjs';
+import { Anthropic, OpenAI, base, check } from './common.mjs';
 
 const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'test-key', maxRetries: 0 });
 const messages = [{ role: 'user', content: 'Describe a Python list as JSON.' }];
@@ -128,4 +128,24 @@ await rejects({ tools, tool_choice: { type: 'function', function: { name: 'nope'
 await rejects({ tool_choice: 'required' }, /needs tools/, 'required without tools is a 400');
 await rejects({ tools, tool_choice: 'sometimes' }, /tool_choice "sometimes"/, 'unknown tool_choice string is a 400');
 await rejects({ tools, tool_choice: 'required', response_format: { type: 'json_object' } }, /cannot be combined/, 'required with response_format');
+// the Anthropic route: tool_choice any and tool are enforced the same way, as tool_use blocks
+const anthropic = new Anthropic({ baseURL: base, apiKey: 'test-key', maxRetries: 0 });
+const aTools = tools.map((t) => ({ name: t.function.name, description: t.function.description,
+  input_schema: t.function.parameters }));
+for (const tool_choice of [{ type: 'any' }, { type: 'tool', name: 'get_weather' }]) {
+  const m = await anthropic.messages.create({ model: 'x', max_tokens: 120, temperature: 1, messages: ask,
+    tools: aTools, tool_choice });
+  const uses = m.content.filter((b) => b.type === 'tool_use');
+  check(m.stop_reason === 'tool_use' && uses.length === 1 &&
+        (tool_choice.type === 'any' || uses[0].name === 'get_weather') &&
+        validCall({ function: { name: uses[0].name, arguments: JSON.stringify(uses[0].input) } }),
+        `anthropic tool_choice ${tool_choice.type}: ${JSON.stringify(uses)}`);
+}
+try {
+  await anthropic.messages.create({ model: 'x', max_tokens: 4, messages: ask, tools: aTools,
+    tool_choice: { type: 'tool', name: 'nope' } });
+  check(false, 'anthropic unknown tool name');
+} catch (e) {
+  check(e.status === 400 && /nope.{0,4}, which is not in tools/.test(e.message), `anthropic unknown tool name: ${e.message}`);
+}
 console.log('structured: all passed');
