@@ -181,6 +181,18 @@ typedef struct {
   /* Sessions only (an engine sets these for all its requests). */
   int context_size;  /* positions a session may hold; 0 = the model's context length */
   int prefill_chunk; /* prompt tokens per forward pass while feeding; 0 = 2048 */
+  /* Structured output (docs/generation.md §4.2): the generated text is constrained to a grammar;
+   * every token it does not allow next is masked before sampling, EOS only once the text is
+   * complete. At most one of: grammar, GBNF text (llama.cpp's format, start rule "root"); or
+   * json_schema, a JSON Schema as JSON text (json_schema_strict: objects admit no property the
+   * schema does not list, as OpenAI's strict mode; else additionalProperties decides, default
+   * any). Borrowed: compiled by the function that takes the params. A bad grammar or an
+   * unsupported schema keyword is CINFER_INVALID_ARGUMENT (sessions) or CINFER_REJECTED (engine
+   * submit) with a message naming it. A session's grammar restarts with each feed. */
+  const char *grammar;
+  const char *grammar_root; /* the GBNF start rule; NULL = "root" */
+  const char *json_schema;
+  int json_schema_strict;
 } cinfer_params;
 
 /* Fills the defaults: the built-in sampling defaults (temperature 0.7, filters off, penalty
@@ -578,6 +590,8 @@ typedef struct {
                              not parsed (Gemma 4 call tokens still are, with any name) */
   int tools_off;          /* tool_choice "none": no call is parsed, their text stays content */
   int raw_text;           /* plain completion: no reasoning or tool-call parsing at all */
+  int hermes_tool_calls;  /* read tool calls as hermes JSON text even where the format has its
+                             own call tokens (a call the request's grammar forced as text) */
   const char *prompt;     /* the rendered prompt (may be NULL): an answer that starts inside an
                              open <think> or channel begins as reasoning */
   size_t prompt_len;
@@ -615,6 +629,19 @@ const char *cinfer_chat_output_stop_string(const cinfer_chat_output *output);
 
 /* Tokens of the answer that were reasoning (between <think> and </think>, or in a channel). */
 int cinfer_chat_output_reasoning_tokens(const cinfer_chat_output *output);
+
+/* ==== Grammars (structured output) ==== */
+
+/* Compiles a JSON Schema (JSON text; strict as cinfer_params.json_schema_strict) to GBNF with
+ * start rule "root", so a program can compose it into a larger grammar (a tool call around
+ * arguments). *gbnf is freed with cinfer_free. CINFER_INVALID_ARGUMENT naming an unsupported
+ * keyword or malformed JSON. */
+cinfer_status cinfer_json_schema_to_gbnf(const char *schema_json, size_t len, int strict,
+                                         char **gbnf);
+
+/* Checks GBNF text (llama.cpp's format) with start rule root (NULL = "root"): CINFER_OK, or
+ * CINFER_INVALID_ARGUMENT with a message naming the line and column of the problem. */
+cinfer_status cinfer_grammar_check(const char *gbnf, size_t len, const char *root);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,7 @@
 /* Live-server tests: starts `cinfer serve --model models/starter` on a random loopback port,
  * waits for /health, runs the node SDK scripts in tests/server (openai, @anthropic-ai/sdk,
- * malformed requests, the cinfer extensions and CORS, a bounded load test) and stops the server
- * with SIGINT (exit code 0). */
+ * malformed requests, the cinfer extensions and CORS, structured output, a bounded load test) and
+ * stops the server with SIGINT (exit code 0). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -154,6 +154,11 @@ static void test_extensions(void **state) {
   assert_int_equal(run_node(s->port, "extensions.mjs", NULL, NULL), 0);
 }
 
+static void test_structured_output(void **state) {
+  server *s = *state;
+  assert_int_equal(run_node(s->port, "structured.mjs", NULL, NULL), 0);
+}
+
 static void test_load(void **state) {
   server *s = *state;
   assert_int_equal(run_node(s->port, "load.mjs", LOAD_CLIENTS, LOAD_SECONDS), 0);
@@ -166,6 +171,7 @@ int main(void) {
       cmocka_unit_test(test_anthropic_sdk),
       cmocka_unit_test(test_malformed_requests),
       cmocka_unit_test(test_extensions),
+      cmocka_unit_test(test_structured_output),
       cmocka_unit_test(test_load),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -248,6 +248,53 @@ static void test_timings(void **state) {
   ci_srv_gen_free(&g);
 }
 
+/* A template that drops `tools`: the tools go into a system prompt, assistant tool calls become
+ * hermes text (never "None"). */
+static void test_tool_prompt_injection(void **state) {
+  fixture *f = *state;
+  json_t *tools = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                             "\"parameters\":{\"type\":\"object\"}}}]",
+                             0, NULL);
+  json_t *messages = json_loads(
+      "[{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\",\"content\":null,"
+      "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":"
+      "\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}}]}]",
+      0, NULL);
+  assert_non_null(tools);
+  assert_non_null(messages);
+  json_t *injected = ci_srv_inject_tool_prompt(messages, tools);
+  assert_non_null(injected);
+  assert_int_equal(json_array_size(injected), 3);
+  const char *system = json_string_value(json_object_get(json_array_get(injected, 0), "content"));
+  assert_non_null(strstr(system, "get_weather"));
+  assert_non_null(strstr(system, "<tool_call>"));
+  json_t *request = json_pack("{s:O, s:b}", "messages", injected, "add_generation_prompt", 1);
+  char *request_text = json_dumps(request, JSON_COMPACT);
+  char *text = NULL;
+  size_t len = 0;
+  assert_int_equal(cinfer_chat_template_render(f->tmpl, request_text, &text, &len), CINFER_OK);
+  assert_null(strstr(text, "None"));
+  assert_non_null(strstr(text, "<|turn>assistant\n<tool_call>\n{\"name\":\"get_weather\","
+                               "\"arguments\":{\"city\":\"Paris\"}}\n</tool_call><turn|>"));
+  cinfer_free(text);
+  free(request_text);
+  json_decref(request);
+  /* a first system message gets the prompt appended */
+  json_t *with_system = json_loads("[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                                   "{\"role\":\"user\",\"content\":\"Hi\"}]",
+                                   0, NULL);
+  json_t *merged = ci_srv_inject_tool_prompt(with_system, tools);
+  assert_int_equal(json_array_size(merged), 2);
+  system = json_string_value(json_object_get(json_array_get(merged, 0), "content"));
+  const char *head = "Be brief.\n\nYou can call functions.";
+  assert_true(strncmp(system, head, strlen(head)) == 0);
+  json_decref(merged);
+  json_decref(with_system);
+  json_decref(injected);
+  json_decref(messages);
+  json_decref(tools);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_formats_detected),
@@ -256,6 +303,7 @@ int main(void) {
       cmocka_unit_test(test_cut_by_max_tokens),
       cmocka_unit_test(test_prompt_primed_channel),
       cmocka_unit_test(test_timings),
+      cmocka_unit_test(test_tool_prompt_injection),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

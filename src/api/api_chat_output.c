@@ -171,9 +171,10 @@ cinfer_status cinfer_chat_output_create(const cinfer_chat_format *format,
   if (!failed && format->think_format && !raw)
     failed = !(o->split = ci_reasoning_split_create(reasoning_open));
   o->in_think = reasoning_open;
-  if (!failed && o->tool_defs && !options->tools_off && !raw && !format->gemma_calls)
+  const int hermes = options->hermes_tool_calls;
+  if (!failed && o->tool_defs && !options->tools_off && !raw && (!format->gemma_calls || hermes))
     failed = !(o->tools = ci_tool_parser_create(o->tool_defs));
-  const int gemma_calls = format->gemma_calls && !options->tools_off && !raw;
+  const int gemma_calls = format->gemma_calls && !options->tools_off && !raw && !hermes;
   const int gemma_channels = format->gemma_channels && !raw;
   if (!failed && (gemma_channels || gemma_calls)) {
     const ci_gemma_output_options go = {.channels = gemma_channels,

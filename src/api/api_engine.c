@@ -113,9 +113,18 @@ cinfer_status cinfer_engine_submit(cinfer_engine *engine, const int32_t *prompt,
                        "this model's maximum context length is %lld tokens; the request needs "
                        "%lld (prompt %zu + max_tokens %d)",
                        (long long)ctx, (long long)n_prompt + r.max_tokens, n_prompt, r.max_tokens);
+  ci_grammar *grammar;
+  ci_grammar_vocab *grammar_vocab;
+  status = ci_api_grammar(engine->model, params, CINFER_REJECTED, &grammar, &grammar_vocab);
+  if (status != CINFER_OK) return status;
   cinfer_request *request = calloc(1, sizeof *request);
-  if (!request) return ci_api_fail(CINFER_ERROR, "out of memory for a request");
+  if (!request) {
+    ci_grammar_free(grammar);
+    return ci_api_fail(CINFER_ERROR, "out of memory for a request");
+  }
   ci_engine_job job = {0};
+  job.grammar = grammar; /* the request takes its own reference */
+  job.grammar_vocab = grammar_vocab;
   job.prompt = prompt;
   job.n_prompt = (int)n_prompt;
   job.max_tokens = r.max_tokens;
@@ -126,7 +135,9 @@ cinfer_status cinfer_engine_submit(cinfer_engine *engine, const int32_t *prompt,
   job.kv_start = r.kv_start;
   job.kv_protect = r.kv_protect;
   job.top_logprobs = params->top_logprobs;
-  switch (ci_engine_submit(engine->engine, &job, &request->request)) {
+  const ci_engine_verdict verdict = ci_engine_submit(engine->engine, &job, &request->request);
+  ci_grammar_free(grammar);
+  switch (verdict) {
   case CI_ENGINE_SUBMITTED:
     *out = request;
     return CINFER_OK;

@@ -7,11 +7,15 @@
 #include "cinfer.h"
 #include "engine/generate.h"
 #include "engine/model_open.h"
+#include "grammar/grammar.h"
+#include "grammar/vocab.h"
 #include "io/generation_config.h"
 #include "sample/sampler.h"
 #include "text/chat_template.h"
 #include "text/gemma_output.h"
 #include "text/tokenizer.h"
+
+#include <pthread.h>
 
 /* The public text handles wrap the internal ones; a model's are views of its own. */
 struct cinfer_tokenizer {
@@ -46,6 +50,9 @@ struct cinfer_model {
   char template_error[256];                /* why chat_template is NULL */
   ci_generation_config generation;         /* generation_config.json (has_ flags 0 when absent) */
   ci_eos_set eos; /* config.json ∪ generation_config.json ∪ tokenizer eos_token */
+
+  pthread_mutex_t grammar_mu;      /* guards grammar_vocab */
+  ci_grammar_vocab *grammar_vocab; /* owned; built on the first grammar-constrained request */
 };
 
 /* cinfer_params resolved for one sequence. */
@@ -68,6 +75,13 @@ cinfer_status ci_api_resolve_kv(const cinfer_params *params, ci_api_resolved *ou
  * CINFER_INVALID_ARGUMENT with the reason as the last error. */
 cinfer_status ci_api_resolve(const cinfer_model *model, const cinfer_params *params,
                              ci_api_resolved *out);
+
+/* The grammar of params (grammar or json_schema; *grammar NULL when neither) and the model's
+ * token bytes for it (*vocab borrowed from the model; built on first use). Returns CINFER_OK,
+ * `invalid` naming the problem (a bad grammar or schema, both given), or CINFER_UNSUPPORTED
+ * (the model has no tokenizer). */
+cinfer_status ci_api_grammar(cinfer_model *model, const cinfer_params *params,
+                             cinfer_status invalid, ci_grammar **grammar, ci_grammar_vocab **vocab);
 
 /* Records a message as the last error and returns status (for `return ci_api_fail(...)`). */
 cinfer_status ci_api_fail(cinfer_status status, const char *fmt, ...)

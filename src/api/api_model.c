@@ -51,6 +51,7 @@ cinfer_status cinfer_model_load(const char *path, const cinfer_model_options *op
     return ci_api_fail(CINFER_INVALID_ARGUMENT, "gpu must be >= 0 (got %d)", options->gpu);
   cinfer_model *m = calloc(1, sizeof *m);
   if (!m) return ci_api_fail(CINFER_ERROR, "out of memory for a model");
+  pthread_mutex_init(&m->grammar_mu, NULL);
   m->dir = ci_model_path_resolve(path);
   const ci_device_options device = {options->device, options->gpu, options->n_threads};
   m->model = m->dir ? ci_model_open_on(m->dir, &device) : NULL;
@@ -70,6 +71,8 @@ cinfer_status cinfer_model_load(const char *path, const cinfer_model_options *op
 void cinfer_model_free(cinfer_model *model) {
   if (!model) return;
   ci_chat_template_free(model->chat_template);
+  ci_grammar_vocab_free(model->grammar_vocab);
+  pthread_mutex_destroy(&model->grammar_mu);
   ci_tokenizer_free(model->tokenizer);
   ci_model_close(model->model);
   free(model->dir);

@@ -9,6 +9,7 @@
 #include "engine/finish_rule.h"
 #include "engine/session.h"
 #include "sample/logprobs.h"
+#include "grammar/matcher.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -31,6 +32,11 @@ struct cinfer_session {
   int has_logits;     /* logits are those of the current n_run */
   float *scratch;     /* [vocab] the sampler's working copy; owned */
   size_t n_generated; /* sampled in the current turn */
+
+  ci_grammar *grammar;             /* owned reference; NULL when unconstrained */
+  ci_grammar_vocab *grammar_vocab; /* the model's */
+  ci_grammar_matcher *matcher;     /* owned: the current turn's, created at its first step */
+
   cinfer_finish finish;
   atomic_int cancelled;
   int has_sampled;         /* the sampler's log-probabilities are those of the last step's token */
@@ -71,6 +77,11 @@ cinfer_status cinfer_session_create(cinfer_model *model, const cinfer_params *pa
     cinfer_session_free(s);
     return status;
   }
+  status = ci_api_grammar(model, params, CINFER_INVALID_ARGUMENT, &s->grammar, &s->grammar_vocab);
+  if (status != CINFER_OK) {
+    cinfer_session_free(s);
+    return status;
+  }
   s->context_size =
       params->context_size > 0 ? params->context_size : ci_model_context_length(model->model);
   s->prefill_chunk = params->prefill_chunk > 0 ? params->prefill_chunk : DEFAULT_PREFILL_CHUNK;
@@ -101,6 +112,8 @@ void cinfer_session_free(cinfer_session *session) {
   if (!session) return;
   ci_session_free(session->seq);
   ci_sampler_free(session->sampler);
+  ci_grammar_matcher_free(session->matcher);
+  ci_grammar_free(session->grammar);
   free(session->tokens);
   free(session->logits);
   free(session->scratch);
@@ -180,6 +193,8 @@ cinfer_status cinfer_session_feed(cinfer_session *session, const int32_t *ids, s
   }
   session->finish = CINFER_FINISH_NONE;
   session->n_generated = 0;
+  ci_grammar_matcher_free(session->matcher); /* the grammar restarts with the turn */
+  session->matcher = NULL;
   atomic_store(&session->cancelled, 0);
   if (append_tokens(session, ids, n_ids) != CINFER_OK) return CINFER_ERROR;
   const cinfer_status status = run_pending(session, logits, n_logit_rows);
@@ -238,10 +253,25 @@ cinfer_status cinfer_session_step(cinfer_session *session, int32_t *token) {
   }
   /* docs/generation.md §3: sample, count, then the finish rule (EOS > length). */
   memcpy(s->scratch, s->logits, (size_t)s->vocab * sizeof *s->scratch);
+  if (s->grammar) { /* the grammar mask (processor 5 of §4.2) */
+    if (!s->matcher && !(s->matcher = ci_grammar_matcher_create(s->grammar, s->grammar_vocab)))
+      return ci_api_fail(CINFER_ERROR, "%s", ci_last_error());
+    const int allowed =
+        ci_grammar_matcher_apply(s->matcher, s->scratch, s->params.eos.ids, s->params.eos.n);
+    if (allowed < 0) return ci_api_fail(CINFER_ERROR, "%s", ci_last_error());
+    if (allowed == 0) {
+      if (!ci_grammar_matcher_is_complete(s->matcher))
+        return ci_api_fail(CINFER_ERROR, "the grammar allows no token of the vocabulary here");
+      return finish(s, CINFER_FINISH_STOP, token); /* complete, and nothing may follow */
+    }
+  }
   s->has_sampled = 0; /* the sampler's log-probabilities change now */
   const int32_t next = ci_sampler_next(s->sampler, s->scratch, s->tokens, s->n_tokens);
   if (next < 0) return CINFER_ERROR;
   s->has_sampled = 1;
+  if (s->matcher && !ci_eos_set_contains(&s->params.eos, next) &&
+      ci_grammar_matcher_accept_token(s->matcher, next))
+    return ci_api_fail(CINFER_ERROR, "%s", ci_last_error());
   if (append_tokens(s, &next, 1) != CINFER_OK) return CINFER_ERROR;
   s->last_token_at = ci_now_seconds();
   if (s->n_generated == 0) s->first_token_at = s->last_token_at;
@@ -298,6 +328,8 @@ cinfer_status cinfer_session_reset(cinfer_session *session) {
   ci_sampler_free(session->sampler);
   session->sampler = sampler;
   session->n_tokens = session->n_run = session->n_generated = session->n_synthetic = 0;
+  ci_grammar_matcher_free(session->matcher);
+  session->matcher = NULL;
   session->has_logits = 0;
   session->finish = CINFER_FINISH_NONE;
   session->turn_open = 0;

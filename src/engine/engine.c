@@ -43,6 +43,7 @@ struct ci_engine_request {
   ci_sampler *sampler;
   int owns_sampler;
   int64_t reservation; /* bytes */
+  ci_grammar_matcher *matcher; /* owned; NULL when unconstrained */
   /* engine-side progress */
   ci_kv_seq *seq;
   int n_prefilled;   /* prompt tokens whose KV is stored */
@@ -163,6 +164,7 @@ int ci_engine_request_next(ci_engine_request *r, ci_engine_event *event, double 
 static void request_destroy(ci_engine_request *r) {
   free(r->history);
   if (r->owns_sampler) ci_sampler_free(r->sampler);
+  ci_grammar_matcher_free(r->matcher);
   ci_kv_seq_free(r->seq);
   free(r->events);
   pthread_mutex_destroy(&r->mu);
@@ -431,15 +433,21 @@ ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
   if (job->top_logprobs < 0 || job->top_logprobs > CI_ENGINE_MAX_TOP_LOGPROBS)
     return ci_fail("top_logprobs must be an integer between 0 and 20"), CI_ENGINE_REJECTED;
   if (!job->sampler && ci_sampler_params_validate(&job->sampling, vocab)) return CI_ENGINE_REJECTED;
+  if (job->grammar && (!job->grammar_vocab || job->grammar_vocab->n_vocab != vocab))
+    return ci_fail("a grammar needs the token bytes of the model's %d-token vocabulary", vocab),
+           CI_ENGINE_REJECTED;
   ci_engine_request *r = calloc(1, sizeof *r);
   if (!r) return ci_fail("out of memory"), CI_ENGINE_OUT_OF_MEMORY;
   r->engine = e;
   r->history = malloc((size_t)n_total * sizeof *r->history);
   r->owns_sampler = !job->sampler;
   r->sampler = job->sampler ? job->sampler : ci_sampler_create(&job->sampling, vocab);
-  if (!r->history || !r->sampler) { /* the parameters were valid: memory ran out */
+  if (job->grammar) r->matcher = ci_grammar_matcher_create(job->grammar, job->grammar_vocab);
+  if (!r->history || !r->sampler || (job->grammar && !r->matcher)) {
+    /* the parameters were valid: memory ran out */
     if (!r->history) ci_fail("out of memory");
     free(r->history);
+    ci_grammar_matcher_free(r->matcher);
     if (r->owns_sampler) ci_sampler_free(r->sampler);
     free(r);
     return CI_ENGINE_OUT_OF_MEMORY;
@@ -729,8 +737,22 @@ typedef struct {
  * (the request failed); *finished says it ended (EOS or length). */
 static int sample_next(ci_engine *e, ci_engine_request *r, float *logits, int *finished,
                        ci_finish_reason *finish) {
+  if (r->matcher) { /* the grammar mask (processor 5; -inf commutes with processors 1-4) */
+    const int allowed = ci_grammar_matcher_apply(r->matcher, logits, r->eos.ids, r->eos.n);
+    if (allowed < 0) return CI_ERR;
+    if (allowed == 0) {
+      if (!ci_grammar_matcher_is_complete(r->matcher))
+        return ci_fail("the grammar allows no token of the vocabulary here");
+      *finished = 1; /* complete, nothing may follow and no EOS to sample */
+      *finish = CI_FINISH_STOP;
+      return CI_OK;
+    }
+  }
   const int32_t token = ci_sampler_next(r->sampler, logits, r->history, (size_t)r->n_history);
   if (token < 0) return CI_ERR;
+  if (r->matcher && !ci_eos_set_contains(&r->eos, token) &&
+      ci_grammar_matcher_accept_token(r->matcher, token))
+    return CI_ERR;
   *finished = take_token(e, r, token, finish);
   return CI_OK;
 }

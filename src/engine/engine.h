@@ -11,6 +11,7 @@
 #define CI_ENGINE_ENGINE_H
 
 #include "engine/generate.h"
+#include "grammar/matcher.h"
 #include "io/generation_config.h"
 #include "model/model.h"
 #include "sample/sampler.h"
@@ -55,6 +56,12 @@ typedef struct {
   ci_sampler *sampler; /* NULL: the engine creates one from `sampling`; else borrowed (its seed
                           and output index continue): the caller leaves it alone until it has
                           read the request's final event */
+  ci_grammar *grammar; /* NULL, or the constraint on the output (docs/generation.md §4.2): the
+                          request takes a reference and its own matcher over grammar_vocab; every
+                          token the grammar does not allow next is masked (-inf) before the
+                          sampler, EOS only when the grammar is complete; a complete grammar
+                          that allows nothing more ends the request (stop) */
+  ci_grammar_vocab *grammar_vocab; /* the token bytes of the model's vocabulary (with grammar) */
 } ci_engine_job;
 
 typedef enum {

@@ -262,6 +262,29 @@ static void produce_messages(ci_srv_stream *st) {
 
 /* ==== Route ==== */
 
+/* Anthropic tool_choice {type: auto | any | tool (name) | none} as OpenAI's (auto, required, a
+ * named function, none) for ci_srv_parse_tool_choice. Returns 0 or fills *err. */
+static int tool_choice(ci_server *s, const json_t *choice, const json_t *tools, ci_srv_job *job,
+                       char **err) {
+  if (!choice || json_is_null(choice)) return 0;
+  const char *type = json_string_value(json_object_get(choice, "type"));
+  if (!json_is_object(choice) || !type)
+    return fail(err, "tool_choice must be an object {\"type\": \"auto\" | \"any\" | \"tool\" | "
+                     "\"none\"}");
+  json_t *mapped = NULL;
+  if (!strcmp(type, "any"))
+    mapped = json_string("required");
+  else if (!strcmp(type, "tool"))
+    mapped = json_pack("{s:s, s:{s:O?}}", "type", "function", "function", "name",
+                       json_object_get(choice, "name"));
+  else if (strcmp(type, "auto") && strcmp(type, "none"))
+    return fail(err, "tool_choice.type must be one of auto, any, tool, none");
+  if (!mapped) return 0;
+  const int rc = ci_srv_parse_tool_choice(s, tools, mapped, job, err);
+  json_decref(mapped);
+  return rc;
+}
+
 int ci_anthropic_messages(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream) {
   char *err = NULL;
   ci_srv_job job;
@@ -276,6 +299,7 @@ int ci_anthropic_messages(ci_server *s, json_t *body, json_t **out, ci_srv_strea
   if (err || !(messages = map_messages(body, &err)) ||
       !(tools = map_tools(json_object_get(body, "tools"), &err)) ||
       ci_srv_parse_sampling(s, body, 1, &job, 0, &err) ||
+      tool_choice(s, choice, tools, &job, &err) ||
       (job.tools_off = tools_off,
        ci_srv_tokenize_chat(s, messages, tools_off ? NULL : tools, NULL, &job, &err))) {
     const char *code = job.err_code ? job.err_code : "invalid_value";

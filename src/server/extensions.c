@@ -202,5 +202,6 @@ int ci_srv_parse_extensions(ci_server *s, const json_t *body, ci_srv_job *job, c
       (!json_is_integer(num_draft) || json_integer_value(num_draft) < 0 ||
        json_integer_value(num_draft) > 64))
     return fail(err, "num_draft must be an integer between 0 and 64");
+  if (ci_srv_parse_structured(s, body, job, err)) return -1;
   return parse_kv(s, json_object_get(body, "kv"), job, err);
 }

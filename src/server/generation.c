@@ -87,6 +87,7 @@ void ci_srv_job_free(ci_srv_job *j) {
   for (int i = 0; i < j->n_stop; i++) free(j->stop[i]);
   free(j->stop);
   json_decref(j->tools);
+  free(j->grammar);
   memset(j, 0, sizeof *j);
 }
 
@@ -250,6 +251,23 @@ static int cut_after_final_message(const char *rendered, size_t *len, const char
   return -1;
 }
 
+/* Whether request (which has tools) renders as it does without them: rendered[0..len) is its
+ * rendering with the tools. */
+static int template_ignores_tools(ci_server *s, json_t *request, const char *rendered, size_t len) {
+  json_t *tools = json_incref(json_object_get(request, "tools"));
+  json_object_del(request, "tools");
+  char *text = json_dumps(request, JSON_COMPACT), *plain = NULL;
+  size_t plain_len = 0;
+  const int same =
+      text &&
+      cinfer_chat_template_render(s->o.chat_template, text, &plain, &plain_len) == CINFER_OK &&
+      plain_len == len && memcmp(plain, rendered, len) == 0;
+  free(text);
+  cinfer_free(plain);
+  json_object_set_new(request, "tools", tools);
+  return same;
+}
+
 int ci_srv_tokenize_chat(ci_server *s, json_t *messages, json_t *tools, const json_t *kwargs,
                          ci_srv_job *job, char **err) {
   if (!s->o.chat_template) return *err = strdup("model has no chat template"), -1;
@@ -274,15 +292,40 @@ int ci_srv_tokenize_chat(ci_server *s, json_t *messages, json_t *tools, const js
     return *err = strdup("out of memory"), -1;
   }
   char *request_text = json_dumps(request, JSON_COMPACT);
-  json_decref(request);
-  if (!request_text) return *err = strdup("out of memory"), -1;
+  if (!request_text) {
+    json_decref(request);
+    return *err = strdup("out of memory"), -1;
+  }
   char *rendered = NULL;
   size_t len = 0;
   const cinfer_status rendered_status =
       cinfer_chat_template_render(s->o.chat_template, request_text, &rendered, &len);
-  free(request_text);
-  if (rendered_status != CINFER_OK)
+  if (rendered_status != CINFER_OK) {
+    free(request_text);
+    json_decref(request);
     return *err = dup_printf("chat template: %s", cinfer_last_error()), -1;
+  }
+  free(request_text);
+  if (json_object_get(request, "tools") && template_ignores_tools(s, request, rendered, len)) {
+    /* the template drops the tools: tell the model about them in a system prompt instead */
+    json_t *injected = ci_srv_inject_tool_prompt(messages, tools);
+    cinfer_free(rendered);
+    rendered = NULL;
+    int failed = !injected || json_object_set_new(request, "messages", injected) ||
+                 json_object_del(request, "tools");
+    char *injected_text = failed ? NULL : json_dumps(request, JSON_COMPACT);
+    failed = failed || !injected_text ||
+             cinfer_chat_template_render(s->o.chat_template, injected_text, &rendered, &len) !=
+                 CINFER_OK;
+    free(injected_text);
+    if (failed) {
+      json_decref(request);
+      return *err =
+                 dup_printf("chat template: %s", injected ? cinfer_last_error() : "out of memory"),
+             -1;
+    }
+  }
+  json_decref(request);
   if (job->continue_final && cut_after_final_message(rendered, &len, last_content)) {
     cinfer_free(rendered);
     return *err = strdup("continue_final_message: the template's rendering does not contain the "
@@ -344,6 +387,8 @@ int ci_srv_gen_start(ci_server *s, ci_srv_job *job, ci_srv_gen *g, int anthropic
   params.stop_token_ids = job->stop_ids;
   params.n_stop_token_ids = (size_t)job->n_stop_ids;
   params.top_logprobs = job->top_logprobs;
+  params.grammar = job->grammar; /* structured output and forced tool calls */
+  params.grammar_root = job->grammar_root;
   const cinfer_status status =
       cinfer_engine_submit(s->o.engine, job->prompt, (size_t)job->n_prompt, &params, &g->req);
   if (status != CINFER_OK) {
@@ -375,6 +420,7 @@ void ci_srv_gen_init_text(ci_server *s, ci_srv_job *job, ci_srv_gen *g) {
                                               .tools_json = tools_json,
                                               .tools_off = job->tools_off,
                                               .raw_text = job->raw_text,
+                                              .hermes_tool_calls = job->forced_tool_call,
                                               .prompt = job->rendered,
                                               .prompt_len = job->rendered_len};
   const int failed = (job->tools && !tools_json) ||

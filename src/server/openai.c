@@ -375,7 +375,7 @@ static int start_and_answer(ci_server *s, ci_srv_job *job, int kind, int stream,
   return code;
 }
 
-/* Common OpenAI checks: n, logprobs, response_format. */
+/* Common OpenAI checks: n, logprobs (response_format: ci_srv_parse_structured). */
 static int check_common(const json_t *body, ci_srv_job *job, int chat, char **err) {
   const json_t *n = json_object_get(body, "n");
   if (n && !json_is_null(n) && (!json_is_integer(n) || json_integer_value(n) != 1))
@@ -392,12 +392,6 @@ static int check_common(const json_t *body, ci_srv_job *job, int chat, char **er
       if (!job->logprobs) return *err = strdup("top_logprobs needs logprobs: true"), -1;
       job->top_logprobs = (int)json_integer_value(top);
     }
-    const json_t *rf = json_object_get(body, "response_format");
-    const char *type = json_string_value(json_object_get(rf, "type"));
-    if (rf && !json_is_null(rf) && !(type && !strcmp(type, "text")))
-      return *err = strdup("response_format is not supported yet (structured output is not "
-                           "implemented); omit it or use {\"type\": \"text\"}"),
-             -1;
   } else if (lp && !json_is_null(lp)) {
     if (!json_is_integer(lp) || json_integer_value(lp) < 0 || json_integer_value(lp) > 20)
       return *err = strdup("logprobs must be an integer between 0 and 20"), -1;
@@ -425,6 +419,7 @@ int ci_openai_chat(ci_server *s, json_t *body, json_t **out, ci_srv_stream **str
       check_common(body, &job, 1, &err) || check_tools(tools, &err) ||
       !(messages = normalize_messages(json_object_get(body, "messages"), &err)) ||
       ci_srv_parse_sampling(s, body, 0, &job, 65536, &err) ||
+      ci_srv_parse_tool_choice(s, tools, choice, &job, &err) ||
       (job.tools_off = tools_off,
        ci_srv_tokenize_chat(s, messages, tools_off ? NULL : (json_t *)tools, kwargs, &job, &err))) {
     const char *code = job.err_code ? job.err_code : "invalid_value";

@@ -143,8 +143,12 @@ typedef struct {
   /* extensions (docs/server.md "Extensions") */
   int32_t stop_ids[CI_SRV_MAX_STOP_IDS]; /* stop_token_ids, then the chat format's stop tokens */
   int n_stop_ids;
-  int continue_final;   /* continue_final_message */
-  const char *err_code; /* set with a parse error that is not "invalid_value" */
+  int continue_final;       /* continue_final_message */
+  char *grammar;            /* owned GBNF: response_format / grammar / json_schema / a forced
+                               tool call; NULL = free text */
+  const char *grammar_root; /* its start rule (static; NULL = "root") */
+  int forced_tool_call;     /* the grammar is a tool call (tool_choice required or named) */
+  const char *err_code;     /* set with a parse error that is not "invalid_value" */
 } ci_srv_job;
 
 void ci_srv_job_free(ci_srv_job *j);
@@ -189,6 +193,26 @@ int ci_srv_tokenize_chat(ci_server *s, json_t *messages, json_t *tools, const js
  * continue_final_message. ci_srv_parse_sampling calls it. Returns 0 or fills *err (and
  * job->err_code for unsupported values). */
 int ci_srv_parse_extensions(ci_server *s, const json_t *body, ci_srv_job *job, char **err);
+
+/* Structured output (response_format, grammar, json_schema) into job->grammar (GBNF, checked
+ * through the public API); an unsupported
+ * schema feature or a bad grammar fills *err naming it (a 400). ci_srv_parse_extensions calls
+ * it. Returns 0 or -1. */
+int ci_srv_parse_structured(ci_server *s, const json_t *body, ci_srv_job *job, char **err);
+
+/* tool_choice (OpenAI chat): none and auto change nothing here; "required" or {"type":
+ * "function", "function": {"name": N}} set job->grammar to one hermes tool call
+ * (<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>) of the tools (or of N), the
+ * arguments constrained to the tool's parameters schema. An unknown string, an unknown name,
+ * "required" without tools or a request that already has a grammar fills *err (a 400). */
+int ci_srv_parse_tool_choice(ci_server *s, const json_t *tools, const json_t *choice,
+                             ci_srv_job *job, char **err);
+
+/* messages for a chat template that does not render `tools`: a generic tool-use system prompt
+ * (the tools as JSON and the hermes call format) merged into the first system message or put
+ * before the messages, and assistant tool calls written out as hermes text (a template without
+ * tool support would render a null content as "None"). NULL on out of memory. */
+json_t *ci_srv_inject_tool_prompt(const json_t *messages, const json_t *tools);
 
 /* Route handlers: return the HTTP status and either *body (JSON) or *stream (SSE, owned by
  * the response afterwards). */

@@ -438,3 +438,82 @@ int tok_decoder_apply(const tok_decoder *d, tok_buf *arena, tok_spans *tokens, t
   *scratch = tmp;
   return CI_OK;
 }
+
+/* ==== One token's bytes ==== */
+
+/* The per-token part of one decoder step on s[0..n) as it acts on a token in the middle of a
+ * text: ByteLevel and ByteFallback give raw bytes (no U+FFFD for a partial character), Metaspace
+ * turns its replacement into a space, Replace and BPEDecoder act as on any token, Strip and
+ * Fuse change nothing (Strip acts on the text's ends only), WordPiece drops its prefix or adds a
+ * space. */
+static int token_bytes_step(const tok_decoder *d, const char *s, size_t n, tok_buf *out) {
+  const char *type = d->kind->type;
+  if (!strcmp(type, "Sequence")) {
+    tok_buf cur = {0};
+    int rc = tok_buf_append(&cur, s, n);
+    for (size_t i = 0; i < d->n_children && rc == CI_OK; i++) {
+      tok_buf next = {0};
+      rc = token_bytes_step(d->children[i], cur.data ? cur.data : "", cur.len, &next);
+      tok_buf_free(&cur);
+      cur = next;
+    }
+    if (rc == CI_OK) rc = tok_buf_append(out, cur.data ? cur.data : "", cur.len);
+    tok_buf_free(&cur);
+    return rc;
+  }
+  if (!strcmp(type, "ByteLevel")) {
+    const size_t start = out->len;
+    for (size_t i = 0; i < n;) {
+      uint32_t cp;
+      i += tok_utf8_next(s, n, i, &cp);
+      const int b = tok_bytelevel_byte(cp);
+      if (b < 0) { /* outside the alphabet: the token's own bytes */
+        out->len = start;
+        return tok_buf_append(out, s, n);
+      }
+      const char c = (char)b;
+      if (tok_buf_append(out, &c, 1)) return CI_ERR;
+    }
+    return CI_OK;
+  }
+  if (!strcmp(type, "ByteFallback")) {
+    const int b = byte_token(s, n);
+    if (b < 0) return tok_buf_append(out, s, n);
+    const char c = (char)b;
+    return tok_buf_append(out, &c, 1);
+  }
+  if (!strcmp(type, "Metaspace")) {
+    for (size_t i = 0; i < n;) {
+      uint32_t cp;
+      const size_t l = tok_utf8_next(s, n, i, &cp);
+      if (cp == d->ch ? tok_buf_append(out, " ", 1) : tok_buf_append(out, s + i, l)) return CI_ERR;
+      i += l;
+    }
+    return CI_OK;
+  }
+  if (!strcmp(type, "Strip") || !strcmp(type, "Fuse") || !strcmp(type, "CTC"))
+    return tok_buf_append(out, s, n);
+  if (!strcmp(type, "WordPiece")) {
+    if (n >= d->text_len && !memcmp(s, d->text, d->text_len))
+      return tok_buf_append(out, s + d->text_len, n - d->text_len);
+    return tok_buf_append(out, " ", 1) || tok_buf_append(out, s, n) ? CI_ERR : CI_OK;
+  }
+  /* Replace, BPEDecoder: the step itself on a one-token list that is not the last */
+  tok_buf in = {0}, oa = {0};
+  tok_spans one = {0}, res = {0};
+  int rc = tok_buf_append(&in, s, n);
+  if (rc == CI_OK) rc = tok_spans_push(&one, 0, n, 0);
+  if (rc == CI_OK) rc = tok_spans_push(&one, n, 0, 0); /* a following empty token */
+  if (rc == CI_OK) rc = tok_buf_reserve(&oa, n + 8);
+  if (rc == CI_OK) rc = d->kind->apply(d, &in, &one, &oa, &res);
+  if (rc == CI_OK && res.n > 0) rc = tok_buf_append(out, oa.data + res.v[0].off, res.v[0].len);
+  tok_buf_free(&in);
+  tok_buf_free(&oa);
+  tok_spans_free(&one);
+  tok_spans_free(&res);
+  return rc;
+}
+
+int tok_decoder_token_bytes(const tok_decoder *d, const char *s, size_t n, tok_buf *out) {
+  return token_bytes_step(d, s, n, out);
+}

@@ -191,6 +191,9 @@ tok_decoder *tok_decoder_parse(json_t *j);
 void tok_decoder_free(tok_decoder *d);
 /* Rewrites the token strings (spans into arena) as HF's decode_chain does. */
 int tok_decoder_apply(const tok_decoder *d, tok_buf *arena, tok_spans *tokens, tok_spans *scratch);
+/* Appends the bytes token string s[0..n) stands for in the middle of a decoded text (raw bytes,
+ * never U+FFFD for a partial character) to out. */
+int tok_decoder_token_bytes(const tok_decoder *d, const char *s, size_t n, tok_buf *out);
 
 /* ==== Added tokens (tok_added_tokens.c) ==== */
 

@@ -367,6 +367,27 @@ int ci_tokenizer_decode(const ci_tokenizer *tok, const int32_t *ids, size_t n, i
   return CI_OK;
 }
 
+int ci_tokenizer_token_bytes(const ci_tokenizer *tok, int32_t id, char **bytes, size_t *len) {
+  *bytes = NULL;
+  *len = 0;
+  size_t n;
+  const char *s = token_of(tok, id, &n);
+  if (!s)
+    return ci_fail("token id %d is not in the vocabulary (size %zu)", (int)id, tok->vocab_size);
+  tok_buf out = {0};
+  int rc = tok_buf_reserve(&out, n + 1);
+  if (rc == CI_OK)
+    rc = tok->decoder ? tok_decoder_token_bytes(tok->decoder, s, n, &out)
+                      : tok_buf_append(&out, s, n);
+  if (rc) {
+    tok_buf_free(&out);
+    return CI_ERR;
+  }
+  *bytes = out.data;
+  *len = out.len;
+  return CI_OK;
+}
+
 /* ==== Vocabulary queries ==== */
 
 size_t ci_tokenizer_vocab_size(const ci_tokenizer *tok) {

@@ -33,6 +33,12 @@ int ci_tokenizer_encode(const ci_tokenizer *tok, const char *text, size_t len, i
 int ci_tokenizer_decode(const ci_tokenizer *tok, const int32_t *ids, size_t n, int skip_special,
                         char **text_out, size_t *len_out);
 
+/* The bytes token `id` stands for in the middle of a decoded text (GPT-2 byte-level characters
+ * and <0xNN> byte-fallback tokens as raw bytes, so a token may hold part of a UTF-8 character):
+ * *bytes is malloc'd (caller frees) with *len bytes. Special added tokens give their content. An
+ * id outside the vocabulary is an error. */
+int ci_tokenizer_token_bytes(const ci_tokenizer *tok, int32_t id, char **bytes, size_t *len);
+
 /* One past the largest token id, added tokens included. */
 size_t ci_tokenizer_vocab_size(const ci_tokenizer *tok);
 
