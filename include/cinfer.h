@@ -79,9 +79,12 @@ typedef struct {
   int n_threads;      /* CPU threads for the forward pass; 0 = every online CPU */
   const char *device; /* "cpu", "cuda", or NULL/"auto" = cuda when a GPU is visible, else cpu */
   int gpu;            /* GPU ordinal when the device is cuda (0) */
+  int mmap;           /* 1: run from the mapped weight files; 0 (default): on the CPU, read the
+                         weights into memory advised for 2 MiB huge pages (faster decode: fewer
+                         TLB misses); a GPU copies the weights to its memory either way */
 } cinfer_model_options;
 
-/* Fills the defaults (n_threads 0, device NULL = auto, gpu 0). */
+/* Fills the defaults (n_threads 0, device NULL = auto, gpu 0, mmap 0). */
 void cinfer_model_options_init(cinfer_model_options *options);
 
 /* Loads a model folder (config.json + safetensors; a Hugging Face cache id such as

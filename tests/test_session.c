@@ -10,6 +10,9 @@
 #include "base/error.h"
 #include "engine/session.h"
 #include "kv/cache.h"
+#include "model/model.h"
+#include "backend/cpu/cpu_backend.h"
+#include <stdio.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -141,11 +144,58 @@ static void test_fill_synthetic(void **state) {
   ci_model_close(model);
 }
 
+/* kB of anonymous memory in transparent huge pages (0 when unknown). */
+static long anon_huge_kb(void) {
+  FILE *f = fopen("/proc/self/smaps_rollup", "r");
+  char line[256];
+  long kb = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (!strncmp(line, "AnonHugePages:", 14)) kb = atol(line + 14);
+  if (f) fclose(f);
+  return kb;
+}
+
+/* Weights read into huge-page memory (the CPU default) give the logits of mapped weights, bit
+ * for bit; the starter model (31 MB) is large enough for 2 MiB pages, which are reported. */
+static void test_weights_in_huge_pages(void **state) {
+  (void)state;
+  const char *dirs[] = {FIXTURE("llama"), FIXTURE("gemma3-q4g64"), CI_STARTER_DIR};
+  for (size_t d = 0; d < sizeof dirs / sizeof dirs[0]; d++) {
+    ci_backend *be = ci_cpu_backend_create(1);
+    ci_model *mapped = ci_model_load_in(dirs[d], be, CI_WEIGHTS_MMAP);
+    const long before = anon_huge_kb();
+    ci_model *read = ci_model_load_in(dirs[d], be, CI_WEIGHTS_HUGE_PAGES);
+    if (!mapped || !read) fail_msg("%s: %s", dirs[d], ci_last_error());
+    printf("  %s: %ld kB of its weights in huge pages (0 where the kernel's THP is off)\n",
+           strrchr(dirs[d], '/') + 1, anon_huge_kb() - before);
+    const int V = mapped->spec.vocab;
+    int32_t ids[12];
+    for (int i = 0; i < 12; i++) ids[i] = (int32_t)((i * 37 + 5) % V);
+    float *a = malloc((size_t)12 * V * sizeof *a), *b = malloc((size_t)12 * V * sizeof *b);
+    ci_model *models[2] = {mapped, read};
+    float *out[2] = {a, b};
+    for (int k = 0; k < 2; k++) {
+      ci_kv_cache *cache = ci_model_kv_cache_create(models[k], CI_KV_BF16, 16, 0);
+      ci_kv_seq *seq = ci_kv_seq_create(cache);
+      assert_int_equal(ci_model_forward(models[k], seq, ids, 12, out[k], 12), CI_OK);
+      ci_kv_seq_free(seq);
+      ci_kv_cache_free(cache);
+    }
+    assert_memory_equal(a, b, (size_t)12 * V * sizeof *a);
+    free(a);
+    free(b);
+    ci_model_free(mapped);
+    ci_model_free(read);
+    be->ops->destroy(be);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_logits_match_forward),
       cmocka_unit_test(test_limits_and_errors),
       cmocka_unit_test(test_fill_synthetic),
+      cmocka_unit_test(test_weights_in_huge_pages),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

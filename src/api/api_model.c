@@ -53,7 +53,8 @@ cinfer_status cinfer_model_load(const char *path, const cinfer_model_options *op
   if (!m) return ci_api_fail(CINFER_ERROR, "out of memory for a model");
   pthread_mutex_init(&m->grammar_mu, NULL);
   m->dir = ci_model_path_resolve(path);
-  const ci_device_options device = {options->device, options->gpu, options->n_threads};
+  const ci_device_options device = {options->device, options->gpu, options->n_threads,
+                                    options->mmap};
   m->model = m->dir ? ci_model_open_on(m->dir, &device) : NULL;
   if (!m->model || load_text_and_defaults(m) != CINFER_OK) {
     cinfer_model_free(m);

@@ -21,6 +21,7 @@ int ci_cli_model_options(const ci_flag *flags, int n_flags, const char *verb,
   options->n_threads = (int)threads;
   options->device = device;
   options->gpu = (int)gpu;
+  options->mmap = ci_args_get(flags, n_flags, "--mmap") != NULL;
   return 0;
 }
 

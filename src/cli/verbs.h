@@ -22,14 +22,15 @@ int ci_verb_serve(int argc, char **argv);
 
 /* The flags of every verb that runs a model: where it runs. Splice into a verb's flags. */
 #define CI_CLI_MODEL_FLAGS                                                                         \
-  {"--threads", "-t", 1, NULL}, {"--device", NULL, 1, NULL}, {                                     \
-    "--gpu", NULL, 1, NULL                                                                         \
+  {"--threads", "-t", 1, NULL}, {"--device", NULL, 1, NULL}, {"--gpu", NULL, 1, NULL}, {           \
+    "--mmap", NULL, 0, NULL                                                                        \
   }
 
 /* Usage text of those flags. */
-#define CI_CLI_MODEL_USAGE "  [--threads N] [--device cpu|cuda|auto] [--gpu N]\n"
+#define CI_CLI_MODEL_USAGE "  [--threads N] [--device cpu|cuda|auto] [--gpu N] [--mmap]\n"
 
-/* Reads --threads, --device and --gpu into *options (printing a bad value; returns 2), else 0. */
+/* Reads --threads, --device, --gpu and --mmap into *options (printing a bad value; returns 2), else
+ * 0. */
 int ci_cli_model_options(const ci_flag *flags, int n_flags, const char *verb,
                          cinfer_model_options *options);
 

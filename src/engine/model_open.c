@@ -46,7 +46,8 @@ ci_model *ci_model_open_on(const char *model_arg, const ci_device_options *devic
     free(dir);
     return NULL;
   }
-  ci_model *model = ci_model_load(dir, be);
+  ci_model *model = ci_model_load_in(
+      dir, be, device->weights_mmap || !be->host_visible ? CI_WEIGHTS_MMAP : CI_WEIGHTS_HUGE_PAGES);
   if (!model) {
     ci_fail_context("cannot load model %s", dir);
     be->ops->destroy(be);

@@ -18,6 +18,7 @@ typedef struct {
   int gpu;            /* GPU ordinal for "cuda" (0) */
   int n_threads;      /* CPU threads (0 = every online CPU); the CPU backend's pool, and the
                          host-side work of a GPU backend */
+  int weights_mmap;   /* 1: map the weight files even on the CPU (see ci_model_load_in) */
 } ci_device_options;
 
 /* Resolves `model_arg` (a folder, or a Hugging Face cache id, io/model_path.h), starts a CPU

@@ -285,11 +285,14 @@ typedef struct {
   char *path; /* DIR/FILE, for messages */
   void *map;  /* NULL for an empty file */
   size_t size;
+  void *region; /* what to munmap: the file mapping, or the anonymous copy's whole range */
+  size_t region_size;
   ci_st_tensor *entries; /* ci_st_parse block: owns the names */
   int count;
 } st_shard;
 
 struct ci_weights {
+  ci_weights_memory memory;
   st_shard *shards;
   int shard_count;
   ci_st_tensor *tensors; /* [count] copies of the shards' entries, sorted by name */
@@ -312,8 +315,39 @@ static char *join_path(const char *dir, const char *file) {
   return path;
 }
 
-/* Maps shard->path read-only and parses it as shard number index. */
-static int open_shard(st_shard *shard, int index) {
+enum { HUGE_PAGE = 2 << 20 };
+
+/* Reads the whole file into anonymous memory aligned to 2 MiB and advised for transparent huge
+ * pages, so the weights are read through few TLB entries (a page-cache mapping uses 4 KiB
+ * pages). The reading thread faults the pages in. */
+static int read_into_huge_pages(st_shard *shard, int fd) {
+  const size_t rounded = (shard->size + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+  const size_t total = rounded + HUGE_PAGE;
+  uint8_t *region = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (region == MAP_FAILED)
+    return ci_fail("%s: cannot allocate %zu bytes for the weights: %s", shard->path, total,
+                   strerror(errno));
+  uint8_t *aligned = (uint8_t *)(((uintptr_t)region + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+  madvise(aligned, rounded, MADV_HUGEPAGE); /* advice only: 4 KiB pages still work */
+  for (size_t done = 0; done < shard->size;) {
+    const ssize_t got = pread(fd, aligned + done, shard->size - done, (off_t)done);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      const int err = got < 0 ? errno : EIO;
+      munmap(region, total);
+      return ci_fail("%s: cannot read: %s", shard->path, got < 0 ? strerror(err) : "file shrank");
+    }
+    done += (size_t)got;
+  }
+  mprotect(aligned, rounded, PROT_READ);
+  shard->map = aligned;
+  shard->region = region;
+  shard->region_size = total;
+  return CI_OK;
+}
+
+/* Maps (or reads, per memory) shard->path and parses it as shard number index. */
+static int open_shard(st_shard *shard, int index, ci_weights_memory memory) {
   int fd = open(shard->path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ci_fail("%s: cannot open: %s", shard->path, strerror(errno));
   struct stat st;
@@ -327,7 +361,12 @@ static int open_shard(st_shard *shard, int index) {
     return ci_fail("%s: not a regular file", shard->path);
   }
   shard->size = (size_t)st.st_size;
-  if (shard->size > 0) {
+  if (shard->size > 0 && memory == CI_WEIGHTS_HUGE_PAGES) {
+    if (read_into_huge_pages(shard, fd)) {
+      close(fd);
+      return CI_ERR;
+    }
+  } else if (shard->size > 0) {
     void *map = mmap(NULL, shard->size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (map == MAP_FAILED) {
       int err = errno;
@@ -335,6 +374,8 @@ static int open_shard(st_shard *shard, int index) {
       return ci_fail("%s: cannot mmap %zu bytes: %s", shard->path, shard->size, strerror(err));
     }
     shard->map = map;
+    shard->region = map;
+    shard->region_size = shard->size;
   }
   close(fd);
   static const uint8_t empty[1] = {0};
@@ -346,7 +387,7 @@ void ci_weights_free(ci_weights *w) {
   if (!w) return;
   for (int i = 0; i < w->shard_count; i++) {
     st_shard *s = &w->shards[i];
-    if (s->map) munmap(s->map, s->size);
+    if (s->region) munmap(s->region, s->region_size);
     free(s->entries);
     free(s->path);
   }
@@ -497,7 +538,7 @@ static int open_indexed(ci_weights *w, const char *dir, const char *index_path) 
       ci_fail("%s: lists %s, which does not exist (%s)", index_path, files[i], strerror(errno));
       goto done;
     }
-    if (open_shard(s, i) != CI_OK) goto done;
+    if (open_shard(s, i, w->memory) != CI_OK) goto done;
   }
   if (merge_shards(w) != CI_OK) goto done;
   rc = check_against_index(w, index_path, weight_map, files);
@@ -508,6 +549,10 @@ done:
 }
 
 ci_weights *ci_weights_open(const char *model_dir) {
+  return ci_weights_open_in(model_dir, CI_WEIGHTS_MMAP);
+}
+
+ci_weights *ci_weights_open_in(const char *model_dir, ci_weights_memory memory) {
   if (!model_dir || !model_dir[0]) {
     ci_fail("ci_weights_open: no model folder given");
     return NULL;
@@ -522,6 +567,7 @@ ci_weights *ci_weights_open(const char *model_dir) {
     return NULL;
   }
   ci_weights *w = calloc(1, sizeof *w);
+  if (w) w->memory = memory;
   char *single = join_path(model_dir, "model.safetensors");
   char *index = join_path(model_dir, "model.safetensors.index.json");
   if (!w || !single || !index) {
@@ -533,7 +579,7 @@ ci_weights *ci_weights_open(const char *model_dir) {
     if (add_shards(w, 1) != CI_OK) goto fail;
     w->shards[0].path = single;
     single = NULL;
-    if (open_shard(&w->shards[0], 0) != CI_OK || merge_shards(w) != CI_OK) goto fail;
+    if (open_shard(&w->shards[0], 0, w->memory) != CI_OK || merge_shards(w) != CI_OK) goto fail;
   } else if (stat(index, &st) == 0) {
     if (open_indexed(w, model_dir, index) != CI_OK) goto fail;
   } else {

@@ -77,6 +77,16 @@ typedef struct ci_weights ci_weights;
  * failure. */
 ci_weights *ci_weights_open(const char *model_dir);
 
+/* Where the weights live. */
+typedef enum {
+  CI_WEIGHTS_MMAP,      /* the files mapped read-only (page cache, 4 KiB pages) */
+  CI_WEIGHTS_HUGE_PAGES /* read into anonymous memory advised for 2 MiB transparent huge pages:
+                           fewer TLB misses when the CPU streams the weights every token */
+} ci_weights_memory;
+
+/* As ci_weights_open, with the weights in `memory`. */
+ci_weights *ci_weights_open_in(const char *model_dir, ci_weights_memory memory);
+
 /* Releases the maps and all memory of w; entries and names obtained from it become invalid.
  * NULL is a no-op. */
 void ci_weights_free(ci_weights *w);

@@ -268,6 +268,10 @@ static int bind_all(ci_model *m) {
 }
 
 ci_model *ci_model_load(const char *model_dir, ci_backend *be) {
+  return ci_model_load_in(model_dir, be, CI_WEIGHTS_MMAP);
+}
+
+ci_model *ci_model_load_in(const char *model_dir, ci_backend *be, ci_weights_memory memory) {
   ci_model *m = calloc(1, sizeof *m);
   if (!m) {
     ci_fail("out of memory");
@@ -278,7 +282,7 @@ ci_model *ci_model_load(const char *model_dir, ci_backend *be) {
     free(m);
     return NULL;
   }
-  m->files = ci_weights_open(model_dir);
+  m->files = ci_weights_open_in(model_dir, memory);
   if (!m->files || bind_all(m) ||
       ci_kv_config_load(model_dir, m->spec.n_cache_layers, &m->kv_config)) {
     ci_model_free(m);

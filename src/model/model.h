@@ -3,12 +3,12 @@
 #ifndef CI_MODEL_MODEL_H
 #define CI_MODEL_MODEL_H
 
+#include "io/safetensors.h"
 #include "kv/cache.h"
 #include "model/spec.h"
 #include "model/workspace.h"
 #include "tensor/backend.h"
 
-typedef struct ci_weights ci_weights;
 
 /* Tensors of one transformer layer. Linear weights are [out, in] in their stored format;
  * vectors (norm weights, biases) are owned f32 copies in backend memory, NULL when the model has
@@ -67,6 +67,11 @@ typedef struct ci_model {
  * against the config; a missing, misshapen or unused tensor is an error naming it. Returns NULL
  * with ci_last_error on failure. */
 ci_model *ci_model_load(const char *model_dir, ci_backend *be);
+
+/* As ci_model_load with the weight files held in `memory` (io/safetensors.h):
+ * CI_WEIGHTS_HUGE_PAGES suits a CPU backend, which reads the weights in place every token;
+ * ci_model_load maps them. */
+ci_model *ci_model_load_in(const char *model_dir, ci_backend *be, ci_weights_memory memory);
 
 /* Frees the model (not the backend). NULL is a no-op. */
 void ci_model_free(ci_model *model);
