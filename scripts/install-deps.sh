@@ -4,7 +4,7 @@
 set -euo pipefail
 packages=(build-essential cmake pkg-config clang libclang-rt-14-dev
           libjansson-dev libcmocka-dev
-          libpcre2-dev libutf8proc-dev libmicrohttpd-dev nodejs
+          libpcre2-dev libutf8proc-dev libmicrohttpd-dev libcurl4-openssl-dev libssl-dev nodejs
           python3-numpy)
 missing=()
 for p in "${packages[@]}"; do
