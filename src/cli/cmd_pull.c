@@ -131,7 +131,7 @@ int ci_cli_pull(const char *repo, int quiet, char **snapshot) {
   end_line(&view);
   if (st != CINFER_OK) {
     fprintf(stderr, "cinfer pull: %s\n", cinfer_last_error());
-    return 1;
+    return st == CINFER_INVALID_ARGUMENT ? 2 : 1;
   }
   if (snapshot)
     *snapshot = dir;
@@ -155,7 +155,8 @@ int ci_verb_pull(int argc, char **argv) {
     return 2;
   }
   char *dir = NULL;
-  if (ci_cli_pull(repo, ci_args_get(flags, nf, "--quiet") != NULL, &dir)) return 1;
+  const int status = ci_cli_pull(repo, ci_args_get(flags, nf, "--quiet") != NULL, &dir);
+  if (status) return status;
   printf("%s\n", dir);
   cinfer_free(dir);
   return 0;

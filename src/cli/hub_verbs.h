@@ -17,7 +17,7 @@ int ci_verb_fit(int argc, char **argv);
 
 /* Pulls repo ("org/name[@revision]") into the hub cache, drawing progress on stderr (a bar on a
  * terminal, plain lines otherwise; nothing when quiet). Prints the error and returns 1 on
- * failure, 0 on success; *snapshot (may be NULL; free) receives the snapshot folder. */
+ * failure (2 for a malformed repo id), 0 on success; *snapshot (may be NULL; free) receives the snapshot folder. */
 int ci_cli_pull(const char *repo, int quiet, char **snapshot);
 
 /* For the verbs that take --model (-m): handles `--pull` before the verb parses its flags.

@@ -189,7 +189,7 @@ static cinfer_status list_entry(const char *hub, const char *id, cinfer_cached_m
     m->path = strdup("");
     m->info.architecture = strdup("");
     m->info.dtype = strdup("");
-    m->info.why = strdup(ci_last_error());
+    m->info.why = strdup("no complete snapshot (an interrupted pull? run `cinfer pull` again)");
     ci_clear_error();
   }
   free(repo_dir);

@@ -307,7 +307,7 @@ static int attempt_transfer(ci_http *h, const ci_download *d, const char *partia
   curl_slist_free_all(headers);
   curl_easy_getinfo(h->curl, CURLINFO_RESPONSE_CODE, &res->status);
   const int closed = fclose(t.file) == 0;
-  if (t.aborted) return ci_fail("download of %s cancelled", d->url);
+  if (t.aborted) return ci_fail("%s: download cancelled", d->label);
   if (t.write_failed || !closed) return ci_fail("cannot write %s: %s", partial, strerror(errno));
   if (code == CURLE_OK && (res->status == 200 || res->status == 206)) return 0;
   if (code == CURLE_OK && res->status == 416 && have == d->size) return 0;
@@ -332,7 +332,7 @@ static int attempt_transfer(ci_http *h, const ci_download *d, const char *partia
     if (nl) *nl = '\0';
     snprintf(res->error_message, sizeof res->error_message, "%s", t.error_body);
   }
-  return ci_fail("GET %s: HTTP %ld", d->url, res->status);
+  return ci_fail("%s: HTTP %ld from %s", d->label, res->status, d->url);
 }
 
 int ci_http_download(ci_http *h, const ci_download *d, ci_http_result *res) {
@@ -345,7 +345,7 @@ int ci_http_download(ci_http *h, const ci_download *d, ci_http_result *res) {
     if (r == 0) break;
     if (r < 0) goto done;
     if (attempt >= d->retries) {
-      ci_fail("GET %s: %s (after %d resumptions; run the pull again to resume)", d->url,
+      ci_fail("%s: %s (after %d resumptions; run the pull again to resume)", d->label,
               res->transport_error, d->retries);
       goto done;
     }
@@ -356,7 +356,7 @@ int ci_http_download(ci_http *h, const ci_download *d, ci_http_result *res) {
   const int64_t got = file_size(partial);
   if (got != d->size) {
     unlink(partial);
-    ci_fail("%s: received %lld bytes, expected %lld; the download was discarded", d->url,
+    ci_fail("%s: received %lld bytes, expected %lld; the download was discarded", d->label,
             (long long)got, (long long)d->size);
     goto done;
   }
@@ -367,7 +367,7 @@ int ci_http_download(ci_http *h, const ci_download *d, ci_http_result *res) {
     if (ci_file_digest(partial, algorithm, hex)) goto done;
     if (strcasecmp(hex, want) != 0) {
       unlink(partial);
-      ci_fail("%s: %s mismatch (expected %s, got %s); the download was discarded", d->url,
+      ci_fail("%s: %s mismatch (expected %s, got %s); the download was discarded", d->label,
               algorithm, want, hex);
       goto done;
     }

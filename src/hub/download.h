@@ -44,6 +44,7 @@ typedef void (*ci_download_retry)(void *user, int attempt, int64_t done, const c
 
 typedef struct {
   const char *url;
+  const char *label;             /* names the file in messages */
   const char *path;              /* the blob to produce; PATH.incomplete is the partial file */
   int64_t size;                  /* expected bytes (required) */
   const char *sha256;            /* expected lowercase hex sha256 (LFS files), or NULL */

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 enum { DEFAULT_RETRIES = 5 };
 
@@ -228,7 +229,7 @@ static char *escape_path(CURL *curl, const char *path) {
   return out;
 }
 
-/* Fetches one file into the cache and links it into the snapshot. */
+/* Fetches one file into the cache's blobs (the snapshot links it once every file is there). */
 static cinfer_status pull_file(pull_state *s, ci_http *http, CURL *escaper, const char *endpoint,
                                const char *repo_id, const char *repo_dir, const char *revision,
                                const repo_file *f) {
@@ -261,6 +262,7 @@ static cinfer_status pull_file(pull_state *s, ci_http *http, CURL *escaper, cons
     s->p.done = s->done_before + s->file_start;
     if (report(s, CINFER_PULL_FILE_START)) goto cancelled;
     const ci_download d = {.url = url,
+                           .label = f->name,
                            .path = blob,
                            .size = f->size,
                            .sha256 = f->sha256,
@@ -276,8 +278,6 @@ static cinfer_status pull_file(pull_state *s, ci_http *http, CURL *escaper, cons
         char what[1100];
         snprintf(what, sizeof what, "%s", f->name);
         st = hub_error(what, repo_id, revision, endpoint, s->token, &r);
-      } else {
-        ci_fail_context("%s", f->name);
       }
       goto done;
     }
@@ -286,7 +286,6 @@ static cinfer_status pull_file(pull_state *s, ci_http *http, CURL *escaper, cons
     s->p.done = s->done_before + f->size;
     if (report(s, CINFER_PULL_FILE_DONE)) goto cancelled;
   }
-  if (ci_hf_link_snapshot(repo_dir, s->p.commit, f->name, f->etag)) goto done;
   s->done_before += f->size;
   st = CINFER_OK;
   goto done;
@@ -401,8 +400,14 @@ cinfer_status cinfer_pull(const char *repo, const cinfer_pull_options *options,
     if (st != CINFER_OK) break;
   }
   curl_easy_cleanup(escaper);
-  if (st != CINFER_OK) goto done;
+  if (st != CINFER_OK) {
+    /* an interrupted first pull leaves no snapshot that looks complete (blobs stay: resumable) */
+    rmdir(snapshot);
+    goto done;
+  }
   st = CINFER_ERROR;
+  for (int i = 0; i < n_files; i++)
+    if (ci_hf_link_snapshot(repo_dir, commit, files[i].name, files[i].etag)) goto done;
   /* a branch or tag records its commit; a pull by commit hash needs no ref */
   if (strcmp(revision, commit) != 0 && ci_hf_write_ref(repo_dir, revision, commit)) goto done;
   st = CINFER_OK;
