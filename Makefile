@@ -9,7 +9,14 @@ DEFAULT_MODEL ?= models/starter
 RUN_PROMPT ?= Write a Python function that returns the n-th Fibonacci number.
 FUZZ_SECONDS ?= 30
 
-.PHONY: all deps npm-deps build install test test-release test-asan run bench fuzz clean
+.PHONY: all deps npm-deps build install test test-release test-asan test-cuda bench-cuda run bench fuzz clean
+
+# Libraries unpacked from a carried bundle (scripts/bundle-deps.sh) on a machine without a
+# package registry; empty elsewhere. Expanded when a recipe runs, after `deps` unpacked them.
+DEPS_ROOT := $(CURDIR)/.deps/root
+DEPS_LIB := $(DEPS_ROOT)/usr/lib/x86_64-linux-gnu
+LOCAL_ENV = $(if $(wildcard $(DEPS_ROOT)/.unpacked),PKG_CONFIG_LIBDIR=$(DEPS_LIB)/pkgconfig:$(DEPS_ROOT)/usr/share/pkgconfig PKG_CONFIG_SYSROOT_DIR=$(DEPS_ROOT) LD_LIBRARY_PATH=$(DEPS_LIB))
+LOCAL_CMAKE = $(if $(wildcard $(DEPS_ROOT)/.unpacked),-DCMAKE_PREFIX_PATH=$(DEPS_ROOT)/usr -DPKG_CONFIG_EXECUTABLE=$(DEPS_ROOT)/usr/bin/pkgconf)
 
 all: build
 
@@ -17,8 +24,8 @@ deps:
 	@scripts/install-deps.sh
 
 build: deps
-	@cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-	@cmake --build build -j$(JOBS)
+	@$(LOCAL_ENV) cmake -S . -B build -DCMAKE_BUILD_TYPE=Release $(LOCAL_CMAKE) >/dev/null
+	@$(LOCAL_ENV) cmake --build build -j$(JOBS)
 
 install: build
 	DESTDIR="$(DESTDIR)" cmake --install build --prefix "$(PREFIX)"
@@ -35,6 +42,17 @@ test-asan: npm-deps
 	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCINFER_SANITIZE=ON >/dev/null
 	@cmake --build build-asan -j$(JOBS)
 	cd build-asan && ctest --output-on-failure -j$(JOBS)
+
+# On a machine with an NVIDIA GPU (and nvcc): the CUDA backend's tests (ops against the CPU,
+# batch invariance, fixture logits against transformers) and its benchmark (bench/cuda.md).
+test-cuda: build
+	@test -x build/tests/test_cuda || { echo "test-cuda: this build has no CUDA backend (nvcc not found)"; exit 1; }
+	$(LOCAL_ENV) build/tests/test_cuda
+	python3 tools/dequantize.py $(DEFAULT_MODEL) build/starter-bf16
+	$(LOCAL_ENV) python3 tests/cuda_server_load.py build/cinfer build/starter-bf16 64 90
+
+bench-cuda: build
+	$(LOCAL_ENV) bench/cuda.sh
 
 run: build
 	@echo "cinfer: serving $(DEFAULT_MODEL) (ctrl-C stops). One-shot answers instead:"

@@ -1,8 +1,9 @@
 /* cinfer.h: the public C API of cinfer, the one header an embedding program includes.
  *
  * Objects (all opaque; every one is created by a function here and freed by its _free):
- *   cinfer_model    a model folder loaded on a CPU backend (weights, config, tokenizer and chat
- *                   template when the folder has them, generation_config.json defaults).
+ *   cinfer_model    a model folder loaded on a device (the CPU or a GPU: weights, config,
+ *                   tokenizer and chat template when the folder has them,
+ *                   generation_config.json defaults).
  *                   Immutable once loaded: any number of sessions and engines may share it, from
  *                   any threads. It must outlive them.
  *   cinfer_session  one sequence run synchronously on the caller's thread: feed ids or text,
@@ -11,6 +12,13 @@
  *   cinfer_engine   a continuous-batching engine thread serving many requests at once: submit a
  *                   prompt, read its events (tokens, then done or error), cancel.
  *   cinfer_request  one submitted request of an engine.
+ *   cinfer_tokenizer, cinfer_chat_template
+ *                   text handles usable without weights (a model's own are views it owns).
+ *   cinfer_detokenizer
+ *                   generated ids to text pieces, UTF-8 safe, with stop strings.
+ *   cinfer_chat_format, cinfer_chat_output
+ *                   a model family's output conventions, and the parser of one answer into
+ *                   content, reasoning and tool calls.
  *
  * Errors: functions that can fail return a cinfer_status; negative values are failures, and
  * cinfer_last_error() then holds a one-line message (per thread). Memory the library hands out
@@ -48,7 +56,9 @@ typedef enum {
   CINFER_CANCELLED = -4,        /* cinfer_session_cancel stopped the session */
   CINFER_QUEUE_FULL = -5,       /* engine: too many waiting requests; try again later */
   CINFER_REJECTED = -6,         /* engine: this request can never run (too big, bad params) */
-  CINFER_STOPPED = -7           /* engine: it is shutting down */
+  CINFER_STOPPED = -7,          /* engine: it is shutting down */
+  CINFER_CONTEXT_EXCEEDED = -8, /* the prompt plus max_tokens does not fit the context */
+  CINFER_OVER_BUDGET = -9       /* engine: the request needs more KV than its budget ever allows */
 } cinfer_status;
 
 /* A short name of a status ("ok", "invalid argument", ...). */
@@ -66,10 +76,12 @@ void cinfer_free(void *memory);
 typedef struct cinfer_model cinfer_model;
 
 typedef struct {
-  int n_threads; /* CPU threads for the forward pass; 0 = every online CPU */
+  int n_threads;      /* CPU threads for the forward pass; 0 = every online CPU */
+  const char *device; /* "cpu", "cuda", or NULL/"auto" = cuda when a GPU is visible, else cpu */
+  int gpu;            /* GPU ordinal when the device is cuda (0) */
 } cinfer_model_options;
 
-/* Fills the defaults (n_threads 0). */
+/* Fills the defaults (n_threads 0, device NULL = auto, gpu 0). */
 void cinfer_model_options_init(cinfer_model_options *options);
 
 /* Loads a model folder (config.json + safetensors; a Hugging Face cache id such as
@@ -119,6 +131,12 @@ cinfer_status cinfer_chat_render(const cinfer_model *model, const char *messages
 
 /* ==== Generation parameters (sessions and engine requests) ==== */
 
+/* One logit bias: the token's logit gets bias added before sampling (-INFINITY bans it). */
+typedef struct {
+  int32_t token;
+  float bias; /* [-100, 100] or -INFINITY */
+} cinfer_logit_bias;
+
 typedef struct {
   /* Sampling. temperature 0 is greedy (argmax). */
   float temperature;        /* [0, 5] */
@@ -128,11 +146,27 @@ typedef struct {
   float repetition_penalty; /* > 0; 1 = off */
   float presence_penalty;   /* [-2, 2]; 0 = off */
   float frequency_penalty;  /* [-2, 2]; 0 = off */
-  uint64_t seed;            /* used when has_seed; otherwise a seed is drawn from the OS */
+  int repetition_context;   /* last tokens each penalty looks at (20, 20, 20) */
+  int presence_context;
+  int frequency_context;
+  float xtc_probability;               /* XTC: [0, 1]; 0 = off */
+  float xtc_threshold;                 /* XTC: [0, 0.5] (0.1) */
+  const cinfer_logit_bias *logit_bias; /* borrowed: copied by the function that takes params */
+  size_t n_logit_bias;
+  uint64_t seed; /* used when has_seed; otherwise a seed is drawn from the OS */
   int has_seed;
   /* Limits. */
-  int max_tokens; /* tokens one generation samples at most, EOS included (>= 1) */
-  int ignore_eos; /* 1: EOS ids do not end generation */
+  int max_tokens;          /* tokens one generation samples at most, EOS included (>= 1) */
+  int max_tokens_explicit; /* 0 (cinfer_params_init): max_tokens is a default and is cut to the
+                              room the context leaves; 1: the caller asked for it, so a prompt
+                              plus max_tokens past the context is an error (a session's first
+                              step, an engine submit) */
+  int ignore_eos;          /* 1: EOS ids do not end generation */
+  const int32_t *stop_token_ids; /* more ids that end generation as EOS does (finish stop), also
+                                    with ignore_eos; borrowed (copied) */
+  size_t n_stop_token_ids;
+  int top_logprobs; /* engine requests: 0..CINFER_MAX_TOP_LOGPROBS most likely tokens reported
+                       with each token event */
   /* KV cache codec plan (docs/kv-cache.md). kv_codec NULL follows the model folder's
    * kv_config.json (bf16 without one); "bf16" or "f32" store every layer in that format;
    * "affine", "turbo" or "turbo-v" store bf16 until the sequence holds kv_start tokens, then
@@ -149,7 +183,8 @@ typedef struct {
   int prefill_chunk; /* prompt tokens per forward pass while feeding; 0 = 2048 */
 } cinfer_params;
 
-/* Fills the defaults: the built-in sampling defaults (temperature 0.7, filters off, max_tokens
+/* Fills the defaults: the built-in sampling defaults (temperature 0.7, filters off, penalty
+ * windows 20, xtc_threshold 0.1, max_tokens
  * 256) overridden by the model's generation_config.json when model is non-NULL; EOS honoured;
  * kv_codec NULL (the model's plan), kv_bits 4; context_size and prefill_chunk 0. */
 void cinfer_params_init(cinfer_params *params, const cinfer_model *model);
@@ -242,6 +277,9 @@ typedef struct {
                                  most half of the machine's memory */
   int64_t prefix_cache_bytes; /* KV kept for reuse by later prompts with the same prefix (2 GiB);
                                  0 = off */
+  int batch_tokens;  /* rows one step runs at most, prompt chunks and decodes together (2048) */
+  int prefill_chunk; /* prompt tokens per chunk (2048) */
+  int max_queue;     /* waiting requests beyond which submit answers CINFER_QUEUE_FULL (256) */
 } cinfer_engine_options;
 
 /* Fills the defaults listed above. */
@@ -256,10 +294,15 @@ cinfer_status cinfer_engine_create(cinfer_model *model, const cinfer_engine_opti
 void cinfer_engine_free(cinfer_engine *engine);
 
 /* Queues a request: prompt ids (copied) continued with params (NULL = cinfer_params_init with the
- * engine's model; context_size and prefill_chunk are the engine's). CINFER_QUEUE_FULL,
- * CINFER_REJECTED (with the reason) or CINFER_STOPPED when it was not queued. */
+ * engine's model; context_size and prefill_chunk are the engine's). A max_tokens that is not
+ * explicit is cut to the room the context leaves. When it was not queued: CINFER_QUEUE_FULL,
+ * CINFER_STOPPED, CINFER_INVALID_ARGUMENT or CINFER_REJECTED (bad params or ids),
+ * CINFER_CONTEXT_EXCEEDED or CINFER_OVER_BUDGET (too long), CINFER_ERROR (out of memory), each
+ * with the reason as the last error. */
 cinfer_status cinfer_engine_submit(cinfer_engine *engine, const int32_t *prompt, size_t n_prompt,
                                    const cinfer_params *params, cinfer_request **out);
+
+enum { CINFER_MAX_TOP_LOGPROBS = 20 };
 
 typedef enum {
   CINFER_EVENT_TOKEN = 0, /* one sampled token (never an EOS) */
@@ -269,13 +312,19 @@ typedef enum {
 
 typedef struct {
   cinfer_event_kind kind;
-  int32_t token;        /* TOKEN */
-  float logprob;        /* TOKEN: log-probability of token under the sampling distribution */
-  cinfer_finish finish; /* DONE */
-  int prompt_tokens;    /* DONE */
-  int cached_tokens;    /* DONE: prompt tokens reused from the prefix cache */
-  int generated_tokens; /* DONE: sampled tokens, EOS included */
-  char message[256];    /* ERROR */
+  int32_t token;          /* TOKEN */
+  float logprob;          /* TOKEN: log-probability of token under the sampling distribution */
+  cinfer_finish finish;   /* DONE */
+  int prompt_tokens;      /* DONE */
+  int cached_tokens;      /* DONE: prompt tokens reused from the prefix cache */
+  int generated_tokens;   /* DONE: sampled tokens, EOS included */
+  double queue_seconds;   /* DONE: submit -> admission */
+  double prefill_seconds; /* DONE: admission -> first token */
+  double decode_seconds;  /* DONE: first token -> last token */
+  int n_top;              /* TOKEN: entries in top_ids/top_logprobs */
+  int32_t top_ids[CINFER_MAX_TOP_LOGPROBS];    /* TOKEN: the most likely tokens, best first */
+  float top_logprobs[CINFER_MAX_TOP_LOGPROBS]; /* TOKEN: their log-probabilities */
+  char message[256];                           /* ERROR */
 } cinfer_event;
 
 /* Waits up to timeout_seconds (< 0: forever) for the request's next event. CINFER_OK with *event
@@ -290,6 +339,282 @@ void cinfer_request_cancel(cinfer_request *request);
 /* Releases the caller's handle (cancelling the request if it still runs). NULL is a no-op. */
 void cinfer_request_free(cinfer_request *request);
 
+/* Stops the engine thread without freeing it: running and queued requests end with an error
+ * event (so readers of their events finish), later submits answer CINFER_STOPPED. Idempotent. */
+void cinfer_engine_stop(cinfer_engine *engine);
+
+/* The per-request context limit in use. */
+int cinfer_engine_context_size(const cinfer_engine *engine);
+
+/* The most sequences one step runs. */
+int cinfer_engine_max_batch(const cinfer_engine *engine);
+
+enum { CINFER_MAX_KV_FORMATS = 8 };
+
+/* KV storage of one format ("bf16", "affine:4:64", ...). */
+typedef struct {
+  char codec[32];
+  int64_t blocks_used, blocks_free, bytes_used;
+} cinfer_kv_usage;
+
+/* A snapshot of the engine's counters and gauges. */
+typedef struct {
+  int n_kv_formats;
+  cinfer_kv_usage kv_formats[CINFER_MAX_KV_FORMATS];
+  int n_kv_conversions; /* sequences converted so far, per target codec */
+  char kv_conversion_codecs[CINFER_MAX_KV_FORMATS][32];
+  int64_t kv_conversions[CINFER_MAX_KV_FORMATS];
+  int running, waiting;
+  int64_t blocks_used, bytes_used, kv_budget_bytes, reserved_bytes;
+  int64_t requests_finished, requests_cancelled, requests_failed;
+  int64_t prompt_tokens, cached_tokens, generated_tokens, steps, step_rows;
+  int64_t prefix_hits, prefix_misses;
+  int64_t prefix_cache_bytes, prefix_cache_max_bytes; /* bytes only the prefix cache holds; cap */
+  int64_t prefix_cache_blocks, prefix_cache_entries;
+} cinfer_engine_stats;
+
+/* Fills *stats with the engine's counters now. */
+cinfer_status cinfer_engine_get_stats(cinfer_engine *engine, cinfer_engine_stats *stats);
+
+/* ==== Model facts and the KV codec ==== */
+
+/* Number of transformer layers (config.json num_hidden_layers). */
+int cinfer_model_n_layers(const cinfer_model *model);
+
+/* The backend the model runs on ("cpu", "cuda", ...). */
+const char *cinfer_model_device(const cinfer_model *model);
+
+/* generation_config.json's max_new_tokens, or 0 when the model folder sets none (a program with a
+ * built-in default of its own uses it only then). */
+int cinfer_model_max_new_tokens(const cinfer_model *model);
+
+/* Bytes of weights one forward pass reads per token (every matrix once): the memory traffic a
+ * decode step cannot avoid. */
+int64_t cinfer_model_weight_bytes(const cinfer_model *model);
+
+/* Checks the KV fields of params (kv_codec, kv_bits, kv_value_bits, kv_group_size, kv_start,
+ * kv_protect) without a model: CINFER_INVALID_ARGUMENT naming the bad field otherwise. When name
+ * is non-NULL it receives the canonical name of the codec the sequence ends up in ("bf16",
+ * "f32", "affine:4:64", ...; "bf16" when kv_codec is NULL, the format sequences start in — a
+ * model folder's kv_config.json may still convert them); *quantized (may be NULL) is 1 when
+ * kv_codec names a quantized codec (affine, turbo, turbo-v). */
+cinfer_status cinfer_params_kv_codec(const cinfer_params *params, char *name, size_t name_size,
+                                     int *quantized);
+
+/* Bytes one token of KV takes in this model (K and V of every cache layer) when stored in the
+ * codec params name (its quantized target, else its base format; bf16 when kv_codec is NULL). */
+cinfer_status cinfer_model_kv_bytes_per_token(const cinfer_model *model,
+                                              const cinfer_params *params, int64_t *bytes);
+
+/* ==== Session extras: timings, seeds, synthetic context ==== */
+
+/* How long the current turn took (the feeds since the last generation, then its steps). */
+typedef struct {
+  int prompt_tokens;      /* ids fed in the turn */
+  int generated_tokens;   /* tokens sampled in the turn, EOS included */
+  double prefill_seconds; /* time spent feeding */
+  double ttft_seconds;    /* first feed of the turn -> first token sampled */
+  double decode_seconds;  /* first token sampled -> last token sampled */
+  double prefill_tok_s;   /* prompt_tokens / prefill_seconds (0 when nothing was fed) */
+  double decode_tok_s;    /* (generated_tokens - 1) / decode_seconds; 0 below 2 tokens */
+} cinfer_timings;
+
+/* The timings of the session's current turn. */
+cinfer_status cinfer_session_timings(const cinfer_session *session, cinfer_timings *timings);
+
+/* The log-probability of the token the session sampled last (*logprob, may be NULL) and the k
+ * most likely tokens of the same distribution, best first, as engine token events carry them (k
+ * in [0, CINFER_MAX_TOP_LOGPROBS]; top_ids and top_logprobs hold k entries; *n_top receives how
+ * many were written). CINFER_INVALID_ARGUMENT when nothing was sampled since the last feed or
+ * reset. */
+cinfer_status cinfer_session_logprobs(const cinfer_session *session, int k, float *logprob,
+                                      int32_t *top_ids, float *top_logprobs, int *n_top);
+
+/* The sampling seed in use (the one drawn from the OS when the params had none). */
+uint64_t cinfer_session_seed(const cinfer_session *session);
+
+/* Bytes of KV storage the session's sequence holds now. */
+int64_t cinfer_session_kv_bytes(const cinfer_session *session);
+
+/* Fills the next n_positions positions of the KV cache with seeded pseudo-random K/V, as if that
+ * many tokens had been fed (the values mean nothing; the time attention then takes is real: a
+ * benchmark at a given context depth). Only on an empty session. */
+cinfer_status cinfer_session_fill_synthetic(cinfer_session *session, int64_t n_positions,
+                                            uint64_t seed);
+
+/* ==== Tokenizers and chat templates on their own ==== */
+
+typedef struct cinfer_tokenizer cinfer_tokenizer;
+typedef struct cinfer_chat_template cinfer_chat_template;
+
+/* Loads a tokenizer without weights: path is a model folder (its tokenizer.json and
+ * tokenizer_config.json) or a tokenizer.json file. */
+cinfer_status cinfer_tokenizer_load(const char *path, cinfer_tokenizer **out);
+
+/* A tokenizer from the text of a tokenizer.json (tests, embedded tokenizers). */
+cinfer_status cinfer_tokenizer_from_json(const char *json, size_t len, cinfer_tokenizer **out);
+
+/* The id of a special token tokenizer_config.json names ("bos_token", "eos_token", ...), or -1. */
+int32_t cinfer_tokenizer_config_token(const cinfer_tokenizer *tokenizer, const char *key);
+
+/* The id of a token string of the vocabulary ("<think>"), or -1. */
+int32_t cinfer_tokenizer_token_id(const cinfer_tokenizer *tokenizer, const char *token);
+
+/* Frees a tokenizer from cinfer_tokenizer_load or cinfer_tokenizer_from_json. NULL is a no-op. */
+void cinfer_tokenizer_free(cinfer_tokenizer *tokenizer);
+
+/* The model's tokenizer (owned by the model), or NULL when its folder has no tokenizer.json. */
+const cinfer_tokenizer *cinfer_model_tokenizer(const cinfer_model *model);
+
+/* As cinfer_tokenize and cinfer_detokenize, on a tokenizer. */
+cinfer_status cinfer_tokenizer_encode(const cinfer_tokenizer *tokenizer, const char *text,
+                                      size_t len, int add_special, int32_t **ids, size_t *n_ids);
+cinfer_status cinfer_tokenizer_decode(const cinfer_tokenizer *tokenizer, const int32_t *ids,
+                                      size_t n_ids, int skip_special, char **text, size_t *len);
+
+/* Loads the chat template of a model folder (tokenizer_config.json's chat_template, or
+ * chat_template.jinja/.json) without weights. */
+cinfer_status cinfer_chat_template_load(const char *model_dir, cinfer_chat_template **out);
+
+/* A chat template from Jinja source; bos_token and eos_token (may be NULL) are the values the
+ * template sees as bos_token/eos_token. */
+cinfer_status cinfer_chat_template_from_source(const char *source, const char *bos_token,
+                                               const char *eos_token, cinfer_chat_template **out);
+
+/* Frees a template from cinfer_chat_template_load/_from_source. NULL is a no-op. */
+void cinfer_chat_template_free(cinfer_chat_template *chat_template);
+
+/* The model's chat template (owned by the model), or NULL when it has none. */
+const cinfer_chat_template *cinfer_model_chat_template(const cinfer_model *model);
+
+/* The template's bos_token/eos_token strings ("" when unset); owned by the template. */
+const char *cinfer_chat_template_bos_token(const cinfer_chat_template *chat_template);
+const char *cinfer_chat_template_eos_token(const cinfer_chat_template *chat_template);
+
+/* Renders a whole chat request, as Hugging Face's apply_chat_template: request_json is an object
+ * with "messages" and optionally "tools", "add_generation_prompt", "documents" and any template
+ * keyword (enable_thinking, ...). *text (free with cinfer_free) receives *len bytes (len may be
+ * NULL). A template error is CINFER_ERROR with the template's own message. */
+cinfer_status cinfer_chat_template_render(const cinfer_chat_template *chat_template,
+                                          const char *request_json, char **text, size_t *len);
+
+/* ==== Streaming detokenization and stop strings ==== */
+
+typedef struct cinfer_detokenizer cinfer_detokenizer;
+
+/* A detokenizer that turns generated ids into text pieces as soon as the text is stable (never
+ * inside a UTF-8 character), cutting the text before the first of n_stop stop strings (copied;
+ * matched across token boundaries and never emitted). skip_special drops special tokens. The
+ * tokenizer must outlive it. */
+cinfer_status cinfer_detokenizer_create(const cinfer_tokenizer *tokenizer, const char *const *stop,
+                                        size_t n_stop, int skip_special, cinfer_detokenizer **out);
+
+/* Frees the detokenizer. NULL is a no-op. */
+void cinfer_detokenizer_free(cinfer_detokenizer *detokenizer);
+
+/* Pushes one id. *piece and *len receive the text that became final (may be empty; owned by the
+ * detokenizer, valid until its next call). CINFER_OK to go on; CINFER_DONE when a stop string
+ * completed (piece = the text before it; later pushes give nothing); CINFER_INVALID_ARGUMENT for
+ * an id outside the vocabulary. */
+cinfer_status cinfer_detokenizer_push(cinfer_detokenizer *detokenizer, int32_t token,
+                                      const char **piece, size_t *len);
+
+/* End of generation: releases the text held back (it may still complete a stop string:
+ * CINFER_DONE). */
+cinfer_status cinfer_detokenizer_finish(cinfer_detokenizer *detokenizer, const char **piece,
+                                        size_t *len);
+
+/* The stop string that ended the text (the detokenizer's copy), or NULL while none has. */
+const char *cinfer_detokenizer_stop_string(const cinfer_detokenizer *detokenizer);
+
+/* ==== Random-weight models (tests and benchmarks without a download) ==== */
+
+typedef struct {
+  const char *dtype; /* "bf16" (NULL), "q8" or "q4": quantized weights are affine with ... */
+  int group_size;    /* ... this group size: 32, 64 (0 = 64) or 128 */
+  uint64_t seed;     /* the same seed writes the same weights */
+} cinfer_random_model_options;
+
+/* Writes a model folder at out_dir (created if missing): config.json (the config at config_path,
+ * with a quantization entry when quantized) and model.safetensors with seeded random weights of
+ * every tensor the config needs. options may be NULL (bf16, seed 0). */
+cinfer_status cinfer_model_write_random(const char *config_path, const char *out_dir,
+                                        const cinfer_random_model_options *options);
+
+/* ==== Chat output of a model family: reasoning and tool calls ==== */
+
+typedef struct cinfer_chat_format cinfer_chat_format;
+typedef struct cinfer_chat_output cinfer_chat_output;
+
+/* The output conventions of a model family, detected from its tokenizer, its chat template (may
+ * be NULL) and its architecture (config.json model_type; may be NULL): think-tag reasoning
+ * (<think> and </think> are tokens), Gemma channel reasoning (the template mentions <|channel>
+ * and the tokenizer has the channel markers), Gemma 4 tool-call tokens (architecture gemma4*);
+ * tool calls written as text (<tool_call>{...}</tool_call> and the like) otherwise. The tokenizer
+ * and template must outlive it. */
+cinfer_status cinfer_chat_format_create(const cinfer_tokenizer *tokenizer,
+                                        const cinfer_chat_template *chat_template,
+                                        const char *architecture, cinfer_chat_format **out);
+
+/* Frees a format from cinfer_chat_format_create. NULL is a no-op. */
+void cinfer_chat_format_free(cinfer_chat_format *format);
+
+/* The model's format (owned by the model), or NULL when its folder has no tokenizer.json. */
+const cinfer_chat_format *cinfer_model_chat_format(const cinfer_model *model);
+
+/* 1 when answers of this format can carry reasoning apart from content. */
+int cinfer_chat_format_has_reasoning(const cinfer_chat_format *format);
+
+/* Tokens that end a chat answer besides the EOS ids (Gemma 4: <|tool_response> after a call);
+ * writes up to cap of them to ids and returns how many there are. Add them to a request's
+ * stop_token_ids unless it ignores EOS. */
+size_t cinfer_chat_format_stop_tokens(const cinfer_chat_format *format, int32_t *ids, size_t cap);
+
+typedef struct {
+  const char *const *stop; /* stop strings (copied); the text ends before the first one */
+  size_t n_stop;
+  const char *tools_json; /* the request's tool definitions, a JSON array in OpenAI's shape
+                             ({type, function: {name, parameters}}); NULL: text tool calls are
+                             not parsed (Gemma 4 call tokens still are, with any name) */
+  int tools_off;          /* tool_choice "none": no call is parsed, their text stays content */
+  int raw_text;           /* plain completion: no reasoning or tool-call parsing at all */
+  const char *prompt;     /* the rendered prompt (may be NULL): an answer that starts inside an
+                             open <think> or channel begins as reasoning */
+  size_t prompt_len;
+} cinfer_chat_output_options;
+
+/* Where an answer's parts go, as they become final. */
+typedef struct {
+  void (*content)(void *user, const char *text, size_t len);
+  void (*reasoning)(void *user, const char *text, size_t len);
+  void (*tool_call)(void *user, const char *call_json); /* {"name": ..., "arguments": "..."} */
+} cinfer_chat_output_sinks;
+
+/* A parser for one answer: streaming detokenization with stop strings, then reasoning split,
+ * then tool-call parsing, as the format says. options may be NULL (none of them). */
+cinfer_status cinfer_chat_output_create(const cinfer_chat_format *format,
+                                        const cinfer_chat_output_options *options,
+                                        cinfer_chat_output **out);
+
+/* Frees the parser. NULL is a no-op. */
+void cinfer_chat_output_free(cinfer_chat_output *output);
+
+/* Pushes one generated token (never an EOS), calling sinks with what became final. CINFER_OK;
+ * CINFER_DONE when a stop string completed (nothing after it is ever produced);
+ * CINFER_INVALID_ARGUMENT for an id outside the vocabulary; CINFER_ERROR when out of memory. */
+cinfer_status cinfer_chat_output_push(cinfer_chat_output *output, int32_t token,
+                                      const cinfer_chat_output_sinks *sinks, void *user);
+
+/* End of the answer: releases held-back text and flushes every stage (a call cut short is closed
+ * best effort). CINFER_DONE when the held text completed a stop string. */
+cinfer_status cinfer_chat_output_finish(cinfer_chat_output *output,
+                                        const cinfer_chat_output_sinks *sinks, void *user);
+
+/* The stop string that ended the text, or NULL. */
+const char *cinfer_chat_output_stop_string(const cinfer_chat_output *output);
+
+/* Tokens of the answer that were reasoning (between <think> and </think>, or in a channel). */
+int cinfer_chat_output_reasoning_tokens(const cinfer_chat_output *output);
 /* ==== Model hub and cache ==== */
 
 /* Models named by a Hugging Face Hub repo id ("org/name") live in the Hugging Face cache, the

@@ -280,6 +280,11 @@ static void test_cli_greedy(void **state) {
   snprintf(expect_text, sizeof expect_text, "%d,%d,%d,%d,%d\n", f->reference[0], f->reference[1],
            f->reference[2], f->reference[3], f->reference[4]);
   assert_string_equal(out, expect_text);
+  /* --device cpu (and a GPU ordinal, unused on the CPU) runs the same */
+  snprintf(args, sizeof args, "--ids %s --temp 0 --ignore-eos -n 5 --device cpu --gpu 0",
+           prompt_csv);
+  assert_int_equal(run_generate(FIXTURE, args, out, sizeof out), 0);
+  assert_string_equal(out, expect_text);
 }
 
 static void test_cli_seed(void **state) {
@@ -307,9 +312,10 @@ static void test_cli_usage_errors(void **state) {
   (void)state;
   char out[4096];
   static const char *const bad[] = {
-      "--chat --ids 1,2",    "--ids 1,2 --top-p 1.5", "--ids 1,2 --temp -1",
-      "--ids 1,2 --top-k x", "--ids 1,2 --seed",      "",
-      "--ids 1,,2",          "--ids 1,2 --min-p 2",
+      "--chat --ids 1,2",    "--ids 1,2 --top-p 1.5",    "--ids 1,2 --temp -1",
+      "--ids 1,2 --top-k x", "--ids 1,2 --seed",         "",
+      "--ids 1,,2",          "--ids 1,2 --min-p 2",      "--ids 1,2 --device gpu",
+      "--ids 1,2 --gpu -1",  "--ids 1,2 --kv-codec zip",
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     int rc = run_generate(FIXTURE, bad[i], out, sizeof out);

@@ -1,9 +1,10 @@
 /* The server's text pipeline without a model or a socket: a hand-built ci_server over a synthetic
- * word-level tokenizer with the Gemma 4 markers, a template mentioning <|channel> and a spec whose
- * model_type is gemma4_text; engine events are applied one at a time as the HTTP thread applies
- * them. Checks Gemma channel reasoning and tool calls reach reasoning / tool_calls (markup never
- * in a content delta), finish reasons, reasoning_tokens, tool_choice none, a call cut by
- * max_tokens, <|tool_response> in the EOS set, and the timings object. */
+ * word-level tokenizer with the Gemma 4 markers, a template mentioning <|channel> and a chat
+ * format for architecture gemma4_text (cinfer_chat_format_create); engine events are applied one
+ * at a time as the HTTP thread applies them. Checks Gemma channel reasoning and tool calls reach
+ * reasoning / tool_calls (markup never in a content delta), finish reasons, reasoning_tokens,
+ * tool_choice none, a call cut by max_tokens, <|tool_response> in the EOS set, and the timings
+ * object. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,7 +12,6 @@
 
 #include <cmocka.h>
 
-#include "base/error.h"
 #include "server/server.h"
 
 #include "gemma_markers_tokenizer.h"
@@ -21,29 +21,29 @@
 #include <string.h>
 
 typedef struct {
-  ci_tokenizer *tok;
-  ci_chat_template *tmpl;
-  ci_model model;
-  ci_generation_config gen;
+  cinfer_tokenizer *tok;
+  cinfer_chat_template *tmpl;
+  cinfer_chat_format *format;
+  cinfer_params defaults;
   ci_server server;
 } fixture;
 
 static int setup(void **state) {
   fixture *f = calloc(1, sizeof *f);
-  f->tok =
-      ci_tokenizer_load_json(gemma_markers_tokenizer_json, strlen(gemma_markers_tokenizer_json));
-  f->tmpl = ci_chat_template_from_source(
-      "{% for m in messages %}<|turn>{{ m.role }}\n{{ m.content }}<turn|>{% endfor %}"
-      "<|turn>model\n<|channel>thought\n{% if not enable_thinking %}<channel|>{% endif %}",
-      NULL, NULL);
-  if (!f->tok || !f->tmpl) return -1;
-  f->model.spec.model_type = "gemma4_text";
-  f->model.spec.vocab = 26;
+  if (cinfer_tokenizer_from_json(gemma_markers_tokenizer_json, strlen(gemma_markers_tokenizer_json),
+                                 &f->tok) != CINFER_OK ||
+      cinfer_chat_template_from_source(
+          "{% for m in messages %}<|turn>{{ m.role }}\n{{ m.content }}<turn|>{% endfor %}"
+          "<|turn>model\n<|channel>thought\n{% if not enable_thinking %}<channel|>{% endif %}",
+          NULL, NULL, &f->tmpl) != CINFER_OK ||
+      cinfer_chat_format_create(f->tok, f->tmpl, "gemma4_text", &f->format) != CINFER_OK)
+    return -1;
+  cinfer_params_init(&f->defaults, NULL);
   f->server.o.tokenizer = f->tok;
   f->server.o.chat_template = f->tmpl;
-  f->server.o.model = &f->model;
-  f->server.o.gen = &f->gen;
-  ci_eos_set_add(&f->server.o.eos, 1);
+  f->server.o.chat_format = f->format;
+  f->server.o.vocab = 26;
+  f->server.o.defaults = &f->defaults;
   pthread_mutex_init(&f->server.metrics_mu, NULL);
   ci_server_detect_formats(&f->server);
   *state = f;
@@ -53,8 +53,9 @@ static int setup(void **state) {
 static int teardown(void **state) {
   fixture *f = *state;
   pthread_mutex_destroy(&f->server.metrics_mu);
-  ci_chat_template_free(f->tmpl);
-  ci_tokenizer_free(f->tok);
+  cinfer_chat_format_free(f->format);
+  cinfer_chat_template_free(f->tmpl);
+  cinfer_tokenizer_free(f->tok);
   free(f);
   return 0;
 }
@@ -72,24 +73,24 @@ typedef struct {
 
 /* Applies the token events then DONE (finish, prompt 10 tokens, 2 cached), collecting and clearing
  * the deltas after every event as the SSE producer does. */
-static void run(fixture *f, ci_srv_job *job, const int32_t *ids, size_t n, ci_finish_reason why,
+static void run(fixture *f, ci_srv_job *job, const int32_t *ids, size_t n, cinfer_finish why,
                 ci_srv_gen *g, streamed *out) {
   memset(g, 0, sizeof *g);
   memset(out, 0, sizeof *out);
   job->n_prompt = 10;
   ci_srv_gen_init_text(&f->server, job, g);
   for (size_t i = 0; i <= n; i++) {
-    ci_engine_event ev;
+    cinfer_event ev;
     memset(&ev, 0, sizeof ev);
     if (i < n) {
-      ev.kind = CI_ENGINE_EVENT_TOKEN;
+      ev.kind = CINFER_EVENT_TOKEN;
       ev.token = ids[i];
     } else {
-      ev.kind = CI_ENGINE_EVENT_DONE;
+      ev.kind = CINFER_EVENT_DONE;
       ev.finish = why;
       ev.prompt_tokens = 10;
       ev.cached_tokens = 2;
-      ev.generated_tokens = (int)n + (why == CI_FINISH_STOP);
+      ev.generated_tokens = (int)n + (why == CINFER_FINISH_STOP);
       ev.prefill_seconds = 0.5;
       ev.decode_seconds = 2.0;
     }
@@ -112,10 +113,20 @@ enum { N_FULL = sizeof full / sizeof full[0] };
 
 static void test_formats_detected(void **state) {
   fixture *f = *state;
-  assert_true(f->server.gemma_channels);
-  assert_true(f->server.gemma_calls);
-  assert_false(f->server.think_format);
-  assert_true(ci_eos_set_contains(&f->server.o.eos, T_RESPONSE)); /* ends generation after calls */
+  assert_true(cinfer_chat_format_has_reasoning(f->format)); /* gemma channels */
+  /* <|tool_response> ends generation after calls: every chat request stops on it */
+  assert_int_equal(f->server.n_chat_stop_ids, 1);
+  assert_int_equal(f->server.chat_stop_ids[0], T_RESPONSE);
+  int32_t ids[4];
+  assert_int_equal(cinfer_chat_format_stop_tokens(f->format, ids, 4), 1);
+  assert_int_equal(ids[0], T_RESPONSE);
+  /* a plain architecture gets no call tokens, so no stop token either */
+  cinfer_chat_format *plain = NULL;
+  assert_int_equal(cinfer_chat_format_create(f->tok, NULL, "llama", &plain), CINFER_OK);
+  assert_int_equal(cinfer_chat_format_stop_tokens(plain, ids, 4), 0);
+  assert_false(cinfer_chat_format_has_reasoning(plain)); /* no template mentioning channels */
+  cinfer_chat_format_free(plain);
+  assert_int_equal(cinfer_chat_format_create(NULL, NULL, NULL, &plain), CINFER_INVALID_ARGUMENT);
 }
 
 static void test_gemma_reasoning_and_calls(void **state) {
@@ -124,7 +135,7 @@ static void test_gemma_reasoning_and_calls(void **state) {
   job.tools = weather_tools();
   ci_srv_gen g;
   streamed out;
-  run(f, &job, full, N_FULL, CI_FINISH_STOP, &g, &out);
+  run(f, &job, full, N_FULL, CINFER_FINISH_STOP, &g, &out);
   assert_string_equal(g.reasoning.data, "I think");
   assert_string_equal(g.content.data, "Hello world");
   assert_string_equal(out.reasoning, "I think");
@@ -149,7 +160,7 @@ static void test_tool_choice_none(void **state) {
   job.tools_off = 1; /* markup is not parsed: the call's text stays content */
   ci_srv_gen g;
   streamed out;
-  run(f, &job, full, N_FULL, CI_FINISH_STOP, &g, &out);
+  run(f, &job, full, N_FULL, CINFER_FINISH_STOP, &g, &out);
   assert_string_equal(g.reasoning.data, "I think");
   assert_string_equal(g.content.data, "Hello worldcall:get_weather{city:Paris,days:3}");
   assert_int_equal(json_array_size(g.calls), 0);
@@ -158,7 +169,7 @@ static void test_tool_choice_none(void **state) {
   /* /v1/completions: nothing is parsed, specials are dropped */
   memset(&job, 0, sizeof job);
   job.raw_text = 1;
-  run(f, &job, full, N_FULL, CI_FINISH_STOP, &g, &out);
+  run(f, &job, full, N_FULL, CINFER_FINISH_STOP, &g, &out);
   assert_null(g.reasoning.data);
   assert_string_equal(g.content.data,
                       "thought\nI thinkHello worldcall:get_weather{city:Paris,days:3}");
@@ -172,14 +183,14 @@ static void test_cut_by_max_tokens(void **state) {
   ci_srv_gen g;
   streamed out;
   /* a call cut after its first string: closed best effort, still a tool call */
-  run(f, &job, full, 16, CI_FINISH_LENGTH, &g, &out);
+  run(f, &job, full, 16, CINFER_FINISH_LENGTH, &g, &out);
   assert_int_equal(json_array_size(g.calls), 1);
   assert_string_equal(json_string_value(json_object_get(json_array_get(g.calls, 0), "arguments")),
                       "{\"city\":\"Paris\"}");
   assert_string_equal(g.finish, "tool_calls");
   ci_srv_gen_free(&g);
   /* a channel cut by max_tokens surfaces its reasoning */
-  run(f, &job, full, 5, CI_FINISH_LENGTH, &g, &out);
+  run(f, &job, full, 5, CINFER_FINISH_LENGTH, &g, &out);
   assert_string_equal(out.reasoning, "I think");
   assert_null(g.content.data);
   assert_string_equal(g.finish, "length");
@@ -194,17 +205,20 @@ static void test_prompt_primed_channel(void **state) {
   ci_srv_job job = {0};
   char *err = NULL;
   assert_int_equal(ci_srv_tokenize_chat(&f->server, messages, NULL, NULL, &job, &err), 0);
-  assert_false(job.channel_open);
+  ci_srv_gen g;
+  streamed out;
+  const int32_t plain[] = {T_HELLO, T_WORLD};
+  run(f, &job, plain, 2, CINFER_FINISH_STOP, &g, &out);
+  assert_string_equal(out.content, "Hello world");
+  assert_string_equal(out.reasoning, "");
+  ci_srv_gen_free(&g);
   ci_srv_job_free(&job);
   /* thinking on: the prompt ends inside the open channel, its name line included */
   assert_int_equal(ci_srv_tokenize_chat(&f->server, messages, NULL, thinking, &job, &err), 0);
-  assert_true(job.channel_open && job.channel_name_done);
   json_decref(thinking);
   json_decref(messages);
-  ci_srv_gen g;
-  streamed out;
   const int32_t rest[] = {T_I, T_THINK, T_CH_CLOSE, T_HELLO};
-  run(f, &job, rest, 4, CI_FINISH_STOP, &g, &out);
+  run(f, &job, rest, 4, CINFER_FINISH_STOP, &g, &out);
   assert_string_equal(out.reasoning, "I think");
   assert_string_equal(out.content, "Hello");
   assert_int_equal(g.reasoning_tokens, 2);
@@ -218,7 +232,7 @@ static void test_timings(void **state) {
   ci_srv_gen g;
   streamed out;
   const int32_t ids[] = {T_HELLO, T_WORLD, T_HELLO, T_WORLD};
-  run(f, &job, ids, 4, CI_FINISH_STOP, &g, &out);
+  run(f, &job, ids, 4, CINFER_FINISH_STOP, &g, &out);
   json_t *t = ci_srv_gen_timings(&g);
   /* prompt_n = P - p = 8 over 0.5 s; predicted_n = g = 5 (EOS included), (g - 1) / 2 s */
   assert_int_equal(json_integer_value(json_object_get(t, "prompt_n")), 8);

@@ -14,6 +14,7 @@
 #include "text/jinja.h"
 
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -857,6 +858,63 @@ static void test_malformed_templates(void **state) {
   expect_failure("{% set d = {} %}{{ d.a.b }}", "'dict object' has no attribute 'a'");
 }
 
+/* One parsed template rendered by many threads at once (the server renders every chat request on
+ * its HTTP thread): every render equals the single-threaded one. The template's literals are
+ * shared by all renders, so this fails when a render touches their reference counts (it did:
+ * renders under a 64-client load then corrupted a literal and failed). */
+enum { RENDER_THREADS = 8, RENDERS_PER_THREAD = 300 };
+
+typedef struct {
+  const ci_jinja_template *t;
+  const json_t *vars;
+  const char *expected;
+  int mismatches;
+} render_job;
+
+static void *render_many(void *arg) {
+  render_job *job = arg;
+  for (int i = 0; i < RENDERS_PER_THREAD; i++) {
+    char *out = NULL;
+    if (ci_jinja_render(job->t, job->vars, &out, NULL) || strcmp(out, job->expected))
+      job->mismatches++;
+    free(out);
+  }
+  return NULL;
+}
+
+static void test_concurrent_renders(void **state) {
+  (void)state;
+  const char *source = "{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}"
+                       "{{ ' (' ~ loop.index ~ ')' }}{% if not loop.last %}, {% endif %}"
+                       "{% endfor %}{{ 'done' if add_generation_prompt else '' }}";
+  ci_jinja_template *t = ci_jinja_parse(source, strlen(source));
+  assert_non_null(t);
+  json_error_t error;
+  json_t *vars = json_loads("{\"add_generation_prompt\": true, \"messages\": ["
+                            "{\"role\": \"user\", \"content\": \" hi \"},"
+                            "{\"role\": \"assistant\", \"content\": \"hello\"}]}",
+                            0, &error);
+  assert_non_null(vars);
+  char *expected = NULL;
+  assert_int_equal(ci_jinja_render(t, vars, &expected, NULL), CI_OK);
+  assert_string_equal(expected, "<user>hi (1), <assistant>hello (2)done");
+  pthread_t threads[RENDER_THREADS];
+  render_job jobs[RENDER_THREADS];
+  for (int i = 0; i < RENDER_THREADS; i++) {
+    jobs[i] = (render_job){.t = t, .vars = vars, .expected = expected};
+    assert_int_equal(pthread_create(&threads[i], NULL, render_many, &jobs[i]), 0);
+  }
+  int mismatches = 0;
+  for (int i = 0; i < RENDER_THREADS; i++) {
+    pthread_join(threads[i], NULL);
+    mismatches += jobs[i].mismatches;
+  }
+  assert_int_equal(mismatches, 0);
+  free(expected);
+  json_decref(vars);
+  ci_jinja_free(t);
+}
+
 static void test_strftime_now(void **state) {
   (void)state;
   char *out = NULL;
@@ -878,7 +936,7 @@ int main(void) {
       cmocka_unit_test(test_inline_cases), cmocka_unit_test(test_goldens),
       cmocka_unit_test(test_load_rules),   cmocka_unit_test(test_cli_render),
       cmocka_unit_test(test_limits),       cmocka_unit_test(test_malformed_templates),
-      cmocka_unit_test(test_strftime_now),
+      cmocka_unit_test(test_strftime_now), cmocka_unit_test(test_concurrent_renders),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

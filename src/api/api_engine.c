@@ -12,6 +12,7 @@
 struct cinfer_engine {
   cinfer_model *model; /* not owned */
   ci_engine *engine;   /* owned */
+  ci_kv_codec base;    /* what every sequence starts in */
 };
 
 struct cinfer_request {
@@ -25,6 +26,9 @@ void cinfer_engine_options_init(cinfer_engine_options *options) {
   memset(options, 0, sizeof *options);
   options->max_batch = defaults.batch;
   options->prefix_cache_bytes = defaults.prefix_cache_bytes;
+  options->batch_tokens = defaults.batch_tokens;
+  options->prefill_chunk = defaults.prefill_chunk;
+  options->max_queue = defaults.max_queue;
 }
 
 cinfer_status cinfer_engine_create(cinfer_model *model, const cinfer_engine_options *options,
@@ -38,9 +42,11 @@ cinfer_status cinfer_engine_create(cinfer_model *model, const cinfer_engine_opti
   ci_engine_options o;
   ci_engine_options_default(&o);
   if (options->max_batch < 1 || options->context_size < 0 || options->kv_protect < 0 ||
-      options->kv_budget_bytes < 0 || options->prefix_cache_bytes < 0)
+      options->kv_budget_bytes < 0 || options->prefix_cache_bytes < 0 ||
+      options->batch_tokens < 1 || options->prefill_chunk < 1 || options->max_queue < 0)
     return ci_api_fail(CINFER_INVALID_ARGUMENT,
-                       "engine options: max_batch must be >= 1, the others >= 0");
+                       "engine options: max_batch, batch_tokens and prefill_chunk must be >= 1, "
+                       "the others >= 0");
   if (options->kv_codec && strcmp(options->kv_codec, "bf16") != 0 &&
       strcmp(options->kv_codec, "f32") != 0)
     return ci_api_fail(CINFER_INVALID_ARGUMENT,
@@ -53,9 +59,13 @@ cinfer_status cinfer_engine_create(cinfer_model *model, const cinfer_engine_opti
   o.kv_protect = options->kv_protect;
   o.kv_budget_bytes = options->kv_budget_bytes;
   o.prefix_cache_bytes = options->prefix_cache_bytes;
+  o.batch_tokens = options->batch_tokens;
+  o.prefill_chunk = options->prefill_chunk;
+  o.max_queue = options->max_queue;
   cinfer_engine *e = calloc(1, sizeof *e);
   if (!e) return ci_api_fail(CINFER_ERROR, "out of memory for an engine");
   e->model = model;
+  e->base = o.base;
   e->engine = ci_engine_create(model->model, &o);
   if (!e->engine) {
     free(e);
@@ -85,10 +95,24 @@ cinfer_status cinfer_engine_submit(cinfer_engine *engine, const int32_t *prompt,
   ci_api_resolved r;
   cinfer_status status = ci_api_resolve(engine->model, params, &r);
   if (status != CINFER_OK) return status;
-  if (r.kv_plan == CI_KV_PLAN_NONE && r.kv_base != CI_KV_BF16)
+  if (r.kv_plan == CI_KV_PLAN_NONE && r.kv_base != engine->base)
     return ci_api_fail(CINFER_INVALID_ARGUMENT,
                        "kv_codec \"%s\" is engine-wide (cinfer_engine_options.kv_codec)",
                        params->kv_codec);
+  if (params->top_logprobs < 0 || params->top_logprobs > CINFER_MAX_TOP_LOGPROBS)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT, "top_logprobs must be in [0, %d] (got %d)",
+                       CINFER_MAX_TOP_LOGPROBS, params->top_logprobs);
+  /* A defaulted cap is cut to the room the context leaves; an explicit one is checked by the
+   * engine (the request is rejected when it does not fit). */
+  const int64_t ctx = ci_engine_ctx_size(engine->engine);
+  if (!params->max_tokens_explicit && (int64_t)n_prompt < ctx &&
+      (int64_t)n_prompt + r.max_tokens > ctx)
+    r.max_tokens = (int)(ctx - (int64_t)n_prompt);
+  if ((int64_t)n_prompt >= ctx || (int64_t)n_prompt + r.max_tokens > ctx)
+    return ci_api_fail(CINFER_CONTEXT_EXCEEDED,
+                       "this model's maximum context length is %lld tokens; the request needs "
+                       "%lld (prompt %zu + max_tokens %d)",
+                       (long long)ctx, (long long)n_prompt + r.max_tokens, n_prompt, r.max_tokens);
   cinfer_request *request = calloc(1, sizeof *request);
   if (!request) return ci_api_fail(CINFER_ERROR, "out of memory for a request");
   ci_engine_job job = {0};
@@ -101,14 +125,19 @@ cinfer_status cinfer_engine_submit(cinfer_engine *engine, const int32_t *prompt,
   job.kv_target = r.kv_target;
   job.kv_start = r.kv_start;
   job.kv_protect = r.kv_protect;
+  job.top_logprobs = params->top_logprobs;
   switch (ci_engine_submit(engine->engine, &job, &request->request)) {
   case CI_ENGINE_SUBMITTED:
     *out = request;
     return CINFER_OK;
   case CI_ENGINE_REJECTED:
-  case CI_ENGINE_OVER_CONTEXT:
-  case CI_ENGINE_OVER_BUDGET:
     status = CINFER_REJECTED;
+    break;
+  case CI_ENGINE_OVER_CONTEXT:
+    status = CINFER_CONTEXT_EXCEEDED;
+    break;
+  case CI_ENGINE_OVER_BUDGET:
+    status = CINFER_OVER_BUDGET;
     break;
   case CI_ENGINE_OUT_OF_MEMORY:
     status = CINFER_ERROR;
@@ -149,6 +178,9 @@ cinfer_status cinfer_request_next(cinfer_request *request, cinfer_event *event,
     event->kind = CINFER_EVENT_TOKEN;
     event->token = e.token;
     event->logprob = e.logprob;
+    event->n_top = e.n_top < CINFER_MAX_TOP_LOGPROBS ? e.n_top : CINFER_MAX_TOP_LOGPROBS;
+    memcpy(event->top_ids, e.top_ids, (size_t)event->n_top * sizeof *event->top_ids);
+    memcpy(event->top_logprobs, e.top_logprobs, (size_t)event->n_top * sizeof *event->top_logprobs);
     break;
   case CI_ENGINE_EVENT_DONE:
     event->kind = CINFER_EVENT_DONE;
@@ -157,6 +189,9 @@ cinfer_status cinfer_request_next(cinfer_request *request, cinfer_event *event,
     event->prompt_tokens = e.prompt_tokens;
     event->cached_tokens = e.cached_tokens;
     event->generated_tokens = e.generated_tokens;
+    event->queue_seconds = e.queue_seconds;
+    event->prefill_seconds = e.prefill_seconds;
+    event->decode_seconds = e.decode_seconds;
     request->finished = 1;
     break;
   case CI_ENGINE_EVENT_ERROR:
@@ -177,4 +212,61 @@ void cinfer_request_free(cinfer_request *request) {
   if (!request) return;
   ci_engine_request_release(request->request);
   free(request);
+}
+
+void cinfer_engine_stop(cinfer_engine *engine) {
+  if (engine) ci_engine_stop(engine->engine);
+}
+
+int cinfer_engine_context_size(const cinfer_engine *engine) {
+  return engine ? ci_engine_ctx_size(engine->engine) : 0;
+}
+
+int cinfer_engine_max_batch(const cinfer_engine *engine) {
+  return engine ? ci_engine_max_batch(engine->engine) : 0;
+}
+
+cinfer_status cinfer_engine_get_stats(cinfer_engine *engine, cinfer_engine_stats *stats) {
+  if (!engine || !stats)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT, "cinfer_engine_get_stats: NULL argument");
+  ci_engine_stats st;
+  ci_engine_get_stats(engine->engine, &st);
+  memset(stats, 0, sizeof *stats);
+  stats->n_kv_formats =
+      st.n_kv_formats < CINFER_MAX_KV_FORMATS ? st.n_kv_formats : CINFER_MAX_KV_FORMATS;
+  for (int i = 0; i < stats->n_kv_formats; i++) {
+    cinfer_kv_usage *u = &stats->kv_formats[i];
+    ci_kv_format_name(&st.kv_formats[i].format, u->codec, sizeof u->codec);
+    u->blocks_used = st.kv_formats[i].blocks_used;
+    u->blocks_free = st.kv_formats[i].blocks_free;
+    u->bytes_used = st.kv_formats[i].bytes_used;
+  }
+  stats->n_kv_conversions =
+      st.n_kv_conversions < CINFER_MAX_KV_FORMATS ? st.n_kv_conversions : CINFER_MAX_KV_FORMATS;
+  for (int i = 0; i < stats->n_kv_conversions; i++) {
+    ci_kv_format_name(&st.kv_conversion_formats[i], stats->kv_conversion_codecs[i],
+                      sizeof stats->kv_conversion_codecs[i]);
+    stats->kv_conversions[i] = st.kv_conversions[i];
+  }
+  stats->running = st.running;
+  stats->waiting = st.waiting;
+  stats->blocks_used = st.blocks_used;
+  stats->bytes_used = st.bytes_used;
+  stats->kv_budget_bytes = st.kv_budget_bytes;
+  stats->reserved_bytes = st.reserved_bytes;
+  stats->requests_finished = st.requests_finished;
+  stats->requests_cancelled = st.requests_cancelled;
+  stats->requests_failed = st.requests_failed;
+  stats->prompt_tokens = st.prompt_tokens;
+  stats->cached_tokens = st.cached_tokens;
+  stats->generated_tokens = st.generated_tokens;
+  stats->steps = st.steps;
+  stats->step_rows = st.step_rows;
+  stats->prefix_hits = st.prefix_hits;
+  stats->prefix_misses = st.prefix_misses;
+  stats->prefix_cache_bytes = st.prefix_cache_bytes;
+  stats->prefix_cache_max_bytes = st.prefix_cache_max_bytes;
+  stats->prefix_cache_blocks = st.prefix_cache_blocks;
+  stats->prefix_cache_entries = st.prefix_cache_entries;
+  return CINFER_OK;
 }

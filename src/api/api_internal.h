@@ -10,15 +10,41 @@
 #include "io/generation_config.h"
 #include "sample/sampler.h"
 #include "text/chat_template.h"
+#include "text/gemma_output.h"
 #include "text/tokenizer.h"
 
+/* The public text handles wrap the internal ones; a model's are views of its own. */
+struct cinfer_tokenizer {
+  ci_tokenizer *impl;
+};
+struct cinfer_chat_template {
+  ci_chat_template *impl;
+};
+
+/* A model family's chat output conventions (cinfer_chat_format_create). */
+struct cinfer_chat_format {
+  const ci_tokenizer *tok; /* borrowed */
+  int think_format;        /* <think> and </think> are tokens */
+  int32_t think_open, think_close;
+  ci_gemma_markers gemma; /* Gemma 4 marker ids (-1 where absent) */
+  int gemma_channels;     /* gemma-channel reasoning */
+  int gemma_calls;        /* Gemma 4 tool-call tokens */
+};
+
+/* Detects the conventions (chat_template and architecture may be NULL). */
+void ci_api_chat_format_detect(cinfer_chat_format *format, const ci_tokenizer *tok,
+                               const ci_chat_template *chat_template, const char *architecture);
+
 struct cinfer_model {
-  ci_model *model;                 /* owned (ci_model_open: with its backend) */
-  char *dir;                       /* the resolved model folder; owned */
-  ci_tokenizer *tokenizer;         /* owned; NULL when the folder has no tokenizer.json */
-  ci_chat_template *chat_template; /* owned; NULL when the model has none */
-  char template_error[256];        /* why chat_template is NULL */
-  ci_generation_config generation; /* generation_config.json (has_ flags 0 when absent) */
+  ci_model *model;                         /* owned (ci_model_open: with its backend) */
+  char *dir;                               /* the resolved model folder; owned */
+  ci_tokenizer *tokenizer;                 /* owned; NULL when the folder has no tokenizer.json */
+  ci_chat_template *chat_template;         /* owned; NULL when the model has none */
+  cinfer_tokenizer tokenizer_view;         /* {tokenizer}: what cinfer_model_tokenizer returns */
+  cinfer_chat_template chat_template_view; /* {chat_template} */
+  cinfer_chat_format chat_format;          /* valid when tokenizer is non-NULL */
+  char template_error[256];                /* why chat_template is NULL */
+  ci_generation_config generation;         /* generation_config.json (has_ flags 0 when absent) */
   ci_eos_set eos; /* config.json ∪ generation_config.json ∪ tokenizer eos_token */
 };
 
@@ -33,6 +59,10 @@ typedef struct {
   int64_t kv_start;
   int kv_protect;
 } ci_api_resolved;
+
+/* The KV fields of params resolved into the sequence's plan (no model needed). Returns CINFER_OK
+ * or CINFER_INVALID_ARGUMENT with the reason. */
+cinfer_status ci_api_resolve_kv(const cinfer_params *params, ci_api_resolved *out);
 
 /* Checks params against the model and resolves them. Returns CINFER_OK or
  * CINFER_INVALID_ARGUMENT with the reason as the last error. */

@@ -3,6 +3,7 @@
 #include "api/api_internal.h"
 
 #include "base/error.h"
+#include "engine/eos_set.h"
 #include "io/model_path.h"
 
 #include <jansson.h>
@@ -29,12 +30,9 @@ static cinfer_status load_text_and_defaults(cinfer_model *m) {
     snprintf(m->template_error, sizeof m->template_error, "%s", ci_last_error());
     ci_clear_error();
   }
-  const ci_model_spec *spec = &m->model->spec;
-  if (ci_eos_set_build(&m->eos, spec->eos_ids, spec->n_eos, &m->generation)) return CINFER_ERROR;
-  if (m->tokenizer) {
-    const int32_t eos_token = ci_tokenizer_config_token_id(m->tokenizer, "eos_token");
-    if (eos_token >= 0 && ci_eos_set_add(&m->eos, eos_token)) return CINFER_ERROR;
-  }
+  /* the one EOS set of the model: config.json, generation_config.json, the tokenizer's eos_token */
+  if (ci_eos_set_for_model(&m->eos, &m->model->spec, &m->generation, m->tokenizer))
+    return CINFER_ERROR;
   return CINFER_OK;
 }
 
@@ -49,14 +47,22 @@ cinfer_status cinfer_model_load(const char *path, const cinfer_model_options *op
   if (options->n_threads < 0)
     return ci_api_fail(CINFER_INVALID_ARGUMENT, "n_threads must be >= 0 (got %d)",
                        options->n_threads);
+  if (options->gpu < 0)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT, "gpu must be >= 0 (got %d)", options->gpu);
   cinfer_model *m = calloc(1, sizeof *m);
   if (!m) return ci_api_fail(CINFER_ERROR, "out of memory for a model");
   m->dir = ci_model_path_resolve(path);
-  m->model = m->dir ? ci_model_open(m->dir, options->n_threads) : NULL;
+  const ci_device_options device = {options->device, options->gpu, options->n_threads};
+  m->model = m->dir ? ci_model_open_on(m->dir, &device) : NULL;
   if (!m->model || load_text_and_defaults(m) != CINFER_OK) {
     cinfer_model_free(m);
     return CINFER_ERROR;
   }
+  m->tokenizer_view.impl = m->tokenizer;
+  m->chat_template_view.impl = m->chat_template;
+  if (m->tokenizer)
+    ci_api_chat_format_detect(&m->chat_format, m->tokenizer, m->chat_template,
+                              ci_model_architecture(m->model));
   *out = m;
   return CINFER_OK;
 }

@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "engine/params.h"
 
+#include <stdint.h>
 #include <string.h>
 
 enum { BUILTIN_MAX_TOKENS = 256 };
@@ -23,12 +24,17 @@ void cinfer_params_init(cinfer_params *params, const cinfer_model *model) {
   params->repetition_penalty = sampling.penalties.repetition;
   params->presence_penalty = sampling.penalties.presence;
   params->frequency_penalty = sampling.penalties.frequency;
+  params->repetition_context = sampling.penalties.repetition_context;
+  params->presence_context = sampling.penalties.presence_context;
+  params->frequency_context = sampling.penalties.frequency_context;
+  params->xtc_probability = sampling.xtc_probability;
+  params->xtc_threshold = sampling.xtc_threshold;
   params->max_tokens = max_tokens;
   params->kv_bits = 4;
 }
 
 /* The KV fields: the same precedence as the command line's --kv-* flags (docs/kv-cache.md §7). */
-static cinfer_status resolve_kv(const cinfer_params *p, ci_api_resolved *out) {
+cinfer_status ci_api_resolve_kv(const cinfer_params *p, ci_api_resolved *out) {
   out->kv_base = CI_KV_BF16;
   out->kv_plan = CI_KV_PLAN_MODEL_CONFIG;
   out->kv_start = p->kv_start;
@@ -62,8 +68,22 @@ cinfer_status ci_api_resolve(const cinfer_model *model, const cinfer_params *p,
   s->penalties.repetition = p->repetition_penalty;
   s->penalties.presence = p->presence_penalty;
   s->penalties.frequency = p->frequency_penalty;
+  s->penalties.repetition_context = p->repetition_context;
+  s->penalties.presence_context = p->presence_context;
+  s->penalties.frequency_context = p->frequency_context;
+  s->xtc_probability = p->xtc_probability;
+  s->xtc_threshold = p->xtc_threshold;
   s->seed = p->seed;
   s->has_seed = p->has_seed;
+  if (p->n_logit_bias > 0 && !p->logit_bias)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT, "logit_bias is NULL with %zu entries",
+                       p->n_logit_bias);
+  if (p->n_logit_bias > (size_t)INT32_MAX)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT, "too many logit_bias entries");
+  /* cinfer_logit_bias and ci_logit_bias are both {int32_t, float} */
+  _Static_assert(sizeof(cinfer_logit_bias) == sizeof(ci_logit_bias), "logit bias layout");
+  s->logit_bias = (const ci_logit_bias *)p->logit_bias;
+  s->n_logit_bias = (int)p->n_logit_bias;
   if (ci_sampler_params_validate(s, ci_model_vocab_size(model->model)))
     return CINFER_INVALID_ARGUMENT;
   if (p->max_tokens < 1)
@@ -72,5 +92,25 @@ cinfer_status ci_api_resolve(const cinfer_model *model, const cinfer_params *p,
     return ci_api_fail(CINFER_INVALID_ARGUMENT, "context_size and prefill_chunk must be >= 0");
   out->max_tokens = p->max_tokens;
   if (!p->ignore_eos) out->eos = model->eos;
-  return resolve_kv(p, out);
+  if (p->n_stop_token_ids > 0 && !p->stop_token_ids)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT, "stop_token_ids is NULL with %zu entries",
+                       p->n_stop_token_ids);
+  const int vocab = ci_model_vocab_size(model->model);
+  for (size_t i = 0; i < p->n_stop_token_ids; i++) {
+    if (p->stop_token_ids[i] < 0 || p->stop_token_ids[i] >= vocab)
+      return ci_api_fail(CINFER_INVALID_ARGUMENT, "stop_token_ids: id %d is out of range [0, %d)",
+                         (int)p->stop_token_ids[i], vocab);
+    if (ci_eos_set_add(&out->eos, p->stop_token_ids[i]))
+      return ci_api_fail(CINFER_INVALID_ARGUMENT,
+                         "stop_token_ids: at most %d distinct ids (EOS ids included)",
+                         CI_EOS_SET_MAX);
+  }
+  const cinfer_status status = ci_api_resolve_kv(p, out);
+  if (status != CINFER_OK || out->kv_plan != CI_KV_PLAN_TARGET) return status;
+  /* a codec every cache layer of this model can store (head_dim divisibility, powers of two) */
+  const ci_model_spec *spec = &model->model->spec;
+  for (int l = 0; l < spec->n_cache_layers; l++)
+    if (ci_kv_format_check(&out->kv_target, spec->layers[l].head_dim))
+      return ci_api_fail(CINFER_INVALID_ARGUMENT, "kv_codec: %s", ci_last_error());
+  return CINFER_OK;
 }

@@ -5,8 +5,10 @@
 #include "api/api_internal.h"
 
 #include "base/error.h"
+#include "base/timing.h"
 #include "engine/finish_rule.h"
 #include "engine/session.h"
+#include "sample/logprobs.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -31,6 +33,13 @@ struct cinfer_session {
   size_t n_generated; /* sampled in the current turn */
   cinfer_finish finish;
   atomic_int cancelled;
+  int has_sampled;         /* the sampler's log-probabilities are those of the last step's token */
+  size_t n_synthetic;      /* positions before tokens[0] filled by cinfer_session_fill_synthetic */
+  int max_tokens_explicit; /* the prompt plus max_tokens must fit the context */
+  /* The current turn's timings (cinfer_session_timings). */
+  int turn_open; /* fed since the last step: a later feed adds to the turn's prompt */
+  int turn_prompt_tokens;
+  double turn_start, prefill_seconds, first_token_at, last_token_at;
 };
 
 /* A sampler for the session's parameters with `seed` (keeps the drawn seed across resets). */
@@ -65,6 +74,7 @@ cinfer_status cinfer_session_create(cinfer_model *model, const cinfer_params *pa
   s->context_size =
       params->context_size > 0 ? params->context_size : ci_model_context_length(model->model);
   s->prefill_chunk = params->prefill_chunk > 0 ? params->prefill_chunk : DEFAULT_PREFILL_CHUNK;
+  s->max_tokens_explicit = params->max_tokens_explicit;
   ci_session_options options;
   ci_session_options_default(&options);
   options.kv_codec = s->params.kv_base;
@@ -157,14 +167,25 @@ cinfer_status cinfer_session_feed(cinfer_session *session, const int32_t *ids, s
                          "token id %d at index %zu is out of range "
                          "[0, %d)",
                          (int)ids[i], i, session->vocab);
-  if (session->n_tokens + n_ids > (size_t)session->context_size)
+  if (session->n_synthetic + session->n_tokens + n_ids > (size_t)session->context_size)
     return ci_api_fail(CINFER_ERROR, "%zu tokens + %zu new exceed the context size %d",
-                       session->n_tokens, n_ids, session->context_size);
+                       session->n_synthetic + session->n_tokens, n_ids, session->context_size);
+  const double start = ci_now_seconds();
+  session->has_sampled = 0;
+  if (!session->turn_open) {
+    session->turn_open = 1;
+    session->turn_prompt_tokens = 0;
+    session->turn_start = start;
+    session->prefill_seconds = session->first_token_at = session->last_token_at = 0;
+  }
   session->finish = CINFER_FINISH_NONE;
   session->n_generated = 0;
   atomic_store(&session->cancelled, 0);
   if (append_tokens(session, ids, n_ids) != CINFER_OK) return CINFER_ERROR;
-  return run_pending(session, logits, n_logit_rows);
+  const cinfer_status status = run_pending(session, logits, n_logit_rows);
+  session->prefill_seconds += ci_now_seconds() - start;
+  if (status == CINFER_OK) session->turn_prompt_tokens += (int)n_ids;
+  return status;
 }
 
 cinfer_status cinfer_session_feed_text(cinfer_session *session, const char *text, int add_special) {
@@ -199,7 +220,14 @@ cinfer_status cinfer_session_step(cinfer_session *session, int32_t *token) {
   if (s->finish != CINFER_FINISH_NONE) return CINFER_DONE;
   if (s->n_tokens == 0)
     return ci_api_fail(CINFER_INVALID_ARGUMENT, "nothing to continue: feed a prompt first");
-  if (s->n_generated >= (size_t)s->params.max_tokens || s->n_tokens >= (size_t)s->context_size)
+  if (s->n_generated == 0 && s->max_tokens_explicit &&
+      s->n_synthetic + s->n_tokens + (size_t)s->params.max_tokens > (size_t)s->context_size)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT,
+                       "the prompt (%zu tokens) + max_tokens (%d) exceeds the context size %d",
+                       s->n_tokens, s->params.max_tokens, s->context_size);
+  s->turn_open = 0;
+  if (s->n_generated >= (size_t)s->params.max_tokens ||
+      s->n_synthetic + s->n_tokens >= (size_t)s->context_size)
     return finish(s, CINFER_FINISH_LENGTH, token);
   if (s->n_run < s->n_tokens && run_pending(s, NULL, 0) != CINFER_OK) return CINFER_ERROR;
   if (!s->has_logits)
@@ -210,9 +238,13 @@ cinfer_status cinfer_session_step(cinfer_session *session, int32_t *token) {
   }
   /* docs/generation.md §3: sample, count, then the finish rule (EOS > length). */
   memcpy(s->scratch, s->logits, (size_t)s->vocab * sizeof *s->scratch);
+  s->has_sampled = 0; /* the sampler's log-probabilities change now */
   const int32_t next = ci_sampler_next(s->sampler, s->scratch, s->tokens, s->n_tokens);
   if (next < 0) return CINFER_ERROR;
+  s->has_sampled = 1;
   if (append_tokens(s, &next, 1) != CINFER_OK) return CINFER_ERROR;
+  s->last_token_at = ci_now_seconds();
+  if (s->n_generated == 0) s->first_token_at = s->last_token_at;
   s->n_generated++;
   *token = next;
   ci_finish_reason reason;
@@ -265,9 +297,77 @@ cinfer_status cinfer_session_reset(cinfer_session *session) {
   if (!sampler) return CINFER_ERROR;
   ci_sampler_free(session->sampler);
   session->sampler = sampler;
-  session->n_tokens = session->n_run = session->n_generated = 0;
+  session->n_tokens = session->n_run = session->n_generated = session->n_synthetic = 0;
   session->has_logits = 0;
   session->finish = CINFER_FINISH_NONE;
+  session->turn_open = 0;
+  session->has_sampled = 0;
   atomic_store(&session->cancelled, 0);
   return ci_session_reset(session->seq) ? CINFER_ERROR : CINFER_OK;
+}
+
+cinfer_status cinfer_session_timings(const cinfer_session *session, cinfer_timings *timings) {
+  if (!session || !timings)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT, "cinfer_session_timings: NULL argument");
+  const cinfer_session *s = session;
+  memset(timings, 0, sizeof *timings);
+  timings->prompt_tokens = s->turn_prompt_tokens;
+  timings->generated_tokens = (int)s->n_generated;
+  timings->prefill_seconds = s->prefill_seconds;
+  if (s->prefill_seconds > 0) timings->prefill_tok_s = s->turn_prompt_tokens / s->prefill_seconds;
+  if (s->n_generated > 0) {
+    timings->ttft_seconds = s->first_token_at - s->turn_start;
+    timings->decode_seconds = s->last_token_at - s->first_token_at;
+  }
+  if (s->n_generated > 1 && timings->decode_seconds > 0)
+    timings->decode_tok_s = (double)(s->n_generated - 1) / timings->decode_seconds;
+  return CINFER_OK;
+}
+
+cinfer_status cinfer_session_logprobs(const cinfer_session *session, int k, float *logprob,
+                                      int32_t *top_ids, float *top_logprobs, int *n_top) {
+  if (n_top) *n_top = 0;
+  if (!session || k < 0 || k > CINFER_MAX_TOP_LOGPROBS || (k > 0 && (!top_ids || !top_logprobs)))
+    return ci_api_fail(CINFER_INVALID_ARGUMENT,
+                       "cinfer_session_logprobs: k must be in [0, %d] with room for k entries",
+                       CINFER_MAX_TOP_LOGPROBS);
+  const float *lp = session->has_sampled ? ci_sampler_logprobs(session->sampler) : NULL;
+  if (!lp)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT,
+                       "no log-probabilities: the last call was not a step that sampled a token");
+  if (logprob) *logprob = lp[session->tokens[session->n_tokens - 1]];
+  ci_logprob top[CINFER_MAX_TOP_LOGPROBS];
+  const int n = ci_logprobs_top(lp, session->vocab, k, top);
+  for (int i = 0; i < n; i++) {
+    top_ids[i] = top[i].id;
+    top_logprobs[i] = top[i].logprob;
+  }
+  if (n_top) *n_top = n;
+  return CINFER_OK;
+}
+
+uint64_t cinfer_session_seed(const cinfer_session *session) {
+  return session ? ci_sampler_seed(session->sampler) : 0;
+}
+
+int64_t cinfer_session_kv_bytes(const cinfer_session *session) {
+  return session ? ci_session_kv_bytes_used(session->seq) : 0;
+}
+
+cinfer_status cinfer_session_fill_synthetic(cinfer_session *session, int64_t n_positions,
+                                            uint64_t seed) {
+  if (!session)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT, "cinfer_session_fill_synthetic: NULL session");
+  if (n_positions < 0)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT, "n_positions must be >= 0 (got %lld)",
+                       (long long)n_positions);
+  if (session->n_tokens != 0 || ci_session_position(session->seq) != 0)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT,
+                       "synthetic positions go into an empty session only (reset it first)");
+  if (n_positions > session->context_size)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT, "%lld positions exceed the context size %d",
+                       (long long)n_positions, session->context_size);
+  if (ci_session_fill_synthetic(session->seq, n_positions, seed)) return CINFER_ERROR;
+  session->n_synthetic = (size_t)n_positions;
+  return CINFER_OK;
 }

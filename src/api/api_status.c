@@ -37,6 +37,10 @@ const char *cinfer_status_name(cinfer_status status) {
     return "rejected";
   case CINFER_STOPPED:
     return "stopped";
+  case CINFER_CONTEXT_EXCEEDED:
+    return "context exceeded";
+  case CINFER_OVER_BUDGET:
+    return "over budget";
   }
   return "unknown status";
 }

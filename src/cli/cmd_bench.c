@@ -1,19 +1,17 @@
 /* `cinfer bench`: prefill and decode throughput of one sequence on seeded random-token prompts
  * (EOS ignored), median over runs, as a table or one JSON object. */
-#include "base/error.h"
 #include "base/timing.h"
+#include "cinfer.h"
 #include "cli/args.h"
 #include "cli/kv_flags.h"
 #include "cli/verbs.h"
-#include "engine/session.h"
-#include "sample/greedy.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
 static const char usage[] =
     "usage: cinfer bench --model DIR [-p PROMPT_TOKENS] [-n GEN_TOKENS] [--depth N] [--runs N]\n"
-    "  [--warmup N] [--threads N] [--json]\n" CI_CLI_KV_USAGE
+    "  [--warmup N] [--json]\n" CI_CLI_MODEL_USAGE CI_CLI_KV_USAGE
     "--depth N fills N positions of the KV cache with synthetic K/V (encoded in the KV codec)\n"
     "before the prompt, to time prefill and decode at that context length.\n";
 
@@ -23,39 +21,50 @@ typedef struct {
   int64_t kv_bytes; /* KV storage in use at the end */
 } run_times;
 
-/* One run in a fresh session: fill `depth` synthetic positions, prefill `prompt_len` random ids,
- * then greedy-decode gen_len tokens. */
-static int bench_run(ci_model *model, const ci_cli_kv_plan *plan, int64_t depth, int prompt_len,
+/* One run in a fresh session: fill `depth` synthetic positions, prefill `prompt_len` random ids
+ * in one forward pass, then decode gen_len tokens greedily (EOS ignored): gen_len + 1 steps, the
+ * first sampling from the prompt's logits, each later one running the previous token first.
+ * Prints the error and returns 1 on failure. */
+static int bench_run(cinfer_model *model, const cinfer_params *kv, int64_t depth, int prompt_len,
                      int gen_len, uint64_t seed, run_times *t) {
-  const int vocab = ci_model_vocab_size(model);
-  ci_session_options options;
-  ci_session_options_default(&options);
-  ci_cli_kv_plan_to_session(plan, &options);
-  ci_session *session = ci_session_create(model, &options);
+  const int vocab = cinfer_model_vocab_size(model);
+  cinfer_params params = *kv;
+  params.temperature = 0;
+  params.ignore_eos = 1;
+  params.max_tokens = gen_len + 1;
+  params.prefill_chunk = prompt_len;
+  params.context_size = (int)(depth + prompt_len + gen_len + 1);
+  cinfer_session *session = NULL;
   int32_t *ids = malloc((size_t)prompt_len * sizeof *ids);
-  float *logits = malloc((size_t)vocab * sizeof *logits);
-  int rc = CI_ERR;
-  if (!session || !ids || !logits) goto done;
-  if (ci_session_fill_synthetic(session, depth, seed)) goto done;
+  int rc = 1;
+  if (!ids) {
+    fprintf(stderr, "cinfer bench: out of memory\n");
+    return 1;
+  }
+  if (cinfer_session_create(model, &params, &session) != CINFER_OK ||
+      cinfer_session_fill_synthetic(session, depth, seed) != CINFER_OK)
+    goto failed;
   for (int i = 0; i < prompt_len; i++) {
     seed = seed * 6364136223846793005ull + 1442695040888963407ull;
     ids[i] = (int32_t)((seed >> 33) % (uint64_t)vocab);
   }
   double start = ci_now_seconds();
-  if (ci_session_feed(session, ids, prompt_len, logits, 1)) goto done;
+  if (cinfer_session_feed(session, ids, (size_t)prompt_len, NULL, 0) != CINFER_OK) goto failed;
   double prefilled = ci_now_seconds();
-  for (int g = 0; g < gen_len; g++) {
-    int32_t next = ci_argmax(logits, vocab);
-    if (ci_session_feed(session, &next, 1, logits, 1)) goto done;
+  for (int g = 0; g <= gen_len; g++) {
+    int32_t next;
+    if (cinfer_session_step(session, &next) != CINFER_OK) goto failed;
   }
   t->prefill_seconds = prefilled - start;
   t->decode_seconds = ci_now_seconds() - prefilled;
-  t->kv_bytes = ci_session_kv_bytes_used(session);
-  rc = CI_OK;
+  t->kv_bytes = cinfer_session_kv_bytes(session);
+  rc = 0;
+  goto done;
+failed:
+  fprintf(stderr, "cinfer bench: %s\n", cinfer_last_error());
 done:
   free(ids);
-  free(logits);
-  ci_session_free(session);
+  cinfer_session_free(session);
   return rc;
 }
 
@@ -70,11 +79,16 @@ static double median(double *v, int n) {
 }
 
 int ci_verb_bench(int argc, char **argv) {
-  ci_flag flags[] = {{"--model", "-m", 1, NULL},      {"--prompt-tokens", "-p", 1, NULL},
-                     {"--gen-tokens", "-n", 1, NULL}, {"--runs", NULL, 1, NULL},
-                     {"--warmup", NULL, 1, NULL},     {"--threads", "-t", 1, NULL},
-                     {"--json", NULL, 0, NULL},       {"--help", "-h", 0, NULL},
-                     {"--depth", NULL, 1, NULL},      CI_CLI_KV_FLAGS};
+  ci_flag flags[] = {{"--model", "-m", 1, NULL},
+                     {"--prompt-tokens", "-p", 1, NULL},
+                     {"--gen-tokens", "-n", 1, NULL},
+                     {"--runs", NULL, 1, NULL},
+                     {"--warmup", NULL, 1, NULL},
+                     {"--json", NULL, 0, NULL},
+                     {"--help", "-h", 0, NULL},
+                     {"--depth", NULL, 1, NULL},
+                     CI_CLI_MODEL_FLAGS,
+                     CI_CLI_KV_FLAGS};
   const int nf = sizeof flags / sizeof flags[0];
   if (ci_args_parse(argc, argv, flags, nf, "bench")) return 2;
   if (ci_args_get(flags, nf, "--help")) {
@@ -86,42 +100,44 @@ int ci_verb_bench(int argc, char **argv) {
     fprintf(stderr, "cinfer bench: --model is required\n%s", usage);
     return 2;
   }
-  long long prompt_len, gen_len, runs, warmup, threads, depth;
-  ci_cli_kv_plan plan;
-  if (ci_cli_kv_plan_parse(flags, nf, "bench", &plan)) return 2;
+  long long prompt_len, gen_len, runs, warmup, depth;
+  cinfer_params params;
+  cinfer_params_init(&params, NULL);
+  cinfer_model_options model_options;
+  char kv_name[32];
+  if (ci_cli_kv_flags(flags, nf, "bench", &params, kv_name, sizeof kv_name, NULL) ||
+      ci_cli_model_options(flags, nf, "bench", &model_options))
+    return 2;
   if (ci_args_int(flags, nf, "--prompt-tokens", 512, 1, 1 << 20, &prompt_len) ||
       ci_args_int(flags, nf, "--gen-tokens", 128, 1, 1 << 20, &gen_len) ||
       ci_args_int(flags, nf, "--runs", 3, 1, 1000, &runs) ||
       ci_args_int(flags, nf, "--warmup", 1, 0, 1000, &warmup) ||
-      ci_args_int(flags, nf, "--threads", 0, 1, 4096, &threads) ||
       ci_args_int(flags, nf, "--depth", 0, 0, 1 << 24, &depth))
     return 2;
-  ci_cli_model cm;
-  if (ci_cli_model_open(model_arg, (int)threads, &cm)) return 1;
+  cinfer_model *model = NULL;
+  int rc = ci_cli_model_load(flags, nf, "bench", model_arg, &model);
+  if (rc) return rc;
   double *prefill = calloc((size_t)runs, sizeof(double));
   double *decode = calloc((size_t)runs, sizeof(double));
   double *ttft = calloc((size_t)runs, sizeof(double));
-  int rc = 1;
+  rc = 1;
   int64_t kv_bytes = 0;
-  if (!prefill || !decode || !ttft) goto done;
+  if (!prefill || !decode || !ttft) {
+    fprintf(stderr, "cinfer bench: out of memory\n");
+    goto done;
+  }
   for (long long r = -warmup; r < runs; r++) {
     run_times t;
-    if (bench_run(cm.model, &plan, depth, (int)prompt_len, (int)gen_len, (uint64_t)(r + 1000),
-                  &t)) {
-      fprintf(stderr, "cinfer bench: %s\n", ci_last_error());
+    if (bench_run(model, &params, depth, (int)prompt_len, (int)gen_len, (uint64_t)(r + 1000), &t))
       goto done;
-    }
     if (r < 0) continue;
     prefill[r] = (double)prompt_len / t.prefill_seconds;
     decode[r] = (double)gen_len / t.decode_seconds;
     ttft[r] = t.prefill_seconds * 1000.0;
     kv_bytes = t.kv_bytes;
   }
-  char kv_name[32];
-  ci_kv_format kv_format = plan.quantized ? plan.target : ci_kv_format_plain(plan.base);
-  ci_kv_format_name(&kv_format, kv_name, sizeof kv_name);
   double p = median(prefill, (int)runs), d = median(decode, (int)runs), f = median(ttft, (int)runs);
-  int64_t weight_bytes = ci_model_weight_bytes_per_token(cm.model);
+  int64_t weight_bytes = cinfer_model_weight_bytes(model);
   double rss_mb = (double)ci_peak_rss_bytes() / 1e6;
   if (ci_args_get(flags, nf, "--json")) {
     printf("{\"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f, \"ttft_ms\": %.3f, "
@@ -142,6 +158,6 @@ done:
   free(prefill);
   free(decode);
   free(ttft);
-  ci_cli_model_close(&cm);
+  cinfer_model_free(model);
   return rc;
 }

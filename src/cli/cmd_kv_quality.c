@@ -3,11 +3,10 @@
  * codec sequence converts after its first chunk or at --kv-start) and reports the mean KL
  * divergence KL(p_bf16 || p_codec) of the next-token distributions, top-1 agreement, and the KV
  * bytes per token relative to bf16, as one JSON line. */
-#include "base/error.h"
+#include "cinfer.h"
 #include "cli/args.h"
 #include "cli/kv_flags.h"
 #include "cli/verbs.h"
-#include "engine/session.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -16,7 +15,7 @@
 
 static const char usage[] =
     "usage: cinfer kv-quality --model DIR (--tokens N [--seed S] | --ids-file FILE) [--chunk N]\n"
-    "  [--skip N] [--threads N]\n" CI_CLI_KV_USAGE
+    "  [--skip N]\n" CI_CLI_MODEL_USAGE CI_CLI_KV_USAGE
     "Positions before --skip (default: the first chunk) are not scored.\n";
 
 /* Reads comma/space/newline-separated ids; returns a malloc'd array or NULL. */
@@ -77,7 +76,7 @@ int ci_verb_kv_quality(int argc, char **argv) {
   ci_flag flags[] = {
       {"--model", "-m", 1, NULL},    {"--tokens", "-n", 1, NULL}, {"--seed", NULL, 1, NULL},
       {"--ids-file", NULL, 1, NULL}, {"--chunk", NULL, 1, NULL},  {"--skip", NULL, 1, NULL},
-      {"--threads", "-t", 1, NULL},  {"--help", "-h", 0, NULL},   CI_CLI_KV_FLAGS};
+      {"--help", "-h", 0, NULL},     CI_CLI_MODEL_FLAGS,          CI_CLI_KV_FLAGS};
   const int nf = sizeof flags / sizeof flags[0];
   if (ci_args_parse(argc, argv, flags, nf, "kv-quality")) return 2;
   if (ci_args_get(flags, nf, "--help")) {
@@ -86,8 +85,12 @@ int ci_verb_kv_quality(int argc, char **argv) {
   }
   const char *model_arg = ci_args_get(flags, nf, "--model");
   const char *ids_path = ci_args_get(flags, nf, "--ids-file");
-  long long tokens, seed, chunk, skip, threads;
-  ci_cli_kv_plan plan;
+  long long tokens, seed, chunk, skip;
+  cinfer_params test_params;
+  cinfer_params_init(&test_params, NULL);
+  cinfer_model_options model_options;
+  char name[32];
+  int quantized = 0;
   if (!model_arg || (!ids_path && !ci_args_get(flags, nf, "--tokens"))) {
     fprintf(stderr, "cinfer kv-quality: --model and --tokens or --ids-file are required\n%s",
             usage);
@@ -97,17 +100,19 @@ int ci_verb_kv_quality(int argc, char **argv) {
       ci_args_int(flags, nf, "--seed", 1, 0, 1LL << 62, &seed) ||
       ci_args_int(flags, nf, "--chunk", 64, 1, 1 << 20, &chunk) ||
       ci_args_int(flags, nf, "--skip", -1, 0, 1 << 24, &skip) ||
-      ci_args_int(flags, nf, "--threads", 0, 1, 4096, &threads) ||
-      ci_cli_kv_plan_parse(flags, nf, "kv-quality", &plan))
+      ci_cli_model_options(flags, nf, "kv-quality", &model_options) ||
+      ci_cli_kv_flags(flags, nf, "kv-quality", &test_params, name, sizeof name, &quantized))
     return 2;
-  if (!plan.quantized) {
+  if (!quantized) {
     fprintf(stderr, "cinfer kv-quality: --kv-codec must name a quantized codec\n");
     return 2;
   }
-  if (skip < 0) skip = plan.start > chunk ? plan.start : chunk;
-  ci_cli_model cm;
-  if (ci_cli_model_open(model_arg, (int)threads, &cm)) return 1;
-  const int V = ci_model_vocab_size(cm.model);
+  if (skip < 0) skip = test_params.kv_start > chunk ? test_params.kv_start : chunk;
+  cinfer_model *model = NULL;
+  int rc = ci_cli_model_load(flags, nf, "kv-quality", model_arg, &model);
+  if (rc) return rc;
+  rc = 1;
+  const int V = cinfer_model_vocab_size(model);
   int n = (int)tokens;
   int32_t *ids = NULL;
   if (ids_path) {
@@ -115,7 +120,7 @@ int ci_verb_kv_quality(int argc, char **argv) {
     if (!ids || n < 2) {
       fprintf(stderr, "cinfer kv-quality: %s: not a list of token ids\n", ids_path);
       free(ids);
-      ci_cli_model_close(&cm);
+      cinfer_model_free(model);
       return 1;
     }
   } else {
@@ -126,15 +131,13 @@ int ci_verb_kv_quality(int argc, char **argv) {
       ids[i] = (int32_t)((state >> 33) % (uint64_t)V);
     }
   }
-  int rc = 1;
-  /* The reference runs in bf16 with no plan, laid out like the codec session. */
-  ci_session_options ref_options, test_options;
-  ci_session_options_default(&ref_options);
-  ref_options.kv_plan = CI_KV_PLAN_NONE;
-  ref_options.kv_protect = plan.protect;
-  ci_session_options_default(&test_options);
-  ci_cli_kv_plan_to_session(&plan, &test_options);
-  ci_session *ref = NULL, *test = NULL;
+  /* The reference runs in bf16 with no plan, laid out like the codec session; both feed each
+   * chunk in one forward pass, and may run past the model's context length. */
+  test_params.prefill_chunk = (int)chunk;
+  test_params.context_size = n;
+  cinfer_params ref_params = test_params;
+  ref_params.kv_codec = "bf16";
+  cinfer_session *ref = NULL, *test = NULL;
   float *ref_logits = malloc((size_t)chunk * V * sizeof(float));
   float *test_logits = malloc((size_t)chunk * V * sizeof(float));
   double *lp = malloc((size_t)V * sizeof(double)), *lq = malloc((size_t)V * sizeof(double));
@@ -142,19 +145,19 @@ int ci_verb_kv_quality(int argc, char **argv) {
     fprintf(stderr, "cinfer kv-quality: out of memory\n");
     goto done;
   }
-  ref = ci_session_create(cm.model, &ref_options);
-  test = ref ? ci_session_create(cm.model, &test_options) : NULL;
-  if (!test) {
-    fprintf(stderr, "cinfer kv-quality: %s\n", ci_last_error());
+  if (cinfer_session_create(model, &ref_params, &ref) != CINFER_OK ||
+      cinfer_session_create(model, &test_params, &test) != CINFER_OK) {
+    fprintf(stderr, "cinfer kv-quality: %s\n", cinfer_last_error());
     goto done;
   }
   double kl_sum = 0.0, kl_max = 0.0;
   long long scored = 0, agree = 0;
   for (int start = 0; start < n; start += (int)chunk) {
     const int len = n - start < chunk ? n - start : (int)chunk;
-    if (ci_session_feed(ref, ids + start, len, ref_logits, len) ||
-        ci_session_feed(test, ids + start, len, test_logits, len)) {
-      fprintf(stderr, "cinfer kv-quality: %s\n", ci_last_error());
+    if (cinfer_session_feed(ref, ids + start, (size_t)len, ref_logits, (size_t)len) != CINFER_OK ||
+        cinfer_session_feed(test, ids + start, (size_t)len, test_logits, (size_t)len) !=
+            CINFER_OK) {
+      fprintf(stderr, "cinfer kv-quality: %s\n", cinfer_last_error());
       goto done;
     }
     for (int r = 0; r < len; r++) {
@@ -174,16 +177,17 @@ int ci_verb_kv_quality(int argc, char **argv) {
     fprintf(stderr, "cinfer kv-quality: no position after --skip %lld to score\n", skip);
     goto done;
   }
-  char name[32];
-  ci_kv_format_name(&plan.target, name, sizeof name);
-  const ci_kv_format bf16 = ci_kv_format_plain(CI_KV_BF16);
-  const double bpt = (double)ci_model_kv_bytes_per_token(cm.model, &plan.target);
-  const double bpt_bf16 = (double)ci_model_kv_bytes_per_token(cm.model, &bf16);
+  int64_t bpt = 0, bpt_bf16 = 0;
+  if (cinfer_model_kv_bytes_per_token(model, &test_params, &bpt) != CINFER_OK ||
+      cinfer_model_kv_bytes_per_token(model, &ref_params, &bpt_bf16) != CINFER_OK) {
+    fprintf(stderr, "cinfer kv-quality: %s\n", cinfer_last_error());
+    goto done;
+  }
   printf("{\"kv_codec\": \"%s\", \"kv_start\": %lld, \"positions\": %lld, \"kl_mean\": %.6g, "
          "\"kl_max\": %.6g, \"top1_agreement\": %.6f, \"bytes_per_token\": %.0f, "
          "\"bytes_vs_bf16\": %.4f}\n",
-         name, plan.start, scored, kl_sum / scored, kl_max, (double)agree / scored, bpt,
-         bpt / bpt_bf16);
+         name, (long long)test_params.kv_start, scored, kl_sum / scored, kl_max,
+         (double)agree / scored, (double)bpt, (double)bpt / (double)bpt_bf16);
   rc = 0;
 done:
   free(ids);
@@ -191,8 +195,8 @@ done:
   free(test_logits);
   free(lp);
   free(lq);
-  ci_session_free(ref);
-  ci_session_free(test);
-  ci_cli_model_close(&cm);
+  cinfer_session_free(ref);
+  cinfer_session_free(test);
+  cinfer_model_free(model);
   return rc;
 }

@@ -2,12 +2,11 @@
  * sequences (like llama.cpp's llama-perplexity), each sequence in its own KV sequence, fed in
  * chunks. Sequences come from a JSON file: an array of ids, an array of id arrays, or an object
  * with "sequences" (the eval_ids.json the starter-model trainer writes). */
-#include "base/error.h"
 #include "base/timing.h"
+#include "cinfer.h"
 #include "cli/args.h"
 #include "cli/kv_flags.h"
 #include "cli/verbs.h"
-#include "engine/session.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -15,22 +14,27 @@
 #include <stdlib.h>
 
 static const char usage[] = "usage: cinfer perplexity --model DIR --ids-file FILE.json [--chunk N] "
-                            "[--threads N] [--json]\n" CI_CLI_KV_USAGE;
+                            "[--json]\n" CI_CLI_MODEL_USAGE CI_CLI_KV_USAGE;
 
 /* Mean NLL of seq[1..n) given its prefix, in a session of its own; adds to *sum and *count. */
-static int score_sequence(ci_model *model, const ci_cli_kv_plan *plan, const int32_t *ids, int n,
+static int score_sequence(cinfer_model *model, const cinfer_params *kv, const int32_t *ids, int n,
                           int chunk, double *sum, long long *count) {
-  const int V = ci_model_vocab_size(model);
-  ci_session_options options;
-  ci_session_options_default(&options);
-  ci_cli_kv_plan_to_session(plan, &options);
-  ci_session *session = ci_session_create(model, &options);
+  const int V = cinfer_model_vocab_size(model);
+  cinfer_params params = *kv;
+  params.prefill_chunk = chunk; /* each chunk one forward pass */
+  params.context_size = n;
+  cinfer_session *session = NULL;
   float *logits = malloc((size_t)chunk * V * sizeof(float));
-  int rc = CI_ERR;
-  if (!session || !logits) goto done;
+  int rc = 1;
+  if (!logits) {
+    fprintf(stderr, "cinfer perplexity: out of memory\n");
+    goto done;
+  }
+  if (cinfer_session_create(model, &params, &session) != CINFER_OK) goto failed;
   for (int start = 0; start < n - 1; start += chunk) {
     const int len = n - 1 - start < chunk ? n - 1 - start : chunk;
-    if (ci_session_feed(session, ids + start, len, logits, len)) goto done;
+    if (cinfer_session_feed(session, ids + start, (size_t)len, logits, (size_t)len) != CINFER_OK)
+      goto failed;
     for (int r = 0; r < len; r++) {
       const float *row = logits + (size_t)r * V;
       double max = row[0], total = 0.0;
@@ -41,35 +45,47 @@ static int score_sequence(ci_model *model, const ci_cli_kv_plan *plan, const int
       (*count)++;
     }
   }
-  rc = CI_OK;
+  rc = 0;
+  goto done;
+failed:
+  fprintf(stderr, "cinfer perplexity: %s\n", cinfer_last_error());
 done:
   free(logits);
-  ci_session_free(session);
+  cinfer_session_free(session);
   return rc;
 }
 
-/* Appends the id arrays of `node` to *seqs. */
-static int collect(json_t *node, json_t *seqs) {
+/* Appends the id arrays of `node` to *seqs. Prints what is wrong (prefixed with path) and
+ * returns 1, else 0. */
+static int collect(json_t *node, json_t *seqs, const char *path) {
   if (json_is_object(node)) node = json_object_get(node, "sequences");
-  if (!json_is_array(node) || json_array_size(node) == 0)
-    return ci_fail("expected an array of ids, an array of id arrays, or {\"sequences\": ...}");
-  if (json_is_integer(json_array_get(node, 0))) return json_array_append(seqs, node);
+  if (!json_is_array(node) || json_array_size(node) == 0) {
+    fprintf(stderr,
+            "cinfer perplexity: %s: expected an array of ids, an array of id arrays, or "
+            "{\"sequences\": ...}\n",
+            path);
+    return 1;
+  }
+  if (json_is_integer(json_array_get(node, 0))) return json_array_append(seqs, node) ? 1 : 0;
   size_t i;
   json_t *v;
   json_array_foreach(node, i, v) {
-    if (!json_is_array(v)) return ci_fail("sequence %zu is not an array of ids", i);
-    json_array_append(seqs, v);
+    if (!json_is_array(v)) {
+      fprintf(stderr, "cinfer perplexity: %s: sequence %zu is not an array of ids\n", path, i);
+      return 1;
+    }
+    if (json_array_append(seqs, v)) return 1;
   }
-  return CI_OK;
+  return 0;
 }
 
 int ci_verb_perplexity(int argc, char **argv) {
   ci_flag flags[] = {{"--model", "-m", 1, NULL},
                      {"--ids-file", NULL, 1, NULL},
                      {"--chunk", NULL, 1, NULL},
-                     {"--threads", "-t", 1, NULL},
                      {"--json", NULL, 0, NULL},
                      {"--help", "-h", 0, NULL},
+                     CI_CLI_MODEL_FLAGS,
                      CI_CLI_KV_FLAGS};
   const int nf = sizeof flags / sizeof flags[0];
   if (ci_args_parse(argc, argv, flags, nf, "perplexity")) return 2;
@@ -79,15 +95,17 @@ int ci_verb_perplexity(int argc, char **argv) {
   }
   const char *model_arg = ci_args_get(flags, nf, "--model");
   const char *path = ci_args_get(flags, nf, "--ids-file");
-  long long chunk, threads;
-  ci_cli_kv_plan plan;
+  long long chunk;
+  cinfer_params params;
+  cinfer_params_init(&params, NULL);
+  cinfer_model_options model_options;
   if (!model_arg || !path) {
     fprintf(stderr, "cinfer perplexity: --model and --ids-file are required\n%s", usage);
     return 2;
   }
   if (ci_args_int(flags, nf, "--chunk", 512, 1, 1 << 20, &chunk) ||
-      ci_args_int(flags, nf, "--threads", 0, 1, 4096, &threads) ||
-      ci_cli_kv_plan_parse(flags, nf, "perplexity", &plan))
+      ci_cli_model_options(flags, nf, "perplexity", &model_options) ||
+      ci_cli_kv_flags(flags, nf, "perplexity", &params, NULL, 0, NULL))
     return 2;
   json_error_t err;
   json_t *root = json_load_file(path, 0, &err);
@@ -96,19 +114,18 @@ int ci_verb_perplexity(int argc, char **argv) {
     return 1;
   }
   json_t *seqs = json_array();
-  if (collect(root, seqs)) {
-    fprintf(stderr, "cinfer perplexity: %s: %s\n", path, ci_last_error());
+  if (!seqs || collect(root, seqs, path)) {
     json_decref(root);
     json_decref(seqs);
     return 1;
   }
-  ci_cli_model cm;
-  if (ci_cli_model_open(model_arg, (int)threads, &cm)) {
+  cinfer_model *model = NULL;
+  int rc = ci_cli_model_load(flags, nf, "perplexity", model_arg, &model);
+  if (rc) {
     json_decref(root);
     json_decref(seqs);
-    return 1;
+    return rc;
   }
-  int rc = 0;
   double sum = 0.0;
   long long count = 0;
   const double t0 = ci_now_seconds();
@@ -117,21 +134,21 @@ int ci_verb_perplexity(int argc, char **argv) {
   json_array_foreach(seqs, s, seq) {
     const int n = (int)json_array_size(seq);
     int32_t *ids = malloc((size_t)(n ? n : 1) * sizeof *ids);
-    for (int i = 0; ids && i < n; i++) {
+    if (!ids) {
+      fprintf(stderr, "cinfer perplexity: out of memory\n");
+      rc = 1;
+    }
+    for (int i = 0; ids && rc == 0 && i < n; i++) {
       json_t *v = json_array_get(seq, (size_t)i);
       long long id = json_is_integer(v) ? json_integer_value(v) : -1;
-      if (id < 0 || id >= ci_model_vocab_size(cm.model)) {
+      if (id < 0 || id >= cinfer_model_vocab_size(model)) {
         fprintf(stderr, "cinfer perplexity: sequence %zu, position %d: bad token id\n", s, i);
         rc = 1;
         break;
       }
       ids[i] = (int32_t)id;
     }
-    if (rc == 0 && n >= 2 &&
-        score_sequence(cm.model, &plan, ids, n, (int)chunk, &sum, &count) != CI_OK) {
-      fprintf(stderr, "cinfer perplexity: %s\n", ci_last_error());
-      rc = 1;
-    }
+    if (rc == 0 && n >= 2) rc = score_sequence(model, &params, ids, n, (int)chunk, &sum, &count);
     free(ids);
     if (rc) break;
   }
@@ -150,6 +167,6 @@ int ci_verb_perplexity(int argc, char **argv) {
   }
   json_decref(root);
   json_decref(seqs);
-  ci_cli_model_close(&cm);
+  cinfer_model_free(model);
   return rc;
 }

@@ -1,10 +1,10 @@
 /* `cinfer render`: prints the chat-template rendering of a chat request exactly (nothing added),
  * or the template's error message on stderr with exit code 1. */
-#include "base/error.h"
+#include "cinfer.h"
 #include "cli/args.h"
 #include "cli/verbs.h"
-#include "text/chat_template.h"
 
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -13,10 +13,12 @@ static const char usage[] =
     "  FILE.json: {\"messages\": [...], \"tools\"?: [...], \"add_generation_prompt\"?: bool, ...}\n"
     "  (use - to read the request from stdin)\n";
 
-static ci_chat_template *template_from_file(const char *path, const char *model_dir) {
+/* A template from a Jinja file; the special tokens still come from the model folder when one is
+ * given. Prints the error and returns NULL on failure. */
+static cinfer_chat_template *template_from_file(const char *path, const char *model_dir) {
   FILE *f = fopen(path, "rb");
   if (!f) {
-    ci_fail("cannot open %s", path);
+    fprintf(stderr, "cinfer render: cannot open %s\n", path);
     return NULL;
   }
   char *src = NULL;
@@ -34,19 +36,18 @@ static ci_chat_template *template_from_file(const char *path, const char *model_
   }
   fclose(f);
   if (!src) {
-    ci_fail("out of memory reading %s", path);
+    fprintf(stderr, "cinfer render: out of memory reading %s\n", path);
     return NULL;
   }
   src[len] = '\0';
-  /* special tokens still come from the model folder when one is given */
-  const char *bos = NULL, *eos = NULL;
-  ci_chat_template *model = model_dir ? ci_chat_template_load_dir(model_dir) : NULL;
-  if (model) {
-    bos = ci_chat_template_bos_token(model);
-    eos = ci_chat_template_eos_token(model);
-  }
-  ci_chat_template *t = ci_chat_template_from_source(src, bos, eos);
-  ci_chat_template_free(model);
+  cinfer_chat_template *model = NULL, *t = NULL;
+  if (model_dir && cinfer_chat_template_load(model_dir, &model) != CINFER_OK) model = NULL;
+  const char *bos = model ? cinfer_chat_template_bos_token(model) : NULL;
+  const char *eos = model ? cinfer_chat_template_eos_token(model) : NULL;
+  if (cinfer_chat_template_from_source(src, bos && *bos ? bos : NULL, eos && *eos ? eos : NULL,
+                                       &t) != CINFER_OK)
+    fprintf(stderr, "cinfer render: %s\n", cinfer_last_error());
+  cinfer_chat_template_free(model);
   free(src);
   return t;
 }
@@ -79,25 +80,31 @@ int ci_verb_render(int argc, char **argv) {
             err.column, err.text);
     return 1;
   }
-  ci_chat_template *t = template_path ? template_from_file(template_path, model_dir)
-                                      : ci_chat_template_load_dir(model_dir);
-  if (!t) {
-    fprintf(stderr, "cinfer render: %s\n", ci_last_error());
-    json_decref(request);
+  cinfer_chat_template *t = NULL;
+  if (template_path) {
+    t = template_from_file(template_path, model_dir);
+  } else if (cinfer_chat_template_load(model_dir, &t) != CINFER_OK) {
+    fprintf(stderr, "cinfer render: %s\n", cinfer_last_error());
+  }
+  char *request_text = t ? json_dumps(request, JSON_PRESERVE_ORDER | JSON_COMPACT) : NULL;
+  json_decref(request);
+  if (!t || !request_text) {
+    if (t) fprintf(stderr, "cinfer render: out of memory\n");
+    cinfer_chat_template_free(t);
     return 1;
   }
   char *text = NULL;
   size_t len = 0;
   int rc = 0;
-  if (ci_chat_template_render(t, request, &text, &len)) {
-    fprintf(stderr, "%s\n", ci_last_error()); /* exactly the template's message */
+  if (cinfer_chat_template_render(t, request_text, &text, &len) != CINFER_OK) {
+    fprintf(stderr, "%s\n", cinfer_last_error()); /* exactly the template's message */
     rc = 1;
   } else if (fwrite(text, 1, len, stdout) != len || fflush(stdout) != 0) {
     fprintf(stderr, "cinfer render: write to stdout failed\n");
     rc = 1;
   }
-  free(text);
-  ci_chat_template_free(t);
-  json_decref(request);
+  cinfer_free(text);
+  free(request_text);
+  cinfer_chat_template_free(t);
   return rc;
 }

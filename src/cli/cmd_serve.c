@@ -1,18 +1,15 @@
-/* `cinfer serve`: loads the model, starts the engine thread and the HTTP server, prints the URL
- * and a ready-to-paste curl line, and shuts down cleanly on SIGINT/SIGTERM. */
+/* `cinfer serve`: loads the model, starts the engine and the HTTP server over the public C API,
+ * prints the URL and a ready-to-paste curl line, and shuts down cleanly on SIGINT/SIGTERM. */
 #include "base/error.h"
+#include "cinfer.h"
 #include "cli/args.h"
 #include "cli/kv_flags.h"
 #include "cli/sampling_flags.h"
 #include "cli/verbs.h"
-#include "engine/engine.h"
-#include "engine/eos_set.h"
-#include "engine/params.h"
-#include "io/generation_config.h"
-#include "io/model_path.h"
 #include "server/server.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,14 +20,14 @@ static const char usage[] =
     "usage: cinfer serve --model DIR|org/name [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
     "                    [--alias NAME] [--batch N] [--batch-tokens N] [--max-queue N]\n"
     "                    [-c|--ctx-size N] [--memory-budget GB] [--prefill-chunk N]\n"
-    "                    [--prompt-cache GiB] [--max-body MiB] [--threads N] [--cors ORIGIN|*]\n"
-    "                    [sampling defaults: --temp ...]\n" CI_CLI_KV_USAGE
+    "                    [--prompt-cache GiB] [--max-body MiB] [--cors ORIGIN|*] [--no-webui]\n"
+    "                    [sampling defaults: --temp ...]\n" CI_CLI_MODEL_USAGE CI_CLI_KV_USAGE
     "Serves the OpenAI (/v1/chat/completions, /v1/completions, /v1/models) and Anthropic\n"
     "(/v1/messages) APIs plus /health, /metrics and /stats. --api-key (or CINFER_API_KEY; a\n"
     "comma-separated list) requires `Authorization: Bearer KEY` or `x-api-key: KEY`. --cors\n"
     "ORIGIN (a comma-separated list, or *) adds CORS headers and answers OPTIONS preflights.\n"
     "--prompt-cache caps the KV bytes the prefix cache keeps for reuse (default 2 GiB, within\n"
-    "the KV budget; 0 turns it off).\n";
+    "the KV budget; 0 turns it off). A chat page is served at / unless --no-webui.\n";
 
 int ci_verb_serve(int argc, char **argv) {
   ci_flag flags[] = {{"--model", "-m", 1, NULL},
@@ -46,9 +43,10 @@ int ci_verb_serve(int argc, char **argv) {
                      {"--prefill-chunk", NULL, 1, NULL},
                      {"--prompt-cache", NULL, 1, NULL},
                      {"--max-body", NULL, 1, NULL},
-                     {"--threads", "-t", 1, NULL},
                      {"--cors", NULL, 1, NULL},
+                     {"--no-webui", NULL, 0, NULL},
                      {"--help", "-h", 0, NULL},
+                     CI_CLI_MODEL_FLAGS,
                      CI_CLI_SAMPLING_FLAGS,
                      CI_CLI_KV_FLAGS};
   const int nf = sizeof flags / sizeof flags[0];
@@ -57,24 +55,28 @@ int ci_verb_serve(int argc, char **argv) {
     fputs(usage, stdout);
     return 0;
   }
-  ci_cli_kv_plan kv_plan;
-  if (ci_cli_kv_plan_parse(flags, nf, "serve", &kv_plan)) return 2;
+  cinfer_params defaults;
+  cinfer_params_init(&defaults, NULL);
+  char kv_name[32];
+  int kv_quantized = 0;
+  if (ci_cli_kv_flags(flags, nf, "serve", &defaults, kv_name, sizeof kv_name, &kv_quantized))
+    return 2;
   const char *model_arg = ci_args_get(flags, nf, "--model");
   if (!model_arg) {
     fprintf(stderr, "cinfer serve: --model is required\n%s", usage);
     return 2;
   }
-  ci_sampling_overrides cli = {0};
-  long long port, batch, batch_tokens, max_queue, ctx_size, prefill_chunk, max_body, threads;
-  if (ci_cli_sampling_flags(flags, nf, "serve", &cli) ||
+  cinfer_model_options model_options;
+  long long port, batch, batch_tokens, max_queue, ctx_size, prefill_chunk, max_body;
+  if (ci_cli_sampling_flags(flags, nf, "serve", &defaults) ||
+      ci_cli_model_options(flags, nf, "serve", &model_options) ||
       ci_args_int(flags, nf, "--port", 8080, 0, 65535, &port) ||
       ci_args_int(flags, nf, "--batch", 8, 1, 512, &batch) ||
       ci_args_int(flags, nf, "--batch-tokens", 2048, 1, 1 << 20, &batch_tokens) ||
       ci_args_int(flags, nf, "--max-queue", 256, 0, 1 << 20, &max_queue) ||
       ci_args_int(flags, nf, "--ctx-size", 0, 1, INT_MAX, &ctx_size) ||
       ci_args_int(flags, nf, "--prefill-chunk", 2048, 1, 1 << 24, &prefill_chunk) ||
-      ci_args_int(flags, nf, "--max-body", 16, 1, 4096, &max_body) ||
-      ci_args_int(flags, nf, "--threads", 0, 1, 4096, &threads))
+      ci_args_int(flags, nf, "--max-body", 16, 1, 4096, &max_body))
     return 2;
   double budget_gb = 0;
   const char *budget_arg = ci_args_get(flags, nf, "--memory-budget");
@@ -109,41 +111,37 @@ int ci_verb_serve(int argc, char **argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
   signal(SIGPIPE, SIG_IGN);
 
-  char *dir = ci_model_path_resolve(model_arg);
-  if (!dir) {
-    fprintf(stderr, "cinfer serve: %s\n", ci_last_error());
-    return 1;
-  }
-  int rc = 1;
-  ci_generation_config gen;
-  ci_cli_model cm = {0};
-  ci_tokenizer *tok = NULL;
-  ci_chat_template *tmpl = NULL;
-  ci_engine *engine = NULL;
+  cinfer_model *model = NULL;
+  int rc = ci_cli_model_load(flags, nf, "serve", model_arg, &model);
+  if (rc) return rc;
+  rc = 1;
+  cinfer_engine *engine = NULL;
   ci_server *server = NULL;
-  if (ci_generation_config_load(dir, &gen)) {
-    fprintf(stderr, "cinfer serve: %s\n", ci_last_error());
+  char *folder = NULL; /* the model folder's real path (for its name) */
+  if (!cinfer_model_tokenizer(model)) {
+    fprintf(stderr, "cinfer serve: the model folder has no tokenizer.json\n");
     goto done;
   }
-  if (ci_cli_model_open(dir, (int)threads, &cm)) goto done;
-  tok = ci_tokenizer_load_dir(dir);
-  if (!tok) {
-    fprintf(stderr, "cinfer serve: %s\n", ci_last_error());
-    goto done;
-  }
-  tmpl = ci_chat_template_load_dir(dir); /* optional: chat routes answer 400 without one */
-  ci_engine_options eo;
-  ci_engine_options_default(&eo);
-  eo.batch = (int)batch;
+  /* The request defaults: built-in < generation_config.json < flags. */
+  cinfer_params_init(&defaults, model);
+  ci_cli_sampling_flags(flags, nf, "serve", &defaults);
+  ci_cli_kv_flags(flags, nf, "serve", &defaults, kv_name, sizeof kv_name, &kv_quantized);
+  const int max_tokens_configured =
+      defaults.max_tokens_explicit || cinfer_model_max_new_tokens(model) > 0;
+  cinfer_engine_options eo;
+  cinfer_engine_options_init(&eo);
+  eo.max_batch = (int)batch;
   eo.batch_tokens = (int)batch_tokens;
   eo.prefill_chunk = (int)prefill_chunk;
   eo.max_queue = (int)max_queue;
-  eo.ctx_size = (int)ctx_size;
-  eo.base = kv_plan.base;
-  eo.kv_protect = kv_plan.protect;
+  eo.context_size = (int)ctx_size;
+  /* a plain --kv-codec (bf16, f32) is what every sequence stores; a quantized one is each
+     request's plan from bf16 */
+  eo.kv_codec = defaults.kv_codec && !kv_quantized ? defaults.kv_codec : NULL;
+  eo.kv_protect = defaults.kv_protect;
   eo.prefix_cache_bytes = (int64_t)(prompt_cache_gib * (double)(1 << 30));
   if (budget_gb > 0) {
-    const int64_t weights = ci_model_weight_bytes_per_token(cm.model);
+    const int64_t weights = cinfer_model_weight_bytes(model);
     eo.kv_budget_bytes = (int64_t)(budget_gb * 1e9) - weights - (64LL << 20);
     if (eo.kv_budget_bytes <= 0) {
       fprintf(stderr,
@@ -153,77 +151,67 @@ int ci_verb_serve(int argc, char **argv) {
       goto done;
     }
   }
-  if (ctx_size > cm.model->spec.max_position) {
+  if (ctx_size > cinfer_model_context_length(model)) {
     fprintf(stderr, "cinfer serve: --ctx-size %lld exceeds max_position_embeddings %d\n", ctx_size,
-            cm.model->spec.max_position);
+            cinfer_model_context_length(model));
     rc = 2;
     goto done;
   }
-  engine = ci_engine_create(cm.model, &eo);
-  if (!engine) {
-    fprintf(stderr, "cinfer serve: %s\n", ci_last_error());
+  if (cinfer_engine_create(model, &eo, &engine) != CINFER_OK) {
+    fprintf(stderr, "cinfer serve: %s\n", cinfer_last_error());
     goto done;
   }
   ci_server_options so;
   memset(&so, 0, sizeof so);
   so.engine = engine;
-  so.model = cm.model;
-  so.tokenizer = tok;
-  so.chat_template = tmpl;
-  so.gen = &gen;
-  so.cli = &cli;
-  if (ci_eos_set_for_model(&so.eos, &cm.model->spec, &gen, tok)) {
-    fprintf(stderr, "cinfer serve: %s\n", ci_last_error());
-    goto done;
-  }
-  so.kv_plan = kv_plan.quantized        ? CI_KV_PLAN_TARGET
-               : kv_plan.explicit_codec ? CI_KV_PLAN_NONE
-                                        : CI_KV_PLAN_MODEL_CONFIG;
-  so.kv_target = kv_plan.target;
-  so.kv_start = kv_plan.start;
-  so.kv_protect = kv_plan.protect;
+  so.model = model;
+  so.tokenizer = cinfer_model_tokenizer(model);
+  so.chat_template = cinfer_model_chat_template(model); /* optional: chat routes answer 400 */
+  so.chat_format = cinfer_model_chat_format(model);
+  so.vocab = cinfer_model_vocab_size(model);
+  so.defaults = &defaults;
+  so.max_tokens_configured = max_tokens_configured;
   const char *alias = ci_args_get(flags, nf, "--alias");
-  const char *base = strrchr(dir, '/');
   struct stat st_arg;
   const int is_folder = stat(model_arg, &st_arg) == 0 && S_ISDIR(st_arg.st_mode);
-  so.model_id = alias ? alias : !is_folder ? model_arg : (base && base[1] ? base + 1 : dir);
+  folder = is_folder ? realpath(model_arg, NULL) : NULL;
+  const char *base = folder ? strrchr(folder, '/') : NULL;
+  so.model_id = alias ? alias : !base || !base[1] ? model_arg : base + 1;
   so.host = host;
   so.port = (int)port;
   so.api_keys = api_key;
   so.max_body = (size_t)max_body << 20;
-  so.threads = (int)threads;
+  so.threads = model_options.n_threads;
   so.cors = ci_args_get(flags, nf, "--cors");
+  so.no_webui = ci_args_get(flags, nf, "--no-webui") != NULL;
   server = ci_server_start(&so);
   if (!server) {
     fprintf(stderr, "cinfer serve: %s\n", ci_last_error());
     goto done;
   }
-  char kv_name[64];
-  ci_kv_format_name(&kv_plan.target, kv_name, sizeof kv_name);
-  ci_engine_stats engine_stats;
-  ci_engine_get_stats(engine, &engine_stats); /* the KV budget the engine resolved */
+  cinfer_engine_stats engine_stats;
+  cinfer_engine_get_stats(engine, &engine_stats); /* the KV budget the engine resolved */
   fprintf(stderr,
           "cinfer ready http://%s:%lld/v1 model=%s ctx=%d kv=%s batch=%lld kv-budget=%.2fGB "
           "prompt-cache=%.2fGB\n",
-          host, port, so.model_id, ci_engine_ctx_size(engine), kv_plan.quantized ? kv_name : "bf16",
-          batch, (double)engine_stats.kv_budget_bytes / 1e9,
+          host, port, so.model_id, cinfer_engine_context_size(engine),
+          kv_quantized ? kv_name : "bf16", batch, (double)engine_stats.kv_budget_bytes / 1e9,
           (double)engine_stats.prefix_cache_max_bytes / 1e9);
   fprintf(stderr,
           "try: curl http://%s:%lld/v1/chat/completions -H 'Content-Type: application/json'%s%s%s "
           "-d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":64}'\n",
           host, port, api_key ? " -H 'Authorization: Bearer " : "", api_key ? api_key : "",
           api_key ? "'" : "");
+  if (!so.no_webui) fprintf(stderr, "chat page: http://%s:%lld/\n", host, port);
   int sig = 0;
   sigwait(&stop_signals, &sig);
   fprintf(stderr, "cinfer serve: signal %d, shutting down\n", sig);
   rc = 0;
 done:
-  if (engine) ci_engine_stop(engine); /* ends every stream, so connections can close */
+  cinfer_engine_stop(engine); /* ends every stream, so connections can close */
   ci_server_stop(server);
-  ci_engine_free(engine);
-  ci_chat_template_free(tmpl);
-  ci_tokenizer_free(tok);
-  ci_cli_model_close(&cm);
-  free(dir);
+  cinfer_engine_free(engine);
+  cinfer_model_free(model);
+  free(folder);
   return rc;
 }

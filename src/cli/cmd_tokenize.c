@@ -1,15 +1,13 @@
 /* `cinfer tokenize` (text file -> JSON array of ids, or an encode throughput measurement) and
  * `cinfer detokenize` (comma-separated ids -> exactly the decoded text). */
-#include "base/error.h"
 #include "base/timing.h"
+#include "cinfer.h"
 #include "cli/args.h"
 #include "cli/verbs.h"
-#include "text/tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 static const char tokenize_usage[] =
     "usage: cinfer tokenize --model DIR --file TEXT [--add-special] [--bench N]\n"
@@ -23,11 +21,10 @@ static const char detokenize_usage[] =
     "  prints exactly the decoded text (no newline added)\n";
 
 /* Loads a tokenizer from a model folder or a tokenizer.json path; prints the error. */
-static ci_tokenizer *open_tokenizer(const char *verb, const char *path) {
-  struct stat st;
-  ci_tokenizer *tok = stat(path, &st) == 0 && S_ISREG(st.st_mode) ? ci_tokenizer_load_file(path)
-                                                                  : ci_tokenizer_load_dir(path);
-  if (!tok) fprintf(stderr, "cinfer %s: %s\n", verb, ci_last_error());
+static cinfer_tokenizer *open_tokenizer(const char *verb, const char *path) {
+  cinfer_tokenizer *tok = NULL;
+  if (cinfer_tokenizer_load(path, &tok) != CINFER_OK)
+    fprintf(stderr, "cinfer %s: %s\n", verb, cinfer_last_error());
   return tok;
 }
 
@@ -61,19 +58,19 @@ static char *read_all(const char *path, size_t *len) {
   return buf;
 }
 
-static int run_bench(const ci_tokenizer *tok, const char *text, size_t len, int add_special,
+static int run_bench(const cinfer_tokenizer *tok, const char *text, size_t len, int add_special,
                      long long reps) {
   size_t n_ids = 0;
   double best = 1e30, total = 0;
   for (long long r = 0; r < reps; r++) {
     int32_t *ids;
     double t0 = ci_now_seconds();
-    if (ci_tokenizer_encode(tok, text, len, add_special, &ids, &n_ids)) {
-      fprintf(stderr, "cinfer tokenize: %s\n", ci_last_error());
+    if (cinfer_tokenizer_encode(tok, text, len, add_special, &ids, &n_ids) != CINFER_OK) {
+      fprintf(stderr, "cinfer tokenize: %s\n", cinfer_last_error());
       return 1;
     }
     double dt = ci_now_seconds() - t0;
-    free(ids);
+    cinfer_free(ids);
     total += dt;
     if (dt < best) best = dt;
   }
@@ -109,7 +106,7 @@ int ci_verb_tokenize(int argc, char **argv) {
     fprintf(stderr, "cinfer tokenize: cannot read %s\n", file);
     return 1;
   }
-  ci_tokenizer *tok = open_tokenizer("tokenize", model);
+  cinfer_tokenizer *tok = open_tokenizer("tokenize", model);
   if (!tok) {
     free(text);
     return 1;
@@ -121,17 +118,17 @@ int ci_verb_tokenize(int argc, char **argv) {
   } else {
     int32_t *ids;
     size_t n;
-    if (ci_tokenizer_encode(tok, text, len, add_special, &ids, &n)) {
-      fprintf(stderr, "cinfer tokenize: %s\n", ci_last_error());
+    if (cinfer_tokenizer_encode(tok, text, len, add_special, &ids, &n) != CINFER_OK) {
+      fprintf(stderr, "cinfer tokenize: %s\n", cinfer_last_error());
       rc = 1;
     } else {
       putchar('[');
       for (size_t i = 0; i < n; i++) printf(i ? ",%d" : "%d", (int)ids[i]);
       puts("]");
-      free(ids);
+      cinfer_free(ids);
     }
   }
-  ci_tokenizer_free(tok);
+  cinfer_tokenizer_free(tok);
   free(text);
   return rc;
 }
@@ -156,7 +153,7 @@ int ci_verb_detokenize(int argc, char **argv) {
   int n = 0;
   int32_t *ids = NULL;
   if (strspn(csv, " \t\r\n") != strlen(csv) && !(ids = ci_parse_id_list(csv, &n))) return 2;
-  ci_tokenizer *tok = open_tokenizer("detokenize", model);
+  cinfer_tokenizer *tok = open_tokenizer("detokenize", model);
   if (!tok) {
     free(ids);
     return 1;
@@ -164,15 +161,15 @@ int ci_verb_detokenize(int argc, char **argv) {
   char *text;
   size_t len;
   int rc = 0;
-  if (ci_tokenizer_decode(tok, ids, (size_t)n, ci_args_get(flags, nf, "--skip-special") != NULL,
-                          &text, &len)) {
-    fprintf(stderr, "cinfer detokenize: %s\n", ci_last_error());
+  if (cinfer_tokenizer_decode(tok, ids, (size_t)n, ci_args_get(flags, nf, "--skip-special") != NULL,
+                              &text, &len) != CINFER_OK) {
+    fprintf(stderr, "cinfer detokenize: %s\n", cinfer_last_error());
     rc = 1;
   } else {
     fwrite(text, 1, len, stdout);
-    free(text);
+    cinfer_free(text);
   }
-  ci_tokenizer_free(tok);
+  cinfer_tokenizer_free(tok);
   free(ids);
   return rc;
 }

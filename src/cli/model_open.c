@@ -1,19 +1,38 @@
-/* Opening a model for a verb: ci_model_open with its error printed as one line. */
-#include "base/error.h"
+/* Loading a model for a verb: --threads, --device and --gpu into cinfer_model_options, then
+ * cinfer_model_load with its error printed as one line. */
 #include "cli/verbs.h"
 
 #include <stdio.h>
+#include <string.h>
 
-int ci_cli_model_open(const char *model_arg, int n_threads, ci_cli_model *out) {
-  out->model = ci_model_open(model_arg, n_threads);
-  if (!out->model) {
-    fprintf(stderr, "cinfer: %s\n", ci_last_error());
-    return 1;
+int ci_cli_model_options(const ci_flag *flags, int n_flags, const char *verb,
+                         cinfer_model_options *options) {
+  cinfer_model_options_init(options);
+  long long threads, gpu;
+  if (ci_args_int(flags, n_flags, "--threads", 0, 1, 4096, &threads) ||
+      ci_args_int(flags, n_flags, "--gpu", 0, 0, 1024, &gpu))
+    return 2;
+  const char *device = ci_args_get(flags, n_flags, "--device");
+  if (device && strcmp(device, "cpu") != 0 && strcmp(device, "cuda") != 0 &&
+      strcmp(device, "auto") != 0) {
+    fprintf(stderr, "cinfer %s: --device must be cpu, cuda or auto, got '%s'\n", verb, device);
+    return 2;
   }
+  options->n_threads = (int)threads;
+  options->device = device;
+  options->gpu = (int)gpu;
   return 0;
 }
 
-void ci_cli_model_close(ci_cli_model *cm) {
-  ci_model_close(cm->model);
-  cm->model = NULL;
+int ci_cli_model_load(const ci_flag *flags, int n_flags, const char *verb, const char *model_arg,
+                      cinfer_model **out) {
+  *out = NULL;
+  cinfer_model_options options;
+  if (ci_cli_model_options(flags, n_flags, verb, &options)) return 2;
+  const cinfer_status status = cinfer_model_load(model_arg, &options, out);
+  if (status != CINFER_OK) {
+    fprintf(stderr, "cinfer: %s\n", cinfer_last_error());
+    return status == CINFER_INVALID_ARGUMENT ? 2 : 1;
+  }
+  return 0;
 }

@@ -1,44 +1,21 @@
 /* Text in and out for the generating verbs (see text_session.h). */
 #include "cli/text_session.h"
 
-#include "base/error.h"
-
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-int ci_text_session_open(const char *model_dir, int need_template, ci_text_session *out) {
-  memset(out, 0, sizeof *out);
-  out->tokenizer = ci_tokenizer_load_dir(model_dir);
-  if (!out->tokenizer) {
-    fprintf(stderr, "cinfer: %s\n", ci_last_error());
-    return 1;
-  }
-  out->chat_template = ci_chat_template_load_dir(model_dir);
-  if (!out->chat_template && need_template) {
-    fprintf(stderr, "cinfer: %s\n", ci_last_error());
-    ci_text_session_close(out);
-    return 1;
-  }
-  return 0;
-}
-
-void ci_text_session_close(ci_text_session *s) {
-  ci_tokenizer_free(s->tokenizer);
-  ci_chat_template_free(s->chat_template);
-  memset(s, 0, sizeof *s);
-}
-
-static int32_t *encode(const ci_text_session *s, const char *text, size_t len, int add_special,
+/* Encodes text; NULL (error printed) on failure or when it gives no tokens. */
+static int32_t *encode(const cinfer_model *model, const char *text, size_t len, int add_special,
                        int *n_ids) {
   int32_t *ids = NULL;
   size_t n = 0;
-  if (ci_tokenizer_encode(s->tokenizer, text, len, add_special, &ids, &n)) {
-    fprintf(stderr, "cinfer: %s\n", ci_last_error());
+  if (cinfer_tokenize(model, text, len, add_special, &ids, &n) != CINFER_OK) {
+    fprintf(stderr, "cinfer: %s\n", cinfer_last_error());
     return NULL;
   }
   if (n == 0) {
-    free(ids);
+    cinfer_free(ids);
     fprintf(stderr, "cinfer: the prompt encodes to no tokens\n");
     return NULL;
   }
@@ -46,44 +23,55 @@ static int32_t *encode(const ci_text_session *s, const char *text, size_t len, i
   return ids;
 }
 
-int32_t *ci_text_session_plain(const ci_text_session *s, const char *text, int *n_ids) {
-  return encode(s, text, strlen(text), 1, n_ids);
+int32_t *ci_text_prompt_plain(const cinfer_model *model, const char *text, int *n_ids) {
+  return encode(model, text, strlen(text), 1, n_ids);
 }
 
-int32_t *ci_text_session_chat(const ci_text_session *s, json_t *messages, int *n_ids) {
-  if (!s->chat_template) {
+int32_t *ci_text_prompt_chat(const cinfer_model *model, json_t *messages, int *n_ids) {
+  const cinfer_chat_template *chat_template = cinfer_model_chat_template(model);
+  if (!chat_template) {
     fprintf(stderr, "cinfer: the model has no chat template\n");
     return NULL;
   }
   json_t *request = json_pack("{s:O, s:b}", "messages", messages, "add_generation_prompt", 1);
-  char *rendered = NULL;
-  size_t len = 0;
-  int status = request ? ci_chat_template_render(s->chat_template, request, &rendered, &len)
-                       : ci_fail("out of memory");
+  char *request_text = request ? json_dumps(request, JSON_COMPACT) : NULL;
   json_decref(request);
-  if (status) {
-    fprintf(stderr, "cinfer: chat template: %s\n", ci_last_error());
+  if (!request_text) {
+    fprintf(stderr, "cinfer: out of memory\n");
     return NULL;
   }
-  int32_t *ids = encode(s, rendered, len, 0, n_ids);
-  free(rendered);
+  char *rendered = NULL;
+  size_t len = 0;
+  const cinfer_status status =
+      cinfer_chat_template_render(chat_template, request_text, &rendered, &len);
+  free(request_text);
+  if (status != CINFER_OK) {
+    fprintf(stderr, "cinfer: chat template: %s\n", cinfer_last_error());
+    return NULL;
+  }
+  int32_t *ids = encode(model, rendered, len, 0, n_ids);
+  cinfer_free(rendered);
   return ids;
 }
 
-int ci_text_printer_init(ci_text_printer *p, const ci_text_session *s, const char *const *stop,
+int ci_text_printer_init(ci_text_printer *p, const cinfer_model *model, const char *const *stop,
                          size_t n_stop, int echo) {
   memset(p, 0, sizeof *p);
   p->echo = echo;
-  p->stream = ci_detok_stream_create(s->tokenizer, stop, n_stop, 1);
-  if (!p->stream) {
-    fprintf(stderr, "cinfer: %s\n", ci_last_error());
+  const cinfer_tokenizer *tokenizer = cinfer_model_tokenizer(model);
+  if (!tokenizer) {
+    fprintf(stderr, "cinfer: the model folder has no tokenizer.json\n");
+    return 1;
+  }
+  if (cinfer_detokenizer_create(tokenizer, stop, n_stop, 1, &p->detok) != CINFER_OK) {
+    fprintf(stderr, "cinfer: %s\n", cinfer_last_error());
     return 1;
   }
   return 0;
 }
 
 void ci_text_printer_free(ci_text_printer *p) {
-  ci_detok_stream_free(p->stream);
+  cinfer_detokenizer_free(p->detok);
   free(p->text);
   memset(p, 0, sizeof *p);
 }
@@ -110,17 +98,18 @@ int ci_text_printer_on_token(void *ctx, int32_t id) {
   ci_text_printer *p = ctx;
   const char *piece;
   size_t len;
-  const int r = ci_detok_stream_push(p->stream, id, &piece, &len);
-  if (r < 0) return -1;
+  const cinfer_status status = cinfer_detokenizer_push(p->detok, id, &piece, &len);
+  if (status != CINFER_OK && status != CINFER_DONE) return -1;
   if (emit(p, piece, len)) return -1;
-  if (r == 1) p->stopped = 1;
-  return r == 1 ? 1 : 0;
+  if (status == CINFER_DONE) p->stopped = 1;
+  return status == CINFER_DONE ? 1 : 0;
 }
 
 int ci_text_printer_finish(ci_text_printer *p) {
   if (p->stopped) return 0;
   const char *piece;
   size_t len;
-  if (ci_detok_stream_finish(p->stream, &piece, &len) < 0) return -1;
+  const cinfer_status status = cinfer_detokenizer_finish(p->detok, &piece, &len);
+  if (status != CINFER_OK && status != CINFER_DONE) return -1;
   return emit(p, piece, len);
 }

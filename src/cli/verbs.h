@@ -1,8 +1,10 @@
-/* The verbs of the cinfer command line, one file each, and the helpers they share. */
+/* The verbs of the cinfer command line, one file each, and the helpers they share. The verbs
+ * use cinfer's public C API (cinfer.h) exactly as an embedding program would. */
 #ifndef CI_CLI_VERBS_H
 #define CI_CLI_VERBS_H
 
-#include "engine/model_open.h"
+#include "cinfer.h"
+#include "cli/args.h"
 
 /* Each verb gets argv with argv[0] = the verb name and returns the process exit code:
  * 0 success, 1 runtime/load error, 2 usage error. */
@@ -18,16 +20,23 @@ int ci_verb_tokenize(int argc, char **argv);
 int ci_verb_detokenize(int argc, char **argv);
 int ci_verb_serve(int argc, char **argv);
 
-/* A model opened for a verb (engine/model_open.h: it owns its backend). */
-typedef struct {
-  ci_model *model;
-} ci_cli_model;
+/* The flags of every verb that runs a model: where it runs. Splice into a verb's flags. */
+#define CI_CLI_MODEL_FLAGS                                                                         \
+  {"--threads", "-t", 1, NULL}, {"--device", NULL, 1, NULL}, {                                     \
+    "--gpu", NULL, 1, NULL                                                                         \
+  }
 
-/* Opens `model_arg` (folder or HF cache id) on n_threads threads (0 = all cores) with
- * ci_model_open. Prints the error as one line and returns 1 on failure, 0 on success. */
-int ci_cli_model_open(const char *model_arg, int n_threads, ci_cli_model *out);
+/* Usage text of those flags. */
+#define CI_CLI_MODEL_USAGE "  [--threads N] [--device cpu|cuda|auto] [--gpu N]\n"
 
-/* Closes the model (ci_model_close); cm->model becomes NULL. */
-void ci_cli_model_close(ci_cli_model *cm);
+/* Reads --threads, --device and --gpu into *options (printing a bad value; returns 2), else 0. */
+int ci_cli_model_options(const ci_flag *flags, int n_flags, const char *verb,
+                         cinfer_model_options *options);
+
+/* Loads `model_arg` (folder or HF cache id) with cinfer_model_load and the options the flags
+ * give. Prints the error as one line and returns 2 on a bad flag, 1 when the model does not
+ * load, 0 on success (*out is the model). */
+int ci_cli_model_load(const ci_flag *flags, int n_flags, const char *verb, const char *model_arg,
+                      cinfer_model **out);
 
 #endif

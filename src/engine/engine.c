@@ -74,6 +74,7 @@ struct ci_engine {
   uint64_t model_key;
   ci_workspace *ws;       /* sized at creation for the largest step */
   float *logits;          /* [batch, vocab]: one row per sequence of a step */
+  int logits_pinned;      /* logits registered with the backend (pin_host) */
   ci_step_seq *step_seqs; /* [batch] the sequences of a step */
   pthread_t thread;
   pthread_mutex_t mu; /* queue, running list, refs, cancel flags, stats */
@@ -312,6 +313,7 @@ static void engine_free_parts(ci_engine *e) {
   ci_prefix_cache_free(e->prefix);
   ci_kv_cache_free(e->cache);
   ci_workspace_free(e->ws);
+  if (e->logits_pinned) e->model->be->ops->unpin_host(e->model->be, e->logits);
   free(e->logits);
   free(e->step_seqs);
   free(e);
@@ -339,6 +341,11 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
   e->step_seqs = malloc((size_t)e->o.batch * sizeof *e->step_seqs);
   if (!e->logits || !e->step_seqs)
     return engine_free_parts(e), ci_fail("engine: out of memory"), NULL;
+  /* a device writes the logits of each step straight into this buffer when it is pinned; a
+   * failure only makes the download slower */
+  e->logits_pinned = model->be->ops->pin_host(model->be, e->logits,
+                                              (size_t)e->o.batch * (size_t)model->spec.vocab *
+                                                  sizeof *e->logits) == CI_OK;
   /* the largest step compose_step builds: decode rows of the other sequences plus a first
    * chunk of up to batch_tokens rows */
   e->ws = ci_workspace_create(model->be);

@@ -389,11 +389,13 @@ int ci_kv_seq_reserve(ci_kv_seq *seq, int64_t n_new) {
       if (copy < 0) return CI_ERR;
       ci_kv_pool_release(table->pool, table->entries[last]);
       table->entries[last] = copy;
+      if (last < table->sync_from) table->sync_from = last;
     }
     if (table_reserve(table, seq->row >= 0, needed)) return CI_ERR;
     while (table->n_entries < needed) {
       int32_t id = ci_kv_pool_alloc(table->pool);
       if (id < 0) return CI_ERR;
+      if (table->n_entries < table->sync_from) table->sync_from = table->n_entries;
       table->entries[table->n_entries++] = id;
     }
   }
@@ -439,6 +441,7 @@ static int convert_group(ci_kv_seq *seq, int g, ci_kv_pool *target) {
     }
     ci_kv_pool_release(source, old_id);
     table->entries[i] = new_id;
+    if (i < table->sync_from) table->sync_from = i;
   }
   table->pool = target;
   return CI_OK;
@@ -458,6 +461,7 @@ int ci_kv_seq_commit(ci_kv_seq *seq, int64_t n_new) {
       if (table->entries[i] >= 0) {
         ci_kv_pool_release(table->pool, table->entries[i]);
         table->entries[i] = -1;
+        if (i < table->sync_from) table->sync_from = i;
       }
     }
     table->first_live = i;
@@ -532,6 +536,7 @@ int ci_kv_seq_attach(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *re
         if (i >= first_live[g]) ci_kv_pool_retain(ref->pool, ref->id);
       }
       table->n_entries = n_blocks;
+      table->sync_from = 0;
       table->first_live = first_live[g];
       if (pools[g]) table->pool = pools[g];
       if (converted) table->has_target = 0;
@@ -547,13 +552,17 @@ int ci_kv_seq_attach(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *re
   return status;
 }
 
-void ci_kv_seq_sync_tables(const ci_kv_seq *seq) {
+void ci_kv_seq_sync_tables(ci_kv_seq *seq) {
   const ci_kv_cache *cache = seq->cache;
   if (cache->table_device == cache->table_store || seq->row < 0) return;
-  for (int g = 0; g < cache->n_groups; g++) {
-    const ci_kv_block_table *table = &seq->tables[g];
-    cache->be->ops->upload(cache->be, cache->table_device + (table->entries - cache->table_store),
-                           table->entries, (size_t)table->n_entries * sizeof(int32_t));
+  for (int g = 0; g < cache->n_groups; g++) { /* only what changed since the last copy */
+    ci_kv_block_table *table = &seq->tables[g];
+    const int64_t from = table->sync_from < 0 ? 0 : table->sync_from;
+    if (from < table->n_entries)
+      cache->be->ops->upload(
+          cache->be, cache->table_device + (table->entries - cache->table_store) + from,
+          table->entries + from, (size_t)(table->n_entries - from) * sizeof(int32_t));
+    table->sync_from = table->n_entries;
   }
 }
 

@@ -62,6 +62,7 @@ typedef struct {
   int64_t n_entries;
   int64_t capacity;
   int64_t first_live; /* entries below this index were released (sliding groups) */
+  int64_t sync_from;  /* entries from here on changed since the backend's copy was written */
   ci_kv_pool *pool;   /* the pool (format) the blocks live in */
   int has_target;     /* this group converts to `target` at the sequence's start */
   ci_kv_format target;
@@ -193,7 +194,7 @@ int ci_kv_seq_attach(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *re
 
 /* Brings the backend's copy of the sequence's block tables up to date (before a step that reads
  * them; nothing to do where the backend shares host memory). */
-void ci_kv_seq_sync_tables(const ci_kv_seq *seq);
+void ci_kv_seq_sync_tables(ci_kv_seq *seq);
 
 /* The paged view of cache layer `layer` for this sequence, for kv_store and attention (its
  * tables and slab pointers in backend memory). */

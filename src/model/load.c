@@ -141,7 +141,9 @@ static int bind_entry(void *ctx, const ci_manifest_entry *e) {
   }
   switch (e->kind) {
   case CI_MANIFEST_MATRIX:
-    return bind_matrix(m, e->module, e->rows, e->cols, dst);
+    if (bind_matrix(m, e->module, e->rows, e->cols, dst)) return CI_ERR;
+    if (m->be->ops->prepare_weight(m->be, dst)) return ci_fail_context("tensor %s", e->module);
+    return CI_OK;
   case CI_MANIFEST_NORM:
     snprintf(name, sizeof name, "%s.weight", e->module);
     return bind_vector(m, name, e->rows, dst);
@@ -151,7 +153,9 @@ static int bind_entry(void *ctx, const ci_manifest_entry *e) {
   case CI_MANIFEST_SCALAR:
     return bind_vector(m, e->module, e->rows, dst);
   case CI_MANIFEST_EXPERTS:
-    return bind_experts(m, e->module, e->experts, e->rows, e->cols, dst);
+    if (bind_experts(m, e->module, e->experts, e->rows, e->cols, dst)) return CI_ERR;
+    if (m->be->ops->prepare_weight(m->be, dst)) return ci_fail_context("tensor %s", e->module);
+    return CI_OK;
   }
   return ci_fail("manifest: unknown tensor kind");
 }

@@ -284,8 +284,8 @@ int ci_anthropic_messages(ci_server *s, json_t *body, json_t **out, ci_srv_strea
     ci_srv_job_free(&job);
     /* every parse error comes with a message: none means it could not be copied */
     const int status = err ? 400 : 500;
-    *out = ci_server_error_body(1, status, err ? code : "internal_error",
-                                err ? err : "out of memory");
+    *out =
+        ci_server_error_body(1, status, err ? code : "internal_error", err ? err : "out of memory");
     free(err);
     return status;
   }

@@ -5,8 +5,6 @@
  * speculative decoding yet). */
 #include "server/server.h"
 
-#include "base/error.h"
-
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,8 +78,11 @@ static int parse_kv(ci_server *s, const json_t *kv, ci_srv_job *job, char **err)
                   "start, protect)",
                   key);
   }
+  const cinfer_params *server = s->o.defaults;
+  int server_quantized = 0;
+  cinfer_params_kv_codec(server, NULL, 0, &server_quantized);
   long long k_bits = 0, v_bits = 0, value_bits = 0, group = 0, start = 0;
-  long long protect = s->o.kv_protect;
+  long long protect = server->kv_protect;
   int has_bits, has_value_bits, has_group, has_start, has_protect;
   if (kv_bits(kv, &k_bits, &v_bits, &has_bits, err) ||
       kv_int(kv, "value_bits", 2, 8, &value_bits, &has_value_bits, err) ||
@@ -89,14 +90,15 @@ static int parse_kv(ci_server *s, const json_t *kv, ci_srv_job *job, char **err)
       kv_int(kv, "start", 0, 1LL << 40, &start, &has_start, err) ||
       kv_int(kv, "protect", 0, 1 << 20, &protect, &has_protect, err))
     return -1;
-  if (protect > s->o.kv_protect) {
+  if (protect > server->kv_protect) {
     job->err_code = "unsupported";
     return fail(err,
                 "kv.protect %lld exceeds the server's --kv-protect %d (protected layers get "
                 "blocks of their own when the server starts)",
-                protect, s->o.kv_protect);
+                protect, server->kv_protect);
   }
-  job->kv_protect = (int)protect;
+  cinfer_params *p = &job->params;
+  p->kv_protect = (int)protect;
   if (has_value_bits) v_bits = value_bits;
   const json_t *codec_v = json_object_get(kv, "codec");
   if (codec_v && !json_is_null(codec_v) && !json_is_string(codec_v))
@@ -105,29 +107,26 @@ static int parse_kv(ci_server *s, const json_t *kv, ci_srv_job *job, char **err)
   if (!codec) {
     if (has_bits || has_group) {
       codec = "affine"; /* bits without a codec: affine (mlx-lm's meaning, as --kv-bits) */
-    } else if (s->o.kv_plan == CI_KV_PLAN_TARGET) {
-      job->has_kv = 1; /* only a start: the server's codec from that start */
-      job->kv_plan = CI_KV_PLAN_TARGET;
-      job->kv_target = s->o.kv_target;
-      job->kv_start = has_start ? start : s->o.kv_start;
+    } else if (server_quantized) {
+      p->kv_start = has_start ? start : server->kv_start; /* the server's codec from that start */
       return 0;
     } else {
       return fail(err, "kv.codec is required (the server has no quantized KV plan to start "
                        "later)");
     }
   }
-  job->has_kv = 1;
-  job->kv_start = start;
+  p->kv_start = start;
   const int plain = !strcmp(codec, "bf16") || !strcmp(codec, "config");
   if (plain && (has_bits || has_value_bits || has_group || has_start || has_protect))
     return fail(err, "kv.bits, kv.group_size, kv.start and kv.protect do not apply to kv.codec %s",
                 codec);
   if (!strcmp(codec, "bf16")) {
-    job->kv_plan = CI_KV_PLAN_NONE;
+    /* no plan: the engine's base format (bf16, or the server's plain --kv-codec) */
+    p->kv_codec = server->kv_codec && !server_quantized ? server->kv_codec : "bf16";
     return 0;
   }
   if (!strcmp(codec, "config")) {
-    job->kv_plan = CI_KV_PLAN_MODEL_CONFIG;
+    p->kv_codec = NULL; /* the model folder's kv_config.json */
     return 0;
   }
   if (!strcmp(codec, "f32")) {
@@ -162,43 +161,36 @@ static int parse_kv(ci_server *s, const json_t *kv, ci_srv_job *job, char **err)
   }
   if (has_group && strcmp(codec, "affine"))
     return fail(err, "kv.group_size applies to affine KV only");
-  ci_kv_format format;
-  if (ci_kv_format_parse(codec, (int)k_bits, (int)v_bits, (int)group, &format))
-    return fail(err, "kv: %s", ci_last_error());
-  /* a codec every cache layer can store (head_dim divisibility, powers of two) */
-  const ci_model_spec *spec = &s->o.model->spec;
-  for (int l = 0; l < spec->n_cache_layers; l++)
-    if (ci_kv_format_check(&format, spec->layers[l].head_dim))
-      return fail(err, "kv: %s", ci_last_error());
-  job->kv_plan = CI_KV_PLAN_TARGET;
-  job->kv_target = format;
-  return 0;
+  p->kv_codec = is_affine ? "affine" : is_turbo ? "turbo" : "turbo-v";
+  p->kv_bits = (int)k_bits;
+  p->kv_value_bits = (int)v_bits;
+  p->kv_group_size = (int)group;
+  if (cinfer_params_kv_codec(p, NULL, 0, NULL) != CINFER_OK)
+    return fail(err, "kv: %s", cinfer_last_error());
+  return 0; /* whether every cache layer can store it is checked when the request is submitted */
 }
 
 int ci_srv_parse_extensions(ci_server *s, const json_t *body, ci_srv_job *job, char **err) {
   const json_t *ignore_eos = json_object_get(body, "ignore_eos");
   if (ignore_eos && !json_is_null(ignore_eos) && !json_is_boolean(ignore_eos))
     return fail(err, "ignore_eos must be a boolean");
-  job->ignore_eos = json_is_true(ignore_eos);
+  if (ignore_eos && !json_is_null(ignore_eos)) job->params.ignore_eos = json_is_true(ignore_eos);
   const json_t *stop_ids = json_object_get(body, "stop_token_ids");
   if (stop_ids && !json_is_null(stop_ids)) {
     const char *msg = "stop_token_ids must be an array of token ids (< vocab size)";
     if (!json_is_array(stop_ids)) return fail(err, "%s", msg);
-    ci_eos_set set = {0}; /* what the job's EOS set will hold: the limit is shared */
-    if (!job->ignore_eos) set = s->o.eos;
     size_t i;
     const json_t *v;
     json_array_foreach(stop_ids, i, v) {
-      if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-          json_integer_value(v) >= s->o.model->spec.vocab)
+      if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= s->o.vocab)
         return fail(err, "%s", msg);
       const int32_t id = (int32_t)json_integer_value(v);
-      if (ci_eos_set_add(&set, id))
-        return fail(err, "stop_token_ids: at most %d distinct ids (EOS ids included)",
-                    CI_EOS_SET_MAX);
       int seen = 0;
       for (int k = 0; k < job->n_stop_ids; k++) seen |= job->stop_ids[k] == id;
-      if (!seen) job->stop_ids[job->n_stop_ids++] = id;
+      if (seen) continue;
+      if (job->n_stop_ids == CI_SRV_MAX_STOP_IDS / 2) /* room for the chat format's own */
+        return fail(err, "stop_token_ids: at most %d distinct ids", CI_SRV_MAX_STOP_IDS / 2);
+      job->stop_ids[job->n_stop_ids++] = id;
     }
   }
   const json_t *cont = json_object_get(body, "continue_final_message");

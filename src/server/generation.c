@@ -1,6 +1,6 @@
 /* One generation seen from an HTTP thread: request parameters (docs/generation.md §4.1,
- * docs/server.md "Chat requests"), chat rendering
- * and tokenization, submission to the engine, and the text pipeline on its token events
+ * docs/server.md "Chat requests") as cinfer_params, chat rendering and tokenization, submission
+ * to the engine (cinfer_engine_submit), and the chat output parser on its token events
  * (detokenizer with stop strings -> reasoning split -> tool-call parser), kept as deltas for
  * streaming and totals for the final response. */
 #include "server/server.h"
@@ -81,7 +81,8 @@ static char *dup_printf(const char *fmt, ...) {
 }
 
 void ci_srv_job_free(ci_srv_job *j) {
-  free(j->prompt);
+  cinfer_free(j->prompt);
+  cinfer_free(j->rendered);
   free(j->bias);
   for (int i = 0; i < j->n_stop; i++) free(j->stop[i]);
   free(j->stop);
@@ -130,57 +131,57 @@ static int add_stop(ci_srv_job *job, const char *text, char **err) {
 
 int ci_srv_parse_sampling(ci_server *s, const json_t *body, int anthropic, ci_srv_job *job,
                           int default_max_tokens, char **err) {
-  ci_sampling_overrides req = {0};
+  /* request > CLI flag > generation_config.json > built-in: the defaults hold the last three */
+  cinfer_params *p = &job->params;
+  *p = *s->o.defaults;
+  p->max_tokens_explicit = s->o.defaults->max_tokens_explicit;
+  if (!s->o.max_tokens_configured && default_max_tokens > 0) p->max_tokens = default_max_tokens;
   double x;
   long long k;
   int has;
   if (get_number(body, "temperature", 0, 5, &has, &x, err)) return -1;
-  if (has) req.has_temperature = 1, req.temperature = (float)x;
+  if (has) p->temperature = (float)x;
   if (get_number(body, "top_p", 0, 1, &has, &x, err)) return -1;
-  if (has) req.has_top_p = 1, req.top_p = (float)x;
+  if (has) p->top_p = (float)x;
   if (get_int(body, "top_k", 0, 1LL << 31, &has, &k, err)) return -1;
-  if (has) req.has_top_k = 1, req.top_k = (int)k;
+  if (has) p->top_k = (int)k;
   if (get_number(body, "min_p", 0, 1, &has, &x, err)) return -1;
-  if (has) req.has_min_p = 1, req.min_p = (float)x;
+  if (has) p->min_p = (float)x;
   if (get_number(body, "repetition_penalty", 1e-6, 100, &has, &x, err)) return -1;
-  if (has) req.has_repetition_penalty = 1, req.repetition_penalty = (float)x;
+  if (has) p->repetition_penalty = (float)x;
   if (get_number(body, "presence_penalty", -2, 2, &has, &x, err)) return -1;
-  if (has) req.has_presence_penalty = 1, req.presence_penalty = (float)x;
+  if (has) p->presence_penalty = (float)x;
   if (get_number(body, "frequency_penalty", -2, 2, &has, &x, err)) return -1;
-  if (has) req.has_frequency_penalty = 1, req.frequency_penalty = (float)x;
+  if (has) p->frequency_penalty = (float)x;
   const json_t *seed = json_object_get(body, "seed");
   if (seed && !json_is_null(seed)) {
     if (!json_is_integer(seed)) return *err = strdup("seed must be an integer"), -1;
-    req.has_seed = 1;
-    req.seed = (uint64_t)json_integer_value(seed);
+    p->has_seed = 1;
+    p->seed = (uint64_t)json_integer_value(seed);
   }
   /* max_completion_tokens > max_tokens (Anthropic: max_tokens, required) */
   const char *max_keys[] = {"max_completion_tokens", "max_tokens"};
-  for (int i = anthropic ? 1 : 0; i < 2 && !req.has_max_tokens; i++) {
-    if (get_int(body, max_keys[i], 1, INT32_MAX, &has, &k, err)) return -1;
-    if (has) req.has_max_tokens = 1, req.max_tokens = (int)k;
+  int has_max = 0;
+  for (int i = anthropic ? 1 : 0; i < 2 && !has_max; i++) {
+    if (get_int(body, max_keys[i], 1, INT32_MAX, &has_max, &k, err)) return -1;
+    if (has_max) p->max_tokens = (int)k, p->max_tokens_explicit = 1;
   }
-  if (anthropic && !req.has_max_tokens) return *err = strdup("max_tokens is required"), -1;
-  const ci_sampling_overrides *layers[] = {s->o.cli, &req};
-  int defaulted;
-  ci_sampling_resolve(s->o.gen, layers, 2, default_max_tokens, &job->sampling, &job->max_tokens,
-                      &defaulted);
-  job->max_tokens_explicit = !defaulted;
+  if (anthropic && !has_max) return *err = strdup("max_tokens is required"), -1;
   /* processors' context sizes */
   const struct {
     const char *key;
     int *field;
-  } windows[] = {{"repetition_context_size", &job->sampling.penalties.repetition_context},
-                 {"presence_context_size", &job->sampling.penalties.presence_context},
-                 {"frequency_context_size", &job->sampling.penalties.frequency_context}};
+  } windows[] = {{"repetition_context_size", &p->repetition_context},
+                 {"presence_context_size", &p->presence_context},
+                 {"frequency_context_size", &p->frequency_context}};
   for (size_t i = 0; i < sizeof windows / sizeof windows[0]; i++) {
     if (get_int(body, windows[i].key, 0, INT32_MAX, &has, &k, err)) return -1;
     if (has) *windows[i].field = (int)k;
   }
   if (get_number(body, "xtc_probability", 0, 1, &has, &x, err)) return -1;
-  if (has) job->sampling.xtc_probability = (float)x;
+  if (has) p->xtc_probability = (float)x;
   if (get_number(body, "xtc_threshold", 0, 0.5, &has, &x, err)) return -1;
-  if (has) job->sampling.xtc_threshold = (float)x;
+  if (has) p->xtc_threshold = (float)x;
   /* logit_bias {"id": bias} */
   const json_t *bias = json_object_get(body, "logit_bias");
   if (bias && !json_is_null(bias) && !anthropic) {
@@ -188,18 +189,19 @@ int ci_srv_parse_sampling(ci_server *s, const json_t *body, int anthropic, ci_sr
     if (!json_is_object(bias)) return *err = strdup(msg), -1;
     job->bias = calloc(json_object_size(bias) + 1, sizeof *job->bias);
     if (!job->bias) return *err = strdup("out of memory"), -1;
+    size_t n_bias = 0;
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)bias, key, v) {
       char *end;
       const long id = strtol(key, &end, 10);
-      if (!*key || *end || id < 0 || id >= s->o.model->spec.vocab || !json_is_number(v) ||
+      if (!*key || *end || id < 0 || id >= s->o.vocab || !json_is_number(v) ||
           fabs(json_number_value(v)) > 100)
         return *err = strdup(msg), -1;
-      job->bias[job->n_bias++] = (ci_logit_bias){(int32_t)id, (float)json_number_value(v)};
+      job->bias[n_bias++] = (cinfer_logit_bias){(int32_t)id, (float)json_number_value(v)};
     }
-    job->sampling.logit_bias = job->bias;
-    job->sampling.n_logit_bias = job->n_bias;
+    p->logit_bias = job->bias;
+    p->n_logit_bias = n_bias;
   }
   /* stop: string or array (Anthropic: stop_sequences) */
   const json_t *stop = json_object_get(body, anthropic ? "stop_sequences" : "stop");
@@ -224,8 +226,6 @@ int ci_srv_parse_sampling(ci_server *s, const json_t *body, int anthropic, ci_sr
       return *err = strdup(msg), -1;
     }
   }
-  if (ci_sampler_params_validate(&job->sampling, s->o.model->spec.vocab))
-    return *err = strdup(ci_last_error()), -1;
   return ci_srv_parse_extensions(s, body, job, err);
 }
 
@@ -273,32 +273,35 @@ int ci_srv_tokenize_chat(ci_server *s, json_t *messages, json_t *tools, const js
     json_decref(request);
     return *err = strdup("out of memory"), -1;
   }
+  char *request_text = json_dumps(request, JSON_COMPACT);
+  json_decref(request);
+  if (!request_text) return *err = strdup("out of memory"), -1;
   char *rendered = NULL;
   size_t len = 0;
-  if (ci_chat_template_render(s->o.chat_template, request, &rendered, &len)) {
-    json_decref(request);
-    return *err = dup_printf("chat template: %s", ci_last_error()), -1;
-  }
-  json_decref(request);
+  const cinfer_status rendered_status =
+      cinfer_chat_template_render(s->o.chat_template, request_text, &rendered, &len);
+  free(request_text);
+  if (rendered_status != CINFER_OK)
+    return *err = dup_printf("chat template: %s", cinfer_last_error()), -1;
   if (job->continue_final && cut_after_final_message(rendered, &len, last_content)) {
-    free(rendered);
+    cinfer_free(rendered);
     return *err = strdup("continue_final_message: the template's rendering does not contain the "
                          "final assistant message's content"),
            -1;
   }
   int32_t *ids = NULL;
   size_t n = 0;
-  const int status = ci_tokenizer_encode(s->o.tokenizer, rendered, len, 0, &ids, &n);
-  job->reasoning_open = s->think_format && ci_reasoning_prompt_open(rendered, len);
-  job->channel_open =
-      s->gemma_channels && ci_gemma_prompt_open(rendered, len, &job->channel_name_done);
-  free(rendered);
-  if (status || n == 0) {
-    free(ids);
-    return *err = strdup(status ? ci_last_error() : "the prompt encodes to no tokens"), -1;
+  const cinfer_status status = cinfer_tokenizer_encode(s->o.tokenizer, rendered, len, 0, &ids, &n);
+  job->rendered = rendered; /* the chat output parser reads how the prompt ends */
+  job->rendered_len = len;
+  if (status != CINFER_OK || n == 0) {
+    cinfer_free(ids);
+    return *err = strdup(status != CINFER_OK ? cinfer_last_error()
+                                             : "the prompt encodes to no tokens"),
+           -1;
   }
   /* drop a duplicated leading BOS */
-  const int32_t bos = ci_tokenizer_config_token_id(s->o.tokenizer, "bos_token");
+  const int32_t bos = cinfer_tokenizer_config_token(s->o.tokenizer, "bos_token");
   if (n >= 2 && bos >= 0 && ids[0] == bos && ids[1] == bos) {
     memmove(ids, ids + 1, (n - 1) * sizeof *ids);
     n--;
@@ -310,65 +313,44 @@ int ci_srv_tokenize_chat(ci_server *s, json_t *messages, json_t *tools, const js
 
 /* ==== Submission ==== */
 
-/* The HTTP status and error code of a submission verdict other than CI_ENGINE_SUBMITTED. */
-static const char *submit_error(ci_engine_verdict v, int *status) {
-  switch (v) {
-  case CI_ENGINE_OVER_CONTEXT:
-    return *status = 400, "context_length_exceeded";
-  case CI_ENGINE_OVER_BUDGET:
-    return *status = 400, "context_over_budget";
-  case CI_ENGINE_QUEUE_FULL:
-    return *status = 429, "overloaded";
-  case CI_ENGINE_STOPPED:
-  case CI_ENGINE_OUT_OF_MEMORY:
-    return *status = 503, "overloaded";
-  case CI_ENGINE_REJECTED:
-  case CI_ENGINE_SUBMITTED:
+/* The HTTP status and error code of a failed submission. */
+static const char *submit_error(cinfer_status status, int *http) {
+  switch (status) {
+  case CINFER_CONTEXT_EXCEEDED:
+    return *http = 400, "context_length_exceeded";
+  case CINFER_OVER_BUDGET:
+    return *http = 400, "context_over_budget";
+  case CINFER_QUEUE_FULL:
+    return *http = 429, "overloaded";
+  case CINFER_STOPPED:
+  case CINFER_ERROR:
+    return *http = 503, "overloaded";
+  default:
     break;
   }
-  return *status = 400, "invalid_value";
+  return *http = 400, "invalid_value";
 }
 
 int ci_srv_gen_start(ci_server *s, ci_srv_job *job, ci_srv_gen *g, int anthropic, json_t **body) {
   memset(g, 0, sizeof *g);
   g->srv = s;
   g->t_start = ci_now_seconds();
-  const int ctx = ci_engine_ctx_size(s->o.engine);
-  if (!job->max_tokens_explicit && (long long)job->n_prompt + job->max_tokens > ctx)
-    job->max_tokens = ctx - job->n_prompt;
-  if (job->n_prompt >= ctx || (long long)job->n_prompt + job->max_tokens > ctx) {
-    char msg[256];
-    snprintf(msg, sizeof msg,
-             "this model's maximum context length is %d tokens; the request needs %lld (prompt "
-             "%d + max_tokens %d)",
-             ctx, (long long)job->n_prompt + job->max_tokens, job->n_prompt, job->max_tokens);
-    *body = ci_server_error_body(anthropic, 400, "context_length_exceeded", msg);
-    return 400;
-  }
-  ci_engine_job ej;
-  memset(&ej, 0, sizeof ej);
-  ej.prompt = job->prompt;
-  ej.n_prompt = job->n_prompt;
-  ej.max_tokens = job->max_tokens;
-  ej.sampling = job->sampling;
-  if (!job->ignore_eos) ej.eos = s->o.eos;
-  for (int i = 0; i < job->n_stop_ids; i++) /* stop_token_ids finish like EOS: "stop" */
-    if (ci_eos_set_add(&ej.eos, job->stop_ids[i])) {
-      *body = ci_server_error_body(anthropic, 400, "invalid_value",
-                                   "stop_token_ids: too many stop ids (EOS ids included)");
-      return 400;
-    }
-  ej.kv_plan = job->has_kv ? job->kv_plan : s->o.kv_plan;
-  ej.kv_target = job->has_kv ? job->kv_target : s->o.kv_target;
-  ej.kv_start = job->has_kv ? job->kv_start : s->o.kv_start;
-  ej.kv_protect = job->has_kv ? job->kv_protect : s->o.kv_protect;
-  ej.top_logprobs = job->top_logprobs;
-  const ci_engine_verdict v = ci_engine_submit(s->o.engine, &ej, &g->req);
-  if (v != CI_ENGINE_SUBMITTED) {
-    int status;
-    const char *code = submit_error(v, &status);
-    *body = ci_server_error_body(anthropic, status, code, ci_last_error());
-    return status;
+  /* stop_token_ids finish like EOS ("stop"); so do the chat format's stop tokens, unless EOS is
+     ignored */
+  cinfer_params params = job->params;
+  if (!params.ignore_eos && !job->raw_text)
+    for (int i = 0; i < s->n_chat_stop_ids && job->n_stop_ids < CI_SRV_MAX_STOP_IDS; i++)
+      job->stop_ids[job->n_stop_ids++] = s->chat_stop_ids[i];
+  params.stop_token_ids = job->stop_ids;
+  params.n_stop_token_ids = (size_t)job->n_stop_ids;
+  params.top_logprobs = job->top_logprobs;
+  const cinfer_status status =
+      cinfer_engine_submit(s->o.engine, job->prompt, (size_t)job->n_prompt, &params, &g->req);
+  if (status != CINFER_OK) {
+    int http;
+    const char *code = submit_error(status, &http);
+    *body = ci_server_error_body(anthropic, http, code, cinfer_last_error());
+    return http;
   }
   ci_srv_gen_init_text(s, job, g);
   return 0;
@@ -381,35 +363,23 @@ static void fail_generation(ci_srv_gen *g, const char *message) {
   g->failed = 1;
   g->done = 1;
   g->finish = "error";
-  if (g->req) ci_engine_request_cancel(g->req);
+  if (g->req) cinfer_request_cancel(g->req);
 }
 
 void ci_srv_gen_init_text(ci_server *s, ci_srv_job *job, ci_srv_gen *g) {
   g->srv = s;
   if (g->t_start == 0) g->t_start = ci_now_seconds();
-  g->detok = ci_detok_stream_create(s->o.tokenizer, (const char *const *)job->stop,
-                                    (size_t)job->n_stop, 1);
-  if (s->think_format && !job->raw_text) g->split = ci_reasoning_split_create(job->reasoning_open);
-  g->in_think = job->reasoning_open;
-  if (job->tools) {
-    g->tool_defs = job->tools;
-    job->tools = NULL;
-  }
-  const int gemma_calls = s->gemma_calls && !job->tools_off && !job->raw_text;
-  const int gemma_channels = s->gemma_channels && !job->raw_text;
-  if (g->tool_defs && !s->gemma_calls) g->tools = ci_tool_parser_create(g->tool_defs);
-  if (gemma_channels || gemma_calls) {
-    const ci_gemma_output_options go = {.channels = gemma_channels,
-                                        .tool_calls = gemma_calls,
-                                        .in_channel = job->channel_open,
-                                        .name_done = job->channel_name_done,
-                                        .tools = g->tool_defs};
-    g->gemma = ci_gemma_output_create(s->o.tokenizer, &s->gemma, &go);
-  }
-  g->stop = job->stop;
-  g->n_stop = job->n_stop;
-  job->stop = NULL;
-  job->n_stop = 0;
+  char *tools_json = job->tools ? json_dumps(job->tools, JSON_COMPACT) : NULL;
+  const cinfer_chat_output_options options = {.stop = (const char *const *)job->stop,
+                                              .n_stop = (size_t)job->n_stop,
+                                              .tools_json = tools_json,
+                                              .tools_off = job->tools_off,
+                                              .raw_text = job->raw_text,
+                                              .prompt = job->rendered,
+                                              .prompt_len = job->rendered_len};
+  const int failed = (job->tools && !tools_json) ||
+                     cinfer_chat_output_create(s->o.chat_format, &options, &g->text) != CINFER_OK;
+  free(tools_json);
   g->want_logprobs = job->logprobs;
   g->top_logprobs = job->top_logprobs;
   g->d_calls = json_array();
@@ -418,32 +388,17 @@ void ci_srv_gen_init_text(ci_server *s, ci_srv_job *job, ci_srv_gen *g) {
   g->logprobs = json_array();
   g->prompt_tokens = job->n_prompt;
   /* a stage that could not be created fails the generation before any event is applied */
-  if (!g->detok || (s->think_format && !job->raw_text && !g->split) ||
-      (g->tool_defs && !s->gemma_calls && !g->tools) ||
-      ((gemma_channels || gemma_calls) && !g->gemma) || !g->d_calls || !g->calls ||
-      !g->d_logprobs || !g->logprobs)
+  if (failed || !g->d_calls || !g->calls || !g->d_logprobs || !g->logprobs)
     fail_generation(g, "out of memory");
 }
 
 /* ==== The text pipeline ==== */
 
 void ci_server_detect_formats(ci_server *s) {
-  const ci_tokenizer *tok = s->o.tokenizer;
-  s->think_open = ci_tokenizer_token_to_id(tok, "<think>");
-  s->think_close = ci_tokenizer_token_to_id(tok, "</think>");
-  s->think_format = s->think_open >= 0 && s->think_close >= 0;
-  ci_gemma_markers_find(tok, &s->gemma);
-  /* docs/server.md "Output formats": a template mentioning <|channel> means gemma-channel reasoning
-   */
-  s->gemma_channels = s->o.chat_template &&
-                      ci_chat_template_mentions(s->o.chat_template, "<|channel>") &&
-                      ci_gemma_markers_have_channels(&s->gemma);
-  /* docs/server.md "Output formats": model_type gemma4* means the token parser, always on;
-     <|tool_response> after a call ends generation */
-  const char *type = s->o.model ? s->o.model->spec.model_type : NULL;
-  s->gemma_calls = type && !strncmp(type, "gemma4", 6) && ci_gemma_markers_have_calls(&s->gemma);
-  if (s->gemma_calls && s->gemma.response_open >= 0)
-    ci_eos_set_add(&s->o.eos, s->gemma.response_open);
+  s->n_chat_stop_ids = (int)cinfer_chat_format_stop_tokens(
+      s->o.chat_format, s->chat_stop_ids, sizeof s->chat_stop_ids / sizeof s->chat_stop_ids[0]);
+  if (s->n_chat_stop_ids > (int)(sizeof s->chat_stop_ids / sizeof s->chat_stop_ids[0]))
+    s->n_chat_stop_ids = (int)(sizeof s->chat_stop_ids / sizeof s->chat_stop_ids[0]);
 }
 
 static void on_content(void *ctx, const char *text, size_t len) {
@@ -458,74 +413,34 @@ static void on_reasoning(void *ctx, const char *text, size_t len) {
   ci_strbuf_append(&g->reasoning, text, len);
 }
 
-static void on_calls(ci_srv_gen *g, json_t *fresh) {
-  json_array_extend(g->d_calls, fresh);
-  json_array_extend(g->calls, fresh);
-}
-
-static void on_split(void *ctx, int is_reasoning, const char *text, size_t len) {
+static void on_call(void *ctx, const char *call_json) {
   ci_srv_gen *g = ctx;
-  if (is_reasoning) {
-    on_reasoning(g, text, len);
-  } else if (g->tools) {
-    json_t *fresh = json_array();
-    ci_tool_parser_push(g->tools, text, len, fresh, on_content, g);
-    on_calls(g, fresh);
-    json_decref(fresh);
-  } else {
-    on_content(g, text, len);
-  }
+  json_t *call = json_loads(call_json, 0, NULL);
+  if (!call || json_array_append(g->d_calls, call) || json_array_append(g->calls, call))
+    g->d_content.oom = 1; /* reported as out of memory below */
+  json_decref(call);
 }
 
-static void on_gemma_call(void *ctx, json_t *call) {
-  ci_srv_gen *g = ctx;
-  json_array_append(g->d_calls, call);
-  json_array_append(g->calls, call);
-}
+static const cinfer_chat_output_sinks sinks = {on_content, on_reasoning, on_call};
 
-/* Gemma routing: reasoning and calls as above; a segment that failed to parse is content. */
-static const ci_gemma_sinks gemma_sinks = {on_reasoning, on_content, on_gemma_call};
-
-static void visible_text(ci_srv_gen *g, const char *text, size_t len) {
-  if (!len) return;
-  if (g->split)
-    ci_reasoning_split_push(g->split, text, len, on_split, g);
-  else
-    on_split(g, 0, text, len);
-}
-
-/* End of text: flush every stage. */
-static void flush_text(ci_srv_gen *g) {
-  if (g->gemma) {
-    ci_gemma_output_finish(g->gemma, &gemma_sinks, g);
-    g->reasoning_tokens += ci_gemma_output_reasoning_tokens(g->gemma);
-  }
-  if (g->split) ci_reasoning_split_finish(g->split, on_split, g);
-  if (g->tools) {
-    json_t *fresh = json_array();
-    ci_tool_parser_finish(g->tools, fresh, on_content, g);
-    on_calls(g, fresh);
-    json_decref(fresh);
-  }
-}
-
-/* Which stop string fired, as the detokenizer matched it. */
+/* Which stop string fired, as the parser matched it. */
 static void find_stop_sequence(ci_srv_gen *g) {
-  const char *fired = ci_detok_stream_stop_string(g->detok);
+  const char *fired = cinfer_chat_output_stop_string(g->text);
   if (fired && !(g->stop_sequence = strdup(fired))) fail_generation(g, "out of memory");
 }
 
 static json_t *token_logprob(const ci_srv_gen *g, int32_t id, float logprob) {
   char *text = NULL;
   size_t len = 0;
-  if (ci_tokenizer_decode(g->srv->o.tokenizer, &id, 1, 0, &text, &len)) text = NULL, len = 0;
+  if (cinfer_tokenizer_decode(g->srv->o.tokenizer, &id, 1, 0, &text, &len) != CINFER_OK)
+    text = NULL, len = 0;
   json_t *bytes = json_array();
   int lost = !bytes;
   for (size_t i = 0; i < len && !lost; i++)
     lost = json_array_append_new(bytes, json_integer((unsigned char)text[i]));
   json_t *token = json_stringn(text ? text : "", len);
   if (!token) token = json_string(""); /* a lone byte of a multi-byte character */
-  free(text);
+  cinfer_free(text);
   if (lost || !token) {
     json_decref(bytes);
     json_decref(token);
@@ -541,8 +456,15 @@ static int text_lost(const ci_srv_gen *g) {
   return g->d_content.oom || g->content.oom || g->d_reasoning.oom || g->reasoning.oom;
 }
 
+/* End of the answer: flushes the parser (its held text may still complete a stop string). */
 static void finish(ci_srv_gen *g, const char *reason) {
-  flush_text(g);
+  const cinfer_status status = g->text ? cinfer_chat_output_finish(g->text, &sinks, g) : CINFER_OK;
+  if (status == CINFER_DONE && !g->stopped_by_string) {
+    g->stopped_by_string = 1;
+    find_stop_sequence(g);
+    reason = "stop";
+  }
+  if (g->text) g->reasoning_tokens = cinfer_chat_output_reasoning_tokens(g->text);
   g->done = 1;
   g->finish = json_array_size(g->calls) > 0 ? "tool_calls" : reason;
   if (!g->engine_timings) { /* measured here: queue and prefill together */
@@ -552,48 +474,29 @@ static void finish(ci_srv_gen *g, const char *reason) {
   if (text_lost(g)) fail_generation(g, "out of memory");
 }
 
-/* Think-tag reasoning tokens: those strictly between <think> and </think> (by id). */
-static void count_think(ci_srv_gen *g, int32_t id) {
-  if (!g->split) return;
-  if (id == g->srv->think_open)
-    g->in_think = 1;
-  else if (id == g->srv->think_close)
-    g->in_think = 0;
-  else if (g->in_think)
-    g->reasoning_tokens++;
-}
-
 int ci_srv_gen_pump(ci_srv_gen *g, double timeout_s) {
   if (g->done) return 0;
-  ci_engine_event ev;
-  if (!ci_engine_request_next(g->req, &ev, timeout_s)) return 0;
+  cinfer_event ev;
+  if (cinfer_request_next(g->req, &ev, timeout_s) != CINFER_OK) return 0;
   ci_srv_gen_apply(g, &ev, ci_now_seconds());
   return 1;
 }
 
-void ci_srv_gen_apply(ci_srv_gen *g, const ci_engine_event *ev, double now) {
+void ci_srv_gen_apply(ci_srv_gen *g, const cinfer_event *ev, double now) {
   if (g->done) return;
-  if (ev->kind == CI_ENGINE_EVENT_ERROR) {
+  if (ev->kind == CINFER_EVENT_ERROR) {
     fail_generation(g, ev->message);
     return;
   }
-  if (ev->kind == CI_ENGINE_EVENT_DONE) {
+  if (ev->kind == CINFER_EVENT_DONE) {
     g->completion_tokens = ev->generated_tokens;
     g->cached_tokens = ev->cached_tokens;
     g->engine_timings = 1;
     g->queue_s = ev->queue_seconds;
     g->prefill_s = ev->prefill_seconds;
     g->decode_s = ev->decode_seconds;
-    const char *detok_piece;
-    size_t detok_len;
-    const int r = ci_detok_stream_finish(g->detok, &detok_piece, &detok_len);
-    if (r >= 0) visible_text(g, detok_piece, detok_len);
-    if (r == 1) {
-      g->stopped_by_string = 1;
-      find_stop_sequence(g);
-    }
-    g->eos_stop = ev->finish == CI_FINISH_STOP;
-    finish(g, ev->finish == CI_FINISH_LENGTH && r != 1 ? "length" : "stop");
+    g->eos_stop = ev->finish == CINFER_FINISH_STOP;
+    finish(g, ev->finish == CINFER_FINISH_LENGTH ? "length" : "stop");
     pthread_mutex_lock(&g->srv->metrics_mu);
     ci_histogram_observe(&g->srv->queue, ev->queue_seconds);
     ci_histogram_observe(&g->srv->duration, now - g->t_start);
@@ -610,32 +513,27 @@ void ci_srv_gen_apply(ci_srv_gen *g, const ci_engine_event *ev, double now) {
   if (g->completion_tokens == 0) g->t_first = now;
   g->t_prev = now;
   g->completion_tokens++;
-  count_think(g, ev->token);
-  const char *piece = NULL;
-  size_t len = 0;
-  int r = g->gemma ? ci_gemma_output_push(g->gemma, ev->token, &gemma_sinks, g) : 0;
-  if (r == 1) /* routed (Gemma reasoning or tool call): not content */
-    r = 0;
-  else if (r == 0)
-    r = ci_detok_stream_push(g->detok, ev->token, &piece, &len);
-  if (r < 0) {
-    fail_generation(g, ci_last_error());
+  const cinfer_status status = cinfer_chat_output_push(g->text, ev->token, &sinks, g);
+  if (status != CINFER_OK && status != CINFER_DONE) {
+    fail_generation(g, cinfer_last_error());
     return;
   }
-  visible_text(g, piece, len);
   if (text_lost(g)) {
     fail_generation(g, "out of memory");
     return;
   }
+  const int stopped = status == CINFER_DONE;
   if (g->want_logprobs) {
     json_t *entry = token_logprob(g, ev->token, ev->logprob);
     json_t *top = json_array();
     int lost = !entry || !top;
     for (int i = 0; i < ev->n_top && !lost; i++)
       lost = json_array_append_new(top, token_logprob(g, ev->top_ids[i], ev->top_logprobs[i]));
-    if (!lost) lost = json_object_set_new(entry, "top_logprobs", top);
-    else json_decref(top);
-    if (!lost && r != 1)
+    if (!lost)
+      lost = json_object_set_new(entry, "top_logprobs", top);
+    else
+      json_decref(top);
+    if (!lost && !stopped)
       lost = json_array_append(g->d_logprobs, entry) || json_array_append(g->logprobs, entry);
     json_decref(entry);
     if (lost) {
@@ -643,8 +541,8 @@ void ci_srv_gen_apply(ci_srv_gen *g, const ci_engine_event *ev, double now) {
       return;
     }
   }
-  if (r == 1) { /* a stop string completed: the engine stops at its next boundary */
-    if (g->req) ci_engine_request_cancel(g->req);
+  if (stopped) { /* a stop string completed: the engine stops at its next boundary */
+    if (g->req) cinfer_request_cancel(g->req);
     g->stopped_by_string = 1;
     find_stop_sequence(g);
     finish(g, "stop");
@@ -672,14 +570,8 @@ void ci_srv_gen_clear_deltas(ci_srv_gen *g) {
 }
 
 void ci_srv_gen_free(ci_srv_gen *g) {
-  ci_engine_request_release(g->req);
-  ci_detok_stream_free(g->detok);
-  ci_reasoning_split_free(g->split);
-  ci_tool_parser_free(g->tools);
-  ci_gemma_output_free(g->gemma);
-  json_decref(g->tool_defs);
-  for (int i = 0; i < g->n_stop; i++) free(g->stop[i]);
-  free(g->stop);
+  cinfer_request_free(g->req);
+  cinfer_chat_output_free(g->text);
   ci_strbuf_free(&g->d_content);
   ci_strbuf_free(&g->d_reasoning);
   ci_strbuf_free(&g->content);

@@ -1,12 +1,14 @@
 /* HTTP plumbing over libmicrohttpd (docs/server.md "HTTP basics", "Errors"): a thread per
  * connection, body collection with a size limit, bearer / x-api-key auth, CORS (--cors:
- * Access-Control-Allow-* headers and OPTIONS preflight), the route table, JSON and SSE responses,
- * errors in each API's shape. A client that disconnects mid-stream makes libmicrohttpd free the
- * stream, which releases (cancels) its engine request. */
+ * Access-Control-Allow-* headers and OPTIONS preflight), the route table (the chat page's URLs go
+ * to webui.c unless --no-webui), JSON and SSE responses, errors in each API's shape. A client that
+ * disconnects mid-stream makes libmicrohttpd free the stream, which releases (cancels) its engine
+ * request. */
 #include "server/server.h"
 
 #include "base/error.h"
 #include "base/timing.h"
+#include "server/webui.h"
 
 #include <arpa/inet.h>
 #include <microhttpd.h>
@@ -215,6 +217,11 @@ static const struct {
 
 static enum MHD_Result dispatch(ci_server *s, struct MHD_Connection *c, const char *url,
                                 const char *method, connection *conn) {
+  int queued = MHD_NO, page_status = 0;
+  if (!s->o.no_webui && ci_webui_handle(c, url, method, &queued, &page_status)) {
+    ci_server_count_request(s, "webui", page_status);
+    return (enum MHD_Result)queued;
+  }
   int found = -1, path_known = 0;
   for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
     if (!strcmp(url, routes[i].path)) {
@@ -342,7 +349,7 @@ ci_server *ci_server_start(const ci_server_options *o) {
   s->started_at = (double)time(NULL);
   pthread_mutex_init(&s->metrics_mu, NULL);
   ci_server_detect_formats(s);
-  s->weights_bytes = ci_model_weight_bytes_per_token(o->model);
+  s->weights_bytes = cinfer_model_weight_bytes(o->model);
   if (o->api_keys && *o->api_keys) {
     char *copy = strdup(o->api_keys), *save = NULL;
     int lost = !copy;
@@ -351,8 +358,10 @@ ci_server *ci_server_start(const ci_server_options *o) {
       char **bigger = realloc(s->keys, (size_t)(s->n_keys + 1) * sizeof *bigger);
       char *key = bigger ? strdup(k) : NULL;
       if (bigger) s->keys = bigger;
-      if (!key) lost = 1;
-      else s->keys[s->n_keys++] = key;
+      if (!key)
+        lost = 1;
+      else
+        s->keys[s->n_keys++] = key;
     }
     free(copy);
     if (lost) { /* a server missing some of its keys would refuse their clients */

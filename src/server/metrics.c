@@ -25,8 +25,8 @@ static void histogram(ci_strbuf *b, const char *name, const ci_histogram *h) {
 }
 
 char *ci_server_metrics_text(ci_server *s) {
-  ci_engine_stats st;
-  ci_engine_get_stats(s->o.engine, &st);
+  cinfer_engine_stats st;
+  cinfer_engine_get_stats(s->o.engine, &st);
   ci_strbuf b = {0};
   ci_strbuf_append(&b, "# TYPE cinfer_requests_total counter\n", 37);
   pthread_mutex_lock(&s->metrics_mu);
@@ -64,15 +64,14 @@ char *ci_server_metrics_text(ci_server *s) {
     size_t offset;
     long long all;
   } per_codec[] = {
-      {"cinfer_kv_blocks_used", offsetof(ci_kv_format_usage, blocks_used), st.blocks_used},
-      {"cinfer_kv_blocks_free", offsetof(ci_kv_format_usage, blocks_free), -1},
-      {"cinfer_kv_bytes_used", offsetof(ci_kv_format_usage, bytes_used), st.bytes_used},
+      {"cinfer_kv_blocks_used", offsetof(cinfer_kv_usage, blocks_used), st.blocks_used},
+      {"cinfer_kv_blocks_free", offsetof(cinfer_kv_usage, blocks_free), -1},
+      {"cinfer_kv_bytes_used", offsetof(cinfer_kv_usage, bytes_used), st.bytes_used},
   };
   for (size_t m = 0; m < sizeof per_codec / sizeof per_codec[0]; m++) {
     ci_strbuf_appendf(&b, "# TYPE %s gauge\n", per_codec[m].name);
     for (int i = 0; i < st.n_kv_formats; i++) {
-      char codec[64];
-      ci_kv_format_name(&st.kv_formats[i].format, codec, sizeof codec);
+      const char *codec = st.kv_formats[i].codec;
       const int64_t value =
           *(const int64_t *)((const char *)&st.kv_formats[i] + per_codec[m].offset);
       ci_strbuf_appendf(&b, "%s{codec=\"%s\"} %lld\n", per_codec[m].name, codec, (long long)value);
@@ -82,10 +81,8 @@ char *ci_server_metrics_text(ci_server *s) {
   }
   ci_strbuf_appendf(&b, "# TYPE cinfer_kv_conversions_total counter\n");
   for (int i = 0; i < st.n_kv_conversions; i++) {
-    char codec[64];
-    ci_kv_format_name(&st.kv_conversion_formats[i], codec, sizeof codec);
-    ci_strbuf_appendf(&b, "cinfer_kv_conversions_total{codec=\"%s\"} %lld\n", codec,
-                      (long long)st.kv_conversions[i]);
+    ci_strbuf_appendf(&b, "cinfer_kv_conversions_total{codec=\"%s\"} %lld\n",
+                      st.kv_conversion_codecs[i], (long long)st.kv_conversions[i]);
   }
   histogram(&b, "cinfer_time_to_first_token_seconds", &s->ttft);
   histogram(&b, "cinfer_inter_token_latency_seconds", &s->itl);
@@ -96,22 +93,22 @@ char *ci_server_metrics_text(ci_server *s) {
 }
 
 json_t *ci_server_stats_json(ci_server *s) {
-  ci_engine_stats st;
-  ci_engine_get_stats(s->o.engine, &st);
-  const ci_model_spec *spec = &s->o.model->spec;
+  cinfer_engine_stats st;
+  cinfer_engine_get_stats(s->o.engine, &st);
   return json_pack(
       "{s:{s:s, s:s, s:s, s:i, s:I, s:I}, s:{s:s, s:i, s:I, s:i, s:i}, s:{s:I, s:I, s:I, s:I}, "
       "s:{s:i, s:i, s:i, s:I, s:I}, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I}, "
       "s:{s:I, s:I, s:I, s:I, s:I, s:I}}",
-      "server", "version", "0.1", "model", s->o.model_id, "device", "cpu", "threads", s->o.threads,
-      "started_at", (json_int_t)s->started_at, "uptime_s",
-      (json_int_t)(time(NULL) - (time_t)s->started_at), "model", "model_type",
-      spec->model_type ? spec->model_type : "", "layers", spec->n_layers, "weights_bytes",
-      (json_int_t)s->weights_bytes, "ctx_size", ci_engine_ctx_size(s->o.engine),
-      "max_position_embeddings", spec->max_position, "kv", "bytes_used", (json_int_t)st.bytes_used,
+      "server", "version", cinfer_version(), "model", s->o.model_id, "device",
+      cinfer_model_device(s->o.model), "threads", s->o.threads, "started_at",
+      (json_int_t)s->started_at, "uptime_s", (json_int_t)(time(NULL) - (time_t)s->started_at),
+      "model", "model_type", cinfer_model_architecture(s->o.model), "layers",
+      cinfer_model_n_layers(s->o.model), "weights_bytes", (json_int_t)s->weights_bytes, "ctx_size",
+      cinfer_engine_context_size(s->o.engine), "max_position_embeddings",
+      cinfer_model_context_length(s->o.model), "kv", "bytes_used", (json_int_t)st.bytes_used,
       "bytes_budget", (json_int_t)st.kv_budget_bytes, "blocks_used", (json_int_t)st.blocks_used,
       "bytes_reserved", (json_int_t)st.reserved_bytes, "batch", "running", st.running, "waiting",
-      st.waiting, "max", ci_engine_max_batch(s->o.engine), "steps", (json_int_t)st.steps,
+      st.waiting, "max", cinfer_engine_max_batch(s->o.engine), "steps", (json_int_t)st.steps,
       "step_rows", (json_int_t)st.step_rows, "totals", "requests_finished",
       (json_int_t)st.requests_finished, "requests_cancelled", (json_int_t)st.requests_cancelled,
       "requests_failed", (json_int_t)st.requests_failed, "prompt_tokens",

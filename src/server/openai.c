@@ -462,8 +462,8 @@ int ci_openai_completions(ci_server *s, json_t *body, json_t **out, ci_srv_strea
     prompt = json_array_get(prompt, 0);
   if (json_is_string(prompt)) {
     size_t n = 0;
-    if (ci_tokenizer_encode(s->o.tokenizer, json_string_value(prompt), json_string_length(prompt),
-                            1, &job.prompt, &n) ||
+    if (cinfer_tokenizer_encode(s->o.tokenizer, json_string_value(prompt),
+                                json_string_length(prompt), 1, &job.prompt, &n) != CINFER_OK ||
         n == 0) {
       ci_srv_job_free(&job);
       return bad(out, "invalid_value", strdup("prompt encodes to no tokens"));
@@ -478,8 +478,7 @@ int ci_openai_completions(ci_server *s, json_t *body, json_t **out, ci_srv_strea
     size_t i;
     json_t *v;
     json_array_foreach(prompt, i, v) {
-      if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-          json_integer_value(v) >= s->o.model->spec.vocab) {
+      if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= s->o.vocab) {
         ci_srv_job_free(&job);
         return bad(out, "invalid_value",
                    strdup("prompt token ids must be integers below the "
@@ -497,11 +496,12 @@ int ci_openai_completions(ci_server *s, json_t *body, json_t **out, ci_srv_strea
 }
 
 int ci_openai_models(ci_server *s, json_t **out) {
-  *out = json_pack(
-      "{s:s, s:[{s:s, s:s, s:I, s:s, s:i, s:i, s:b}]}", "object", "list", "data", "id",
-      s->o.model_id, "object", "model", "created", (json_int_t)(long long)s->started_at, "owned_by",
-      "cinfer", "context_window", ci_engine_ctx_size(s->o.engine), "max_position_embeddings",
-      s->o.model->spec.max_position, "reasoning", s->think_format || s->gemma_channels);
+  *out =
+      json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:i, s:i, s:b}]}", "object", "list", "data", "id",
+                s->o.model_id, "object", "model", "created", (json_int_t)(long long)s->started_at,
+                "owned_by", "cinfer", "context_window", cinfer_engine_context_size(s->o.engine),
+                "max_position_embeddings", cinfer_model_context_length(s->o.model), "reasoning",
+                cinfer_chat_format_has_reasoning(s->o.chat_format));
   return 200;
 }
 

@@ -1,19 +1,13 @@
 /* The HTTP server (docs/server.md): libmicrohttpd, thread per connection, OpenAI and
- * Anthropic routes over the serving engine. HTTP threads own the text side of a request (chat
- * template, tokenizer, streaming detokenizer, stop strings, reasoning and tool-call parsing);
- * the engine thread owns the model. This header is the server's public face plus the pieces its
- * files share (server_internal section). */
+ * Anthropic routes over the public C API's engine (cinfer.h, used as any embedding program would).
+ * HTTP threads own the text side of a request (chat template, tokenizer, and the chat output
+ * parser: streaming detokenizer, stop strings, reasoning and tool-call parsing); the engine
+ * thread owns the model. This header is the server's public face plus the pieces its files share
+ * (server_internal section). */
 #ifndef CI_SERVER_SERVER_H
 #define CI_SERVER_SERVER_H
 
-#include "engine/engine.h"
-#include "engine/params.h"
-#include "text/chat_template.h"
-#include "text/detok_stream.h"
-#include "text/gemma_output.h"
-#include "text/reasoning_split.h"
-#include "text/tokenizer.h"
-#include "text/tool_call_parse.h"
+#include "cinfer.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -24,17 +18,18 @@ typedef struct ci_server ci_server;
 
 /* Everything the server borrows (all must outlive it) and its settings. */
 typedef struct {
-  ci_engine *engine;
-  const ci_model *model;
-  const ci_tokenizer *tokenizer;
-  const ci_chat_template *chat_template; /* NULL: chat routes answer 400 */
-  const ci_generation_config *gen;
-  const ci_sampling_overrides *cli; /* the CLI layer of the precedence stack */
-  ci_eos_set eos;
-  ci_kv_plan_source kv_plan;
-  ci_kv_format kv_target;
-  int64_t kv_start;
-  int kv_protect; /* default protect, and the most a request may ask (the cache's layout) */
+  cinfer_engine *engine;
+  const cinfer_model *model;                 /* NULL in tests that drive the text pipeline */
+  const cinfer_tokenizer *tokenizer;         /* the model's */
+  const cinfer_chat_template *chat_template; /* NULL: chat routes answer 400 */
+  const cinfer_chat_format *chat_format;     /* the model's output conventions */
+  int vocab;                                 /* token ids are below this */
+  /* Request defaults: built-in < generation_config.json < the CLI flags (cinfer_params_init with
+     the model, then the flags); their KV fields are the server's plan (kv_protect: the default,
+     and the most a request may ask, the cache's layout). */
+  const cinfer_params *defaults;
+  int max_tokens_configured; /* the CLI or generation_config.json set max_tokens (else a route's
+                                own default applies) */
   const char *model_id;
   const char *host;
   int port;
@@ -42,6 +37,7 @@ typedef struct {
   size_t max_body;      /* bytes */
   int threads;
   const char *cors; /* --cors: "*" or comma-separated origins; NULL = no CORS headers */
+  int no_webui;     /* --no-webui: no chat page at / (404 like any unknown route) */
 } ci_server_options;
 
 /* Binds and starts serving. NULL with ci_last_error (port taken, ...). */
@@ -83,11 +79,8 @@ typedef struct {
 struct ci_server {
   ci_server_options o;
   struct MHD_Daemon *daemon;
-  int think_format;                /* the tokenizer has <think> and </think> */
-  int32_t think_open, think_close; /* their ids (reasoning_tokens) */
-  ci_gemma_markers gemma;          /* Gemma 4 marker ids (-1 where absent) */
-  int gemma_channels;              /* gemma-channel reasoning: template mentions <|channel> */
-  int gemma_calls;                 /* Gemma 4 tool-call tokens: model_type gemma4* */
+  int32_t chat_stop_ids[8]; /* tokens that end a chat answer besides EOS (the chat format's) */
+  int n_chat_stop_ids;
   int64_t weights_bytes;
   double started_at;
   char **keys;
@@ -108,16 +101,9 @@ json_t *ci_server_error_body(int anthropic, int status, const char *code, const 
 
 typedef struct {
   ci_server *srv;
-  ci_engine_request *req;
-  ci_detok_stream *detok;
-  ci_reasoning_split *split; /* NULL: no reasoning split */
-  ci_tool_parser *tools;     /* NULL: no tool parsing */
-  ci_gemma_output *gemma;    /* NULL: no Gemma 4 channel / tool-call routing */
-  int in_think;              /* think-tag: inside <think> (counts reasoning tokens) */
+  cinfer_request *req;
+  cinfer_chat_output *text; /* owned: the answer's parser */
   int reasoning_tokens;
-  json_t *tool_defs; /* owned */
-  char **stop;
-  int n_stop;
   int want_logprobs, top_logprobs;
   /* deltas since the last ci_srv_gen_take */
   ci_strbuf d_content, d_reasoning;
@@ -139,31 +125,24 @@ typedef struct {
 } ci_srv_gen;
 
 /* The text side of a prepared request, ready to submit. */
+enum { CI_SRV_MAX_STOP_IDS = 64 };
+
 typedef struct {
-  int32_t *prompt;
+  int32_t *prompt; /* malloc'd */
   int n_prompt;
-  int max_tokens;
-  int max_tokens_explicit;
-  ci_sampler_params sampling;
-  ci_logit_bias *bias;
-  int n_bias;
+  char *rendered; /* the chat template's rendering (malloc'd; NULL: a raw prompt) */
+  size_t rendered_len;
+  cinfer_params params;    /* the request's parameters (sampling, limits, KV plan) */
+  cinfer_logit_bias *bias; /* params.logit_bias; owned */
   char **stop;
   int n_stop;
   int logprobs, top_logprobs;
   json_t *tools; /* owned; NULL = no tool parsing */
   int tools_off; /* tool_choice "none": nothing is parsed */
   int raw_text;  /* /v1/completions: no reasoning or tool-call parsing at all */
-  int reasoning_open;
-  int channel_open, channel_name_done; /* the prompt ends inside a Gemma channel */
   /* extensions (docs/server.md "Extensions") */
-  int ignore_eos;
-  int32_t stop_ids[CI_EOS_SET_MAX]; /* stop_token_ids */
+  int32_t stop_ids[CI_SRV_MAX_STOP_IDS]; /* stop_token_ids, then the chat format's stop tokens */
   int n_stop_ids;
-  int has_kv; /* the request's kv object sets the plan below */
-  ci_kv_plan_source kv_plan;
-  ci_kv_format kv_target;
-  int64_t kv_start;
-  int kv_protect;
   int continue_final;   /* continue_final_message */
   const char *err_code; /* set with a parse error that is not "invalid_value" */
 } ci_srv_job;
@@ -173,9 +152,9 @@ void ci_srv_job_free(ci_srv_job *j);
 /* Submits the job. Returns 0 with g ready, or an HTTP status (400/429/503) with *body set. */
 int ci_srv_gen_start(ci_server *s, ci_srv_job *job, ci_srv_gen *g, int anthropic, json_t **body);
 
-/* Sets up g's text pipeline for job (detokenizer, stop strings, reasoning split, tool parsing,
- * Gemma routing) without submitting anything; ci_srv_gen_start calls it. Takes the job's tools
- * and stop strings. Exposed so tests can drive the pipeline with ci_srv_gen_apply. */
+/* Sets up g's text pipeline for job (a cinfer_chat_output: detokenizer, stop strings, reasoning
+ * split, tool parsing, Gemma routing) without submitting anything; ci_srv_gen_start calls it.
+ * Exposed so tests can drive the pipeline with ci_srv_gen_apply. */
 void ci_srv_gen_init_text(ci_server *s, ci_srv_job *job, ci_srv_gen *g);
 
 /* Processes the next engine event (waits up to timeout_s). Returns 1 when something happened,
@@ -183,14 +162,13 @@ void ci_srv_gen_init_text(ci_server *s, ci_srv_job *job, ci_srv_gen *g);
 int ci_srv_gen_pump(ci_srv_gen *g, double timeout_s);
 
 /* Applies one engine event, received at time `now`, to the text pipeline. */
-void ci_srv_gen_apply(ci_srv_gen *g, const ci_engine_event *ev, double now);
+void ci_srv_gen_apply(ci_srv_gen *g, const cinfer_event *ev, double now);
 
 /* The `timings` extension object of a finished generation (docs/generation.md §10). */
 json_t *ci_srv_gen_timings(const ci_srv_gen *g);
 
-/* Decides the server's output formats from its model, tokenizer and template (think-tag,
- * gemma-channel, Gemma 4 tool calls) and adds <|tool_response> to the EOS set where it applies.
- * ci_server_start calls it; tests that build a ci_server by hand call it too. */
+/* Reads what the chat format adds to every request (its stop tokens, e.g. Gemma 4's
+ * <|tool_response>). ci_server_start calls it; tests that build a ci_server by hand call it too. */
 void ci_server_detect_formats(ci_server *s);
 
 /* Clears the deltas after the caller has formatted them. */

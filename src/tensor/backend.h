@@ -117,6 +117,11 @@ typedef struct {
    * do when they are the same memory), and returns CI_OK or the first error an op raised during
    * the step. */
   int (*step_end)(ci_backend *be, float *host_logits, const float *logits, size_t logits_bytes);
+  /* Registers host memory that step_end downloads logits into, so that a device can write it
+   * directly (page-locked); the caller unpins it before freeing it. Nothing to do on the CPU.
+   * Returns CI_OK, or CI_ERR (downloads then stay correct, only slower). */
+  int (*pin_host)(ci_backend *be, void *host, size_t bytes);
+  void (*unpin_host)(ci_backend *be, void *host);
   /* Allocations the backend has made so far (alloc calls and growth of its scratch): a steady
    * state that allocates nothing leaves it unchanged. */
   int64_t (*allocation_count)(ci_backend *be);
@@ -125,6 +130,12 @@ typedef struct {
    * CI_OK or CI_ERR. */
   int (*reserve_scratch)(ci_backend *be, int64_t max_rows, int64_t max_k, int max_heads,
                          int max_head_dim);
+
+  /* Makes a weight's arrays (data, scales, biases) readable by this backend's ops, once at
+   * load: nothing on the CPU (the mapped file is read in place); a device copies them to its
+   * memory, which it owns until destroy, and points t at the copies. Returns CI_OK, or CI_ERR
+   * naming what this backend cannot run (a dtype it has no kernels for). */
+  int (*prepare_weight)(ci_backend *be, ci_tensor *t);
 
   /* y[m, N] = x[m, K] @ W[N, K]^T for any weight dtype (f32/f16/bf16/q8/q4); with segments
    * (may be NULL), each segment's rows are computed as a matmul of that segment alone would

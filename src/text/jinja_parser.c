@@ -990,7 +990,7 @@ void ci_jinja_free(ci_jinja_template *t) {
   if (!t) return;
   for (size_t i = 0; i < t->n_nodes; i++) {
     jnode *n = t->nodes[i];
-    jv_drop(n->lit);
+    jv_free_frozen(n->lit);
     free(n->kids);
     free(n->ops);
     free(n->body);
@@ -1023,5 +1023,8 @@ ci_jinja_template *ci_jinja_parse(const char *source, size_t len) {
     ci_jinja_free(t);
     return NULL;
   }
+  /* The literals belong to the template, which renders may share across threads: frozen, so
+   * that renders never touch their reference counts. */
+  for (size_t i = 0; i < t->n_nodes; i++) jv_freeze(&t->nodes[i]->lit);
   return t;
 }

@@ -13,13 +13,26 @@
 
 /* ==== Strings ==== */
 
+/* A frozen string (refs < 0) is owned by a template and never counted. */
 jv jv_dup(jv v) {
-  if ((v.kind == JV_STR || v.kind == JV_UNDEF) && v.u.s) v.u.s->refs++;
+  if ((v.kind == JV_STR || v.kind == JV_UNDEF) && v.u.s && v.u.s->refs >= 0) v.u.s->refs++;
   return v;
 }
 
 void jv_drop(jv v) {
-  if ((v.kind == JV_STR || v.kind == JV_UNDEF) && v.u.s && --v.u.s->refs == 0) free(v.u.s);
+  if ((v.kind == JV_STR || v.kind == JV_UNDEF) && v.u.s && v.u.s->refs >= 0 && --v.u.s->refs == 0)
+    free(v.u.s);
+}
+
+void jv_freeze(jv *v) {
+  if ((v->kind == JV_STR || v->kind == JV_UNDEF) && v->u.s) v->u.s->refs = -1;
+}
+
+void jv_free_frozen(jv v) {
+  if ((v.kind == JV_STR || v.kind == JV_UNDEF) && v.u.s && v.u.s->refs < 0)
+    free(v.u.s);
+  else
+    jv_drop(v);
 }
 
 static jstr *jstr_new(const char *s, size_t len) {

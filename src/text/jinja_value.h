@@ -100,6 +100,10 @@ static inline jv jv_float(double f) {
 
 jv jv_dup(jv v);
 void jv_drop(jv v);
+/* Makes a string immortal: jv_dup and jv_drop leave it alone (a parsed template's literals, which
+ * concurrent renders share); jv_free_frozen releases it with its template. */
+void jv_freeze(jv *v);
+void jv_free_frozen(jv v);
 
 /* Strings. On allocation failure or a size over JV_MAX_STR they return a JV_STR whose u.s is
  * NULL: check with jv_is_err(). */

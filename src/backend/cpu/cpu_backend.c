@@ -108,6 +108,26 @@ static int cpu_reserve_scratch(ci_backend *be, int64_t max_rows, int64_t max_k, 
   return ci_arena_reserve(&cpu->scratch, (size_t)floats * sizeof(float)) ? CI_ERR : CI_OK;
 }
 
+/* The CPU reads weights where the file is mapped. */
+static int cpu_prepare_weight(ci_backend *be, ci_tensor *t) {
+  (void)be;
+  (void)t;
+  return CI_OK;
+}
+
+/* Host memory is the CPU's own: nothing to pin. */
+static int cpu_pin_host(ci_backend *be, void *host, size_t bytes) {
+  (void)be;
+  (void)host;
+  (void)bytes;
+  return CI_OK;
+}
+
+static void cpu_unpin_host(ci_backend *be, void *host) {
+  (void)be;
+  (void)host;
+}
+
 /* ==== Dense ops ==== */
 
 static int cpu_matmul(ci_backend *be, const ci_tensor *w, const float *x, int64_t m, float *y,
@@ -489,6 +509,9 @@ static const ci_backend_ops cpu_ops = {
     .gather_rows = cpu_gather_rows,
     .scatter_add_rows = cpu_scatter_add_rows,
     .moe_route = ci_cpu_moe_route,
+    .prepare_weight = cpu_prepare_weight,
+    .pin_host = cpu_pin_host,
+    .unpin_host = cpu_unpin_host,
     .rope = cpu_rope,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,

@@ -1,0 +1,208 @@
+/* step_bench: times the model step on a device, without tokenizer or server: prefill of P
+ * prompt tokens in one chunk, and decode steps of B sequences batched in one step (the engine's
+ * batched step), each sequence holding a short prompt first. Also measures the device's memory
+ * bandwidth (a large device copy) so batch-1 decode can be reported as a share of the roofline.
+ * Writes one JSON object to stdout; bench/cuda.sh turns it into bench/cuda.md.
+ *
+ * usage: step_bench MODEL_DIR [--device cpu|cuda] [--prompts 512,2048] [--batches 1,16,64]
+ *                             [--gen N] [--context N] [--threads N] [--planes 1|2]
+ *                             [--graphs 0|1]
+ * --planes: how the CUDA backend feeds activations to bf16 matmuls (cuda_backend.h). */
+#include "backend/cuda/cuda_backend.h"
+#include "base/error.h"
+#include "base/timing.h"
+#include "engine/model_open.h"
+#include "model/model.h"
+#include "tensor/kv_format.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int parse_list(const char *text, int *out, int max) {
+  int n = 0;
+  for (const char *p = text; *p && n < max;) {
+    out[n++] = atoi(p);
+    const char *comma = strchr(p, ',');
+    if (!comma) break;
+    p = comma + 1;
+  }
+  return n;
+}
+
+/* Seconds of a synchronised step: the backend's step_end waits for the device. */
+static void sync_backend(ci_backend *be) {
+  be->ops->step_end(be, NULL, NULL, 0);
+}
+
+/* Device bandwidth: bytes read + written per second by a copy of `bytes`. */
+static double measure_bandwidth(ci_backend *be, size_t bytes) {
+  uint8_t *a = be->ops->alloc_uninitialized(be, bytes),
+          *b = be->ops->alloc_uninitialized(be, bytes);
+  if (!a || !b) return 0.0;
+  be->ops->copy_bytes(be, b, a, bytes);
+  sync_backend(be);
+  double best = 1e30;
+  for (int i = 0; i < 5; i++) {
+    double t0 = ci_now_seconds();
+    be->ops->copy_bytes(be, b, a, bytes);
+    sync_backend(be);
+    double t = ci_now_seconds() - t0;
+    best = t < best ? t : best;
+  }
+  be->ops->release(be, a);
+  be->ops->release(be, b);
+  return 2.0 * (double)bytes / best;
+}
+
+static int32_t token_at(int i, int t, int vocab) {
+  return (int32_t)(((int64_t)t * 7919 + (int64_t)i * 104729 + 17) % vocab);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: step_bench MODEL_DIR [--device cpu|cuda] [--prompts 512,2048] "
+                    "[--batches 1,16,64] [--gen N] [--context N] [--threads N]\n");
+    return 2;
+  }
+  ci_device_options device = {.device = "auto", .gpu = 0, .n_threads = 0};
+  int prompts[8] = {512, 2048}, n_prompts = 2, batches[16] = {1, 16, 64}, n_batches = 3;
+  int gen = 32, context = 128, planes = 2, graphs = 1;
+  for (int i = 2; i + 1 < argc; i += 2) {
+    if (!strcmp(argv[i], "--device"))
+      device.device = argv[i + 1];
+    else if (!strcmp(argv[i], "--prompts"))
+      n_prompts = parse_list(argv[i + 1], prompts, 8);
+    else if (!strcmp(argv[i], "--batches"))
+      n_batches = parse_list(argv[i + 1], batches, 16);
+    else if (!strcmp(argv[i], "--gen"))
+      gen = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--context"))
+      context = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--threads"))
+      device.n_threads = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--planes"))
+      planes = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--graphs"))
+      graphs = atoi(argv[i + 1]);
+    else {
+      fprintf(stderr, "step_bench: unknown option %s\n", argv[i]);
+      return 2;
+    }
+  }
+  ci_model *model = ci_model_open_on(argv[1], &device);
+  if (!model) {
+    fprintf(stderr, "step_bench: %s\n", ci_last_error());
+    return 1;
+  }
+  ci_backend *be = model->be;
+#ifdef CINFER_CUDA
+  if (!be->host_visible) {
+    ci_cuda_set_input_planes(be, planes);
+    ci_cuda_set_graphs(be, graphs);
+  }
+#endif
+  const int vocab = model->spec.vocab;
+  printf("{\"model\": \"%s\", \"backend\": \"%s\", \"input_planes\": %d, \"graphs\": %d, "
+         "\"weight_bytes_per_token\": %lld",
+         argv[1], be->ops->name, planes, graphs, (long long)ci_model_weight_bytes_per_token(model));
+  double bandwidth = be->host_visible ? 0.0 : measure_bandwidth(be, (size_t)2 << 30);
+  printf(", \"bandwidth_bytes_per_s\": %.4g", bandwidth);
+  /* the KV every measurement needs at once: the largest batch's contexts, or the longest prompt */
+  int64_t max_seqs = 2, tokens = 0;
+  for (int b = 0; b < n_batches; b++)
+    max_seqs = batches[b] + 2 > max_seqs ? batches[b] + 2 : max_seqs;
+  for (int p = 0; p < n_prompts; p++) tokens = prompts[p] + 64 > tokens ? prompts[p] + 64 : tokens;
+  if ((int64_t)(max_seqs - 2) * (context + gen + 16) > tokens)
+    tokens = (int64_t)(max_seqs - 2) * (context + gen + 16);
+  const ci_kv_format bf16 = ci_kv_format_plain(CI_KV_BF16);
+  const int64_t arena = 2 * tokens * ci_model_kv_bytes_per_token(model, &bf16) + ((int64_t)1 << 28);
+  ci_kv_cache *cache = ci_model_kv_cache_create(model, CI_KV_BF16, 16, arena);
+  if (cache && ci_kv_cache_set_limits(cache, (int)max_seqs,
+                                      tokens > context + gen + 64 ? tokens : context + gen + 64)) {
+    ci_kv_cache_free(cache);
+    cache = NULL;
+  }
+  if (!cache) {
+    fprintf(stderr, "step_bench: %s\n", ci_last_error());
+    return 1;
+  }
+  int32_t *ids = malloc(sizeof(int32_t) * 65536);
+  const size_t logits_bytes = (size_t)vocab * 256 * sizeof(float);
+  float *logits = malloc(logits_bytes);
+  /* as the engine does: the step's logits land in page-locked memory */
+  const int pinned = be->ops->pin_host(be, logits, logits_bytes) == CI_OK;
+  /* warm-up: a short prefill and a few decode steps */
+  {
+    ci_kv_seq *s = ci_kv_seq_create(cache);
+    for (int t = 0; t < 64; t++) ids[t] = token_at(0, t, vocab);
+    ci_model_forward(model, s, ids, 64, logits, 1);
+    for (int t = 0; t < 4; t++) ci_model_forward(model, s, ids + t, 1, logits, 1);
+    ci_kv_seq_free(s);
+  }
+  printf(", \"prefill\": [");
+  for (int p = 0; p < n_prompts; p++) {
+    const int n = prompts[p] > 65536 ? 65536 : prompts[p];
+    for (int t = 0; t < n; t++) ids[t] = token_at(1, t, vocab);
+    double best = 1e30;
+    for (int run = 0; run < 3; run++) {
+      ci_kv_seq *s = ci_kv_seq_create(cache);
+      double t0 = ci_now_seconds();
+      if (ci_model_forward(model, s, ids, n, logits, 1)) {
+        fprintf(stderr, "step_bench: prefill %d: %s\n", n, ci_last_error());
+        return 1;
+      }
+      double t = ci_now_seconds() - t0;
+      best = t < best ? t : best;
+      ci_kv_seq_free(s);
+    }
+    printf("%s{\"tokens\": %d, \"seconds\": %.6f, \"tok_s\": %.1f}", p ? ", " : "", n, best,
+           n / best);
+    fflush(stdout);
+  }
+  printf("], \"decode\": [");
+  for (int b = 0; b < n_batches; b++) {
+    const int B = batches[b];
+    ci_kv_seq **seqs = calloc((size_t)B, sizeof *seqs);
+    int32_t *next = calloc((size_t)B, sizeof *next);
+    for (int i = 0; i < B; i++) {
+      seqs[i] = ci_kv_seq_create(cache);
+      for (int t = 0; t < context; t++) ids[t] = token_at(i, t, vocab);
+      if (!seqs[i] || ci_model_forward(model, seqs[i], ids, context, NULL, 0)) {
+        fprintf(stderr, "step_bench: context of sequence %d: %s\n", i, ci_last_error());
+        return 1;
+      }
+      next[i] = token_at(i, context, vocab);
+    }
+    for (int w = 0; w < 2; w++) ci_model_forward_decode_batch(model, seqs, next, B, logits);
+    double t0 = ci_now_seconds();
+    for (int step = 0; step < gen; step++) {
+      if (ci_model_forward_decode_batch(model, seqs, next, B, logits)) {
+        fprintf(stderr, "step_bench: decode batch %d: %s\n", B, ci_last_error());
+        return 1;
+      }
+      for (int i = 0; i < B; i++) next[i] = token_at(i, step, vocab);
+    }
+    double t = ci_now_seconds() - t0;
+    printf(
+        "%s{\"batch\": %d, \"steps\": %d, \"seconds\": %.6f, \"step_ms\": %.3f, \"tok_s\": %.1f}",
+        b ? ", " : "", B, gen, t, 1e3 * t / gen, (double)B * gen / t);
+    fflush(stdout);
+    for (int i = 0; i < B; i++) ci_kv_seq_free(seqs[i]);
+    free(seqs);
+    free(next);
+  }
+  printf("]");
+#ifdef CINFER_CUDA
+  size_t free_bytes = 0, total_bytes = 0;
+  if (!be->host_visible && ci_cuda_memory_info(be, &free_bytes, &total_bytes) == CI_OK)
+    printf(", \"gpu_memory_used_bytes\": %zu", total_bytes - free_bytes);
+#endif
+  printf("}\n");
+  free(ids);
+  if (pinned) be->ops->unpin_host(be, logits);
+  free(logits);
+  ci_kv_cache_free(cache);
+  ci_model_close(model);
+  return 0;
+}

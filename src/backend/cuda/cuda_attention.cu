@@ -1,0 +1,350 @@
+/* The CUDA backend's paged KV: kv_store writes a step's K and V rows into each sequence's
+ * blocks, attention reads them back through the block table. bf16 and f32 KV (the quantized
+ * codecs come with the GPU KV codecs). Sequences sharing a KV layout (codec, pool, layer offsets)
+ * go in one launch; their block-table pointers and row ranges travel as kernel parameters.
+ *
+ * Attention runs one block of four warps per (query row, query head): each warp takes chunks of
+ * 32 keys in turn (one key per lane for the scores, then every lane's output dims over the
+ * chunk's keys in order) with an online softmax in f32, and the warps merge in a fixed order, so
+ * a row's result depends on its own sequence only (batch invariance). Sliding windows start at p -
+ * W + 1; logit softcaps apply to the scaled score before the softmax. */
+#include "backend/cuda/cuda_internal.h"
+
+extern "C" {
+#include "tensor/kv_format.h"
+}
+
+#include <string.h>
+
+enum { MAX_SEQS = CI_CUDA_MAX_SEQS, WARPS = 4, MAX_D = 512 };
+
+typedef ci_cuda_kv_layout kv_layout;
+typedef ci_cuda_seq_group seq_group;
+typedef ci_cuda_attention_params attention_params;
+
+static int layout_of(const ci_paged_kv *kv, kv_layout *out) {
+  if (kv->format.codec != CI_KV_BF16 && kv->format.codec != CI_KV_F32) {
+    char name[64];
+    ci_kv_format_name(&kv->format, name, sizeof name);
+    return ci_fail("the CUDA backend does not run the %s KV codec yet (use --kv-codec bf16 or "
+                   "--device cpu)",
+                   name);
+  }
+  if (kv->head_dim > MAX_D)
+    return ci_fail("the CUDA backend supports head_dim up to %d (this model: %d)", MAX_D,
+                   kv->head_dim);
+  memset(out, 0, sizeof *out);
+  out->slabs = kv->slabs;
+  out->block_stride = (int64_t)kv->block_stride;
+  out->k_offset = (int64_t)kv->k_offset;
+  out->v_offset = (int64_t)kv->v_offset;
+  out->k_row_bytes = (int64_t)kv->k_row_bytes;
+  out->v_row_bytes = (int64_t)kv->v_row_bytes;
+  out->blocks_per_slab = kv->blocks_per_slab;
+  out->block_tokens = kv->block_tokens;
+  out->n_kv_heads = kv->n_kv_heads;
+  out->head_dim = kv->head_dim;
+  out->f32 = kv->format.codec == CI_KV_F32;
+  return CI_OK;
+}
+
+static int layout_equal(const kv_layout *a, const kv_layout *b) {
+  return memcmp(a, b, sizeof *a) == 0;
+}
+
+__device__ static inline uint8_t *row_address(const kv_layout &L, int value, int32_t block,
+                                              int64_t slot, int head) {
+  return L.slabs[block / L.blocks_per_slab] +
+         (int64_t)(block % L.blocks_per_slab) * L.block_stride + (value ? L.v_offset : L.k_offset) +
+         ((int64_t)head * L.block_tokens + slot) * (value ? L.v_row_bytes : L.k_row_bytes);
+}
+
+__device__ static inline float load_kv(const kv_layout &L, const uint8_t *row, int d) {
+  return L.f32 ? ((const float *)row)[d] : __bfloat162float(((const __nv_bfloat16 *)row)[d]);
+}
+
+/* The launch's sequence of block x (a linear scan: at most MAX_SEQS entries). */
+__device__ static inline int seq_of(const seq_group *g, int x) {
+  int s = 0;
+  while (s + 1 < g->n && g->row_start[s + 1] <= x) s++;
+  return s;
+}
+
+/* ==== kv_store ==== */
+
+__global__ static void kv_store_kernel(kv_layout L, const seq_group *g, const float *k,
+                                       const float *v, const int32_t *pos, int *error_flag) {
+  const int s = seq_of(g, blockIdx.x);
+  const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
+  const int width = L.n_kv_heads * L.head_dim;
+  const int64_t p = pos[row];
+  const int64_t entry = p / L.block_tokens;
+  const int32_t block = entry < g->n_entries[s] ? g->table[s][entry] : -1;
+  if (block < 0) {
+    if (threadIdx.x == 0) *error_flag = 1;
+    return;
+  }
+  for (int i = threadIdx.x; i < width; i += blockDim.x) {
+    const int h = i / L.head_dim, d = i % L.head_dim;
+    uint8_t *kr = row_address(L, 0, block, p % L.block_tokens, h);
+    uint8_t *vr = row_address(L, 1, block, p % L.block_tokens, h);
+    const float kx = k[(int64_t)row * width + i], vx = v[(int64_t)row * width + i];
+    if (L.f32) {
+      ((float *)kr)[d] = kx;
+      ((float *)vr)[d] = vx;
+    } else {
+      ((__nv_bfloat16 *)kr)[d] = __float2bfloat16_rn(kx);
+      ((__nv_bfloat16 *)vr)[d] = __float2bfloat16_rn(vx);
+    }
+  }
+}
+
+/* Copies the group to the device (the step's staging ring) and calls launch(layout, group on the
+ * device, rows). */
+template <typename Launch>
+static int stage_and_launch(ci_cuda *cu, const kv_layout &L, const seq_group &g, Launch launch) {
+  const seq_group *device = (const seq_group *)ci_cuda_stage(cu, &g, sizeof g);
+  if (!device) return CI_ERR;
+  return launch(L, device, g.total_rows);
+}
+
+/* Calls launch(layout, group) for the sequences of `seqs`, grouped by layout, MAX_SEQS at a time
+ * (rows of every sequence once). */
+template <typename Launch>
+static int for_each_group(ci_cuda *cu, const ci_step_kv *seqs, Launch launch) {
+  int done[1024];
+  if (seqs->n_seqs > 1024) return ci_fail("CUDA: more than 1024 sequences in one step");
+  memset(done, 0, sizeof done);
+  for (int first = 0; first < seqs->n_seqs; first++) {
+    if (done[first] || seqs->n_rows[first] <= 0) continue;
+    kv_layout L;
+    if (layout_of(&seqs->kv[first], &L)) return CI_ERR;
+    seq_group g;
+    memset(&g, 0, sizeof g);
+    for (int i = first; i < seqs->n_seqs; i++) {
+      if (done[i] || seqs->n_rows[i] <= 0) continue;
+      kv_layout Li;
+      if (layout_of(&seqs->kv[i], &Li)) return CI_ERR;
+      if (!layout_equal(&L, &Li)) continue;
+      done[i] = 1;
+      g.table[g.n] = seqs->kv[i].block_table;
+      g.n_entries[g.n] = seqs->kv[i].n_table_entries;
+      g.first_row[g.n] = seqs->first_row[i];
+      g.n_rows[g.n] = seqs->n_rows[i];
+      g.row_start[g.n] = g.total_rows;
+      g.total_rows += seqs->n_rows[i];
+      if (++g.n == MAX_SEQS) {
+        if (stage_and_launch(cu, L, g, launch)) return CI_ERR;
+        memset(&g, 0, sizeof g);
+      }
+    }
+    if (g.n > 0 && stage_and_launch(cu, L, g, launch)) return CI_ERR;
+  }
+  return CI_OK;
+}
+
+int ci_cuda_kv_store(ci_cuda *cu, const ci_step_kv *seqs, const float *k, const float *v,
+                     const int32_t *pos) {
+  return for_each_group(cu, seqs, [&](const kv_layout &L, const seq_group *g, int rows) {
+    ci_cuda_cmd cmd;
+    memset(&cmd, 0, sizeof cmd);
+    cmd.kind = CMD_KV_STORE;
+    cmd.a.kv.layout = L;
+    cmd.a.kv.group = g;
+    cmd.a.kv.total_rows = rows;
+    cmd.a.kv.k = k;
+    cmd.a.kv.v = v;
+    cmd.a.kv.pos = pos;
+    return ci_cuda_emit(cu, &cmd);
+  });
+}
+
+void ci_cuda_kv_store_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
+  kv_store_kernel<<<(unsigned)cmd->a.kv.total_rows, 128, 0, cu->stream>>>(
+      cmd->a.kv.layout, cmd->a.kv.group, cmd->a.kv.k, cmd->a.kv.v, cmd->a.kv.pos, cu->error_flag);
+  ci_cuda_check_launch(cu, "kv_store");
+}
+
+/* ==== attention ==== */
+
+/* PER_LANE = head_dim / 32 rounded up to a power of two: q and the output accumulator stay in
+ * registers. */
+template <int PER_LANE>
+__global__ static void __launch_bounds__(WARPS * 32)
+    attention_kernel(kv_layout L, const seq_group *g, attention_params a, int *error_flag) {
+  __shared__ float merge_m[WARPS], merge_l[WARPS];
+  __shared__ float merge_acc[WARPS][MAX_D];
+  const int s = seq_of(g, blockIdx.x);
+  const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
+  const int h = blockIdx.y;
+  const int D = L.head_dim;
+  const int kv_head = h / (a.n_heads / L.n_kv_heads);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t p = a.pos[row];
+  const int64_t lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
+  __shared__ float q_shared[MAX_D];
+  const float *q = a.q + ((int64_t)row * a.n_heads + h) * D;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) q_shared[d] = q[d];
+  __syncthreads();
+  float acc[PER_LANE];
+#pragma unroll
+  for (int i = 0; i < PER_LANE; i++) acc[i] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  const int vector_rows = !L.f32 && D % 8 == 0;
+  /* warp w takes chunks w, w + WARPS, ... of 32 keys: lane j scores key j of the chunk, then
+   * every lane accumulates its output dims over the chunk's keys in order */
+  for (int64_t first = lo + (int64_t)warp * 32; first <= p; first += (int64_t)WARPS * 32) {
+    const int64_t key = first + lane;
+    float score = -INFINITY;
+    const uint8_t *vr = NULL;
+    if (key <= p) {
+      const int64_t entry = key / L.block_tokens;
+      const int32_t block = entry < g->n_entries[s] ? g->table[s][entry] : -1;
+      if (block < 0) {
+        *error_flag = 1;
+      } else {
+        const uint8_t *kr = row_address(L, 0, block, key % L.block_tokens, kv_head);
+        vr = row_address(L, 1, block, key % L.block_tokens, kv_head);
+        float dot = 0.0f;
+        if (vector_rows) {
+          for (int d = 0; d < D; d += 8) {
+            const uint4 packed = *(const uint4 *)(kr + 2 * d);
+            const __nv_bfloat162 *pair = (const __nv_bfloat162 *)&packed;
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+              const float2 f = __bfloat1622float2(pair[t]);
+              dot += q_shared[d + 2 * t] * f.x;
+              dot += q_shared[d + 2 * t + 1] * f.y;
+            }
+          }
+        } else {
+          for (int d = 0; d < D; d++) dot += q_shared[d] * load_kv(L, kr, d);
+        }
+        score = dot * a.scale;
+        if (a.softcap != 0.0f) score = a.softcap * tanhf(score / a.softcap);
+      }
+    }
+    float chunk_max = score;
+    for (int off = 16; off > 0; off >>= 1)
+      chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, off));
+    if (chunk_max == -INFINITY) continue; /* no live key in this chunk */
+    const float m_new = fmaxf(m, chunk_max);
+    const float correction = expf(m - m_new);
+    const float weight = vr ? expf(score - m_new) : 0.0f;
+    float weight_sum = weight;
+    for (int off = 16; off > 0; off >>= 1)
+      weight_sum += __shfl_xor_sync(0xffffffffu, weight_sum, off);
+    l = l * correction + weight_sum;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; i++) acc[i] *= correction;
+    for (int j = 0; j < 32; j++) {
+      const float wj = __shfl_sync(0xffffffffu, weight, j);
+      const uint8_t *vj = (const uint8_t *)__shfl_sync(0xffffffffu, (unsigned long long)vr, j);
+      if (!vj) continue;
+#pragma unroll
+      for (int i = 0; i < PER_LANE; i++) {
+        const int d = lane + 32 * i;
+        if (d < D) acc[i] += wj * load_kv(L, vj, d);
+      }
+    }
+    m = m_new;
+  }
+  if (lane == 0) {
+    merge_m[warp] = m;
+    merge_l[warp] = l;
+  }
+#pragma unroll
+  for (int i = 0; i < PER_LANE; i++) {
+    int d = lane + 32 * i;
+    if (d < D) merge_acc[warp][d] = acc[i];
+  }
+  __syncthreads();
+  float total_m = -INFINITY;
+  for (int w = 0; w < WARPS; w++) total_m = fmaxf(total_m, merge_m[w]);
+  float total_l = 0.0f;
+  for (int w = 0; w < WARPS; w++)
+    if (merge_l[w] > 0.0f) total_l += merge_l[w] * expf(merge_m[w] - total_m);
+  float *out = a.out + ((int64_t)row * a.n_heads + h) * D;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float sum = 0.0f;
+    for (int w = 0; w < WARPS; w++)
+      if (merge_l[w] > 0.0f) sum += merge_acc[w][d] * expf(merge_m[w] - total_m);
+    out[d] = total_l > 0.0f ? sum / total_l : 0.0f;
+  }
+}
+
+int ci_cuda_attention(ci_cuda *cu, const ci_attention_args *args) {
+  attention_params a;
+  memset(&a, 0, sizeof a);
+  a.q = args->q;
+  a.out = args->out;
+  a.pos = args->pos;
+  a.n_heads = args->n_heads;
+  a.scale = args->scale;
+  a.softcap = args->softcap;
+  a.window = args->window;
+  return for_each_group(cu, args->seqs, [&](const kv_layout &L, const seq_group *g, int rows) {
+    if (a.n_heads % L.n_kv_heads != 0)
+      return ci_fail("attention: %d query heads do not group over %d KV heads", a.n_heads,
+                     L.n_kv_heads);
+    ci_cuda_cmd cmd;
+    memset(&cmd, 0, sizeof cmd);
+    cmd.kind = CMD_ATTENTION;
+    cmd.a.kv.layout = L;
+    cmd.a.kv.group = g;
+    cmd.a.kv.total_rows = rows;
+    cmd.a.kv.att = a;
+    return ci_cuda_emit(cu, &cmd);
+  });
+}
+
+void ci_cuda_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
+  const kv_layout &L = cmd->a.kv.layout;
+  const attention_params &a = cmd->a.kv.att;
+  const seq_group *g = cmd->a.kv.group;
+  dim3 grid((unsigned)cmd->a.kv.total_rows, (unsigned)a.n_heads);
+  const int per_lane = (L.head_dim + 31) / 32;
+  if (per_lane <= 1)
+    attention_kernel<1><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+  else if (per_lane <= 2)
+    attention_kernel<2><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+  else if (per_lane <= 4)
+    attention_kernel<4><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+  else if (per_lane <= 8)
+    attention_kernel<8><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+  else
+    attention_kernel<16><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+  ci_cuda_check_launch(cu, "attention");
+}
+
+/* ==== conversion ==== */
+
+__global__ static void convert_block_kernel(kv_layout from, int32_t from_block, kv_layout to,
+                                            int32_t to_block, int live_tokens) {
+  const int D = from.head_dim;
+  const int64_t n = (int64_t)from.n_kv_heads * live_tokens * D * 2;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const int d = (int)(i % D);
+    const int64_t t = (i / D) % live_tokens;
+    const int h = (int)((i / D / live_tokens) % from.n_kv_heads);
+    const int value = (int)(i / D / live_tokens / from.n_kv_heads);
+    const float x = load_kv(from, row_address(from, value, from_block, t, h), d);
+    uint8_t *dst = row_address(to, value, to_block, t, h);
+    if (to.f32)
+      ((float *)dst)[d] = x;
+    else
+      ((__nv_bfloat16 *)dst)[d] = __float2bfloat16_rn(x);
+  }
+}
+
+int ci_cuda_kv_convert_block(ci_cuda *cu, const ci_paged_kv *src, int32_t src_block,
+                             const ci_paged_kv *dst, int32_t dst_block, int live_tokens) {
+  kv_layout from, to;
+  if (layout_of(src, &from) || layout_of(dst, &to)) return CI_ERR;
+  if (from.head_dim != to.head_dim || from.n_kv_heads != to.n_kv_heads)
+    return ci_fail("kv conversion: mismatched geometry");
+  if (live_tokens <= 0) return CI_OK;
+  convert_block_kernel<<<64, 256, 0, cu->stream>>>(from, src_block, to, dst_block, live_tokens);
+  return ci_cuda_check_launch(cu, "kv_convert_block");
+}

@@ -1,0 +1,38 @@
+/* The CUDA backend: implements the op table of tensor/backend.h on one NVIDIA GPU (bf16, f16
+ * and f32 weights; bf16 and f32 KV). Built only when nvcc is present (CINFER_CUDA). */
+#ifndef CI_BACKEND_CUDA_CUDA_BACKEND_H
+#define CI_BACKEND_CUDA_CUDA_BACKEND_H
+
+#include "tensor/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Number of CUDA GPUs this process sees (0 when there is no driver or no GPU). */
+int ci_cuda_device_count(void);
+
+/* Creates a backend on GPU `gpu` (an ordinal below ci_cuda_device_count()); n_threads is the
+ * host threads for work that stays on the CPU (0 = every online CPU). Returns NULL with
+ * ci_last_error naming the cause (no GPU, an ordinal out of range, cuBLASLt missing). Free with
+ * be->ops->destroy(be). */
+ci_backend *ci_cuda_backend_create(int gpu, int n_threads);
+
+/* How matmul inputs (f32 activations) meet half-precision weights: 2 (the default) splits each
+ * input into a bf16 value and its bf16 remainder, both multiplied in one product (about 16 of
+ * f32's 24 mantissa bits, logits within ~1e-3 of an f32 reference); 1 rounds inputs to bf16 (half
+ * the tensor-core work for prefill; logits move by ~1e-1 on small random models). */
+void ci_cuda_set_input_planes(ci_backend *be, int planes);
+
+/* Turns the replay of repeated steps as CUDA graphs on (the default) or off; results are the
+ * same either way. */
+void ci_cuda_set_graphs(ci_backend *be, int enabled);
+
+/* Bytes of device memory free and in total on the backend's GPU. */
+int ci_cuda_memory_info(ci_backend *be, size_t *free_bytes, size_t *total_bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

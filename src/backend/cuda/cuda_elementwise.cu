@@ -1,0 +1,261 @@
+/* The CUDA backend's row and element kernels: embedding lookup, RMSNorm (one block per row, a
+ * fixed reduction order, so a row never depends on the batch), bias, residual add, the gated
+ * activations, scale, softcap, fill, row gather/scatter, RoPE, and f32 -> bf16/f16 conversion
+ * of matmul inputs. Each computes what the CPU backend's op computes, in f32. */
+#include "backend/cuda/cuda_internal.h"
+
+enum { THREADS = 256 };
+
+static inline unsigned blocks_for(int64_t n) {
+  int64_t b = (n + THREADS - 1) / THREADS;
+  return (unsigned)(b < 1 ? 1 : (b > 1048576 ? 1048576 : b));
+}
+
+/* Grid-stride loop over [0, n). */
+#define FOR_EACH(i, n)                                                                             \
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                        \
+       i += (int64_t)gridDim.x * blockDim.x)
+
+__device__ static inline float load_weight(const void *data, int dtype, int64_t i) {
+  if (dtype == CI_BF16) return __bfloat162float(((const __nv_bfloat16 *)data)[i]);
+  if (dtype == CI_F16) return __half2float(((const __half *)data)[i]);
+  return ((const float *)data)[i];
+}
+
+__global__ static void embed_kernel(const void *table, int dtype, int64_t dim, const int32_t *ids,
+                                    int64_t n, float *out) {
+  FOR_EACH(i, n * dim) {
+    int64_t r = i / dim, c = i % dim;
+    out[i] = load_weight(table, dtype, (int64_t)ids[r] * dim + c);
+  }
+}
+
+void ci_cuda_embed(ci_cuda *cu, const void *table, int dtype, int64_t dim, const int32_t *ids,
+                   int64_t n, float *out) {
+  embed_kernel<<<blocks_for(n * dim), THREADS, 0, cu->stream>>>(table, dtype, dim, ids, n, out);
+  ci_cuda_check_launch(cu, "embed");
+}
+
+/* One block per row: each thread sums a strided slice in order, each warp reduces its threads by
+ * a fixed shuffle tree, and thread 0 adds the warps' sums in order. */
+__global__ static void rmsnorm_kernel(float *out, const float *x, const float *w, int64_t dim,
+                                      float eps, float w_offset) {
+  __shared__ float warp_sums[THREADS / 32];
+  __shared__ float inv_shared;
+  const float *src = x + blockIdx.x * dim;
+  float *dst = out + blockIdx.x * dim;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) sum += src[i] * src[i];
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int i = 0; i < THREADS / 32; i++) total += warp_sums[i];
+    inv_shared = 1.0f / sqrtf(total / (float)dim + eps);
+  }
+  __syncthreads();
+  const float inv = inv_shared;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
+    dst[i] = w ? src[i] * inv * (w_offset + w[i]) : src[i] * inv;
+}
+
+void ci_cuda_rmsnorm(ci_cuda *cu, float *out, const float *x, const float *w, int64_t n_rows,
+                     int64_t dim, float eps, float w_offset) {
+  if (n_rows <= 0) return;
+  rmsnorm_kernel<<<(unsigned)n_rows, THREADS, 0, cu->stream>>>(out, x, w, dim, eps, w_offset);
+  ci_cuda_check_launch(cu, "rmsnorm");
+}
+
+__global__ static void add_bias_kernel(float *x, const float *bias, int64_t rows, int64_t cols) {
+  FOR_EACH(i, rows * cols) x[i] += bias[i % cols];
+}
+
+void ci_cuda_add_bias(ci_cuda *cu, float *x, const float *bias, int64_t rows, int64_t cols) {
+  if (rows * cols <= 0) return;
+  add_bias_kernel<<<blocks_for(rows * cols), THREADS, 0, cu->stream>>>(x, bias, rows, cols);
+  ci_cuda_check_launch(cu, "add_bias");
+}
+
+__global__ static void add_kernel(float *x, const float *y, int64_t n) {
+  FOR_EACH(i, n) x[i] += y[i];
+}
+
+void ci_cuda_add(ci_cuda *cu, float *x, const float *y, int64_t n) {
+  if (n <= 0) return;
+  add_kernel<<<blocks_for(n), THREADS, 0, cu->stream>>>(x, y, n);
+  ci_cuda_check_launch(cu, "add");
+}
+
+__global__ static void silu_mul_kernel(float *gate, const float *up, int64_t n) {
+  FOR_EACH(i, n) {
+    float g = gate[i];
+    gate[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+void ci_cuda_silu_mul(ci_cuda *cu, float *gate, const float *up, int64_t n) {
+  if (n <= 0) return;
+  silu_mul_kernel<<<blocks_for(n), THREADS, 0, cu->stream>>>(gate, up, n);
+  ci_cuda_check_launch(cu, "silu_mul");
+}
+
+__global__ static void gelu_tanh_mul_kernel(float *gate, const float *up, int64_t rows,
+                                            int64_t cols, int64_t up_stride) {
+  const float sqrt_2_over_pi = 0.7978845608028654f;
+  FOR_EACH(i, rows * cols) {
+    int64_t r = i / cols, c = i % cols;
+    float x = gate[i];
+    float g = 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * (x + 0.044715f * powf(x, 3.0f))));
+    gate[i] = g * up[r * up_stride + c];
+  }
+}
+
+void ci_cuda_gelu_tanh_mul(ci_cuda *cu, float *gate, const float *up, int64_t rows, int64_t cols,
+                           int64_t up_stride) {
+  if (rows * cols <= 0) return;
+  gelu_tanh_mul_kernel<<<blocks_for(rows * cols), THREADS, 0, cu->stream>>>(gate, up, rows, cols,
+                                                                            up_stride);
+  ci_cuda_check_launch(cu, "gelu_tanh_mul");
+}
+
+__global__ static void scale_kernel(float *x, float s, int64_t n) {
+  FOR_EACH(i, n) x[i] *= s;
+}
+
+void ci_cuda_scale(ci_cuda *cu, float *x, float s, int64_t n) {
+  if (n <= 0) return;
+  scale_kernel<<<blocks_for(n), THREADS, 0, cu->stream>>>(x, s, n);
+  ci_cuda_check_launch(cu, "scale");
+}
+
+__global__ static void softcap_kernel(float *x, float cap, int64_t n) {
+  FOR_EACH(i, n) x[i] = cap * tanhf(x[i] / cap);
+}
+
+void ci_cuda_softcap(ci_cuda *cu, float *x, float cap, int64_t n) {
+  if (n <= 0) return;
+  softcap_kernel<<<blocks_for(n), THREADS, 0, cu->stream>>>(x, cap, n);
+  ci_cuda_check_launch(cu, "softcap");
+}
+
+__global__ static void fill_kernel(float *x, float value, int64_t n) {
+  FOR_EACH(i, n) x[i] = value;
+}
+
+void ci_cuda_fill(ci_cuda *cu, float *x, float value, int64_t n) {
+  if (n <= 0) return;
+  fill_kernel<<<blocks_for(n), THREADS, 0, cu->stream>>>(x, value, n);
+  ci_cuda_check_launch(cu, "fill");
+}
+
+__global__ static void gather_rows_kernel(float *dst, const float *src, const int32_t *rows,
+                                          int64_t m, int64_t dim) {
+  FOR_EACH(i, m * dim) {
+    int64_t r = i / dim, c = i % dim;
+    dst[i] = src[(int64_t)rows[r] * dim + c];
+  }
+}
+
+void ci_cuda_gather_rows(ci_cuda *cu, float *dst, const float *src, const int32_t *rows_dev,
+                         int64_t m, int64_t dim) {
+  gather_rows_kernel<<<blocks_for(m * dim), THREADS, 0, cu->stream>>>(dst, src, rows_dev, m, dim);
+  ci_cuda_check_launch(cu, "gather_rows");
+}
+
+/* Rows may repeat (a token routed to experts in turn), so each column is summed by one thread
+ * over the rows in order, as the CPU does. */
+__global__ static void scatter_add_rows_kernel(float *dst, const float *src, const int32_t *rows,
+                                               const float *weights, int64_t m, int64_t dim) {
+  FOR_EACH(c, dim) {
+    for (int64_t i = 0; i < m; i++)
+      dst[(int64_t)rows[i] * dim + c] += weights[i] * src[i * dim + c];
+  }
+}
+
+void ci_cuda_scatter_add_rows(ci_cuda *cu, float *dst, const float *src, const int32_t *rows_dev,
+                              const float *weights_dev, int64_t m, int64_t dim) {
+  scatter_add_rows_kernel<<<blocks_for(dim), THREADS, 0, cu->stream>>>(dst, src, rows_dev,
+                                                                       weights_dev, m, dim);
+  ci_cuda_check_launch(cu, "scatter_add_rows");
+}
+
+__global__ static void rope_kernel(float *x, int64_t n_rows, int n_heads, const int32_t *pos,
+                                   const float *inv_freq, int head_dim, int half, int traditional,
+                                   float qk_scale) {
+  FOR_EACH(i, n_rows * n_heads * half) {
+    int64_t rh = i / half;
+    int j = (int)(i % half);
+    int64_t r = rh / n_heads;
+    float *v = x + rh * head_dim;
+    float angle = (float)pos[r] * inv_freq[j];
+    float c = cosf(angle), s = sinf(angle);
+    int a = traditional ? 2 * j : j;
+    int b = traditional ? 2 * j + 1 : j + half;
+    float x0 = v[a], x1 = v[b];
+    v[a] = (x0 * c - x1 * s) * qk_scale;
+    v[b] = (x0 * s + x1 * c) * qk_scale;
+  }
+}
+
+/* Dims past rot_dim are only scaled. */
+__global__ static void rope_tail_scale_kernel(float *x, int64_t n_vecs, int head_dim, int rot_dim,
+                                              float qk_scale) {
+  const int tail = head_dim - rot_dim;
+  FOR_EACH(i, n_vecs * tail) x[(i / tail) * head_dim + rot_dim + i % tail] *= qk_scale;
+}
+
+void ci_cuda_rope(ci_cuda *cu, float *x, int64_t n_rows, int n_heads, const int32_t *pos,
+                  const ci_rope *rope) {
+  const int half = rope->rot_dim / 2;
+  if (n_rows <= 0) return;
+  if (half > 0)
+    rope_kernel<<<blocks_for(n_rows * n_heads * half), THREADS, 0, cu->stream>>>(
+        x, n_rows, n_heads, pos, rope->inv_freq, rope->head_dim, half, rope->traditional,
+        rope->qk_scale);
+  if (rope->qk_scale != 1.0f && rope->head_dim > rope->rot_dim)
+    rope_tail_scale_kernel<<<blocks_for(n_rows * n_heads * (rope->head_dim - rope->rot_dim)),
+                             THREADS, 0, cu->stream>>>(x, n_rows * n_heads, rope->head_dim,
+                                                       rope->rot_dim, rope->qk_scale);
+  ci_cuda_check_launch(cu, "rope");
+}
+
+/* dst holds two planes of n values: hi = half(src) and lo = half(src - hi), so hi + lo carries
+ * about 16 bits of src's 24-bit mantissa into a half-precision matmul. */
+__global__ static void to_bf16_planes_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *src,
+                                             int64_t n) {
+  FOR_EACH(i, n) {
+    __nv_bfloat16 h = __float2bfloat16_rn(src[i]);
+    hi[i] = h;
+    if (lo) lo[i] = __float2bfloat16_rn(src[i] - __bfloat162float(h));
+  }
+}
+
+__global__ static void to_f16_planes_kernel(__half *hi, __half *lo, const float *src, int64_t n) {
+  FOR_EACH(i, n) {
+    __half h = __float2half_rn(src[i]);
+    hi[i] = h;
+    if (lo) lo[i] = __float2half_rn(src[i] - __half2float(h));
+  }
+}
+
+void ci_cuda_to_half(ci_cuda *cu, void *dst, const float *src, int64_t n, int bf16, int planes) {
+  if (n <= 0) return;
+  if (bf16)
+    to_bf16_planes_kernel<<<blocks_for(n), THREADS, 0, cu->stream>>>(
+        (__nv_bfloat16 *)dst, planes > 1 ? (__nv_bfloat16 *)dst + n : NULL, src, n);
+  else
+    to_f16_planes_kernel<<<blocks_for(n), THREADS, 0, cu->stream>>>(
+        (__half *)dst, planes > 1 ? (__half *)dst + n : NULL, src, n);
+  ci_cuda_check_launch(cu, "matmul input conversion");
+}
+
+__global__ static void sum_kernel(float *y, const float *a, const float *b, int64_t n) {
+  FOR_EACH(i, n) y[i] = a[i] + b[i];
+}
+
+void ci_cuda_sum(ci_cuda *cu, float *y, const float *a, const float *b, int64_t n) {
+  if (n <= 0) return;
+  sum_kernel<<<blocks_for(n), THREADS, 0, cu->stream>>>(y, a, b, n);
+  ci_cuda_check_launch(cu, "sum");
+}

@@ -1,0 +1,253 @@
+/* The CUDA backend's steps as command lists and CUDA graphs.
+ *
+ * Between step_begin and step_end every op appends a command (its arguments by value) instead of
+ * launching; small host arrays the step needs (the step descriptor, block-table updates, row
+ * lists, the KV launches' sequence groups) go through the pinned staging ring as copy commands.
+ * At step end the list is hashed: a list seen before (same ops, same pointers, same shapes: the
+ * decode steps of a running batch) replays as one CUDA graph, so a step costs one launch instead
+ * of hundreds; a list seen once runs command by command and is captured the second time. The
+ * data that changes from step to step (ids, positions, block tables, sequence groups) is read by
+ * the kernels from device memory the graph's copy nodes refresh, so a replay computes exactly
+ * what the command-by-command run computes. A step whose op must wait for the GPU (MoE routing)
+ * runs its commands at that point and the rest of the step eagerly. */
+#include "backend/cuda/cuda_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { GRAPH_CACHE = 64, SEEN_CACHE = 256 };
+
+typedef struct {
+  uint64_t hash;
+  cudaGraphExec_t exec;
+  uint64_t last_use;
+} graph_entry;
+
+struct ci_cuda_graphs {
+  int recording;
+  ci_cuda_cmd *cmds;
+  int n_cmds, cap_cmds;
+  graph_entry graphs[GRAPH_CACHE];
+  uint64_t seen[SEEN_CACHE]; /* hashes run once, captured on their next appearance */
+  uint64_t clock;
+  int enabled;
+};
+
+int ci_cuda_graphs_create(ci_cuda *cu) {
+  ci_cuda_graphs *g = (ci_cuda_graphs *)calloc(1, sizeof *g);
+  if (!g) return ci_fail("out of memory");
+  g->enabled = 1;
+  cu->graphs = g;
+  return CI_OK;
+}
+
+static void drop_graphs(ci_cuda_graphs *g) {
+  for (int i = 0; i < GRAPH_CACHE; i++)
+    if (g->graphs[i].exec) {
+      cudaGraphExecDestroy(g->graphs[i].exec);
+      g->graphs[i].exec = NULL;
+      g->graphs[i].hash = 0;
+    }
+}
+
+void ci_cuda_graphs_destroy(ci_cuda *cu) {
+  ci_cuda_graphs *g = cu->graphs;
+  if (!g) return;
+  drop_graphs(g);
+  free(g->cmds);
+  free(g);
+  cu->graphs = NULL;
+}
+
+void ci_cuda_graphs_invalidate(ci_cuda *cu) {
+  if (cu->graphs) drop_graphs(cu->graphs);
+}
+
+void ci_cuda_set_graphs(ci_backend *be, int enabled) {
+  ci_cuda *cu = ci_as_cuda(be);
+  if (cu->graphs) cu->graphs->enabled = enabled;
+}
+
+int ci_cuda_execute(ci_cuda *cu, const ci_cuda_cmd *c) {
+  if (c->kind != CMD_MATMUL) cu->converted_x = NULL; /* any other op may rewrite an input */
+  switch (c->kind) {
+  case CMD_MEMCPY: {
+    cudaError_t err = cudaMemcpyAsync(c->a.memcpy.dst, c->a.memcpy.src, c->a.memcpy.bytes,
+                                      (cudaMemcpyKind)c->a.memcpy.kind, cu->stream);
+    return err == cudaSuccess ? CI_OK : ci_cuda_fail(cu, err, "copy");
+  }
+  case CMD_EMBED:
+    ci_cuda_embed(cu, c->a.embed.table, c->a.embed.dtype, c->a.embed.dim, c->a.embed.ids,
+                  c->a.embed.n, c->a.embed.out);
+    return CI_OK;
+  case CMD_RMSNORM:
+    ci_cuda_rmsnorm(cu, c->a.rmsnorm.out, c->a.rmsnorm.x, c->a.rmsnorm.w, c->a.rmsnorm.rows,
+                    c->a.rmsnorm.dim, c->a.rmsnorm.eps, c->a.rmsnorm.w_offset);
+    return CI_OK;
+  case CMD_ADD_BIAS:
+    ci_cuda_add_bias(cu, c->a.vec.x, c->a.vec.y, c->a.vec.rows, c->a.vec.cols);
+    return CI_OK;
+  case CMD_ADD:
+    ci_cuda_add(cu, c->a.vec.x, c->a.vec.y, c->a.vec.n);
+    return CI_OK;
+  case CMD_SILU_MUL:
+    ci_cuda_silu_mul(cu, c->a.vec.x, c->a.vec.y, c->a.vec.n);
+    return CI_OK;
+  case CMD_GELU_MUL:
+    ci_cuda_gelu_tanh_mul(cu, c->a.vec.x, c->a.vec.y, c->a.vec.rows, c->a.vec.cols,
+                          c->a.vec.stride);
+    return CI_OK;
+  case CMD_SCALE:
+    ci_cuda_scale(cu, c->a.vec.x, c->a.vec.value, c->a.vec.n);
+    return CI_OK;
+  case CMD_SOFTCAP:
+    ci_cuda_softcap(cu, c->a.vec.x, c->a.vec.value, c->a.vec.n);
+    return CI_OK;
+  case CMD_FILL:
+    ci_cuda_fill(cu, c->a.vec.x, c->a.vec.value, c->a.vec.n);
+    return CI_OK;
+  case CMD_GATHER:
+    ci_cuda_gather_rows(cu, c->a.rows.dst, c->a.rows.src, c->a.rows.rows, c->a.rows.m,
+                        c->a.rows.dim);
+    return CI_OK;
+  case CMD_SCATTER:
+    ci_cuda_scatter_add_rows(cu, c->a.rows.dst, c->a.rows.src, c->a.rows.rows, c->a.rows.weights,
+                             c->a.rows.m, c->a.rows.dim);
+    return CI_OK;
+  case CMD_ROPE:
+    ci_cuda_rope(cu, c->a.rope.x, c->a.rope.n_rows, c->a.rope.n_heads, c->a.rope.pos,
+                 &c->a.rope.rope);
+    return CI_OK;
+  case CMD_MATMUL: {
+    size_t need[2];
+    ci_cuda_matmul_scratch(cu, c->a.matmul.dtype, c->a.matmul.n, c->a.matmul.k, c->a.matmul.m,
+                           need);
+    for (int s = 0; s < 2; s++)
+      if (need[s] && !ci_cuda_scratch(cu, s, need[s])) return CI_ERR;
+    return ci_cuda_matmul_launch(cu, c->a.matmul.w, c->a.matmul.dtype, c->a.matmul.n, c->a.matmul.k,
+                                 c->a.matmul.x, c->a.matmul.m, c->a.matmul.y);
+  }
+  case CMD_KV_STORE:
+    ci_cuda_kv_store_launch(cu, c);
+    return CI_OK;
+  case CMD_ATTENTION:
+    ci_cuda_attention_launch(cu, c);
+    return CI_OK;
+  }
+  return ci_fail("CUDA: unknown command %d", (int)c->kind);
+}
+
+int ci_cuda_emit(ci_cuda *cu, const ci_cuda_cmd *cmd) {
+  ci_cuda_graphs *g = cu->graphs;
+  if (!g || !g->recording) return ci_cuda_execute(cu, cmd);
+  if (g->n_cmds == g->cap_cmds) {
+    int cap = g->cap_cmds ? 2 * g->cap_cmds : 1024;
+    ci_cuda_cmd *grown = (ci_cuda_cmd *)realloc(g->cmds, (size_t)cap * sizeof *grown);
+    if (!grown) return ci_fail("out of memory");
+    g->cmds = grown;
+    g->cap_cmds = cap;
+  }
+  g->cmds[g->n_cmds++] = *cmd;
+  return CI_OK;
+}
+
+void ci_cuda_record_begin(ci_cuda *cu) {
+  ci_cuda_graphs *g = cu->graphs;
+  if (!g || !g->enabled) return;
+  g->recording = 1;
+  g->n_cmds = 0;
+  cu->converted_x = NULL;
+}
+
+int ci_cuda_recording(const ci_cuda *cu) {
+  return cu->graphs && cu->graphs->recording;
+}
+
+static int run_all(ci_cuda *cu) {
+  ci_cuda_graphs *g = cu->graphs;
+  for (int i = 0; i < g->n_cmds; i++)
+    if (ci_cuda_execute(cu, &g->cmds[i])) return CI_ERR;
+  return CI_OK;
+}
+
+int ci_cuda_record_flush(ci_cuda *cu) {
+  ci_cuda_graphs *g = cu->graphs;
+  if (!g || !g->recording) return CI_OK;
+  g->recording = 0;
+  int rc = run_all(cu);
+  g->n_cmds = 0;
+  return rc;
+}
+
+/* FNV-1a over the command list: equal hashes mean the same launches with the same arguments. */
+static uint64_t hash_commands(const ci_cuda_cmd *cmds, int n) {
+  uint64_t h = 1469598103934665603ull;
+  const uint8_t *bytes = (const uint8_t *)cmds;
+  const size_t len = (size_t)n * sizeof *cmds;
+  for (size_t i = 0; i < len; i++) h = (h ^ bytes[i]) * 1099511628211ull;
+  return h ^ (uint64_t)n;
+}
+
+/* Grows the matmul scratch to what every recorded product needs, before a capture fixes the
+ * addresses (a later growth drops the captured graphs). */
+static int reserve_for(ci_cuda *cu) {
+  ci_cuda_graphs *g = cu->graphs;
+  size_t need[2] = {0, 0};
+  for (int i = 0; i < g->n_cmds; i++) {
+    const ci_cuda_cmd *c = &g->cmds[i];
+    if (c->kind != CMD_MATMUL) continue;
+    size_t n[2];
+    ci_cuda_matmul_scratch(cu, c->a.matmul.dtype, c->a.matmul.n, c->a.matmul.k, c->a.matmul.m, n);
+    for (int s = 0; s < 2; s++) need[s] = n[s] > need[s] ? n[s] : need[s];
+  }
+  for (int s = 0; s < 2; s++)
+    if (need[s] && !ci_cuda_scratch(cu, s, need[s])) return CI_ERR;
+  return CI_OK;
+}
+
+int ci_cuda_record_end(ci_cuda *cu) {
+  ci_cuda_graphs *g = cu->graphs;
+  if (!g || !g->recording) return CI_OK;
+  g->recording = 0;
+  if (g->n_cmds == 0) return CI_OK;
+  if (reserve_for(cu)) return CI_ERR;
+  const uint64_t h = hash_commands(g->cmds, g->n_cmds);
+  g->clock++;
+  for (int i = 0; i < GRAPH_CACHE; i++)
+    if (g->graphs[i].exec && g->graphs[i].hash == h) {
+      g->graphs[i].last_use = g->clock;
+      cu->converted_x = NULL;
+      cudaError_t err = cudaGraphLaunch(g->graphs[i].exec, cu->stream);
+      return err == cudaSuccess ? CI_OK : ci_cuda_fail(cu, err, "graph launch");
+    }
+  int seen = 0;
+  for (int i = 0; i < SEEN_CACHE && !seen; i++) seen = g->seen[i] == h;
+  if (!seen) { /* first sighting: run it, remember it */
+    g->seen[g->clock % SEEN_CACHE] = h;
+    return run_all(cu);
+  }
+  /* second sighting: capture, keep, launch */
+  cu->converted_x = NULL;
+  cudaGraph_t graph = NULL;
+  cudaError_t err = cudaStreamBeginCapture(cu->stream, cudaStreamCaptureModeThreadLocal);
+  if (err != cudaSuccess) return ci_cuda_fail(cu, err, "graph capture");
+  int rc = run_all(cu);
+  err = cudaStreamEndCapture(cu->stream, &graph);
+  if (rc || err != cudaSuccess) {
+    if (graph) cudaGraphDestroy(graph);
+    return rc ? CI_ERR : ci_cuda_fail(cu, err, "graph capture");
+  }
+  cudaGraphExec_t exec = NULL;
+  err = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (err != cudaSuccess) return ci_cuda_fail(cu, err, "graph instantiation");
+  int slot = 0;
+  for (int i = 1; i < GRAPH_CACHE; i++)
+    if (!g->graphs[i].exec || g->graphs[i].last_use < g->graphs[slot].last_use) slot = i;
+  if (g->graphs[slot].exec) cudaGraphExecDestroy(g->graphs[slot].exec);
+  g->graphs[slot].exec = exec;
+  g->graphs[slot].hash = h;
+  g->graphs[slot].last_use = g->clock;
+  err = cudaGraphLaunch(exec, cu->stream);
+  return err == cudaSuccess ? CI_OK : ci_cuda_fail(cu, err, "graph launch");
+}

@@ -1,0 +1,259 @@
+/* Internals shared by the CUDA backend's files: the backend struct, error checking, the staging
+ * ring for small host arrays, and the launchers each .cu file exports to cuda_backend.cu. */
+#ifndef CI_BACKEND_CUDA_CUDA_INTERNAL_H
+#define CI_BACKEND_CUDA_CUDA_INTERNAL_H
+
+extern "C" {
+#include "backend/cuda/cuda_backend.h"
+#include "base/error.h"
+#include "tensor/backend.h"
+}
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct ci_cuda_blas;   /* cuda_matmul.cu */
+struct ci_cuda_graphs; /* cuda_graph.cu */
+
+/* Where one layer's KV of a group of sequences lives (everything but the block tables). */
+typedef struct {
+  uint8_t *const *slabs;
+  int64_t block_stride, k_offset, v_offset, k_row_bytes, v_row_bytes;
+  int32_t blocks_per_slab;
+  int block_tokens, n_kv_heads, head_dim;
+  int f32; /* 1: f32 rows, 0: bf16 rows */
+} ci_cuda_kv_layout;
+
+enum { CI_CUDA_MAX_SEQS = 64 };
+
+/* The sequences of one KV launch, in device memory (staged per step): rows
+ * [first_row, first_row + n_rows) of the step; row_start is the launch's running row count. */
+typedef struct {
+  int n;
+  int total_rows;
+  const int32_t *table[CI_CUDA_MAX_SEQS];
+  int64_t n_entries[CI_CUDA_MAX_SEQS];
+  int32_t first_row[CI_CUDA_MAX_SEQS];
+  int32_t n_rows[CI_CUDA_MAX_SEQS];
+  int32_t row_start[CI_CUDA_MAX_SEQS];
+} ci_cuda_seq_group;
+
+typedef struct {
+  const float *q;
+  float *out;
+  const int32_t *pos;
+  int n_heads;
+  float scale, softcap;
+  int window;
+} ci_cuda_attention_params;
+
+/* One unit of GPU work of a step. Ops build commands; outside a recorded step a command runs at
+ * once, inside one it is appended to the step's list, which runs (or replays as a CUDA graph) at
+ * step end. Commands hold every argument by value, so equal lists launch equal work. */
+typedef enum {
+  CMD_MEMCPY,
+  CMD_EMBED,
+  CMD_RMSNORM,
+  CMD_ADD_BIAS,
+  CMD_ADD,
+  CMD_SILU_MUL,
+  CMD_GELU_MUL,
+  CMD_SCALE,
+  CMD_SOFTCAP,
+  CMD_FILL,
+  CMD_GATHER,
+  CMD_SCATTER,
+  CMD_ROPE,
+  CMD_MATMUL,
+  CMD_KV_STORE,
+  CMD_ATTENTION
+} ci_cuda_cmd_kind;
+
+typedef struct {
+  ci_cuda_cmd_kind kind;
+  union {
+    struct {
+      void *dst;
+      const void *src;
+      size_t bytes;
+      int kind; /* cudaMemcpyKind */
+    } memcpy;
+    struct {
+      const void *table;
+      int dtype;
+      int64_t dim;
+      const int32_t *ids;
+      int64_t n;
+      float *out;
+    } embed;
+    struct {
+      float *out;
+      const float *x, *w;
+      int64_t rows, dim;
+      float eps, w_offset;
+    } rmsnorm;
+    struct {
+      float *x;
+      const float *y; /* bias, addend, up */
+      int64_t rows, cols, stride, n;
+      float value; /* scale, softcap, fill */
+    } vec;
+    struct {
+      float *dst;
+      const float *src;
+      const int32_t *rows;
+      const float *weights;
+      int64_t m, dim;
+    } rows;
+    struct {
+      float *x;
+      int64_t n_rows;
+      int n_heads;
+      const int32_t *pos;
+      ci_rope rope;
+    } rope;
+    struct {
+      const void *w;
+      int dtype;
+      int64_t n, k, m;
+      const float *x;
+      float *y;
+    } matmul;
+    struct {
+      ci_cuda_kv_layout layout;
+      const ci_cuda_seq_group *group; /* device copy */
+      int total_rows;
+      const float *k, *v;
+      const int32_t *pos;
+      ci_cuda_attention_params att;
+    } kv;
+  } a;
+} ci_cuda_cmd;
+
+/* A host-to-device staging ring: small host arrays an op needs on the device (row lists) are
+ * written to pinned host memory and copied asynchronously into the device twin at the same
+ * offset. Both halves are reset when the stream is idle (step end). */
+typedef struct {
+  uint8_t *host;   /* pinned, [bytes] */
+  uint8_t *device; /* [bytes] */
+  size_t bytes, used;
+} ci_cuda_ring;
+
+/* The backend. Every op enqueues on `stream`; step_end waits for it. */
+typedef struct {
+  ci_backend base;
+  int device;
+  cudaStream_t stream;
+  int n_threads;
+  int64_t allocations; /* cudaMalloc calls so far */
+  int *error_flag;     /* device int: kernels set it when they meet bad data */
+  ci_cuda_ring ring;
+  /* scratch: [0] half-precision copies of matmul inputs, [1] f32 products of both planes */
+  void *scratch[2];
+  size_t scratch_bytes[2];
+  /* the matmul input last converted into scratch[0] (NULL: none valid); q/k/v and gate/up
+   * products of one input convert it once */
+  const float *converted_x;
+  int64_t converted_n;
+  int converted_kind;
+  int input_planes; /* 2: matmul inputs as bf16 hi + lo planes (about 16 mantissa bits); 1: bf16 */
+  float *host_scores; /* pinned host copy of MoE router scores */
+  size_t host_scores_bytes;
+  /* weights copied to the device at load, freed at destroy */
+  void **weights;
+  int n_weights, cap_weights;
+  struct ci_cuda_blas *blas;
+  struct ci_cuda_graphs *graphs; /* the recorded step and its graph cache */
+  int sticky_error;              /* a CUDA failure was met; reported by step_end */
+  char sticky_message[256];
+} ci_cuda;
+
+static inline ci_cuda *ci_as_cuda(ci_backend *be) {
+  return (ci_cuda *)be;
+}
+
+/* Records a CUDA failure on the backend (reported by the next step_end) and as the thread's
+ * error. Returns CI_ERR. */
+int ci_cuda_fail(ci_cuda *cu, cudaError_t err, const char *what);
+
+/* Checks the last launch; returns CI_OK or ci_cuda_fail. */
+int ci_cuda_check_launch(ci_cuda *cu, const char *what);
+
+/* Device memory of `bytes` (counted), or NULL with ci_last_error. */
+void *ci_cuda_malloc(ci_cuda *cu, size_t bytes);
+
+/* Copies n bytes of host memory to the device through the ring; returns the device address
+ * (valid until the next step end), or NULL with ci_last_error. */
+void *ci_cuda_stage(ci_cuda *cu, const void *host, size_t bytes);
+
+/* ==== cuda_graph.cu: commands, step recording, graph replay ==== */
+int ci_cuda_graphs_create(ci_cuda *cu);
+void ci_cuda_graphs_destroy(ci_cuda *cu);
+/* Runs cmd now, or appends it to the step being recorded. Returns CI_OK or CI_ERR. */
+int ci_cuda_emit(ci_cuda *cu, const ci_cuda_cmd *cmd);
+/* Starts recording a step's commands (graphs on) . */
+void ci_cuda_record_begin(ci_cuda *cu);
+/* 1 while a step is being recorded. */
+int ci_cuda_recording(const ci_cuda *cu);
+/* Runs the recorded commands now and stops recording (an op must wait for the GPU mid-step). */
+int ci_cuda_record_flush(ci_cuda *cu);
+/* Ends the recorded step: runs its commands, through a cached CUDA graph when this list was seen
+ * before. Returns CI_OK or CI_ERR. */
+int ci_cuda_record_end(ci_cuda *cu);
+/* Drops every captured graph (their scratch addresses changed). */
+void ci_cuda_graphs_invalidate(ci_cuda *cu);
+/* Executes one command on the stream (cuda_graph.cu's switch over the launchers). */
+int ci_cuda_execute(ci_cuda *cu, const ci_cuda_cmd *cmd);
+
+/* Device scratch buffer `slot` (0 or 1) of at least `bytes` (grown when needed, counted). NULL
+ * on failure. */
+void *ci_cuda_scratch(ci_cuda *cu, int slot, size_t bytes);
+
+/* ==== cuda_matmul.cu ==== */
+int ci_cuda_blas_create(ci_cuda *cu);
+void ci_cuda_blas_destroy(ci_cuda *cu);
+/* Launches y = x W^T (cuBLASLt); the scratch it needs must already be reserved. */
+int ci_cuda_matmul_launch(ci_cuda *cu, const void *w, int dtype, int64_t n, int64_t k,
+                          const float *x, int64_t m, float *y);
+/* Scratch bytes (slots 0 and 1) a matmul of this shape needs. */
+void ci_cuda_matmul_scratch(const ci_cuda *cu, int dtype, int64_t n, int64_t k, int64_t m,
+                            size_t need[2]);
+
+/* ==== cuda_elementwise.cu ==== */
+void ci_cuda_embed(ci_cuda *cu, const void *table, int dtype, int64_t dim, const int32_t *ids,
+                   int64_t n, float *out);
+void ci_cuda_rmsnorm(ci_cuda *cu, float *out, const float *x, const float *w, int64_t n_rows,
+                     int64_t dim, float eps, float w_offset);
+void ci_cuda_add_bias(ci_cuda *cu, float *x, const float *bias, int64_t rows, int64_t cols);
+void ci_cuda_add(ci_cuda *cu, float *x, const float *y, int64_t n);
+void ci_cuda_silu_mul(ci_cuda *cu, float *gate, const float *up, int64_t n);
+void ci_cuda_gelu_tanh_mul(ci_cuda *cu, float *gate, const float *up, int64_t rows, int64_t cols,
+                           int64_t up_stride);
+void ci_cuda_scale(ci_cuda *cu, float *x, float s, int64_t n);
+void ci_cuda_softcap(ci_cuda *cu, float *x, float cap, int64_t n);
+void ci_cuda_fill(ci_cuda *cu, float *x, float value, int64_t n);
+void ci_cuda_gather_rows(ci_cuda *cu, float *dst, const float *src, const int32_t *rows_dev,
+                         int64_t m, int64_t dim);
+void ci_cuda_scatter_add_rows(ci_cuda *cu, float *dst, const float *src, const int32_t *rows_dev,
+                              const float *weights_dev, int64_t m, int64_t dim);
+void ci_cuda_rope(ci_cuda *cu, float *x, int64_t n_rows, int n_heads, const int32_t *pos,
+                  const ci_rope *rope);
+/* dst = half-precision copy of n floats (bf16 or f16); with planes 2 a second plane follows at
+ * dst + n holding the rounding remainder. */
+void ci_cuda_to_half(ci_cuda *cu, void *dst, const float *src, int64_t n, int bf16, int planes);
+/* y[i] = a[i] + b[i]. */
+void ci_cuda_sum(ci_cuda *cu, float *y, const float *a, const float *b, int64_t n);
+
+/* ==== cuda_attention.cu ==== */
+int ci_cuda_kv_store(ci_cuda *cu, const ci_step_kv *seqs, const float *k, const float *v,
+                     const int32_t *pos);
+int ci_cuda_attention(ci_cuda *cu, const ci_attention_args *args);
+void ci_cuda_kv_store_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
+void ci_cuda_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
+int ci_cuda_kv_convert_block(ci_cuda *cu, const ci_paged_kv *src, int32_t src_block,
+                             const ci_paged_kv *dst, int32_t dst_block, int live_tokens);
+
+#endif

@@ -1,0 +1,207 @@
+/* The CUDA backend's matmul: y[m, N] = x[m, K] @ W[N, K]^T with cuBLASLt, for bf16, f16 and f32
+ * weights. x is f32 in the workspace; for half-precision weights it is rounded to the weight's
+ * type first (one conversion kernel), and the product accumulates in f32. cuBLASLt runs with no
+ * workspace, so it never splits K across blocks: a row's result is the same for every m, which
+ * keeps batched rows bit-identical to solo ones (tested on the GPU). Plans (layouts and the
+ * chosen algorithm) are cached per shape; cuBLASLt itself is opened at run time, so programs that
+ * never start a GPU never load it. */
+#include "backend/cuda/cuda_internal.h"
+
+#include <cublasLt.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { PLAN_CACHE = 1024 };
+
+typedef struct {
+  int64_t n, k, m;
+  int dtype;
+  int valid;
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t a, b, c;
+  cublasLtMatmulAlgo_t algo;
+} plan;
+
+/* The cuBLASLt entry points the backend calls, resolved with dlsym. */
+struct ci_cuda_blas {
+  void *lib;
+  cublasLtHandle_t handle;
+  decltype(&cublasLtCreate) create;
+  decltype(&cublasLtDestroy) destroy;
+  decltype(&cublasLtMatmulDescCreate) desc_create;
+  decltype(&cublasLtMatmulDescDestroy) desc_destroy;
+  decltype(&cublasLtMatmulDescSetAttribute) desc_set;
+  decltype(&cublasLtMatrixLayoutCreate) layout_create;
+  decltype(&cublasLtMatrixLayoutDestroy) layout_destroy;
+  decltype(&cublasLtMatmulPreferenceCreate) pref_create;
+  decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic;
+  decltype(&cublasLtMatmul) matmul;
+  cublasLtMatmulPreference_t pref;
+  plan plans[PLAN_CACHE];
+  int next_victim;
+};
+
+template <typename F> static int resolve(void *lib, const char *name, F *out) {
+  *out = (F)dlsym(lib, name);
+  return *out ? 0 : -1;
+}
+
+int ci_cuda_blas_create(ci_cuda *cu) {
+  ci_cuda_blas *b = (ci_cuda_blas *)calloc(1, sizeof *b);
+  if (!b) return ci_fail("out of memory");
+  static const char *const names[] = {"libcublasLt.so.13",
+#ifdef CINFER_CUDA_LIBDIR
+                                      CINFER_CUDA_LIBDIR "/libcublasLt.so.13",
+#endif
+                                      "libcublasLt.so.12", "libcublasLt.so"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0] && !b->lib; i++)
+    b->lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+  if (!b->lib) {
+    free(b);
+    return ci_fail("CUDA: cannot load cuBLASLt (libcublasLt.so.13): %s", dlerror());
+  }
+  int missing = resolve(b->lib, "cublasLtCreate", &b->create) |
+                resolve(b->lib, "cublasLtDestroy", &b->destroy) |
+                resolve(b->lib, "cublasLtMatmulDescCreate", &b->desc_create) |
+                resolve(b->lib, "cublasLtMatmulDescDestroy", &b->desc_destroy) |
+                resolve(b->lib, "cublasLtMatmulDescSetAttribute", &b->desc_set) |
+                resolve(b->lib, "cublasLtMatrixLayoutCreate", &b->layout_create) |
+                resolve(b->lib, "cublasLtMatrixLayoutDestroy", &b->layout_destroy) |
+                resolve(b->lib, "cublasLtMatmulPreferenceCreate", &b->pref_create) |
+                resolve(b->lib, "cublasLtMatmulPreferenceDestroy", &b->pref_destroy) |
+                resolve(b->lib, "cublasLtMatmulPreferenceSetAttribute", &b->pref_set) |
+                resolve(b->lib, "cublasLtMatmulAlgoGetHeuristic", &b->heuristic) |
+                resolve(b->lib, "cublasLtMatmul", &b->matmul);
+  if (missing) {
+    dlclose(b->lib);
+    free(b);
+    return ci_fail("CUDA: cuBLASLt lacks an entry point cinfer needs");
+  }
+  /* no workspace and no split-K reduction of any kind: every output element is one in-order
+   * accumulation over K, whatever the number of rows */
+  size_t workspace = 0;
+  uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
+  if (b->create(&b->handle) != CUBLAS_STATUS_SUCCESS ||
+      b->pref_create(&b->pref) != CUBLAS_STATUS_SUCCESS ||
+      b->pref_set(b->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                  sizeof workspace) != CUBLAS_STATUS_SUCCESS ||
+      b->pref_set(b->pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
+                  sizeof reduction) != CUBLAS_STATUS_SUCCESS) {
+    dlclose(b->lib);
+    free(b);
+    return ci_fail("CUDA: cannot start cuBLASLt");
+  }
+  cu->blas = b;
+  return CI_OK;
+}
+
+static void plan_free(ci_cuda_blas *b, plan *p) {
+  if (!p->valid) return;
+  b->layout_destroy(p->a);
+  b->layout_destroy(p->b);
+  b->layout_destroy(p->c);
+  b->desc_destroy(p->desc);
+  p->valid = 0;
+}
+
+void ci_cuda_blas_destroy(ci_cuda *cu) {
+  ci_cuda_blas *b = cu->blas;
+  if (!b) return;
+  for (int i = 0; i < PLAN_CACHE; i++) plan_free(b, &b->plans[i]);
+  b->pref_destroy(b->pref);
+  b->destroy(b->handle);
+  dlclose(b->lib);
+  free(b);
+  cu->blas = NULL;
+}
+
+static cudaDataType_t cuda_type(int dtype) {
+  return dtype == CI_BF16 ? CUDA_R_16BF : dtype == CI_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+/* Column-major view: C[N, m] = op(A)[N, K] . B[K, m] with A = W stored [N][K] (K x N col-major,
+ * transposed), B = x stored [m][K] (K x m), C = y stored [m][N] (N x m). */
+static plan *plan_get(ci_cuda *cu, int64_t n, int64_t k, int64_t m, int dtype) {
+  ci_cuda_blas *b = cu->blas;
+  unsigned h = (unsigned)((n * 31 + k) * 131 + m * 7 + dtype) % PLAN_CACHE;
+  for (int probe = 0; probe < 8; probe++) {
+    plan *p = &b->plans[(h + probe) % PLAN_CACHE];
+    if (p->valid && p->n == n && p->k == k && p->m == m && p->dtype == dtype) return p;
+  }
+  plan *p = NULL;
+  for (int probe = 0; probe < 8 && !p; probe++)
+    if (!b->plans[(h + probe) % PLAN_CACHE].valid) p = &b->plans[(h + probe) % PLAN_CACHE];
+  if (!p) {
+    p = &b->plans[(h + (unsigned)(b->next_victim++ & 7)) % PLAN_CACHE];
+    plan_free(b, p);
+  }
+  cudaDataType_t t = cuda_type(dtype);
+  cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
+  if (b->desc_create(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) {
+    ci_fail("cuBLASLt: cannot create a matmul descriptor");
+    return NULL;
+  }
+  b->desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa);
+  b->desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb);
+  int ok = b->layout_create(&p->a, t, (uint64_t)k, (uint64_t)n, k) == CUBLAS_STATUS_SUCCESS;
+  ok = ok && b->layout_create(&p->b, t, (uint64_t)k, (uint64_t)m, k) == CUBLAS_STATUS_SUCCESS;
+  ok = ok &&
+       b->layout_create(&p->c, CUDA_R_32F, (uint64_t)n, (uint64_t)m, n) == CUBLAS_STATUS_SUCCESS;
+  cublasLtMatmulHeuristicResult_t result;
+  int found = 0;
+  if (ok && b->heuristic(b->handle, p->desc, p->a, p->b, p->c, p->c, b->pref, 1, &result, &found) !=
+                CUBLAS_STATUS_SUCCESS)
+    found = 0;
+  p->valid = 1;
+  if (!ok || found < 1) {
+    plan_free(b, p);
+    ci_fail("cuBLASLt: no algorithm for a %lld x %lld x %lld matmul", (long long)m, (long long)n,
+            (long long)k);
+    return NULL;
+  }
+  p->algo = result.algo;
+  p->n = n;
+  p->k = k;
+  p->m = m;
+  p->dtype = dtype;
+  return p;
+}
+
+void ci_cuda_matmul_scratch(const ci_cuda *cu, int dtype, int64_t n, int64_t k, int64_t m,
+                            size_t need[2]) {
+  const int planes = dtype == CI_F32 ? 1 : cu->input_planes;
+  need[0] = dtype == CI_F32 ? 0 : (size_t)planes * m * k * sizeof(uint16_t);
+  need[1] = planes == 2 ? (size_t)2 * m * n * sizeof(float) : 0;
+}
+
+int ci_cuda_matmul_launch(ci_cuda *cu, const void *w, int dtype, int64_t n, int64_t k,
+                          const float *x, int64_t m, float *y) {
+  const void *input = x;
+  float *out = y;
+  const int planes = dtype == CI_F32 ? 1 : cu->input_planes;
+  if (dtype != CI_F32) {
+    const int kind = dtype * 4 + planes;
+    if (cu->converted_x != x || cu->converted_n != m * k || cu->converted_kind != kind) {
+      ci_cuda_to_half(cu, cu->scratch[0], x, m * k, dtype == CI_BF16, planes);
+      cu->converted_x = x;
+      cu->converted_n = m * k;
+      cu->converted_kind = kind;
+    }
+    input = cu->scratch[0];
+  }
+  if (planes == 2) out = (float *)cu->scratch[1]; /* rows [0, m): values, [m, 2m): remainders */
+  plan *p = plan_get(cu, n, k, planes * m, dtype);
+  if (!p) return CI_ERR;
+  const float one = 1.0f, zero = 0.0f;
+  cublasStatus_t st = cu->blas->matmul(cu->blas->handle, p->desc, &one, w, p->a, input, p->b, &zero,
+                                       out, p->c, out, p->c, &p->algo, NULL, 0, cu->stream);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    return ci_fail("cuBLASLt: matmul %lld x %lld x %lld failed (status %d)", (long long)m,
+                   (long long)n, (long long)k, (int)st);
+  if (planes == 2) ci_cuda_sum(cu, y, out, out + m * n, m * n);
+  return CI_OK;
+}
