@@ -340,6 +340,10 @@ static void test_pull_errors(void **state) {
       strstr(err, "repo cinfer/gated is gated: accept its terms on the Hub and set HF_TOKEN"));
   free(out);
   free(err);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "test -z \"$(find '%s/models--cinfer--gated' -name '*.incomplete')\"",
+           e->hub);
+  assert_int_equal(system(cmd), 0); /* a refused file leaves nothing behind */
   assert_int_equal(cli(e, "HF_TOKEN=wrong-token", "pull cinfer/gated", &out, &err), 1);
   assert_non_null(strstr(err, "repo cinfer/gated is gated"));
   assert_non_null(strstr(err, "HTTP 403"));
@@ -535,6 +539,23 @@ static void test_rm(void **state) {
   assert_true(exists(path));
 }
 
+/* On a terminal (a pseudo-terminal made by script(1)) pull draws a redrawn progress bar. */
+static void test_pull_progress_bar(void **state) {
+  hub_env *e = *state;
+  char cmd[1200], path[400]; /* cinfer/llama is not cached: test_rm removed it */
+  snprintf(path, sizeof path, "%s/tty.txt", e->tmp);
+  snprintf(cmd, sizeof cmd, "script -qec '%s pull cinfer/llama' /dev/null > '%s' 2>&1",
+           CI_CINFER_BIN, path);
+  assert_int_equal(system(cmd), 0);
+  char *tty = read_file(path, NULL);
+  assert_non_null(tty);
+  assert_non_null(strstr(tty, "\r[2/2] model.safetensors"));
+  assert_non_null(strstr(tty, "100% [====================]"));
+  assert_non_null(strstr(tty, "/s ETA "));
+  assert_null(strstr(tty, ": downloading")); /* the plain lines are for pipes */
+  free(tty);
+}
+
 /* ==== fit ==== */
 
 /* Tensor bytes of a safetensors file: its size minus the 8-byte length and the JSON header. */
@@ -694,6 +715,7 @@ int main(void) {
       cmocka_unit_test(test_model_pull_flag),
       cmocka_unit_test(test_ls),
       cmocka_unit_test(test_rm),
+      cmocka_unit_test(test_pull_progress_bar),
       cmocka_unit_test(test_fit),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

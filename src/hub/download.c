@@ -343,7 +343,10 @@ int ci_http_download(ci_http *h, const ci_download *d, ci_http_result *res) {
   for (int attempt = 0;; attempt++) {
     const int r = attempt_transfer(h, d, partial, res);
     if (r == 0) break;
-    if (r < 0) goto done;
+    if (r < 0) {
+      if (file_size(partial) == 0) unlink(partial); /* a refused request leaves no empty file */
+      goto done;
+    }
     if (attempt >= d->retries) {
       ci_fail("%s: %s (after %d resumptions; run the pull again to resume)", d->label,
               res->transport_error, d->retries);
