@@ -554,6 +554,22 @@ static void test_pull_progress_bar(void **state) {
   assert_non_null(strstr(tty, "/s ETA "));
   assert_null(strstr(tty, ": downloading")); /* the plain lines are for pipes */
   free(tty);
+
+  /* a file another process is downloading (its partial file locked) is not written twice */
+  char *out, *err, hex[65], blobs[600], args[1400];
+  assert_int_equal(cli(e, NULL, "rm cinfer/llama", &out, &err), 0);
+  free(out);
+  free(err);
+  sha256_of(LLAMA "/model.safetensors", hex);
+  snprintf(blobs, sizeof blobs, "%s/models--cinfer--llama/blobs", e->hub);
+  snprintf(cmd, sizeof cmd, "mkdir -p '%s'", blobs);
+  assert_int_equal(system(cmd), 0);
+  snprintf(args, sizeof args, "pull cinfer/llama");
+  snprintf(cmd, sizeof cmd, "flock '%s/%s.incomplete'", blobs, hex);
+  assert_int_equal(cli(e, cmd, args, &out, &err), 1);
+  assert_non_null(strstr(err, "model.safetensors is being downloaded by another process"));
+  free(out);
+  free(err);
 }
 
 /* ==== fit ==== */

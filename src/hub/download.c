@@ -5,11 +5,13 @@
 
 #include <curl/curl.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -340,6 +342,16 @@ int ci_http_download(ci_http *h, const ci_download *d, ci_http_result *res) {
   char *partial = NULL;
   if (asprintf(&partial, "%s.incomplete", d->path) < 0) return ci_fail("out of memory");
   int rc = CI_ERR;
+  /* one writer per partial file: a second pull of the same file waits for none and fails */
+  const int lock_fd = open(partial, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd < 0) {
+    ci_fail("cannot write %s: %s", partial, strerror(errno));
+    goto done;
+  }
+  if (flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    ci_fail("%s is being downloaded by another process (%s is locked)", d->label, partial);
+    goto done;
+  }
   for (int attempt = 0;; attempt++) {
     const int r = attempt_transfer(h, d, partial, res);
     if (r == 0) break;
@@ -381,6 +393,7 @@ int ci_http_download(ci_http *h, const ci_download *d, ci_http_result *res) {
   }
   rc = CI_OK;
 done:
+  if (lock_fd >= 0) close(lock_fd);
   free(partial);
   return rc;
 }
