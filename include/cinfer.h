@@ -632,6 +632,153 @@ const char *cinfer_chat_output_stop_string(const cinfer_chat_output *output);
 
 /* Tokens of the answer that were reasoning (between <think> and </think>, or in a channel). */
 int cinfer_chat_output_reasoning_tokens(const cinfer_chat_output *output);
+/* ==== Model hub and cache ==== */
+
+/* Models named by a Hugging Face Hub repo id ("org/name") live in the Hugging Face cache, the
+ * layout huggingface_hub shares: HUB/models--ORG--NAME/{blobs/ETAG, snapshots/COMMIT/FILE
+ * (relative symlinks into blobs), refs/REVISION (a branch's or tag's commit)}. HUB is
+ * $HF_HUB_CACHE, else $HF_HOME/hub, else $XDG_CACHE_HOME/huggingface/hub, else
+ * ~/.cache/huggingface/hub. cinfer_model_load resolves repo ids there. */
+
+/* The hub cache folder (*dir malloc'd, free with cinfer_free; it need not exist yet). */
+cinfer_status cinfer_hub_cache_dir(char **dir);
+
+/* 1 when `model` is written as a repo id ("org/name" or "org/name@revision") that names no local
+ * folder, so it can only come from the cache or the Hub; else 0. */
+int cinfer_is_repo_id(const char *model);
+
+/* Resolves a model argument as cinfer_model_load does (a folder, a cached repo id, or a unique
+ * part of one) without loading anything: CINFER_OK with *dir (free with cinfer_free), or
+ * CINFER_ERROR with the reason. */
+cinfer_status cinfer_model_resolve(const char *model, char **dir);
+
+/* What a pull reports through its callback. */
+typedef enum {
+  CINFER_PULL_LISTED = 0,    /* the revision's files are known: n_files, total, commit */
+  CINFER_PULL_FILE_START,    /* a file starts downloading (file_done > 0 when it resumes) */
+  CINFER_PULL_FILE_PROGRESS, /* bytes arrived (at most about 10 reports a second) */
+  CINFER_PULL_FILE_RETRY,    /* its transfer broke; it resumes from file_done (message says why) */
+  CINFER_PULL_FILE_DONE,     /* downloaded and verified */
+  CINFER_PULL_FILE_CACHED    /* already in the cache; nothing to download */
+} cinfer_pull_event;
+
+typedef struct {
+  cinfer_pull_event event;
+  const char *repo_id;
+  const char *commit;  /* the revision's commit hash */
+  const char *file;    /* FILE_* events: its path in the repo */
+  const char *message; /* FILE_RETRY: why the transfer broke */
+  int file_index;      /* 0-based, of n_files */
+  int n_files;
+  int64_t file_done, file_total; /* bytes of this file present / expected */
+  int64_t done, total;           /* bytes over every file of the pull, cached ones included */
+  int64_t downloaded;            /* bytes received over the network since the pull began */
+  double seconds;                /* since the pull began */
+} cinfer_pull_progress;
+
+/* Return 0 to go on, non-zero to stop the pull (it then fails with CINFER_CANCELLED; a partial
+ * file is kept and resumed by the next pull). */
+typedef int (*cinfer_pull_callback)(void *user, const cinfer_pull_progress *progress);
+
+typedef struct {
+  const char *endpoint;          /* NULL: $HF_ENDPOINT, else https://huggingface.co */
+  const char *token;             /* NULL: $HF_TOKEN; sent as "Authorization: Bearer TOKEN" */
+  const char *cache_dir;         /* NULL: cinfer_hub_cache_dir() */
+  cinfer_pull_callback progress; /* may be NULL */
+  void *user;
+  int retries; /* resumptions of a broken transfer per file (5) */
+} cinfer_pull_options;
+
+/* Fills the defaults listed above. */
+void cinfer_pull_options_init(cinfer_pull_options *options);
+
+/* Downloads "org/name[@revision]" (revision: a branch, tag or commit; "main" when absent) into
+ * the cache: only the files cinfer reads (config.json, generation_config.json, tokenizer files,
+ * chat templates, kv_config.json, *.safetensors and their index, adapter files), each resumed
+ * from a partial download when one is there and verified against the Hub's hash (sha256 of LFS
+ * files, git blob id of the others); refs/REVISION is written. Files already in the cache are
+ * not downloaded again. On success *snapshot_dir (may be NULL; free with cinfer_free) is the
+ * snapshot folder. Errors name the cause: a gated repo (accept its terms, set HF_TOKEN), a
+ * missing repo or revision, a refused token, a network failure, a hash mismatch. */
+cinfer_status cinfer_pull(const char *repo, const cinfer_pull_options *options,
+                          char **snapshot_dir);
+
+/* What cinfer can tell about a model folder from its config.json alone (no weights read). */
+typedef struct {
+  char *architecture; /* config.json model_type ("" when absent) */
+  char *dtype;        /* weights: "bfloat16", "float16", ..., or "q4 g64" when quantized */
+  int supported;      /* 1 when cinfer can load this configuration */
+  char *why;          /* when not supported: the reason ("" otherwise) */
+} cinfer_model_info;
+
+/* Reads the info of `model` (resolved as cinfer_model_resolve does). CINFER_OK with *info filled
+ * (release with cinfer_model_info_clear) — also for an unsupported model —, or CINFER_ERROR when
+ * the folder cannot be found. */
+cinfer_status cinfer_model_info_read(const char *model, cinfer_model_info *info);
+
+/* Frees what an info holds and zeroes it. */
+void cinfer_model_info_clear(cinfer_model_info *info);
+
+/* One model of the cache. */
+typedef struct {
+  char *repo_id;      /* "org/name" */
+  char *revision;     /* the ref its snapshot was found by ("main"), or "" */
+  char *commit;       /* the snapshot's commit hash ("" when the repo has no snapshot) */
+  char *path;         /* the snapshot folder ("" when none) */
+  int64_t size_bytes; /* bytes on disk (the repo's blobs) */
+  cinfer_model_info info;
+} cinfer_cached_model;
+
+/* Lists the models of cache_dir (NULL: cinfer_hub_cache_dir()) sorted by repo id: *models
+ * (release with cinfer_cache_list_free) receives *n entries. A missing cache is an empty list. */
+cinfer_status cinfer_cache_list(const char *cache_dir, cinfer_cached_model **models, size_t *n);
+
+/* Frees a list from cinfer_cache_list. NULL is a no-op. */
+void cinfer_cache_list_free(cinfer_cached_model *models, size_t n);
+
+/* Deletes repo_id ("org/name") from cache_dir (NULL: cinfer_hub_cache_dir()): its folder and its
+ * lock files, nothing outside them (symlinks are not followed; ids with ".." are refused).
+ * *freed_bytes (may be NULL) receives the bytes removed. CINFER_ERROR when it is not cached. */
+cinfer_status cinfer_cache_remove(const char *cache_dir, const char *repo_id, int64_t *freed_bytes);
+
+/* Whether a model fits this machine's memory. */
+typedef struct {
+  int64_t context;      /* tokens per sequence; 0 = the model's context length */
+  int batch;            /* sequences held at once (1) */
+  const char *kv_codec; /* "bf16" (NULL), "f32", "affine", "turbo" or "turbo-v" */
+  int kv_bits;          /* affine: 4|8, turbo: 2..4, turbo-v: K bits 4|8 (0 = 4) */
+  int kv_value_bits;    /* turbo, turbo-v: V bits 2..4 (0 = kv_bits) */
+  int kv_group_size;    /* affine: 32|64|128 (0 = 64) */
+  const char *device;   /* "cpu" (NULL); "cuda" is refused until GPU memory can be read */
+  int64_t memory_bytes; /* > 0: use this as the memory available instead of measuring it */
+} cinfer_fit_options;
+
+typedef struct {
+  char kv_codec[32];     /* the codec as cinfer names it ("bf16", "affine:8:64", ...) */
+  int64_t context;       /* tokens per sequence checked */
+  int64_t context_limit; /* the model's context length */
+  int batch;
+  int64_t weights_bytes;      /* tensor bytes of the safetensors files (from their headers) */
+  int64_t kv_bytes;           /* KV cache of batch sequences of `context` tokens */
+  int64_t kv_bytes_per_token; /* one token of one sequence over every layer (full attention) */
+  int64_t workspace_bytes;    /* activations of one prefill step (2048 rows) and the logits */
+  int64_t total_bytes;        /* weights + kv + workspace */
+  int64_t memory_available;   /* MemAvailable (or the cgroup limit, or memory_bytes) */
+  int64_t memory_total;       /* MemTotal (or the cgroup limit) */
+  int fits;                   /* total_bytes <= memory_available */
+  int64_t max_context;        /* the largest context <= context_limit that fits; 0 if none */
+} cinfer_fit_result;
+
+/* Fills the defaults (context 0, batch 1, bf16, cpu, measured memory). */
+void cinfer_fit_options_init(cinfer_fit_options *options);
+
+/* Estimates the memory `model` (resolved as cinfer_model_resolve does) needs with the options,
+ * from config.json and the safetensors headers (no weights are read), against this machine's
+ * memory. CINFER_OK with *result filled, CINFER_ERROR (no such model, unsupported config,
+ * unreadable weights), CINFER_INVALID_ARGUMENT (bad codec, context or batch) or
+ * CINFER_UNSUPPORTED (a device whose memory cannot be read). */
+cinfer_status cinfer_fit(const char *model, const cinfer_fit_options *options,
+                         cinfer_fit_result *result);
 
 /* ==== Grammars (structured output) ==== */
 

@@ -5,7 +5,7 @@
 set -euo pipefail
 packages=(build-essential cmake pkg-config clang libclang-rt-14-dev
           libjansson-dev libcmocka-dev
-          libpcre2-dev libutf8proc-dev libmicrohttpd-dev nodejs
+          libpcre2-dev libutf8proc-dev libmicrohttpd-dev libcurl4-openssl-dev libssl-dev nodejs
           python3-numpy chromium)
 # A machine without a package registry (the GPU machine) gets the libraries from a bundle made
 # by scripts/bundle-deps.sh and carried with the checkout: unpacked into .deps/root, which the

@@ -1,4 +1,5 @@
 /* cinfer command line: `cinfer <verb> [flags]`, dispatched through a verb table. */
+#include "cli/hub_verbs.h"
 #include "cli/verbs.h"
 
 #include <stdio.h>
@@ -22,7 +23,16 @@ static const verb verbs[] = {
     {"tokenize", ci_verb_tokenize, "encode a text file to a JSON array of token ids"},
     {"detokenize", ci_verb_detokenize, "decode comma-separated token ids to text"},
     {"serve", ci_verb_serve, "serve the OpenAI and Anthropic HTTP APIs (continuous batching)"},
+    {"pull", ci_verb_pull, "download a model from the Hugging Face Hub into the cache"},
+    {"ls", ci_verb_ls, "list the models of the Hugging Face cache"},
+    {"rm", ci_verb_rm, "delete a model from the Hugging Face cache"},
+    {"fit", ci_verb_fit, "check whether a model fits this machine's memory, per KV codec"},
 };
+
+/* The verbs that manage the cache themselves take no --model to pull. */
+static int takes_pull_flag(const char *verb) {
+  return strcmp(verb, "pull") && strcmp(verb, "ls") && strcmp(verb, "rm") && strcmp(verb, "fit");
+}
 
 static void print_usage(FILE *out) {
   fprintf(out, "usage: cinfer <verb> [flags]   (cinfer <verb> --help for its flags)\n\nverbs:\n");
@@ -44,7 +54,13 @@ int main(int argc, char **argv) {
     return 0;
   }
   for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
-    if (!strcmp(argv[1], verbs[i].name)) return verbs[i].run(argc - 1, argv + 1);
+    if (!strcmp(argv[1], verbs[i].name)) {
+      int verb_argc = argc - 1;
+      const int rc = takes_pull_flag(verbs[i].name)
+                         ? ci_cli_model_pull_flag(&verb_argc, argv + 1, verbs[i].name)
+                         : -1;
+      return rc >= 0 ? rc : verbs[i].run(verb_argc, argv + 1);
+    }
   fprintf(stderr, "cinfer: unknown verb '%s'\n", argv[1]);
   print_usage(stderr);
   return 2;

@@ -60,8 +60,7 @@ static int is_safe_name(const char *rev) {
   return 1;
 }
 
-/* "org/name" -> "HUB/models--org--name" (malloc'd), or NULL with the error set. */
-static char *repo_folder(const char *hub_dir, const char *repo_id) {
+char *ci_hf_repo_dir(const char *hub_dir, const char *repo_id) {
   size_t slashes = 0;
   for (const char *p = repo_id; *p; p++) slashes += *p == '/';
   size_t len = strlen(repo_id) + slashes + 1;
@@ -176,7 +175,7 @@ char *ci_hf_snapshot_path(const char *hub_dir, const char *repo_id, const char *
     ci_fail("%s: invalid revision '%s'", repo_id, rev);
     return NULL;
   }
-  char *repo = repo_folder(hub_dir, repo_id);
+  char *repo = ci_hf_repo_dir(hub_dir, repo_id);
   if (!repo) return NULL;
   char *result = NULL;
   char *ref_path = NULL;
@@ -361,7 +360,7 @@ char *ci_model_path_resolve(const char *model) {
   char *result = NULL;
   char *hub_dir = ci_hf_hub_dir();
   if (hub_dir) {
-    char *folder = repo_folder(hub_dir, query);
+    char *folder = ci_hf_repo_dir(hub_dir, query);
     if (folder && is_directory(folder)) {
       result = ci_hf_snapshot_path(hub_dir, query, revision);
     } else if (folder) {

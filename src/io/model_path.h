@@ -34,6 +34,10 @@ char *ci_hf_hub_dir(void);
  * revision unknown, ref pointing at a missing snapshot, no snapshots). */
 char *ci_hf_snapshot_path(const char *hub_dir, const char *repo_id, const char *revision);
 
+/* The cache folder of repo_id ("org/name" -> "HUB/models--org--name"; it need not exist).
+ * Returns a malloc'd path, or NULL with ci_last_error() set. */
+char *ci_hf_repo_dir(const char *hub_dir, const char *repo_id);
+
 /* Lists the model repo ids cached in hub_dir (folders models--ORG--NAME, reported as
  * "ORG/NAME"), sorted by strcmp. Returns CI_OK with *out_ids a malloc'd array of *out_count
  * malloc'd strings (release with ci_hf_repo_list_free()); a missing hub_dir gives an empty

@@ -79,6 +79,21 @@ static widths widths_of(const ci_model_spec *s) {
   return w;
 }
 
+int64_t ci_workspace_bytes(const ci_model_spec *s, int max_rows, int max_seqs) {
+  const widths w = widths_of(s);
+  const int64_t n = max_rows, f = sizeof(float);
+  int64_t bytes = n * f * (3 * (int64_t)s->hidden + 2 * w.q_dim + 2 * w.kv_dim + 2 * w.inter);
+  if (s->ple_dim > 0) bytes += 2 * n * f * (int64_t)s->n_layers * s->ple_dim;
+  if (s->n_experts > 0) {
+    bytes += n * f * ((int64_t)s->n_experts + 3 * (int64_t)s->hidden);
+    bytes += n * (int64_t)s->top_k_experts * (int64_t)(sizeof(int32_t) + sizeof(float));
+    bytes += n * (int64_t)(sizeof(int32_t) + sizeof(float)) + max_seqs * (int64_t)sizeof(int32_t);
+  }
+  bytes += 2 * 2 * n * (int64_t)sizeof(int32_t) + n * (int64_t)sizeof(int32_t);
+  bytes += max_seqs * (int64_t)(3 * sizeof(int32_t) + sizeof(ci_paged_kv));
+  return bytes;
+}
+
 int ci_workspace_fit(ci_workspace *ws, const ci_model_spec *s, int max_rows, int max_seqs) {
   if (max_rows < 1 || max_seqs < 1) return ci_fail("workspace: empty step");
   if (max_rows <= ws->max_rows && max_seqs <= ws->max_seqs) return CI_OK;

@@ -58,6 +58,11 @@ ci_workspace *ci_workspace_create(ci_backend *be);
  * steps. Returns CI_OK or CI_ERR. */
 int ci_workspace_fit(ci_workspace *ws, const ci_model_spec *spec, int max_rows, int max_seqs);
 
+/* Bytes of the buffers ci_workspace_fit allocates for steps of max_rows rows over max_seqs
+ * sequences of a model of `spec` (the backend's scratch and the logits not included): what a
+ * memory estimate adds for the activations. */
+int64_t ci_workspace_bytes(const ci_model_spec *spec, int max_rows, int max_seqs);
+
 /* A backend buffer of at least n logits (grown when smaller), for backends whose memory the host
  * cannot read. NULL with ci_last_error. */
 float *ci_workspace_logits(ci_workspace *ws, int64_t n);

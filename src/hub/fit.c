@@ -1,0 +1,151 @@
+/* `cinfer fit`: the memory a model needs at a context length and KV codec — weights (tensor
+ * bytes of its safetensors headers), KV cache (the paged cache's blocks, cache layer by layer, in
+ * the codec's row format) and the step workspace — against the device's memory, and the largest
+ * context that fits. Reads config.json and the safetensors headers only (the weights are mapped,
+ * never read). The public cinfer_fit of include/cinfer.h. */
+#include "cinfer.h"
+
+#include "base/error.h"
+#include "engine/model_open.h"
+#include "hub/memory.h"
+#include "io/model_path.h"
+#include "io/safetensors.h"
+#include "kv/pool.h"
+#include "model/spec.h"
+#include "model/workspace.h"
+#include "tensor/kv_format.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Tokens per KV block and rows per prefill step, as the engine and sessions use them. */
+enum { BLOCK_TOKENS = 16, PREFILL_CHUNK = 2048, MAX_BATCH = 4096 };
+
+void cinfer_fit_options_init(cinfer_fit_options *o) {
+  memset(o, 0, sizeof *o);
+  o->batch = 1;
+}
+
+/* KV bytes of one sequence of n tokens: each cache layer holds ceil(n / T) blocks of T rows per
+ * KV head (a sliding layer at most its window plus one prefill chunk, as the engine's memory
+ * contract counts it), a block costing ci_kv_block_stride bytes in format f. */
+static int64_t kv_bytes_for(const ci_model_spec *spec, const ci_kv_format *f, int64_t n) {
+  int64_t bytes = 0;
+  for (int l = 0; l < spec->n_cache_layers; l++) {
+    const ci_layer_spec *layer = &spec->layers[l];
+    int64_t blocks = (n + BLOCK_TOKENS - 1) / BLOCK_TOKENS;
+    if (layer->kind == CI_ATTN_SLIDING && layer->window > 0) {
+      const int64_t held =
+          ((int64_t)layer->window - 1 + PREFILL_CHUNK + BLOCK_TOKENS - 1) / BLOCK_TOKENS + 1;
+      if (blocks > held) blocks = held;
+    }
+    bytes += blocks *
+             (int64_t)ci_kv_block_stride(f, BLOCK_TOKENS, 1, layer->n_kv_heads, layer->head_dim);
+  }
+  return bytes;
+}
+
+/* Workspace of steps over `batch` sequences of up to n tokens: one prefill step's activations
+ * (model/workspace.h) and a logit row per sequence. */
+static int64_t workspace_bytes_for(const ci_model_spec *spec, int batch, int64_t n) {
+  int64_t rows = n * batch;
+  if (rows > PREFILL_CHUNK) rows = PREFILL_CHUNK;
+  if (rows < 1) rows = 1;
+  return ci_workspace_bytes(spec, (int)rows, batch) + (int64_t)batch * spec->vocab * 4;
+}
+
+typedef struct {
+  const ci_model_spec *spec;
+  ci_kv_format format;
+  int batch;
+  int64_t weights;
+} fit_model;
+
+static int64_t total_for(const fit_model *m, int64_t n, int64_t *kv, int64_t *ws) {
+  *kv = (int64_t)m->batch * kv_bytes_for(m->spec, &m->format, n);
+  *ws = workspace_bytes_for(m->spec, m->batch, n);
+  return m->weights + *kv + *ws;
+}
+
+/* The KV format the options ask for (defaults: bf16; 4 bits; affine groups of 64). */
+static cinfer_status format_of(const cinfer_fit_options *o, ci_kv_format *f) {
+  const char *codec = o->kv_codec ? o->kv_codec : "bf16";
+  int bits = o->kv_bits;
+  if (bits == 0) bits = 4;
+  if (ci_kv_format_parse(codec, bits, o->kv_value_bits, o->kv_group_size, f))
+    return CINFER_INVALID_ARGUMENT;
+  return CINFER_OK;
+}
+
+cinfer_status cinfer_fit(const char *model, const cinfer_fit_options *options,
+                         cinfer_fit_result *result) {
+  memset(result, 0, sizeof *result);
+  cinfer_fit_options defaults;
+  cinfer_fit_options_init(&defaults);
+  const cinfer_fit_options *o = options ? options : &defaults;
+  if (o->batch < 1 || o->batch > MAX_BATCH)
+    return ci_fail("batch must be in 1..%d (got %d)", MAX_BATCH, o->batch), CINFER_INVALID_ARGUMENT;
+  if (o->context < 0)
+    return ci_fail("context must be >= 1 (got %lld)", (long long)o->context),
+           CINFER_INVALID_ARGUMENT;
+  fit_model m = {.batch = o->batch};
+  cinfer_status st = format_of(o, &m.format);
+  if (st != CINFER_OK) return st;
+
+  int64_t available = o->memory_bytes, total_memory = o->memory_bytes;
+  if (o->memory_bytes <= 0 && ci_device_memory(o->device, &available, &total_memory))
+    return o->device && !strcmp(o->device, "cuda") ? CINFER_UNSUPPORTED : CINFER_INVALID_ARGUMENT;
+
+  char *dir = ci_model_path_resolve(model);
+  if (!dir) return CINFER_ERROR;
+  ci_model_spec spec;
+  if (ci_model_spec_load(dir, &spec)) {
+    ci_fail_context("%s", dir);
+    free(dir);
+    return CINFER_ERROR;
+  }
+  m.spec = &spec;
+  st = CINFER_INVALID_ARGUMENT;
+  for (int l = 0; l < spec.n_cache_layers; l++)
+    if (ci_kv_format_check(&m.format, spec.layers[l].head_dim)) goto done;
+  st = CINFER_ERROR;
+  ci_weights *weights = ci_weights_open(dir);
+  if (!weights) goto done;
+  m.weights = (int64_t)ci_weights_total_bytes(weights);
+  ci_weights_free(weights);
+
+  result->context_limit = spec.max_position;
+  result->context = o->context ? o->context : spec.max_position;
+  if (result->context > spec.max_position) {
+    ci_fail("context %lld is longer than the model's context length %d", (long long)o->context,
+            spec.max_position);
+    st = CINFER_INVALID_ARGUMENT;
+    goto done;
+  }
+  ci_kv_format_name(&m.format, result->kv_codec, sizeof result->kv_codec);
+  result->batch = o->batch;
+  result->weights_bytes = m.weights;
+  /* per token over every cache layer, as a sequence of full-attention layers stores it */
+  const ci_model per_token_model = {.spec = spec};
+  result->kv_bytes_per_token = ci_model_kv_bytes_per_token(&per_token_model, &m.format);
+  result->total_bytes = total_for(&m, result->context, &result->kv_bytes, &result->workspace_bytes);
+  result->memory_available = available;
+  result->memory_total = total_memory;
+  result->fits = result->total_bytes <= available;
+  /* the largest context that fits: the total grows with n, so bisect [1, context_limit] */
+  int64_t kv, ws, lo = 0, hi = spec.max_position;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (total_for(&m, mid, &kv, &ws) <= available)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  result->max_context = lo;
+  st = CINFER_OK;
+done:
+  ci_model_spec_free(&spec);
+  free(dir);
+  return st;
+}
