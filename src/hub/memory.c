@@ -1,6 +1,10 @@
 /* Device memory for `cinfer fit` (see memory.h). */
 #include "hub/memory.h"
 
+#ifdef CINFER_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
 #include "base/error.h"
 
 #include <stdio.h>
@@ -58,9 +62,17 @@ static void apply_cgroup_limit(int64_t *available, int64_t *total) {
 
 int ci_device_memory(const char *device, int64_t *available, int64_t *total) {
   *available = *total = 0;
-  if (device && !strcmp(device, "cuda"))
-    /* GPU hook: the CUDA backend will report its device's free and total memory here. */
+  if (device && !strcmp(device, "cuda")) {
+#ifdef CINFER_CUDA
+    size_t free_bytes = 0, total_bytes = 0;
+    if (ci_cuda_device_memory(0, &free_bytes, &total_bytes)) return CI_ERR;
+    *available = (int64_t)free_bytes;
+    *total = (int64_t)total_bytes;
+    return CI_OK;
+#else
     return ci_fail("cannot read GPU memory: this build has no CUDA backend (use --device cpu)");
+#endif
+  }
   if (device && strcmp(device, "cpu") != 0)
     return ci_fail("unknown device \"%s\" (cpu or cuda)", device);
   char text[8192];

@@ -7,8 +7,9 @@
 #include <stdint.h>
 
 /* Fills *available (what can be allocated now: MemAvailable) and *total (MemTotal) in bytes for
- * device "cpu" (NULL means cpu). Returns 0; CI_ERR with a message for an unknown device, for
- * "cuda" (no GPU backend reports its memory yet), or when /proc/meminfo cannot be read. */
+ * device "cpu" (NULL means cpu), or the free and total memory of GPU 0 for "cuda". Returns 0;
+ * CI_ERR with a message for an unknown device, for "cuda" without a GPU or without the CUDA
+ * backend, or when /proc/meminfo cannot be read. */
 int ci_device_memory(const char *device, int64_t *available, int64_t *total);
 
 /* Parses the text of /proc/meminfo: MemAvailable and MemTotal in bytes (available falls back to

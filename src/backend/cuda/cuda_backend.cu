@@ -500,6 +500,19 @@ extern "C" void ci_cuda_set_input_planes(ci_backend *be, int planes) {
   ci_as_cuda(be)->input_planes = planes == 1 ? 1 : 2;
 }
 
+extern "C" int ci_cuda_device_memory(int gpu, size_t *free_bytes, size_t *total_bytes) {
+  int count = ci_cuda_device_count();
+  if (count == 0) return ci_fail("cannot read GPU memory: no CUDA GPU is visible");
+  if (gpu < 0 || gpu >= count) return ci_fail("GPU %d: this machine has %d", gpu, count);
+  cudaError_t err = cudaSetDevice(gpu);
+  if (err == cudaSuccess) err = cudaMemGetInfo(free_bytes, total_bytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return ci_fail("cannot read GPU %d's memory: %s", gpu, cudaGetErrorString(err));
+  }
+  return CI_OK;
+}
+
 extern "C" int ci_cuda_memory_info(ci_backend *be, size_t *free_bytes, size_t *total_bytes) {
   ci_cuda *cu = ci_as_cuda(be);
   cudaSetDevice(cu->device);
