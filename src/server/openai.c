@@ -401,10 +401,12 @@ static int check_common(const json_t *body, ci_srv_job *job, int chat, char **er
   return 0;
 }
 
-int ci_openai_chat(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream) {
+int ci_openai_chat(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream,
+                   int client_fd) {
   char *err = NULL;
   ci_srv_job job;
   memset(&job, 0, sizeof job);
+  job.client_fd = client_fd;
   int do_stream, include_usage;
   json_t *messages = NULL;
   const json_t *tools = json_object_get(body, "tools");
@@ -432,10 +434,12 @@ int ci_openai_chat(ci_server *s, json_t *body, json_t **out, ci_srv_stream **str
   return start_and_answer(s, &job, 0, do_stream, include_usage, out, stream);
 }
 
-int ci_openai_completions(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream) {
+int ci_openai_completions(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream,
+                          int client_fd) {
   char *err = NULL;
   ci_srv_job job;
   memset(&job, 0, sizeof job);
+  job.client_fd = client_fd;
   int do_stream, include_usage;
   if (get_stream_flag(body, &do_stream, &include_usage, &err) ||
       check_common(body, &job, 0, &err) || ci_srv_parse_sampling(s, body, 0, &job, 512, &err)) {
