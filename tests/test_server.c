@@ -1,8 +1,9 @@
 /* Live-server tests: starts `cinfer serve --model models/starter` on a random loopback port,
  * waits for /health, runs the node SDK scripts in tests/server (openai, @anthropic-ai/sdk,
- * malformed requests, the cinfer extensions and CORS, structured output, the utility routes and
- * issue 17's fixes, a bounded load test) and stops the server with SIGINT (exit code 0); a second
- * server checks the serve flags (--port 0, --host NAME, --chat-template, limits, access log). */
+ * malformed requests, the cinfer extensions and CORS, structured output, Responses, the utility
+ * routes and issue 17's fixes, a bounded load test) and stops the server with SIGINT (exit code 0);
+ * a second server checks the serve flags (--port 0, --host NAME, --chat-template, limits, access
+ * log). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -158,6 +159,11 @@ static void test_extensions(void **state) {
 static void test_structured_output(void **state) {
   server *s = *state;
   assert_int_equal(run_node(s->port, "structured.mjs", NULL, NULL), 0);
+}
+
+static void test_responses(void **state) {
+  server *s = *state;
+  assert_int_equal(run_node(s->port, "responses.mjs", NULL, NULL), 0);
 }
 
 static void test_utility_routes(void **state) {

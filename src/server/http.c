@@ -216,6 +216,7 @@ typedef enum {
   R_COMPLETIONS,
   R_MESSAGES,
   R_COUNT_TOKENS,
+  R_RESPONSES,
   R_MODELS,
   R_MODEL,
   R_TOKENIZE,
@@ -234,6 +235,7 @@ static const struct {
     {"/v1/completions", "POST", R_COMPLETIONS},
     {"/v1/messages", "POST", R_MESSAGES},
     {"/v1/messages/count_tokens", "POST", R_COUNT_TOKENS},
+    {"/v1/responses", "POST", R_RESPONSES},
     {"/v1/models", "GET", R_MODELS},
     {"/v1/models/*", "GET", R_MODEL}, /* a trailing * matches any non-empty rest */
     {"/tokenize", "POST", R_TOKENIZE},
@@ -342,6 +344,9 @@ static enum MHD_Result dispatch(ci_server *s, struct MHD_Connection *c, const ch
     break;
   case R_MESSAGES:
     status = ci_anthropic_messages(s, body, &out, &stream, client_fd);
+    break;
+  case R_RESPONSES:
+    status = ci_openai_responses(s, body, &out, &stream, client_fd);
     break;
   case R_COUNT_TOKENS:
     status = ci_anthropic_count_tokens(s, body, &out);
@@ -466,6 +471,10 @@ ci_server *ci_server_start(const ci_server_options *o) {
   pthread_mutex_init(&s->metrics_mu, NULL);
   ci_server_detect_formats(s);
   s->weights_bytes = cinfer_model_weight_bytes(o->model);
+  if (!(s->responses = ci_response_store_create())) {
+    ci_server_stop(s);
+    return ci_fail("server: out of memory"), NULL;
+  }
   if (o->api_keys && *o->api_keys) {
     char *copy = strdup(o->api_keys), *save = NULL;
     int lost = !copy;
@@ -532,6 +541,7 @@ int ci_server_port(const ci_server *s) {
 void ci_server_stop(ci_server *s) {
   if (!s) return;
   if (s->daemon) MHD_stop_daemon(s->daemon);
+  ci_response_store_free(s->responses);
   for (int i = 0; i < s->n_keys; i++) free(s->keys[i]);
   free(s->keys);
   pthread_mutex_destroy(&s->metrics_mu);

@@ -508,5 +508,6 @@ void ci_srv_stream_free(ci_srv_stream *st) {
   if (!st) return;
   ci_srv_gen_free(&st->gen);
   ci_strbuf_free(&st->out);
+  if (st->ext_free) st->ext_free(st->ext);
   free(st);
 }

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 typedef struct ci_server ci_server;
+typedef struct ci_response_store ci_response_store;
 
 /* Everything the server borrows (all must outlive it) and its settings. */
 typedef struct {
@@ -99,7 +100,12 @@ struct ci_server {
   ci_route_count routes[64];
   int n_routes;
   ci_histogram ttft, itl, queue, duration;
+  ci_response_store *responses; /* /v1/responses conversations for previous_response_id */
 };
+
+/* responses.c: the bounded store of Responses conversations (thread-safe). */
+ci_response_store *ci_response_store_create(void);
+void ci_response_store_free(ci_response_store *store);
 
 void ci_server_count_request(ci_server *s, const char *route, int status);
 
@@ -242,6 +248,9 @@ int ci_openai_model(ci_server *s, const char *id, json_t **out);
 int ci_server_tokenize(ci_server *s, const json_t *body, json_t **out);
 int ci_server_detokenize(ci_server *s, const json_t *body, json_t **out);
 int ci_anthropic_count_tokens(ci_server *s, json_t *body, json_t **out);
+/* responses.c: POST /v1/responses. */
+int ci_openai_responses(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream,
+                        int client_fd);
 int ci_anthropic_messages(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream,
                           int client_fd);
 char *ci_server_metrics_text(ci_server *s);
@@ -251,7 +260,7 @@ json_t *ci_server_stats_json(ci_server *s);
  * *finished when the stream is complete. */
 struct ci_srv_stream {
   ci_srv_gen gen;
-  int kind; /* 0 chat, 1 completion, 2 anthropic */
+  int kind; /* 0 chat, 1 completion, 2 anthropic, 3 responses */
   int phase;
   int include_usage;
   int block_open; /* anthropic: 0 none, 1 thinking, 2 text */
@@ -263,6 +272,8 @@ struct ci_srv_stream {
   size_t out_pos;
   int finished;
   void (*produce)(ci_srv_stream *st);
+  void *ext; /* a route's own stream state (owned), freed with ext_free */
+  void (*ext_free)(void *ext);
 };
 
 void ci_srv_stream_free(ci_srv_stream *st);
