@@ -236,10 +236,15 @@ static void test_load(void **state) {
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_openai_sdk),         cmocka_unit_test(test_anthropic_sdk),
-      cmocka_unit_test(test_malformed_requests), cmocka_unit_test(test_extensions),
-      cmocka_unit_test(test_structured_output),  cmocka_unit_test(test_utility_routes),
-      cmocka_unit_test(test_serve_flags),        cmocka_unit_test(test_load),
+      cmocka_unit_test(test_openai_sdk),
+      cmocka_unit_test(test_anthropic_sdk),
+      cmocka_unit_test(test_malformed_requests),
+      cmocka_unit_test(test_extensions),
+      cmocka_unit_test(test_structured_output),
+      cmocka_unit_test(test_utility_routes),
+      cmocka_unit_test(test_responses),
+      cmocka_unit_test(test_serve_flags),
+      cmocka_unit_test(test_load),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
