@@ -87,4 +87,8 @@ cinfer_status ci_api_grammar(cinfer_model *model, const cinfer_params *params,
 cinfer_status ci_api_fail(cinfer_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* The engine behind a cinfer_engine (api_engine.c), for the other API files (api_embed.c). */
+struct ci_engine;
+struct ci_engine *ci_api_engine_impl(cinfer_engine *engine);
+
 #endif

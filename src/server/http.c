@@ -217,6 +217,7 @@ typedef enum {
   R_MESSAGES,
   R_COUNT_TOKENS,
   R_RESPONSES,
+  R_EMBEDDINGS,
   R_MODELS,
   R_MODEL,
   R_TOKENIZE,
@@ -236,6 +237,8 @@ static const struct {
     {"/v1/messages", "POST", R_MESSAGES},
     {"/v1/messages/count_tokens", "POST", R_COUNT_TOKENS},
     {"/v1/responses", "POST", R_RESPONSES},
+    {"/v1/embeddings", "POST", R_EMBEDDINGS},
+    {"/embeddings", "POST", R_EMBEDDINGS},
     {"/v1/models", "GET", R_MODELS},
     {"/v1/models/*", "GET", R_MODEL}, /* a trailing * matches any non-empty rest */
     {"/tokenize", "POST", R_TOKENIZE},
@@ -347,6 +350,9 @@ static enum MHD_Result dispatch(ci_server *s, struct MHD_Connection *c, const ch
     break;
   case R_RESPONSES:
     status = ci_openai_responses(s, body, &out, &stream, client_fd);
+    break;
+  case R_EMBEDDINGS:
+    status = ci_openai_embeddings(s, body, &out);
     break;
   case R_COUNT_TOKENS:
     status = ci_anthropic_count_tokens(s, body, &out);

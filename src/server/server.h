@@ -248,6 +248,8 @@ int ci_openai_model(ci_server *s, const char *id, json_t **out);
 int ci_server_tokenize(ci_server *s, const json_t *body, json_t **out);
 int ci_server_detokenize(ci_server *s, const json_t *body, json_t **out);
 int ci_anthropic_count_tokens(ci_server *s, json_t *body, json_t **out);
+/* embeddings.c: POST /v1/embeddings. */
+int ci_openai_embeddings(ci_server *s, json_t *body, json_t **out);
 /* responses.c: POST /v1/responses. */
 int ci_openai_responses(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream,
                         int client_fd);
