@@ -1,9 +1,9 @@
 /* Live-server tests: starts `cinfer serve --model models/starter` on a random loopback port,
  * waits for /health, runs the node SDK scripts in tests/server (openai, @anthropic-ai/sdk,
- * malformed requests, the cinfer extensions and CORS, structured output, Responses, the utility
- * routes and issue 17's fixes, a bounded load test) and stops the server with SIGINT (exit code 0);
- * a second server checks the serve flags (--port 0, --host NAME, --chat-template, limits, access
- * log). */
+ * malformed requests, the cinfer extensions and CORS, structured output, Responses, embeddings, the
+ * utility routes and issue 17's fixes, a bounded load test) and stops the server with SIGINT (exit
+ * code 0); a second server checks the serve flags (--port 0, --host NAME, --chat-template, limits,
+ * access log). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -166,6 +166,11 @@ static void test_responses(void **state) {
   assert_int_equal(run_node(s->port, "responses.mjs", NULL, NULL), 0);
 }
 
+static void test_embeddings(void **state) {
+  server *s = *state;
+  assert_int_equal(run_node(s->port, "embeddings.mjs", NULL, NULL), 0);
+}
+
 static void test_utility_routes(void **state) {
   server *s = *state;
   assert_int_equal(run_node(s->port, "utility.mjs", NULL, NULL), 0);
@@ -236,15 +241,11 @@ static void test_load(void **state) {
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_openai_sdk),
-      cmocka_unit_test(test_anthropic_sdk),
-      cmocka_unit_test(test_malformed_requests),
-      cmocka_unit_test(test_extensions),
-      cmocka_unit_test(test_structured_output),
-      cmocka_unit_test(test_utility_routes),
-      cmocka_unit_test(test_responses),
-      cmocka_unit_test(test_serve_flags),
-      cmocka_unit_test(test_load),
+      cmocka_unit_test(test_openai_sdk),         cmocka_unit_test(test_anthropic_sdk),
+      cmocka_unit_test(test_malformed_requests), cmocka_unit_test(test_extensions),
+      cmocka_unit_test(test_structured_output),  cmocka_unit_test(test_utility_routes),
+      cmocka_unit_test(test_responses),          cmocka_unit_test(test_embeddings),
+      cmocka_unit_test(test_serve_flags),        cmocka_unit_test(test_load),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
