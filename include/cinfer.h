@@ -657,6 +657,9 @@ typedef enum {
  * the folder has none. */
 cinfer_pooling cinfer_model_pooling(const cinfer_model *model);
 
+/* The CPU threads the model's forward pass uses (n_threads, or every online CPU for 0). */
+int cinfer_model_threads(const cinfer_model *model);
+
 /* The width of the model's hidden states (the length of an embedding). */
 int cinfer_model_hidden_size(const cinfer_model *model);
 

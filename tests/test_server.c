@@ -195,7 +195,7 @@ static void test_serve_flags(void **state) {
     if (!freopen(log_path, "w", stderr)) _exit(126);
     execl(CI_CINFER_BIN, CI_CINFER_BIN, "serve", "--model", STARTER, "--port", "0", "--host",
           "localhost", "--ctx-size", "128", "--chat-template", template_path, "--max-connections",
-          "3", "--idle-timeout", "2", "--log-format", "json", "--threads", "1", (char *)NULL);
+          "3", "--idle-timeout", "2", "--log-format", "json", "--batch", "2", (char *)NULL);
     _exit(127);
   }
   int port = 0;

@@ -51,6 +51,8 @@ struct cinfer_model {
   ci_generation_config generation;         /* generation_config.json (has_ flags 0 when absent) */
   ci_eos_set eos; /* config.json ∪ generation_config.json ∪ tokenizer eos_token */
 
+  int threads; /* CPU threads the forward pass uses (n_threads, or every online CPU) */
+
   pthread_mutex_t grammar_mu;      /* guards grammar_vocab */
   ci_grammar_vocab *grammar_vocab; /* owned; built on the first grammar-constrained request */
 };

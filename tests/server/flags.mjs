@@ -9,6 +9,10 @@ const base = `http://localhost:${port}`;
 const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'none', maxRetries: 0 });
 const content = 'Write a Python function that adds two numbers.';
 
+// /stats reports the real figures: the thread count the model runs with (every CPU: no --threads)
+const st = await (await fetch(`${base}/stats`)).json();
+check(st.server.threads > 0 && st.batch.max === 2, `/stats threads ${st.server.threads}, batch.max ${st.batch.max}`);
+
 // --chat-template FILE: the template renders the contents alone, so the prompt is their tokens
 const tok = await (await fetch(`${base}/tokenize`, { method: 'POST', body: JSON.stringify({ content }) })).json();
 const r = await client.chat.completions.create({ model: 'x', messages: [{ role: 'user', content }], max_tokens: 1000000,
