@@ -90,6 +90,7 @@ void ci_srv_job_free(ci_srv_job *j) {
   free(j->stop);
   json_decref(j->tools);
   free(j->grammar);
+  free(j->echo);
   memset(j, 0, sizeof *j);
 }
 

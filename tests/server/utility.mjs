@@ -83,3 +83,19 @@ await Promise.all(Array.from({ length: 1100 }, () => new Promise((resolve) => {
 const during = await openai.chat.completions.create({ model: 'x', max_tokens: 4, temperature: 0, messages: amsgs });
 check(during.choices[0].message.content.length > 0, 'a request is served beside 1100 idle connections');
 for (const sock of sockets) sock.destroy();
+
+// /v1/completions echo: the prompt, then the same completion; streamed too; not with logprobs
+const cprompt = 'def add(a, b):';
+const plainC = await openai.completions.create({ model: 'x', prompt: cprompt, max_tokens: 8, temperature: 0 });
+const echoed = await openai.completions.create({ model: 'x', prompt: cprompt, max_tokens: 8, temperature: 0, echo: true });
+check(echoed.choices[0].text === cprompt + plainC.choices[0].text, 'echo puts the prompt before the completion');
+let streamedC = '';
+for await (const c of await openai.completions.create({ model: 'x', prompt: cprompt, max_tokens: 8, temperature: 0, echo: true, stream: true }))
+  streamedC += c.choices[0]?.text ?? '';
+check(streamedC === echoed.choices[0].text, 'echo streamed');
+const idsPrompt = (await (await post('/tokenize', { content: cprompt })).json()).tokens;
+const echoedIds = await openai.completions.create({ model: 'x', prompt: idsPrompt, max_tokens: 2, temperature: 0, echo: true });
+check(echoedIds.choices[0].text.startsWith(cprompt), 'echo of a token-id prompt is its text');
+let echoLp = null;
+try { await openai.completions.create({ model: 'x', prompt: cprompt, max_tokens: 2, echo: true, logprobs: 2 }); } catch (e) { echoLp = e; }
+check(echoLp && echoLp.status === 400, 'echo with logprobs is a 400');
