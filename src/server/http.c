@@ -1,9 +1,11 @@
 /* HTTP plumbing over libmicrohttpd (docs/server.md "HTTP basics", "Errors"): a thread per
- * connection, body collection with a size limit, bearer / x-api-key auth, CORS (--cors:
- * Access-Control-Allow-* headers and OPTIONS preflight), the route table (the chat page's URLs go
- * to webui.c unless --no-webui), JSON and SSE responses, errors in each API's shape. A client that
+ * connection in poll() mode with a connection limit and an idle timeout, body collection with a
+ * size limit, bearer / x-api-key auth, CORS (--cors: Access-Control-Allow-* headers and OPTIONS
+ * preflight), the route table (HEAD wherever GET; the chat page's URLs go to webui.c unless
+ * --no-webui), JSON and SSE responses, errors in each API's shape, an access log line per request
+ * (text or JSON), and --host names / IPv6 with the bound port read back (--port 0). A client that
  * disconnects mid-stream makes libmicrohttpd free the stream, which releases (cancels) its engine
- * request. */
+ * request; the generating routes also watch the socket (generation.c). */
 #include "server/server.h"
 
 #include "base/error.h"
