@@ -793,6 +793,34 @@ cinfer_status cinfer_json_schema_to_gbnf(const char *schema_json, size_t len, in
  * CINFER_INVALID_ARGUMENT with a message naming the line and column of the problem. */
 cinfer_status cinfer_grammar_check(const char *gbnf, size_t len, const char *root);
 
+/* ==== Embeddings ==== */
+
+/* How the token rows of a text become one vector. */
+typedef enum {
+  CINFER_POOL_MEAN = 1, /* the mean of every token's row */
+  CINFER_POOL_LAST = 2, /* the last token's row (Qwen3-Embedding style) */
+  CINFER_POOL_CLS = 3   /* the first token's row */
+} cinfer_pooling;
+
+/* The pooling the model folder's sentence-transformers config names (modules.json and its Pooling
+ * module's config.json: pooling_mode_lasttoken, pooling_mode_cls_token, else mean); mean when
+ * the folder has none. */
+cinfer_pooling cinfer_model_pooling(const cinfer_model *model);
+
+/* The CPU threads the model's forward pass uses (n_threads, or every online CPU for 0). */
+int cinfer_model_threads(const cinfer_model *model);
+
+/* The width of the model's hidden states (the length of an embedding). */
+int cinfer_model_hidden_size(const cinfer_model *model);
+
+/* Embeds n_ids tokens: the model's final-normed hidden states (the LM head's input) pooled and
+ * L2-normalized into out[cinfer_model_hidden_size]. Runs on the engine's thread between two
+ * generation steps (in a KV sequence of its own, freed before it returns), so it can be called
+ * from any thread while the engine serves requests; blocks until done. CINFER_CONTEXT_EXCEEDED
+ * when the text is longer than the engine's context. */
+cinfer_status cinfer_engine_embed(cinfer_engine *engine, const int32_t *ids, size_t n_ids,
+                                  cinfer_pooling pooling, float *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define LLAMA CI_FIXTURE_DIR "/llama"
@@ -685,6 +686,145 @@ static void test_write_random(void **state) {
 }
 
 /* Engine events: top logprobs with each token (best first), timings with DONE. */
+/* cos(a, b) of two unit vectors. */
+static double cosine(const float *a, const float *b, int n) {
+  double dot = 0;
+  for (int i = 0; i < n; i++) dot += (double)a[i] * b[i];
+  return dot;
+}
+
+/* A greedy 16-token answer of the starter model to prompt, with an embedding computed while it
+ * runs when embed_ids is given. */
+static void greedy_tokens(cinfer_engine *engine, const cinfer_model *model, const int32_t *prompt,
+                          size_t n_prompt, const int32_t *embed_ids, size_t n_embed, float *vec,
+                          int32_t *tokens) {
+  cinfer_params params = greedy_params(model, 16);
+  params.kv_codec = NULL;
+  cinfer_request *request = NULL;
+  assert_int_equal(cinfer_engine_submit(engine, prompt, n_prompt, &params, &request), CINFER_OK);
+  cinfer_event event;
+  int n = 0;
+  for (;;) {
+    assert_int_equal(cinfer_request_next(request, &event, 60.0), CINFER_OK);
+    if (event.kind != CINFER_EVENT_TOKEN) break;
+    if (n == 2 && embed_ids) /* between decode steps of the running request */
+      assert_int_equal(cinfer_engine_embed(engine, embed_ids, n_embed, CINFER_POOL_MEAN, vec),
+                       CINFER_OK);
+    tokens[n++] = event.token;
+  }
+  assert_int_equal(event.kind, CINFER_EVENT_DONE);
+  assert_int_equal(n, 16);
+  cinfer_request_free(request);
+}
+
+/* Embeddings: unit vectors of the model's width; a causal model's first row depends on the first
+ * token alone (CLS of a text = the embedding of its first token, across 256-row chunks too); last
+ * and mean pooling differ; the folder's sentence-transformers config picks the pooling; an
+ * embedding between the steps of a running request leaves its answer unchanged; bad input is an
+ * error. */
+static void test_embeddings(void **state) {
+  (void)state;
+  cinfer_model *model = load(STARTER);
+  assert_int_equal(cinfer_model_pooling(model), CINFER_POOL_MEAN);
+  const int hidden = cinfer_model_hidden_size(model);
+  assert_true(hidden > 0);
+  cinfer_engine *engine = NULL;
+  assert_int_equal(cinfer_engine_create(model, NULL, &engine), CINFER_OK);
+  const char text[] = "def add(a, b):\n    return a + b\n";
+  int32_t *ids = NULL;
+  size_t n = 0;
+  assert_int_equal(cinfer_tokenize(model, text, strlen(text), 1, &ids, &n), CINFER_OK);
+  assert_true(n >= 5);
+  float *mean = malloc((size_t)hidden * sizeof(float)), *last = malloc((size_t)hidden * 4),
+        *cls = malloc((size_t)hidden * 4), *first = malloc((size_t)hidden * 4),
+        *again = malloc((size_t)hidden * 4);
+  assert_int_equal(cinfer_engine_embed(engine, ids, n, CINFER_POOL_MEAN, mean), CINFER_OK);
+  assert_int_equal(cinfer_engine_embed(engine, ids, n, CINFER_POOL_LAST, last), CINFER_OK);
+  assert_int_equal(cinfer_engine_embed(engine, ids, n, CINFER_POOL_CLS, cls), CINFER_OK);
+  assert_int_equal(cinfer_engine_embed(engine, ids, 1, CINFER_POOL_MEAN, first), CINFER_OK);
+  assert_int_equal(cinfer_engine_embed(engine, ids, n, CINFER_POOL_MEAN, again), CINFER_OK);
+  assert_true(fabs(cosine(mean, mean, hidden) - 1.0) < 1e-4);
+  assert_true(fabs(cosine(last, last, hidden) - 1.0) < 1e-4);
+  assert_memory_equal(mean, again, (size_t)hidden * sizeof(float)); /* deterministic */
+  assert_true(cosine(cls, first, hidden) > 0.9999);
+  assert_true(cosine(mean, last, hidden) < 0.999);
+  /* a text longer than a 256-row chunk */
+  enum { LONG = 600 };
+  int32_t *long_ids = malloc(LONG * sizeof *long_ids);
+  for (int i = 0; i < LONG; i++) long_ids[i] = ids[(size_t)i % n];
+  assert_int_equal(cinfer_engine_embed(engine, long_ids, LONG, CINFER_POOL_CLS, again), CINFER_OK);
+  assert_true(cosine(again, first, hidden) > 0.9999);
+  assert_int_equal(cinfer_engine_embed(engine, long_ids, LONG, CINFER_POOL_MEAN, again), CINFER_OK);
+  assert_true(fabs(cosine(again, again, hidden) - 1.0) < 1e-4);
+  /* beside a running request: its answer is the solo answer */
+  int32_t solo[16], beside[16];
+  greedy_tokens(engine, model, ids, n, NULL, 0, NULL, solo);
+  greedy_tokens(engine, model, ids, n, long_ids, LONG, again, beside);
+  assert_memory_equal(solo, beside, sizeof solo);
+  assert_true(fabs(cosine(again, again, hidden) - 1.0) < 1e-4);
+  /* errors */
+  assert_int_equal(cinfer_engine_embed(engine, ids, 0, CINFER_POOL_MEAN, again),
+                   CINFER_INVALID_ARGUMENT);
+  const int32_t bad_id[] = {1, 1 << 30};
+  assert_int_not_equal(cinfer_engine_embed(engine, bad_id, 2, CINFER_POOL_MEAN, again), CINFER_OK);
+  assert_non_null(strstr(cinfer_last_error(), "out of range"));
+  cinfer_engine_free(engine);
+  cinfer_model_free(model);
+  /* a folder whose sentence-transformers config asks for the last token */
+  char dir[] = "/tmp/cinfer-embed-XXXXXX", path[512], target[1024];
+  assert_non_null(mkdtemp(dir));
+  static const char *const files[] = {"config.json",
+                                      "generation_config.json",
+                                      "model-00001-of-00003.safetensors",
+                                      "model-00002-of-00003.safetensors",
+                                      "model-00003-of-00003.safetensors",
+                                      "model.safetensors.index.json",
+                                      "tokenizer.json",
+                                      "tokenizer_config.json"};
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+    snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+    assert_non_null(realpath(STARTER, target));
+    strcat(target, "/");
+    strcat(target, files[i]);
+    assert_int_equal(symlink(target, path), 0);
+  }
+  snprintf(path, sizeof path, "%s/modules.json", dir);
+  FILE *f = fopen(path, "w");
+  fputs("[{\"idx\": 0, \"name\": \"0\", \"path\": \"\", \"type\": "
+        "\"sentence_transformers.models.Transformer\"}, {\"idx\": 1, \"name\": \"1\", \"path\": "
+        "\"1_Pooling\", \"type\": \"sentence_transformers.models.Pooling\"}]",
+        f);
+  fclose(f);
+  snprintf(path, sizeof path, "%s/1_Pooling", dir);
+  assert_int_equal(mkdir(path, 0755), 0);
+  snprintf(path, sizeof path, "%s/1_Pooling/config.json", dir);
+  f = fopen(path, "w");
+  fputs("{\"word_embedding_dimension\": 1, \"pooling_mode_cls_token\": false, "
+        "\"pooling_mode_mean_tokens\": false, \"pooling_mode_lasttoken\": true}",
+        f);
+  fclose(f);
+  model = load(dir);
+  assert_int_equal(cinfer_model_pooling(model), CINFER_POOL_LAST);
+  cinfer_model_free(model);
+  remove(path);
+  snprintf(path, sizeof path, "%s/1_Pooling", dir);
+  rmdir(path);
+  snprintf(path, sizeof path, "%s/modules.json", dir);
+  remove(path);
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+    snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+    remove(path);
+  }
+  rmdir(dir);
+  cinfer_free(ids);
+  free(long_ids);
+  free(mean);
+  free(last);
+  free(cls);
+  free(first);
+  free(again);
+}
+
 static void test_engine_events(void **state) {
   (void)state;
   cinfer_model *model = load(LLAMA);
@@ -983,7 +1123,7 @@ int main(void) {
       cmocka_unit_test(test_session_extras), cmocka_unit_test(test_text_handles),
       cmocka_unit_test(test_detokenizer),    cmocka_unit_test(test_write_random),
       cmocka_unit_test(test_engine_events),  cmocka_unit_test(test_chat_output),
-      cmocka_unit_test(test_engine_extras),
+      cmocka_unit_test(test_engine_extras),  cmocka_unit_test(test_embeddings),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

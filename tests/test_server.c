@@ -1,7 +1,9 @@
 /* Live-server tests: starts `cinfer serve --model models/starter` on a random loopback port,
  * waits for /health, runs the node SDK scripts in tests/server (openai, @anthropic-ai/sdk,
- * malformed requests, the cinfer extensions and CORS, structured output, a bounded load test) and
- * stops the server with SIGINT (exit code 0). */
+ * malformed requests, the cinfer extensions and CORS, structured output, Responses, embeddings, the
+ * utility routes and issue 17's fixes, a bounded load test) and stops the server with SIGINT (exit
+ * code 0); a second server checks the serve flags (--port 0, --host NAME, --chat-template, limits,
+ * access log). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -69,7 +71,7 @@ static int start_server(server *s) {
     if (s->pid == 0) {
       execl(CI_CINFER_BIN, CI_CINFER_BIN, "serve", "--model", STARTER, "--port", port, "--api-key",
             "test-key", "--batch", "8", "--max-queue", "256", "--threads", "1", "--cors",
-            "http://allowed.example", (char *)NULL);
+            "http://allowed.example", "--quiet", (char *)NULL);
       _exit(127);
     }
     for (int i = 0; i < 600; i++) { /* up to 60 s (ASan start-up) */
@@ -159,6 +161,78 @@ static void test_structured_output(void **state) {
   assert_int_equal(run_node(s->port, "structured.mjs", NULL, NULL), 0);
 }
 
+static void test_responses(void **state) {
+  server *s = *state;
+  assert_int_equal(run_node(s->port, "responses.mjs", NULL, NULL), 0);
+}
+
+static void test_embeddings(void **state) {
+  server *s = *state;
+  assert_int_equal(run_node(s->port, "embeddings.mjs", NULL, NULL), 0);
+}
+
+static void test_utility_routes(void **state) {
+  server *s = *state;
+  assert_int_equal(run_node(s->port, "utility.mjs", NULL, NULL), 0);
+}
+
+/* A second server on the serve flags of issue 17: --port 0 (the port is read from its ready
+ * line), --host localhost, --ctx-size 128, --chat-template FILE, --max-connections,
+ * --idle-timeout and a JSON access log, checked by tests/server/flags.mjs and below. */
+static void test_serve_flags(void **state) {
+  (void)state;
+  char dir[] = "/tmp/cinfer-serve-flags-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char template_path[128], log_path[128];
+  snprintf(template_path, sizeof template_path, "%s/template.jinja", dir);
+  snprintf(log_path, sizeof log_path, "%s/stderr.log", dir);
+  FILE *t = fopen(template_path, "w");
+  assert_non_null(t);
+  fputs("{% for m in messages %}{{ m.content }}{% endfor %}", t);
+  fclose(t);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (!freopen(log_path, "w", stderr)) _exit(126);
+    execl(CI_CINFER_BIN, CI_CINFER_BIN, "serve", "--model", STARTER, "--port", "0", "--host",
+          "localhost", "--ctx-size", "128", "--chat-template", template_path, "--max-connections",
+          "3", "--idle-timeout", "2", "--log-format", "json", "--batch", "2", (char *)NULL);
+    _exit(127);
+  }
+  int port = 0;
+  for (int i = 0; i < 600 && !port; i++) { /* the ready line names the port the system chose */
+    sleep_ms(100);
+    FILE *f = fopen(log_path, "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f)) {
+      const char *at = strstr(line, "cinfer ready http://localhost:");
+      if (at) port = atoi(at + strlen("cinfer ready http://localhost:"));
+    }
+    if (f) fclose(f);
+  }
+  assert_true(port > 0);
+  const int rc = run_node(port, "flags.mjs", NULL, NULL);
+  server srv = {pid, port};
+  assert_int_equal(stop_server(&srv), 0);
+  FILE *f = fopen(log_path, "r");
+  assert_non_null(f);
+  char line[1024];
+  int json_lines = 0, errors = 0;
+  while (fgets(line, sizeof line, f)) {
+    if (!strncmp(line, "{\"time\":", 8) && strstr(line, "\"path\":\"/v1/chat/completions\"") &&
+        strstr(line, "\"status\":200"))
+      json_lines++;
+    if (strstr(line, "libmicrohttpd") && !strstr(line, "connection limit"))
+      errors++, fprintf(stderr, "unexpected: %s", line);
+  }
+  fclose(f);
+  unlink(template_path);
+  unlink(log_path);
+  rmdir(dir);
+  assert_int_equal(rc, 0);
+  assert_int_equal(json_lines, 1); /* one access log line for the chat request, in JSON */
+  assert_int_equal(errors, 0);     /* client disconnects are not reported */
+}
+
 static void test_load(void **state) {
   server *s = *state;
   assert_int_equal(run_node(s->port, "load.mjs", LOAD_CLIENTS, LOAD_SECONDS), 0);
@@ -167,12 +241,11 @@ static void test_load(void **state) {
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_openai_sdk),
-      cmocka_unit_test(test_anthropic_sdk),
-      cmocka_unit_test(test_malformed_requests),
-      cmocka_unit_test(test_extensions),
-      cmocka_unit_test(test_structured_output),
-      cmocka_unit_test(test_load),
+      cmocka_unit_test(test_openai_sdk),         cmocka_unit_test(test_anthropic_sdk),
+      cmocka_unit_test(test_malformed_requests), cmocka_unit_test(test_extensions),
+      cmocka_unit_test(test_structured_output),  cmocka_unit_test(test_utility_routes),
+      cmocka_unit_test(test_responses),          cmocka_unit_test(test_embeddings),
+      cmocka_unit_test(test_serve_flags),        cmocka_unit_test(test_load),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

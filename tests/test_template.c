@@ -199,6 +199,12 @@ static const inline_case inline_cases[] = {
      "{{ 'a\\nb\\n\\nc' | indent }}|{{ 'a\\nb' | indent(2, true) }}|{{ 'a\\n\\nb' | indent(2, "
      "blank=true) }}|{{ 'x\\ny' | indent('> ') }}",
      NULL, EXPECT_OK, "a\n    b\n\n    c|  a\n  b|a\n  \n  b|x\n> y"},
+    /* Jinja2 3.1 indents the lines of (s + "\n").splitlines(): a trailing newline stays */
+    {"f_indent_trailing",
+     "{{ '{\n'|indent(4, first=True) }}|{{ 'a\nb\n'|indent(2) }}|{{ 'a\n\nb\n\n'|indent(2, "
+     "blank=True) }}|{{ ''|indent(2, first=True) }}|{{ '\n'|indent(2, first=True, blank=True) "
+     "}}|{{ 'x\r\ny\rz'|indent(1) }}",
+     NULL, EXPECT_OK, "    {\n|a\n  b\n|a\n  \n  b\n  \n  |  |  \n  |x\n y\n z"},
     {"f_sorting",
      "{{ {'b': 1, 'A': 2, 'c': 0} | dictsort }}|{{ {'b': 1, 'a': 2} | dictsort(by='value') }}|{{ "
      "[3, 1, 2] | sort }}|{{ [3, 1, 2] | sort(reverse=true) }}|{{ ['b', 'A', 'c'] | sort }}|{{ "
@@ -281,6 +287,15 @@ static const inline_case inline_cases[] = {
     {"macro_varargs",
      "{% macro m(a) %}{{ a }}{{ varargs }}{{ kwargs }}{% endmacro %}{{ m(1, 2, 3, x=4) }}", NULL,
      EXPECT_OK, "1(2, 3){'x': 4}"},
+    {"call_star_args",
+     "{% macro f(a, b=2) %}{{ a }}{{ b }}{{ varargs }}{{ kwargs }}{% endmacro %}{{ f(*[1, 5, 6]) "
+     "}}|{{ f(**{\"a\": 7}) }}|{{ f(3, **{\"b\": 9, \"c\": 0}) }}|{{ f(1, *(4,), x=2, **{\"y\": "
+     "3}) }}",
+     NULL, EXPECT_OK, "15(6,){}|72(){}|39(){'c': 0}|14(){'x': 2, 'y': 3}"},
+    {"call_star_builtin",
+     "{{ \"%s-%s\"|format(*[1, 2]) }}|{{ range(*[1, 7, 2])|list }}|{{ dict(**{\"a\": 1}) }}|{{ "
+     "[3, 1]|sort(**{\"reverse\": true}) }}",
+     NULL, EXPECT_OK, "1-2|[1, 3, 5]|{'a': 1}|[3, 1]"},
     {"macro_recursion",
      "{% macro fact(n) %}{% if n <= 1 %}1{% else %}{{ n * fact(n - 1) | int }}{% endif %}{% "
      "endmacro %}{{ fact(5) }}",
@@ -378,6 +393,17 @@ static const inline_case inline_cases[] = {
      "TemplateSyntaxError: Missing end of comment tag"},
     {"err_unterminated_string", "{{ 'abc }}", NULL, EXPECT_ERROR,
      "TemplateSyntaxError: unexpected char \"'\" at 3"},
+    /* Jinja2: "invalid syntax for function call expression"; a macro signature takes names */
+    {"err_call_positional_after_star", "{{ f(*a, 1) }}", NULL, EXPECT_ERROR,
+     "TemplateSyntaxError: invalid syntax for function call expression"},
+    {"err_call_keyword_after_dstar", "{{ f(**a, b=1) }}", NULL, EXPECT_ERROR,
+     "TemplateSyntaxError: invalid syntax for function call expression"},
+    {"err_call_positional_after_keyword", "{{ f(x=1, 2) }}", NULL, EXPECT_ERROR,
+     "TemplateSyntaxError: invalid syntax for function call expression"},
+    {"err_call_star_after_dstar", "{{ f(**a, *b) }}", NULL, EXPECT_ERROR,
+     "TemplateSyntaxError: invalid syntax for function call expression"},
+    {"err_macro_star_param", "{% macro f(a, *args) %}{% endmacro %}", NULL, EXPECT_ERROR,
+     "TemplateSyntaxError: expected token 'name', got '*'"},
     {"err_stray_endif", "{% endif %}", NULL, EXPECT_ERROR,
      "TemplateSyntaxError: Encountered unknown tag 'endif'."},
     {"err_unknown_tag", "{% frobnicate %}", NULL, EXPECT_ERROR,

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define STARTER CI_FIXTURE_DIR "/../../models/starter"
 
@@ -108,6 +109,61 @@ static void test_stop_string(void **state) {
   free(stopped);
 }
 
+/* --chat-template FILE (generate and chat): the prompt is the file's rendering, here the user
+ * content after a marker, so its token count is the marker's plus the content's; a missing file
+ * is an error naming it. */
+static void test_chat_template_file(void **state) {
+  (void)state;
+  char path[] = "/tmp/cinfer-template-XXXXXX";
+  const int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  FILE *f = fdopen(fd, "w");
+  assert_non_null(f);
+  fputs("{% for m in messages %}{{ m.content }}{% endfor %}", f);
+  fclose(f);
+  char cmd[2048];
+  int status;
+  snprintf(cmd, sizeof cmd,
+           "%s generate --model %s --chat --chat-template %s --prompt 'def add(a, b):' --temp 0 "
+           "-n 2 --json --threads 2 2>/dev/null",
+           CI_CINFER_BIN, STARTER, path);
+  char *out = run(cmd, &status);
+  assert_int_equal(status, 0);
+  json_error_t err;
+  json_t *root = json_loads(out, 0, &err);
+  assert_non_null(root);
+  const json_int_t templated =
+      json_integer_value(json_object_get(json_object_get(root, "stats"), "prompt_tokens"));
+  json_decref(root);
+  free(out);
+  /* the rendering is the content alone: its tokens without special ones */
+  snprintf(cmd, sizeof cmd, "printf 'def add(a, b):' | %s tokenize --model %s --file - 2>/dev/null",
+           CI_CINFER_BIN, STARTER);
+  char *ids = run(cmd, &status);
+  int n_ids = 0;
+  json_t *arr = json_loads(ids, 0, &err);
+  if (arr) n_ids = (int)json_array_size(arr);
+  json_decref(arr);
+  free(ids);
+  assert_int_equal(status, 0);
+  assert_true(n_ids > 0);
+  assert_int_equal(templated, n_ids);
+  snprintf(cmd, sizeof cmd,
+           "printf 'Add two numbers.\\n' | %s chat --model %s --chat-template %s --temp 0 -n 4 "
+           "--threads 2 2>/dev/null",
+           CI_CINFER_BIN, STARTER, path);
+  free(run(cmd, &status));
+  assert_int_equal(status, 0);
+  snprintf(cmd, sizeof cmd,
+           "%s generate --model %s --chat --chat-template %s.missing --prompt x 2>&1",
+           CI_CINFER_BIN, STARTER, path);
+  char *msg = run(cmd, &status);
+  assert_int_not_equal(status, 0);
+  assert_non_null(strstr(msg, ".missing"));
+  free(msg);
+  unlink(path);
+}
+
 /* Piped chat: two answers, /reset in between, clean exit at end of input. */
 static void test_chat_repl(void **state) {
   (void)state;
@@ -133,6 +189,7 @@ static void test_chat_repl(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_generate_text),
+      cmocka_unit_test(test_chat_template_file),
       cmocka_unit_test(test_stop_string),
       cmocka_unit_test(test_chat_repl),
   };

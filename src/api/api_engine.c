@@ -281,3 +281,7 @@ cinfer_status cinfer_engine_get_stats(cinfer_engine *engine, cinfer_engine_stats
   stats->prefix_cache_entries = st.prefix_cache_entries;
   return CINFER_OK;
 }
+
+ci_engine *ci_api_engine_impl(cinfer_engine *engine) {
+  return engine->engine;
+}

@@ -53,3 +53,7 @@ cinfer_status cinfer_model_kv_bytes_per_token(const cinfer_model *model,
   *bytes = ci_model_kv_bytes_per_token(model->model, &format);
   return CINFER_OK;
 }
+
+int cinfer_model_threads(const cinfer_model *model) {
+  return model ? model->threads : 0;
+}

@@ -51,6 +51,8 @@ struct cinfer_model {
   ci_generation_config generation;         /* generation_config.json (has_ flags 0 when absent) */
   ci_eos_set eos; /* config.json ∪ generation_config.json ∪ tokenizer eos_token */
 
+  int threads; /* CPU threads the forward pass uses (n_threads, or every online CPU) */
+
   pthread_mutex_t grammar_mu;      /* guards grammar_vocab */
   ci_grammar_vocab *grammar_vocab; /* owned; built on the first grammar-constrained request */
 };
@@ -86,5 +88,9 @@ cinfer_status ci_api_grammar(cinfer_model *model, const cinfer_params *params,
 /* Records a message as the last error and returns status (for `return ci_api_fail(...)`). */
 cinfer_status ci_api_fail(cinfer_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* The engine behind a cinfer_engine (api_engine.c), for the other API files (api_embed.c). */
+struct ci_engine;
+struct ci_engine *ci_api_engine_impl(cinfer_engine *engine);
 
 #endif

@@ -3,6 +3,7 @@
 #include "api/api_internal.h"
 
 #include "base/error.h"
+#include "base/threadpool.h"
 #include "engine/eos_set.h"
 #include "io/model_path.h"
 
@@ -53,6 +54,7 @@ cinfer_status cinfer_model_load(const char *path, const cinfer_model_options *op
   if (!m) return ci_api_fail(CINFER_ERROR, "out of memory for a model");
   pthread_mutex_init(&m->grammar_mu, NULL);
   m->dir = ci_model_path_resolve(path);
+  m->threads = options->n_threads > 0 ? options->n_threads : ci_cpu_count();
   const ci_device_options device = {options->device, options->gpu, options->n_threads,
                                     options->mmap};
   m->model = m->dir ? ci_model_open_on(m->dir, &device) : NULL;

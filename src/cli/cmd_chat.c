@@ -16,8 +16,9 @@
 #include <unistd.h>
 
 static const char usage[] =
-    "usage: cinfer chat --model DIR [--system TEXT] [-n|--max-tokens N] [--temp T] [--top-p P]\n"
-    "                   [--top-k K] [--min-p P] [--repeat-penalty R] [--presence-penalty P]\n"
+    "usage: cinfer chat --model DIR [--system TEXT] [--chat-template FILE] [-n|--max-tokens N]\n"
+    "                   [--temp T] [--top-p P] [--top-k K] [--min-p P] [--repeat-penalty R] "
+    "[--presence-penalty P]\n"
     "                   [--frequency-penalty F] [--seed S]\n" CI_CLI_MODEL_USAGE CI_CLI_KV_USAGE
     "Type a message and press enter; /reset clears the conversation, /exit quits.\n";
 
@@ -53,9 +54,13 @@ static cinfer_status answer(cinfer_session *session, const int32_t *prompt, int 
 }
 
 int ci_verb_chat(int argc, char **argv) {
-  ci_flag flags[] = {{"--model", "-m", 1, NULL}, {"--system", NULL, 1, NULL},
-                     {"--help", "-h", 0, NULL},  CI_CLI_MODEL_FLAGS,
-                     CI_CLI_SAMPLING_FLAGS,      CI_CLI_KV_FLAGS};
+  ci_flag flags[] = {{"--model", "-m", 1, NULL},
+                     {"--system", NULL, 1, NULL},
+                     {"--chat-template", NULL, 1, NULL},
+                     {"--help", "-h", 0, NULL},
+                     CI_CLI_MODEL_FLAGS,
+                     CI_CLI_SAMPLING_FLAGS,
+                     CI_CLI_KV_FLAGS};
   const int nf = sizeof flags / sizeof flags[0];
   if (ci_args_parse(argc, argv, flags, nf, "chat")) return 2;
   if (ci_args_get(flags, nf, "--help")) {
@@ -79,10 +84,15 @@ int ci_verb_chat(int argc, char **argv) {
   if (rc) return rc;
   rc = 1;
   cinfer_session *session = NULL;
+  cinfer_chat_template *own_template = NULL; /* --chat-template */
   json_t *history = new_history(ci_args_get(flags, nf, "--system"));
   char *line = NULL;
   size_t cap = 0;
-  if (!cinfer_model_tokenizer(model) || !cinfer_model_chat_template(model)) {
+  const char *template_path = ci_args_get(flags, nf, "--chat-template");
+  if (template_path && !(own_template = ci_cli_chat_template_file(
+                             "chat", template_path, cinfer_model_chat_template(model))))
+    goto done;
+  if (!cinfer_model_tokenizer(model) || (!own_template && !cinfer_model_chat_template(model))) {
     fprintf(stderr, "cinfer chat: the model has no %s\n",
             cinfer_model_tokenizer(model) ? "chat template" : "tokenizer.json");
     goto done;
@@ -128,7 +138,7 @@ int ci_verb_chat(int argc, char **argv) {
       break;
     }
     int n_prompt = 0;
-    int32_t *prompt = ci_text_prompt_chat(model, history, &n_prompt);
+    int32_t *prompt = ci_text_prompt_chat(model, own_template, history, &n_prompt);
     if (!prompt) {
       json_array_remove(history, json_array_size(history) - 1);
       continue;
@@ -162,6 +172,7 @@ done:
   free(line);
   json_decref(history);
   cinfer_session_free(session);
+  cinfer_chat_template_free(own_template);
   cinfer_model_free(model);
   return rc;
 }

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 static const char usage[] =
     "usage: cinfer generate --model DIR (--ids CSV | --prompt TEXT | --prompt-file FILE)\n"
-    "                       [--chat [--system TEXT]] [--stop STRING]\n"
+    "                       [--chat [--system TEXT] [--chat-template FILE]] [--stop STRING]\n"
     "                       [-n|--max-tokens N] [--temp T] [--top-p P]\n"
     "                       [--top-k K] [--min-p P] [--repeat-penalty R] [--presence-penalty P]\n"
     "                       [--frequency-penalty F] [--seed S] [--prefill-chunk N]\n"
@@ -95,7 +95,15 @@ static int32_t *prompt_ids(const ci_flag *flags, int nf, const cinfer_model *mod
       messages = NULL;
     }
     if (!messages) fprintf(stderr, "cinfer generate: out of memory\n");
-    ids = messages ? ci_text_prompt_chat(model, messages, n_ids) : NULL;
+    cinfer_chat_template *own = NULL;
+    const char *template_path = ci_args_get(flags, nf, "--chat-template");
+    if (template_path && !(own = ci_cli_chat_template_file("generate", template_path,
+                                                           cinfer_model_chat_template(model)))) {
+      json_decref(messages);
+      messages = NULL;
+    }
+    ids = messages ? ci_text_prompt_chat(model, own, messages, n_ids) : NULL;
+    cinfer_chat_template_free(own);
     json_decref(messages);
   } else {
     ids = ci_text_prompt_plain(model, prompt, n_ids);
@@ -172,6 +180,7 @@ int ci_verb_generate(int argc, char **argv) {
                      {"--prompt-file", NULL, 1, NULL},
                      {"--chat", NULL, 0, NULL},
                      {"--system", NULL, 1, NULL},
+                     {"--chat-template", NULL, 1, NULL},
                      {"--prefill-chunk", NULL, 1, NULL},
                      {"--ctx-size", "-c", 1, NULL},
                      {"--ignore-eos", NULL, 0, NULL},
@@ -208,9 +217,10 @@ int ci_verb_generate(int argc, char **argv) {
     return 2;
   }
   if ((ci_args_get(flags, nf, "--chat") || ci_args_get(flags, nf, "--system") ||
-       ci_args_get(flags, nf, "--stop")) &&
+       ci_args_get(flags, nf, "--chat-template") || ci_args_get(flags, nf, "--stop")) &&
       !text_mode(flags, nf)) {
-    fprintf(stderr, "cinfer generate: --chat, --system and --stop need a text prompt "
+    fprintf(stderr, "cinfer generate: --chat, --system, --chat-template and --stop need a text "
+                    "prompt "
                     "(--prompt or --prompt-file)\n");
     return 2;
   }

@@ -16,39 +16,10 @@ static const char usage[] =
 /* A template from a Jinja file; the special tokens still come from the model folder when one is
  * given. Prints the error and returns NULL on failure. */
 static cinfer_chat_template *template_from_file(const char *path, const char *model_dir) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    fprintf(stderr, "cinfer render: cannot open %s\n", path);
-    return NULL;
-  }
-  char *src = NULL;
-  size_t len = 0, cap = 0;
-  for (;;) {
-    if (len + 4097 > cap) {
-      cap = cap ? cap * 2 : 65536;
-      char *grown = realloc(src, cap);
-      if (!grown) break;
-      src = grown;
-    }
-    size_t got = fread(src + len, 1, cap - len - 1, f);
-    len += got;
-    if (!got) break;
-  }
-  fclose(f);
-  if (!src) {
-    fprintf(stderr, "cinfer render: out of memory reading %s\n", path);
-    return NULL;
-  }
-  src[len] = '\0';
-  cinfer_chat_template *model = NULL, *t = NULL;
+  cinfer_chat_template *model = NULL;
   if (model_dir && cinfer_chat_template_load(model_dir, &model) != CINFER_OK) model = NULL;
-  const char *bos = model ? cinfer_chat_template_bos_token(model) : NULL;
-  const char *eos = model ? cinfer_chat_template_eos_token(model) : NULL;
-  if (cinfer_chat_template_from_source(src, bos && *bos ? bos : NULL, eos && *eos ? eos : NULL,
-                                       &t) != CINFER_OK)
-    fprintf(stderr, "cinfer render: %s\n", cinfer_last_error());
+  cinfer_chat_template *t = ci_cli_chat_template_file("render", path, model);
   cinfer_chat_template_free(model);
-  free(src);
   return t;
 }
 

@@ -21,13 +21,19 @@ static const char usage[] =
     "                    [--alias NAME] [--batch N] [--batch-tokens N] [--max-queue N]\n"
     "                    [-c|--ctx-size N] [--memory-budget GB] [--prefill-chunk N]\n"
     "                    [--prompt-cache GiB] [--max-body MiB] [--cors ORIGIN|*] [--no-webui]\n"
+    "                    [--chat-template FILE] [--log-format text|json] [-q|--quiet]\n"
+    "                    [--idle-timeout S] [--max-connections N]\n"
     "                    [sampling defaults: --temp ...]\n" CI_CLI_MODEL_USAGE CI_CLI_KV_USAGE
     "Serves the OpenAI (/v1/chat/completions, /v1/completions, /v1/models) and Anthropic\n"
     "(/v1/messages) APIs plus /health, /metrics and /stats. --api-key (or CINFER_API_KEY; a\n"
     "comma-separated list) requires `Authorization: Bearer KEY` or `x-api-key: KEY`. --cors\n"
     "ORIGIN (a comma-separated list, or *) adds CORS headers and answers OPTIONS preflights.\n"
     "--prompt-cache caps the KV bytes the prefix cache keeps for reuse (default 2 GiB, within\n"
-    "the KV budget; 0 turns it off). A chat page is served at / unless --no-webui.\n";
+    "the KV budget; 0 turns it off). A chat page is served at / unless --no-webui. --port 0\n"
+    "takes a free port (printed). --host takes an IPv4/IPv6 address or a name. One access log\n"
+    "line per request on stderr (--log-format json for JSON lines; --quiet for none). Idle\n"
+    "connections close after --idle-timeout seconds (default 30); at most --max-connections\n"
+    "(default 4096) are open.\n";
 
 int ci_verb_serve(int argc, char **argv) {
   ci_flag flags[] = {{"--model", "-m", 1, NULL},
@@ -45,6 +51,11 @@ int ci_verb_serve(int argc, char **argv) {
                      {"--max-body", NULL, 1, NULL},
                      {"--cors", NULL, 1, NULL},
                      {"--no-webui", NULL, 0, NULL},
+                     {"--log-format", NULL, 1, NULL},
+                     {"--quiet", "-q", 0, NULL},
+                     {"--idle-timeout", NULL, 1, NULL},
+                     {"--max-connections", NULL, 1, NULL},
+                     {"--chat-template", NULL, 1, NULL},
                      {"--help", "-h", 0, NULL},
                      CI_CLI_MODEL_FLAGS,
                      CI_CLI_SAMPLING_FLAGS,
@@ -67,7 +78,8 @@ int ci_verb_serve(int argc, char **argv) {
     return 2;
   }
   cinfer_model_options model_options;
-  long long port, batch, batch_tokens, max_queue, ctx_size, prefill_chunk, max_body;
+  long long port, batch, batch_tokens, max_queue, ctx_size, prefill_chunk, max_body, idle_timeout,
+      max_connections;
   if (ci_cli_sampling_flags(flags, nf, "serve", &defaults) ||
       ci_cli_model_options(flags, nf, "serve", &model_options) ||
       ci_args_int(flags, nf, "--port", 8080, 0, 65535, &port) ||
@@ -76,8 +88,15 @@ int ci_verb_serve(int argc, char **argv) {
       ci_args_int(flags, nf, "--max-queue", 256, 0, 1 << 20, &max_queue) ||
       ci_args_int(flags, nf, "--ctx-size", 0, 1, INT_MAX, &ctx_size) ||
       ci_args_int(flags, nf, "--prefill-chunk", 2048, 1, 1 << 24, &prefill_chunk) ||
-      ci_args_int(flags, nf, "--max-body", 16, 1, 4096, &max_body))
+      ci_args_int(flags, nf, "--max-body", 16, 1, 4096, &max_body) ||
+      ci_args_int(flags, nf, "--idle-timeout", 30, 1, 86400, &idle_timeout) ||
+      ci_args_int(flags, nf, "--max-connections", 4096, 1, 1 << 16, &max_connections))
     return 2;
+  const char *log_format = ci_args_get(flags, nf, "--log-format");
+  if (log_format && strcmp(log_format, "text") && strcmp(log_format, "json")) {
+    fprintf(stderr, "cinfer serve: --log-format must be text or json (got '%s')\n", log_format);
+    return 2;
+  }
   double budget_gb = 0;
   const char *budget_arg = ci_args_get(flags, nf, "--memory-budget");
   if (budget_arg) {
@@ -117,7 +136,8 @@ int ci_verb_serve(int argc, char **argv) {
   rc = 1;
   cinfer_engine *engine = NULL;
   ci_server *server = NULL;
-  char *folder = NULL; /* the model folder's real path (for its name) */
+  char *folder = NULL;                       /* the model folder's real path (for its name) */
+  cinfer_chat_template *own_template = NULL; /* --chat-template */
   if (!cinfer_model_tokenizer(model)) {
     fprintf(stderr, "cinfer serve: the model folder has no tokenizer.json\n");
     goto done;
@@ -167,6 +187,12 @@ int ci_verb_serve(int argc, char **argv) {
   so.model = model;
   so.tokenizer = cinfer_model_tokenizer(model);
   so.chat_template = cinfer_model_chat_template(model); /* optional: chat routes answer 400 */
+  const char *template_path = ci_args_get(flags, nf, "--chat-template");
+  if (template_path) {
+    own_template = ci_cli_chat_template_file("serve", template_path, so.chat_template);
+    if (!own_template) goto done;
+    so.chat_template = own_template;
+  }
   so.chat_format = cinfer_model_chat_format(model);
   so.vocab = cinfer_model_vocab_size(model);
   so.defaults = &defaults;
@@ -184,11 +210,21 @@ int ci_verb_serve(int argc, char **argv) {
   so.threads = model_options.n_threads;
   so.cors = ci_args_get(flags, nf, "--cors");
   so.no_webui = ci_args_get(flags, nf, "--no-webui") != NULL;
+  so.log_format = log_format && !strcmp(log_format, "json") ? CI_LOG_JSON : CI_LOG_TEXT;
+  so.quiet = ci_args_get(flags, nf, "--quiet") != NULL;
+  so.idle_timeout = (int)idle_timeout;
+  so.max_connections = (int)max_connections;
   server = ci_server_start(&so);
   if (!server) {
     fprintf(stderr, "cinfer serve: %s\n", ci_last_error());
     goto done;
   }
+  port = ci_server_port(server); /* the one the system chose for --port 0 */
+  /* an IPv6 address goes in brackets in a URL */
+  const int bracket = strchr(host, ':') != NULL;
+  char url_host[300];
+  snprintf(url_host, sizeof url_host, "%s%s%s", bracket ? "[" : "", host, bracket ? "]" : "");
+  host = url_host;
   cinfer_engine_stats engine_stats;
   cinfer_engine_get_stats(engine, &engine_stats); /* the KV budget the engine resolved */
   fprintf(stderr,
@@ -211,6 +247,7 @@ done:
   cinfer_engine_stop(engine); /* ends every stream, so connections can close */
   ci_server_stop(server);
   cinfer_engine_free(engine);
+  cinfer_chat_template_free(own_template);
   cinfer_model_free(model);
   free(folder);
   return rc;

@@ -27,8 +27,10 @@ int32_t *ci_text_prompt_plain(const cinfer_model *model, const char *text, int *
   return encode(model, text, strlen(text), 1, n_ids);
 }
 
-int32_t *ci_text_prompt_chat(const cinfer_model *model, json_t *messages, int *n_ids) {
-  const cinfer_chat_template *chat_template = cinfer_model_chat_template(model);
+int32_t *ci_text_prompt_chat(const cinfer_model *model, const cinfer_chat_template *own_template,
+                             json_t *messages, int *n_ids) {
+  const cinfer_chat_template *chat_template =
+      own_template ? own_template : cinfer_model_chat_template(model);
   if (!chat_template) {
     fprintf(stderr, "cinfer: the model has no chat template\n");
     return NULL;

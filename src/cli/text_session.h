@@ -13,10 +13,12 @@
  * Returns an array (free with cinfer_free) or NULL (error printed). */
 int32_t *ci_text_prompt_plain(const cinfer_model *model, const char *text, int *n_ids);
 
-/* Token ids of a chat: renders {messages, add_generation_prompt: true} with the model's chat
- * template and encodes the rendering without adding special tokens (transformers'
- * apply_chat_template). Returns an array (free with cinfer_free) or NULL (error printed). */
-int32_t *ci_text_prompt_chat(const cinfer_model *model, json_t *messages, int *n_ids);
+/* Token ids of a chat: renders {messages, add_generation_prompt: true} with own_template (from
+ * --chat-template), else the model's chat template, and encodes the rendering without adding
+ * special tokens (transformers' apply_chat_template). Returns an array (free with cinfer_free) or
+ * NULL (error printed). */
+int32_t *ci_text_prompt_chat(const cinfer_model *model, const cinfer_chat_template *own_template,
+                             json_t *messages, int *n_ids);
 
 /* Streams generated ids as text to stdout. */
 typedef struct {

@@ -40,4 +40,9 @@ int ci_cli_model_options(const ci_flag *flags, int n_flags, const char *verb,
 int ci_cli_model_load(const ci_flag *flags, int n_flags, const char *verb, const char *model_arg,
                       cinfer_model **out);
 
+/* --chat-template FILE: the template in the Jinja file at path, with bos_token/eos_token from
+ * tokens_from (may be NULL). Prints the error (naming verb) and returns NULL on failure. */
+cinfer_chat_template *ci_cli_chat_template_file(const char *verb, const char *path,
+                                                const cinfer_chat_template *tokens_from);
+
 #endif

@@ -88,6 +88,16 @@ struct ci_engine {
   int n_running;
   int64_t reserved;
   ci_engine_stats stats;
+  ci_engine_exclusive *exclusive; /* calls waiting to run between two steps (FIFO) */
+};
+
+/* A ci_engine_run_exclusive call waiting for the engine thread. */
+struct ci_engine_exclusive {
+  ci_engine_exclusive_fn fn;
+  void *arg;
+  int result, done;
+  pthread_cond_t cv; /* signalled when done (under the engine's mu) */
+  ci_engine_exclusive *next;
 };
 
 /* Queues an event for the reader (engine thread). The final event goes to its own slot (first one
@@ -845,12 +855,47 @@ static void engine_step(ci_engine *e) {
   pthread_mutex_unlock(&e->mu);
 }
 
+/* Runs the waiting exclusive calls (mu held on entry and exit; released while one runs). */
+static void run_exclusive_locked(ci_engine *e) {
+  while (e->exclusive) {
+    ci_engine_exclusive *x = e->exclusive;
+    e->exclusive = x->next;
+    pthread_mutex_unlock(&e->mu);
+    const int result = x->fn(x->arg, e->model, e->ws, e->cache);
+    pthread_mutex_lock(&e->mu);
+    x->result = result;
+    x->done = 1;
+    pthread_cond_signal(&x->cv);
+  }
+}
+
+int ci_engine_run_exclusive(ci_engine *e, ci_engine_exclusive_fn fn, void *arg) {
+  ci_engine_exclusive x = {.fn = fn, .arg = arg, .result = CI_ERR};
+  pthread_cond_init(&x.cv, NULL);
+  pthread_mutex_lock(&e->mu);
+  if (e->stopping) {
+    pthread_mutex_unlock(&e->mu);
+    pthread_cond_destroy(&x.cv);
+    return ci_fail("the engine is stopping");
+  }
+  ci_engine_exclusive **tail = &e->exclusive;
+  while (*tail) tail = &(*tail)->next;
+  *tail = &x;
+  pthread_cond_signal(&e->cv);
+  while (!x.done) pthread_cond_wait(&x.cv, &e->mu);
+  pthread_mutex_unlock(&e->mu);
+  pthread_cond_destroy(&x.cv);
+  if (x.result == -2) return ci_fail("the engine stopped before running the call");
+  return x.result;
+}
+
 static void *engine_main(void *arg) {
   ci_engine *e = arg;
   pthread_mutex_lock(&e->mu);
   for (;;) {
     sweep_locked(e);
     if (e->stopping) break;
+    run_exclusive_locked(e);
     admit_locked(e);
     e->stats.running = e->n_running;
     e->stats.waiting = e->n_waiting;
@@ -866,7 +911,7 @@ static void *engine_main(void *arg) {
       e->stats.prefix_cache_blocks = pcs.blocks;
       e->stats.prefix_cache_entries = pcs.nodes;
     }
-    if (e->n_running == 0) {
+    if (e->n_running == 0 && !e->exclusive) {
       pthread_cond_wait(&e->cv, &e->mu);
       continue;
     }
@@ -874,7 +919,15 @@ static void *engine_main(void *arg) {
     engine_step(e);
     pthread_mutex_lock(&e->mu);
   }
-  /* shutdown: everything still running or queued ends with an error event */
+  /* shutdown: exclusive calls still waiting fail; everything still running or queued ends with
+     an error event */
+  for (ci_engine_exclusive *x = e->exclusive, *next; x; x = next) {
+    next = x->next;
+    x->result = -2;
+    x->done = 1;
+    pthread_cond_signal(&x->cv);
+  }
+  e->exclusive = NULL;
   for (ci_engine_request *r = e->running, *next; r; r = next) {
     next = r->next;
     finish_locked(e, r, CI_FINISH_ABORT, "the server is shutting down");

@@ -161,4 +161,13 @@ void ci_engine_request_release(ci_engine_request *request);
 /* Counters and gauges. */
 void ci_engine_get_stats(ci_engine *engine, ci_engine_stats *stats);
 
+/* Runs fn(arg, model, ws, cache) on the engine thread between two steps, with the model, the
+ * engine's workspace and its KV cache to itself (a sequence it creates there must be freed before
+ * it returns); waits for it and returns its result (CI_ERR when the engine stops first). For work
+ * beside generation, such as embeddings. */
+typedef struct ci_engine_exclusive ci_engine_exclusive;
+typedef int (*ci_engine_exclusive_fn)(void *arg, ci_model *model, ci_workspace *ws,
+                                      ci_kv_cache *cache);
+int ci_engine_run_exclusive(ci_engine *engine, ci_engine_exclusive_fn fn, void *arg);
+
 #endif

@@ -237,9 +237,12 @@ static int check_step(const ci_model *m, const ci_step_seq *seqs, int n_seqs) {
   return CI_OK;
 }
 
-int ci_model_step(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, int n_seqs,
-                  float *logits) {
+/* ci_model_step; with hidden instead of logits, the selected rows' final-normed hidden states
+ * (the head's input) are written there instead ([rows, hidden] f32). */
+static int model_step(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, int n_seqs,
+                      float *logits, float *hidden) {
   const ci_model_spec *s = &m->spec;
+  float *const want = logits ? logits : hidden; /* rows are selected for either output */
   if (check_step(m, seqs, n_seqs)) return CI_ERR;
   int n = 0, n_logits = 0;
   for (int i = 0; i < n_seqs; i++) {
@@ -257,11 +260,11 @@ int ci_model_step(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, int n_
     const ci_step_seq *q = &seqs[i];
     ws->seq_first[i] = row;
     ws->seq_rows[i] = q->n_rows;
-    ws->logit_seg[i] = logits ? q->n_logit_rows : 0;
+    ws->logit_seg[i] = want ? q->n_logit_rows : 0;
     for (int r = 0; r < q->n_rows; r++, row++) {
       ids_host[row] = q->ids[r];
       pos_host[row] = (int32_t)(q->seq->n + r);
-      if (logits && r >= q->n_rows - q->n_logit_rows) ws->logit_rows[n_logits++] = row;
+      if (want && r >= q->n_rows - q->n_logit_rows) ws->logit_rows[n_logits++] = row;
     }
   }
   ci_backend *be = m->be;
@@ -272,7 +275,7 @@ int ci_model_step(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, int n_
   for (int i = 0; i < n_seqs; i++) ci_kv_seq_sync_tables(seqs[i].seq);
   /* logits: straight into the caller's buffer where the backend shares host memory */
   float *out = NULL;
-  if (n_logits > 0) {
+  if (n_logits > 0 && logits) {
     out = be->host_visible ? logits : ci_workspace_logits(ws, (int64_t)n_logits * s->vocab);
     if (!out) return CI_ERR;
   }
@@ -292,13 +295,28 @@ int ci_model_step(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, int n_
     be->ops->gather_rows(be, ws->proj, ws->x, ws->logit_rows, n_logits, s->hidden);
     norm(m, ws->a, ws->proj, m->final_norm, n_logits, s->hidden);
     const step_rows logit_rows = {.segments = {.n = n_seqs, .rows = ws->logit_seg}};
-    status = matmul(be, &logit_rows, &m->head, ws->a, n_logits, out);
-    if (status == CI_OK && s->final_softcap != 0.0f)
+    if (logits) status = matmul(be, &logit_rows, &m->head, ws->a, n_logits, out);
+    if (logits && status == CI_OK && s->final_softcap != 0.0f)
       be->ops->softcap(be, out, s->final_softcap, (int64_t)n_logits * s->vocab);
   }
+  if (hidden) /* the normed rows come back as logits would (a download where memory is apart) */
+    return status ? (be->ops->step_end(be, NULL, NULL, 0), status)
+                  : be->ops->step_end(be, n_logits > 0 ? hidden : NULL, ws->a,
+                                      (size_t)n_logits * s->hidden * sizeof(float));
   const int end = be->ops->step_end(be, n_logits > 0 ? logits : NULL, out,
                                     (size_t)n_logits * s->vocab * sizeof(float));
   return status ? status : end;
+}
+
+int ci_model_step(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, int n_seqs,
+                  float *logits) {
+  return model_step(m, ws, seqs, n_seqs, logits, NULL);
+}
+
+int ci_model_step_hidden(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, int n_seqs,
+                         float *hidden) {
+  if (!hidden) return ci_fail("step: no hidden-state buffer");
+  return model_step(m, ws, seqs, n_seqs, NULL, hidden);
 }
 
 /* The model's own workspace, for the single-sequence calls. */

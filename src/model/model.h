@@ -114,6 +114,12 @@ typedef struct {
 int ci_model_step(ci_model *model, ci_workspace *ws, const ci_step_seq *seqs, int n_seqs,
                   float *logits);
 
+/* ci_model_step giving, instead of logits, the final-normed hidden states (the LM head's input) of
+ * each sequence's last n_logit_rows rows into hidden ([sum of n_logit_rows, hidden] f32), for
+ * embeddings. The same operations as ci_model_step up to the head, so batch invariant too. */
+int ci_model_step_hidden(ci_model *model, ci_workspace *ws, const ci_step_seq *seqs, int n_seqs,
+                         float *hidden);
+
 /* Forward pass of n tokens `ids` of one sequence at positions seq->n .. seq->n+n-1: writes
  * their K/V into the sequence and advances it. When logits is non-NULL it receives
  * [n_logit_rows, vocab] f32 logits for the last n_logit_rows positions (1 <= n_logit_rows <= n).

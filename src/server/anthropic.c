@@ -117,6 +117,16 @@ static json_t *map_messages(const json_t *body, char **err) {
 }
 
 /* Anthropic tools -> OpenAI function tools. */
+/* Whether the mapped messages end in an assistant message with text and no tool calls: Anthropic
+ * continues it (a prefill) instead of starting a new turn. */
+static int ends_with_assistant_text(const json_t *messages) {
+  const json_t *last = json_array_get(messages, json_array_size(messages) - 1);
+  const char *role = json_string_value(json_object_get(last, "role"));
+  const char *content = json_string_value(json_object_get(last, "content"));
+  return role && !strcmp(role, "assistant") && content && *content &&
+         !json_object_get(last, "tool_calls");
+}
+
 static json_t *map_tools(const json_t *tools, char **err) {
   if (!tools || json_is_null(tools)) return json_array();
   if (!json_is_array(tools)) return fail(err, "tools must be an array"), NULL;
@@ -285,10 +295,12 @@ static int tool_choice(ci_server *s, const json_t *choice, const json_t *tools, 
   return rc;
 }
 
-int ci_anthropic_messages(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream) {
+int ci_anthropic_messages(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream,
+                          int client_fd) {
   char *err = NULL;
   ci_srv_job job;
   memset(&job, 0, sizeof job);
+  job.client_fd = client_fd;
   json_t *messages = NULL, *tools = NULL;
   const json_t *stream_flag = json_object_get(body, "stream");
   if (stream_flag && !json_is_null(stream_flag) && !json_is_boolean(stream_flag))
@@ -300,7 +312,7 @@ int ci_anthropic_messages(ci_server *s, json_t *body, json_t **out, ci_srv_strea
       !(tools = map_tools(json_object_get(body, "tools"), &err)) ||
       ci_srv_parse_sampling(s, body, 1, &job, 0, &err) ||
       tool_choice(s, choice, tools, &job, &err) ||
-      (job.tools_off = tools_off,
+      (job.tools_off = tools_off, job.continue_final |= ends_with_assistant_text(messages),
        ci_srv_tokenize_chat(s, messages, tools_off ? NULL : tools, NULL, &job, &err))) {
     const char *code = job.err_code ? job.err_code : "invalid_value";
     json_decref(messages);
@@ -358,5 +370,34 @@ int ci_anthropic_messages(ci_server *s, json_t *body, json_t **out, ci_srv_strea
                    "role", "assistant", "model", s->o.model_id, "content", content, "stop_reason",
                    stop_reason(g), "stop_sequence", g->stop_sequence, "usage", usage(g));
   ci_srv_stream_free(st);
+  return 200;
+}
+
+/* POST /v1/messages/count_tokens: the prompt tokens a /v1/messages request with this body
+ * would have (system, messages, tools, rendered by the chat template); nothing is generated. */
+int ci_anthropic_count_tokens(ci_server *s, json_t *body, json_t **out) {
+  char *err = NULL;
+  ci_srv_job job;
+  memset(&job, 0, sizeof job);
+  json_t *messages = NULL, *tools = NULL;
+  const json_t *choice = json_object_get(body, "tool_choice");
+  const char *choice_type = json_string_value(json_object_get(choice, "type"));
+  const int tools_off = choice_type && !strcmp(choice_type, "none");
+  if (!(messages = map_messages(body, &err)) ||
+      !(tools = map_tools(json_object_get(body, "tools"), &err)) ||
+      ci_srv_tokenize_chat(s, messages, tools_off ? NULL : tools, NULL, &job, &err)) {
+    json_decref(messages);
+    json_decref(tools);
+    ci_srv_job_free(&job);
+    const int status = err ? 400 : 500;
+    *out = ci_server_error_body(1, status, err ? "invalid_value" : "internal_error",
+                                err ? err : "out of memory");
+    free(err);
+    return status;
+  }
+  *out = json_pack("{s:i}", "input_tokens", job.n_prompt);
+  json_decref(messages);
+  json_decref(tools);
+  ci_srv_job_free(&job);
   return 200;
 }

@@ -10,7 +10,9 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <errno.h>
 #include <stdio.h>
+#include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -88,6 +90,7 @@ void ci_srv_job_free(ci_srv_job *j) {
   free(j->stop);
   json_decref(j->tools);
   free(j->grammar);
+  free(j->echo);
   memset(j, 0, sizeof *j);
 }
 
@@ -388,6 +391,11 @@ int ci_srv_gen_start(ci_server *s, ci_srv_job *job, ci_srv_gen *g, int anthropic
   params.n_stop_token_ids = (size_t)job->n_stop_ids;
   params.top_logprobs = job->top_logprobs;
   params.grammar = job->grammar; /* structured output and forced tool calls */
+  /* a max_tokens past the context's room is cut to it (the answer then ends with "length"), as
+     clients send large defaults; a prompt that does not fit is still an error */
+  const int ctx = cinfer_engine_context_size(s->o.engine);
+  if (job->n_prompt < ctx && params.max_tokens > ctx - job->n_prompt)
+    params.max_tokens = ctx - job->n_prompt;
   params.grammar_root = job->grammar_root;
   const cinfer_status status =
       cinfer_engine_submit(s->o.engine, job->prompt, (size_t)job->n_prompt, &params, &g->req);
@@ -398,6 +406,7 @@ int ci_srv_gen_start(ci_server *s, ci_srv_job *job, ci_srv_gen *g, int anthropic
     return http;
   }
   ci_srv_gen_init_text(s, job, g);
+  g->client_fd = job->client_fd;
   return 0;
 }
 
@@ -520,10 +529,39 @@ static void finish(ci_srv_gen *g, const char *reason) {
   if (text_lost(g)) fail_generation(g, "out of memory");
 }
 
+/* Whether the client closed its connection (an orderly close or a reset socket). */
+static int client_gone(int fd) {
+  char byte;
+  const ssize_t n = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n == 0) return 1;
+  return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+}
+
 int ci_srv_gen_pump(ci_srv_gen *g, double timeout_s) {
   if (g->done) return 0;
   cinfer_event ev;
-  if (cinfer_request_next(g->req, &ev, timeout_s) != CINFER_OK) return 0;
+  /* with a watched client, wait in slices and look at its socket at least every slice (tokens
+     may keep arriving): a client that went away cancels the request (the engine drops it at its
+     next step) */
+  const double slice = 0.1, end = ci_now_seconds() + timeout_s;
+  for (;;) {
+    double wait = timeout_s;
+    if (g->client_fd > 0) {
+      const double now = ci_now_seconds(), left = end - now;
+      if (now - g->client_checked >= slice) {
+        g->client_checked = now;
+        if (client_gone(g->client_fd)) {
+          fail_generation(g, "the client disconnected");
+          return 1;
+        }
+      }
+      wait = timeout_s < 0 || left > slice ? slice : left > 0 ? left : 0;
+    }
+    const cinfer_status st = cinfer_request_next(g->req, &ev, wait);
+    if (st == CINFER_OK) break;
+    if (st != CINFER_TIMEOUT || g->client_fd <= 0) return 0;
+    if (timeout_s >= 0 && ci_now_seconds() >= end) return 0;
+  }
   ci_srv_gen_apply(g, &ev, ci_now_seconds());
   return 1;
 }

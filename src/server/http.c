@@ -1,9 +1,11 @@
 /* HTTP plumbing over libmicrohttpd (docs/server.md "HTTP basics", "Errors"): a thread per
- * connection, body collection with a size limit, bearer / x-api-key auth, CORS (--cors:
- * Access-Control-Allow-* headers and OPTIONS preflight), the route table (the chat page's URLs go
- * to webui.c unless --no-webui), JSON and SSE responses, errors in each API's shape. A client that
+ * connection in poll() mode with a connection limit and an idle timeout, body collection with a
+ * size limit, bearer / x-api-key auth, CORS (--cors: Access-Control-Allow-* headers and OPTIONS
+ * preflight), the route table (HEAD wherever GET; the chat page's URLs go to webui.c unless
+ * --no-webui), JSON and SSE responses, errors in each API's shape, an access log line per request
+ * (text or JSON), and --host names / IPv6 with the bound port read back (--port 0). A client that
  * disconnects mid-stream makes libmicrohttpd free the stream, which releases (cancels) its engine
- * request. */
+ * request; the generating routes also watch the socket (generation.c). */
 #include "server/server.h"
 
 #include "base/error.h"
@@ -11,6 +13,10 @@
 #include "server/webui.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <sys/socket.h>
+#include <time.h>
 #include <microhttpd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,6 +83,10 @@ void ci_server_count_request(ci_server *s, const char *route, int status) {
 typedef struct {
   ci_strbuf body;
   int too_large;
+  int status;     /* the response's status (0 until one is queued) */
+  double t_start; /* when the request arrived */
+  char method[16];
+  char path[128];
 } connection;
 
 /* ==== CORS (docs/server.md "Routes": off unless --cors ORIGIN|*) ==== */
@@ -106,7 +116,9 @@ static void add_cors(const ci_server *s, struct MHD_Connection *c, struct MHD_Re
 }
 
 /* An OPTIONS preflight: 204 with the allowed methods and headers (no auth: browsers send none). */
-static enum MHD_Result send_preflight(const ci_server *s, struct MHD_Connection *c) {
+static enum MHD_Result send_preflight(const ci_server *s, struct MHD_Connection *c,
+                                      connection *conn) {
+  conn->status = 204;
   struct MHD_Response *r = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
   add_cors(s, c, r);
   const char *asked =
@@ -126,8 +138,8 @@ static enum MHD_Result send_preflight(const ci_server *s, struct MHD_Connection 
 
 /* Queues text (taken, freed by libmicrohttpd) with a content type, CORS headers and, for 429,
  * Retry-After. */
-static enum MHD_Result send_text(const ci_server *s, struct MHD_Connection *c, int status,
-                                 const char *type, char *text) {
+static enum MHD_Result send_text(const ci_server *s, struct MHD_Connection *c, connection *conn,
+                                 int status, const char *type, char *text) {
   static const char out_of_memory[] =
       "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}";
   struct MHD_Response *r =
@@ -139,6 +151,7 @@ static enum MHD_Result send_text(const ci_server *s, struct MHD_Connection *c, i
     return MHD_NO;
   }
   if (!text) status = 500, type = "application/json";
+  conn->status = status;
   MHD_add_response_header(r, "Content-Type", type);
   if (status == 429) MHD_add_response_header(r, "Retry-After", "1");
   add_cors(s, c, r);
@@ -147,13 +160,13 @@ static enum MHD_Result send_text(const ci_server *s, struct MHD_Connection *c, i
   return ok;
 }
 
-static enum MHD_Result send_json(const ci_server *s, struct MHD_Connection *c, int status,
-                                 json_t *obj /* stolen */) {
+static enum MHD_Result send_json(const ci_server *s, struct MHD_Connection *c, connection *conn,
+                                 int status, json_t *obj /* stolen */) {
   char *text = obj ? json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
   json_decref(obj);
   if (!text)
     text = strdup("{\"error\":{\"message\":\"internal error\",\"type\":\"server_error\"}}");
-  return send_text(s, c, status, "application/json", text);
+  return send_text(s, c, conn, status, "application/json", text);
 }
 
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -175,8 +188,9 @@ static void stream_free(void *cls) {
   ci_srv_stream_free(cls);
 }
 
-static enum MHD_Result send_stream(const ci_server *s, struct MHD_Connection *c,
+static enum MHD_Result send_stream(const ci_server *s, struct MHD_Connection *c, connection *conn,
                                    ci_srv_stream *st) {
+  conn->status = 200;
   struct MHD_Response *r =
       MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, st, stream_free);
   MHD_add_response_header(r, "Content-Type", "text/event-stream");
@@ -199,7 +213,21 @@ static int authorized(ci_server *s, struct MHD_Connection *c) {
 }
 
 /* The route table. */
-typedef enum { R_CHAT, R_COMPLETIONS, R_MESSAGES, R_MODELS, R_HEALTH, R_METRICS, R_STATS } route_id;
+typedef enum {
+  R_CHAT,
+  R_COMPLETIONS,
+  R_MESSAGES,
+  R_COUNT_TOKENS,
+  R_RESPONSES,
+  R_EMBEDDINGS,
+  R_MODELS,
+  R_MODEL,
+  R_TOKENIZE,
+  R_DETOKENIZE,
+  R_HEALTH,
+  R_METRICS,
+  R_STATS
+} route_id;
 static const struct {
   const char *path;
   const char *method;
@@ -209,53 +237,72 @@ static const struct {
     {"/chat/completions", "POST", R_CHAT},
     {"/v1/completions", "POST", R_COMPLETIONS},
     {"/v1/messages", "POST", R_MESSAGES},
+    {"/v1/messages/count_tokens", "POST", R_COUNT_TOKENS},
+    {"/v1/responses", "POST", R_RESPONSES},
+    {"/v1/embeddings", "POST", R_EMBEDDINGS},
+    {"/embeddings", "POST", R_EMBEDDINGS},
     {"/v1/models", "GET", R_MODELS},
+    {"/v1/models/*", "GET", R_MODEL}, /* a trailing * matches any non-empty rest */
+    {"/tokenize", "POST", R_TOKENIZE},
+    {"/detokenize", "POST", R_DETOKENIZE},
     {"/health", "GET", R_HEALTH},
     {"/metrics", "GET", R_METRICS},
     {"/stats", "GET", R_STATS},
 };
+
+/* Whether url is the route's path (a path ending in * matches any non-empty rest). */
+static int route_matches(const char *path, const char *url) {
+  const size_t n = strlen(path);
+  if (n && path[n - 1] == '*') return !strncmp(url, path, n - 1) && url[n - 1];
+  return !strcmp(url, path);
+}
 
 static enum MHD_Result dispatch(ci_server *s, struct MHD_Connection *c, const char *url,
                                 const char *method, connection *conn) {
   int queued = MHD_NO, page_status = 0;
   if (!s->o.no_webui && ci_webui_handle(c, url, method, &queued, &page_status)) {
     ci_server_count_request(s, "webui", page_status);
+    conn->status = page_status;
     return (enum MHD_Result)queued;
   }
   int found = -1, path_known = 0;
+  /* HEAD is answered wherever GET is (libmicrohttpd sends the headers without the body) */
+  const int head = !strcmp(method, "HEAD");
   for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
-    if (!strcmp(url, routes[i].path)) {
+    if (route_matches(routes[i].path, url)) {
       path_known = 1;
-      if (!strcmp(method, routes[i].method)) found = (int)i;
+      if (!strcmp(method, routes[i].method) || (head && !strcmp(routes[i].method, "GET")))
+        found = (int)i;
     }
   const int anthropic = !strncmp(url, "/v1/messages", 12);
-  if (path_known && !strcmp(method, "OPTIONS") && cors_origin(s, c)) return send_preflight(s, c);
+  if (path_known && !strcmp(method, "OPTIONS") && cors_origin(s, c))
+    return send_preflight(s, c, conn);
   if (found < 0) {
     const int status = path_known ? 405 : 404;
     ci_server_count_request(s, "other", status);
-    return send_json(s, c, status,
+    return send_json(s, c, conn, status,
                      ci_server_error_body(anthropic, status,
                                           path_known ? "method_not_allowed" : "not_found",
                                           path_known ? "method not allowed" : "route not found"));
   }
   const route_id id = routes[found].id;
   if (id == R_HEALTH)
-    return send_text(s, c, 200, "application/json", strdup("{\"status\": \"ok\"}"));
+    return send_text(s, c, conn, 200, "application/json", strdup("{\"status\": \"ok\"}"));
   if (!authorized(s, c)) {
     ci_server_count_request(s, url, 401);
     return send_json(
-        s, c, 401,
+        s, c, conn, 401,
         ci_server_error_body(anthropic, 401, "invalid_api_key", "invalid or missing API key"));
   }
   if (conn->body.oom) {
     ci_server_count_request(s, url, 500);
-    return send_json(s, c, 500,
+    return send_json(s, c, conn, 500,
                      ci_server_error_body(anthropic, 500, "internal_error", "out of memory"));
   }
   if (conn->too_large) {
     ci_server_count_request(s, url, 413);
     return send_json(
-        s, c, 413,
+        s, c, conn, 413,
         ci_server_error_body(anthropic, 413, "request_too_large", "request body is too large"));
   }
   json_t *out = NULL;
@@ -263,13 +310,21 @@ static enum MHD_Result dispatch(ci_server *s, struct MHD_Connection *c, const ch
   int status = 200;
   if (id == R_METRICS) {
     char *text = ci_server_metrics_text(s);
-    return send_text(s, c, 200, "text/plain; version=0.0.4", text ? text : strdup(""));
+    return send_text(s, c, conn, 200, "text/plain; version=0.0.4", text ? text : strdup(""));
   }
-  if (id == R_STATS) return send_json(s, c, 200, ci_server_stats_json(s));
+  if (id == R_STATS) return send_json(s, c, conn, 200, ci_server_stats_json(s));
   if (id == R_MODELS) {
     ci_openai_models(s, &out);
-    return send_json(s, c, 200, out);
+    return send_json(s, c, conn, 200, out);
   }
+  if (id == R_MODEL) {
+    status = ci_openai_model(s, url + strlen("/v1/models/"), &out);
+    ci_server_count_request(s, "/v1/models/{id}", status);
+    return send_json(s, c, conn, status, out);
+  }
+  const union MHD_ConnectionInfo *fd_info =
+      MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+  const int client_fd = fd_info ? (int)fd_info->connect_fd : -1;
   json_error_t jerr;
   json_t *body = conn->body.len ? json_loadb(conn->body.data, conn->body.len, 0, &jerr) : NULL;
   if (!json_is_object(body)) {
@@ -283,17 +338,32 @@ static enum MHD_Result dispatch(ci_server *s, struct MHD_Connection *c, const ch
                jerr.column);
     json_decref(body);
     ci_server_count_request(s, url, 400);
-    return send_json(s, c, 400, ci_server_error_body(anthropic, 400, "invalid_json", msg));
+    return send_json(s, c, conn, 400, ci_server_error_body(anthropic, 400, "invalid_json", msg));
   }
   switch (id) {
   case R_CHAT:
-    status = ci_openai_chat(s, body, &out, &stream);
+    status = ci_openai_chat(s, body, &out, &stream, client_fd);
     break;
   case R_COMPLETIONS:
-    status = ci_openai_completions(s, body, &out, &stream);
+    status = ci_openai_completions(s, body, &out, &stream, client_fd);
     break;
   case R_MESSAGES:
-    status = ci_anthropic_messages(s, body, &out, &stream);
+    status = ci_anthropic_messages(s, body, &out, &stream, client_fd);
+    break;
+  case R_RESPONSES:
+    status = ci_openai_responses(s, body, &out, &stream, client_fd);
+    break;
+  case R_EMBEDDINGS:
+    status = ci_openai_embeddings(s, body, &out);
+    break;
+  case R_COUNT_TOKENS:
+    status = ci_anthropic_count_tokens(s, body, &out);
+    break;
+  case R_TOKENIZE:
+    status = ci_server_tokenize(s, body, &out);
+    break;
+  case R_DETOKENIZE:
+    status = ci_server_detokenize(s, body, &out);
     break;
   default:
     status = 404;
@@ -301,8 +371,8 @@ static enum MHD_Result dispatch(ci_server *s, struct MHD_Connection *c, const ch
   }
   json_decref(body);
   ci_server_count_request(s, url, status);
-  if (stream) return send_stream(s, c, stream);
-  return send_json(s, c, status, out);
+  if (stream) return send_stream(s, c, conn, stream);
+  return send_json(s, c, conn, status, out);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
@@ -314,6 +384,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   if (!conn) {
     conn = calloc(1, sizeof *conn);
     if (!conn) return MHD_NO;
+    conn->t_start = ci_now_seconds();
+    snprintf(conn->method, sizeof conn->method, "%s", method);
+    snprintf(conn->path, sizeof conn->path, "%s", url);
     *con_cls = conn;
     return MHD_YES;
   }
@@ -328,16 +401,72 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   return dispatch(s, c, url, method, conn);
 }
 
+/* The client's address as text ("-" when unknown). */
+static void client_address(struct MHD_Connection *c, char *buf, size_t size) {
+  const union MHD_ConnectionInfo *info =
+      MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+  snprintf(buf, size, "-");
+  if (!info || !info->client_addr) return;
+  const struct sockaddr *a = info->client_addr;
+  if (a->sa_family == AF_INET)
+    inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)a)->sin_addr, buf,
+              (socklen_t)size);
+  else if (a->sa_family == AF_INET6)
+    inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)a)->sin6_addr, buf,
+              (socklen_t)size);
+}
+
+/* One access log line on stderr per request (--log-format text|json; none with --quiet). */
+static void access_log(const ci_server *s, struct MHD_Connection *c, const connection *conn,
+                       enum MHD_RequestTerminationCode code) {
+  if (s->o.quiet) return;
+  char addr[INET6_ADDRSTRLEN + 1], when[32];
+  client_address(c, addr, sizeof addr);
+  const time_t now = time(NULL);
+  struct tm tm;
+  gmtime_r(&now, &tm);
+  strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  const double seconds = ci_now_seconds() - conn->t_start;
+  const int completed = code == MHD_REQUEST_TERMINATED_COMPLETED_OK;
+  if (s->o.log_format == CI_LOG_JSON) {
+    json_t *line = json_pack("{s:s, s:s, s:s, s:s, s:i, s:f, s:b}", "time", when, "client", addr,
+                             "method", conn->method, "path", conn->path, "status", conn->status,
+                             "duration_s", seconds, "completed", completed);
+    char *text = line ? json_dumps(line, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    if (text) fprintf(stderr, "%s\n", text);
+    free(text);
+    json_decref(line);
+    return;
+  }
+  fprintf(stderr, "%s %s \"%s %s\" %d %.3fs%s\n", when, addr, conn->method, conn->path,
+          conn->status, seconds, completed ? "" : " (client gone)");
+}
+
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode code) {
-  (void)cls;
-  (void)c;
-  (void)code;
+  ci_server *s = cls;
   connection *conn = *con_cls;
   if (!conn) return;
+  access_log(s, c, conn, code);
   ci_strbuf_free(&conn->body);
   free(conn);
   *con_cls = NULL;
+}
+
+/* libmicrohttpd's own messages: those about a client that went away (a closed or reset socket, a
+ * timed-out idle connection) are routine and dropped; others are printed as warnings. */
+static void mhd_logger(void *cls, const char *fmt, va_list ap) {
+  const ci_server *s = cls;
+  char msg[512];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  static const char *const routine[] = {
+      "send data", "reset by peer", "Broken pipe",       "closed",
+      "timed out", "timeout",       "Failed to receive", "shutdown"};
+  for (size_t i = 0; i < sizeof routine / sizeof routine[0]; i++)
+    if (strstr(msg, routine[i])) return;
+  if (s->o.quiet) return;
+  const size_t n = strlen(msg);
+  fprintf(stderr, "cinfer serve: libmicrohttpd: %s%s", msg, n && msg[n - 1] == '\n' ? "" : "\n");
 }
 
 /* ==== Start / stop ==== */
@@ -350,6 +479,10 @@ ci_server *ci_server_start(const ci_server_options *o) {
   pthread_mutex_init(&s->metrics_mu, NULL);
   ci_server_detect_formats(s);
   s->weights_bytes = cinfer_model_weight_bytes(o->model);
+  if (!(s->responses = ci_response_store_create())) {
+    ci_server_stop(s);
+    return ci_fail("server: out of memory"), NULL;
+  }
   if (o->api_keys && *o->api_keys) {
     char *copy = strdup(o->api_keys), *save = NULL;
     int lost = !copy;
@@ -369,31 +502,54 @@ ci_server *ci_server_start(const ci_server_options *o) {
       return ci_fail("server: out of memory"), NULL;
     }
   }
-  struct sockaddr_in addr;
-  memset(&addr, 0, sizeof addr);
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons((uint16_t)o->port);
-  if (inet_pton(AF_INET, o->host, &addr.sin_addr) != 1) {
-    ci_fail("--host %s is not an IPv4 address", o->host);
+  /* --host: an IPv4 or IPv6 address or a name (the first address it resolves to) */
+  char port_text[16];
+  snprintf(port_text, sizeof port_text, "%d", o->port);
+  struct addrinfo hints, *found = NULL;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  const int gai = getaddrinfo(o->host, port_text, &hints, &found);
+  if (gai || !found) {
+    ci_fail("--host %s: %s", o->host, gai ? gai_strerror(gai) : "no address");
     ci_server_stop(s);
     return NULL;
   }
-  s->daemon = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                                   MHD_USE_ERROR_LOG,
-                               (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
-                               (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
-                               s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);
+  struct sockaddr_storage addr;
+  memset(&addr, 0, sizeof addr);
+  memcpy(&addr, found->ai_addr, found->ai_addrlen < sizeof addr ? found->ai_addrlen : sizeof addr);
+  const int ipv6 = found->ai_family == AF_INET6;
+  freeaddrinfo(found);
+  /* thread per connection (generations block their connection's thread), poll() rather than
+     select() so descriptors past FD_SETSIZE work, a connection limit and an idle timeout so idle
+     clients cannot use every slot for long */
+  const unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                         MHD_USE_POLL | MHD_USE_ERROR_LOG | (ipv6 ? MHD_USE_IPv6 : 0u);
+  s->daemon = MHD_start_daemon(
+      flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_logger,
+      s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
+      s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(o->idle_timeout > 0 ? o->idle_timeout : 30),
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned)(o->max_connections > 0 ? o->max_connections : 4096),
+      MHD_OPTION_END);
   if (!s->daemon) {
     ci_fail("cannot listen on %s:%d (port taken?)", o->host, o->port);
     ci_server_stop(s);
     return NULL;
   }
+  const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
+  s->port = info && info->port ? (int)info->port : o->port;
   return s;
+}
+
+int ci_server_port(const ci_server *s) {
+  return s->port;
 }
 
 void ci_server_stop(ci_server *s) {
   if (!s) return;
   if (s->daemon) MHD_stop_daemon(s->daemon);
+  ci_response_store_free(s->responses);
   for (int i = 0; i < s->n_keys; i++) free(s->keys[i]);
   free(s->keys);
   pthread_mutex_destroy(&s->metrics_mu);

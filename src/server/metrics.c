@@ -100,7 +100,8 @@ json_t *ci_server_stats_json(ci_server *s) {
       "s:{s:i, s:i, s:i, s:I, s:I}, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I}, "
       "s:{s:I, s:I, s:I, s:I, s:I, s:I}}",
       "server", "version", cinfer_version(), "model", s->o.model_id, "device",
-      cinfer_model_device(s->o.model), "threads", s->o.threads, "started_at",
+      cinfer_model_device(s->o.model), "threads",
+      s->o.threads > 0 ? s->o.threads : cinfer_model_threads(s->o.model), "started_at",
       (json_int_t)s->started_at, "uptime_s", (json_int_t)(time(NULL) - (time_t)s->started_at),
       "model", "model_type", cinfer_model_architecture(s->o.model), "layers",
       cinfer_model_n_layers(s->o.model), "weights_bytes", (json_int_t)s->weights_bytes, "ctx_size",

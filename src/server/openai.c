@@ -341,6 +341,10 @@ static int start_and_answer(ci_server *s, ci_srv_job *job, int kind, int stream,
     return 500;
   }
   const int status = ci_srv_gen_start(s, job, &st->gen, kind == 2, out);
+  if (!status && job->echo) { /* completions echo: the prompt leads the text (and the 1st delta) */
+    ci_strbuf_append(&st->gen.content, job->echo, strlen(job->echo));
+    ci_strbuf_append(&st->gen.d_content, job->echo, strlen(job->echo));
+  }
   ci_srv_job_free(job);
   if (status) {
     free(st);
@@ -401,10 +405,12 @@ static int check_common(const json_t *body, ci_srv_job *job, int chat, char **er
   return 0;
 }
 
-int ci_openai_chat(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream) {
+int ci_openai_chat(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream,
+                   int client_fd) {
   char *err = NULL;
   ci_srv_job job;
   memset(&job, 0, sizeof job);
+  job.client_fd = client_fd;
   int do_stream, include_usage;
   json_t *messages = NULL;
   const json_t *tools = json_object_get(body, "tools");
@@ -432,10 +438,12 @@ int ci_openai_chat(ci_server *s, json_t *body, json_t **out, ci_srv_stream **str
   return start_and_answer(s, &job, 0, do_stream, include_usage, out, stream);
 }
 
-int ci_openai_completions(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream) {
+int ci_openai_completions(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream,
+                          int client_fd) {
   char *err = NULL;
   ci_srv_job job;
   memset(&job, 0, sizeof job);
+  job.client_fd = client_fd;
   int do_stream, include_usage;
   if (get_stream_flag(body, &do_stream, &include_usage, &err) ||
       check_common(body, &job, 0, &err) || ci_srv_parse_sampling(s, body, 0, &job, 512, &err)) {
@@ -444,12 +452,22 @@ int ci_openai_completions(ci_server *s, json_t *body, json_t **out, ci_srv_strea
     return bad(out, code, err);
   }
   job.raw_text = 1; /* no template, no tool or reasoning parsing (docs/server.md "Completions") */
-  if (json_is_true(json_object_get(body, "echo")) ||
-      json_string_length(json_object_get(body, "suffix")) > 0 ||
+  const json_t *echo = json_object_get(body, "echo");
+  if (echo && !json_is_null(echo) && !json_is_boolean(echo)) {
+    ci_srv_job_free(&job);
+    return bad(out, "invalid_value", strdup("echo must be a boolean"));
+  }
+  if (json_is_true(echo) && job.logprobs) {
+    ci_srv_job_free(&job);
+    return bad(out, "unsupported",
+               strdup("echo with logprobs is not supported (no prompt "
+                      "logprobs)"));
+  }
+  if (json_string_length(json_object_get(body, "suffix")) > 0 ||
       (json_is_integer(json_object_get(body, "best_of")) &&
        json_integer_value(json_object_get(body, "best_of")) > 1)) {
     ci_srv_job_free(&job);
-    return bad(out, "unsupported", strdup("echo, suffix and best_of > 1 are not supported"));
+    return bad(out, "unsupported", strdup("suffix and best_of > 1 are not supported"));
   }
   json_t *prompt = json_object_get(body, "prompt");
   if (json_is_array(prompt) && json_array_size(prompt) == 1 &&
@@ -487,6 +505,20 @@ int ci_openai_completions(ci_server *s, json_t *body, json_t **out, ci_srv_strea
                strdup("prompt must be a string, a token-id array, or a one-element array of "
                       "either"));
   }
+  if (json_is_true(echo)) { /* the prompt's text, as given or decoded from its ids */
+    char *text = NULL;
+    size_t len = 0;
+    if (json_is_string(prompt))
+      job.echo = strdup(json_string_value(prompt));
+    else if (cinfer_tokenizer_decode(s->o.tokenizer, job.prompt, (size_t)job.n_prompt, 0, &text,
+                                     &len) == CINFER_OK)
+      job.echo = strndup(text ? text : "", len);
+    cinfer_free(text);
+    if (!job.echo) {
+      ci_srv_job_free(&job);
+      return bad(out, "internal_error", NULL);
+    }
+  }
   return start_and_answer(s, &job, 1, do_stream, include_usage, out, stream);
 }
 
@@ -504,5 +536,6 @@ void ci_srv_stream_free(ci_srv_stream *st) {
   if (!st) return;
   ci_srv_gen_free(&st->gen);
   ci_strbuf_free(&st->out);
+  if (st->ext_free) st->ext_free(st->ext);
   free(st);
 }

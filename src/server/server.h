@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 typedef struct ci_server ci_server;
+typedef struct ci_response_store ci_response_store;
 
 /* Everything the server borrows (all must outlive it) and its settings. */
 typedef struct {
@@ -36,12 +37,21 @@ typedef struct {
   const char *api_keys; /* comma-separated; NULL or "" = no auth */
   size_t max_body;      /* bytes */
   int threads;
-  const char *cors; /* --cors: "*" or comma-separated origins; NULL = no CORS headers */
-  int no_webui;     /* --no-webui: no chat page at / (404 like any unknown route) */
+  const char *cors;    /* --cors: "*" or comma-separated origins; NULL = no CORS headers */
+  int no_webui;        /* --no-webui: no chat page at / (404 like any unknown route) */
+  int log_format;      /* the access log: CI_LOG_TEXT or CI_LOG_JSON (--log-format) */
+  int quiet;           /* --quiet: no access log, no libmicrohttpd warnings */
+  int idle_timeout;    /* seconds an idle connection is kept (0: 30) */
+  int max_connections; /* open connections at most (0: 4096) */
 } ci_server_options;
+
+enum { CI_LOG_TEXT = 0, CI_LOG_JSON = 1 };
 
 /* Binds and starts serving. NULL with ci_last_error (port taken, ...). */
 ci_server *ci_server_start(const ci_server_options *options);
+
+/* The port the server listens on (the one the system chose for --port 0). */
+int ci_server_port(const ci_server *server);
 
 /* Stops accepting, ends open connections (the engine must have been stopped first so streams
  * finish) and frees the server. */
@@ -79,6 +89,7 @@ typedef struct {
 struct ci_server {
   ci_server_options o;
   struct MHD_Daemon *daemon;
+  int port;                 /* bound */
   int32_t chat_stop_ids[8]; /* tokens that end a chat answer besides EOS (the chat format's) */
   int n_chat_stop_ids;
   int64_t weights_bytes;
@@ -89,7 +100,12 @@ struct ci_server {
   ci_route_count routes[64];
   int n_routes;
   ci_histogram ttft, itl, queue, duration;
+  ci_response_store *responses; /* /v1/responses conversations for previous_response_id */
 };
+
+/* responses.c: the bounded store of Responses conversations (thread-safe). */
+ci_response_store *ci_response_store_create(void);
+void ci_response_store_free(ci_response_store *store);
 
 void ci_server_count_request(ci_server *s, const char *route, int status);
 
@@ -122,6 +138,8 @@ typedef struct {
   double queue_s, prefill_s, decode_s;
   char error[256];
   double t_start, t_first, t_prev;
+  int client_fd;         /* watched while waiting for the engine (<= 0: not watched) */
+  double client_checked; /* when its socket was last looked at */
 } ci_srv_gen;
 
 /* The text side of a prepared request, ready to submit. */
@@ -149,6 +167,8 @@ typedef struct {
   const char *grammar_root; /* its start rule (static; NULL = "root") */
   int forced_tool_call;     /* the grammar is a tool call (tool_choice required or named) */
   const char *err_code;     /* set with a parse error that is not "invalid_value" */
+  int client_fd;            /* the client's socket, watched for a disconnect (<= 0: none) */
+  char *echo; /* /v1/completions echo: the prompt's text, put before the answer (owned) */
 } ci_srv_job;
 
 void ci_srv_job_free(ci_srv_job *j);
@@ -217,10 +237,25 @@ json_t *ci_srv_inject_tool_prompt(const json_t *messages, const json_t *tools);
 /* Route handlers: return the HTTP status and either *body (JSON) or *stream (SSE, owned by
  * the response afterwards). */
 typedef struct ci_srv_stream ci_srv_stream;
-int ci_openai_chat(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream);
-int ci_openai_completions(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream);
+/* client_fd: the connection's socket, watched while generating: a client that goes away cancels
+ * its request at the engine's next step (-1: not watched). */
+int ci_openai_chat(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream, int client_fd);
+int ci_openai_completions(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream,
+                          int client_fd);
 int ci_openai_models(ci_server *s, json_t **out);
-int ci_anthropic_messages(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream);
+/* utility.c and anthropic.c: GET /v1/models/{id} (404 for another id), POST /tokenize, POST
+ * /detokenize, POST /v1/messages/count_tokens; each returns the status with *out set. */
+int ci_openai_model(ci_server *s, const char *id, json_t **out);
+int ci_server_tokenize(ci_server *s, const json_t *body, json_t **out);
+int ci_server_detokenize(ci_server *s, const json_t *body, json_t **out);
+int ci_anthropic_count_tokens(ci_server *s, json_t *body, json_t **out);
+/* embeddings.c: POST /v1/embeddings. */
+int ci_openai_embeddings(ci_server *s, json_t *body, json_t **out);
+/* responses.c: POST /v1/responses. */
+int ci_openai_responses(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream,
+                        int client_fd);
+int ci_anthropic_messages(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream,
+                          int client_fd);
 char *ci_server_metrics_text(ci_server *s);
 json_t *ci_server_stats_json(ci_server *s);
 
@@ -228,7 +263,7 @@ json_t *ci_server_stats_json(ci_server *s);
  * *finished when the stream is complete. */
 struct ci_srv_stream {
   ci_srv_gen gen;
-  int kind; /* 0 chat, 1 completion, 2 anthropic */
+  int kind; /* 0 chat, 1 completion, 2 anthropic, 3 responses */
   int phase;
   int include_usage;
   int block_open; /* anthropic: 0 none, 1 thinking, 2 text */
@@ -240,6 +275,8 @@ struct ci_srv_stream {
   size_t out_pos;
   int finished;
   void (*produce)(ci_srv_stream *st);
+  void *ext; /* a route's own stream state (owned), freed with ext_free */
+  void (*ext_free)(void *ext);
 };
 
 void ci_srv_stream_free(ci_srv_stream *st);

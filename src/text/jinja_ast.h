@@ -8,22 +8,24 @@
 
 typedef enum {
   /* expressions */
-  JN_LITERAL, /* lit */
-  JN_NAME,    /* name */
-  JN_LIST,    /* kids */
-  JN_TUPLE,   /* kids */
-  JN_DICT,    /* kids = key, value, key, value ... */
-  JN_GETATTR, /* a . name */
-  JN_GETITEM, /* a [ b ] */
-  JN_SLICE,   /* a [ kids[0] : kids[1] : kids[2] ] (entries may be NULL) */
-  JN_CALL,    /* a ( kids ) — kids are expressions or JN_KWARG */
-  JN_KWARG,   /* name = a */
-  JN_FILTER,  /* a | name ( kids ); a NULL means the block's captured body */
-  JN_TEST,    /* a is [not] name ( kids ); op = 1 when negated */
-  JN_UNARY,   /* op a */
-  JN_BINARY,  /* a op b */
-  JN_COMPARE, /* a (ops[i] kids[i])... — a chain like Python's */
-  JN_COND,    /* b if a else c (c may be NULL) */
+  JN_LITERAL,  /* lit */
+  JN_NAME,     /* name */
+  JN_LIST,     /* kids */
+  JN_TUPLE,    /* kids */
+  JN_DICT,     /* kids = key, value, key, value ... */
+  JN_GETATTR,  /* a . name */
+  JN_GETITEM,  /* a [ b ] */
+  JN_SLICE,    /* a [ kids[0] : kids[1] : kids[2] ] (entries may be NULL) */
+  JN_CALL,     /* a ( kids ) — kids are expressions or JN_KWARG */
+  JN_KWARG,    /* name = a */
+  JN_STARARG,  /* *a in a call: a's items are positional arguments */
+  JN_DSTARARG, /* **a in a call: a's entries are keyword arguments */
+  JN_FILTER,   /* a | name ( kids ); a NULL means the block's captured body */
+  JN_TEST,     /* a is [not] name ( kids ); op = 1 when negated */
+  JN_UNARY,    /* op a */
+  JN_BINARY,   /* a op b */
+  JN_COMPARE,  /* a (ops[i] kids[i])... — a chain like Python's */
+  JN_COND,     /* b if a else c (c may be NULL) */
   /* statements */
   JN_TEXT,        /* lit (a string) */
   JN_OUTPUT,      /* {{ a }} */

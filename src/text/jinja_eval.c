@@ -459,44 +459,97 @@ static int check_stack(ci_jctx *c) {
   return CI_OK;
 }
 
-/* Evaluates call arguments into owned arrays (freed by args_free). */
+/* Evaluates call arguments into owned arrays (freed by args_free); *list and **dict arguments are
+ * spread (the dict of a ** stays referenced while its keys name keyword arguments). */
 typedef struct {
   jv *pos, *kw;
   const char **kw_names;
-  size_t n_pos, n_kw;
+  size_t n_pos, n_kw, cap_pos, cap_kw;
+  jv spread; /* the ** mapping, kept for its keys */
 } owned_args;
 
 static void args_free(owned_args *a) {
   for (size_t i = 0; i < a->n_pos; i++) jv_drop(a->pos[i]);
   for (size_t i = 0; i < a->n_kw; i++) jv_drop(a->kw[i]);
+  jv_drop(a->spread);
   free(a->pos);
   free(a->kw);
   free(a->kw_names);
 }
 
+/* Makes room for `more` positional and keyword arguments. */
+static int args_grow(owned_args *a, size_t more_pos, size_t more_kw) {
+  if (a->n_pos + more_pos > a->cap_pos) {
+    const size_t cap = a->n_pos + more_pos;
+    jv *p = realloc(a->pos, cap * sizeof *p);
+    if (!p) return ci_fail("out of memory rendering the template");
+    a->pos = p, a->cap_pos = cap;
+  }
+  if (a->n_kw + more_kw > a->cap_kw) {
+    const size_t cap = a->n_kw + more_kw;
+    jv *k = realloc(a->kw, cap * sizeof *k);
+    if (k) a->kw = k;
+    const char **names = k ? realloc(a->kw_names, cap * sizeof *names) : NULL;
+    if (!names) return ci_fail("out of memory rendering the template");
+    a->kw_names = names, a->cap_kw = cap;
+  }
+  return CI_OK;
+}
+
+static int add_kw(owned_args *a, const char *name, jv v /* taken */) {
+  for (size_t i = 0; i < a->n_kw; i++)
+    if (!strcmp(a->kw_names[i], name)) {
+      jv_drop(v);
+      return ci_fail("got multiple values for keyword argument '%s'", name);
+    }
+  a->kw_names[a->n_kw] = name;
+  a->kw[a->n_kw++] = v;
+  return CI_OK;
+}
+
 static int eval_args(ci_jctx *c, const jnode *n, jscope *s, owned_args *a, jv *extra_kw,
                      const char *extra_name) {
   memset(a, 0, sizeof *a);
-  size_t total = n->n_kids + 1;
-  a->pos = calloc(total, sizeof(jv));
-  a->kw = calloc(total, sizeof(jv));
-  a->kw_names = calloc(total, sizeof(char *));
-  if (!a->pos || !a->kw || !a->kw_names) {
+  a->spread = jv_undef();
+  if (args_grow(a, n->n_kids + 1, n->n_kids + 1)) {
     args_free(a);
-    return ci_fail("out of memory rendering the template");
+    return CI_ERR;
   }
   for (size_t i = 0; i < n->n_kids; i++) {
     const jnode *k = n->kids[i];
+    const int wrapped = k->kind == JN_KWARG || k->kind == JN_STARARG || k->kind == JN_DSTARARG;
     jv v;
-    if (eval(c, k->kind == JN_KWARG ? k->a : k, s, &v)) {
+    if (eval(c, wrapped ? k->a : k, s, &v)) {
       args_free(a);
       return CI_ERR;
     }
+    int rc = CI_OK;
     if (k->kind == JN_KWARG) {
-      a->kw_names[a->n_kw] = k->name;
-      a->kw[a->n_kw++] = v;
+      rc = add_kw(a, k->name, v);
+    } else if (k->kind == JN_STARARG) {
+      if (v.kind != JV_LIST)
+        rc = ci_fail("the argument after * must be a list or tuple, not %s", jv_type_name(v));
+      else if (!(rc = args_grow(a, v.u.l->n, 0)))
+        for (size_t j = 0; j < v.u.l->n; j++) a->pos[a->n_pos++] = jv_dup(v.u.l->items[j]);
+      jv_drop(v);
+    } else if (k->kind == JN_DSTARARG) {
+      if (v.kind != JV_DICT) {
+        rc = ci_fail("the argument after ** must be a mapping, not %s", jv_type_name(v));
+        jv_drop(v);
+      } else {
+        a->spread = v;
+        rc = args_grow(a, 0, v.u.d->n + 1);
+        for (size_t j = 0; rc == CI_OK && j < v.u.d->n; j++)
+          rc = v.u.d->keys[j].kind != JV_STR
+                   ? ci_fail("keywords after ** must be strings")
+                   : add_kw(a, v.u.d->keys[j].u.s->data, jv_dup(v.u.d->vals[j]));
+      }
     } else {
       a->pos[a->n_pos++] = v;
+    }
+    if (rc) {
+      args_free(a);
+      return CI_ERR;
     }
   }
   if (extra_kw) {

@@ -433,6 +433,20 @@ static int f_format(ci_jctx *c, jv v, const jargs *args, jv *out) {
   return rc;
 }
 
+/* The length of the line break Python's str.splitlines() sees at d[i] (\r\n is one; \n, \r,
+ * \v, \f, \x1c-\x1e, U+0085, U+2028, U+2029), or 0. */
+static size_t line_break(const char *d, size_t len, size_t i) {
+  if (i >= len) return 0;
+  const unsigned char c = (unsigned char)d[i];
+  if (c == '\r') return i + 1 < len && d[i + 1] == '\n' ? 2 : 1;
+  if (c == '\n' || c == '\v' || c == '\f' || (c >= 0x1c && c <= 0x1e)) return 1;
+  if (c == 0xc2 && i + 1 < len && (unsigned char)d[i + 1] == 0x85) return 2;
+  if (c == 0xe2 && i + 2 < len && (unsigned char)d[i + 1] == 0x80 &&
+      ((unsigned char)d[i + 2] == 0xa8 || (unsigned char)d[i + 2] == 0xa9))
+    return 3;
+  return 0;
+}
+
 /* Jinja2's indent: the first line and blank lines are left alone unless asked. */
 static int f_indent(ci_jctx *c, jv v, const jargs *args, jv *out) {
   static const char *const names[] = {"width", "first", "blank"};
@@ -455,25 +469,31 @@ static int f_indent(ci_jctx *c, jv v, const jargs *args, jv *out) {
     return CI_ERR;
   }
   int first = opt_bool(a[1], 0), blank = opt_bool(a[2], 0);
+  /* as Jinja2 3.1: lines = (s + "\n").splitlines(); with blank every line after the first gets the
+     indent, else every non-empty one; joined by "\n" (so a trailing newline stays, indented only
+     with blank) */
   jbuf b = {0};
   if (first) jbuf_puts(&b, ind);
   const char *d = s.u.s->data;
-  size_t len = s.u.s->len;
-  /* split into lines (s + "\n").splitlines() */
+  const size_t len = s.u.s->len;
   size_t start = 0;
-  int line_no = 0;
-  while (start <= len) {
-    size_t end = start;
-    while (end < len && d[end] != '\n' && d[end] != '\r') end++;
-    if (end == len && start == len && line_no > 0) break;
+  for (int line_no = 0; start <= len; line_no++) {
+    /* a line of s + "\n" ends at a break or at the appended newline (at len) */
+    size_t end = start, next;
+    for (;;) {
+      const size_t brk = line_break(d, len, end);
+      if (end >= len || brk) {
+        next = end >= len ? len + 1 : end + brk;
+        break;
+      }
+      end++;
+    }
     if (line_no > 0) {
       jbuf_putc(&b, '\n');
       if (blank || end > start) jbuf_puts(&b, ind);
     }
     jbuf_put(&b, d + start, end - start);
-    line_no++;
-    if (end >= len) break;
-    start = end + (d[end] == '\r' && end + 1 < len && d[end + 1] == '\n' ? 2 : 1);
+    start = next;
   }
   jv_drop(s);
   jbuf_free(&pad);

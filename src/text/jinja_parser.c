@@ -151,26 +151,43 @@ static int enter(parser *p) {
 
 /* ==== Expressions ==== */
 
-/* ( args ) after the '(' is consumed: positional expressions and name=value keywords. */
+/* ( args ) after the '(' is consumed: positional expressions, name=value keywords, *iterable and
+ * **mapping, in Jinja2's order (positional arguments before keywords and before * or **, one *
+ * before one **, keywords before **). */
 static int parse_call_args(parser *p, jnode *call) {
   nvec args = {0};
+  int seen_kw = 0, seen_star = 0, seen_dstar = 0;
   while (!is_op(peek(p), ")")) {
     if (args.n && expect_op(p, ",")) goto fail;
     if (is_op(peek(p), ")")) break;
-    if (is_op(peek(p), "*") || is_op(peek(p), "**")) {
-      fail_at(peek(p), "'%s' arguments are not supported", peek(p)->text);
+    jtok *at = peek(p);
+    jnode *arg;
+    int ok;
+    if (is_op(at, "*") || is_op(at, "**")) {
+      const int dstar = is_op(at, "**");
+      ok = dstar ? !seen_dstar : !seen_star && !seen_dstar;
+      seen_star |= !dstar;
+      seen_dstar |= dstar;
+      arg = ok ? new_node(p, dstar ? JN_DSTARARG : JN_STARARG, at) : NULL;
+      p->pos++;
+      if (arg && !(arg->a = parse_expression(p, 1))) goto fail;
+    } else if (at->kind == JT_NAME && is_op(peek_at(p, 1), "=")) {
+      ok = !seen_dstar;
+      seen_kw = 1;
+      arg = ok ? new_node(p, JN_KWARG, at) : NULL;
+      if (arg && !(arg->name = dup_text(at->text))) goto fail;
+      p->pos += 2;
+      if (arg && !(arg->a = parse_expression(p, 1))) goto fail;
+    } else {
+      ok = !seen_kw && !seen_star && !seen_dstar;
+      arg = ok ? parse_expression(p, 1) : NULL;
+    }
+    if (!ok) {
+      fail_at(at, "invalid syntax for function call expression (%s)",
+              "positional arguments come first, then keywords and *args, then **kwargs");
       goto fail;
     }
-    jnode *arg;
-    if (peek(p)->kind == JT_NAME && is_op(peek_at(p, 1), "=")) {
-      arg = new_node(p, JN_KWARG, peek(p));
-      if (!arg || !(arg->name = dup_text(peek(p)->text))) goto fail;
-      p->pos += 2;
-      if (!(arg->a = parse_expression(p, 1))) goto fail;
-    } else {
-      if (!(arg = parse_expression(p, 1))) goto fail;
-    }
-    if (nvec_push(&args, arg)) goto fail;
+    if (!arg || nvec_push(&args, arg)) goto fail;
   }
   p->pos++; /* ')' */
   call->kids = args.items;

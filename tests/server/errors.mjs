@@ -25,7 +25,7 @@ const cases = [
   ['negative max_tokens', '/v1/chat/completions', msg({ max_tokens: -1 }), 400],
   ['zero max_tokens', '/v1/chat/completions', msg({ max_tokens: 0 }), 400],
   ['absurd max_tokens', '/v1/chat/completions', msg({ max_tokens: 1e12 }), 400],
-  ['huge but int max_tokens', '/v1/chat/completions', msg({ max_tokens: 2000000000 }), 400],
+  // a huge but int max_tokens is clamped to the context's room (flags.mjs checks it)
   ['string max_tokens', '/v1/chat/completions', msg({ max_tokens: '5' }), 400],
   ['temperature type', '/v1/chat/completions', msg({ temperature: 'hot' }), 400],
   ['temperature range', '/v1/chat/completions', msg({ temperature: 9 }), 400],
