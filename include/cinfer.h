@@ -167,6 +167,9 @@ typedef struct {
   size_t n_stop_token_ids;
   int top_logprobs; /* engine requests: 0..CINFER_MAX_TOP_LOGPROBS most likely tokens reported
                        with each token event */
+  int num_draft;    /* engine requests, when the engine speculates (lookup_ngram > 0): drafts per
+                       round at most; 0 = the engine's draft_max, < 0 = this request does not
+                       speculate */
   /* KV cache codec plan (docs/kv-cache.md). kv_codec NULL follows the model folder's
    * kv_config.json (bf16 without one); "bf16" or "f32" store every layer in that format;
    * "affine", "turbo" or "turbo-v" store bf16 until the sequence holds kv_start tokens, then
@@ -280,6 +283,13 @@ typedef struct {
   int batch_tokens;  /* rows one step runs at most, prompt chunks and decodes together (2048) */
   int prefill_chunk; /* prompt tokens per chunk (2048) */
   int max_queue;     /* waiting requests beyond which submit answers CINFER_QUEUE_FULL (256) */
+  /* Speculative decoding by prompt lookup (docs/generation.md "Speculative decoding"): each
+   * round drafts the tokens that followed the latest earlier occurrence of the last
+   * lookup_ngram .. 1 tokens and verifies them in one step; output is the same as without it
+   * (greedy: token for token; sampling: in distribution). */
+  int lookup_ngram; /* 0 = off (0) */
+  int draft_max;    /* drafts per round at most, 1..32 (5) */
+  int draft_min;    /* the adaptive draft length never drops below this, 1..draft_max (1) */
 } cinfer_engine_options;
 
 /* Fills the defaults listed above. */
@@ -321,6 +331,8 @@ typedef struct {
   double queue_seconds;   /* DONE: submit -> admission */
   double prefill_seconds; /* DONE: admission -> first token */
   double decode_seconds;  /* DONE: first token -> last token */
+  int draft_tokens;       /* DONE: tokens drafted by speculative decoding */
+  int accepted_tokens;    /* DONE: of which verification accepted */
   int n_top;              /* TOKEN: entries in top_ids/top_logprobs */
   int32_t top_ids[CINFER_MAX_TOP_LOGPROBS];    /* TOKEN: the most likely tokens, best first */
   float top_logprobs[CINFER_MAX_TOP_LOGPROBS]; /* TOKEN: their log-probabilities */
@@ -369,6 +381,7 @@ typedef struct {
   int64_t requests_finished, requests_cancelled, requests_failed;
   int64_t prompt_tokens, cached_tokens, generated_tokens, steps, step_rows;
   int64_t prefix_hits, prefix_misses;
+  int64_t spec_draft_tokens, spec_accepted_tokens;    /* speculative decoding: drafted, accepted */
   int64_t prefix_cache_bytes, prefix_cache_max_bytes; /* bytes only the prefix cache holds; cap */
   int64_t prefix_cache_blocks, prefix_cache_entries;
 } cinfer_engine_stats;

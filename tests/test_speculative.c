@@ -1,0 +1,385 @@
+/* Speculative decoding (docs/generation.md "Speculative decoding"): greedy output through the
+ * engine is token-identical with and without prompt-lookup speculation on the starter model
+ * (sliding-window layers) for bf16, affine and turbo KV, across the conversion threshold, solo
+ * and batched with requests that do not speculate; the rejection-sampling rule keeps the target's
+ * distribution exactly (chi-square against the analytic distribution and against plain
+ * sampling, with every sampler option that shapes it); prompt lookup proposes what followed
+ * the latest earlier match. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "base/error.h"
+#include "engine/engine.h"
+#include "engine/lookup.h"
+#include "sample/spec_verify.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STARTER CI_FIXTURE_DIR "/../../models/starter"
+
+enum { MAX_GEN = 48 };
+
+typedef struct {
+  ci_backend *be;
+  ci_model *model;
+} fixture;
+
+static int setup(void **state) {
+  fixture *f = calloc(1, sizeof *f);
+  f->be = ci_cpu_backend_create(1);
+  f->model = f->be ? ci_model_load(STARTER, f->be) : NULL;
+  if (!f->model) {
+    fprintf(stderr, "cannot load %s: %s\n", STARTER, ci_last_error());
+    return -1;
+  }
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  fixture *f = *state;
+  ci_model_free(f->model);
+  f->be->ops->destroy(f->be);
+  free(f);
+  return 0;
+}
+
+static void test_lookup(void **state) {
+  (void)state;
+  const int32_t ctx[] = {1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 2, 3};
+  int32_t d[8];
+  /* suffix "2 3": latest earlier match at index 6, followed by 7 8 2 3 */
+  assert_int_equal(ci_lookup_draft(ctx, 12, 2, 1, 3, d), 3);
+  assert_int_equal(d[0], 7);
+  assert_int_equal(d[1], 8);
+  assert_int_equal(d[2], 2);
+  /* suffix "8 2 3" never recurs at length 3: falls back to length 2 */
+  assert_int_equal(ci_lookup_draft(ctx, 12, 3, 2, 1, d), 1);
+  assert_int_equal(d[0], 7);
+  /* no recurrence at all */
+  const int32_t fresh[] = {1, 2, 3, 4};
+  assert_int_equal(ci_lookup_draft(fresh, 4, 3, 1, 4, d), 0);
+  /* a match right before the end proposes what is left */
+  const int32_t tail[] = {5, 6, 5};
+  assert_int_equal(ci_lookup_draft(tail, 3, 1, 1, 4, d), 2);
+  assert_int_equal(d[0], 6);
+  assert_int_equal(d[1], 5);
+}
+
+/* A prompt with repeated spans so that lookup finds drafts, varied by i. */
+static int make_prompt(int i, int32_t *prompt) {
+  int n = 0;
+  for (int rep = 0; rep < 3; rep++)
+    for (int t = 0; t < 14; t++) prompt[n++] = 200 + (int32_t)((t * 53 + i * 7) % 1500);
+  for (int t = 0; t < 3 + i; t++) prompt[n++] = 200 + (int32_t)((t * 53 + i * 7) % 1500);
+  return n;
+}
+
+typedef struct {
+  const char *codec; /* NULL: no plan */
+  int bits;
+  int64_t start;
+} plan;
+
+static void make_job(int i, const plan *p, int32_t *prompt, int num_draft, ci_engine_job *job) {
+  memset(job, 0, sizeof *job);
+  job->prompt = prompt;
+  job->n_prompt = make_prompt(i, prompt);
+  job->max_tokens = 24 + i;
+  ci_sampler_params_default(&job->sampling);
+  job->sampling.temperature = 0;
+  job->num_draft = num_draft;
+  if (!p->codec) {
+    job->kv_plan = CI_KV_PLAN_NONE;
+  } else {
+    job->kv_plan = CI_KV_PLAN_TARGET;
+    assert_int_equal(ci_kv_format_parse(p->codec, p->bits, 0, 64, &job->kv_target), 0);
+    job->kv_start = p->start;
+  }
+}
+
+static int collect(ci_engine_request *r, int32_t *out, float *lps, ci_engine_event *done) {
+  int n = 0;
+  ci_engine_event ev;
+  for (;;) {
+    assert_int_equal(ci_engine_request_next(r, &ev, 120.0), 1);
+    if (ev.kind == CI_ENGINE_EVENT_TOKEN) {
+      assert_true(n < MAX_GEN);
+      lps[n] = ev.logprob;
+      out[n++] = ev.token;
+      continue;
+    }
+    if (ev.kind == CI_ENGINE_EVENT_ERROR) fprintf(stderr, "error: %s\n", ev.message);
+    assert_int_equal(ev.kind, CI_ENGINE_EVENT_DONE);
+    *done = ev;
+    return n;
+  }
+}
+
+static ci_engine *make_engine(fixture *f, int batch, int lookup) {
+  ci_engine_options o;
+  ci_engine_options_default(&o);
+  o.batch = batch;
+  o.batch_tokens = 16;
+  o.prefill_chunk = 9;
+  o.ctx_size = 160;
+  o.lookup_ngram = lookup;
+  o.draft_max = 4;
+  o.draft_min = 1;
+  ci_engine *e = ci_engine_create(f->model, &o);
+  assert_non_null(e);
+  return e;
+}
+
+enum { N_PLANS = 5 };
+static const plan plans[N_PLANS] = {{NULL, 0, 0},
+                                    {"affine", 8, 0},
+                                    {"turbo", 4, 0},
+                                    {"affine", 4, 50}, /* converts among the decode rounds */
+                                    {"turbo", 4, 56}};
+
+/* Greedy: tokens and logprobs equal without speculation, solo and batched. */
+static void test_greedy_identical(void **state) {
+  fixture *f = *state;
+  int32_t prompts[N_PLANS][64];
+  ci_engine_job jobs[N_PLANS];
+  int32_t want[N_PLANS][MAX_GEN], got[N_PLANS][MAX_GEN];
+  float want_lp[N_PLANS][MAX_GEN], got_lp[N_PLANS][MAX_GEN];
+  int n_want[N_PLANS];
+  ci_engine_event done;
+  ci_engine *plain = make_engine(f, 1, 0);
+  for (int i = 0; i < N_PLANS; i++) {
+    make_job(i, &plans[i], prompts[i], 0, &jobs[i]);
+    ci_engine_request *r;
+    assert_int_equal(ci_engine_submit(plain, &jobs[i], &r), CI_ENGINE_SUBMITTED);
+    n_want[i] = collect(r, want[i], want_lp[i], &done);
+    assert_int_equal(done.draft_tokens, 0);
+    ci_engine_request_release(r);
+  }
+  ci_engine_free(plain);
+
+  /* solo */
+  ci_engine *spec = make_engine(f, 1, 3);
+  int64_t drafted = 0, accepted = 0;
+  for (int i = 0; i < N_PLANS; i++) {
+    ci_engine_request *r;
+    assert_int_equal(ci_engine_submit(spec, &jobs[i], &r), CI_ENGINE_SUBMITTED);
+    const int n = collect(r, got[i], got_lp[i], &done);
+    ci_engine_request_release(r);
+    assert_int_equal(n, n_want[i]);
+    assert_memory_equal(got[i], want[i], (size_t)n * sizeof(int32_t));
+    assert_memory_equal(got_lp[i], want_lp[i], (size_t)n * sizeof(float));
+    assert_true(done.accepted_tokens <= done.draft_tokens);
+    drafted += done.draft_tokens;
+    accepted += done.accepted_tokens;
+  }
+  assert_true(drafted > 0);
+  assert_true(accepted > 0); /* the prompts repeat: some drafts must hold */
+  ci_engine_stats st;
+  ci_engine_get_stats(spec, &st);
+  assert_int_equal(st.spec_draft_tokens, drafted);
+  assert_int_equal(st.spec_accepted_tokens, accepted);
+  ci_engine_free(spec);
+
+  /* batched: all at once, the odd ones not speculating (num_draft < 0), one capped at 2 */
+  spec = make_engine(f, N_PLANS, 3);
+  ci_engine_request *reqs[N_PLANS];
+  for (int i = 0; i < N_PLANS; i++) {
+    jobs[i].num_draft = i % 2 ? -1 : i == 2 ? 2 : 0;
+    assert_int_equal(ci_engine_submit(spec, &jobs[i], &reqs[i]), CI_ENGINE_SUBMITTED);
+  }
+  for (int i = 0; i < N_PLANS; i++) {
+    const int n = collect(reqs[i], got[i], got_lp[i], &done);
+    ci_engine_request_release(reqs[i]);
+    assert_int_equal(n, n_want[i]);
+    assert_memory_equal(got[i], want[i], (size_t)n * sizeof(int32_t));
+    assert_memory_equal(got_lp[i], want_lp[i], (size_t)n * sizeof(float));
+    if (i % 2) assert_int_equal(done.draft_tokens, 0);
+  }
+  ci_engine_free(spec);
+
+  /* a draft length over the engine's is refused */
+  spec = make_engine(f, 1, 3);
+  jobs[0].num_draft = 5;
+  ci_engine_request *r;
+  assert_int_equal(ci_engine_submit(spec, &jobs[0], &r), CI_ENGINE_REJECTED);
+  assert_non_null(strstr(ci_last_error(), "num_draft"));
+  ci_engine_free(spec);
+}
+
+/* ==== Sampling: the distribution of a verified position ==== */
+
+enum { V = 12, SAMPLES = 40000 };
+
+/* Pearson's chi-square of counts against probabilities p (cells with expected < 5 pooled). */
+static double chi_square(const int *counts, const double *p, int n, int total, int *dof) {
+  double chi = 0.0, pooled_e = 0.0, pooled_o = 0.0;
+  int cells = 0;
+  for (int t = 0; t < n; t++) {
+    const double expected = p[t] * total;
+    if (expected < 5.0) {
+      pooled_e += expected;
+      pooled_o += counts[t];
+      if (expected == 0.0 && counts[t] > 0) return INFINITY; /* a token p excludes */
+      continue;
+    }
+    chi += (counts[t] - expected) * (counts[t] - expected) / expected;
+    cells++;
+  }
+  if (pooled_e >= 5.0) {
+    chi += (pooled_o - pooled_e) * (pooled_o - pooled_e) / pooled_e;
+    cells++;
+  }
+  *dof = cells - 1;
+  return chi;
+}
+
+/* 99.9% quantile of chi-square with k degrees of freedom (Wilson-Hilferty). */
+static double chi_limit(int k) {
+  const double z = 3.0902, a = 2.0 / (9.0 * k);
+  const double c = 1.0 - a + z * sqrt(a);
+  return k * c * c * c;
+}
+
+typedef struct {
+  const char *name;
+  ci_sampler_params params;
+  int point_mass; /* prompt lookup's draft (a point mass) instead of a full q */
+} sampling_case;
+
+/* For each case: the token emitted at one verified position, over SAMPLES seeds, against the
+ * sampler's final distribution p (and the tokens plain sampling draws against the same p). */
+static void test_sampling_distribution(void **state) {
+  (void)state;
+  static const float raw[V] = {2.0f, 1.6f,  1.5f, 0.2f, -0.3f, 1.1f,
+                               0.9f, -1.0f, 0.4f, 1.9f, 0.0f,  -2.0f};
+  static const float q_raw[V] = {0.05f, 0.30f, 0.02f, 0.10f, 0.01f, 0.20f,
+                                 0.05f, 0.02f, 0.05f, 0.10f, 0.05f, 0.05f};
+  static const int32_t history[] = {1, 5, 5, 9, 2};
+  static const ci_logit_bias bias[] = {{3, 1.5f}, {0, -0.7f}};
+  sampling_case cases[6];
+  for (int c = 0; c < 6; c++) ci_sampler_params_default(&cases[c].params);
+  cases[0] = (sampling_case){"temperature 1", cases[0].params, 0};
+  cases[0].params.temperature = 1.0f;
+  cases[1] = (sampling_case){"temperature 0.6, top-k 6", cases[1].params, 0};
+  cases[1].params.temperature = 0.6f;
+  cases[1].params.top_k = 6;
+  cases[2] = (sampling_case){"top-p 0.8, min-p 0.05", cases[2].params, 0};
+  cases[2].params.temperature = 1.3f;
+  cases[2].params.top_p = 0.8f;
+  cases[2].params.min_p = 0.05f;
+  cases[3] = (sampling_case){"penalties and logit bias", cases[3].params, 0};
+  cases[3].params.temperature = 0.9f;
+  cases[3].params.penalties.repetition = 1.3f;
+  cases[3].params.penalties.presence = 0.4f;
+  cases[3].params.penalties.frequency = 0.3f;
+  cases[3].params.logit_bias = bias;
+  cases[3].params.n_logit_bias = 2;
+  cases[4] = (sampling_case){"point-mass draft", cases[0].params, 1};
+  cases[5] = (sampling_case){"point-mass draft, penalties", cases[3].params, 1};
+  double q[V];
+  float qf[V];
+  double q_sum = 0.0;
+  for (int t = 0; t < V; t++) q_sum += q_raw[t];
+  for (int t = 0; t < V; t++) {
+    q[t] = q_raw[t] / q_sum;
+    qf[t] = (float)q[t];
+  }
+  ci_spec_scratch sc;
+  assert_int_equal(ci_spec_scratch_init(&sc, V), CI_OK);
+  float logits[V];
+  int32_t ids[V];
+  float probs[V];
+  for (int c = 0; c < 6; c++) {
+    int spec_counts[V] = {0}, plain_counts[V] = {0}, n_accepted = 0;
+    double p[V] = {0};
+    for (int s = 0; s < SAMPLES; s++) {
+      ci_sampler_params params = cases[c].params;
+      params.seed = 0x5eed0000u + (uint64_t)s;
+      params.has_seed = 1;
+      ci_sampler *sampler = ci_sampler_create(&params, V);
+      assert_non_null(sampler);
+      if (s == 0) {
+        memcpy(logits, raw, sizeof raw);
+        const int n = ci_sampler_distribution(sampler, logits, history, 5, 3, ids, probs);
+        for (int i = 0; i < n; i++) p[ids[i]] = probs[i];
+      }
+      /* the draft: drawn from q with a seed of its own (a point mass: token 1 or 5) */
+      uint64_t x = (uint64_t)s * 0x9E3779B97F4A7C15ull + 12345;
+      x ^= x >> 29;
+      const double u = (double)(x % 1000003) / 1000003.0;
+      int32_t draft = V - 1;
+      double acc = 0.0;
+      for (int t = 0; t < V; t++) {
+        acc += q[t];
+        if (u < acc) {
+          draft = t;
+          break;
+        }
+      }
+      if (cases[c].point_mass) draft = s % 3 ? 1 : 5;
+      memcpy(logits, raw, sizeof raw);
+      int ok = 0;
+      const int32_t token = ci_spec_verify(sampler, &sc, logits, history, 5, 3, draft,
+                                           cases[c].point_mass ? NULL : qf, &ok);
+      assert_true(token >= 0 && token < V);
+      if (ok) assert_int_equal(token, draft);
+      n_accepted += ok;
+      spec_counts[token]++;
+      memcpy(logits, raw, sizeof raw);
+      plain_counts[ci_sampler_sample_at(sampler, logits, history, 5, 3)]++;
+      ci_sampler_free(sampler);
+    }
+    int dof_spec = 0, dof_plain = 0;
+    const double chi_spec = chi_square(spec_counts, p, V, SAMPLES, &dof_spec);
+    const double chi_plain = chi_square(plain_counts, p, V, SAMPLES, &dof_plain);
+    fprintf(stderr,
+            "%-28s accepted %5.1f%%  chi2 speculative %.1f, plain %.1f (dof %d, limit %.1f)\n",
+            cases[c].name, 100.0 * n_accepted / SAMPLES, chi_spec, chi_plain, dof_spec,
+            chi_limit(dof_spec));
+    assert_true(n_accepted > 0 && n_accepted < SAMPLES);
+    assert_true(dof_spec >= 1);
+    assert_true(chi_spec < chi_limit(dof_spec));
+    assert_true(chi_plain < chi_limit(dof_plain));
+  }
+  ci_spec_scratch_free(&sc);
+}
+
+/* Greedy verification is the argmax match; the emitted token is the argmax either way. */
+static void test_greedy_rule(void **state) {
+  (void)state;
+  ci_sampler_params params;
+  ci_sampler_params_default(&params);
+  params.temperature = 0;
+  params.has_seed = 1;
+  ci_sampler *s = ci_sampler_create(&params, 4);
+  ci_spec_scratch sc;
+  assert_int_equal(ci_spec_scratch_init(&sc, 4), CI_OK);
+  float logits[4] = {0.1f, 2.0f, 1.0f, -1.0f};
+  int ok = 0;
+  assert_int_equal(ci_spec_verify(s, &sc, logits, NULL, 0, 0, 1, NULL, &ok), 1);
+  assert_true(ok);
+  float again[4] = {0.1f, 2.0f, 1.0f, -1.0f};
+  assert_int_equal(ci_spec_verify(s, &sc, again, NULL, 0, 0, 2, NULL, &ok), 1);
+  assert_false(ok);
+  ci_spec_scratch_free(&sc);
+  ci_sampler_free(s);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_lookup),
+      cmocka_unit_test(test_greedy_rule),
+      cmocka_unit_test(test_sampling_distribution),
+      cmocka_unit_test_setup_teardown(test_greedy_identical, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
