@@ -168,8 +168,8 @@ typedef struct {
   int top_logprobs; /* engine requests: 0..CINFER_MAX_TOP_LOGPROBS most likely tokens reported
                        with each token event */
   int num_draft;    /* engine requests, when the engine speculates (lookup_ngram > 0): drafts per
-                       round at most; 0 = the engine's draft_max, < 0 = this request does not
-                       speculate */
+                       round at most (capped at the engine's draft_max); 0 = the engine's
+                       draft_max, < 0 = this request does not speculate */
   /* KV cache codec plan (docs/kv-cache.md). kv_codec NULL follows the model folder's
    * kv_config.json (bf16 without one); "bf16" or "f32" store every layer in that format;
    * "affine", "turbo" or "turbo-v" store bf16 until the sequence holds kv_start tokens, then

@@ -1,7 +1,7 @@
 /* Live-server tests: starts `cinfer serve --model models/starter` on a random loopback port,
- * waits for /health, runs the node SDK scripts in tests/server (openai, @anthropic-ai/sdk,
- * malformed requests, the cinfer extensions and CORS, a bounded load test) and stops the server
- * with SIGINT (exit code 0). */
+ * speculating by prompt lookup (--lookup-ngram 3), waits for /health, runs the node SDK scripts in
+ * tests/server (openai, @anthropic-ai/sdk, malformed requests, the cinfer extensions and CORS, a
+ * bounded load test) and stops the server with SIGINT (exit code 0). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -69,7 +69,7 @@ static int start_server(server *s) {
     if (s->pid == 0) {
       execl(CI_CINFER_BIN, CI_CINFER_BIN, "serve", "--model", STARTER, "--port", port, "--api-key",
             "test-key", "--batch", "8", "--max-queue", "256", "--threads", "1", "--cors",
-            "http://allowed.example", (char *)NULL);
+            "http://allowed.example", "--lookup-ngram", "3", (char *)NULL);
       _exit(127);
     }
     for (int i = 0; i < 600; i++) { /* up to 60 s (ASan start-up) */

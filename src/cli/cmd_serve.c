@@ -21,13 +21,18 @@ static const char usage[] =
     "                    [--alias NAME] [--batch N] [--batch-tokens N] [--max-queue N]\n"
     "                    [-c|--ctx-size N] [--memory-budget GB] [--prefill-chunk N]\n"
     "                    [--prompt-cache GiB] [--max-body MiB] [--cors ORIGIN|*] [--no-webui]\n"
+    "                    [--lookup-ngram N] [--draft-max N] [--draft-min N]\n"
     "                    [sampling defaults: --temp ...]\n" CI_CLI_MODEL_USAGE CI_CLI_KV_USAGE
     "Serves the OpenAI (/v1/chat/completions, /v1/completions, /v1/models) and Anthropic\n"
     "(/v1/messages) APIs plus /health, /metrics and /stats. --api-key (or CINFER_API_KEY; a\n"
     "comma-separated list) requires `Authorization: Bearer KEY` or `x-api-key: KEY`. --cors\n"
     "ORIGIN (a comma-separated list, or *) adds CORS headers and answers OPTIONS preflights.\n"
     "--prompt-cache caps the KV bytes the prefix cache keeps for reuse (default 2 GiB, within\n"
-    "the KV budget; 0 turns it off). A chat page is served at / unless --no-webui.\n";
+    "the KV budget; 0 turns it off). A chat page is served at / unless --no-webui.\n"
+    "--lookup-ngram N turns on speculative decoding by prompt lookup (n-grams of N .. 1 tokens\n"
+    "of the prompt and the text so far propose up to --draft-max tokens (5) per round, verified\n"
+    "in one step; the draft length adapts between --draft-min (1) and --draft-max); a request\n"
+    "may lower its draft length or turn it off with \"num_draft\" or \"speculative\".\n";
 
 int ci_verb_serve(int argc, char **argv) {
   ci_flag flags[] = {{"--model", "-m", 1, NULL},
@@ -45,6 +50,9 @@ int ci_verb_serve(int argc, char **argv) {
                      {"--max-body", NULL, 1, NULL},
                      {"--cors", NULL, 1, NULL},
                      {"--no-webui", NULL, 0, NULL},
+                     {"--lookup-ngram", NULL, 1, NULL},
+                     {"--draft-max", "--num-draft", 1, NULL},
+                     {"--draft-min", NULL, 1, NULL},
                      {"--help", "-h", 0, NULL},
                      CI_CLI_MODEL_FLAGS,
                      CI_CLI_SAMPLING_FLAGS,
@@ -68,6 +76,7 @@ int ci_verb_serve(int argc, char **argv) {
   }
   cinfer_model_options model_options;
   long long port, batch, batch_tokens, max_queue, ctx_size, prefill_chunk, max_body;
+  long long lookup_ngram, draft_max, draft_min;
   if (ci_cli_sampling_flags(flags, nf, "serve", &defaults) ||
       ci_cli_model_options(flags, nf, "serve", &model_options) ||
       ci_args_int(flags, nf, "--port", 8080, 0, 65535, &port) ||
@@ -76,8 +85,16 @@ int ci_verb_serve(int argc, char **argv) {
       ci_args_int(flags, nf, "--max-queue", 256, 0, 1 << 20, &max_queue) ||
       ci_args_int(flags, nf, "--ctx-size", 0, 1, INT_MAX, &ctx_size) ||
       ci_args_int(flags, nf, "--prefill-chunk", 2048, 1, 1 << 24, &prefill_chunk) ||
-      ci_args_int(flags, nf, "--max-body", 16, 1, 4096, &max_body))
+      ci_args_int(flags, nf, "--max-body", 16, 1, 4096, &max_body) ||
+      ci_args_int(flags, nf, "--lookup-ngram", 0, 0, 64, &lookup_ngram) ||
+      ci_args_int(flags, nf, "--draft-max", 5, 1, 32, &draft_max) ||
+      ci_args_int(flags, nf, "--draft-min", 1, 1, 32, &draft_min))
     return 2;
+  if (draft_min > draft_max) {
+    fprintf(stderr, "cinfer serve: --draft-min %lld is over --draft-max %lld\n", draft_min,
+            draft_max);
+    return 2;
+  }
   double budget_gb = 0;
   const char *budget_arg = ci_args_get(flags, nf, "--memory-budget");
   if (budget_arg) {
@@ -134,6 +151,9 @@ int ci_verb_serve(int argc, char **argv) {
   eo.batch_tokens = (int)batch_tokens;
   eo.prefill_chunk = (int)prefill_chunk;
   eo.max_queue = (int)max_queue;
+  eo.lookup_ngram = (int)lookup_ngram;
+  eo.draft_max = (int)draft_max;
+  eo.draft_min = (int)draft_min;
   eo.context_size = (int)ctx_size;
   /* a plain --kv-codec (bf16, f32) is what every sequence stores; a quantized one is each
      request's plan from bf16 */

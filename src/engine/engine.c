@@ -457,10 +457,6 @@ ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
   if (job->top_logprobs < 0 || job->top_logprobs > CI_ENGINE_MAX_TOP_LOGPROBS)
     return ci_fail("top_logprobs must be an integer between 0 and 20"), CI_ENGINE_REJECTED;
   if (!job->sampler && ci_sampler_params_validate(&job->sampling, vocab)) return CI_ENGINE_REJECTED;
-  if (job->num_draft > e->o.draft_max)
-    return ci_fail("num_draft %d is over the engine's draft max %d", job->num_draft,
-                   e->o.draft_max),
-           CI_ENGINE_REJECTED;
   ci_engine_request *r = calloc(1, sizeof *r);
   if (!r) return ci_fail("out of memory"), CI_ENGINE_OUT_OF_MEMORY;
   r->engine = e;
@@ -487,7 +483,8 @@ ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
   /* XTC makes the filtered distribution random: such requests never speculate */
   const ci_sampler_params *sp = ci_sampler_get_params(r->sampler);
   if (e->o.lookup_ngram > 0 && job->num_draft >= 0 && sp->xtc_probability == 0.0f) {
-    r->spec_max = job->num_draft > 0 ? job->num_draft : e->o.draft_max;
+    r->spec_max =
+        job->num_draft > 0 && job->num_draft < e->o.draft_max ? job->num_draft : e->o.draft_max;
     r->spec_len = r->spec_max;
     if (ci_spec_scratch_init(&r->spec_scratch, vocab)) {
       free(r->history);

@@ -61,7 +61,7 @@ typedef struct {
   int kv_protect;            /* ... except the first and last N cache layers (<= the engine's) */
   int top_logprobs;          /* 0..20 top entries per token event (logprob is always sent) */
   int num_draft;             /* drafts per round at most: 0 = the engine's draft_max, < 0 = never
-                                speculate, else 1..draft_max */
+                                speculate, else that many (at most draft_max) */
   ci_sampler *sampler; /* NULL: the engine creates one from `sampling`; else borrowed (its seed
                           and output index continue): the caller leaves it alone until it has
                           read the request's final event */
