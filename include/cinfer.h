@@ -283,13 +283,15 @@ typedef struct {
   int batch_tokens;  /* rows one step runs at most, prompt chunks and decodes together (2048) */
   int prefill_chunk; /* prompt tokens per chunk (2048) */
   int max_queue;     /* waiting requests beyond which submit answers CINFER_QUEUE_FULL (256) */
-  /* Speculative decoding by prompt lookup (docs/generation.md "Speculative decoding"): each
-   * round drafts the tokens that followed the latest earlier occurrence of the last
-   * lookup_ngram .. 1 tokens and verifies them in one step; output is the same as without it
-   * (greedy: token for token; sampling: in distribution). */
-  int lookup_ngram; /* 0 = off (0) */
-  int draft_max;    /* drafts per round at most, 1..32 (5) */
-  int draft_min;    /* the adaptive draft length never drops below this, 1..draft_max (1) */
+  /* Speculative decoding (docs/generation.md "Speculative decoding"): each round drafts tokens
+   * (by prompt lookup: those that followed the latest earlier occurrence of the last
+   * lookup_ngram .. 1 tokens; or by a draft model) and verifies them in one step; output is the
+   * same as without it (greedy: token for token; sampling: in distribution). */
+  int lookup_ngram;          /* 0 = off (0) */
+  cinfer_model *draft_model; /* a draft model sharing the model's tokenizer (borrowed; it must
+                                outlive the engine): drafts instead of prompt lookup (NULL) */
+  int draft_max;             /* drafts per round at most, 1..32 (5) */
+  int draft_min; /* the adaptive draft length never drops below this, 1..draft_max (1) */
 } cinfer_engine_options;
 
 /* Fills the defaults listed above. */

@@ -282,7 +282,8 @@ static void test_round_rules(void **state) {
   assert_int_equal(ci_model_forward(m, seq, ids, 4, NULL, 0), CI_OK);
   assert_int_equal(seq->n, 10);
   assert_false(seq->converted);
-  assert_int_equal(ci_kv_seq_round_close(seq, 6), CI_ERR); /* keeps nothing of the round */
+  assert_int_equal(ci_kv_seq_round_close(seq, 5), CI_ERR); /* below the round's start */
+  assert_int_equal(ci_kv_seq_round_close(seq, 6), CI_ERR); /* past the reserve of 3 */
   assert_int_equal(ci_kv_seq_round_close(seq, 9), CI_OK);
   assert_false(seq->converted);
   assert_int_equal(ci_kv_seq_round_open(seq, 1), CI_OK);

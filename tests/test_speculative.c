@@ -24,20 +24,22 @@
 #include <string.h>
 
 #define STARTER CI_FIXTURE_DIR "/../../models/starter"
+#define STARTER_DRAFT CI_FIXTURE_DIR "/../../models/starter-draft"
 
 enum { MAX_GEN = 48 };
 
 typedef struct {
   ci_backend *be;
-  ci_model *model;
+  ci_model *model, *draft;
 } fixture;
 
 static int setup(void **state) {
   fixture *f = calloc(1, sizeof *f);
   f->be = ci_cpu_backend_create(1);
   f->model = f->be ? ci_model_load(STARTER, f->be) : NULL;
-  if (!f->model) {
-    fprintf(stderr, "cannot load %s: %s\n", STARTER, ci_last_error());
+  f->draft = f->be ? ci_model_load(STARTER_DRAFT, f->be) : NULL;
+  if (!f->model || !f->draft) {
+    fprintf(stderr, "cannot load the starter models: %s\n", ci_last_error());
     return -1;
   }
   *state = f;
@@ -47,6 +49,7 @@ static int setup(void **state) {
 static int teardown(void **state) {
   fixture *f = *state;
   ci_model_free(f->model);
+  ci_model_free(f->draft);
   f->be->ops->destroy(f->be);
   free(f);
   return 0;
@@ -124,7 +127,7 @@ static int collect(ci_engine_request *r, int32_t *out, float *lps, ci_engine_eve
   }
 }
 
-static ci_engine *make_engine(fixture *f, int batch, int lookup) {
+static ci_engine *make_engine(fixture *f, int batch, int lookup, ci_model *draft) {
   ci_engine_options o;
   ci_engine_options_default(&o);
   o.batch = batch;
@@ -132,6 +135,7 @@ static ci_engine *make_engine(fixture *f, int batch, int lookup) {
   o.prefill_chunk = 9;
   o.ctx_size = 160;
   o.lookup_ngram = lookup;
+  o.draft_model = draft;
   o.draft_max = 4;
   o.draft_min = 1;
   ci_engine *e = ci_engine_create(f->model, &o);
@@ -146,16 +150,15 @@ static const plan plans[N_PLANS] = {{NULL, 0, 0},
                                     {"affine", 4, 50}, /* converts among the decode rounds */
                                     {"turbo", 4, 56}};
 
-/* Greedy: tokens and logprobs equal without speculation, solo and batched. */
-static void test_greedy_identical(void **state) {
-  fixture *f = *state;
+/* Greedy: tokens and logprobs equal without speculation, solo and batched, for a drafter. */
+static void check_greedy_identical(fixture *f, int lookup, ci_model *draft) {
   int32_t prompts[N_PLANS][64];
   ci_engine_job jobs[N_PLANS];
   int32_t want[N_PLANS][MAX_GEN], got[N_PLANS][MAX_GEN];
   float want_lp[N_PLANS][MAX_GEN], got_lp[N_PLANS][MAX_GEN];
   int n_want[N_PLANS];
   ci_engine_event done;
-  ci_engine *plain = make_engine(f, 1, 0);
+  ci_engine *plain = make_engine(f, 1, 0, NULL);
   for (int i = 0; i < N_PLANS; i++) {
     make_job(i, &plans[i], prompts[i], 0, &jobs[i]);
     ci_engine_request *r;
@@ -167,7 +170,7 @@ static void test_greedy_identical(void **state) {
   ci_engine_free(plain);
 
   /* solo */
-  ci_engine *spec = make_engine(f, 1, 3);
+  ci_engine *spec = make_engine(f, 1, lookup, draft);
   int64_t drafted = 0, accepted = 0;
   for (int i = 0; i < N_PLANS; i++) {
     ci_engine_request *r;
@@ -190,7 +193,7 @@ static void test_greedy_identical(void **state) {
   ci_engine_free(spec);
 
   /* batched: all at once, the odd ones not speculating (num_draft < 0), one capped at 2 */
-  spec = make_engine(f, N_PLANS, 3);
+  spec = make_engine(f, N_PLANS, lookup, draft);
   ci_engine_request *reqs[N_PLANS];
   for (int i = 0; i < N_PLANS; i++) {
     jobs[i].num_draft = i % 2 ? -1 : i == 2 ? 2 : 0;
@@ -205,6 +208,51 @@ static void test_greedy_identical(void **state) {
     if (i % 2) assert_int_equal(done.draft_tokens, 0);
   }
   ci_engine_free(spec);
+  fprintf(stderr, "%s: %lld drafted, %lld accepted\n", draft ? "draft model" : "prompt lookup",
+          (long long)drafted, (long long)accepted);
+}
+
+static void test_greedy_identical_lookup(void **state) {
+  check_greedy_identical(*state, 3, NULL);
+}
+
+static void test_greedy_identical_draft_model(void **state) {
+  fixture *f = *state;
+  check_greedy_identical(f, 0, f->draft);
+}
+
+/* Sampled requests with a draft model run (q-based acceptance) and report their drafts; a
+ * draft model of another vocabulary is refused by name. */
+static void test_draft_model_sampling(void **state) {
+  fixture *f = *state;
+  ci_engine *spec = make_engine(f, 2, 0, f->draft);
+  int32_t prompt[64], out[MAX_GEN];
+  float lps[MAX_GEN];
+  ci_engine_job job;
+  make_job(0, &plans[0], prompt, 0, &job);
+  job.sampling.temperature = 0.8f;
+  job.sampling.top_k = 40;
+  job.sampling.seed = 7;
+  job.sampling.has_seed = 1;
+  ci_engine_request *r;
+  assert_int_equal(ci_engine_submit(spec, &job, &r), CI_ENGINE_SUBMITTED);
+  ci_engine_event done;
+  const int n = collect(r, out, lps, &done);
+  ci_engine_request_release(r);
+  assert_true(n > 0);
+  assert_true(done.draft_tokens > 0);
+  for (int i = 0; i < n; i++) assert_true(lps[i] <= 0.0f && lps[i] > -INFINITY);
+  ci_engine_free(spec);
+  ci_backend *be = ci_cpu_backend_create(1);
+  ci_model *other = ci_model_load(CI_FIXTURE_DIR "/llama", be);
+  assert_non_null(other);
+  ci_engine_options o;
+  ci_engine_options_default(&o);
+  o.draft_model = other;
+  assert_null(ci_engine_create(f->model, &o));
+  assert_non_null(strstr(ci_last_error(), "draft model"));
+  ci_model_free(other);
+  be->ops->destroy(be);
 }
 
 /* ==== Sampling: the distribution of a verified position ==== */
@@ -371,7 +419,9 @@ int main(void) {
       cmocka_unit_test(test_lookup),
       cmocka_unit_test(test_greedy_rule),
       cmocka_unit_test(test_sampling_distribution),
-      cmocka_unit_test_setup_teardown(test_greedy_identical, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_greedy_identical_lookup, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_greedy_identical_draft_model, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_draft_model_sampling, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

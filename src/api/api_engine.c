@@ -66,6 +66,7 @@ cinfer_status cinfer_engine_create(cinfer_model *model, const cinfer_engine_opti
   o.prefill_chunk = options->prefill_chunk;
   o.max_queue = options->max_queue;
   o.lookup_ngram = options->lookup_ngram;
+  o.draft_model = options->draft_model ? options->draft_model->model : NULL;
   o.draft_max = options->draft_max;
   o.draft_min = options->draft_min;
   cinfer_engine *e = calloc(1, sizeof *e);

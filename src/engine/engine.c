@@ -11,6 +11,7 @@
 
 #include "base/error.h"
 #include "base/timing.h"
+#include "engine/draft_model.h"
 #include "engine/finish_rule.h"
 #include "engine/lookup.h"
 #include "engine/prefix_cache.h"
@@ -59,6 +60,8 @@ struct ci_engine_request {
   int spec_max, spec_len;
   int spec_drafted, spec_accepted;
   ci_spec_scratch spec_scratch;
+  ci_draft_state draft; /* with a draft model: its sequence, sampler and q rows */
+  char spec_error[200]; /* drafting failed: the request fails with this at the next step */
   double t_submit, t_admit, t_first, t_last;
   struct ci_engine_request *next; /* queue / running list */
   /* events: guarded by mu. Tokens queue in `events`; the last event (DONE or ERROR) has a slot
@@ -77,7 +80,9 @@ struct ci_engine {
   ci_model *model;
   ci_engine_options o;
   ci_kv_cache *cache;
-  ci_prefix_cache *prefix; /* NULL when off; engine thread only */
+  ci_kv_cache *draft_cache; /* the draft model's, when there is one */
+  int speculates;           /* a drafter is configured */
+  ci_prefix_cache *prefix;  /* NULL when off; engine thread only */
   uint64_t model_key;
   ci_workspace *ws;       /* sized at creation for the largest step */
   float *logits;          /* [batch, vocab]: one row per sequence of a step */
@@ -170,6 +175,7 @@ int ci_engine_request_next(ci_engine_request *r, ci_engine_event *event, double 
 static void request_destroy(ci_engine_request *r) {
   free(r->history);
   ci_spec_scratch_free(&r->spec_scratch);
+  ci_draft_state_free(&r->draft);
   if (r->owns_sampler) ci_sampler_free(r->sampler);
   ci_kv_seq_free(r->seq);
   free(r->events);
@@ -228,7 +234,7 @@ static int64_t peak_blocks(const ci_engine *e, const ci_kv_group *group, int64_t
   if (group->window > 0) {
     /* a speculative round appends up to draft_max + 1 rows and keeps draft_max positions more
      * (the rollback reserve, docs/kv-cache.md §4) */
-    const int64_t reserve = e->o.lookup_ngram > 0 ? e->o.draft_max : 0;
+    const int64_t reserve = e->speculates ? e->o.draft_max : 0;
     const int64_t chunk = chunk_cap(e) > reserve + 1 ? chunk_cap(e) : reserve + 1;
     const int64_t held = (group->window - 1 + chunk + reserve + T - 1) / T + 1;
     if (blocks > held) blocks = held;
@@ -325,6 +331,7 @@ static void *engine_main(void *arg);
 static void engine_free_parts(ci_engine *e) {
   ci_prefix_cache_free(e->prefix);
   ci_kv_cache_free(e->cache);
+  ci_kv_cache_free(e->draft_cache);
   ci_workspace_free(e->ws);
   if (e->logits_pinned) e->model->be->ops->unpin_host(e->model->be, e->logits);
   free(e->logits);
@@ -353,8 +360,16 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
                    CI_ENGINE_MAX_DRAFT),
            NULL;
   }
+  e->speculates = e->o.lookup_ngram > 0 || e->o.draft_model;
+  if (e->o.draft_model && e->o.draft_model->spec.vocab != model->spec.vocab) {
+    ci_fail("engine: the draft model has %d tokens in its vocabulary, the model %d (a draft "
+            "model must share the model's tokenizer)",
+            e->o.draft_model->spec.vocab, model->spec.vocab);
+    free(e);
+    return NULL;
+  }
   /* the rows of a decode entry: one, or a speculative round's x and drafts */
-  const int decode_rows = e->o.lookup_ngram > 0 ? 1 + e->o.draft_max : 1;
+  const int decode_rows = e->speculates ? 1 + e->o.draft_max : 1;
   if (e->o.ctx_size <= 0 || e->o.ctx_size > model->spec.max_position)
     e->o.ctx_size = model->spec.max_position;
   e->cache =
@@ -379,6 +394,11 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
     return engine_free_parts(e), NULL;
   if (ci_kv_cache_set_limits(e->cache, e->o.batch, e->o.ctx_size))
     return engine_free_parts(e), NULL;
+  if (e->o.draft_model) {
+    e->draft_cache = ci_model_kv_cache_create(e->o.draft_model, CI_KV_BF16, e->o.block_tokens, 0);
+    if (!e->draft_cache || ci_kv_cache_set_limits(e->draft_cache, e->o.batch, e->o.ctx_size))
+      return engine_free_parts(e), ci_fail_context("draft model"), NULL;
+  }
   if (e->o.kv_budget_bytes < 0) {
     /* unbounded: KV memory is taken as sequences grow (never refused by admission) */
     e->o.kv_budget_bytes = INT64_MAX / 4;
@@ -482,7 +502,7 @@ ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
   r->reservation = reservation;
   /* XTC makes the filtered distribution random: such requests never speculate */
   const ci_sampler_params *sp = ci_sampler_get_params(r->sampler);
-  if (e->o.lookup_ngram > 0 && job->num_draft >= 0 && sp->xtc_probability == 0.0f) {
+  if (e->speculates && job->num_draft >= 0 && sp->xtc_probability == 0.0f) {
     r->spec_max =
         job->num_draft > 0 && job->num_draft < e->o.draft_max ? job->num_draft : e->o.draft_max;
     r->spec_len = r->spec_max;
@@ -653,6 +673,7 @@ static void finish_locked(ci_engine *e, ci_engine_request *r, ci_finish_reason f
   count_conversion_locked(e, r);
   ci_kv_seq_free(r->seq);
   r->seq = NULL;
+  ci_draft_state_free(&r->draft);
   push_event(r, &ev);
 }
 
@@ -720,6 +741,14 @@ static void admit_locked(ci_engine *e) {
       continue;
     }
     if (r->spec_max > 0) ci_kv_seq_set_rollback_reserve(r->seq, r->spec_max);
+    if (r->spec_max > 0 && e->o.draft_model &&
+        ci_draft_state_init(&r->draft, e->o.draft_model, e->draft_cache,
+                            ci_sampler_get_params(r->sampler), ci_sampler_seed(r->sampler),
+                            r->spec_max)) {
+      finish_locked(e, r, CI_FINISH_ABORT, ci_last_error());
+      request_unref_locked(r);
+      continue;
+    }
     attach_prefix(e, r);
     r->t_admit = ci_now_seconds();
     r->state = REQ_PREFILL;
@@ -801,8 +830,16 @@ static int plan_round(const ci_engine *e, ci_engine_request *r) {
   const int64_t limit = ci_kv_seq_chunk_limit(r->seq);
   if (limit != INT64_MAX && k > limit - 1) k = limit - 1;
   if (k <= 0) return 0;
-  return ci_lookup_draft(r->history, r->n_history, e->o.lookup_ngram, 1, (int)k,
-                         r->history + r->n_history);
+  if (!e->o.draft_model)
+    return ci_lookup_draft(r->history, r->n_history, e->o.lookup_ngram, 1, (int)k,
+                           r->history + r->n_history);
+  const int got = ci_draft_propose(&r->draft, r->history, r->n_history, (int)k,
+                                   ci_sampler_index(r->sampler), r->history + r->n_history);
+  if (got < 0) {
+    snprintf(r->spec_error, sizeof r->spec_error, "%s", ci_last_error());
+    return 0;
+  }
+  return got;
 }
 
 /* Verifies a round of rows = 1 + k rows (logits of x, d_1 .. d_k) and emits the accepted drafts
@@ -815,6 +852,8 @@ static int verify_round(ci_engine *e, ci_engine_request *r, float *logits, int r
   const int64_t vocab = e->model->spec.vocab;
   const int k = rows - 1;
   const int64_t n0 = r->seq->n - rows;
+  const int64_t n_hist0 = r->n_history;
+  const float *q = e->o.draft_model ? r->draft.q : NULL;
   int emitted = 0, accepted = 0, status = CI_OK;
   for (int j = 0; j <= k && !*finished; j++) {
     float *row = logits + (int64_t)j * vocab;
@@ -822,8 +861,9 @@ static int verify_round(ci_engine *e, ci_engine_request *r, float *logits, int r
     int ok = 0;
     int32_t token;
     if (j < k) /* draft d_{j+1} sits where the next token goes */
-      token = ci_spec_verify(r->sampler, &r->spec_scratch, row, r->history, (size_t)r->n_history,
-                             index, r->history[r->n_history], NULL, &ok);
+      token =
+          ci_spec_verify(r->sampler, &r->spec_scratch, row, r->history, (size_t)r->n_history, index,
+                         r->history[r->n_history], q ? q + (int64_t)j * vocab : NULL, &ok);
     else
       token = ci_sampler_sample_at(r->sampler, row, r->history, (size_t)r->n_history, index);
     if (token < 0) {
@@ -850,6 +890,10 @@ static int verify_round(ci_engine *e, ci_engine_request *r, float *logits, int r
     r->spec_len = accepted + 1 > e->o.draft_min ? accepted + 1 : e->o.draft_min;
   if (r->spec_len > r->spec_max) r->spec_len = r->spec_max;
   if (ci_kv_seq_round_close(r->seq, n0 + (emitted > 0 ? emitted : 1)) && status == CI_OK)
+    status = CI_ERR;
+  /* the draft keeps the context it drafted from and the accepted drafts it has seen */
+  if (q && ci_draft_state_keep(&r->draft, n_hist0 + (accepted < k - 1 ? accepted : k - 1)) &&
+      status == CI_OK)
     status = CI_ERR;
   return status;
 }
@@ -890,8 +934,11 @@ static void engine_step(ci_engine *e) {
   for (int i = 0; i < n; i++) {
     ci_engine_request *r = entries[i].r;
     const int round = r->state == REQ_DECODE && entries[i].rows > 1;
-    if ((round && ci_kv_seq_round_open(r->seq, entries[i].rows)) ||
-        ci_kv_seq_reserve(r->seq, entries[i].rows))
+    if (r->spec_error[0]) {
+      ci_fail("speculative drafting: %s", r->spec_error);
+      end_in_step(e, r, CI_ERR, 0, CI_FINISH_STOP);
+    } else if ((round && ci_kv_seq_round_open(r->seq, entries[i].rows)) ||
+               ci_kv_seq_reserve(r->seq, entries[i].rows))
       end_in_step(e, r, CI_ERR, 0, CI_FINISH_STOP);
     else
       entries[kept++] = entries[i];

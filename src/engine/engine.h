@@ -42,6 +42,10 @@ typedef struct {
    * draft_max tokens per round from n-grams of lookup_ngram down to 1 tokens; the draft length
    * adapts to the acceptance between draft_min and draft_max. 0 = off. */
   int lookup_ngram;
+  /* A draft model with the target's vocabulary (borrowed; it must outlive the engine): when set,
+   * it drafts instead of prompt lookup, from its own paged KV (bf16, taken as needed, outside
+   * the KV budget) and its own final sampling distribution q under the request's parameters. */
+  ci_model *draft_model;
   int draft_max; /* 1..CI_ENGINE_MAX_DRAFT (5) */
   int draft_min; /* 1..draft_max (1) */
 } ci_engine_options;

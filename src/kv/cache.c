@@ -505,7 +505,7 @@ int ci_kv_seq_round_open(ci_kv_seq *seq, int64_t n_rows) {
 
 int ci_kv_seq_round_close(ci_kv_seq *seq, int64_t n_keep) {
   if (!seq->round_open) return ci_fail("kv sequence: no speculative round is open");
-  if (n_keep <= seq->round_start || n_keep > seq->n || seq->n - n_keep > seq->rollback_reserve)
+  if (n_keep < seq->round_start || n_keep > seq->n || seq->n - n_keep > seq->rollback_reserve)
     return ci_fail("kv sequence: cannot keep %lld positions of %lld (round start %lld, rollback "
                    "reserve %lld)",
                    (long long)n_keep, (long long)seq->n, (long long)seq->round_start,

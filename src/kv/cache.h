@@ -193,7 +193,7 @@ void ci_kv_seq_set_rollback_reserve(ci_kv_seq *seq, int64_t reserve);
  * conversion at S then runs when the round closes, so no rollback ever crosses it. */
 int ci_kv_seq_round_open(ci_kv_seq *seq, int64_t n_rows);
 
-/* Closes the open round keeping n_keep positions (round start < n_keep <= n, n - n_keep <= R):
+/* Closes the open round keeping n_keep positions (round start <= n_keep <= n, n - n_keep <= R):
  * blocks entirely at or past n_keep are released (a shared block is only let go, never written),
  * then sliding retention and a due conversion run as at a commit. The cache is left as if the
  * dropped positions had never been appended: re-appending the same tokens gives bit-identical
