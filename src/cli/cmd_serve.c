@@ -21,7 +21,7 @@ static const char usage[] =
     "                    [--alias NAME] [--batch N] [--batch-tokens N] [--max-queue N]\n"
     "                    [-c|--ctx-size N] [--memory-budget GB] [--prefill-chunk N]\n"
     "                    [--prompt-cache GiB] [--max-body MiB] [--cors ORIGIN|*] [--no-webui]\n"
-    "                    [--lookup-ngram N] [--draft-max N] [--draft-min N]\n"
+    "                    [--lookup-ngram N | --draft-model DIR] [--draft-max N] [--draft-min N]\n"
     "                    [sampling defaults: --temp ...]\n" CI_CLI_MODEL_USAGE CI_CLI_KV_USAGE
     "Serves the OpenAI (/v1/chat/completions, /v1/completions, /v1/models) and Anthropic\n"
     "(/v1/messages) APIs plus /health, /metrics and /stats. --api-key (or CINFER_API_KEY; a\n"
@@ -31,8 +31,9 @@ static const char usage[] =
     "the KV budget; 0 turns it off). A chat page is served at / unless --no-webui.\n"
     "--lookup-ngram N turns on speculative decoding by prompt lookup (n-grams of N .. 1 tokens\n"
     "of the prompt and the text so far propose up to --draft-max tokens (5) per round, verified\n"
-    "in one step; the draft length adapts between --draft-min (1) and --draft-max); a request\n"
-    "may lower its draft length or turn it off with \"num_draft\" or \"speculative\".\n";
+    "in one step; the draft length adapts between --draft-min (1) and --draft-max);\n"
+    "--draft-model DIR drafts with a smaller model sharing the tokenizer instead. A request may\n"
+    "lower its draft length or turn it off with \"num_draft\" or \"speculative\".\n";
 
 int ci_verb_serve(int argc, char **argv) {
   ci_flag flags[] = {{"--model", "-m", 1, NULL},
@@ -51,6 +52,7 @@ int ci_verb_serve(int argc, char **argv) {
                      {"--cors", NULL, 1, NULL},
                      {"--no-webui", NULL, 0, NULL},
                      {"--lookup-ngram", NULL, 1, NULL},
+                     {"--draft-model", "--model-draft", 1, NULL},
                      {"--draft-max", "--num-draft", 1, NULL},
                      {"--draft-min", NULL, 1, NULL},
                      {"--help", "-h", 0, NULL},
@@ -133,6 +135,7 @@ int ci_verb_serve(int argc, char **argv) {
   if (rc) return rc;
   rc = 1;
   cinfer_engine *engine = NULL;
+  cinfer_model *draft = NULL;
   ci_server *server = NULL;
   char *folder = NULL; /* the model folder's real path (for its name) */
   if (!cinfer_model_tokenizer(model)) {
@@ -154,6 +157,18 @@ int ci_verb_serve(int argc, char **argv) {
   eo.lookup_ngram = (int)lookup_ngram;
   eo.draft_max = (int)draft_max;
   eo.draft_min = (int)draft_min;
+  const char *draft_arg = ci_args_get(flags, nf, "--draft-model");
+  if (draft_arg) {
+    if (ci_cli_model_load(flags, nf, "serve", draft_arg, &draft)) goto done;
+    if (cinfer_model_vocab_size(draft) != cinfer_model_vocab_size(model)) {
+      fprintf(stderr,
+              "cinfer serve: the draft model %s has %d tokens, the model %d: a draft model must "
+              "share the model's tokenizer\n",
+              draft_arg, cinfer_model_vocab_size(draft), cinfer_model_vocab_size(model));
+      goto done;
+    }
+    eo.draft_model = draft;
+  }
   eo.context_size = (int)ctx_size;
   /* a plain --kv-codec (bf16, f32) is what every sequence stores; a quantized one is each
      request's plan from bf16 */
@@ -231,6 +246,7 @@ done:
   cinfer_engine_stop(engine); /* ends every stream, so connections can close */
   ci_server_stop(server);
   cinfer_engine_free(engine);
+  cinfer_model_free(draft);
   cinfer_model_free(model);
   free(folder);
   return rc;
