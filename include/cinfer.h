@@ -184,6 +184,11 @@ typedef struct {
   /* Sessions only (an engine sets these for all its requests). */
   int context_size;  /* positions a session may hold; 0 = the model's context length */
   int prefill_chunk; /* prompt tokens per forward pass while feeding; 0 = 2048 */
+  int lookup_ngram;  /* speculative decoding by prompt lookup (docs/generation.md "Speculative
+                        decoding"): n-grams of lookup_ngram .. 1 tokens draft up to draft_max
+                        tokens per step, verified in one forward; 0 = off */
+  int draft_max;     /* 0 = 5; at most 32 */
+  int draft_min;     /* 0 = 1; the adaptive draft length never drops below it */
 } cinfer_params;
 
 /* Fills the defaults: the built-in sampling defaults (temperature 0.7, filters off, penalty
@@ -427,6 +432,8 @@ cinfer_status cinfer_model_kv_bytes_per_token(const cinfer_model *model,
 typedef struct {
   int prompt_tokens;      /* ids fed in the turn */
   int generated_tokens;   /* tokens sampled in the turn, EOS included */
+  int draft_tokens;       /* tokens drafted by speculative decoding in the turn */
+  int accepted_tokens;    /* of which verification accepted */
   double prefill_seconds; /* time spent feeding */
   double ttft_seconds;    /* first feed of the turn -> first token sampled */
   double decode_seconds;  /* first token sampled -> last token sampled */

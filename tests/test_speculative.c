@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "cinfer.h"
 #include "base/error.h"
 #include "engine/engine.h"
 #include "engine/lookup.h"
@@ -414,6 +415,73 @@ static void test_greedy_rule(void **state) {
   ci_sampler_free(s);
 }
 
+/* Sessions (generate, chat): the same tokens and logprobs with and without prompt lookup, over
+ * two turns where the first is cut short while a round's tokens are still queued. */
+typedef struct {
+  int32_t ids[128];
+  float lps[128];
+  int n;
+  int drafted;
+} session_run;
+
+static void session_turn(cinfer_session *s, session_run *out, int limit) {
+  for (int i = 0; i < limit; i++) {
+    int32_t t;
+    const cinfer_status st = cinfer_session_step(s, &t);
+    if (st == CINFER_DONE) break;
+    assert_int_equal(st, CINFER_OK);
+    float lp;
+    assert_int_equal(cinfer_session_logprobs(s, 0, &lp, NULL, NULL, NULL), CINFER_OK);
+    out->ids[out->n] = t;
+    out->lps[out->n++] = lp;
+  }
+  cinfer_timings tm;
+  assert_int_equal(cinfer_session_timings(s, &tm), CINFER_OK);
+  out->drafted += tm.draft_tokens;
+}
+
+static session_run run_session(cinfer_model *model, int lookup, const char *codec, int64_t start) {
+  cinfer_params p;
+  cinfer_params_init(&p, model);
+  p.temperature = 0;
+  p.max_tokens = 30;
+  p.lookup_ngram = lookup;
+  p.draft_max = 4;
+  p.kv_codec = codec;
+  p.kv_start = start;
+  cinfer_session *s = NULL;
+  assert_int_equal(cinfer_session_create(model, &p, &s), CINFER_OK);
+  int32_t prompt[64];
+  const int n = make_prompt(1, prompt);
+  session_run r = {0};
+  assert_int_equal(cinfer_session_feed(s, prompt, (size_t)n, NULL, 0), CINFER_OK);
+  session_turn(s, &r, 7); /* stops mid-round: the rest of the round is dropped */
+  assert_int_equal(cinfer_session_feed(s, prompt + 3, 6, NULL, 0), CINFER_OK);
+  session_turn(s, &r, 100);
+  cinfer_session_free(s);
+  return r;
+}
+
+static void test_session_identical(void **state) {
+  (void)state;
+  cinfer_model *model = NULL;
+  assert_int_equal(cinfer_model_load(STARTER, NULL, &model), CINFER_OK);
+  static const struct {
+    const char *codec;
+    int64_t start;
+  } plans2[] = {{"bf16", 0}, {"affine", 0}, {"turbo", 56}};
+  for (size_t c = 0; c < sizeof plans2 / sizeof plans2[0]; c++) {
+    const session_run plain = run_session(model, 0, plans2[c].codec, plans2[c].start);
+    const session_run spec = run_session(model, 3, plans2[c].codec, plans2[c].start);
+    assert_int_equal(spec.n, plain.n);
+    assert_memory_equal(spec.ids, plain.ids, (size_t)plain.n * sizeof(int32_t));
+    assert_memory_equal(spec.lps, plain.lps, (size_t)plain.n * sizeof(float));
+    assert_int_equal(plain.drafted, 0);
+    assert_true(spec.drafted > 0);
+  }
+  cinfer_model_free(model);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lookup),
@@ -422,6 +490,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_greedy_identical_lookup, setup, teardown),
       cmocka_unit_test_setup_teardown(test_greedy_identical_draft_model, setup, teardown),
       cmocka_unit_test_setup_teardown(test_draft_model_sampling, setup, teardown),
+      cmocka_unit_test(test_session_identical),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
