@@ -415,6 +415,106 @@ static void test_greedy_rule(void **state) {
   ci_sampler_free(s);
 }
 
+/* End to end through the engine: the token at output index 1 (the first verified one) of sampled
+ * requests (temperature
+ * 0.8, top-k 6, 900 seeds) has the same distribution with prompt lookup, with a draft model (the
+ * fixture's q8 twin, so q differs from p) and without speculation (two-sample chi-square). */
+enum { E2E_SEEDS = 900, E2E_POS = 1 };
+
+static void sample_tokens(ci_model *m, int lookup, ci_model *draft, int *counts, int *drafted) {
+  ci_engine_options o;
+  ci_engine_options_default(&o);
+  o.batch = 8;
+  o.ctx_size = 300;
+  o.lookup_ngram = lookup;
+  o.draft_model = draft;
+  o.draft_max = 3;
+  ci_engine *e = ci_engine_create(m, &o);
+  assert_non_null(e);
+  /* every id once (so prompt lookup always finds the last token), then a repeated pattern */
+  int32_t prompt[260];
+  for (int i = 0; i < 256; i++) prompt[i] = (int32_t)((i * 37) % 256);
+  for (int i = 256; i < 260; i++) prompt[i] = (int32_t)(i % 4 + 5);
+  ci_engine_request *reqs[64];
+  for (int base = 0; base < E2E_SEEDS; base += 64) {
+    const int n = E2E_SEEDS - base < 64 ? E2E_SEEDS - base : 64;
+    for (int i = 0; i < n; i++) {
+      ci_engine_job job;
+      memset(&job, 0, sizeof job);
+      job.prompt = prompt;
+      job.n_prompt = (int)(sizeof prompt / sizeof prompt[0]);
+      job.max_tokens = E2E_POS + 2;
+      job.kv_plan = CI_KV_PLAN_NONE;
+      ci_sampler_params_default(&job.sampling);
+      job.sampling.temperature = 0.8f;
+      job.sampling.top_k = 6;
+      job.sampling.seed = 1000 + (uint64_t)(base + i);
+      job.sampling.has_seed = 1;
+      assert_int_equal(ci_engine_submit(e, &job, &reqs[i]), CI_ENGINE_SUBMITTED);
+    }
+    for (int i = 0; i < n; i++) {
+      int32_t out[MAX_GEN];
+      float lps[MAX_GEN];
+      ci_engine_event done;
+      const int got = collect(reqs[i], out, lps, &done);
+      ci_engine_request_release(reqs[i]);
+      assert_int_equal(got, E2E_POS + 2);
+      counts[out[E2E_POS]]++;
+      *drafted += done.draft_tokens;
+    }
+  }
+  ci_engine_free(e);
+}
+
+static void test_engine_sampled_distribution(void **state) {
+  (void)state;
+  ci_backend *be = ci_cpu_backend_create(1);
+  ci_model *m = ci_model_load(CI_FIXTURE_DIR "/llama", be);
+  ci_model *draft = ci_model_load(CI_FIXTURE_DIR "/llama-q8g32", be);
+  assert_non_null(m);
+  assert_non_null(draft);
+  const int vocab = m->spec.vocab;
+  int *plain = calloc((size_t)vocab, sizeof *plain);
+  int *spec = calloc((size_t)vocab, sizeof *spec);
+  int drafted = 0;
+  sample_tokens(m, 0, NULL, plain, &drafted);
+  assert_int_equal(drafted, 0);
+  for (int variant = 0; variant < 2; variant++) {
+    memset(spec, 0, (size_t)vocab * sizeof *spec);
+    drafted = 0;
+    sample_tokens(m, variant == 0 ? 2 : 0, variant == 1 ? draft : NULL, spec, &drafted);
+    assert_true(drafted > 0);
+    /* homogeneity of two samples of equal size: sum (a - b)^2 / (a + b) over cells with
+     * a + b >= 10, the rest pooled */
+    double chi = 0.0;
+    int cells = 0, pooled_a = 0, pooled_b = 0;
+    for (int t = 0; t < vocab; t++) {
+      const int a = plain[t], b = spec[t];
+      if (a + b >= 10) {
+        chi += (double)(a - b) * (a - b) / (a + b);
+        cells++;
+      } else {
+        pooled_a += a;
+        pooled_b += b;
+      }
+    }
+    if (pooled_a + pooled_b > 0) {
+      chi += (double)(pooled_a - pooled_b) * (pooled_a - pooled_b) / (pooled_a + pooled_b);
+      cells++;
+    }
+    fprintf(stderr, "%s: %d drafted, chi2 %.1f (dof %d, limit %.1f)\n",
+            variant == 0 ? "prompt lookup" : "draft model", drafted, chi, cells - 1,
+            chi_limit(cells - 1));
+    assert_true(cells >= 3);
+    assert_true(chi < chi_limit(cells - 1));
+  }
+  free(plain);
+  free(spec);
+  ci_model_free(draft);
+  ci_model_free(m);
+  be->ops->destroy(be);
+}
+
 /* Sessions (generate, chat): the same tokens and logprobs with and without prompt lookup, over
  * two turns where the first is cut short while a round's tokens are still queued. */
 typedef struct {
@@ -491,6 +591,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_greedy_identical_draft_model, setup, teardown),
       cmocka_unit_test_setup_teardown(test_draft_model_sampling, setup, teardown),
       cmocka_unit_test(test_session_identical),
+      cmocka_unit_test(test_engine_sampled_distribution),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
