@@ -170,6 +170,9 @@ typedef struct {
   size_t n_stop_token_ids;
   int top_logprobs; /* engine requests: 0..CINFER_MAX_TOP_LOGPROBS most likely tokens reported
                        with each token event */
+  int num_draft;    /* engine requests, when the engine speculates (lookup_ngram > 0): drafts per
+                       round at most (capped at the engine's draft_max); 0 = the engine's
+                       draft_max, < 0 = this request does not speculate */
   /* KV cache codec plan (docs/kv-cache.md). kv_codec NULL follows the model folder's
    * kv_config.json (bf16 without one); "bf16" or "f32" store every layer in that format;
    * "affine", "turbo" or "turbo-v" store bf16 until the sequence holds kv_start tokens, then
@@ -184,6 +187,11 @@ typedef struct {
   /* Sessions only (an engine sets these for all its requests). */
   int context_size;  /* positions a session may hold; 0 = the model's context length */
   int prefill_chunk; /* prompt tokens per forward pass while feeding; 0 = 2048 */
+  int lookup_ngram;  /* speculative decoding by prompt lookup (docs/generation.md "Speculative
+                        decoding"): n-grams of lookup_ngram .. 1 tokens draft up to draft_max
+                        tokens per step, verified in one forward; 0 = off */
+  int draft_max;     /* 0 = 5; at most 32 */
+  int draft_min;     /* 0 = 1; the adaptive draft length never drops below it */
   /* Structured output (docs/generation.md §4.2): the generated text is constrained to a grammar;
    * every token it does not allow next is masked before sampling, EOS only once the text is
    * complete. At most one of: grammar, GBNF text (llama.cpp's format, start rule "root"); or
@@ -295,6 +303,15 @@ typedef struct {
   int batch_tokens;  /* rows one step runs at most, prompt chunks and decodes together (2048) */
   int prefill_chunk; /* prompt tokens per chunk (2048) */
   int max_queue;     /* waiting requests beyond which submit answers CINFER_QUEUE_FULL (256) */
+  /* Speculative decoding (docs/generation.md "Speculative decoding"): each round drafts tokens
+   * (by prompt lookup: those that followed the latest earlier occurrence of the last
+   * lookup_ngram .. 1 tokens; or by a draft model) and verifies them in one step; output is the
+   * same as without it (greedy: token for token; sampling: in distribution). */
+  int lookup_ngram;          /* 0 = off (0) */
+  cinfer_model *draft_model; /* a draft model sharing the model's tokenizer (borrowed; it must
+                                outlive the engine): drafts instead of prompt lookup (NULL) */
+  int draft_max;             /* drafts per round at most, 1..32 (5) */
+  int draft_min; /* the adaptive draft length never drops below this, 1..draft_max (1) */
 } cinfer_engine_options;
 
 /* Fills the defaults listed above. */
@@ -336,6 +353,8 @@ typedef struct {
   double queue_seconds;   /* DONE: submit -> admission */
   double prefill_seconds; /* DONE: admission -> first token */
   double decode_seconds;  /* DONE: first token -> last token */
+  int draft_tokens;       /* DONE: tokens drafted by speculative decoding */
+  int accepted_tokens;    /* DONE: of which verification accepted */
   int n_top;              /* TOKEN: entries in top_ids/top_logprobs */
   int32_t top_ids[CINFER_MAX_TOP_LOGPROBS];    /* TOKEN: the most likely tokens, best first */
   float top_logprobs[CINFER_MAX_TOP_LOGPROBS]; /* TOKEN: their log-probabilities */
@@ -384,6 +403,7 @@ typedef struct {
   int64_t requests_finished, requests_cancelled, requests_failed;
   int64_t prompt_tokens, cached_tokens, generated_tokens, steps, step_rows;
   int64_t prefix_hits, prefix_misses;
+  int64_t spec_draft_tokens, spec_accepted_tokens;    /* speculative decoding: drafted, accepted */
   int64_t prefix_cache_bytes, prefix_cache_max_bytes; /* bytes only the prefix cache holds; cap */
   int64_t prefix_cache_blocks, prefix_cache_entries;
 } cinfer_engine_stats;
@@ -427,6 +447,8 @@ cinfer_status cinfer_model_kv_bytes_per_token(const cinfer_model *model,
 typedef struct {
   int prompt_tokens;      /* ids fed in the turn */
   int generated_tokens;   /* tokens sampled in the turn, EOS included */
+  int draft_tokens;       /* tokens drafted by speculative decoding in the turn */
+  int accepted_tokens;    /* of which verification accepted */
   double prefill_seconds; /* time spent feeding */
   double ttft_seconds;    /* first feed of the turn -> first token sampled */
   double decode_seconds;  /* first token sampled -> last token sampled */

@@ -1,9 +1,9 @@
 /* Live-server tests: starts `cinfer serve --model models/starter` on a random loopback port,
- * waits for /health, runs the node SDK scripts in tests/server (openai, @anthropic-ai/sdk,
- * malformed requests, the cinfer extensions and CORS, structured output, Responses, embeddings, the
- * utility routes and issue 17's fixes, a bounded load test) and stops the server with SIGINT (exit
- * code 0); a second server checks the serve flags (--port 0, --host NAME, --chat-template, limits,
- * access log). */
+ * speculating by prompt lookup (--lookup-ngram 3), waits for /health, runs the node SDK scripts in
+ * tests/server (openai, @anthropic-ai/sdk, malformed requests, the cinfer extensions and CORS,
+ * structured output, Responses, embeddings, the utility routes and issue 17's fixes, a bounded
+ * load test) and stops the server with SIGINT (exit code 0); a second server checks the serve
+ * flags (--port 0, --host NAME, --chat-template, limits, access log). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -71,7 +71,7 @@ static int start_server(server *s) {
     if (s->pid == 0) {
       execl(CI_CINFER_BIN, CI_CINFER_BIN, "serve", "--model", STARTER, "--port", port, "--api-key",
             "test-key", "--batch", "8", "--max-queue", "256", "--threads", "1", "--cors",
-            "http://allowed.example", "--quiet", (char *)NULL);
+            "http://allowed.example", "--quiet", "--lookup-ngram", "3", (char *)NULL);
       _exit(127);
     }
     for (int i = 0; i < 600; i++) { /* up to 60 s (ASan start-up) */

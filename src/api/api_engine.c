@@ -29,6 +29,9 @@ void cinfer_engine_options_init(cinfer_engine_options *options) {
   options->batch_tokens = defaults.batch_tokens;
   options->prefill_chunk = defaults.prefill_chunk;
   options->max_queue = defaults.max_queue;
+  options->lookup_ngram = defaults.lookup_ngram;
+  options->draft_max = defaults.draft_max;
+  options->draft_min = defaults.draft_min;
 }
 
 cinfer_status cinfer_engine_create(cinfer_model *model, const cinfer_engine_options *options,
@@ -62,6 +65,10 @@ cinfer_status cinfer_engine_create(cinfer_model *model, const cinfer_engine_opti
   o.batch_tokens = options->batch_tokens;
   o.prefill_chunk = options->prefill_chunk;
   o.max_queue = options->max_queue;
+  o.lookup_ngram = options->lookup_ngram;
+  o.draft_model = options->draft_model ? options->draft_model->model : NULL;
+  o.draft_max = options->draft_max;
+  o.draft_min = options->draft_min;
   cinfer_engine *e = calloc(1, sizeof *e);
   if (!e) return ci_api_fail(CINFER_ERROR, "out of memory for an engine");
   e->model = model;
@@ -135,6 +142,7 @@ cinfer_status cinfer_engine_submit(cinfer_engine *engine, const int32_t *prompt,
   job.kv_start = r.kv_start;
   job.kv_protect = r.kv_protect;
   job.top_logprobs = params->top_logprobs;
+  job.num_draft = params->grammar || params->json_schema ? -1 : params->num_draft;
   const ci_engine_verdict verdict = ci_engine_submit(engine->engine, &job, &request->request);
   ci_grammar_free(grammar);
   switch (verdict) {
@@ -203,6 +211,8 @@ cinfer_status cinfer_request_next(cinfer_request *request, cinfer_event *event,
     event->queue_seconds = e.queue_seconds;
     event->prefill_seconds = e.prefill_seconds;
     event->decode_seconds = e.decode_seconds;
+    event->draft_tokens = e.draft_tokens;
+    event->accepted_tokens = e.accepted_tokens;
     request->finished = 1;
     break;
   case CI_ENGINE_EVENT_ERROR:
@@ -275,6 +285,8 @@ cinfer_status cinfer_engine_get_stats(cinfer_engine *engine, cinfer_engine_stats
   stats->step_rows = st.step_rows;
   stats->prefix_hits = st.prefix_hits;
   stats->prefix_misses = st.prefix_misses;
+  stats->spec_draft_tokens = st.spec_draft_tokens;
+  stats->spec_accepted_tokens = st.spec_accepted_tokens;
   stats->prefix_cache_bytes = st.prefix_cache_bytes;
   stats->prefix_cache_max_bytes = st.prefix_cache_max_bytes;
   stats->prefix_cache_blocks = st.prefix_cache_blocks;

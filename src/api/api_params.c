@@ -90,6 +90,11 @@ cinfer_status ci_api_resolve(const cinfer_model *model, const cinfer_params *p,
     return ci_api_fail(CINFER_INVALID_ARGUMENT, "max_tokens must be >= 1 (got %d)", p->max_tokens);
   if (p->context_size < 0 || p->prefill_chunk < 0)
     return ci_api_fail(CINFER_INVALID_ARGUMENT, "context_size and prefill_chunk must be >= 0");
+  if (p->lookup_ngram < 0 || p->lookup_ngram > 64 || p->draft_max < 0 || p->draft_max > 32 ||
+      p->draft_min < 0 || (p->draft_max > 0 && p->draft_min > p->draft_max))
+    return ci_api_fail(CINFER_INVALID_ARGUMENT,
+                       "lookup_ngram must be in [0, 64], draft_max in [0, 32] and draft_min in "
+                       "[0, draft_max]");
   out->max_tokens = p->max_tokens;
   if (!p->ignore_eos) out->eos = model->eos;
   if (p->n_stop_token_ids > 0 && !p->stop_token_ids)

@@ -7,15 +7,17 @@
 #include "base/error.h"
 #include "base/timing.h"
 #include "engine/finish_rule.h"
+#include "engine/lookup.h"
 #include "engine/session.h"
 #include "sample/logprobs.h"
 #include "grammar/matcher.h"
+#include "sample/spec_verify.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { DEFAULT_PREFILL_CHUNK = 2048 };
+enum { DEFAULT_PREFILL_CHUNK = 2048, DEFAULT_DRAFT_MAX = 5, MAX_DRAFT = 32 };
 
 struct cinfer_session {
   cinfer_model *model; /* not owned */
@@ -46,6 +48,19 @@ struct cinfer_session {
   int turn_open; /* fed since the last step: a later feed adds to the turn's prompt */
   int turn_prompt_tokens;
   double turn_start, prefill_seconds, first_token_at, last_token_at;
+  const float *lp; /* lp of the token sampled last (the sampler's, or a queued token's copy) */
+  /* Speculative decoding by prompt lookup (docs/generation.md §6): a round's emitted tokens wait
+   * in spec_queue and come out one per step while the KV round stays open; it closes when the
+   * queue drains, or earlier on a feed (keeping what was handed out). */
+  int lookup_ngram, spec_max, spec_min, spec_len;
+  ci_spec_scratch spec_scratch;
+  float *spec_rows; /* [(spec_max + 1) * vocab] the verify rows' logits */
+  float *spec_lp;   /* [(spec_max + 1) * vocab] lp of each queued token */
+  int32_t spec_queue[MAX_DRAFT + 1];
+  int spec_n_queue, spec_popped;
+  size_t spec_n_run0; /* n_run before the open round */
+  int64_t spec_kv0;   /* KV positions before the open round */
+  int turn_drafted, turn_accepted;
 };
 
 /* A sampler for the session's parameters with `seed` (keeps the drawn seed across resets). */
@@ -98,6 +113,23 @@ cinfer_status cinfer_session_create(cinfer_model *model, const cinfer_params *pa
   s->sampler = s->seq ? new_sampler(s, NULL) : NULL;
   s->logits = malloc((size_t)s->vocab * sizeof *s->logits);
   s->scratch = malloc((size_t)s->vocab * sizeof *s->scratch);
+  /* XTC makes the filtered distribution random: such sessions never speculate */
+  if (params->lookup_ngram > 0 && s->params.sampling.xtc_probability == 0.0f && s->seq) {
+    s->lookup_ngram = params->lookup_ngram;
+    s->spec_max = params->draft_max > 0 ? params->draft_max : DEFAULT_DRAFT_MAX;
+    s->spec_min = params->draft_min > 0 ? params->draft_min : 1;
+    if (s->spec_min > s->spec_max) s->spec_min = s->spec_max;
+    s->spec_len = s->spec_max;
+    const size_t rows = (size_t)(s->spec_max + 1) * (size_t)s->vocab;
+    s->spec_rows = malloc(rows * sizeof *s->spec_rows);
+    s->spec_lp = malloc(rows * sizeof *s->spec_lp);
+    if (!s->spec_rows || !s->spec_lp || ci_spec_scratch_init(&s->spec_scratch, s->vocab)) {
+      ci_fail("out of memory for a session");
+      cinfer_session_free(s);
+      return CINFER_ERROR;
+    }
+    ci_kv_seq_set_rollback_reserve(ci_session_kv_seq(s->seq), s->spec_max);
+  }
   if (!s->seq || !s->sampler || !s->logits || !s->scratch) {
     if (s->seq && s->sampler) ci_fail("out of memory for a session");
     cinfer_session_free(s);
@@ -117,19 +149,40 @@ void cinfer_session_free(cinfer_session *session) {
   free(session->tokens);
   free(session->logits);
   free(session->scratch);
+  free(session->spec_rows);
+  free(session->spec_lp);
+  ci_spec_scratch_free(&session->spec_scratch);
   free(session);
+}
+
+/* Closes an open speculative round keeping what was handed out: the KV keeps the round's first
+ * token and the handed-out tokens but the last (which is pending, as after any step). */
+static cinfer_status spec_close(cinfer_session *s) {
+  if (s->spec_n_queue == 0) return CINFER_OK;
+  ci_kv_seq *seq = ci_session_kv_seq(s->seq);
+  const int kept = s->spec_popped > 0 ? s->spec_popped : 1;
+  s->spec_n_queue = s->spec_popped = 0;
+  s->n_run = s->spec_n_run0 + (size_t)kept;
+  s->has_logits = 0;
+  if (seq && ci_kv_seq_round_close(seq, s->spec_kv0 + kept)) return CINFER_ERROR;
+  return CINFER_OK;
+}
+
+/* Makes room for `room` tokens in all. */
+static cinfer_status reserve_tokens(cinfer_session *s, size_t room) {
+  if (room <= s->cap) return CINFER_OK;
+  size_t cap = s->cap ? s->cap : 256;
+  while (cap < room) cap *= 2;
+  int32_t *bigger = realloc(s->tokens, cap * sizeof *bigger);
+  if (!bigger) return ci_api_fail(CINFER_ERROR, "out of memory for %zu tokens", cap);
+  s->tokens = bigger;
+  s->cap = cap;
+  return CINFER_OK;
 }
 
 /* Appends ids to tokens (not yet run). */
 static cinfer_status append_tokens(cinfer_session *s, const int32_t *ids, size_t n) {
-  if (s->n_tokens + n > s->cap) {
-    size_t cap = s->cap ? s->cap : 256;
-    while (cap < s->n_tokens + n) cap *= 2;
-    int32_t *bigger = realloc(s->tokens, cap * sizeof *bigger);
-    if (!bigger) return ci_api_fail(CINFER_ERROR, "out of memory for %zu tokens", cap);
-    s->tokens = bigger;
-    s->cap = cap;
-  }
+  if (reserve_tokens(s, s->n_tokens + n) != CINFER_OK) return CINFER_ERROR;
   memcpy(s->tokens + s->n_tokens, ids, n * sizeof *ids);
   s->n_tokens += n;
   return CINFER_OK;
@@ -190,12 +243,14 @@ cinfer_status cinfer_session_feed(cinfer_session *session, const int32_t *ids, s
     session->turn_prompt_tokens = 0;
     session->turn_start = start;
     session->prefill_seconds = session->first_token_at = session->last_token_at = 0;
+    session->turn_drafted = session->turn_accepted = 0;
   }
   session->finish = CINFER_FINISH_NONE;
   session->n_generated = 0;
   ci_grammar_matcher_free(session->matcher); /* the grammar restarts with the turn */
   session->matcher = NULL;
   atomic_store(&session->cancelled, 0);
+  if (spec_close(session) != CINFER_OK) return CINFER_ERROR;
   if (append_tokens(session, ids, n_ids) != CINFER_OK) return CINFER_ERROR;
   const cinfer_status status = run_pending(session, logits, n_logit_rows);
   session->prefill_seconds += ci_now_seconds() - start;
@@ -223,6 +278,81 @@ static cinfer_status finish(cinfer_session *s, cinfer_finish reason, int32_t *to
   return CINFER_DONE;
 }
 
+/* One speculative round after a pending sampled token x (tokens[n_tokens - 1], not yet in the
+ * KV): prompt lookup drafts d_1 .. d_k from the tokens so far, [x, d_1 .. d_k] run in one forward
+ * inside an open KV round, and verification (greedy match or rejection sampling, spec_verify.h)
+ * fills spec_queue with the accepted drafts and the next token, cut at a finishing token. No
+ * draft (or no room): the queue stays empty and the step decodes one token as usual. */
+static cinfer_status spec_round(cinfer_session *s) {
+  ci_kv_seq *seq = ci_session_kv_seq(s->seq);
+  if (!seq) return CINFER_OK;
+  int64_t k = s->spec_len;
+  const int64_t left = (int64_t)s->params.max_tokens - (int64_t)s->n_generated - 1;
+  const int64_t room = (int64_t)s->context_size - (int64_t)(s->n_synthetic + s->n_tokens) - 1;
+  const int64_t limit = ci_kv_seq_chunk_limit(seq); /* no round past a pending conversion */
+  if (k > left) k = left;
+  if (k > room) k = room;
+  if (limit != INT64_MAX && k > limit - 1) k = limit - 1;
+  if (k <= 0) return CINFER_OK;
+  /* the drafts go right after the tokens (not counted): the processors' history of a verify
+   * position is the tokens plus the drafts before it */
+  if (reserve_tokens(s, s->n_tokens + (size_t)k) != CINFER_OK) return CINFER_ERROR;
+  int32_t *drafts = s->tokens + s->n_tokens;
+  const int n_drafts =
+      ci_lookup_draft(s->tokens, (int64_t)s->n_tokens, s->lookup_ngram, 1, (int)k, drafts);
+  if (n_drafts == 0) return CINFER_OK;
+  s->spec_kv0 = seq->n;
+  s->spec_n_run0 = s->n_run;
+  if (ci_kv_seq_round_open(seq, n_drafts + 1)) return CINFER_ERROR;
+  s->spec_n_queue = 1; /* the round is open: spec_close closes it on any exit below */
+  s->spec_popped = 0;
+  if (ci_session_feed(s->seq, s->tokens + s->n_tokens - 1, n_drafts + 1, s->spec_rows,
+                      n_drafts + 1)) {
+    s->spec_n_queue = 0;
+    ci_kv_seq_round_close(seq, seq->n);
+    s->has_logits = 0;
+    return CINFER_ERROR;
+  }
+  const uint64_t base = ci_sampler_index(s->sampler);
+  const size_t v = (size_t)s->vocab;
+  int m = 0, accepted = 0;
+  for (int j = 0; j <= n_drafts; j++) {
+    float *row = s->spec_rows + (size_t)j * v;
+    int ok = 0;
+    int32_t t;
+    if (j < n_drafts)
+      t = ci_spec_verify(s->sampler, &s->spec_scratch, row, s->tokens, s->n_tokens + (size_t)j,
+                         base + (uint64_t)j, drafts[j], NULL, &ok);
+    else
+      t = ci_sampler_sample_at(s->sampler, row, s->tokens, s->n_tokens + (size_t)j,
+                               base + (uint64_t)j);
+    if (t < 0) {
+      spec_close(s);
+      return CINFER_ERROR;
+    }
+    memcpy(s->spec_lp + (size_t)j * v, ci_sampler_logprobs(s->sampler), v * sizeof(float));
+    s->spec_queue[m++] = t;
+    accepted += ok;
+    ci_finish_reason reason;
+    if (ci_generation_ends(&s->params.eos, t, (int64_t)s->n_generated + m, s->params.max_tokens,
+                           &reason) ||
+        !ok)
+      break;
+  }
+  ci_sampler_advance(s->sampler, (uint64_t)m);
+  s->spec_n_queue = m;
+  s->has_logits = 0;
+  s->turn_drafted += n_drafts;
+  s->turn_accepted += accepted;
+  /* adapt: all accepted -> one more next time; else the accepted length plus one */
+  if (accepted == n_drafts)
+    s->spec_len = s->spec_len < s->spec_max ? s->spec_len + 1 : s->spec_max;
+  else
+    s->spec_len = accepted + 1 > s->spec_min ? accepted + 1 : s->spec_min;
+  if (s->spec_len > s->spec_max) s->spec_len = s->spec_max;
+  return CINFER_OK;
+}
+
 cinfer_status cinfer_session_step(cinfer_session *session, int32_t *token) {
   if (!session || !token)
     return ci_api_fail(CINFER_INVALID_ARGUMENT, "cinfer_session_step: NULL argument");
@@ -244,30 +374,46 @@ cinfer_status cinfer_session_step(cinfer_session *session, int32_t *token) {
   if (s->n_generated >= (size_t)s->params.max_tokens ||
       s->n_synthetic + s->n_tokens >= (size_t)s->context_size)
     return finish(s, CINFER_FINISH_LENGTH, token);
-  if (s->n_run < s->n_tokens && run_pending(s, NULL, 0) != CINFER_OK) return CINFER_ERROR;
-  if (!s->has_logits)
-    return ci_api_fail(CINFER_ERROR, "no logits to sample from (a feed failed): reset the session");
-  if (atomic_load(&s->cancelled)) {
-    s->finish = CINFER_FINISH_CANCEL;
-    return ci_api_fail(CINFER_CANCELLED, "the session was cancelled");
+  /* a grammar-constrained session does not speculate (drafts are not masked) */
+  if (s->spec_max > 0 && !s->grammar && s->spec_n_queue == 0 && s->n_tokens > 0 &&
+      s->n_run + 1 == s->n_tokens) {
+    s->has_sampled = 0;
+    if (spec_round(s) != CINFER_OK) return CINFER_ERROR;
   }
-  /* docs/generation.md §3: sample, count, then the finish rule (EOS > length). */
-  memcpy(s->scratch, s->logits, (size_t)s->vocab * sizeof *s->scratch);
-  if (s->grammar) { /* the grammar mask (processor 5 of §4.2) */
-    if (!s->matcher && !(s->matcher = ci_grammar_matcher_create(s->grammar, s->grammar_vocab)))
-      return ci_api_fail(CINFER_ERROR, "%s", ci_last_error());
-    const int allowed =
-        ci_grammar_matcher_apply(s->matcher, s->scratch, s->params.eos.ids, s->params.eos.n);
-    if (allowed < 0) return ci_api_fail(CINFER_ERROR, "%s", ci_last_error());
-    if (allowed == 0) {
-      if (!ci_grammar_matcher_is_complete(s->matcher))
-        return ci_api_fail(CINFER_ERROR, "the grammar allows no token of the vocabulary here");
-      return finish(s, CINFER_FINISH_STOP, token); /* complete, and nothing may follow */
+  int32_t next;
+  if (s->spec_n_queue > 0) { /* a speculative round's tokens, one per step */
+    next = s->spec_queue[s->spec_popped];
+    s->lp = s->spec_lp + (size_t)s->spec_popped * (size_t)s->vocab;
+    s->spec_popped++;
+    if (s->spec_popped == s->spec_n_queue && spec_close(s) != CINFER_OK) return CINFER_ERROR;
+  } else {
+    if (s->n_run < s->n_tokens && run_pending(s, NULL, 0) != CINFER_OK) return CINFER_ERROR;
+    if (!s->has_logits)
+      return ci_api_fail(CINFER_ERROR,
+                         "no logits to sample from (a feed failed): reset the session");
+    if (atomic_load(&s->cancelled)) {
+      s->finish = CINFER_FINISH_CANCEL;
+      return ci_api_fail(CINFER_CANCELLED, "the session was cancelled");
     }
+    /* docs/generation.md §3: sample, count, then the finish rule (EOS > length). */
+    memcpy(s->scratch, s->logits, (size_t)s->vocab * sizeof *s->scratch);
+    if (s->grammar) { /* the grammar mask (processor 5 of §4.2) */
+      if (!s->matcher && !(s->matcher = ci_grammar_matcher_create(s->grammar, s->grammar_vocab)))
+        return ci_api_fail(CINFER_ERROR, "%s", ci_last_error());
+      const int allowed =
+          ci_grammar_matcher_apply(s->matcher, s->scratch, s->params.eos.ids, s->params.eos.n);
+      if (allowed < 0) return ci_api_fail(CINFER_ERROR, "%s", ci_last_error());
+      if (allowed == 0) {
+        if (!ci_grammar_matcher_is_complete(s->matcher))
+          return ci_api_fail(CINFER_ERROR, "the grammar allows no token of the vocabulary here");
+        return finish(s, CINFER_FINISH_STOP, token); /* complete, and nothing may follow */
+      }
+    }
+    s->has_sampled = 0; /* the sampler's log-probabilities change now */
+    next = ci_sampler_next(s->sampler, s->scratch, s->tokens, s->n_tokens);
+    if (next < 0) return CINFER_ERROR;
+    s->lp = ci_sampler_logprobs(s->sampler);
   }
-  s->has_sampled = 0; /* the sampler's log-probabilities change now */
-  const int32_t next = ci_sampler_next(s->sampler, s->scratch, s->tokens, s->n_tokens);
-  if (next < 0) return CINFER_ERROR;
   s->has_sampled = 1;
   if (s->matcher && !ci_eos_set_contains(&s->params.eos, next) &&
       ci_grammar_matcher_accept_token(s->matcher, next))
@@ -327,6 +473,8 @@ cinfer_status cinfer_session_reset(cinfer_session *session) {
   if (!sampler) return CINFER_ERROR;
   ci_sampler_free(session->sampler);
   session->sampler = sampler;
+  session->spec_n_queue = session->spec_popped = 0; /* the sequence goes, round and all */
+  session->spec_len = session->spec_max;
   session->n_tokens = session->n_run = session->n_generated = session->n_synthetic = 0;
   ci_grammar_matcher_free(session->matcher);
   session->matcher = NULL;
@@ -335,7 +483,10 @@ cinfer_status cinfer_session_reset(cinfer_session *session) {
   session->turn_open = 0;
   session->has_sampled = 0;
   atomic_store(&session->cancelled, 0);
-  return ci_session_reset(session->seq) ? CINFER_ERROR : CINFER_OK;
+  if (ci_session_reset(session->seq)) return CINFER_ERROR;
+  if (session->spec_max > 0)
+    ci_kv_seq_set_rollback_reserve(ci_session_kv_seq(session->seq), session->spec_max);
+  return CINFER_OK;
 }
 
 cinfer_status cinfer_session_timings(const cinfer_session *session, cinfer_timings *timings) {
@@ -345,6 +496,8 @@ cinfer_status cinfer_session_timings(const cinfer_session *session, cinfer_timin
   memset(timings, 0, sizeof *timings);
   timings->prompt_tokens = s->turn_prompt_tokens;
   timings->generated_tokens = (int)s->n_generated;
+  timings->draft_tokens = s->turn_drafted;
+  timings->accepted_tokens = s->turn_accepted;
   timings->prefill_seconds = s->prefill_seconds;
   if (s->prefill_seconds > 0) timings->prefill_tok_s = s->turn_prompt_tokens / s->prefill_seconds;
   if (s->n_generated > 0) {
@@ -363,7 +516,7 @@ cinfer_status cinfer_session_logprobs(const cinfer_session *session, int k, floa
     return ci_api_fail(CINFER_INVALID_ARGUMENT,
                        "cinfer_session_logprobs: k must be in [0, %d] with room for k entries",
                        CINFER_MAX_TOP_LOGPROBS);
-  const float *lp = session->has_sampled ? ci_sampler_logprobs(session->sampler) : NULL;
+  const float *lp = session->has_sampled ? session->lp : NULL;
   if (!lp)
     return ci_api_fail(CINFER_INVALID_ARGUMENT,
                        "no log-probabilities: the last call was not a step that sampled a token");

@@ -6,6 +6,7 @@
 #include "cli/args.h"
 #include "cli/kv_flags.h"
 #include "cli/sampling_flags.h"
+#include "cli/spec_flags.h"
 #include "cli/text_session.h"
 #include "cli/verbs.h"
 
@@ -19,7 +20,9 @@ static const char usage[] =
     "usage: cinfer chat --model DIR [--system TEXT] [--chat-template FILE] [-n|--max-tokens N]\n"
     "                   [--temp T] [--top-p P] [--top-k K] [--min-p P] [--repeat-penalty R] "
     "[--presence-penalty P]\n"
-    "                   [--frequency-penalty F] [--seed S]\n" CI_CLI_MODEL_USAGE CI_CLI_KV_USAGE
+    "                   [--frequency-penalty F] [--seed S]\n"
+    "                   [--lookup-ngram N] [--draft-max 5] [--draft-min 1]\n" CI_CLI_MODEL_USAGE
+        CI_CLI_KV_USAGE
     "Type a message and press enter; /reset clears the conversation, /exit quits.\n";
 
 enum { CHAT_DEFAULT_MAX_TOKENS = 1024 };
@@ -60,6 +63,7 @@ int ci_verb_chat(int argc, char **argv) {
                      {"--help", "-h", 0, NULL},
                      CI_CLI_MODEL_FLAGS,
                      CI_CLI_SAMPLING_FLAGS,
+                     CI_CLI_SPEC_FLAGS,
                      CI_CLI_KV_FLAGS};
   const int nf = sizeof flags / sizeof flags[0];
   if (ci_args_parse(argc, argv, flags, nf, "chat")) return 2;
@@ -76,6 +80,7 @@ int ci_verb_chat(int argc, char **argv) {
   cinfer_params_init(&params, NULL);
   cinfer_model_options model_options;
   if (ci_cli_sampling_flags(flags, nf, "chat", &params) ||
+      ci_cli_spec_flags(flags, nf, "chat", &params) ||
       ci_cli_model_options(flags, nf, "chat", &model_options) ||
       ci_cli_kv_flags(flags, nf, "chat", &params, NULL, 0, NULL))
     return 2;
@@ -102,6 +107,7 @@ int ci_verb_chat(int argc, char **argv) {
   cinfer_params_init(&params, model);
   if (!cinfer_model_max_new_tokens(model)) params.max_tokens = CHAT_DEFAULT_MAX_TOKENS;
   ci_cli_sampling_flags(flags, nf, "chat", &params);
+  ci_cli_spec_flags(flags, nf, "chat", &params);
   ci_cli_kv_flags(flags, nf, "chat", &params, NULL, 0, NULL);
   params.max_tokens_explicit = 0;
   if (!history || cinfer_session_create(model, &params, &session) != CINFER_OK) {

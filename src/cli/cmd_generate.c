@@ -8,6 +8,7 @@
 #include "cli/args.h"
 #include "cli/kv_flags.h"
 #include "cli/sampling_flags.h"
+#include "cli/spec_flags.h"
 #include "cli/text_session.h"
 #include "cli/verbs.h"
 
@@ -21,12 +22,15 @@ static const char usage[] =
     "                       [-n|--max-tokens N] [--temp T] [--top-p P]\n"
     "                       [--top-k K] [--min-p P] [--repeat-penalty R] [--presence-penalty P]\n"
     "                       [--frequency-penalty F] [--seed S] [--prefill-chunk N]\n"
-    "                       [-c|--ctx-size N] [--ignore-eos] [--json]\n" CI_CLI_MODEL_USAGE
+    "                       [-c|--ctx-size N] [--ignore-eos] [--json]\n"
+    "                       [--lookup-ngram N] [--draft-max 5] [--draft-min 1]\n" CI_CLI_MODEL_USAGE
         CI_CLI_KV_USAGE
     "Sampling defaults come from the model's generation_config.json, else temperature 0.7 and\n"
     "every filter off; --temp 0 is greedy. A text prompt streams the generated text (--chat\n"
     "wraps it in the model's chat template); an --ids prompt prints the generated ids (EOS not\n"
-    "printed). Stats go to stderr; --json prints {ids, text?, finish_reason, stats} instead.\n";
+    "printed). Stats go to stderr; --json prints {ids, text?, finish_reason, stats} instead.\n"
+    "--lookup-ngram N speculates by prompt lookup (docs/generation.md §6): the same output\n"
+    "(greedy: token for token), fewer forward passes on repetitive text.\n";
 
 /* ==== Prompt ==== */
 
@@ -154,10 +158,11 @@ static void print_json(const int32_t *generated, size_t n_generated, const char 
   for (size_t i = 0; ids && i < n_generated; i++)
     json_array_append_new(ids, json_integer(generated[i]));
   json_t *stats = json_pack(
-      "{s:i, s:f, s:f, s:i, s:f, s:f, s:I, s:I}", "prompt_tokens", t->prompt_tokens, "prefill_ms",
-      t->prefill_seconds * 1000, "prefill_tok_s", t->prefill_tok_s, "gen_tokens",
+      "{s:i, s:f, s:f, s:i, s:f, s:f, s:I, s:I, s:i, s:i}", "prompt_tokens", t->prompt_tokens,
+      "prefill_ms", t->prefill_seconds * 1000, "prefill_tok_s", t->prefill_tok_s, "gen_tokens",
       t->generated_tokens, "decode_tok_s", t->decode_tok_s, "ttft_ms", t->ttft_seconds * 1000,
-      "peak_rss_bytes", (json_int_t)ci_peak_rss_bytes(), "seed", (json_int_t)(int64_t)seed);
+      "peak_rss_bytes", (json_int_t)ci_peak_rss_bytes(), "seed", (json_int_t)(int64_t)seed,
+      "draft_tokens", t->draft_tokens, "accepted_tokens", t->accepted_tokens);
   json_t *root = ids && stats ? json_pack("{s:o, s:s, s:o}", "ids", ids, "finish_reason", finish,
                                           "stats", stats)
                               : NULL;
@@ -188,6 +193,7 @@ int ci_verb_generate(int argc, char **argv) {
                      {"--help", "-h", 0, NULL},
                      {"--stop", NULL, 1, NULL},
                      CI_CLI_SAMPLING_FLAGS,
+                     CI_CLI_SPEC_FLAGS,
                      CI_CLI_MODEL_FLAGS,
                      CI_CLI_KV_FLAGS};
   const int nf = sizeof flags / sizeof flags[0];
@@ -208,6 +214,7 @@ int ci_verb_generate(int argc, char **argv) {
   long long prefill_chunk, ctx_size;
   if (ci_cli_kv_flags(flags, nf, "generate", &params, NULL, 0, NULL) ||
       ci_cli_sampling_flags(flags, nf, "generate", &params) ||
+      ci_cli_spec_flags(flags, nf, "generate", &params) ||
       ci_cli_model_options(flags, nf, "generate", &model_options) ||
       ci_args_int(flags, nf, "--prefill-chunk", 2048, 1, 1 << 24, &prefill_chunk) ||
       ci_args_int(flags, nf, "--ctx-size", 0, 1, INT_MAX, &ctx_size))
@@ -253,6 +260,7 @@ int ci_verb_generate(int argc, char **argv) {
   cinfer_params_init(&params, model);
   ci_cli_kv_flags(flags, nf, "generate", &params, NULL, 0, NULL);
   ci_cli_sampling_flags(flags, nf, "generate", &params);
+  ci_cli_spec_flags(flags, nf, "generate", &params);
   params.prefill_chunk = (int)prefill_chunk;
   params.context_size = (int)ctx_size;
   params.ignore_eos = ci_args_get(flags, nf, "--ignore-eos") != NULL;
@@ -285,6 +293,9 @@ int ci_verb_generate(int argc, char **argv) {
           "prompt %d tok %.1f tok/s | gen %d tok %.1f tok/s | ttft %.1f ms | peak %.2f GB\n",
           t.prompt_tokens, t.prefill_tok_s, t.generated_tokens, t.decode_tok_s,
           t.ttft_seconds * 1000, (double)ci_peak_rss_bytes() / 1e9);
+  if (t.draft_tokens > 0)
+    fprintf(stderr, "speculative: %d drafted, %d accepted (%.0f%%)\n", t.draft_tokens,
+            t.accepted_tokens, 100.0 * t.accepted_tokens / t.draft_tokens);
   rc = 0;
 done:
   ci_text_printer_free(&text_out);

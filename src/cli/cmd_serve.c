@@ -23,6 +23,7 @@ static const char usage[] =
     "                    [--prompt-cache GiB] [--max-body MiB] [--cors ORIGIN|*] [--no-webui]\n"
     "                    [--chat-template FILE] [--log-format text|json] [-q|--quiet]\n"
     "                    [--idle-timeout S] [--max-connections N]\n"
+    "                    [--lookup-ngram N | --draft-model DIR] [--draft-max N] [--draft-min N]\n"
     "                    [sampling defaults: --temp ...]\n" CI_CLI_MODEL_USAGE CI_CLI_KV_USAGE
     "Serves the OpenAI (/v1/chat/completions, /v1/completions, /v1/models) and Anthropic\n"
     "(/v1/messages) APIs plus /health, /metrics and /stats. --api-key (or CINFER_API_KEY; a\n"
@@ -33,7 +34,12 @@ static const char usage[] =
     "takes a free port (printed). --host takes an IPv4/IPv6 address or a name. One access log\n"
     "line per request on stderr (--log-format json for JSON lines; --quiet for none). Idle\n"
     "connections close after --idle-timeout seconds (default 30); at most --max-connections\n"
-    "(default 4096) are open.\n";
+    "(default 4096) are open.\n"
+    "--lookup-ngram N turns on speculative decoding by prompt lookup (n-grams of N .. 1 tokens\n"
+    "of the prompt and the text so far propose up to --draft-max tokens (5) per round, verified\n"
+    "in one step; the draft length adapts between --draft-min (1) and --draft-max);\n"
+    "--draft-model DIR drafts with a smaller model sharing the tokenizer instead. A request may\n"
+    "lower its draft length or turn it off with \"num_draft\" or \"speculative\".\n";
 
 int ci_verb_serve(int argc, char **argv) {
   ci_flag flags[] = {{"--model", "-m", 1, NULL},
@@ -56,6 +62,10 @@ int ci_verb_serve(int argc, char **argv) {
                      {"--idle-timeout", NULL, 1, NULL},
                      {"--max-connections", NULL, 1, NULL},
                      {"--chat-template", NULL, 1, NULL},
+                     {"--lookup-ngram", NULL, 1, NULL},
+                     {"--draft-model", "--model-draft", 1, NULL},
+                     {"--draft-max", "--num-draft", 1, NULL},
+                     {"--draft-min", NULL, 1, NULL},
                      {"--help", "-h", 0, NULL},
                      CI_CLI_MODEL_FLAGS,
                      CI_CLI_SAMPLING_FLAGS,
@@ -80,6 +90,7 @@ int ci_verb_serve(int argc, char **argv) {
   cinfer_model_options model_options;
   long long port, batch, batch_tokens, max_queue, ctx_size, prefill_chunk, max_body, idle_timeout,
       max_connections;
+  long long lookup_ngram, draft_max, draft_min;
   if (ci_cli_sampling_flags(flags, nf, "serve", &defaults) ||
       ci_cli_model_options(flags, nf, "serve", &model_options) ||
       ci_args_int(flags, nf, "--port", 8080, 0, 65535, &port) ||
@@ -90,8 +101,16 @@ int ci_verb_serve(int argc, char **argv) {
       ci_args_int(flags, nf, "--prefill-chunk", 2048, 1, 1 << 24, &prefill_chunk) ||
       ci_args_int(flags, nf, "--max-body", 16, 1, 4096, &max_body) ||
       ci_args_int(flags, nf, "--idle-timeout", 30, 1, 86400, &idle_timeout) ||
-      ci_args_int(flags, nf, "--max-connections", 4096, 1, 1 << 16, &max_connections))
+      ci_args_int(flags, nf, "--max-connections", 4096, 1, 1 << 16, &max_connections) ||
+      ci_args_int(flags, nf, "--lookup-ngram", 0, 0, 64, &lookup_ngram) ||
+      ci_args_int(flags, nf, "--draft-max", 5, 1, 32, &draft_max) ||
+      ci_args_int(flags, nf, "--draft-min", 1, 1, 32, &draft_min))
     return 2;
+  if (draft_min > draft_max) {
+    fprintf(stderr, "cinfer serve: --draft-min %lld is over --draft-max %lld\n", draft_min,
+            draft_max);
+    return 2;
+  }
   const char *log_format = ci_args_get(flags, nf, "--log-format");
   if (log_format && strcmp(log_format, "text") && strcmp(log_format, "json")) {
     fprintf(stderr, "cinfer serve: --log-format must be text or json (got '%s')\n", log_format);
@@ -135,6 +154,7 @@ int ci_verb_serve(int argc, char **argv) {
   if (rc) return rc;
   rc = 1;
   cinfer_engine *engine = NULL;
+  cinfer_model *draft = NULL;
   ci_server *server = NULL;
   char *folder = NULL;                       /* the model folder's real path (for its name) */
   cinfer_chat_template *own_template = NULL; /* --chat-template */
@@ -154,6 +174,21 @@ int ci_verb_serve(int argc, char **argv) {
   eo.batch_tokens = (int)batch_tokens;
   eo.prefill_chunk = (int)prefill_chunk;
   eo.max_queue = (int)max_queue;
+  eo.lookup_ngram = (int)lookup_ngram;
+  eo.draft_max = (int)draft_max;
+  eo.draft_min = (int)draft_min;
+  const char *draft_arg = ci_args_get(flags, nf, "--draft-model");
+  if (draft_arg) {
+    if (ci_cli_model_load(flags, nf, "serve", draft_arg, &draft)) goto done;
+    if (cinfer_model_vocab_size(draft) != cinfer_model_vocab_size(model)) {
+      fprintf(stderr,
+              "cinfer serve: the draft model %s has %d tokens, the model %d: a draft model must "
+              "share the model's tokenizer\n",
+              draft_arg, cinfer_model_vocab_size(draft), cinfer_model_vocab_size(model));
+      goto done;
+    }
+    eo.draft_model = draft;
+  }
   eo.context_size = (int)ctx_size;
   /* a plain --kv-codec (bf16, f32) is what every sequence stores; a quantized one is each
      request's plan from bf16 */
@@ -248,6 +283,7 @@ done:
   ci_server_stop(server);
   cinfer_engine_free(engine);
   cinfer_chat_template_free(own_template);
+  cinfer_model_free(draft);
   cinfer_model_free(model);
   free(folder);
   return rc;

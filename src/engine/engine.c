@@ -11,9 +11,12 @@
 
 #include "base/error.h"
 #include "base/timing.h"
+#include "engine/draft_model.h"
 #include "engine/finish_rule.h"
+#include "engine/lookup.h"
 #include "engine/prefix_cache.h"
 #include "sample/logprobs.h"
+#include "sample/spec_verify.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -53,6 +56,13 @@ struct ci_engine_request {
   int conversion_counted;
   int generated;
   int32_t pending; /* last sampled token, not yet forwarded */
+  /* speculative decoding: drafts per round at most (0 = none), the adaptive length, counters;
+   * a round's drafts sit in history[n_history ..) while it is verified */
+  int spec_max, spec_len;
+  int spec_drafted, spec_accepted;
+  ci_spec_scratch spec_scratch;
+  ci_draft_state draft; /* with a draft model: its sequence, sampler and q rows */
+  char spec_error[200]; /* drafting failed: the request fails with this at the next step */
   double t_submit, t_admit, t_first, t_last;
   struct ci_engine_request *next; /* queue / running list */
   /* events: guarded by mu. Tokens queue in `events`; the last event (DONE or ERROR) has a slot
@@ -71,7 +81,9 @@ struct ci_engine {
   ci_model *model;
   ci_engine_options o;
   ci_kv_cache *cache;
-  ci_prefix_cache *prefix; /* NULL when off; engine thread only */
+  ci_kv_cache *draft_cache; /* the draft model's, when there is one */
+  int speculates;           /* a drafter is configured */
+  ci_prefix_cache *prefix;  /* NULL when off; engine thread only */
   uint64_t model_key;
   ci_workspace *ws;       /* sized at creation for the largest step */
   float *logits;          /* [batch, vocab]: one row per sequence of a step */
@@ -173,6 +185,8 @@ int ci_engine_request_next(ci_engine_request *r, ci_engine_event *event, double 
 
 static void request_destroy(ci_engine_request *r) {
   free(r->history);
+  ci_spec_scratch_free(&r->spec_scratch);
+  ci_draft_state_free(&r->draft);
   if (r->owns_sampler) ci_sampler_free(r->sampler);
   ci_grammar_matcher_free(r->matcher);
   ci_kv_seq_free(r->seq);
@@ -230,8 +244,11 @@ static int64_t peak_blocks(const ci_engine *e, const ci_kv_group *group, int64_t
   const int64_t T = e->cache->block_tokens;
   int64_t blocks = (n + T - 1) / T;
   if (group->window > 0) {
-    const int64_t chunk = chunk_cap(e);
-    const int64_t held = (group->window - 1 + chunk + T - 1) / T + 1;
+    /* a speculative round appends up to draft_max + 1 rows and keeps draft_max positions more
+     * (the rollback reserve, docs/kv-cache.md §4) */
+    const int64_t reserve = e->speculates ? e->o.draft_max : 0;
+    const int64_t chunk = chunk_cap(e) > reserve + 1 ? chunk_cap(e) : reserve + 1;
+    const int64_t held = (group->window - 1 + chunk + reserve + T - 1) / T + 1;
     if (blocks > held) blocks = held;
   }
   return blocks;
@@ -316,6 +333,8 @@ void ci_engine_options_default(ci_engine_options *o) {
   o->block_tokens = 16;
   o->base = CI_KV_BF16;
   o->prefix_cache_bytes = (int64_t)2 << 30;
+  o->draft_max = 5;
+  o->draft_min = 1;
 }
 
 static void *engine_main(void *arg);
@@ -324,6 +343,7 @@ static void *engine_main(void *arg);
 static void engine_free_parts(ci_engine *e) {
   ci_prefix_cache_free(e->prefix);
   ci_kv_cache_free(e->cache);
+  ci_kv_cache_free(e->draft_cache);
   ci_workspace_free(e->ws);
   if (e->logits_pinned) e->model->be->ops->unpin_host(e->model->be, e->logits);
   free(e->logits);
@@ -344,27 +364,53 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
                    CI_ENGINE_MAX_BATCH),
            NULL;
   }
+  if (e->o.lookup_ngram < 0 || e->o.draft_max < 1 || e->o.draft_max > CI_ENGINE_MAX_DRAFT ||
+      e->o.draft_min < 1 || e->o.draft_min > e->o.draft_max) {
+    free(e);
+    return ci_fail("engine: lookup n-gram must be >= 0, draft max 1..%d and draft min "
+                   "1..draft max",
+                   CI_ENGINE_MAX_DRAFT),
+           NULL;
+  }
+  e->speculates = e->o.lookup_ngram > 0 || e->o.draft_model;
+  if (e->o.draft_model && e->o.draft_model->spec.vocab != model->spec.vocab) {
+    ci_fail("engine: the draft model has %d tokens in its vocabulary, the model %d (a draft "
+            "model must share the model's tokenizer)",
+            e->o.draft_model->spec.vocab, model->spec.vocab);
+    free(e);
+    return NULL;
+  }
+  /* the rows of a decode entry: one, or a speculative round's x and drafts */
+  const int decode_rows = e->speculates ? 1 + e->o.draft_max : 1;
   if (e->o.ctx_size <= 0 || e->o.ctx_size > model->spec.max_position)
     e->o.ctx_size = model->spec.max_position;
   e->cache =
       ci_model_kv_cache_create_protected(model, e->o.base, e->o.block_tokens, 0, e->o.kv_protect);
   if (!e->cache) return engine_free_parts(e), NULL;
-  e->logits = malloc((size_t)e->o.batch * (size_t)model->spec.vocab * sizeof *e->logits);
+  e->logits =
+      malloc((size_t)e->o.batch * decode_rows * (size_t)model->spec.vocab * sizeof *e->logits);
   e->step_seqs = malloc((size_t)e->o.batch * sizeof *e->step_seqs);
   if (!e->logits || !e->step_seqs)
     return engine_free_parts(e), ci_fail("engine: out of memory"), NULL;
   /* a device writes the logits of each step straight into this buffer when it is pinned; a
    * failure only makes the download slower */
-  e->logits_pinned = model->be->ops->pin_host(model->be, e->logits,
-                                              (size_t)e->o.batch * (size_t)model->spec.vocab *
-                                                  sizeof *e->logits) == CI_OK;
+  e->logits_pinned =
+      model->be->ops->pin_host(model->be, e->logits,
+                               (size_t)e->o.batch * decode_rows * (size_t)model->spec.vocab *
+                                   sizeof *e->logits) == CI_OK;
   /* the largest step compose_step builds: decode rows of the other sequences plus a first
    * chunk of up to batch_tokens rows */
   e->ws = ci_workspace_create(model->be);
-  if (!e->ws || ci_workspace_fit(e->ws, &model->spec, e->o.batch + e->o.batch_tokens, e->o.batch))
+  if (!e->ws || ci_workspace_fit(e->ws, &model->spec, e->o.batch * decode_rows + e->o.batch_tokens,
+                                 e->o.batch * decode_rows))
     return engine_free_parts(e), NULL;
   if (ci_kv_cache_set_limits(e->cache, e->o.batch, e->o.ctx_size))
     return engine_free_parts(e), NULL;
+  if (e->o.draft_model) {
+    e->draft_cache = ci_model_kv_cache_create(e->o.draft_model, CI_KV_BF16, e->o.block_tokens, 0);
+    if (!e->draft_cache || ci_kv_cache_set_limits(e->draft_cache, e->o.batch, e->o.ctx_size))
+      return engine_free_parts(e), ci_fail_context("draft model"), NULL;
+  }
   if (e->o.kv_budget_bytes < 0) {
     /* unbounded: KV memory is taken as sequences grow (never refused by admission) */
     e->o.kv_budget_bytes = INT64_MAX / 4;
@@ -472,6 +518,19 @@ ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
   r->kv_start = job->kv_start;
   r->kv_protect = job->kv_protect;
   r->reservation = reservation;
+  /* XTC makes the filtered distribution random: such requests never speculate */
+  const ci_sampler_params *sp = ci_sampler_get_params(r->sampler);
+  if (e->speculates && job->num_draft >= 0 && sp->xtc_probability == 0.0f) {
+    r->spec_max =
+        job->num_draft > 0 && job->num_draft < e->o.draft_max ? job->num_draft : e->o.draft_max;
+    r->spec_len = r->spec_max;
+    if (ci_spec_scratch_init(&r->spec_scratch, vocab)) {
+      free(r->history);
+      if (r->owns_sampler) ci_sampler_free(r->sampler);
+      free(r);
+      return CI_ENGINE_OUT_OF_MEMORY;
+    }
+  }
   r->state = REQ_QUEUED;
   r->refs = 2;
   r->t_submit = ci_now_seconds();
@@ -623,6 +682,8 @@ static void finish_locked(ci_engine *e, ci_engine_request *r, ci_finish_reason f
   ev.queue_seconds = (r->t_admit > 0 ? r->t_admit : now) - r->t_submit;
   ev.prefill_seconds = r->t_first > 0 ? r->t_first - r->t_admit : 0;
   ev.decode_seconds = r->t_first > 0 ? r->t_last - r->t_first : 0;
+  ev.draft_tokens = r->spec_drafted;
+  ev.accepted_tokens = r->spec_accepted;
   r->state = REQ_FINISHED;
   /* the stored KV outlives the request in the prefix cache (not after a failed step, whose
    * writes may be partial, nor at shutdown) */
@@ -630,6 +691,7 @@ static void finish_locked(ci_engine *e, ci_engine_request *r, ci_finish_reason f
   count_conversion_locked(e, r);
   ci_kv_seq_free(r->seq);
   r->seq = NULL;
+  ci_draft_state_free(&r->draft);
   push_event(r, &ev);
 }
 
@@ -692,6 +754,15 @@ static void admit_locked(ci_engine *e) {
                    ? ci_model_kv_seq_apply_config(e->model, r->seq)
                    : CI_OK;
     if (status) {
+      finish_locked(e, r, CI_FINISH_ABORT, ci_last_error());
+      request_unref_locked(r);
+      continue;
+    }
+    if (r->spec_max > 0) ci_kv_seq_set_rollback_reserve(r->seq, r->spec_max);
+    if (r->spec_max > 0 && e->o.draft_model &&
+        ci_draft_state_init(&r->draft, e->o.draft_model, e->draft_cache,
+                            ci_sampler_get_params(r->sampler), ci_sampler_seed(r->sampler),
+                            r->spec_max)) {
       finish_locked(e, r, CI_FINISH_ABORT, ci_last_error());
       request_unref_locked(r);
       continue;
@@ -778,6 +849,87 @@ static void end_in_step(ci_engine *e, ci_engine_request *r, int status, int fini
   pthread_mutex_unlock(&e->mu);
 }
 
+/* Drafts a speculative round for a decoding request (docs/generation.md "Speculative
+ * decoding", round step 1-2): prompt-lookup proposals, at most its adaptive draft length, the
+ * tokens it may still sample after the pending one, and S - n - 1 while a KV conversion is
+ * pending, written after its history; returns how many (0 = a plain decode step). It depends on
+ * the request alone, never on the batch. */
+static int plan_round(const ci_engine *e, ci_engine_request *r) {
+  if (r->spec_max == 0) return 0;
+  int64_t k = r->spec_len;
+  const int64_t left = (int64_t)r->max_tokens - r->generated - 1;
+  if (k > left) k = left;
+  const int64_t limit = ci_kv_seq_chunk_limit(r->seq);
+  if (limit != INT64_MAX && k > limit - 1) k = limit - 1;
+  if (k <= 0) return 0;
+  if (!e->o.draft_model)
+    return ci_lookup_draft(r->history, r->n_history, e->o.lookup_ngram, 1, (int)k,
+                           r->history + r->n_history);
+  const int got = ci_draft_propose(&r->draft, r->history, r->n_history, (int)k,
+                                   ci_sampler_index(r->sampler), r->history + r->n_history);
+  if (got < 0) {
+    snprintf(r->spec_error, sizeof r->spec_error, "%s", ci_last_error());
+    return 0;
+  }
+  return got;
+}
+
+/* Verifies a round of rows = 1 + k rows (logits of x, d_1 .. d_k) and emits the accepted drafts
+ * and the next token one by one (round steps 4-6): greedy keeps the longest prefix matching the
+ * argmax, sampling runs the rejection test of spec_verify.h. The target's KV then keeps x and the
+ * accepted drafts that were followed by another emitted token; the last emitted token is the
+ * new pending one. Returns CI_OK or CI_ERR; *finished says the request ended. */
+static int verify_round(ci_engine *e, ci_engine_request *r, float *logits, int rows, int *finished,
+                        ci_finish_reason *finish) {
+  const int64_t vocab = e->model->spec.vocab;
+  const int k = rows - 1;
+  const int64_t n0 = r->seq->n - rows;
+  const int64_t n_hist0 = r->n_history;
+  const float *q = e->o.draft_model ? r->draft.q : NULL;
+  int emitted = 0, accepted = 0, status = CI_OK;
+  for (int j = 0; j <= k && !*finished; j++) {
+    float *row = logits + (int64_t)j * vocab;
+    const uint64_t index = ci_sampler_index(r->sampler);
+    int ok = 0;
+    int32_t token;
+    if (j < k) /* draft d_{j+1} sits where the next token goes */
+      token =
+          ci_spec_verify(r->sampler, &r->spec_scratch, row, r->history, (size_t)r->n_history, index,
+                         r->history[r->n_history], q ? q + (int64_t)j * vocab : NULL, &ok);
+    else
+      token = ci_sampler_sample_at(r->sampler, row, r->history, (size_t)r->n_history, index);
+    if (token < 0) {
+      status = CI_ERR;
+      break;
+    }
+    ci_sampler_advance(r->sampler, 1);
+    accepted += ok;
+    emitted++;
+    *finished = take_token(e, r, token, finish);
+    if (!ok) break;
+  }
+  r->spec_drafted += k;
+  r->spec_accepted += accepted;
+  /* counted before the request's final event can be read */
+  pthread_mutex_lock(&e->mu);
+  e->stats.spec_draft_tokens += k;
+  e->stats.spec_accepted_tokens += accepted;
+  pthread_mutex_unlock(&e->mu);
+  /* adapt: all accepted -> one more next time; else the accepted length plus one */
+  if (accepted == k)
+    r->spec_len = r->spec_len < r->spec_max ? r->spec_len + 1 : r->spec_max;
+  else
+    r->spec_len = accepted + 1 > e->o.draft_min ? accepted + 1 : e->o.draft_min;
+  if (r->spec_len > r->spec_max) r->spec_len = r->spec_max;
+  if (ci_kv_seq_round_close(r->seq, n0 + (emitted > 0 ? emitted : 1)) && status == CI_OK)
+    status = CI_ERR;
+  /* the draft keeps the context it drafted from and the accepted drafts it has seen */
+  if (q && ci_draft_state_keep(&r->draft, n_hist0 + (accepted < k - 1 ? accepted : k - 1)) &&
+      status == CI_OK)
+    status = CI_ERR;
+  return status;
+}
+
 /* Picks the step's rows from a snapshot of the running list (only this thread changes it): a
  * decode row of every decoding sequence, then prefill chunks in admission order under the
  * token budget. A chunk never shrinks to fit the budget (that would make results depend on the
@@ -786,8 +938,9 @@ static int compose_step(ci_engine *e, step_entry *entries) {
   int n = 0, budget = e->o.batch_tokens, prefills = 0;
   for (ci_engine_request *r = e->running; r && n < e->o.batch; r = r->next)
     if (r->state == REQ_DECODE) {
-      entries[n++] = (step_entry){r, 1};
-      budget--;
+      const int rows = 1 + plan_round(e, r);
+      entries[n++] = (step_entry){r, rows};
+      budget -= rows;
     }
   for (ci_engine_request *r = e->running; r && n < e->o.batch; r = r->next) {
     if (r->state != REQ_PREFILL) continue;
@@ -811,8 +964,14 @@ static void engine_step(ci_engine *e) {
    * failing the step */
   int kept = 0;
   for (int i = 0; i < n; i++) {
-    if (ci_kv_seq_reserve(entries[i].r->seq, entries[i].rows))
-      end_in_step(e, entries[i].r, CI_ERR, 0, CI_FINISH_STOP);
+    ci_engine_request *r = entries[i].r;
+    const int round = r->state == REQ_DECODE && entries[i].rows > 1;
+    if (r->spec_error[0]) {
+      ci_fail("speculative drafting: %s", r->spec_error);
+      end_in_step(e, r, CI_ERR, 0, CI_FINISH_STOP);
+    } else if ((round && ci_kv_seq_round_open(r->seq, entries[i].rows)) ||
+               ci_kv_seq_reserve(r->seq, entries[i].rows))
+      end_in_step(e, r, CI_ERR, 0, CI_FINISH_STOP);
     else
       entries[kept++] = entries[i];
   }
@@ -824,10 +983,13 @@ static void engine_step(ci_engine *e) {
     ci_engine_request *r = entries[i].r;
     const int decode = r->state == REQ_DECODE;
     const int last = decode || r->n_prefilled + entries[i].rows == r->n_prompt;
-    e->step_seqs[i] = (ci_step_seq){.seq = r->seq,
-                                    .ids = decode ? &r->pending : r->history + r->n_prefilled,
-                                    .n_rows = entries[i].rows,
-                                    .n_logit_rows = last ? 1 : 0};
+    e->step_seqs[i] =
+        (ci_step_seq){.seq = r->seq,
+                      .ids = decode ? r->history + r->n_history - 1 : r->history + r->n_prefilled,
+                      .n_rows = entries[i].rows,
+                      .n_logit_rows = decode ? entries[i].rows
+                                      : last ? 1
+                                             : 0};
     rows += entries[i].rows;
   }
   if (ci_model_step(e->model, e->ws, e->step_seqs, n, e->logits)) {
@@ -836,13 +998,15 @@ static void engine_step(ci_engine *e) {
     float *row = e->logits;
     for (int i = 0; i < n; i++) {
       ci_engine_request *r = entries[i].r;
+      const int round = r->state == REQ_DECODE && entries[i].rows > 1;
       if (r->state == REQ_PREFILL) r->n_prefilled += entries[i].rows;
       if (!e->step_seqs[i].n_logit_rows) continue;
       r->state = REQ_DECODE;
       int finished = 0;
       ci_finish_reason finish = CI_FINISH_STOP;
-      const int status = sample_next(e, r, row, &finished, &finish);
-      row += vocab;
+      const int status = round ? verify_round(e, r, row, entries[i].rows, &finished, &finish)
+                               : sample_next(e, r, row, &finished, &finish);
+      row += vocab * e->step_seqs[i].n_logit_rows;
       end_in_step(e, r, status, finished, finish);
     }
   }

@@ -39,7 +39,19 @@ typedef struct {
                      keep up to N layers at each end in the base format */
   int64_t prefix_cache_bytes; /* cap on KV bytes only the prefix cache holds (2 GiB); 0 turns
                                  the prefix cache off; never more than the KV budget */
+  /* Speculative decoding (docs/generation.md "Speculative decoding"): prompt lookup drafts up to
+   * draft_max tokens per round from n-grams of lookup_ngram down to 1 tokens; the draft length
+   * adapts to the acceptance between draft_min and draft_max. 0 = off. */
+  int lookup_ngram;
+  /* A draft model with the target's vocabulary (borrowed; it must outlive the engine): when set,
+   * it drafts instead of prompt lookup, from its own paged KV (bf16, taken as needed, outside
+   * the KV budget) and its own final sampling distribution q under the request's parameters. */
+  ci_model *draft_model;
+  int draft_max; /* 1..CI_ENGINE_MAX_DRAFT (5) */
+  int draft_min; /* 1..draft_max (1) */
 } ci_engine_options;
+
+enum { CI_ENGINE_MAX_DRAFT = 32 };
 
 /* One job: a tokenized prompt and how to continue it. The prompt is copied by submit. */
 typedef struct {
@@ -53,6 +65,8 @@ typedef struct {
   int64_t kv_start;          /* ... at this many tokens */
   int kv_protect;            /* ... except the first and last N cache layers (<= the engine's) */
   int top_logprobs;          /* 0..20 top entries per token event (logprob is always sent) */
+  int num_draft;             /* drafts per round at most: 0 = the engine's draft_max, < 0 = never
+                                speculate, else that many (at most draft_max) */
   ci_sampler *sampler; /* NULL: the engine creates one from `sampling`; else borrowed (its seed
                           and output index continue): the caller leaves it alone until it has
                           read the request's final event */
@@ -85,6 +99,8 @@ typedef struct {
   double queue_seconds;    /* DONE: submit -> admission */
   double prefill_seconds;  /* DONE: admission -> first token */
   double decode_seconds;   /* DONE: first token -> last token */
+  int draft_tokens;        /* DONE: tokens drafted for speculative verification */
+  int accepted_tokens;     /* DONE: of which the target accepted */
   char message[256];       /* ERROR */
 } ci_engine_event;
 
@@ -92,12 +108,12 @@ typedef struct {
  * says why for every verdict but CI_ENGINE_SUBMITTED). */
 typedef enum {
   CI_ENGINE_SUBMITTED = 0,
-  CI_ENGINE_REJECTED = 1,      /* invalid: bad ids, bad params, empty prompt */
-  CI_ENGINE_QUEUE_FULL = 2,    /* try again later */
-  CI_ENGINE_STOPPED = 3,       /* the engine is shutting down */
-  CI_ENGINE_OVER_CONTEXT = 4,  /* prompt + max_tokens exceeds the context size */
-  CI_ENGINE_OVER_BUDGET = 5,   /* valid, but needs more KV than the memory budget ever allows */
-  CI_ENGINE_OUT_OF_MEMORY = 6  /* the request could not be allocated (may work later) */
+  CI_ENGINE_REJECTED = 1,     /* invalid: bad ids, bad params, empty prompt */
+  CI_ENGINE_QUEUE_FULL = 2,   /* try again later */
+  CI_ENGINE_STOPPED = 3,      /* the engine is shutting down */
+  CI_ENGINE_OVER_CONTEXT = 4, /* prompt + max_tokens exceeds the context size */
+  CI_ENGINE_OVER_BUDGET = 5,  /* valid, but needs more KV than the memory budget ever allows */
+  CI_ENGINE_OUT_OF_MEMORY = 6 /* the request could not be allocated (may work later) */
 } ci_engine_verdict;
 
 enum { CI_ENGINE_MAX_KV_FORMATS = 8 };
@@ -114,6 +130,7 @@ typedef struct {
   int64_t requests_finished, requests_cancelled, requests_failed;
   int64_t prompt_tokens, cached_tokens, generated_tokens, steps, step_rows;
   int64_t prefix_hits, prefix_misses;
+  int64_t spec_draft_tokens, spec_accepted_tokens;    /* speculative decoding, all requests */
   int64_t prefix_cache_bytes, prefix_cache_max_bytes; /* bytes only the cache holds; its cap */
   int64_t prefix_cache_blocks, prefix_cache_entries;  /* blocks it references; chain nodes */
 } ci_engine_stats;

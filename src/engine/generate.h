@@ -35,15 +35,15 @@ typedef enum {
 } ci_kv_plan_source;
 
 typedef struct {
-  int max_tokens;             /* >= 1; counts every sampled token, EOS included */
-  int prefill_chunk;          /* prompt tokens per prefill forward; 0 = 2048 */
-  int ctx_size;               /* context limit; 0 = the model's max_position_embeddings */
-  ci_kv_codec kv_codec;       /* storage the KV cache starts in (bf16, or f32) */
+  int max_tokens;            /* >= 1; counts every sampled token, EOS included */
+  int prefill_chunk;         /* prompt tokens per prefill forward; 0 = 2048 */
+  int ctx_size;              /* context limit; 0 = the model's max_position_embeddings */
+  ci_kv_codec kv_codec;      /* storage the KV cache starts in (bf16, or f32) */
   ci_kv_plan_source kv_plan; /* which codec plan the sequence follows (docs/kv-cache.md §5, §7) */
-  ci_kv_format kv_target;     /* CI_KV_PLAN_TARGET: convert to this ... */
-  int64_t kv_start;           /* ... once the sequence holds this many tokens */
-  int kv_protect;             /* CI_KV_PLAN_TARGET: the first and last N cache layers stay */
-  const ci_eos_set *eos;      /* the EOS set E; NULL or empty = never stop on EOS (ignore_eos) */
+  ci_kv_format kv_target;    /* CI_KV_PLAN_TARGET: convert to this ... */
+  int64_t kv_start;          /* ... once the sequence holds this many tokens */
+  int kv_protect;            /* CI_KV_PLAN_TARGET: the first and last N cache layers stay */
+  const ci_eos_set *eos;     /* the EOS set E; NULL or empty = never stop on EOS (ignore_eos) */
   ci_token_callback on_token; /* may be NULL */
   void *ctx;                  /* passed to on_token */
 } ci_generate_options;

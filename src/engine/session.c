@@ -147,6 +147,10 @@ int64_t ci_session_kv_bytes_used(const ci_session *session) {
   return ci_kv_cache_bytes_used(session->cache);
 }
 
+ci_kv_seq *ci_session_kv_seq(ci_session *session) {
+  return session->seq;
+}
+
 int ci_session_reset(ci_session *session) {
   ci_kv_seq_free(session->seq);
   session->seq = new_sequence(session);

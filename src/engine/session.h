@@ -53,6 +53,10 @@ int ci_session_feed(ci_session *session, const int32_t *ids, int n, float *logit
  * a due codec conversion happens as after a feed. Returns CI_OK or CI_ERR. */
 int ci_session_fill_synthetic(ci_session *session, int64_t depth, uint64_t seed);
 
+/* The session's KV sequence (NULL after a failed reset), for speculative rounds
+ * (ci_kv_seq_round_open / _close). */
+ci_kv_seq *ci_session_kv_seq(ci_session *session);
+
 /* Positions the sequence holds (tokens fed plus synthetic rows). */
 int64_t ci_session_position(const ci_session *session);
 

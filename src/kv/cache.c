@@ -447,14 +447,17 @@ static int convert_group(ci_kv_seq *seq, int g, ci_kv_pool *target) {
   return CI_OK;
 }
 
-int ci_kv_seq_commit(ci_kv_seq *seq, int64_t n_new) {
-  seq->n += n_new;
+/* Step-boundary work at the current n: sliding groups release blocks no future query (nor a
+ * rollback within the reserve) can see, then the plan's conversion runs if due and no round is
+ * open. */
+static int settle(ci_kv_seq *seq) {
   const int64_t T = seq->cache->block_tokens;
   for (int g = 0; g < seq->cache->n_groups; g++) {
     const ci_kv_group *group = &seq->cache->groups[g];
     if (group->window == 0) continue;
-    /* The next query (position n) sees positions >= n - W + 1: older blocks can go. */
-    int64_t oldest_needed = seq->n - group->window + 1;
+    /* The next query (position n) sees positions >= n - W + 1; a rollback of up to R positions
+     * moves that bound back by R. Older blocks can go. */
+    int64_t oldest_needed = seq->n - group->window + 1 - seq->rollback_reserve;
     ci_kv_block_table *table = &seq->tables[g];
     int64_t i = table->first_live;
     for (; i < table->n_entries && (i + 1) * T <= oldest_needed; i++) {
@@ -466,7 +469,7 @@ int ci_kv_seq_commit(ci_kv_seq *seq, int64_t n_new) {
     }
     table->first_live = i;
   }
-  if (seq->has_plan && !seq->converted && seq->n > 0 && seq->n >= seq->start) {
+  if (seq->has_plan && !seq->converted && !seq->round_open && seq->n > 0 && seq->n >= seq->start) {
     for (int g = 0; g < seq->cache->n_groups; g++) {
       if (!seq->tables[g].has_target) continue;
       ci_kv_pool *target = group_pool(seq->cache, &seq->cache->groups[g], &seq->tables[g].target);
@@ -477,6 +480,51 @@ int ci_kv_seq_commit(ci_kv_seq *seq, int64_t n_new) {
     seq->conversion_offset = seq->n;
   }
   return CI_OK;
+}
+
+int ci_kv_seq_commit(ci_kv_seq *seq, int64_t n_new) {
+  seq->n += n_new;
+  return settle(seq);
+}
+
+void ci_kv_seq_set_rollback_reserve(ci_kv_seq *seq, int64_t reserve) {
+  seq->rollback_reserve = reserve > 0 ? reserve : 0;
+}
+
+int ci_kv_seq_round_open(ci_kv_seq *seq, int64_t n_rows) {
+  if (seq->round_open) return ci_fail("kv sequence: a speculative round is already open");
+  if (n_rows < 1) return ci_fail("kv sequence: a speculative round needs at least one row");
+  if (n_rows > 1 && n_rows > ci_kv_seq_chunk_limit(seq))
+    return ci_fail("kv sequence: a speculative round of %lld rows at position %lld would reach "
+                   "the conversion start %lld",
+                   (long long)n_rows, (long long)seq->n, (long long)seq->start);
+  seq->round_open = 1;
+  seq->round_start = seq->n;
+  return CI_OK;
+}
+
+int ci_kv_seq_round_close(ci_kv_seq *seq, int64_t n_keep) {
+  if (!seq->round_open) return ci_fail("kv sequence: no speculative round is open");
+  if (n_keep < seq->round_start || n_keep > seq->n || seq->n - n_keep > seq->rollback_reserve)
+    return ci_fail("kv sequence: cannot keep %lld positions of %lld (round start %lld, rollback "
+                   "reserve %lld)",
+                   (long long)n_keep, (long long)seq->n, (long long)seq->round_start,
+                   (long long)seq->rollback_reserve);
+  const int64_t T = seq->cache->block_tokens;
+  const int64_t keep_blocks = (n_keep + T - 1) / T;
+  for (int g = 0; g < seq->cache->n_groups; g++) {
+    ci_kv_block_table *table = &seq->tables[g];
+    for (int64_t i = keep_blocks; i < table->n_entries; i++)
+      if (table->entries[i] >= 0) ci_kv_pool_release(table->pool, table->entries[i]);
+    if (table->n_entries > keep_blocks) {
+      table->n_entries = keep_blocks;
+      if (table->first_live > keep_blocks) table->first_live = keep_blocks;
+      if (table->sync_from > keep_blocks) table->sync_from = keep_blocks;
+    }
+  }
+  seq->n = n_keep;
+  seq->round_open = 0;
+  return settle(seq);
 }
 
 ci_kv_block_ref ci_kv_seq_block(const ci_kv_seq *seq, int g, int64_t i) {

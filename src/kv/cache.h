@@ -79,6 +79,10 @@ typedef struct {
   int64_t start; /* S: convert once n >= S (and n > 0) */
   int converted;
   int64_t conversion_offset; /* n at conversion */
+  /* Speculative rounds (docs/kv-cache.md §6). */
+  int64_t rollback_reserve; /* R: sliding groups keep every position >= n - W + 1 - R */
+  int round_open;           /* a round is open: commits neither convert nor close it */
+  int64_t round_start;      /* n when the open round began */
 } ci_kv_seq;
 
 /* One block of one group as a prefix-cache entry holds it: its pool (format) and id; id -1 when
@@ -176,6 +180,26 @@ int ci_kv_seq_reserve(ci_kv_seq *seq, int64_t n_new);
 /* Ends a step: n += n_new, then sliding groups release blocks no future query can see, then the
  * plan's conversion runs if due. Returns CI_OK, or CI_ERR when conversion runs out of memory. */
 int ci_kv_seq_commit(ci_kv_seq *seq, int64_t n_new);
+
+/* Sets the rollback reserve R (docs/kv-cache.md §4, §6): from the next step boundary on, sliding
+ * groups keep every position >= n - W + 1 - R, so that a rollback of up to R positions still
+ * finds every key the next query needs. 0 (the default) keeps only the window. R >= 0. */
+void ci_kv_seq_set_rollback_reserve(ci_kv_seq *seq, int64_t reserve);
+
+/* Opens a speculative round before a step that appends n_rows rows whose last rows may be
+ * rolled back: until the round closes no commit converts the sequence. Fails (the sequence
+ * unchanged) when a round is already open, or when the rows would pass a pending conversion's
+ * start (a round drafts at most S - n - 1 tokens: docs/kv-cache.md §5 "Exact crossing"); the
+ * conversion at S then runs when the round closes, so no rollback ever crosses it. */
+int ci_kv_seq_round_open(ci_kv_seq *seq, int64_t n_rows);
+
+/* Closes the open round keeping n_keep positions (round start <= n_keep <= n, n - n_keep <= R):
+ * blocks entirely at or past n_keep are released (a shared block is only let go, never written),
+ * then sliding retention and a due conversion run as at a commit. The cache is left as if the
+ * dropped positions had never been appended: re-appending the same tokens gives bit-identical
+ * blocks' live rows and logits. Returns CI_OK, or CI_ERR (no round open, n_keep out of range,
+ * conversion out of memory). */
+int ci_kv_seq_round_close(ci_kv_seq *seq, int64_t n_keep);
 
 /* Block i (positions [i*T, (i+1)*T)) of group g, id -1 when released or not yet allocated. */
 ci_kv_block_ref ci_kv_seq_block(const ci_kv_seq *seq, int g, int64_t i);

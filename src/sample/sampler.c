@@ -537,3 +537,7 @@ int32_t ci_sampler_next(ci_sampler *s, float *logits, const int32_t *history, si
   if (token >= 0) s->next_index++;
   return token;
 }
+
+void ci_sampler_advance(ci_sampler *s, uint64_t n) {
+  s->next_index += n;
+}

@@ -67,6 +67,10 @@ int32_t ci_sampler_sample_at(ci_sampler *sampler, float *logits, const int32_t *
 int ci_sampler_distribution(ci_sampler *sampler, float *logits, const int32_t *history,
                             size_t n_history, uint64_t s, int32_t *ids, float *probs);
 
+/* Moves the output index on by n tokens emitted at explicit indexes (ci_sampler_sample_at,
+ * speculative verification). */
+void ci_sampler_advance(ci_sampler *sampler, uint64_t n);
+
 /* lp = log_softmax(processed logits) of the last sampling call: vocab floats owned by the
  * sampler, valid until the next call (logprob = lp[token], §5). */
 const float *ci_sampler_logprobs(const ci_sampler *sampler);

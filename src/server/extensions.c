@@ -1,8 +1,8 @@
 /* cinfer request extensions (docs/server.md "Extensions"), shared by every generation route: `kv`
  * (the request's own KV codec plan, docs/kv-cache.md §7, mapped onto the engine job's
  * kv_plan/kv_target/kv_start), `ignore_eos`, `stop_token_ids` (added to the job's EOS set, so they
- * finish with "stop"), `continue_final_message`, and `num_draft` (validated; there is no
- * speculative decoding yet). */
+ * finish with "stop"), `continue_final_message`, and the speculative decoding options
+ * `num_draft` / `speculative` (the request's drafts per round; 0 or false: no speculation). */
 #include "server/server.h"
 
 #include <stdarg.h>
@@ -197,11 +197,31 @@ int ci_srv_parse_extensions(ci_server *s, const json_t *body, ci_srv_job *job, c
   if (cont && !json_is_null(cont) && !json_is_boolean(cont))
     return fail(err, "continue_final_message must be a boolean");
   job->continue_final = json_is_true(cont);
+  /* speculative: false | true | {"num_draft": N}; num_draft: N (0 = off); absent = the server's */
+  const json_t *spec = json_object_get(body, "speculative");
   const json_t *num_draft = json_object_get(body, "num_draft");
-  if (num_draft && !json_is_null(num_draft) &&
-      (!json_is_integer(num_draft) || json_integer_value(num_draft) < 0 ||
-       json_integer_value(num_draft) > 64))
-    return fail(err, "num_draft must be an integer between 0 and 64");
+  if (spec && !json_is_null(spec)) {
+    if (json_is_false(spec)) {
+      job->params.num_draft = -1;
+    } else if (json_is_object(spec)) {
+      const char *key;
+      const json_t *v;
+      json_object_foreach((json_t *)spec, key, v) {
+        if (strcmp(key, "num_draft") != 0)
+          return fail(err, "speculative: unknown field \"%s\" (known: num_draft)", key);
+      }
+      if (json_object_get(spec, "num_draft")) num_draft = json_object_get(spec, "num_draft");
+    } else if (!json_is_true(spec)) {
+      return fail(err, "speculative must be a boolean or an object {\"num_draft\": N}");
+    }
+  }
+  if (num_draft && !json_is_null(num_draft)) {
+    if (!json_is_integer(num_draft) || json_integer_value(num_draft) < 0 ||
+        json_integer_value(num_draft) > 64)
+      return fail(err, "num_draft must be an integer between 0 and 64");
+    const int n = (int)json_integer_value(num_draft);
+    job->params.num_draft = n == 0 ? -1 : n;
+  }
   if (ci_srv_parse_structured(s, body, job, err)) return -1;
   return parse_kv(s, json_object_get(body, "kv"), job, err);
 }

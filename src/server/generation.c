@@ -575,6 +575,8 @@ void ci_srv_gen_apply(ci_srv_gen *g, const cinfer_event *ev, double now) {
   if (ev->kind == CINFER_EVENT_DONE) {
     g->completion_tokens = ev->generated_tokens;
     g->cached_tokens = ev->cached_tokens;
+    g->draft_tokens = ev->draft_tokens;
+    g->accepted_tokens = ev->accepted_tokens;
     g->engine_timings = 1;
     g->queue_s = ev->queue_seconds;
     g->prefill_s = ev->prefill_seconds;
@@ -640,10 +642,13 @@ json_t *ci_srv_gen_timings(const ci_srv_gen *g) {
   const double prompt_rate = g->prefill_s > 0 ? prompt_n / g->prefill_s : 0;
   const double decode_rate =
       g->decode_s > 0 && predicted_n > 1 ? (predicted_n - 1) / g->decode_s : 0;
-  return json_pack("{s:i, s:f, s:f, s:i, s:f, s:f, s:i, s:i, s:i}", "prompt_n", prompt_n,
+  /* speculative decoding: tokens drafted, accepted, and the acceptance rate (0 when none) */
+  const double acceptance = g->draft_tokens > 0 ? (double)g->accepted_tokens / g->draft_tokens : 0;
+  return json_pack("{s:i, s:f, s:f, s:i, s:f, s:f, s:i, s:i, s:i, s:f}", "prompt_n", prompt_n,
                    "prompt_ms", g->prefill_s * 1e3, "prompt_per_second", prompt_rate, "predicted_n",
                    predicted_n, "predicted_ms", g->decode_s * 1e3, "predicted_per_second",
-                   decode_rate, "cache_n", g->cached_tokens, "draft_n", 0, "draft_accepted_n", 0);
+                   decode_rate, "cache_n", g->cached_tokens, "draft_n", g->draft_tokens,
+                   "draft_accepted_n", g->accepted_tokens, "draft_acceptance_rate", acceptance);
 }
 
 void ci_srv_gen_clear_deltas(ci_srv_gen *g) {

@@ -42,9 +42,8 @@ char *ci_server_metrics_text(ci_server *s) {
       {"cinfer_generation_tokens_total", "counter", st.generated_tokens},
       {"cinfer_prefix_cache_hits_total", "counter", st.prefix_hits},
       {"cinfer_prefix_cache_misses_total", "counter", st.prefix_misses},
-      /* no speculative decoding yet: nothing is drafted */
-      {"cinfer_spec_draft_tokens_total", "counter", 0},
-      {"cinfer_spec_accepted_tokens_total", "counter", 0},
+      {"cinfer_spec_draft_tokens_total", "counter", st.spec_draft_tokens},
+      {"cinfer_spec_accepted_tokens_total", "counter", st.spec_accepted_tokens},
       {"cinfer_requests_cancelled_total", "counter", st.requests_cancelled},
       {"cinfer_requests_failed_total", "counter", st.requests_failed},
       {"cinfer_engine_steps_total", "counter", st.steps},
@@ -95,7 +94,7 @@ char *ci_server_metrics_text(ci_server *s) {
 json_t *ci_server_stats_json(ci_server *s) {
   cinfer_engine_stats st;
   cinfer_engine_get_stats(s->o.engine, &st);
-  return json_pack(
+  json_t *stats = json_pack(
       "{s:{s:s, s:s, s:s, s:i, s:I, s:I}, s:{s:s, s:i, s:I, s:i, s:i}, s:{s:I, s:I, s:I, s:I}, "
       "s:{s:i, s:i, s:i, s:I, s:I}, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I}, "
       "s:{s:I, s:I, s:I, s:I, s:I, s:I}}",
@@ -119,4 +118,14 @@ json_t *ci_server_stats_json(ci_server *s) {
       "blocks", (json_int_t)st.prefix_cache_blocks, "bytes", (json_int_t)st.prefix_cache_bytes,
       "max_bytes", (json_int_t)st.prefix_cache_max_bytes, "hits", (json_int_t)st.prefix_hits,
       "misses", (json_int_t)st.prefix_misses);
+  /* speculative decoding: drafted and accepted tokens, acceptance rate (0 before any draft) */
+  const double acceptance =
+      st.spec_draft_tokens > 0 ? (double)st.spec_accepted_tokens / (double)st.spec_draft_tokens : 0;
+  if (stats)
+    json_object_set_new(stats, "speculative",
+                        json_pack("{s:I, s:I, s:f}", "draft_tokens",
+                                  (json_int_t)st.spec_draft_tokens, "accepted_tokens",
+                                  (json_int_t)st.spec_accepted_tokens, "acceptance_rate",
+                                  acceptance));
+  return stats;
 }

@@ -132,6 +132,7 @@ typedef struct {
   int stopped_by_string, eos_stop;
   char *stop_sequence; /* the stop string that fired */
   int prompt_tokens, cached_tokens, completion_tokens;
+  int draft_tokens, accepted_tokens; /* speculative decoding: drafted, accepted (DONE event) */
   /* timings: the engine's (DONE event), else measured here (a stop string ends the stream
      before the engine reports) */
   int engine_timings;

@@ -123,6 +123,28 @@ check(plainC.choices[0].logprobs === null, 'no logprobs unless asked');
   check(sse.headers.get('access-control-allow-origin') === 'http://allowed.example', 'CORS header on SSE');
 }
 
+// speculative decoding (the server runs with --lookup-ngram 3): greedy output equals that of a
+// request that does not speculate; timings count the drafts; /stats and /metrics report them
+const rep = { model: 'x', prompt: 'def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(',
+  max_tokens: 24, temperature: 0 };
+const sp = await post('/v1/completions', rep);
+const ns = await post('/v1/completions', { ...rep, num_draft: 0 });
+const off = await post('/v1/completions', { ...rep, speculative: false });
+const capped = await post('/v1/completions', { ...rep, speculative: { num_draft: 1 } });
+check(sp.status === 200 && ns.status === 200 && sp.json.choices[0].text === ns.json.choices[0].text,
+  'speculative greedy output equals plain greedy output');
+check(sp.json.timings.draft_n > 0 && sp.json.timings.draft_accepted_n <= sp.json.timings.draft_n &&
+  typeof sp.json.timings.draft_acceptance_rate === 'number', 'speculative timings count drafts');
+check(ns.json.timings.draft_n === 0 && off.json.timings.draft_n === 0, 'num_draft 0 / speculative false: no drafts');
+check(capped.status === 200 && capped.json.choices[0].text === ns.json.choices[0].text, 'speculative {num_draft: 1}');
+for (const bad of [{ speculative: 'yes' }, { speculative: { gamma: 2 } }, { num_draft: -1 }]) {
+  const b = await post('/v1/completions', { ...rep, ...bad });
+  check(b.status === 400 && /speculative|num_draft/.test(b.json.error.message), `${JSON.stringify(bad)}: 400`);
+}
+const stats = await (await fetch(`${base}/stats`, { headers: auth })).json();
+check(stats.speculative && stats.speculative.draft_tokens > 0 && stats.speculative.acceptance_rate >= 0 &&
+  stats.speculative.acceptance_rate <= 1, '/stats speculative');
+
 // /metrics: every docs/server.md "Metrics and stats" name the engine can report
 const metrics = await (await fetch(`${base}/metrics`, { headers: auth })).text();
 const names = ['cinfer_requests_total', 'cinfer_prompt_tokens_total', 'cinfer_prompt_tokens_cached_total',
@@ -135,6 +157,7 @@ const names = ['cinfer_requests_total', 'cinfer_prompt_tokens_total', 'cinfer_pr
 const missing = names.filter((n) => !new RegExp(`^# TYPE ${n} `, 'm').test(metrics));
 check(missing.length === 0, `metrics names (missing: ${missing.join(', ') || 'none'})`);
 check(/^cinfer_weights_bytes [1-9]\d*$/m.test(metrics), 'weights bytes');
+check(/^cinfer_spec_draft_tokens_total [1-9]\d*$/m.test(metrics), 'speculative drafts counted');
 // the affine 8-bit request above converted: counted under its codec
 check(/^cinfer_kv_conversions_total\{codec="affine:8:64"\} [1-9]\d*$/m.test(metrics), 'KV conversions per codec');
 console.log('extensions: all passed');
