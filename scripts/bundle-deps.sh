@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 packages=(libjansson-dev libjansson4 libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0
           libpcre2-posix3 libutf8proc-dev libutf8proc2 libmicrohttpd-dev libmicrohttpd12
           libcmocka-dev libcmocka0 pkgconf pkgconf-bin libpkgconf3
-          libcurl4-openssl-dev libcurl4 libssl-dev libssl3)
+          libcurl4-openssl-dev libcurl4 libssl-dev libssl3
+          libedit-dev libedit2 libbsd-dev libbsd0 libmd-dev libmd0)
 mkdir -p .deps/debs
 cd .deps/debs
 apt-get download "${packages[@]}" >/dev/null

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages cinfer's build, tests and benchmarks need (chromium: the chat page's
-# browser test drives it headless through puppeteer-core).
+# browser test drives it headless through puppeteer-core; libedit: line editing in `cinfer chat`).
 # Idempotent and silent when nothing is missing; called by the Makefile targets.
 set -euo pipefail
 packages=(build-essential cmake pkg-config clang libclang-rt-14-dev
           libjansson-dev libcmocka-dev
-          libpcre2-dev libutf8proc-dev libmicrohttpd-dev libcurl4-openssl-dev libssl-dev nodejs
+          libpcre2-dev libutf8proc-dev libmicrohttpd-dev libcurl4-openssl-dev libssl-dev libedit-dev nodejs
           python3-numpy chromium)
 # A machine without a package registry (the GPU machine) gets the libraries from a bundle made
 # by scripts/bundle-deps.sh and carried with the checkout: unpacked into .deps/root, which the

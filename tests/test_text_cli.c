@@ -1,6 +1,9 @@
 /* The text path of the generating verbs on the bundled starter model: `generate --prompt` and
  * `--chat` stream exactly the detokenization of the ids they report, a stop string ends the
- * text before it, and `chat` keeps a multi-turn history on piped input with /reset. */
+ * text before it, and `chat` keeps a multi-turn history on piped input with /reset. And the
+ * command line as a llama.cpp user types it: short flags, --prompt-file - (standard input), the
+ * --threads cap, usage errors, file errors in plain words, the verb list of --help, multi-line
+ * chat messages and the truncated-reply mark. (The chat REPL on a terminal: test_chat_pty.) */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define STARTER CI_FIXTURE_DIR "/../../models/starter"
@@ -186,12 +190,191 @@ static void test_chat_repl(void **state) {
   assert_int_equal(WEXITSTATUS(status), 2);
 }
 
+/* Runs a command with stderr captured into *err (malloc'd); returns stdout. */
+static char *run_err(const char *cmd, int *status, char **err) {
+  char path[] = "/tmp/cinfer_cli_err_XXXXXX";
+  const int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  char full[4096];
+  snprintf(full, sizeof full, "%s 2>%s", cmd, path);
+  char *out = run(full, status);
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  *err = calloc(1, 1 << 16);
+  assert_non_null(*err);
+  size_t got = fread(*err, 1, (1 << 16) - 1, f);
+  (*err)[got] = '\0';
+  fclose(f);
+  unlink(path);
+  return out;
+}
+
+/* -m -p -n -t give what --model --prompt --max-tokens --threads give; -f FILE and -f - (standard
+ * input) give the same prompt as -p. */
+static void test_short_flags(void **state) {
+  (void)state;
+  char cmd[2048];
+  int status;
+  snprintf(cmd, sizeof cmd,
+           "%s generate --model %s --prompt 'def add(a, b):' --temp 0 --max-tokens 12 "
+           "--threads 2 --json 2>/dev/null",
+           CI_CINFER_BIN, STARTER);
+  char *longer = run(cmd, &status);
+  assert_int_equal(status, 0);
+  json_t *a = json_loads(longer, 0, NULL);
+  assert_non_null(a);
+  const char *text = json_string_value(json_object_get(a, "text"));
+  assert_non_null(text);
+  assert_true(strlen(text) > 0);
+  char file[] = "/tmp/cinfer_prompt_XXXXXX";
+  const int fd = mkstemp(file);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, "def add(a, b):", 14), 14);
+  close(fd);
+  const char *variants[] = {"-p 'def add(a, b):'", "-f %s", "-f - < %s"};
+  for (int v = 0; v < 3; v++) {
+    char prompt[256];
+    snprintf(prompt, sizeof prompt, variants[v], file);
+    snprintf(cmd, sizeof cmd, "%s generate -m %s %s --temp 0 -n 12 -t 2 --json 2>/dev/null",
+             CI_CINFER_BIN, STARTER, prompt);
+    char *out = run(cmd, &status);
+    assert_int_equal(status, 0);
+    json_t *b = json_loads(out, 0, NULL);
+    assert_non_null(b);
+    assert_true(json_equal(json_object_get(a, "ids"), json_object_get(b, "ids")));
+    assert_string_equal(text, json_string_value(json_object_get(b, "text")));
+    json_decref(b);
+    free(out);
+  }
+  unlink(file);
+  json_decref(a);
+  free(longer);
+}
+
+/* --threads above the online CPUs runs on them, with one warning line. */
+static void test_threads_cap(void **state) {
+  (void)state;
+  char cmd[2048];
+  int status;
+  char *err = NULL;
+  snprintf(cmd, sizeof cmd, "%s generate -m %s -p 'def' --temp 0 -n 2 -t 4096", CI_CINFER_BIN,
+           STARTER);
+  char *out = run_err(cmd, &status, &err);
+  assert_int_equal(status, 0);
+  char expected[128];
+  snprintf(expected, sizeof expected, "--threads 4096 is more than the %ld online CPUs; using %ld",
+           sysconf(_SC_NPROCESSORS_ONLN), sysconf(_SC_NPROCESSORS_ONLN));
+  if (sysconf(_SC_NPROCESSORS_ONLN) < 4096) {
+    assert_non_null(strstr(err, expected));
+    assert_null(strstr(strstr(err, expected) + strlen(expected), "online CPUs")); /* once */
+  }
+  free(out);
+  free(err);
+}
+
+/* Usage and file errors: exit status and the one line a user reads, never the JSON library's
+ * wording. */
+static void test_errors_in_plain_words(void **state) {
+  (void)state;
+  struct {
+    const char *args;
+    int status;
+    const char *message;
+  } cases[] = {
+      {"generate -m " STARTER " -p hi --system 'be brief'", 2, "--system needs --chat"},
+      {"generate -m " STARTER " -f /nonexistent/prompt.txt", 2,
+       "cannot open /nonexistent/prompt.txt: No such file or directory"},
+      {"generate -m " STARTER " -p hi -f /dev/null", 2, "not both"},
+      {"render -m " STARTER " -r /nonexistent/request.json", 1,
+       "cannot open /nonexistent/request.json: No such file or directory"},
+      {"perplexity -m " STARTER " --ids-file /nonexistent/ids.json", 1,
+       "cannot open /nonexistent/ids.json: No such file or directory"},
+      {"generate -p hi", 2, "--model is required"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char cmd[2048];
+    int status;
+    char *err = NULL;
+    snprintf(cmd, sizeof cmd, "%s %s </dev/null", CI_CINFER_BIN, cases[i].args);
+    char *out = run_err(cmd, &status, &err);
+    if (!strstr(err, cases[i].message))
+      print_error("cinfer %s: expected '%s' in:\n%s\n", cases[i].args, cases[i].message, err);
+    assert_non_null(strstr(err, cases[i].message));
+    assert_null(strstr(err, "line -1"));
+    assert_null(strstr(err, "unable to open"));
+    assert_int_equal(WEXITSTATUS(status), cases[i].status);
+    free(out);
+    free(err);
+  }
+}
+
+/* cinfer --help: generate, chat, serve, pull, ls first, in that order. */
+static void test_help_order(void **state) {
+  (void)state;
+  char cmd[512];
+  int status;
+  snprintf(cmd, sizeof cmd, "%s --help", CI_CINFER_BIN);
+  char *out = run(cmd, &status);
+  assert_int_equal(status, 0);
+  const char *verbs = strstr(out, "verbs:\n");
+  assert_non_null(verbs);
+  const char *order[] = {"generate", "chat", "serve", "pull", "ls"};
+  const char *line = verbs + strlen("verbs:\n");
+  for (int i = 0; i < 5; i++) {
+    while (*line == ' ') line++;
+    assert_memory_equal(line, order[i], strlen(order[i]));
+    line = strchr(line, '\n');
+    assert_non_null(line);
+    line++;
+  }
+  free(out);
+}
+
+/* Piped chat: a message continued by a backslash and the same message as a """ block are one
+ * message (same reply), unlike the two lines sent apart; a reply cut by -n is marked truncated;
+ * /help lists the commands; an unknown command is named. */
+static void test_chat_multiline_and_truncation(void **state) {
+  (void)state;
+  const char *inputs[] = {"Write a function\\\\\\nthat adds.\\n",
+                          "\\\"\\\"\\\"\\nWrite a function\\nthat adds.\\n\\\"\\\"\\\"\\n",
+                          "Write a function\\nthat adds.\\n"};
+  char *outs[3];
+  char *errs[3];
+  for (int i = 0; i < 3; i++) {
+    char cmd[2048];
+    int status;
+    snprintf(cmd, sizeof cmd,
+             "printf \"%s/help\\n/bogus\\n\" | %s chat -m %s --temp 0 -n 5 --ignore-eos -t 2",
+             inputs[i], CI_CINFER_BIN, STARTER);
+    outs[i] = run_err(cmd, &status, &errs[i]);
+    assert_int_equal(status, 0);
+    assert_non_null(strstr(errs[i], "[truncated"));
+    assert_non_null(strstr(errs[i], "/clear, /reset"));
+    assert_non_null(strstr(errs[i], "unknown command /bogus"));
+  }
+  assert_string_equal(outs[0], outs[1]);
+  assert_string_not_equal(outs[0], outs[2]);
+  /* one truncated reply for the joined message, two for the lines sent apart */
+  assert_null(strstr(strstr(errs[0], "[truncated") + 1, "[truncated"));
+  assert_non_null(strstr(strstr(errs[2], "[truncated") + 1, "[truncated"));
+  for (int i = 0; i < 3; i++) {
+    free(outs[i]);
+    free(errs[i]);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_generate_text),
       cmocka_unit_test(test_chat_template_file),
       cmocka_unit_test(test_stop_string),
       cmocka_unit_test(test_chat_repl),
+      cmocka_unit_test(test_short_flags),
+      cmocka_unit_test(test_threads_cap),
+      cmocka_unit_test(test_errors_in_plain_words),
+      cmocka_unit_test(test_help_order),
+      cmocka_unit_test(test_chat_multiline_and_truncation),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

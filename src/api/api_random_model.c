@@ -229,6 +229,8 @@ cinfer_status cinfer_model_write_random(const char *config_path, const char *out
                        options->group_size);
   json_error_t jerr;
   json_t *config = json_load_file(config_path, JSON_REJECT_DUPLICATES, &jerr);
+  if (!config && ci_fail_if_unopenable(config_path))
+    return ci_api_fail(CINFER_ERROR, "%s", ci_last_error());
   if (!config)
     return ci_api_fail(CINFER_ERROR, "%s: not valid JSON (line %d: %s)", config_path, jerr.line,
                        jerr.text);

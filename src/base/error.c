@@ -1,6 +1,7 @@
 /* Error reporting: a thread-local last-error buffer (see error.h). */
 #include "base/error.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -14,6 +15,16 @@ int ci_fail(const char *fmt, ...) {
   vsnprintf(last_error, sizeof last_error, fmt, ap);
   va_end(ap);
   return CI_ERR;
+}
+
+int ci_fail_if_unopenable(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (f) {
+    fclose(f);
+    return 0;
+  }
+  ci_fail("cannot open %s: %s", path, strerror(errno));
+  return 1;
 }
 
 int ci_fail_context(const char *fmt, ...) {

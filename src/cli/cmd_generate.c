@@ -3,21 +3,26 @@
  * generation_config.json > built-in (cinfer_params_init, then the flags). Token-id prompts (--ids)
  * print the generated ids as they come; text prompts (--prompt, --prompt-file, --chat) go
  * through the model's tokenizer and chat template and stream text. */
+#include "base/error.h"
 #include "base/timing.h"
 #include "cinfer.h"
 #include "cli/args.h"
+#include "cli/feed_progress.h"
 #include "cli/kv_flags.h"
 #include "cli/sampling_flags.h"
 #include "cli/spec_flags.h"
 #include "cli/text_session.h"
 #include "cli/verbs.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 static const char usage[] =
-    "usage: cinfer generate --model DIR (--ids CSV | --prompt TEXT | --prompt-file FILE)\n"
+    "usage: cinfer generate -m|--model DIR (--ids CSV | -p|--prompt TEXT | -f|--prompt-file FILE)\n"
     "                       [--chat [--system TEXT] [--chat-template FILE]] [--stop STRING]\n"
     "                       [-n|--max-tokens N] [--temp T] [--top-p P]\n"
     "                       [--top-k K] [--min-p P] [--repeat-penalty R] [--presence-penalty P]\n"
@@ -30,7 +35,8 @@ static const char usage[] =
     "wraps it in the model's chat template); an --ids prompt prints the generated ids (EOS not\n"
     "printed). Stats go to stderr; --json prints {ids, text?, finish_reason, stats} instead.\n"
     "--lookup-ngram N speculates by prompt lookup (docs/generation.md §6): the same output\n"
-    "(greedy: token for token), fewer forward passes on repetitive text.\n";
+    "(greedy: token for token), fewer forward passes on repetitive text.\n"
+    "--prompt-file - reads the prompt from standard input.\n";
 
 /* ==== Prompt ==== */
 
@@ -39,10 +45,15 @@ static int text_mode(const ci_flag *flags, int nf) {
   return ci_args_get(flags, nf, "--prompt") || ci_args_get(flags, nf, "--prompt-file");
 }
 
-/* Reads a whole file as a NUL-terminated string (NULL if unreadable). */
+/* Reads a whole file ("-": standard input) as a NUL-terminated string; NULL with the reason
+ * printed when it cannot be read. */
 static char *read_text_file(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
+  const int is_stdin = !strcmp(path, "-");
+  FILE *f = is_stdin ? stdin : fopen(path, "rb");
+  if (!f) {
+    fprintf(stderr, "cinfer generate: cannot open %s: %s\n", path, strerror(errno));
+    return NULL;
+  }
   size_t cap = 4096, len = 0, got;
   char *buf = malloc(cap);
   while (buf && (got = fread(buf + len, 1, cap - len - 1, f)) > 0) {
@@ -56,8 +67,17 @@ static char *read_text_file(const char *path) {
       buf = bigger;
     }
   }
-  fclose(f);
-  if (buf) buf[len] = '\0';
+  const int read_failed = ferror(f);
+  if (!is_stdin) fclose(f);
+  if (!buf) {
+    fprintf(stderr, "cinfer generate: out of memory reading %s\n", path);
+  } else if (read_failed) {
+    fprintf(stderr, "cinfer generate: cannot read %s\n", is_stdin ? "standard input" : path);
+    free(buf);
+    buf = NULL;
+  } else {
+    buf[len] = '\0';
+  }
   return buf;
 }
 
@@ -77,10 +97,7 @@ static int32_t *prompt_ids(const ci_flag *flags, int nf, const cinfer_model *mod
   if (!prompt) {
     const char *path = ci_args_get(flags, nf, "--prompt-file");
     owned = read_text_file(path);
-    if (!owned) {
-      fprintf(stderr, "cinfer generate: cannot read --prompt-file %s\n", path);
-      return NULL;
-    }
+    if (!owned) return NULL;
     prompt = owned;
   }
   int32_t *ids;
@@ -181,8 +198,8 @@ static void print_json(const int32_t *generated, size_t n_generated, const char 
 int ci_verb_generate(int argc, char **argv) {
   ci_flag flags[] = {{"--model", "-m", 1, NULL},
                      {"--ids", NULL, 1, NULL},
-                     {"--prompt", NULL, 1, NULL},
-                     {"--prompt-file", NULL, 1, NULL},
+                     {"--prompt", "-p", 1, NULL},
+                     {"--prompt-file", "-f", 1, NULL},
                      {"--chat", NULL, 0, NULL},
                      {"--system", NULL, 1, NULL},
                      {"--chat-template", NULL, 1, NULL},
@@ -231,6 +248,20 @@ int ci_verb_generate(int argc, char **argv) {
                     "(--prompt or --prompt-file)\n");
     return 2;
   }
+  if (ci_args_get(flags, nf, "--system") && !ci_args_get(flags, nf, "--chat")) {
+    fprintf(stderr,
+            "cinfer generate: --system needs --chat (a system message is part of a chat)\n");
+    return 2;
+  }
+  if (ci_args_get(flags, nf, "--prompt") && ci_args_get(flags, nf, "--prompt-file")) {
+    fprintf(stderr, "cinfer generate: give --prompt or --prompt-file, not both\n");
+    return 2;
+  }
+  const char *prompt_file = ci_args_get(flags, nf, "--prompt-file");
+  if (prompt_file && strcmp(prompt_file, "-") != 0 && ci_fail_if_unopenable(prompt_file)) {
+    fprintf(stderr, "cinfer generate: %s\n", ci_last_error()); /* before a model loads */
+    return 2;
+  }
   int n_prompt = 0;
   int32_t *prompt = NULL;
   if (!text_mode(flags, nf)) {
@@ -265,7 +296,8 @@ int ci_verb_generate(int argc, char **argv) {
   params.context_size = (int)ctx_size;
   params.ignore_eos = ci_args_get(flags, nf, "--ignore-eos") != NULL;
   cinfer_status status = cinfer_session_create(model, &params, &session);
-  if (status == CINFER_OK) status = cinfer_session_feed(session, prompt, (size_t)n_prompt, NULL, 0);
+  if (status == CINFER_OK)
+    status = ci_cli_feed(session, prompt, (size_t)n_prompt, isatty(STDERR_FILENO), NULL);
   if (status == CINFER_OK) status = cinfer_session_generate(session, print_token, &printer);
   if (status != CINFER_OK) {
     fprintf(stderr, "%scinfer generate: %s\n", printer.printed || text_out.len ? "\n" : "",

@@ -2,6 +2,7 @@
  * sequences (like llama.cpp's llama-perplexity), each sequence in its own KV sequence, fed in
  * chunks. Sequences come from a JSON file: an array of ids, an array of id arrays, or an object
  * with "sequences" (the eval_ids.json the starter-model trainer writes). */
+#include "base/error.h"
 #include "base/timing.h"
 #include "cinfer.h"
 #include "cli/args.h"
@@ -110,7 +111,10 @@ int ci_verb_perplexity(int argc, char **argv) {
   json_error_t err;
   json_t *root = json_load_file(path, 0, &err);
   if (!root) {
-    fprintf(stderr, "cinfer perplexity: %s: %s (line %d)\n", path, err.text, err.line);
+    if (ci_fail_if_unopenable(path))
+      fprintf(stderr, "cinfer perplexity: %s\n", ci_last_error());
+    else
+      fprintf(stderr, "cinfer perplexity: %s: %s (line %d)\n", path, err.text, err.line);
     return 1;
   }
   json_t *seqs = json_array();

@@ -1,11 +1,13 @@
 /* `cinfer render`: prints the chat-template rendering of a chat request exactly (nothing added),
  * or the template's error message on stderr with exit code 1. */
+#include "base/error.h"
 #include "cinfer.h"
 #include "cli/args.h"
 #include "cli/verbs.h"
 
 #include <jansson.h>
 #include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 
 static const char usage[] =
@@ -47,8 +49,11 @@ int ci_verb_render(int argc, char **argv) {
                         ? json_loadf(stdin, 0, &err)
                         : json_load_file(request_path, 0, &err);
   if (!request) {
-    fprintf(stderr, "cinfer render: %s: line %d, column %d: %s\n", request_path, err.line,
-            err.column, err.text);
+    if (strcmp(request_path, "-") != 0 && ci_fail_if_unopenable(request_path))
+      fprintf(stderr, "cinfer render: %s\n", ci_last_error());
+    else
+      fprintf(stderr, "cinfer render: %s: line %d, column %d: %s\n", request_path, err.line,
+              err.column, err.text);
     return 1;
   }
   cinfer_chat_template *t = NULL;

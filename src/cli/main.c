@@ -11,22 +11,24 @@ typedef struct {
   const char *summary;
 } verb;
 
+/* In the order a newcomer needs them: run a model, chat with it, serve it, get one, list them;
+ * then managing the cache, measuring, and the tools for developers. */
 static const verb verbs[] = {
-    {"logits", ci_verb_logits, "write teacher-forced f32 logits of a token-id prompt"},
-    {"init-random", ci_verb_init_random, "write a random-weight model for a config"},
-    {"generate", ci_verb_generate, "continue a text or token-id prompt (sampling, --chat)"},
+    {"generate", ci_verb_generate, "continue a prompt: -m MODEL -p TEXT (sampling, --chat)"},
     {"chat", ci_verb_chat, "interactive multi-turn chat through the model's chat template"},
+    {"serve", ci_verb_serve, "serve the OpenAI and Anthropic HTTP APIs and a chat page"},
+    {"pull", ci_verb_pull, "download a model from the Hugging Face Hub into the cache"},
+    {"ls", ci_verb_ls, "list the models of the Hugging Face cache"},
+    {"rm", ci_verb_rm, "delete a model from the Hugging Face cache"},
+    {"fit", ci_verb_fit, "check whether a model fits this machine's memory, per KV codec"},
     {"bench", ci_verb_bench, "measure prefill and decode tok/s"},
     {"perplexity", ci_verb_perplexity, "teacher-forced NLL and perplexity of token sequences"},
     {"kv-quality", ci_verb_kv_quality, "KL divergence and top-1 agreement of a KV codec vs bf16"},
     {"render", ci_verb_render, "print the chat-template rendering of a chat request"},
     {"tokenize", ci_verb_tokenize, "encode a text file to a JSON array of token ids"},
     {"detokenize", ci_verb_detokenize, "decode comma-separated token ids to text"},
-    {"serve", ci_verb_serve, "serve the OpenAI and Anthropic HTTP APIs (continuous batching)"},
-    {"pull", ci_verb_pull, "download a model from the Hugging Face Hub into the cache"},
-    {"ls", ci_verb_ls, "list the models of the Hugging Face cache"},
-    {"rm", ci_verb_rm, "delete a model from the Hugging Face cache"},
-    {"fit", ci_verb_fit, "check whether a model fits this machine's memory, per KV codec"},
+    {"logits", ci_verb_logits, "write teacher-forced f32 logits of a token-id prompt"},
+    {"init-random", ci_verb_init_random, "write a random-weight model for a config"},
 };
 
 /* The verbs that manage the cache themselves take no --model to pull. */
@@ -35,7 +37,9 @@ static int takes_pull_flag(const char *verb) {
 }
 
 static void print_usage(FILE *out) {
-  fprintf(out, "usage: cinfer <verb> [flags]   (cinfer <verb> --help for its flags)\n\nverbs:\n");
+  fprintf(out, "usage: cinfer <verb> [flags]   (cinfer <verb> --help for its flags)\n\n"
+               "  cinfer pull Qwen/Qwen3-0.6B\n"
+               "  cinfer chat -m Qwen/Qwen3-0.6B\n\nverbs:\n");
   for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
     fprintf(out, "  %-12s %s\n", verbs[i].name, verbs[i].summary);
 }

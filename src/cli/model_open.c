@@ -1,12 +1,16 @@
-/* Loading a model for a verb: --threads, --device and --gpu into cinfer_model_options, then
- * cinfer_model_load with its error printed as one line. */
+/* Loading a model for a verb: --threads, --device and --gpu into cinfer_model_options (--threads
+ * above the online CPUs is capped to them with a one-line warning), then cinfer_model_load with
+ * its error printed as one line. */
 #include "cli/verbs.h"
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
-int ci_cli_model_options(const ci_flag *flags, int n_flags, const char *verb,
-                         cinfer_model_options *options) {
+/* ci_cli_model_options; warn: print the --threads cap (once per verb: the load reads the flags
+ * again without it). */
+static int read_options(const ci_flag *flags, int n_flags, const char *verb,
+                        cinfer_model_options *options, int warn) {
   cinfer_model_options_init(options);
   long long threads, gpu;
   if (ci_args_int(flags, n_flags, "--threads", 0, 1, 4096, &threads) ||
@@ -18,6 +22,14 @@ int ci_cli_model_options(const ci_flag *flags, int n_flags, const char *verb,
     fprintf(stderr, "cinfer %s: --device must be cpu, cuda or auto, got '%s'\n", verb, device);
     return 2;
   }
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  if (online > 0 && threads > online) {
+    if (warn)
+      fprintf(stderr,
+              "cinfer %s: warning: --threads %lld is more than the %ld online CPUs; using %ld\n",
+              verb, threads, online, online);
+    threads = online;
+  }
   options->n_threads = (int)threads;
   options->device = device;
   options->gpu = (int)gpu;
@@ -25,11 +37,16 @@ int ci_cli_model_options(const ci_flag *flags, int n_flags, const char *verb,
   return 0;
 }
 
+int ci_cli_model_options(const ci_flag *flags, int n_flags, const char *verb,
+                         cinfer_model_options *options) {
+  return read_options(flags, n_flags, verb, options, 1);
+}
+
 int ci_cli_model_load(const ci_flag *flags, int n_flags, const char *verb, const char *model_arg,
                       cinfer_model **out) {
   *out = NULL;
   cinfer_model_options options;
-  if (ci_cli_model_options(flags, n_flags, verb, &options)) return 2;
+  if (read_options(flags, n_flags, verb, &options, 0)) return 2;
   const cinfer_status status = cinfer_model_load(model_arg, &options, out);
   if (status != CINFER_OK) {
     fprintf(stderr, "cinfer: %s\n", cinfer_last_error());

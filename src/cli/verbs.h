@@ -27,10 +27,10 @@ int ci_verb_serve(int argc, char **argv);
   }
 
 /* Usage text of those flags. */
-#define CI_CLI_MODEL_USAGE "  [--threads N] [--device cpu|cuda|auto] [--gpu N] [--mmap]\n"
+#define CI_CLI_MODEL_USAGE "  [-t|--threads N] [--device cpu|cuda|auto] [--gpu N] [--mmap]\n"
 
 /* Reads --threads, --device, --gpu and --mmap into *options (printing a bad value; returns 2), else
- * 0. */
+ * 0. --threads above the online CPUs is capped to them with a warning on stderr. */
 int ci_cli_model_options(const ci_flag *flags, int n_flags, const char *verb,
                          cinfer_model_options *options);
 

@@ -85,11 +85,16 @@ static cinfer_status info_of_dir(const char *dir, cinfer_model_info *info) {
   if (asprintf(&path, "%s/config.json", dir) < 0) return ci_fail("out of memory"), CINFER_ERROR;
   json_error_t jerr;
   json_t *cfg = json_load_file(path, 0, &jerr);
-  free(path);
   char *why = NULL;
   if (!cfg) {
-    if (asprintf(&why, "config.json: %s", jerr.text) < 0) why = NULL;
-  } else {
+    if (ci_fail_if_unopenable(path)) {
+      why = strdup(ci_last_error());
+    } else if (asprintf(&why, "config.json: %s", jerr.text) < 0) {
+      why = NULL;
+    }
+  }
+  free(path);
+  if (cfg) {
     info->architecture = dup_or_empty(json_string_value(json_object_get(cfg, "model_type")));
     info->dtype = config_quantization(cfg);
     if (!info->dtype) info->dtype = dup_or_empty(config_dtype(cfg));

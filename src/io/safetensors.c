@@ -512,6 +512,7 @@ static int open_indexed(ci_weights *w, const char *dir, const char *index_path) 
   json_error_t error;
   json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &error);
   if (!root) {
+    if (ci_fail_if_unopenable(index_path)) return CI_ERR;
     return ci_fail("%s: not valid JSON: %s (line %d, column %d)", index_path, error.text,
                    error.line, error.column);
   }

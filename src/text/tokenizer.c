@@ -147,7 +147,8 @@ static ci_tokenizer *load_path(const char *path) {
   json_error_t err;
   json_t *root = json_load_file(path, JSON_ALLOW_NUL, &err);
   if (!root) {
-    ci_fail("%s: %s (line %d column %d)", path, err.text, err.line, err.column);
+    if (!ci_fail_if_unopenable(path))
+      ci_fail("%s: %s (line %d column %d)", path, err.text, err.line, err.column);
     return NULL;
   }
   ci_tokenizer *tok = tokenizer_from_root(root);
@@ -171,7 +172,10 @@ ci_tokenizer *ci_tokenizer_load_file(const char *tokenizer_json_path) {
 static int apply_config(ci_tokenizer *tok, const char *path) {
   json_error_t err;
   json_t *root = json_load_file(path, JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, &err);
-  if (!root) return ci_fail("%s: %s (line %d column %d)", path, err.text, err.line, err.column);
+  if (!root)
+    return ci_fail_if_unopenable(path)
+               ? CI_ERR
+               : ci_fail("%s: %s (line %d column %d)", path, err.text, err.line, err.column);
   int rc = CI_OK;
   json_t *decoder = json_object_get(root, "added_tokens_decoder");
   const char *key;
