@@ -202,8 +202,8 @@ int ci_verb_chat(int argc, char **argv) {
     }
     if (!line) {
       if (interrupted && interactive && !prompt_interrupts++) {
+        quit_on_interrupt = 1; /* before the hint: a ctrl-C once it is visible always quits */
         fprintf(stderr, "\n(ctrl-C again, ctrl-D or /exit quits)\n");
-        quit_on_interrupt = 1;
         continue;
       }
       if (interactive) fputc('\n', stdout);
