@@ -30,6 +30,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "base/error.h"
 #include "model/model.h"
+#include "fixture_files.h"
 #include "tensor/dtype.h"
 
 #include <dirent.h>
@@ -278,36 +279,6 @@ static void test_elementwise_ops(void **state) {
 
 /* ==== models: logits against transformers, batch invariance ==== */
 
-static char *read_file(const char *path, size_t *size) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *buf = malloc((size_t)n + 1);
-  if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-    free(buf);
-    buf = NULL;
-  }
-  fclose(f);
-  if (buf) buf[n] = '\0';
-  if (size) *size = (size_t)n;
-  return buf;
-}
-
-static int32_t *read_ids(const char *dir, int *n) {
-  char path[1024];
-  snprintf(path, sizeof path, "%s/ids.txt", dir);
-  char *text = read_file(path, NULL);
-  assert_non_null(text);
-  int32_t *ids = malloc(strlen(text) * sizeof *ids);
-  int count = 0;
-  for (char *tok = strtok(text, ",\n "); tok; tok = strtok(NULL, ",\n ")) ids[count++] = atoi(tok);
-  free(text);
-  *n = count;
-  return ids;
-}
-
 /* A KV cache as a device needs it: an arena reserved up front and the block tables' limits. */
 static ci_kv_cache *new_cache(ci_model *model, ci_kv_codec codec) {
   ci_kv_cache *cache = ci_model_kv_cache_create(model, codec, 16, (int64_t)256 << 20);
@@ -426,7 +397,7 @@ static void test_fixtures(void **state) {
     ci_model *model = ci_model_load(dir, be);
     if (!model) fail_msg("load %s: %s", dir, ci_last_error());
     int n;
-    int32_t *ids = read_ids(dir, &n);
+    int32_t *ids = fixture_read_ids(dir, &n);
     static const struct {
       ci_kv_codec codec;
       const char *reference;
@@ -436,7 +407,7 @@ static void test_fixtures(void **state) {
     for (int c = 0; c < 2; c++) {
       snprintf(path, sizeof path, "%s/%s", dir, cases[c].reference);
       size_t size;
-      float *ref = (float *)read_file(path, &size);
+      float *ref = (float *)fixture_read_file(path, &size);
       assert_non_null(ref);
       assert_int_equal(size, (size_t)n * model->spec.vocab * sizeof(float));
       const int chunks[] = {n, 1, 3};

@@ -18,6 +18,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "base/error.h"
 #include "model/model.h"
+#include "fixture_files.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -27,37 +28,6 @@
 
 static const float f32_kv_tolerance = 1e-3f;
 static const float bf16_kv_tolerance = 2.5e-2f;
-
-/* Reads a whole file; returns a malloc'd buffer (NUL-terminated) and its size. */
-static char *read_file(const char *path, size_t *size) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *buf = malloc((size_t)n + 1);
-  if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-    free(buf);
-    buf = NULL;
-  }
-  fclose(f);
-  if (buf) buf[n] = '\0';
-  if (size) *size = (size_t)n;
-  return buf;
-}
-
-static int32_t *read_ids(const char *dir, int *n) {
-  char path[1024];
-  snprintf(path, sizeof path, "%s/ids.txt", dir);
-  char *text = read_file(path, NULL);
-  assert_non_null(text);
-  int32_t *ids = malloc(strlen(text) * sizeof *ids);
-  int count = 0;
-  for (char *tok = strtok(text, ",\n "); tok; tok = strtok(NULL, ",\n ")) ids[count++] = atoi(tok);
-  free(text);
-  *n = count;
-  return ids;
-}
 
 /* Runs one fixture at one chunk size; returns the max |Δlogit| and counts argmax mismatches. */
 static float run_fixture(ci_model *model, ci_kv_codec codec, const int32_t *ids, int n,
@@ -103,7 +73,7 @@ static int test_fixture_dir(const char *dir) {
   if (!model) fprintf(stderr, "load %s: %s\n", dir, ci_last_error());
   assert_non_null(model);
   int n;
-  int32_t *ids = read_ids(dir, &n);
+  int32_t *ids = fixture_read_ids(dir, &n);
   assert_true(n >= 32);
   static const struct {
     ci_kv_codec codec;
@@ -115,7 +85,7 @@ static int test_fixture_dir(const char *dir) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", dir, kv_cases[k].reference);
     size_t size;
-    float *ref = (float *)read_file(path, &size);
+    float *ref = (float *)fixture_read_file(path, &size);
     assert_non_null(ref);
     assert_int_equal(size, (size_t)n * model->spec.vocab * sizeof(float));
     /* Sliding models also run in chunks of W + 1, so a chunk spans a whole window. */
