@@ -419,6 +419,11 @@ int cinfer_model_n_layers(const cinfer_model *model);
 /* The backend the model runs on ("cpu", "cuda", ...). */
 const char *cinfer_model_device(const cinfer_model *model);
 
+/* Why device auto runs the model on the CPU although a GPU is visible (the GPU backend cannot run
+ * it yet, e.g. quantized weights), or "" when it did not fall back. Programs should show it:
+ * the fallback is not meant to be silent. */
+const char *cinfer_model_device_note(const cinfer_model *model);
+
 /* generation_config.json's max_new_tokens, or 0 when the model folder sets none (a program with a
  * built-in default of its own uses it only then). */
 int cinfer_model_max_new_tokens(const cinfer_model *model);

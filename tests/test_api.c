@@ -994,6 +994,8 @@ static void test_chat_output(void **state) {
   assert_null(cinfer_model_chat_format(model));
   assert_int_equal(cinfer_model_n_layers(model), 2);
   assert_string_equal(cinfer_model_device(model), "cpu");
+  assert_string_equal(cinfer_model_device_note(model), ""); /* no GPU here: nothing to explain */
+  assert_string_equal(cinfer_model_device_note(NULL), "");
   cinfer_model_free(model);
 }
 

@@ -8,6 +8,10 @@ int cinfer_model_n_layers(const cinfer_model *model) {
   return model ? model->model->spec.n_layers : 0;
 }
 
+const char *cinfer_model_device_note(const cinfer_model *model) {
+  return model ? model->device_note : "";
+}
+
 const char *cinfer_model_device(const cinfer_model *model) {
   return model && model->model->be ? model->model->be->ops->name : "";
 }

@@ -51,7 +51,8 @@ struct cinfer_model {
   ci_generation_config generation;         /* generation_config.json (has_ flags 0 when absent) */
   ci_eos_set eos; /* config.json ∪ generation_config.json ∪ tokenizer eos_token */
 
-  int threads; /* CPU threads the forward pass uses (n_threads, or every online CPU) */
+  int threads;           /* CPU threads the forward pass uses (n_threads, or every online CPU) */
+  char device_note[320]; /* why device auto chose the CPU over a visible GPU ("" when it did not) */
 
   pthread_mutex_t grammar_mu;      /* guards grammar_vocab */
   ci_grammar_vocab *grammar_vocab; /* owned; built on the first grammar-constrained request */

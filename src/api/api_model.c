@@ -58,6 +58,15 @@ cinfer_status cinfer_model_load(const char *path, const cinfer_model_options *op
   const ci_device_options device = {options->device, options->gpu, options->n_threads,
                                     options->mmap};
   m->model = m->dir ? ci_model_open_on(m->dir, &device) : NULL;
+  const int is_auto = !options->device || !strcmp(options->device, "auto");
+  if (!m->model && m->dir && is_auto && ci_model_gpu_visible()) {
+    /* auto: a model the GPU cannot run yet (quantized weights) runs on the CPU instead; the
+     * reason is kept for cinfer_model_device_note, so the fallback is never silent */
+    snprintf(m->device_note, sizeof m->device_note, "the GPU cannot run this model: %s",
+             ci_last_error());
+    const ci_device_options cpu = {"cpu", 0, options->n_threads, options->mmap};
+    m->model = ci_model_open_on(m->dir, &cpu);
+  }
   if (!m->model || load_text_and_defaults(m) != CINFER_OK) {
     cinfer_model_free(m);
     return CINFER_ERROR;

@@ -52,5 +52,8 @@ int ci_cli_model_load(const ci_flag *flags, int n_flags, const char *verb, const
     fprintf(stderr, "cinfer: %s\n", cinfer_last_error());
     return status == CINFER_INVALID_ARGUMENT ? 2 : 1;
   }
+  if (*cinfer_model_device_note(*out))
+    fprintf(stderr, "cinfer %s: running on the CPU: %s (--device cpu skips the GPU)\n", verb,
+            cinfer_model_device_note(*out));
   return 0;
 }

@@ -33,6 +33,14 @@ static ci_backend *backend_start(const ci_device_options *options) {
   return ci_cpu_backend_create(options->n_threads);
 }
 
+int ci_model_gpu_visible(void) {
+#ifdef CINFER_CUDA
+  return ci_cuda_device_count() > 0;
+#else
+  return 0;
+#endif
+}
+
 ci_model *ci_model_open(const char *model_arg, int n_threads) {
   ci_device_options options = {.device = "cpu", .gpu = 0, .n_threads = n_threads};
   return ci_model_open_on(model_arg, &options);

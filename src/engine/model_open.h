@@ -32,6 +32,9 @@ ci_model *ci_model_open(const char *model_arg, int n_threads);
  * back to the CPU only when no GPU is visible. */
 ci_model *ci_model_open_on(const char *model_arg, const ci_device_options *device);
 
+/* 1 when this build has the CUDA backend and a GPU is visible (what device auto picks). */
+int ci_model_gpu_visible(void);
+
 /* Frees a model from ci_model_open and the backend it runs on. NULL is a no-op. */
 void ci_model_close(ci_model *model);
 
