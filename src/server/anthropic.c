@@ -349,9 +349,7 @@ int ci_anthropic_messages(ci_server *s, json_t *body, json_t **out, ci_srv_strea
     return 200;
   }
   ci_srv_gen *g = &st->gen;
-  while (!g->done) ci_srv_gen_pump(g, -1);
-  if (g->failed) {
-    *out = ci_server_error_body(1, 500, "internal_error", g->error);
+  if (ci_srv_gen_run_to_end(g, 1, out) != 200) {
     ci_srv_stream_free(st);
     return 500;
   }

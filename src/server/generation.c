@@ -537,6 +537,13 @@ static int client_gone(int fd) {
   return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
 }
 
+int ci_srv_gen_run_to_end(ci_srv_gen *g, int anthropic, json_t **out) {
+  while (!g->done) ci_srv_gen_pump(g, -1);
+  if (!g->failed) return 200;
+  *out = ci_server_error_body(anthropic, 500, "internal_error", g->error);
+  return 500;
+}
+
 int ci_srv_gen_pump(ci_srv_gen *g, double timeout_s) {
   if (g->done) return 0;
   cinfer_event ev;

@@ -310,16 +310,6 @@ static void produce_completion(ci_srv_stream *st) {
   if (g->done) stream_finish(st, 0);
 }
 
-/* Runs a non-streaming generation to its end. */
-static int run_to_end(ci_srv_gen *g, json_t **out, int anthropic) {
-  while (!g->done) ci_srv_gen_pump(g, -1);
-  if (g->failed) {
-    *out = ci_server_error_body(anthropic, 500, "internal_error", g->error);
-    return 500;
-  }
-  return 200;
-}
-
 /* ==== Routes ==== */
 
 static int get_stream_flag(const json_t *body, int *stream, int *include_usage, char **err) {
@@ -359,7 +349,7 @@ static int start_and_answer(ci_server *s, ci_srv_job *job, int kind, int stream,
     *out_stream = st;
     return 200;
   }
-  int code = run_to_end(&st->gen, out, 0);
+  int code = ci_srv_gen_run_to_end(&st->gen, 0, out);
   if (code == 200) {
     if (kind == 0) {
       *out = chat_response(&st->gen, st->id, st->created, s->o.model_id);

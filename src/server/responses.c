@@ -527,9 +527,7 @@ int ci_openai_responses(ci_server *s, json_t *body, json_t **out, ci_srv_stream 
     return 200;
   }
   ci_srv_gen *g = &st->gen;
-  while (!g->done) ci_srv_gen_pump(g, -1);
-  if (g->failed) {
-    *out = ci_server_error_body(0, 500, "internal_error", g->error);
+  if (ci_srv_gen_run_to_end(g, 0, out) != 200) {
     ci_srv_stream_free(st);
     return 500;
   }

@@ -186,6 +186,10 @@ void ci_srv_gen_init_text(ci_server *s, ci_srv_job *job, ci_srv_gen *g);
  * 0 on timeout. */
 int ci_srv_gen_pump(ci_srv_gen *g, double timeout_s);
 
+/* Runs a non-streaming generation to its end: 200, or 500 with *out the error body (Anthropic's
+ * shape when anthropic). */
+int ci_srv_gen_run_to_end(ci_srv_gen *g, int anthropic, json_t **out);
+
 /* Applies one engine event, received at time `now`, to the text pipeline. */
 void ci_srv_gen_apply(ci_srv_gen *g, const cinfer_event *ev, double now);
 
