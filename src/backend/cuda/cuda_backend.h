@@ -12,10 +12,10 @@ extern "C" {
 /* Number of CUDA GPUs this process sees (0 when there is no driver or no GPU). */
 int ci_cuda_device_count(void);
 
-/* Creates a backend on GPU `gpu` (an ordinal below ci_cuda_device_count()); n_threads is the
- * host threads for work that stays on the CPU (0 = every online CPU). Returns NULL with
- * ci_last_error naming the cause (no GPU, an ordinal out of range, cuBLASLt missing). Free with
- * be->ops->destroy(be). */
+/* Creates a backend on GPU `gpu` (an ordinal below ci_cuda_device_count()); n_threads is
+ * accepted for the host work a GPU backend may keep (unused now: every op runs on the GPU). Returns
+ * NULL with ci_last_error naming the cause (no GPU, an ordinal out of range, cuBLASLt missing).
+ * Free with be->ops->destroy(be). */
 ci_backend *ci_cuda_backend_create(int gpu, int n_threads);
 
 /* How matmul inputs (f32 activations) meet half-precision weights: 2 (the default) splits each

@@ -159,10 +159,6 @@ void ci_cuda_record_begin(ci_cuda *cu) {
   cu->converted_x = NULL;
 }
 
-int ci_cuda_recording(const ci_cuda *cu) {
-  return cu->graphs && cu->graphs->recording;
-}
-
 static int run_all(ci_cuda *cu) {
   ci_cuda_graphs *g = cu->graphs;
   for (int i = 0; i < g->n_cmds; i++)

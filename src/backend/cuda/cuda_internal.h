@@ -147,7 +147,6 @@ typedef struct {
   ci_backend base;
   int device;
   cudaStream_t stream;
-  int n_threads;
   int64_t allocations; /* cudaMalloc calls so far */
   int *error_flag;     /* device int: kernels set it when they meet bad data */
   ci_cuda_ring ring;
@@ -196,8 +195,6 @@ void ci_cuda_graphs_destroy(ci_cuda *cu);
 int ci_cuda_emit(ci_cuda *cu, const ci_cuda_cmd *cmd);
 /* Starts recording a step's commands (graphs on) . */
 void ci_cuda_record_begin(ci_cuda *cu);
-/* 1 while a step is being recorded. */
-int ci_cuda_recording(const ci_cuda *cu);
 /* Runs the recorded commands now and stops recording (an op must wait for the GPU mid-step). */
 int ci_cuda_record_flush(ci_cuda *cu);
 /* Ends the recorded step: runs its commands, through a cached CUDA graph when this list was seen
