@@ -19,6 +19,21 @@ if [ -d "$root/.deps/debs" ] && ! dpkg-query -W -f='${Status}' libjansson-dev 2>
     # private requirements (libmicrohttpd's GnuTLS) are the shared libraries' business, and
     # their .pc files are not in the bundle
     sed -i '/^Requires.private:/d' "$root"/.deps/root/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc
+    # a library the machine already has (libcurl, libssl, ...) is used from the machine, whose
+    # copy comes with its own dependencies (the bundled libcurl's ssh/ldap/... libraries are not
+    # bundled); the bundle keeps only its headers and the link name, pointed at that copy
+    libdir="$root/.deps/root/usr/lib/x86_64-linux-gnu"
+    for lib in "$libdir"/lib*.so.[0-9]*; do
+      name=$(basename "$lib")
+      case "$name" in *.so.*.*) continue ;; esac # the soname link, not the versioned file
+      for sys in /usr/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu; do
+        [ -e "$sys/$name" ] || continue
+        rm -f "$libdir/$name".*
+        ln -sf "$sys/$name" "$libdir/$name"
+        [ -L "$libdir/${name%.so.*}.so" ] && ln -sf "$name" "$libdir/${name%.so.*}.so"
+        break
+      done
+    done
     touch "$root/.deps/root/.unpacked"
     echo "install-deps: unpacked $(ls "$root"/.deps/debs | wc -l) bundled packages into .deps/root" >&2
   fi

@@ -125,46 +125,90 @@ static void test_matmul_ops(void **state) {
   (void)state;
   ci_backend *cpu = ci_cpu_backend_create(2), *cu = gpu();
   const ci_dtype dtypes[] = {CI_BF16, CI_F16, CI_F32};
-  const int64_t ms[] = {1, 3, 17, 64};
+  const int64_t ms[] = {1, 3, 17, 33, 64};
   for (int d = 0; d < 3; d++)
-    for (int i = 0; i < 4; i++) check_matmul(cpu, cu, dtypes[d], 320, 256, ms[i]);
+    for (int i = 0; i < 5; i++) check_matmul(cpu, cu, dtypes[d], 320, 256, ms[i]);
   check_matmul(cpu, cu, CI_BF16, 1000, 96, 5);
   cu->ops->destroy(cu);
   cpu->ops->destroy(cpu);
 }
 
-/* Row r of an m-row product equals the 1-row product of row r, bit for bit. */
+/* Rows are bit-identical whatever shares their product: decode rows (segments of one row) of an
+ * m-row product equal the 1-row product of that row; an m-row prompt chunk (one segment) equals
+ * the same rows of a 256-row product; a mix of both kinds gives each row the bits of its part
+ * alone. */
+static int rows_differ(ci_backend *cu, const float *dy, float *host, const float *want, int64_t m,
+                       int64_t n) {
+  from_device(cu, host, dy, (size_t)(m * n));
+  return memcmp(host, want, (size_t)(m * n) * 4) != 0;
+}
+
 static void test_matmul_batch_invariance(void **state) {
   (void)state;
   ci_backend *cu = gpu();
   static const int64_t shapes[][2] = {{3072, 2048}, {2048, 2048}, {16384, 2048},
                                       {2048, 8192}, {4096, 4096}, {4096, 14336}};
-  const int64_t ms[] = {1, 2, 3, 4, 7, 8, 16, 31, 32, 64, 100, 128, 256};
-  const int64_t max_m = 256;
+  const int64_t ms[] = {1, 2, 3, 4, 7, 8, 16, 31, 32, 33, 64, 100, 128, 256};
+  enum { MAX_M = 256 };
+  int32_t ones[MAX_M], mixed[MAX_M];
+  for (int i = 0; i < MAX_M; i++) ones[i] = 1;
+  /* 3 decode rows, a 40-row prompt chunk, 2 decode rows, a 33-row chunk, the rest decode rows */
+  int n_mixed = 0, covered = 0;
+  const int32_t pattern[] = {1, 1, 1, 40, 1, 1, 33};
+  for (size_t i = 0; i < sizeof pattern / sizeof pattern[0]; i++)
+    covered += mixed[n_mixed++] = pattern[i];
+  while (covered < MAX_M) covered += mixed[n_mixed++] = 1;
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
     const int64_t n = shapes[s][0], k = shapes[s][1];
     uint16_t *w = malloc((size_t)(n * k) * 2);
     for (int64_t i = 0; i < n * k; i++) w[i] = ci_f32_to_bf16(frand() * 0.05f);
     ci_tensor t = {.dtype = CI_BF16, .ndim = 2, .shape = {n, k}, .data = w};
     assert_int_equal(cu->ops->prepare_weight(cu, &t), CI_OK);
-    float *x = malloc((size_t)(max_m * k) * 4);
-    for (int64_t i = 0; i < max_m * k; i++) x[i] = frand();
-    float *dx = to_device(cu, x, (size_t)(max_m * k));
-    float *dy = cu->ops->alloc(cu, (size_t)(max_m * n) * 4);
-    float *solo = malloc((size_t)(max_m * n) * 4), *batch = malloc((size_t)(max_m * n) * 4);
-    for (int64_t r = 0; r < max_m; r++) {
+    float *x = malloc((size_t)(MAX_M * k) * 4);
+    for (int64_t i = 0; i < MAX_M * k; i++) x[i] = frand();
+    float *dx = to_device(cu, x, (size_t)(MAX_M * k));
+    float *dy = cu->ops->alloc(cu, (size_t)(MAX_M * n) * 4);
+    float *solo = malloc((size_t)(MAX_M * n) * 4), *prompt = malloc((size_t)(MAX_M * n) * 4);
+    float *got = malloc((size_t)(MAX_M * n) * 4), *want = malloc((size_t)(MAX_M * n) * 4);
+    for (int64_t r = 0; r < MAX_M; r++) {
       assert_int_equal(cu->ops->matmul(cu, &t, dx + r * k, 1, dy, NULL), CI_OK);
       from_device(cu, solo + r * n, dy, (size_t)n);
     }
+    assert_int_equal(cu->ops->matmul(cu, &t, dx, MAX_M, dy, NULL), CI_OK);
+    from_device(cu, prompt, dy, (size_t)(MAX_M * n));
     int bad = 0;
     for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+      const ci_row_segments decode_rows = {.n = (int)ms[i], .rows = ones};
+      assert_int_equal(cu->ops->matmul(cu, &t, dx, ms[i], dy, &decode_rows), CI_OK);
+      if (rows_differ(cu, dy, got, solo, ms[i], n)) {
+        printf("  %lld x %lld: %lld decode rows differ from 1-row products\n", (long long)n,
+               (long long)k, (long long)ms[i]);
+        bad++;
+      }
       assert_int_equal(cu->ops->matmul(cu, &t, dx, ms[i], dy, NULL), CI_OK);
-      from_device(cu, batch, dy, (size_t)(ms[i] * n));
-      if (memcmp(batch, solo, (size_t)(ms[i] * n) * 4)) {
-        printf("  %lld x %lld: rows of a %lld-row product differ from 1-row products\n",
+      if (rows_differ(cu, dy, got, prompt, ms[i], n)) {
+        printf("  %lld x %lld: a %lld-row prompt chunk differs from the 256-row product\n",
                (long long)n, (long long)k, (long long)ms[i]);
         bad++;
       }
+    }
+    /* the mix: each row as its own kind computes it (a prompt chunk's rows, wherever they start,
+     * as the chunk alone) */
+    int64_t row = 0;
+    for (int i = 0; i < n_mixed; row += mixed[i++]) {
+      const float *src = mixed[i] == 1 ? solo + row * n : NULL;
+      if (src) {
+        memcpy(want + row * n, src, (size_t)n * 4);
+        continue;
+      }
+      assert_int_equal(cu->ops->matmul(cu, &t, dx + row * k, mixed[i], dy, NULL), CI_OK);
+      from_device(cu, want + row * n, dy, (size_t)(mixed[i] * n));
+    }
+    const ci_row_segments mix = {.n = n_mixed, .rows = mixed};
+    assert_int_equal(cu->ops->matmul(cu, &t, dx, MAX_M, dy, &mix), CI_OK);
+    if (rows_differ(cu, dy, got, want, MAX_M, n)) {
+      printf("  %lld x %lld: a mixed step differs from its parts\n", (long long)n, (long long)k);
+      bad++;
     }
     printf("  batch invariance %5lld x %5lld: %s\n", (long long)n, (long long)k,
            bad ? "FAIL" : "ok");
@@ -172,7 +216,9 @@ static void test_matmul_batch_invariance(void **state) {
     cu->ops->release(cu, dx);
     cu->ops->release(cu, dy);
     free(solo);
-    free(batch);
+    free(prompt);
+    free(got);
+    free(want);
     free(x);
     free(w);
   }
@@ -406,7 +452,7 @@ static void test_fixtures(void **state) {
                  {CI_KV_F32, "logits.f32", F32_KV_TOLERANCE}};
     for (int c = 0; c < 2; c++) {
       snprintf(path, sizeof path, "%s/%s", dir, cases[c].reference);
-      size_t size;
+      size_t size = 0;
       float *ref = (float *)fixture_read_file(path, &size);
       assert_non_null(ref);
       assert_int_equal(size, (size_t)n * model->spec.vocab * sizeof(float));

@@ -84,7 +84,7 @@ static int test_fixture_dir(const char *dir) {
   for (size_t k = 0; k < sizeof kv_cases / sizeof kv_cases[0]; k++) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", dir, kv_cases[k].reference);
-    size_t size;
+    size_t size = 0;
     float *ref = (float *)fixture_read_file(path, &size);
     assert_non_null(ref);
     assert_int_equal(size, (size_t)n * model->spec.vocab * sizeof(float));

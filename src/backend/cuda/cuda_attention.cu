@@ -76,6 +76,7 @@ __global__ static void kv_store_kernel(kv_layout L, const seq_group *g, const fl
                                        const float *v, const int32_t *pos, int *error_flag) {
   const int s = seq_of(g, blockIdx.x);
   const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
+  const int h = blockIdx.y; /* one KV head per block */
   const int width = L.n_kv_heads * L.head_dim;
   const int64_t p = pos[row];
   const int64_t entry = p / L.block_tokens;
@@ -84,17 +85,17 @@ __global__ static void kv_store_kernel(kv_layout L, const seq_group *g, const fl
     if (threadIdx.x == 0) *error_flag = 1;
     return;
   }
-  for (int i = threadIdx.x; i < width; i += blockDim.x) {
-    const int h = i / L.head_dim, d = i % L.head_dim;
-    uint8_t *kr = row_address(L, 0, block, p % L.block_tokens, h);
-    uint8_t *vr = row_address(L, 1, block, p % L.block_tokens, h);
-    const float kx = k[(int64_t)row * width + i], vx = v[(int64_t)row * width + i];
+  uint8_t *kr = row_address(L, 0, block, p % L.block_tokens, h);
+  uint8_t *vr = row_address(L, 1, block, p % L.block_tokens, h);
+  const float *ks = k + (int64_t)row * width + (int64_t)h * L.head_dim;
+  const float *vs = v + (int64_t)row * width + (int64_t)h * L.head_dim;
+  for (int d = threadIdx.x; d < L.head_dim; d += blockDim.x) {
     if (L.f32) {
-      ((float *)kr)[d] = kx;
-      ((float *)vr)[d] = vx;
+      ((float *)kr)[d] = ks[d];
+      ((float *)vr)[d] = vs[d];
     } else {
-      ((__nv_bfloat16 *)kr)[d] = __float2bfloat16_rn(kx);
-      ((__nv_bfloat16 *)vr)[d] = __float2bfloat16_rn(vx);
+      ((__nv_bfloat16 *)kr)[d] = __float2bfloat16_rn(ks[d]);
+      ((__nv_bfloat16 *)vr)[d] = __float2bfloat16_rn(vs[d]);
     }
   }
 }
@@ -160,8 +161,9 @@ int ci_cuda_kv_store(ci_cuda *cu, const ci_step_kv *seqs, const float *k, const 
 }
 
 void ci_cuda_kv_store_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
-  kv_store_kernel<<<(unsigned)cmd->a.kv.total_rows, 128, 0, cu->stream>>>(
-      cmd->a.kv.layout, cmd->a.kv.group, cmd->a.kv.k, cmd->a.kv.v, cmd->a.kv.pos, cu->error_flag);
+  const dim3 grid((unsigned)cmd->a.kv.total_rows, (unsigned)cmd->a.kv.layout.n_kv_heads);
+  kv_store_kernel<<<grid, 128, 0, cu->stream>>>(cmd->a.kv.layout, cmd->a.kv.group, cmd->a.kv.k,
+                                                cmd->a.kv.v, cmd->a.kv.pos, cu->error_flag);
   ci_cuda_check_launch(cu, "kv_store");
 }
 
