@@ -7,8 +7,10 @@ prompts (the first tokens of the held-out files in models/starter/eval_ids.json)
 tokens per wall second), the acceptance rate and the mean tokens per target forward (generated /
 decode steps, from /stats).
 
-Usage: spec_bench.py [--cinfer build/cinfer] [--threads 2] [--gen 96]; prints the rows of the
-tables in bench/spec.md.
+Usage: spec_bench.py [--cinfer build/cinfer] [--threads 2] [--gen 96] [--device cpu]
+                     [--concurrency 1,4,16]
+prints the rows of the tables in bench/spec.md (at concurrency C the prompts are cycled to C
+requests).
 """
 
 import argparse
@@ -47,7 +49,8 @@ def get(port, path):
 
 def start(args, port, extra):
     cmd = [args.cinfer, "serve", "--model", os.path.join(ROOT, "models/starter"), "--port",
-           str(port), "--threads", str(args.threads), "--prompt-cache", "0"] + extra
+           str(port), "--threads", str(args.threads), "--prompt-cache", "0", "--device",
+           args.device] + extra
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(300):
         try:
@@ -86,7 +89,8 @@ def run_set(port, kind, prompts, gen, concurrency):
             with lock:
                 results.append(out)
 
-        threads = [threading.Thread(target=worker, args=(p,)) for p in prompts[:concurrency]]
+        batch = [prompts[i % len(prompts)] for i in range(concurrency)]
+        threads = [threading.Thread(target=worker, args=(p,)) for p in batch]
         for t in threads:
             t.start()
         for t in threads:
@@ -111,6 +115,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gen", type=int, default=96)
     ap.add_argument("--port", type=int, default=28311)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--concurrency", default="1,4,16")
     args = ap.parse_args()
     eval_ids = json.load(open(os.path.join(ROOT, "models/starter/eval_ids.json")))
     code = [seq[:192] for seq in eval_ids["sequences"]]
@@ -123,7 +129,7 @@ def main():
         try:
             request(args.port, "code", code[0][:32], 8)  # warm-up
             for kind, prompts in (("code", code), ("chat", CHAT)):
-                for conc in (1, 4):
+                for conc in [int(c) for c in args.concurrency.split(",")]:
                     r = run_set(args.port, kind, prompts, args.gen, conc)
                     rows.append((name, kind, conc, r))
                     print(name, kind, conc, r, flush=True)
