@@ -26,6 +26,55 @@ ci_isa ci_cpu_backend_isa(const ci_backend *be) {
   return ((const cpu_backend *)be)->isa;
 }
 
+/* ==== Parallel loops over independent items ==== */
+
+/* Work (about one flop per unit) below which an op runs on the calling thread: a pool job costs
+ * microseconds, more than a decode step's norms and adds. */
+enum { PARALLEL_MIN_WORK = 1 << 15 };
+
+typedef void (*range_fn)(void *ctx, int64_t begin, int64_t end);
+
+typedef struct {
+  range_fn fn;
+  void *ctx;
+  int64_t n, per_task;
+} range_job;
+
+static void range_task(void *ctx, int task, int thread) {
+  (void)thread;
+  const range_job *job = ctx;
+  const int64_t begin = (int64_t)task * job->per_task;
+  const int64_t end = begin + job->per_task < job->n ? begin + job->per_task : job->n;
+  job->fn(job->ctx, begin, end);
+}
+
+/* Runs fn over the items [0, n), each `cost` work units, split into tasks over the pool (four per
+ * thread, for an even finish) when the total pays for a job, else on the calling thread. Items
+ * are independent and each is computed the same way wherever it runs, so results do not depend
+ * on the split. */
+static void for_range(ci_backend *be, int64_t n, int64_t cost, range_fn fn, void *ctx) {
+  const int threads = ci_threadpool_size(as_cpu(be)->pool);
+  if (threads <= 1 || n < 2 || n * cost < PARALLEL_MIN_WORK) {
+    fn(ctx, 0, n);
+    return;
+  }
+  const int64_t tasks = (int64_t)threads * 4 < n ? (int64_t)threads * 4 : n;
+  range_job job = {fn, ctx, n, (n + tasks - 1) / tasks};
+  ci_threadpool_run(as_cpu(be)->pool, (int)((n + job.per_task - 1) / job.per_task), range_task,
+                    &job);
+}
+
+/* Arguments of the row and element loops below. */
+typedef struct {
+  float *out, *x;
+  const float *src, *w, *y;
+  int64_t dim, stride;
+  float a, b;
+  const int32_t *pos;
+  const ci_rope *rope;
+  int n_heads;
+} loop_args;
+
 /* ==== Memory ==== */
 
 static void *cpu_alloc(ci_backend *be, size_t bytes) {
@@ -167,40 +216,61 @@ static int cpu_embed(ci_backend *be, const ci_tensor *table, const int32_t *ids,
   return CI_OK;
 }
 
-static void cpu_rmsnorm(ci_backend *be, float *out, const float *x, const float *w, int64_t n_rows,
-                        int64_t dim, float eps, float w_offset) {
-  (void)be;
-  for (int64_t r = 0; r < n_rows; r++) {
-    const float *src = x + r * dim;
-    float *dst = out + r * dim;
+static void rmsnorm_rows(void *ctx, int64_t begin, int64_t end) {
+  const loop_args *a = ctx;
+  const int64_t dim = a->dim;
+  for (int64_t r = begin; r < end; r++) {
+    const float *src = a->src + r * dim;
+    float *dst = a->out + r * dim;
     double sum = 0.0;
     for (int64_t i = 0; i < dim; i++) sum += (double)src[i] * src[i];
-    float inv = 1.0f / sqrtf((float)(sum / (double)dim) + eps);
-    if (w) {
-      for (int64_t i = 0; i < dim; i++) dst[i] = src[i] * inv * (w_offset + w[i]);
+    float inv = 1.0f / sqrtf((float)(sum / (double)dim) + a->a);
+    if (a->w) {
+      for (int64_t i = 0; i < dim; i++) dst[i] = src[i] * inv * (a->b + a->w[i]);
     } else {
       for (int64_t i = 0; i < dim; i++) dst[i] = src[i] * inv;
     }
   }
 }
 
+static void cpu_rmsnorm(ci_backend *be, float *out, const float *x, const float *w, int64_t n_rows,
+                        int64_t dim, float eps, float w_offset) {
+  loop_args a = {.out = out, .src = x, .w = w, .dim = dim, .a = eps, .b = w_offset};
+  for_range(be, n_rows, 3 * dim, rmsnorm_rows, &a);
+}
+
+static void add_bias_rows(void *ctx, int64_t begin, int64_t end) {
+  const loop_args *a = ctx;
+  for (int64_t r = begin; r < end; r++)
+    for (int64_t c = 0; c < a->dim; c++) a->x[r * a->dim + c] += a->y[c];
+}
+
 static void cpu_add_bias(ci_backend *be, float *x, const float *bias, int64_t rows, int64_t cols) {
-  (void)be;
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < cols; c++) x[r * cols + c] += bias[c];
+  loop_args a = {.x = x, .y = bias, .dim = cols};
+  for_range(be, rows, cols, add_bias_rows, &a);
+}
+
+static void add_elements(void *ctx, int64_t begin, int64_t end) {
+  const loop_args *a = ctx;
+  for (int64_t i = begin; i < end; i++) a->x[i] += a->y[i];
 }
 
 static void cpu_add(ci_backend *be, float *x, const float *y, int64_t n) {
-  (void)be;
-  for (int64_t i = 0; i < n; i++) x[i] += y[i];
+  loop_args a = {.x = x, .y = y};
+  for_range(be, n, 1, add_elements, &a);
+}
+
+static void silu_mul_elements(void *ctx, int64_t begin, int64_t end) {
+  const loop_args *a = ctx;
+  for (int64_t i = begin; i < end; i++) {
+    float g = a->x[i];
+    a->x[i] = g / (1.0f + expf(-g)) * a->y[i];
+  }
 }
 
 static void cpu_silu_mul(ci_backend *be, float *gate, const float *up, int64_t n) {
-  (void)be;
-  for (int64_t i = 0; i < n; i++) {
-    float g = gate[i];
-    gate[i] = g / (1.0f + expf(-g)) * up[i];
-  }
+  loop_args a = {.x = gate, .y = up};
+  for_range(be, n, 16, silu_mul_elements, &a);
 }
 
 /* GELU with the tanh approximation, x^3 as a power (docs/models.md §3). */
@@ -209,22 +279,37 @@ static inline float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * (x + 0.044715f * powf(x, 3.0f))));
 }
 
+static void gelu_mul_rows(void *ctx, int64_t begin, int64_t end) {
+  const loop_args *a = ctx;
+  for (int64_t r = begin; r < end; r++)
+    for (int64_t c = 0; c < a->dim; c++)
+      a->x[r * a->dim + c] = gelu_tanh(a->x[r * a->dim + c]) * a->y[r * a->stride + c];
+}
+
 static void cpu_gelu_tanh_mul(ci_backend *be, float *gate, const float *up, int64_t rows,
                               int64_t cols, int64_t up_stride) {
-  (void)be;
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t c = 0; c < cols; c++)
-      gate[r * cols + c] = gelu_tanh(gate[r * cols + c]) * up[r * up_stride + c];
+  loop_args a = {.x = gate, .y = up, .dim = cols, .stride = up_stride};
+  for_range(be, rows, 32 * cols, gelu_mul_rows, &a);
+}
+
+static void scale_elements(void *ctx, int64_t begin, int64_t end) {
+  const loop_args *a = ctx;
+  for (int64_t i = begin; i < end; i++) a->x[i] *= a->a;
 }
 
 static void cpu_scale(ci_backend *be, float *x, float s, int64_t n) {
-  (void)be;
-  for (int64_t i = 0; i < n; i++) x[i] *= s;
+  loop_args a = {.x = x, .a = s};
+  for_range(be, n, 1, scale_elements, &a);
+}
+
+static void softcap_elements(void *ctx, int64_t begin, int64_t end) {
+  const loop_args *a = ctx;
+  for (int64_t i = begin; i < end; i++) a->x[i] = a->a * tanhf(a->x[i] / a->a);
 }
 
 static void cpu_softcap(ci_backend *be, float *x, float cap, int64_t n) {
-  (void)be;
-  for (int64_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
+  loop_args a = {.x = x, .a = cap};
+  for_range(be, n, 16, softcap_elements, &a);
 }
 
 static void cpu_copy(ci_backend *be, float *dst, const float *src, int64_t n) {
@@ -251,30 +336,37 @@ static void cpu_scatter_add_rows(ci_backend *be, float *dst, const float *src, c
 
 /* ==== RoPE ==== */
 
-static void cpu_rope(ci_backend *be, float *x, int64_t n_rows, int n_heads, const int32_t *pos,
-                     const ci_rope *rope) {
-  (void)be;
+static void rope_rows(void *ctx, int64_t begin, int64_t end) {
+  const loop_args *a = ctx;
+  const ci_rope *rope = a->rope;
   const int half = rope->rot_dim / 2;
   float cos_table[CI_MAX_HEAD_DIM / 2], sin_table[CI_MAX_HEAD_DIM / 2];
-  for (int64_t r = 0; r < n_rows; r++) {
+  for (int64_t r = begin; r < end; r++) {
     for (int j = 0; j < half; j++) {
-      float angle = (float)pos[r] * rope->inv_freq[j];
+      float angle = (float)a->pos[r] * rope->inv_freq[j];
       cos_table[j] = cosf(angle);
       sin_table[j] = sinf(angle);
     }
-    for (int h = 0; h < n_heads; h++) {
-      float *v = x + (r * n_heads + h) * rope->head_dim;
+    for (int h = 0; h < a->n_heads; h++) {
+      float *v = a->x + (r * a->n_heads + h) * rope->head_dim;
       for (int j = 0; j < half; j++) {
-        int a = rope->traditional ? 2 * j : j;
-        int b = rope->traditional ? 2 * j + 1 : j + half;
-        float x0 = v[a], x1 = v[b];
-        v[a] = x0 * cos_table[j] - x1 * sin_table[j];
-        v[b] = x0 * sin_table[j] + x1 * cos_table[j];
+        int i0 = rope->traditional ? 2 * j : j;
+        int i1 = rope->traditional ? 2 * j + 1 : j + half;
+        float x0 = v[i0], x1 = v[i1];
+        v[i0] = x0 * cos_table[j] - x1 * sin_table[j];
+        v[i1] = x0 * sin_table[j] + x1 * cos_table[j];
       }
       if (rope->qk_scale != 1.0f)
         for (int i = 0; i < rope->head_dim; i++) v[i] *= rope->qk_scale;
     }
   }
+}
+
+static void cpu_rope(ci_backend *be, float *x, int64_t n_rows, int n_heads, const int32_t *pos,
+                     const ci_rope *rope) {
+  loop_args a = {.x = x, .pos = pos, .rope = rope, .n_heads = n_heads};
+  for_range(be, n_rows, 40 * (rope->rot_dim / 2) + 4 * (int64_t)n_heads * rope->head_dim, rope_rows,
+            &a);
 }
 
 /* ==== Paged KV ==== */
