@@ -170,12 +170,20 @@ typedef struct {
   const char *err_code;     /* set with a parse error that is not "invalid_value" */
   int client_fd;            /* the client's socket, watched for a disconnect (<= 0: none) */
   char *echo; /* /v1/completions echo: the prompt's text, put before the answer (owned) */
+  int n_choices; /* OpenAI `n`: choices sharing the prompt's prefill (0 or 1: one) */
 } ci_srv_job;
 
 void ci_srv_job_free(ci_srv_job *j);
 
 /* Submits the job. Returns 0 with g ready, or an HTTP status (400/429/503) with *body set. */
 int ci_srv_gen_start(ci_server *s, ci_srv_job *job, ci_srv_gen *g, int anthropic, json_t **body);
+
+/* Submits the job as n (1..CI_SRV_MAX_CHOICES, at most the engine's batch) choices sharing one
+ * prefill (cinfer_engine_submit_n): gens[i] is choice i, each with its own text pipeline. Returns
+ * 0 with every gens[i] ready, or an HTTP status with *body set (then none is). */
+enum { CI_SRV_MAX_CHOICES = 128 };
+int ci_srv_gen_start_n(ci_server *s, ci_srv_job *job, ci_srv_gen *gens, int n, int anthropic,
+                       json_t **body);
 
 /* Sets up g's text pipeline for job (a cinfer_chat_output: detokenizer, stop strings, reasoning
  * split, tool parsing, Gemma routing) without submitting anything; ci_srv_gen_start calls it.
@@ -273,7 +281,12 @@ struct ci_srv_stream {
   int include_usage;
   int block_open; /* anthropic: 0 none, 1 thinking, 2 text */
   int block_index;
-  long text_offset; /* completions logprobs: characters streamed so far */
+  long text_offset; /* completions logprobs: characters streamed so far (choice 0) */
+  /* OpenAI n > 1: choices 1..n_more beside gen (choice 0); owned */
+  ci_srv_gen *more;
+  int n_more;
+  long *more_offsets;    /* [n_more] text_offset of each later choice */
+  unsigned char *closed; /* [1 + n_more] the choice's finish chunk was sent */
   char id[48];
   long long created;
   ci_strbuf out;
