@@ -340,9 +340,8 @@ cinfer_status cinfer_engine_submit(cinfer_engine *engine, const int32_t *prompt,
  * cinfer_choice_seed(seed, i) (without a seed each choice draws its own). The choices are admitted
  * together; a choice whose first one is cancelled or fails before the prompt is prefilled ends
  * the same way. On CINFER_OK out[0..n) are the handles (free each); otherwise none was queued. */
-cinfer_status cinfer_engine_submit_n(cinfer_engine *engine, const int32_t *prompt,
-                                     size_t n_prompt, const cinfer_params *params, int n,
-                                     cinfer_request **out);
+cinfer_status cinfer_engine_submit_n(cinfer_engine *engine, const int32_t *prompt, size_t n_prompt,
+                                     const cinfer_params *params, int n, cinfer_request **out);
 
 /* The seed choice `index` of an n > 1 submission seeded `seed` samples with (seed itself for
  * choice 0). */

@@ -98,9 +98,8 @@ uint64_t cinfer_choice_seed(uint64_t seed, int index) {
   return ci_engine_choice_seed(seed, index);
 }
 
-cinfer_status cinfer_engine_submit_n(cinfer_engine *engine, const int32_t *prompt,
-                                     size_t n_prompt, const cinfer_params *params, int n,
-                                     cinfer_request **out) {
+cinfer_status cinfer_engine_submit_n(cinfer_engine *engine, const int32_t *prompt, size_t n_prompt,
+                                     const cinfer_params *params, int n, cinfer_request **out) {
   if (!out) return ci_api_fail(CINFER_INVALID_ARGUMENT, "cinfer_engine_submit: out is NULL");
   if (!engine || n < 1 || n > ci_engine_max_batch(engine->engine))
     return ci_api_fail(CINFER_INVALID_ARGUMENT,

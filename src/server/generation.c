@@ -410,8 +410,8 @@ int ci_srv_gen_start_n(ci_server *s, ci_srv_job *job, ci_srv_gen *gens, int n, i
   if (job->n_prompt < ctx && params.max_tokens > ctx - job->n_prompt)
     params.max_tokens = ctx - job->n_prompt;
   params.grammar_root = job->grammar_root;
-  const cinfer_status status = cinfer_engine_submit_n(s->o.engine, job->prompt,
-                                                      (size_t)job->n_prompt, &params, n, reqs);
+  const cinfer_status status =
+      cinfer_engine_submit_n(s->o.engine, job->prompt, (size_t)job->n_prompt, &params, n, reqs);
   if (status != CINFER_OK) {
     int http;
     const char *code = submit_error(status, &http);

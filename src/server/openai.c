@@ -235,10 +235,9 @@ static json_t *full_response(ci_srv_stream *st, int chat, const char *model) {
     }
   if (!choices) return NULL;
   return json_pack("{s:s, s:s, s:I, s:s, s:s, s:o, s:o, s:o}", "id", st->id, "object",
-                   chat ? "chat.completion" : "text_completion", "created",
-                   (json_int_t)st->created, "model", model, "system_fingerprint", fingerprint,
-                   "choices", choices, "usage", usage_json(st), "timings",
-                   ci_srv_gen_timings(&st->gen));
+                   chat ? "chat.completion" : "text_completion", "created", (json_int_t)st->created,
+                   "model", model, "system_fingerprint", fingerprint, "choices", choices, "usage",
+                   usage_json(st), "timings", ci_srv_gen_timings(&st->gen));
 }
 
 /* ==== SSE ==== */
@@ -260,8 +259,8 @@ static json_t *chunk(ci_srv_stream *st, const char *object, json_t *choice /* st
 }
 
 static void stream_error(ci_srv_stream *st, const ci_srv_gen *g) {
-  json_t *e = json_pack("{s:{s:s, s:s, s:s}}", "error", "message", g->error, "type",
-                        "server_error", "code", "internal_error");
+  json_t *e = json_pack("{s:{s:s, s:s, s:s}}", "error", "message", g->error, "type", "server_error",
+                        "code", "internal_error");
   sse_json(st, e);
   st->finished = 1;
 }
@@ -350,12 +349,11 @@ static void completion_deltas(ci_srv_stream *st, int index) {
   long *offset = index == 0 ? &st->text_offset : &st->more_offsets[index - 1];
   if (g->d_content.len || json_array_size(g->d_logprobs))
     sse_json(st, chunk(st, "text_completion",
-                       json_pack("{s:i, s:s%, s:o, s:n}", "index", index, "text",
-                                 g->d_content.data ? g->d_content.data : "", g->d_content.len,
-                                 "logprobs",
-                                 g->want_logprobs ? legacy_logprobs(g->d_logprobs, offset)
-                                                  : json_null(),
-                                 "finish_reason")));
+                       json_pack(
+                           "{s:i, s:s%, s:o, s:n}", "index", index, "text",
+                           g->d_content.data ? g->d_content.data : "", g->d_content.len, "logprobs",
+                           g->want_logprobs ? legacy_logprobs(g->d_logprobs, offset) : json_null(),
+                           "finish_reason")));
   ci_srv_gen_clear_deltas(g);
 }
 
@@ -457,7 +455,8 @@ static int start_and_answer(ci_server *s, ci_srv_job *job, int kind, int stream,
     return 200;
   }
   int code = 200;
-  for (int i = 0; i < n && code == 200; i++) code = ci_srv_gen_run_to_end(choice_gen(st, i), 0, out);
+  for (int i = 0; i < n && code == 200; i++)
+    code = ci_srv_gen_run_to_end(choice_gen(st, i), 0, out);
   if (code == 200 && !(*out = full_response(st, kind == 0, s->o.model_id))) {
     *out = ci_server_error_body(0, 500, "internal_error", "out of memory");
     code = 500;

@@ -169,7 +169,7 @@ typedef struct {
   int forced_tool_call;     /* the grammar is a tool call (tool_choice required or named) */
   const char *err_code;     /* set with a parse error that is not "invalid_value" */
   int client_fd;            /* the client's socket, watched for a disconnect (<= 0: none) */
-  char *echo; /* /v1/completions echo: the prompt's text, put before the answer (owned) */
+  char *echo;    /* /v1/completions echo: the prompt's text, put before the answer (owned) */
   int n_choices; /* OpenAI `n`: choices sharing the prompt's prefill (0 or 1: one) */
 } ci_srv_job;
 
