@@ -1,9 +1,10 @@
 /* Live-server tests: starts `cinfer serve --model models/starter` on a random loopback port,
  * speculating by prompt lookup (--lookup-ngram 3), waits for /health, runs the node SDK scripts in
  * tests/server (openai, @anthropic-ai/sdk, malformed requests, the cinfer extensions and CORS,
- * structured output, Responses, embeddings, the utility routes and issue 17's fixes, a bounded
- * load test) and stops the server with SIGINT (exit code 0); a second server checks the serve
- * flags (--port 0, --host NAME, --chat-template, limits, access log). */
+ * structured output, Responses, embeddings, the utility routes and issue 17's fixes, n > 1
+ * choices, fill-in-the-middle, a bounded load test) and stops the server with SIGINT (exit code 0);
+ * a second server checks the serve flags (--port 0, --host NAME, --chat-template, limits, access
+ * log). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -171,6 +172,18 @@ static void test_embeddings(void **state) {
   assert_int_equal(run_node(s->port, "embeddings.mjs", NULL, NULL), 0);
 }
 
+static void test_choices(void **state) {
+  server *s = *state;
+  assert_int_equal(run_node(s->port, "choices.mjs", NULL, NULL), 0);
+}
+
+/* suffix / fill-in-the-middle: a 400 on the starter model (no FIM tokens), then a random-weight
+ * Qwen3 model with Qwen3's tokenizer served by the script itself. */
+static void test_fim(void **state) {
+  server *s = *state;
+  assert_int_equal(run_node(s->port, "fim.mjs", CI_CINFER_BIN, NULL), 0);
+}
+
 static void test_utility_routes(void **state) {
   server *s = *state;
   assert_int_equal(run_node(s->port, "utility.mjs", NULL, NULL), 0);
@@ -241,11 +254,18 @@ static void test_load(void **state) {
 int main(void) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_openai_sdk),         cmocka_unit_test(test_anthropic_sdk),
-      cmocka_unit_test(test_malformed_requests), cmocka_unit_test(test_extensions),
-      cmocka_unit_test(test_structured_output),  cmocka_unit_test(test_utility_routes),
-      cmocka_unit_test(test_responses),          cmocka_unit_test(test_embeddings),
-      cmocka_unit_test(test_serve_flags),        cmocka_unit_test(test_load),
+      cmocka_unit_test(test_openai_sdk),
+      cmocka_unit_test(test_anthropic_sdk),
+      cmocka_unit_test(test_malformed_requests),
+      cmocka_unit_test(test_extensions),
+      cmocka_unit_test(test_structured_output),
+      cmocka_unit_test(test_utility_routes),
+      cmocka_unit_test(test_responses),
+      cmocka_unit_test(test_embeddings),
+      cmocka_unit_test(test_serve_flags),
+      cmocka_unit_test(test_choices),
+      cmocka_unit_test(test_fim),
+      cmocka_unit_test(test_load),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -557,11 +557,17 @@ int ci_openai_completions(ci_server *s, json_t *body, json_t **out, ci_srv_strea
                strdup("echo with logprobs is not supported (no prompt "
                       "logprobs)"));
   }
-  if (json_string_length(json_object_get(body, "suffix")) > 0 ||
-      (json_is_integer(json_object_get(body, "best_of")) &&
-       json_integer_value(json_object_get(body, "best_of")) > 1)) {
+  const json_t *suffix = json_object_get(body, "suffix");
+  if (suffix && !json_is_null(suffix) && !json_is_string(suffix)) {
     ci_srv_job_free(&job);
-    return bad(out, "unsupported", strdup("suffix and best_of > 1 are not supported"));
+    return bad(out, "invalid_value", strdup("suffix must be a string"));
+  }
+  const json_t *best_of = json_object_get(body, "best_of");
+  if (best_of && !json_is_null(best_of) &&
+      (!json_is_integer(best_of) || json_integer_value(best_of) != 1)) {
+    ci_srv_job_free(&job);
+    return bad(out, "unsupported",
+               strdup("best_of other than 1 is not supported (n > 1 returns every choice)"));
   }
   json_t *prompt = json_object_get(body, "prompt");
   if (json_is_array(prompt) && json_array_size(prompt) == 1 &&
@@ -611,6 +617,14 @@ int ci_openai_completions(ci_server *s, json_t *body, json_t **out, ci_srv_strea
     if (!job.echo) {
       ci_srv_job_free(&job);
       return bad(out, "internal_error", NULL);
+    }
+  }
+  if (json_string_length(suffix) > 0) { /* fill-in-the-middle: the prompt is the prefix */
+    if (ci_srv_fim_prompt(s, json_string_value(prompt),
+                          json_is_string(prompt) ? json_string_length(prompt) : 0,
+                          json_string_value(suffix), json_string_length(suffix), &job, &err)) {
+      ci_srv_job_free(&job);
+      return bad(out, "unsupported", err);
     }
   }
   return start_and_answer(s, &job, 1, do_stream, include_usage, out, stream);

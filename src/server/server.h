@@ -247,6 +247,16 @@ int ci_srv_parse_tool_choice(ci_server *s, const json_t *tools, const json_t *ch
  * tool support would render a null content as "None"). NULL on out of memory. */
 json_t *ci_srv_inject_tool_prompt(const json_t *messages, const json_t *tools);
 
+/* fim.c: fill-in-the-middle. ci_srv_fim_markers fills ids with the tokenizer's prefix, suffix
+ * and middle FIM tokens and returns 1, or 0 when it has none. ci_srv_fim_prompt replaces
+ * job->prompt with [lead] PREFIX-MARK prefix SUFFIX-MARK suffix MIDDLE-MARK (prefix: the text
+ * given, tokenized without special tokens, or NULL to keep job->prompt's ids as the prefix; lead:
+ * what the tokenizer puts before any text, a BOS) and adds the tokens that end a middle to
+ * job->stop_ids. Returns 0, or -1 with *err (no FIM tokens: a 400 naming the problem). */
+int ci_srv_fim_markers(const cinfer_tokenizer *tokenizer, int32_t ids[3]);
+int ci_srv_fim_prompt(ci_server *s, const char *prefix, size_t prefix_len, const char *suffix,
+                      size_t suffix_len, ci_srv_job *job, char **err);
+
 /* Route handlers: return the HTTP status and either *body (JSON) or *stream (SSE, owned by
  * the response afterwards). */
 typedef struct ci_srv_stream ci_srv_stream;
