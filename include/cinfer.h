@@ -334,6 +334,19 @@ void cinfer_engine_free(cinfer_engine *engine);
 cinfer_status cinfer_engine_submit(cinfer_engine *engine, const int32_t *prompt, size_t n_prompt,
                                    const cinfer_params *params, cinfer_request **out);
 
+/* Queues n (1..cinfer_engine_max_batch) choices of one prompt, as cinfer_engine_submit does one:
+ * the prompt is prefilled once and the n sequences then share its KV blocks copy-on-write, each
+ * sampling on its own (the OpenAI `n`). Choice 0 samples with params' seed, choice i > 0 with
+ * cinfer_choice_seed(seed, i) (without a seed each choice draws its own). The choices are admitted
+ * together; a choice whose first one is cancelled or fails before the prompt is prefilled ends
+ * the same way. On CINFER_OK out[0..n) are the handles (free each); otherwise none was queued. */
+cinfer_status cinfer_engine_submit_n(cinfer_engine *engine, const int32_t *prompt, size_t n_prompt,
+                                     const cinfer_params *params, int n, cinfer_request **out);
+
+/* The seed choice `index` of an n > 1 submission seeded `seed` samples with (seed itself for
+ * choice 0). */
+uint64_t cinfer_choice_seed(uint64_t seed, int index);
+
 enum { CINFER_MAX_TOP_LOGPROBS = 20 };
 
 typedef enum {
@@ -406,6 +419,8 @@ typedef struct {
   int64_t spec_draft_tokens, spec_accepted_tokens;    /* speculative decoding: drafted, accepted */
   int64_t prefix_cache_bytes, prefix_cache_max_bytes; /* bytes only the prefix cache holds; cap */
   int64_t prefix_cache_blocks, prefix_cache_entries;
+  int64_t prefill_tokens; /* prompt tokens forwarded (not read from the prefix cache, and a
+                             prompt of n choices once) */
 } cinfer_engine_stats;
 
 /* Fills *stats with the engine's counters now. */

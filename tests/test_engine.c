@@ -1,7 +1,7 @@
 /* The serving engine (engine/engine.h): batch invariance (a greedy request gives the same tokens
  * alone and among concurrent requests of other lengths and KV codecs, joining mid-flight),
- * cancellation frees blocks, admission rejects what can never fit, the bounded queue, and the
- * final event survives an event queue that cannot grow. */
+ * cancellation frees blocks, admission rejects what can never fit, the bounded queue, the
+ * final event survives an event queue that cannot grow, and n > 1 choices share one prefill. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -226,8 +226,7 @@ static void test_admission(void **state) {
   if (ci_engine_submit(e, &turbo_job, &r) != CI_ENGINE_SUBMITTED) fail_msg("%s", ci_last_error());
   ci_engine_request_cancel(r);
   ci_engine_event cancelled;
-  do
-    assert_int_equal(ci_engine_request_next(r, &cancelled, 60.0), 1);
+  do assert_int_equal(ci_engine_request_next(r, &cancelled, 60.0), 1);
   while (cancelled.kind == CI_ENGINE_EVENT_TOKEN);
   assert_int_equal(cancelled.kind, CI_ENGINE_EVENT_DONE);
   ci_engine_request_release(r);
@@ -447,11 +446,117 @@ static void test_final_event_not_lost(void **state) {
   ci_engine_free(e);
 }
 
+/* Waits until the engine runs nothing; returns its stats. */
+static void wait_idle(ci_engine *e, ci_engine_stats *st) {
+  for (int tries = 0; tries < 500; tries++) {
+    ci_engine_get_stats(e, st);
+    if (st->running == 0 && st->waiting == 0 && st->blocks_used == st->prefix_cache_blocks) return;
+    struct timespec ts = {0, 10000000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* n > 1 choices (ci_engine_submit_n): the prompt is prefilled once (prefill_tokens grows by P,
+ * prompt_tokens by P), and choice i gives exactly the tokens a solo request seeded with
+ * ci_engine_choice_seed(seed, i) gives, for bf16 and quantized plans converted before and after
+ * the fork: the shared blocks (the last one half full, so the first write copies it) are never
+ * written by another choice. Every block is free afterwards. */
+static void test_choices(void **state) {
+  fixture *f = *state;
+  enum { N = 3, P = 37, GEN = 12, N_PLANS = 3 };
+  ci_engine_options o;
+  ci_engine_options_default(&o);
+  o.batch = 4;
+  o.batch_tokens = 64;
+  o.prefill_chunk = 7;
+  o.ctx_size = 256;
+  o.prefix_cache_bytes = 0; /* every prompt token forwarded is counted */
+  ci_engine *e = ci_engine_create(f->model, &o);
+  assert_non_null(e);
+  for (int plan = 0; plan < N_PLANS; plan++) {
+    int32_t prompt[64];
+    ci_engine_job job;
+    make_job(0, prompt, &job);
+    for (int t = 0; t < P; t++) prompt[t] = 300 + (int32_t)((t * 71 + plan) % 2000);
+    job.n_prompt = P;
+    job.max_tokens = GEN;
+    job.sampling.temperature = 1.0f;
+    job.sampling.has_seed = 1;
+    job.sampling.seed = 7 + (uint64_t)plan;
+    if (plan > 0) { /* converted at the first chunk (before the fork), or at 40 (after it) */
+      job.kv_plan = CI_KV_PLAN_TARGET;
+      assert_int_equal(ci_kv_format_parse("affine", 4, 0, 64, &job.kv_target), 0);
+      job.kv_start = plan == 1 ? 0 : 40;
+    }
+    ci_engine_stats before, after;
+    wait_idle(e, &before);
+    ci_engine_request *r[N];
+    assert_int_equal(ci_engine_submit_n(e, &job, N, r), CI_ENGINE_SUBMITTED);
+    int32_t got[N][MAX_GEN];
+    int n_got[N];
+    ci_engine_event done;
+    for (int i = 0; i < N; i++) {
+      n_got[i] = collect(r[i], got[i], &done);
+      assert_int_equal(done.finish, CI_FINISH_LENGTH);
+      assert_int_equal(done.prompt_tokens, P);
+      ci_engine_request_release(r[i]);
+    }
+    wait_idle(e, &after);
+    assert_int_equal(after.prefill_tokens - before.prefill_tokens, P);
+    assert_int_equal(after.prompt_tokens - before.prompt_tokens, P);
+    assert_int_equal(after.generated_tokens - before.generated_tokens, N * GEN);
+    assert_int_equal(after.blocks_used, 0);
+    int differ = 0;
+    for (int i = 0; i < N; i++) {
+      ci_engine_job solo = job;
+      solo.sampling.seed = ci_engine_choice_seed(job.sampling.seed, i);
+      int32_t want[MAX_GEN];
+      const int n_want = run_job(e, &solo, want, &done);
+      assert_int_equal(n_got[i], n_want);
+      assert_memory_equal(got[i], want, (size_t)n_want * sizeof *want);
+      if (i > 0) differ |= n_got[i] != n_got[0] || memcmp(got[i], got[0], sizeof got[0]) != 0;
+    }
+    assert_true(differ); /* the choices sample on their own */
+  }
+  assert_int_equal(ci_engine_choice_seed(5, 0), 5);
+  assert_true(ci_engine_choice_seed(5, 1) != ci_engine_choice_seed(5, 2));
+  /* more choices than the batch can ever run */
+  int32_t prompt[64];
+  ci_engine_job job;
+  make_job(1, prompt, &job);
+  ci_engine_request *r[8];
+  assert_int_equal(ci_engine_submit_n(e, &job, 5, r), CI_ENGINE_REJECTED);
+  /* a group waiting for room whose first choice is cancelled: the others end cancelled too */
+  ci_engine_job blocker;
+  int32_t blocker_prompt[64];
+  make_job(2, blocker_prompt, &blocker);
+  blocker.max_tokens = 200;
+  ci_engine_request *b;
+  assert_int_equal(ci_engine_submit(e, &blocker, &b), CI_ENGINE_SUBMITTED);
+  ci_engine_event ev;
+  assert_int_equal(ci_engine_request_next(b, &ev, 60.0), 1); /* running: 3 slots are left */
+  assert_int_equal(ci_engine_submit_n(e, &job, 4, r), CI_ENGINE_SUBMITTED);
+  ci_engine_request_cancel(r[0]);
+  ci_engine_request_release(b);
+  for (int i = 0; i < 4; i++) {
+    int32_t toks[MAX_GEN];
+    ci_engine_event end;
+    assert_int_equal(collect(r[i], toks, &end), 0);
+    assert_int_equal(end.finish, CI_FINISH_ABORT);
+    ci_engine_request_release(r[i]);
+  }
+  ci_engine_stats st;
+  wait_idle(e, &st);
+  assert_int_equal(st.blocks_used, 0);
+  ci_engine_free(e);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_cancel_frees_blocks),
       cmocka_unit_test(test_admission),        cmocka_unit_test(test_prefix_cache),
       cmocka_unit_test(test_prefix_cache_cap), cmocka_unit_test(test_final_event_not_lost),
+      cmocka_unit_test(test_choices),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

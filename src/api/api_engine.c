@@ -91,8 +91,23 @@ void cinfer_engine_free(cinfer_engine *engine) {
 cinfer_status cinfer_engine_submit(cinfer_engine *engine, const int32_t *prompt, size_t n_prompt,
                                    const cinfer_params *params, cinfer_request **out) {
   if (!out) return ci_api_fail(CINFER_INVALID_ARGUMENT, "cinfer_engine_submit: out is NULL");
-  *out = NULL;
-  if (!engine || !prompt || n_prompt == 0 || n_prompt > (size_t)INT32_MAX)
+  return cinfer_engine_submit_n(engine, prompt, n_prompt, params, 1, out);
+}
+
+uint64_t cinfer_choice_seed(uint64_t seed, int index) {
+  return ci_engine_choice_seed(seed, index);
+}
+
+cinfer_status cinfer_engine_submit_n(cinfer_engine *engine, const int32_t *prompt, size_t n_prompt,
+                                     const cinfer_params *params, int n, cinfer_request **out) {
+  if (!out) return ci_api_fail(CINFER_INVALID_ARGUMENT, "cinfer_engine_submit: out is NULL");
+  if (!engine || n < 1 || n > ci_engine_max_batch(engine->engine))
+    return ci_api_fail(CINFER_INVALID_ARGUMENT,
+                       "cinfer_engine_submit_n: n must be between 1 and the engine's batch "
+                       "size %d (got %d)",
+                       engine ? ci_engine_max_batch(engine->engine) : 0, n);
+  for (int i = 0; i < n; i++) out[i] = NULL;
+  if (!prompt || n_prompt == 0 || n_prompt > (size_t)INT32_MAX)
     return ci_api_fail(CINFER_INVALID_ARGUMENT, "cinfer_engine_submit: no prompt");
   cinfer_params defaults;
   if (!params) {
@@ -124,8 +139,11 @@ cinfer_status cinfer_engine_submit(cinfer_engine *engine, const int32_t *prompt,
   ci_grammar_vocab *grammar_vocab;
   status = ci_api_grammar(engine->model, params, CINFER_REJECTED, &grammar, &grammar_vocab);
   if (status != CINFER_OK) return status;
-  cinfer_request *request = calloc(1, sizeof *request);
-  if (!request) {
+  cinfer_request *requests[CI_ENGINE_MAX_BATCH];
+  int made = 0;
+  while (made < n && (requests[made] = calloc(1, sizeof **requests))) made++;
+  if (made < n) {
+    for (int i = 0; i < made; i++) free(requests[i]);
     ci_grammar_free(grammar);
     return ci_api_fail(CINFER_ERROR, "out of memory for a request");
   }
@@ -143,11 +161,15 @@ cinfer_status cinfer_engine_submit(cinfer_engine *engine, const int32_t *prompt,
   job.kv_protect = r.kv_protect;
   job.top_logprobs = params->top_logprobs;
   job.num_draft = params->grammar || params->json_schema ? -1 : params->num_draft;
-  const ci_engine_verdict verdict = ci_engine_submit(engine->engine, &job, &request->request);
+  ci_engine_request *handles[CI_ENGINE_MAX_BATCH];
+  const ci_engine_verdict verdict = ci_engine_submit_n(engine->engine, &job, n, handles);
   ci_grammar_free(grammar);
   switch (verdict) {
   case CI_ENGINE_SUBMITTED:
-    *out = request;
+    for (int i = 0; i < n; i++) {
+      requests[i]->request = handles[i];
+      out[i] = requests[i];
+    }
     return CINFER_OK;
   case CI_ENGINE_REJECTED:
     status = CINFER_REJECTED;
@@ -168,7 +190,7 @@ cinfer_status cinfer_engine_submit(cinfer_engine *engine, const int32_t *prompt,
     status = CINFER_STOPPED;
     break;
   }
-  free(request);
+  for (int i = 0; i < n; i++) free(requests[i]);
   return status;
 }
 
@@ -291,6 +313,7 @@ cinfer_status cinfer_engine_get_stats(cinfer_engine *engine, cinfer_engine_stats
   stats->prefix_cache_max_bytes = st.prefix_cache_max_bytes;
   stats->prefix_cache_blocks = st.prefix_cache_blocks;
   stats->prefix_cache_entries = st.prefix_cache_entries;
+  stats->prefill_tokens = st.prefill_tokens;
   return CINFER_OK;
 }
 

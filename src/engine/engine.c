@@ -28,7 +28,9 @@
 
 /* ==== Requests and their event queues ==== */
 
-typedef enum { REQ_QUEUED, REQ_PREFILL, REQ_DECODE, REQ_FINISHED } request_state;
+/* REQ_FORK_WAIT: a later choice of an n > 1 submission, admitted with the first one and waiting
+ * for its prefill to end (it then forks the first one's sequence and decodes). */
+typedef enum { REQ_QUEUED, REQ_PREFILL, REQ_FORK_WAIT, REQ_DECODE, REQ_FINISHED } request_state;
 
 struct ci_engine_request {
   ci_engine *engine;
@@ -46,6 +48,12 @@ struct ci_engine_request {
   ci_sampler *sampler;
   int owns_sampler;
   int64_t reservation; /* bytes */
+  /* n > 1 choices of one prompt (ci_engine_submit_n): the first choice prefills and holds
+   * group_size (n) and the whole group's reservation; each later one points at it (holding a
+   * reference) and forks its sequence when that prefill ends */
+  struct ci_engine_request *fork_of;
+  int group_size;
+  int64_t group_reservation;
   ci_grammar_matcher *matcher; /* owned; NULL when unconstrained */
   /* engine-side progress */
   ci_kv_seq *seq;
@@ -87,6 +95,7 @@ struct ci_engine {
   uint64_t model_key;
   ci_workspace *ws;       /* sized at creation for the largest step */
   float *logits;          /* [batch, vocab]: one row per sequence of a step */
+  float *fork_logits;     /* [vocab]: a copy of a prefill's last row for each forked choice */
   int logits_pinned;      /* logits registered with the backend (pin_host) */
   ci_step_seq *step_seqs; /* [batch] the sequences of a step */
   pthread_t thread;
@@ -198,7 +207,10 @@ static void request_destroy(ci_engine_request *r) {
 
 /* Drops one reference; the caller holds engine->mu. */
 static void request_unref_locked(ci_engine_request *r) {
-  if (--r->refs == 0) request_destroy(r);
+  if (--r->refs > 0) return;
+  ci_engine_request *first = r->fork_of; /* a later choice holds a reference on the first */
+  request_destroy(r);
+  if (first) request_unref_locked(first);
 }
 
 void ci_engine_request_cancel(ci_engine_request *r) {
@@ -347,6 +359,7 @@ static void engine_free_parts(ci_engine *e) {
   ci_workspace_free(e->ws);
   if (e->logits_pinned) e->model->be->ops->unpin_host(e->model->be, e->logits);
   free(e->logits);
+  free(e->fork_logits);
   free(e->step_seqs);
   free(e);
 }
@@ -390,7 +403,8 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
   e->logits =
       malloc((size_t)e->o.batch * decode_rows * (size_t)model->spec.vocab * sizeof *e->logits);
   e->step_seqs = malloc((size_t)e->o.batch * sizeof *e->step_seqs);
-  if (!e->logits || !e->step_seqs)
+  e->fork_logits = malloc((size_t)model->spec.vocab * sizeof *e->fork_logits);
+  if (!e->logits || !e->step_seqs || !e->fork_logits)
     return engine_free_parts(e), ci_fail("engine: out of memory"), NULL;
   /* a device writes the logits of each step straight into this buffer when it is pinned; a
    * failure only makes the download slower */
@@ -451,10 +465,93 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
 
 /* ==== Submission ==== */
 
+uint64_t ci_engine_choice_seed(uint64_t seed, int index) {
+  if (index == 0) return seed;
+  /* splitmix64 of the seed moved by the index: distinct, well mixed streams */
+  uint64_t z = seed + (uint64_t)index * 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+/* A new queued request of a validated job (choice `index`: its own sampler, seeded by
+ * ci_engine_choice_seed when the job has a seed; its own grammar matcher). NULL when out of
+ * memory. */
+static ci_engine_request *request_new(ci_engine *e, const ci_engine_job *job, int index,
+                                      int64_t reservation) {
+  const int vocab = e->model->spec.vocab;
+  const int64_t n_total = (int64_t)job->n_prompt + job->max_tokens;
+  ci_engine_request *r = calloc(1, sizeof *r);
+  if (!r) return ci_fail("out of memory"), NULL;
+  r->engine = e;
+  r->history = malloc((size_t)n_total * sizeof *r->history);
+  r->owns_sampler = !job->sampler;
+  if (job->sampler) {
+    r->sampler = job->sampler;
+  } else {
+    ci_sampler_params sampling = job->sampling;
+    if (sampling.has_seed) sampling.seed = ci_engine_choice_seed(sampling.seed, index);
+    r->sampler = ci_sampler_create(&sampling, vocab);
+  }
+  if (job->grammar) r->matcher = ci_grammar_matcher_create(job->grammar, job->grammar_vocab);
+  if (!r->history || !r->sampler || (job->grammar && !r->matcher)) {
+    /* the parameters were valid: memory ran out */
+    if (!r->history) ci_fail("out of memory");
+    free(r->history);
+    ci_grammar_matcher_free(r->matcher);
+    if (r->owns_sampler) ci_sampler_free(r->sampler);
+    free(r);
+    return NULL;
+  }
+  memcpy(r->history, job->prompt, (size_t)job->n_prompt * sizeof *r->history);
+  r->n_prompt = r->n_history = job->n_prompt;
+  r->max_tokens = job->max_tokens;
+  r->top_logprobs = job->top_logprobs;
+  r->eos = job->eos;
+  r->kv_plan = job->kv_plan;
+  r->kv_target = job->kv_target;
+  r->kv_start = job->kv_start;
+  r->kv_protect = job->kv_protect;
+  r->reservation = reservation;
+  r->group_size = 1;
+  r->group_reservation = reservation;
+  /* XTC makes the filtered distribution random: such requests never speculate */
+  const ci_sampler_params *sp = ci_sampler_get_params(r->sampler);
+  if (e->speculates && job->num_draft >= 0 && sp->xtc_probability == 0.0f) {
+    r->spec_max =
+        job->num_draft > 0 && job->num_draft < e->o.draft_max ? job->num_draft : e->o.draft_max;
+    r->spec_len = r->spec_max;
+    if (ci_spec_scratch_init(&r->spec_scratch, vocab)) {
+      free(r->history);
+      ci_grammar_matcher_free(r->matcher);
+      if (r->owns_sampler) ci_sampler_free(r->sampler);
+      free(r);
+      return NULL;
+    }
+  }
+  r->state = REQ_QUEUED;
+  r->refs = 2;
+  r->t_submit = ci_now_seconds();
+  pthread_mutex_init(&r->mu, NULL);
+  pthread_cond_init(&r->cv, NULL);
+  return r;
+}
+
 ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
                                    ci_engine_request **out) {
-  *out = NULL;
+  return ci_engine_submit_n(e, job, 1, out);
+}
+
+ci_engine_verdict ci_engine_submit_n(ci_engine *e, const ci_engine_job *job, int n,
+                                     ci_engine_request **out) {
+  for (int i = 0; i < n; i++) out[i] = NULL;
   const int vocab = e->model->spec.vocab;
+  if (n < 1 || n > e->o.batch)
+    return ci_fail("n must be between 1 and the engine's batch size %d (got %d)", e->o.batch, n),
+           CI_ENGINE_REJECTED;
+  if (n > 1 && job->sampler)
+    return ci_fail("n > 1 choices need samplers of their own (no borrowed sampler)"),
+           CI_ENGINE_REJECTED;
   if (job->n_prompt < 1) return ci_fail("the prompt is empty"), CI_ENGINE_REJECTED;
   if (job->max_tokens < 1) return ci_fail("max_tokens must be >= 1"), CI_ENGINE_REJECTED;
   if ((int64_t)job->n_prompt + job->max_tokens > e->o.ctx_size)
@@ -472,15 +569,20 @@ ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
            CI_ENGINE_REJECTED;
   const int64_t n_total = (int64_t)job->n_prompt + job->max_tokens;
   const int64_t reservation = job_reservation(e, job, n_total);
-  if (reservation > e->o.kv_budget_bytes) {
+  if (reservation * n > e->o.kv_budget_bytes) {
     int64_t cap = 0, too_big = n_total; /* the longest request of this plan that fits */
     while (too_big - cap > 1) {
       const int64_t mid = cap + (too_big - cap) / 2;
-      if (job_reservation(e, job, mid) <= e->o.kv_budget_bytes)
+      if (job_reservation(e, job, mid) * n <= e->o.kv_budget_bytes)
         cap = mid;
       else
         too_big = mid;
     }
+    if (n > 1)
+      return ci_fail("%d choices of %lld tokens of context (prompt %d + max_tokens %d) need "
+                     "more KV than the memory budget; it caps each of %d choices at %lld tokens",
+                     n, (long long)n_total, job->n_prompt, job->max_tokens, n, (long long)cap),
+             CI_ENGINE_OVER_BUDGET;
     return ci_fail("request needs %lld tokens of context (prompt %d + max_tokens %d) but the "
                    "memory budget caps a request at %lld tokens",
                    (long long)n_total, job->n_prompt, job->max_tokens, (long long)cap),
@@ -492,64 +594,36 @@ ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
   if (job->grammar && (!job->grammar_vocab || job->grammar_vocab->n_vocab != vocab))
     return ci_fail("a grammar needs the token bytes of the model's %d-token vocabulary", vocab),
            CI_ENGINE_REJECTED;
-  ci_engine_request *r = calloc(1, sizeof *r);
-  if (!r) return ci_fail("out of memory"), CI_ENGINE_OUT_OF_MEMORY;
-  r->engine = e;
-  r->history = malloc((size_t)n_total * sizeof *r->history);
-  r->owns_sampler = !job->sampler;
-  r->sampler = job->sampler ? job->sampler : ci_sampler_create(&job->sampling, vocab);
-  if (job->grammar) r->matcher = ci_grammar_matcher_create(job->grammar, job->grammar_vocab);
-  if (!r->history || !r->sampler || (job->grammar && !r->matcher)) {
-    /* the parameters were valid: memory ran out */
-    if (!r->history) ci_fail("out of memory");
-    free(r->history);
-    ci_grammar_matcher_free(r->matcher);
-    if (r->owns_sampler) ci_sampler_free(r->sampler);
-    free(r);
-    return CI_ENGINE_OUT_OF_MEMORY;
-  }
-  memcpy(r->history, job->prompt, (size_t)job->n_prompt * sizeof *r->history);
-  r->n_prompt = r->n_history = job->n_prompt;
-  r->max_tokens = job->max_tokens;
-  r->top_logprobs = job->top_logprobs;
-  r->eos = job->eos;
-  r->kv_plan = job->kv_plan;
-  r->kv_target = job->kv_target;
-  r->kv_start = job->kv_start;
-  r->kv_protect = job->kv_protect;
-  r->reservation = reservation;
-  /* XTC makes the filtered distribution random: such requests never speculate */
-  const ci_sampler_params *sp = ci_sampler_get_params(r->sampler);
-  if (e->speculates && job->num_draft >= 0 && sp->xtc_probability == 0.0f) {
-    r->spec_max =
-        job->num_draft > 0 && job->num_draft < e->o.draft_max ? job->num_draft : e->o.draft_max;
-    r->spec_len = r->spec_max;
-    if (ci_spec_scratch_init(&r->spec_scratch, vocab)) {
-      free(r->history);
-      if (r->owns_sampler) ci_sampler_free(r->sampler);
-      free(r);
+  ci_engine_request *made[CI_ENGINE_MAX_BATCH];
+  for (int i = 0; i < n; i++) {
+    made[i] = request_new(e, job, i, reservation);
+    if (!made[i]) {
+      for (int k = 0; k < i; k++) request_destroy(made[k]);
       return CI_ENGINE_OUT_OF_MEMORY;
     }
   }
-  r->state = REQ_QUEUED;
-  r->refs = 2;
-  r->t_submit = ci_now_seconds();
-  pthread_mutex_init(&r->mu, NULL);
-  pthread_cond_init(&r->cv, NULL);
+  /* later choices point at the first (a reference each) and wait for its prefill */
+  made[0]->group_size = n;
+  made[0]->group_reservation = reservation * n;
+  made[0]->refs += n - 1;
+  for (int i = 1; i < n; i++) made[i]->fork_of = made[0];
 
   pthread_mutex_lock(&e->mu);
   ci_engine_verdict verdict = CI_ENGINE_SUBMITTED;
   if (e->stopping)
     verdict = CI_ENGINE_STOPPED;
-  else if (e->n_waiting >= e->o.max_queue)
+  else if (e->n_waiting + n > e->o.max_queue)
     verdict = CI_ENGINE_QUEUE_FULL;
   if (verdict == CI_ENGINE_SUBMITTED) {
-    if (e->queue_tail)
-      e->queue_tail->next = r;
-    else
-      e->queue_head = r;
-    e->queue_tail = r;
-    e->n_waiting++;
+    /* the choices stay together in the queue: nothing is ever inserted between them */
+    for (int i = 0; i < n; i++) {
+      if (e->queue_tail)
+        e->queue_tail->next = made[i];
+      else
+        e->queue_head = made[i];
+      e->queue_tail = made[i];
+    }
+    e->n_waiting += n;
     e->stats.waiting = e->n_waiting;
     pthread_cond_signal(&e->cv);
   }
@@ -557,10 +631,10 @@ ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
   if (verdict != CI_ENGINE_SUBMITTED) {
     ci_fail(verdict == CI_ENGINE_STOPPED ? "the server is shutting down"
                                          : "the request queue is full");
-    request_destroy(r);
+    for (int i = 0; i < n; i++) request_destroy(made[i]);
     return verdict;
   }
-  *out = r;
+  for (int i = 0; i < n; i++) out[i] = made[i];
   return CI_ENGINE_SUBMITTED;
 }
 
@@ -659,6 +733,7 @@ static void count_conversion_locked(ci_engine *e, ci_engine_request *r) {
 /* Ends a request: last event, stats, blocks freed. Caller holds e->mu. */
 static void finish_locked(ci_engine *e, ci_engine_request *r, ci_finish_reason finish,
                           const char *error) {
+  if (r->state == REQ_FINISHED) return;
   ci_engine_event ev;
   memset(&ev, 0, sizeof ev);
   const double now = ci_now_seconds();
@@ -724,17 +799,39 @@ static int take_token(ci_engine *e, ci_engine_request *r, int32_t token, ci_fini
   return ends;
 }
 
+/* Appends a request to the running list (admission order). Caller holds e->mu. */
+static void append_running_locked(ci_engine *e, ci_engine_request *r) {
+  ci_engine_request **tail = &e->running;
+  while (*tail) tail = &(*tail)->next;
+  *tail = r;
+  e->n_running++;
+}
+
+/* Ends a later choice whose first choice finished before its prefill ended (cancelled or
+ * failed): with the first one's error, else as cancelled. Caller holds e->mu. */
+static void finish_orphan_locked(ci_engine *e, ci_engine_request *r) {
+  ci_engine_request *first = r->fork_of;
+  char message[256] = "";
+  pthread_mutex_lock(&first->mu);
+  if (first->has_final && first->final.kind == CI_ENGINE_EVENT_ERROR)
+    snprintf(message, sizeof message, "%s", first->final.message);
+  pthread_mutex_unlock(&first->mu);
+  finish_locked(e, r, CI_FINISH_ABORT, message[0] ? message : NULL);
+}
+
 /* Admission at a step boundary: FIFO, no overtaking; a cancelled queued request leaves.
  * Caller holds e->mu. */
 static void admit_locked(ci_engine *e) {
   while (e->queue_head) {
     ci_engine_request *r = e->queue_head;
-    if (!r->cancelled) {
-      if (e->n_running >= e->o.batch) break;
-      if (e->reserved + r->reservation > e->o.kv_budget_bytes) break;
+    /* the first of n choices is admitted for the whole group (slots and reservations); the
+     * later ones follow it at once, without checks of their own */
+    if (!r->cancelled && !r->fork_of) {
+      if (e->n_running + r->group_size > e->o.batch) break;
+      if (e->reserved + r->group_reservation > e->o.kv_budget_bytes) break;
       /* blocks only the prefix cache holds live inside the budget and give way to requests */
       if (e->prefix)
-        ci_prefix_cache_trim(e->prefix, e->o.kv_budget_bytes - e->reserved - r->reservation);
+        ci_prefix_cache_trim(e->prefix, e->o.kv_budget_bytes - e->reserved - r->group_reservation);
     }
     e->queue_head = r->next;
     if (!e->queue_head) e->queue_tail = NULL;
@@ -743,6 +840,18 @@ static void admit_locked(ci_engine *e) {
     if (r->cancelled) {
       finish_locked(e, r, CI_FINISH_ABORT, NULL);
       request_unref_locked(r);
+      continue;
+    }
+    if (r->fork_of) {
+      if (r->fork_of->state == REQ_FINISHED) { /* the first choice failed or was cancelled */
+        finish_orphan_locked(e, r);
+        request_unref_locked(r);
+        continue;
+      }
+      r->t_admit = ci_now_seconds();
+      r->state = REQ_FORK_WAIT;
+      e->reserved += r->reservation;
+      append_running_locked(e, r);
       continue;
     }
     r->seq = ci_kv_seq_create(e->cache);
@@ -776,11 +885,7 @@ static void admit_locked(ci_engine *e) {
     else
       e->stats.prefix_misses++;
     e->stats.cached_tokens += r->cached;
-    /* append to the running list (admission order) */
-    ci_engine_request **tail = &e->running;
-    while (*tail) tail = &(*tail)->next;
-    *tail = r;
-    e->n_running++;
+    append_running_locked(e, r);
   }
 }
 
@@ -792,12 +897,14 @@ static void sweep_locked(ci_engine *e) {
     ci_engine_request *r = *link;
     if ((r->cancelled || r->events_lost) && r->state != REQ_FINISHED)
       finish_locked(e, r, CI_FINISH_ABORT, NULL); /* events_lost: an error event */
+    if (r->state == REQ_FORK_WAIT && r->fork_of->state == REQ_FINISHED)
+      finish_orphan_locked(e, r); /* the first choice comes earlier in the list */
     if (r->state == REQ_FINISHED) {
       *link = r->next;
       r->next = NULL;
       e->n_running--;
       e->reserved -= r->reservation;
-      e->stats.prompt_tokens += r->n_prompt;
+      if (!r->fork_of) e->stats.prompt_tokens += r->n_prompt; /* a group's prompt counts once */
       e->stats.generated_tokens += r->generated;
       request_unref_locked(r);
       finished = 1;
@@ -930,6 +1037,34 @@ static int verify_round(ci_engine *e, ci_engine_request *r, float *logits, int r
   return status;
 }
 
+/* The first of n choices ended its prefill with `row`, the logits of its last prompt position:
+ * each later choice still waiting forks its sequence (sharing every KV block; the first write
+ * into a shared block copies it) and samples its own first token from a copy of the row. A
+ * choice that cannot fork fails alone. Engine thread. */
+static void fork_choices(ci_engine *e, ci_engine_request *first, const float *row) {
+  const int64_t vocab = e->model->spec.vocab;
+  for (ci_engine_request *r = first->next; r; r = r->next) {
+    if (r->fork_of != first || r->state != REQ_FORK_WAIT) continue;
+    r->seq = ci_kv_seq_fork(first->seq);
+    int status = r->seq ? CI_OK : CI_ERR;
+    if (!status && r->spec_max > 0 && e->o.draft_model)
+      status = ci_draft_state_init(&r->draft, e->o.draft_model, e->draft_cache,
+                                   ci_sampler_get_params(r->sampler), ci_sampler_seed(r->sampler),
+                                   r->spec_max);
+    int finished = 0;
+    ci_finish_reason finish = CI_FINISH_STOP;
+    if (!status) {
+      r->n_prefilled = r->n_prompt;
+      r->cached = first->cached;
+      r->conversion_counted = r->seq->converted; /* the first choice's conversion, shared */
+      r->state = REQ_DECODE;
+      memcpy(e->fork_logits, row, (size_t)vocab * sizeof *row);
+      status = sample_next(e, r, e->fork_logits, &finished, &finish);
+    }
+    end_in_step(e, r, status, finished, finish);
+  }
+}
+
 /* Picks the step's rows from a snapshot of the running list (only this thread changes it): a
  * decode row of every decoding sequence, then prefill chunks in admission order under the
  * token budget. A chunk never shrinks to fit the budget (that would make results depend on the
@@ -978,10 +1113,11 @@ static void engine_step(ci_engine *e) {
   n = kept;
   if (n == 0) return;
   const int64_t vocab = e->model->spec.vocab;
-  int64_t rows = 0;
+  int64_t rows = 0, prefill_rows = 0;
   for (int i = 0; i < n; i++) {
     ci_engine_request *r = entries[i].r;
     const int decode = r->state == REQ_DECODE;
+    if (!decode) prefill_rows += entries[i].rows;
     const int last = decode || r->n_prefilled + entries[i].rows == r->n_prompt;
     e->step_seqs[i] =
         (ci_step_seq){.seq = r->seq,
@@ -1001,7 +1137,9 @@ static void engine_step(ci_engine *e) {
       const int round = r->state == REQ_DECODE && entries[i].rows > 1;
       if (r->state == REQ_PREFILL) r->n_prefilled += entries[i].rows;
       if (!e->step_seqs[i].n_logit_rows) continue;
+      const int forks = r->state == REQ_PREFILL && r->group_size > 1;
       r->state = REQ_DECODE;
+      if (forks) fork_choices(e, r, row); /* before r's own sampling changes the row */
       int finished = 0;
       ci_finish_reason finish = CI_FINISH_STOP;
       const int status = round ? verify_round(e, r, row, entries[i].rows, &finished, &finish)
@@ -1016,6 +1154,7 @@ static void engine_step(ci_engine *e) {
   for (int i = 0; i < n; i++) count_conversion_locked(e, entries[i].r);
   e->stats.steps++;
   e->stats.step_rows += rows;
+  e->stats.prefill_tokens += prefill_rows;
   pthread_mutex_unlock(&e->mu);
 }
 

@@ -129,6 +129,7 @@ typedef struct {
   int64_t blocks_used, bytes_used, kv_budget_bytes, reserved_bytes;
   int64_t requests_finished, requests_cancelled, requests_failed;
   int64_t prompt_tokens, cached_tokens, generated_tokens, steps, step_rows;
+  int64_t prefill_tokens; /* prompt tokens forwarded (not from the prefix cache nor a fork) */
   int64_t prefix_hits, prefix_misses;
   int64_t spec_draft_tokens, spec_accepted_tokens;    /* speculative decoding, all requests */
   int64_t prefix_cache_bytes, prefix_cache_max_bytes; /* bytes only the cache holds; its cap */
@@ -161,6 +162,21 @@ int64_t ci_engine_reservation_bytes(const ci_engine *engine, int64_t n_tokens);
 /* Queues a job (FIFO). Returns a verdict; on CI_ENGINE_SUBMITTED *out is the request handle. */
 ci_engine_verdict ci_engine_submit(ci_engine *engine, const ci_engine_job *job,
                                    ci_engine_request **out);
+
+/* Submits n (1..batch) choices of one job: the prompt is prefilled once, by the first choice;
+ * when its prefill ends every other choice forks its KV sequence (ci_kv_seq_fork: the blocks are
+ * shared, copied on the first write) and samples its own first token from the same logits. Each
+ * choice has its own sampler (seeded with ci_engine_choice_seed(seed, i) when the job has a seed;
+ * a job without one draws a seed per choice), grammar matcher, events and handle out[i]. The
+ * choices are admitted together (n slots, n reservations); the prompt counts once in the stats.
+ * A later choice whose first one is cancelled or fails before its prefill ends ends the same way.
+ * job->sampler must be NULL when n > 1. On CI_ENGINE_SUBMITTED out[0..n) are the handles. */
+ci_engine_verdict ci_engine_submit_n(ci_engine *engine, const ci_engine_job *job, int n,
+                                     ci_engine_request **out);
+
+/* The seed of choice `index` of a request seeded `seed`: the seed itself for choice 0, else a
+ * splitmix64 mix of seed + index * 0x9E3779B97F4A7C15. */
+uint64_t ci_engine_choice_seed(uint64_t seed, int index);
 
 /* Waits up to timeout_s seconds (< 0: forever) for the request's next event. Returns 1 with
  * *event filled, 0 on timeout. Every request ends with exactly one DONE or ERROR, after all its

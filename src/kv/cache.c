@@ -600,6 +600,39 @@ int ci_kv_seq_attach(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *re
   return status;
 }
 
+ci_kv_seq *ci_kv_seq_fork(const ci_kv_seq *src) {
+  if (src->round_open) return ci_fail("kv fork: a speculative round is open"), NULL;
+  ci_kv_seq *seq = ci_kv_seq_create(src->cache);
+  if (!seq) return NULL;
+  for (int g = 0; g < src->cache->n_groups; g++)
+    if (table_reserve(&seq->tables[g], seq->row >= 0, src->tables[g].n_entries)) {
+      ci_kv_seq_free(seq);
+      return NULL;
+    }
+  for (int g = 0; g < src->cache->n_groups; g++) {
+    const ci_kv_block_table *from = &src->tables[g];
+    ci_kv_block_table *to = &seq->tables[g];
+    for (int64_t i = 0; i < from->n_entries; i++) {
+      to->entries[i] = from->entries[i];
+      if (from->entries[i] >= 0) ci_kv_pool_retain(from->pool, from->entries[i]);
+    }
+    to->n_entries = from->n_entries;
+    to->first_live = from->first_live;
+    to->sync_from = 0;
+    to->pool = from->pool;
+    to->has_target = from->has_target;
+    to->target = from->target;
+  }
+  seq->n = src->n;
+  seq->has_plan = src->has_plan;
+  seq->target = src->target;
+  seq->start = src->start;
+  seq->converted = src->converted;
+  seq->conversion_offset = src->conversion_offset;
+  seq->rollback_reserve = src->rollback_reserve;
+  return seq;
+}
+
 void ci_kv_seq_sync_tables(ci_kv_seq *seq) {
   const ci_kv_cache *cache = seq->cache;
   if (cache->table_device == cache->table_store || seq->row < 0) return;

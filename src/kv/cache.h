@@ -216,6 +216,14 @@ ci_kv_block_ref ci_kv_seq_block(const ci_kv_seq *seq, int g, int64_t i);
 int ci_kv_seq_attach(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *refs, int converted,
                      int64_t conversion_offset);
 
+/* A new sequence holding what `src` holds (docs/kv-cache.md §8 "fork"): the same length, codec
+ * plan and conversion state, its block tables referencing the same blocks (each gains an owner;
+ * nothing is copied). A write into a shared block copies it first (ci_kv_seq_reserve), so the
+ * two sequences then diverge without touching each other's KV: n > 1 choices of one prompt. Fails
+ * (NULL with ci_last_error) while a speculative round is open, or when no sequence slot or
+ * memory is left. */
+ci_kv_seq *ci_kv_seq_fork(const ci_kv_seq *src);
+
 /* Brings the backend's copy of the sequence's block tables up to date (before a step that reads
  * them; nothing to do where the backend shares host memory). */
 void ci_kv_seq_sync_tables(ci_kv_seq *seq);

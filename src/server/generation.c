@@ -378,9 +378,22 @@ static const char *submit_error(cinfer_status status, int *http) {
 }
 
 int ci_srv_gen_start(ci_server *s, ci_srv_job *job, ci_srv_gen *g, int anthropic, json_t **body) {
-  memset(g, 0, sizeof *g);
-  g->srv = s;
-  g->t_start = ci_now_seconds();
+  return ci_srv_gen_start_n(s, job, g, 1, anthropic, body);
+}
+
+int ci_srv_gen_start_n(ci_server *s, ci_srv_job *job, ci_srv_gen *gens, int n, int anthropic,
+                       json_t **body) {
+  cinfer_request *reqs[CI_SRV_MAX_CHOICES];
+  if (n < 1 || n > CI_SRV_MAX_CHOICES) {
+    *body = ci_server_error_body(anthropic, 400, "invalid_value", "n is out of range");
+    return 400;
+  }
+  const double t_start = ci_now_seconds();
+  for (int i = 0; i < n; i++) {
+    memset(&gens[i], 0, sizeof gens[i]);
+    gens[i].srv = s;
+    gens[i].t_start = t_start;
+  }
   /* stop_token_ids finish like EOS ("stop"); so do the chat format's stop tokens, unless EOS is
      ignored */
   cinfer_params params = job->params;
@@ -398,15 +411,18 @@ int ci_srv_gen_start(ci_server *s, ci_srv_job *job, ci_srv_gen *g, int anthropic
     params.max_tokens = ctx - job->n_prompt;
   params.grammar_root = job->grammar_root;
   const cinfer_status status =
-      cinfer_engine_submit(s->o.engine, job->prompt, (size_t)job->n_prompt, &params, &g->req);
+      cinfer_engine_submit_n(s->o.engine, job->prompt, (size_t)job->n_prompt, &params, n, reqs);
   if (status != CINFER_OK) {
     int http;
     const char *code = submit_error(status, &http);
     *body = ci_server_error_body(anthropic, http, code, cinfer_last_error());
     return http;
   }
-  ci_srv_gen_init_text(s, job, g);
-  g->client_fd = job->client_fd;
+  for (int i = 0; i < n; i++) {
+    gens[i].req = reqs[i];
+    ci_srv_gen_init_text(s, job, &gens[i]);
+    gens[i].client_fd = job->client_fd;
+  }
   return 0;
 }
 

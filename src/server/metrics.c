@@ -39,6 +39,7 @@ char *ci_server_metrics_text(ci_server *s) {
   } simple[] = {
       {"cinfer_prompt_tokens_total", "counter", st.prompt_tokens},
       {"cinfer_prompt_tokens_cached_total", "counter", st.cached_tokens},
+      {"cinfer_prompt_tokens_prefilled_total", "counter", st.prefill_tokens},
       {"cinfer_generation_tokens_total", "counter", st.generated_tokens},
       {"cinfer_prefix_cache_hits_total", "counter", st.prefix_hits},
       {"cinfer_prefix_cache_misses_total", "counter", st.prefix_misses},
@@ -121,6 +122,10 @@ json_t *ci_server_stats_json(ci_server *s) {
   /* speculative decoding: drafted and accepted tokens, acceptance rate (0 before any draft) */
   const double acceptance =
       st.spec_draft_tokens > 0 ? (double)st.spec_accepted_tokens / (double)st.spec_draft_tokens : 0;
+  /* prompt tokens actually forwarded (a prompt of n choices once; cached ones not at all) */
+  if (stats)
+    json_object_set_new(json_object_get(stats, "totals"), "prompt_tokens_prefilled",
+                        json_integer((json_int_t)st.prefill_tokens));
   if (stats)
     json_object_set_new(stats, "speculative",
                         json_pack("{s:I, s:I, s:f}", "draft_tokens",

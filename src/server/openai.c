@@ -123,12 +123,28 @@ static int check_tools(const json_t *tools, char **err) {
 
 /* ==== Responses ==== */
 
-static json_t *usage_json(const ci_srv_gen *g) {
+/* Choice i of a stream (0: st->gen) and how many there are. */
+static ci_srv_gen *choice_gen(ci_srv_stream *st, int i) {
+  return i == 0 ? &st->gen : &st->more[i - 1];
+}
+
+static int n_choices(const ci_srv_stream *st) {
+  return 1 + st->n_more;
+}
+
+/* Usage over every choice: the prompt once (the choices share its prefill), the completions
+ * summed. */
+static json_t *usage_json(ci_srv_stream *st) {
+  const ci_srv_gen *g = &st->gen;
+  int completion = 0, reasoning = 0;
+  for (int i = 0; i < n_choices(st); i++) {
+    completion += choice_gen(st, i)->completion_tokens;
+    reasoning += choice_gen(st, i)->reasoning_tokens;
+  }
   return json_pack("{s:i, s:i, s:i, s:{s:i}, s:{s:i}}", "prompt_tokens", g->prompt_tokens,
-                   "completion_tokens", g->completion_tokens, "total_tokens",
-                   g->prompt_tokens + g->completion_tokens, "prompt_tokens_details",
-                   "cached_tokens", g->cached_tokens, "completion_tokens_details",
-                   "reasoning_tokens", g->reasoning_tokens);
+                   "completion_tokens", completion, "total_tokens", g->prompt_tokens + completion,
+                   "prompt_tokens_details", "cached_tokens", g->cached_tokens,
+                   "completion_tokens_details", "reasoning_tokens", reasoning);
 }
 
 /* Number of UTF-8 code points in s[0..n) (text_offset counts characters, as Python does). */
@@ -181,8 +197,8 @@ static json_t *tool_calls_json(const json_t *calls, int with_index, int base) {
   return out;
 }
 
-static json_t *chat_response(const ci_srv_gen *g, const char *id, long long created,
-                             const char *model) {
+/* One choice of a chat.completion. */
+static json_t *chat_choice(const ci_srv_gen *g, int index) {
   json_t *message = json_pack("{s:s}", "role", "assistant");
   const int has_calls = json_array_size(g->calls) > 0;
   json_object_set_new(message, "content",
@@ -194,11 +210,34 @@ static json_t *chat_response(const ci_srv_gen *g, const char *id, long long crea
                         json_stringn(g->reasoning.data, g->reasoning.len));
   if (has_calls) json_object_set_new(message, "tool_calls", tool_calls_json(g->calls, 0, 0));
   json_t *logprobs = g->want_logprobs ? json_pack("{s:O}", "content", g->logprobs) : json_null();
-  return json_pack("{s:s, s:s, s:I, s:s, s:s, s:[{s:i, s:o, s:o, s:s}], s:o, s:o}", "id", id,
-                   "object", "chat.completion", "created", (json_int_t)created, "model", model,
-                   "system_fingerprint", fingerprint, "choices", "index", 0, "message", message,
-                   "logprobs", logprobs, "finish_reason", g->finish, "usage", usage_json(g),
-                   "timings", ci_srv_gen_timings(g));
+  return json_pack("{s:i, s:o, s:o, s:s}", "index", index, "message", message, "logprobs", logprobs,
+                   "finish_reason", g->finish);
+}
+
+/* One choice of a text_completion. */
+static json_t *completion_choice(const ci_srv_gen *g, int index) {
+  long offset = 0;
+  return json_pack("{s:i, s:s%, s:o, s:s}", "index", index, "text",
+                   g->content.data ? g->content.data : "", g->content.len, "logprobs",
+                   g->want_logprobs ? legacy_logprobs(g->logprobs, &offset) : json_null(),
+                   "finish_reason", g->finish);
+}
+
+/* The non-streaming answer of a finished chat (kind 0) or completion (1): every choice, usage,
+ * and the first choice's timings. */
+static json_t *full_response(ci_srv_stream *st, int chat, const char *model) {
+  json_t *choices = json_array();
+  for (int i = 0; i < n_choices(st) && choices; i++)
+    if (json_array_append_new(choices, chat ? chat_choice(choice_gen(st, i), i)
+                                            : completion_choice(choice_gen(st, i), i))) {
+      json_decref(choices);
+      choices = NULL;
+    }
+  if (!choices) return NULL;
+  return json_pack("{s:s, s:s, s:I, s:s, s:s, s:o, s:o, s:o}", "id", st->id, "object",
+                   chat ? "chat.completion" : "text_completion", "created", (json_int_t)st->created,
+                   "model", model, "system_fingerprint", fingerprint, "choices", choices, "usage",
+                   usage_json(st), "timings", ci_srv_gen_timings(&st->gen));
 }
 
 /* ==== SSE ==== */
@@ -219,61 +258,78 @@ static json_t *chunk(ci_srv_stream *st, const char *object, json_t *choice /* st
   return c;
 }
 
-static void stream_error(ci_srv_stream *st) {
-  json_t *e = json_pack("{s:{s:s, s:s, s:s}}", "error", "message", st->gen.error, "type",
-                        "server_error", "code", "internal_error");
+static void stream_error(ci_srv_stream *st, const ci_srv_gen *g) {
+  json_t *e = json_pack("{s:{s:s, s:s, s:s}}", "error", "message", g->error, "type", "server_error",
+                        "code", "internal_error");
   sse_json(st, e);
   st->finished = 1;
 }
 
-/* Final frames: finish chunk (+ usage), optional usage chunk, [DONE]. */
-static void stream_finish(ci_srv_stream *st, int chat) {
+/* The first choice that failed, or NULL. */
+static const ci_srv_gen *failed_choice(ci_srv_stream *st) {
+  for (int i = 0; i < n_choices(st); i++)
+    if (choice_gen(st, i)->failed) return choice_gen(st, i);
+  return NULL;
+}
+
+/* Waits up to timeout_s for the next event of the first unfinished choice, then takes the events
+ * the other choices already have (the engine advances every choice in the same steps). Returns 1
+ * when something happened. */
+static int pump_choices(ci_srv_stream *st, double timeout_s) {
+  int got = 0, waited = 0;
+  for (int i = 0; i < n_choices(st); i++) {
+    ci_srv_gen *g = choice_gen(st, i);
+    if (g->done) continue;
+    if (!waited) {
+      waited = 1;
+      got |= ci_srv_gen_pump(g, timeout_s);
+    }
+    for (int k = 0; k < 256 && !g->done && ci_srv_gen_pump(g, 0); k++) got = 1;
+  }
+  return got || !waited;
+}
+
+/* A choice's finish chunk; the last choice to finish carries the usage too (unless a usage
+ * chunk follows: stream_options.include_usage). Then, once every choice is done, the usage chunk
+ * and [DONE]. */
+static void stream_finish(ci_srv_stream *st, int chat, int index) {
   const char *object = chat ? "chat.completion.chunk" : "text_completion";
-  json_t *choice = chat ? json_pack("{s:i, s:{}, s:n, s:s}", "index", 0, "delta", "logprobs",
-                                    "finish_reason", st->gen.finish)
-                        : json_pack("{s:i, s:s, s:n, s:s}", "index", 0, "text", "", "logprobs",
-                                    "finish_reason", st->gen.finish);
+  ci_srv_gen *g = choice_gen(st, index);
+  st->closed[index] = 1;
+  int open = 0;
+  for (int i = 0; i < n_choices(st); i++) open += !st->closed[i];
+  json_t *choice = chat ? json_pack("{s:i, s:{}, s:n, s:s}", "index", index, "delta", "logprobs",
+                                    "finish_reason", g->finish)
+                        : json_pack("{s:i, s:s, s:n, s:s}", "index", index, "text", "", "logprobs",
+                                    "finish_reason", g->finish);
   json_t *c = chunk(st, object, choice);
-  if (!st->include_usage) json_object_set_new(c, "usage", usage_json(&st->gen));
-  json_object_set_new(c, "timings", ci_srv_gen_timings(&st->gen));
+  if (!st->include_usage && open == 0) json_object_set_new(c, "usage", usage_json(st));
+  json_object_set_new(c, "timings", ci_srv_gen_timings(g));
   sse_json(st, c);
+  if (open > 0) return;
   if (st->include_usage) {
     c = chunk(st, object, NULL);
-    json_object_set_new(c, "usage", usage_json(&st->gen));
+    json_object_set_new(c, "usage", usage_json(st));
     sse_json(st, c);
   }
   ci_strbuf_append(&st->out, "data: [DONE]\n\n", 14);
   st->finished = 1;
 }
 
-static void produce_chat(ci_srv_stream *st) {
-  ci_srv_gen *g = &st->gen;
-  if (st->phase == 0) {
-    st->phase = 1;
-    sse_json(st, chunk(st, "chat.completion.chunk",
-                       json_pack("{s:i, s:{s:s, s:s}, s:n, s:n}", "index", 0, "delta", "role",
-                                 "assistant", "content", "", "logprobs", "finish_reason")));
-    return;
-  }
-  if (!g->done && !ci_srv_gen_pump(g, 15.0)) {
-    ci_strbuf_append(&st->out, ": keep-alive\n\n", 14);
-    return;
-  }
-  if (g->failed) {
-    stream_error(st);
-    return;
-  }
+/* The chunks of choice `index`'s new deltas (chat). */
+static void chat_deltas(ci_srv_stream *st, int index) {
+  ci_srv_gen *g = choice_gen(st, index);
   json_t *logprobs = g->want_logprobs && json_array_size(g->d_logprobs)
                          ? json_pack("{s:O}", "content", g->d_logprobs)
                          : json_null();
   if (g->d_reasoning.len)
-    sse_json(
-        st, chunk(st, "chat.completion.chunk",
-                  json_pack("{s:i, s:{s:s%}, s:n, s:n}", "index", 0, "delta", "reasoning_content",
-                            g->d_reasoning.data, g->d_reasoning.len, "logprobs", "finish_reason")));
+    sse_json(st, chunk(st, "chat.completion.chunk",
+                       json_pack("{s:i, s:{s:s%}, s:n, s:n}", "index", index, "delta",
+                                 "reasoning_content", g->d_reasoning.data, g->d_reasoning.len,
+                                 "logprobs", "finish_reason")));
   if (g->d_content.len || !json_is_null(logprobs))
     sse_json(st, chunk(st, "chat.completion.chunk",
-                       json_pack("{s:i, s:{s:s%}, s:O, s:n}", "index", 0, "delta", "content",
+                       json_pack("{s:i, s:{s:s%}, s:O, s:n}", "index", index, "delta", "content",
                                  g->d_content.data ? g->d_content.data : "", g->d_content.len,
                                  "logprobs", logprobs, "finish_reason")));
   json_decref(logprobs);
@@ -281,33 +337,61 @@ static void produce_chat(ci_srv_stream *st) {
     const int base = (int)(json_array_size(g->calls) - json_array_size(g->d_calls));
     sse_json(st,
              chunk(st, "chat.completion.chunk",
-                   json_pack("{s:i, s:{s:o}, s:n, s:n}", "index", 0, "delta", "tool_calls",
+                   json_pack("{s:i, s:{s:o}, s:n, s:n}", "index", index, "delta", "tool_calls",
                              tool_calls_json(g->d_calls, 1, base), "logprobs", "finish_reason")));
   }
   ci_srv_gen_clear_deltas(g);
-  if (g->done) stream_finish(st, 1);
 }
 
-static void produce_completion(ci_srv_stream *st) {
-  ci_srv_gen *g = &st->gen;
-  if (!g->done && !ci_srv_gen_pump(g, 15.0)) {
+/* The chunk of choice `index`'s new text (completions). */
+static void completion_deltas(ci_srv_stream *st, int index) {
+  ci_srv_gen *g = choice_gen(st, index);
+  long *offset = index == 0 ? &st->text_offset : &st->more_offsets[index - 1];
+  if (g->d_content.len || json_array_size(g->d_logprobs))
+    sse_json(st, chunk(st, "text_completion",
+                       json_pack(
+                           "{s:i, s:s%, s:o, s:n}", "index", index, "text",
+                           g->d_content.data ? g->d_content.data : "", g->d_content.len, "logprobs",
+                           g->want_logprobs ? legacy_logprobs(g->d_logprobs, offset) : json_null(),
+                           "finish_reason")));
+  ci_srv_gen_clear_deltas(g);
+}
+
+/* One round of a chat (chat = 1) or completion stream: the next events of every choice as
+ * chunks, each choice's finish chunk when it ends, keep-alive comments while nothing comes. */
+static void produce_choices(ci_srv_stream *st, int chat) {
+  if (chat && st->phase == 0) {
+    st->phase = 1;
+    for (int i = 0; i < n_choices(st); i++)
+      sse_json(st, chunk(st, "chat.completion.chunk",
+                         json_pack("{s:i, s:{s:s, s:s}, s:n, s:n}", "index", i, "delta", "role",
+                                   "assistant", "content", "", "logprobs", "finish_reason")));
+    return;
+  }
+  if (!pump_choices(st, 15.0)) {
     ci_strbuf_append(&st->out, ": keep-alive\n\n", 14);
     return;
   }
-  if (g->failed) {
-    stream_error(st);
+  const ci_srv_gen *failed = failed_choice(st);
+  if (failed) { /* the client left, or a choice failed: the stream ends (the others with it) */
+    stream_error(st, failed);
     return;
   }
-  if (g->d_content.len || json_array_size(g->d_logprobs))
-    sse_json(st, chunk(st, "text_completion",
-                       json_pack("{s:i, s:s%, s:o, s:n}", "index", 0, "text",
-                                 g->d_content.data ? g->d_content.data : "", g->d_content.len,
-                                 "logprobs",
-                                 g->want_logprobs ? legacy_logprobs(g->d_logprobs, &st->text_offset)
-                                                  : json_null(),
-                                 "finish_reason")));
-  ci_srv_gen_clear_deltas(g);
-  if (g->done) stream_finish(st, 0);
+  for (int i = 0; i < n_choices(st) && !st->finished; i++) {
+    if (chat)
+      chat_deltas(st, i);
+    else
+      completion_deltas(st, i);
+    if (choice_gen(st, i)->done && !st->closed[i]) stream_finish(st, chat, i);
+  }
+}
+
+static void produce_chat(ci_srv_stream *st) {
+  produce_choices(st, 1);
+}
+
+static void produce_completion(ci_srv_stream *st) {
+  produce_choices(st, 0);
 }
 
 /* ==== Routes ==== */
@@ -324,20 +408,41 @@ static int get_stream_flag(const json_t *body, int *stream, int *include_usage, 
 
 static int start_and_answer(ci_server *s, ci_srv_job *job, int kind, int stream, int include_usage,
                             json_t **out, ci_srv_stream **out_stream) {
+  const int n = job->n_choices > 1 ? job->n_choices : 1;
   ci_srv_stream *st = calloc(1, sizeof *st);
-  if (!st) {
+  ci_srv_gen *gens = calloc((size_t)n, sizeof *gens);
+  if (st) {
+    st->closed = calloc((size_t)n, 1);
+    st->more_offsets = calloc((size_t)n, sizeof *st->more_offsets);
+  }
+  if (!st || !gens || !st->closed || !st->more_offsets) {
     ci_srv_job_free(job);
+    free(gens);
+    ci_srv_stream_free(st);
     *out = ci_server_error_body(kind == 2, 500, "internal_error", "out of memory");
     return 500;
   }
-  const int status = ci_srv_gen_start(s, job, &st->gen, kind == 2, out);
-  if (!status && job->echo) { /* completions echo: the prompt leads the text (and the 1st delta) */
-    ci_strbuf_append(&st->gen.content, job->echo, strlen(job->echo));
-    ci_strbuf_append(&st->gen.d_content, job->echo, strlen(job->echo));
+  const int status = ci_srv_gen_start_n(s, job, gens, n, kind == 2, out);
+  if (!status) {
+    /* choice 0 lives in the stream itself, the others beside it */
+    st->gen = gens[0];
+    if (n > 1) {
+      memmove(gens, gens + 1, (size_t)(n - 1) * sizeof *gens);
+      st->more = gens;
+      st->n_more = n - 1;
+    } else {
+      free(gens);
+    }
+    gens = NULL;
+    for (int i = 0; i < n && job->echo; i++) { /* echo: the prompt leads the text (1st delta) */
+      ci_strbuf_append(&choice_gen(st, i)->content, job->echo, strlen(job->echo));
+      ci_strbuf_append(&choice_gen(st, i)->d_content, job->echo, strlen(job->echo));
+    }
   }
+  free(gens);
   ci_srv_job_free(job);
   if (status) {
-    free(st);
+    ci_srv_stream_free(st);
     return status;
   }
   st->kind = kind;
@@ -349,31 +454,30 @@ static int start_and_answer(ci_server *s, ci_srv_job *job, int kind, int stream,
     *out_stream = st;
     return 200;
   }
-  int code = ci_srv_gen_run_to_end(&st->gen, 0, out);
-  if (code == 200) {
-    if (kind == 0) {
-      *out = chat_response(&st->gen, st->id, st->created, s->o.model_id);
-    } else {
-      long offset = 0;
-      *out = json_pack(
-          "{s:s, s:s, s:I, s:s, s:s, s:[{s:i, s:s%, s:o, s:s}], s:o, s:o}", "id", st->id, "object",
-          "text_completion", "created", (json_int_t)st->created, "model", s->o.model_id,
-          "system_fingerprint", fingerprint, "choices", "index", 0, "text",
-          st->gen.content.data ? st->gen.content.data : "", st->gen.content.len, "logprobs",
-          st->gen.want_logprobs ? legacy_logprobs(st->gen.logprobs, &offset) : json_null(),
-          "finish_reason", st->gen.finish, "usage", usage_json(&st->gen), "timings",
-          ci_srv_gen_timings(&st->gen));
-    }
+  int code = 200;
+  for (int i = 0; i < n && code == 200; i++)
+    code = ci_srv_gen_run_to_end(choice_gen(st, i), 0, out);
+  if (code == 200 && !(*out = full_response(st, kind == 0, s->o.model_id))) {
+    *out = ci_server_error_body(0, 500, "internal_error", "out of memory");
+    code = 500;
   }
   ci_srv_stream_free(st);
   return code;
 }
 
 /* Common OpenAI checks: n, logprobs (response_format: ci_srv_parse_structured). */
-static int check_common(const json_t *body, ci_srv_job *job, int chat, char **err) {
+static int check_common(ci_server *s, const json_t *body, ci_srv_job *job, int chat, char **err) {
   const json_t *n = json_object_get(body, "n");
-  if (n && !json_is_null(n) && (!json_is_integer(n) || json_integer_value(n) != 1))
-    return *err = strdup("n > 1 is not supported"), -1;
+  int max_n = cinfer_engine_max_batch(s->o.engine);
+  if (max_n > CI_SRV_MAX_CHOICES) max_n = CI_SRV_MAX_CHOICES;
+  if (n && !json_is_null(n) &&
+      (!json_is_integer(n) || json_integer_value(n) < 1 || json_integer_value(n) > max_n)) {
+    char buf[160];
+    snprintf(buf, sizeof buf, "n must be an integer between 1 and %d (the server's --batch)",
+             max_n);
+    return *err = strdup(buf), -1;
+  }
+  job->n_choices = n && json_is_integer(n) ? (int)json_integer_value(n) : 1;
   const json_t *lp = json_object_get(body, "logprobs");
   if (chat) {
     if (lp && !json_is_null(lp) && !json_is_boolean(lp))
@@ -412,7 +516,7 @@ int ci_openai_chat(ci_server *s, json_t *body, json_t **out, ci_srv_stream **str
   if (!err && kwargs && !json_is_null(kwargs) && !json_is_object(kwargs))
     err = strdup("chat_template_kwargs must be an object");
   if (err || get_stream_flag(body, &do_stream, &include_usage, &err) ||
-      check_common(body, &job, 1, &err) || check_tools(tools, &err) ||
+      check_common(s, body, &job, 1, &err) || check_tools(tools, &err) ||
       !(messages = normalize_messages(json_object_get(body, "messages"), &err)) ||
       ci_srv_parse_sampling(s, body, 0, &job, 65536, &err) ||
       ci_srv_parse_tool_choice(s, tools, choice, &job, &err) ||
@@ -436,7 +540,7 @@ int ci_openai_completions(ci_server *s, json_t *body, json_t **out, ci_srv_strea
   job.client_fd = client_fd;
   int do_stream, include_usage;
   if (get_stream_flag(body, &do_stream, &include_usage, &err) ||
-      check_common(body, &job, 0, &err) || ci_srv_parse_sampling(s, body, 0, &job, 512, &err)) {
+      check_common(s, body, &job, 0, &err) || ci_srv_parse_sampling(s, body, 0, &job, 512, &err)) {
     const char *code = job.err_code ? job.err_code : "invalid_value";
     ci_srv_job_free(&job);
     return bad(out, code, err);
@@ -453,11 +557,17 @@ int ci_openai_completions(ci_server *s, json_t *body, json_t **out, ci_srv_strea
                strdup("echo with logprobs is not supported (no prompt "
                       "logprobs)"));
   }
-  if (json_string_length(json_object_get(body, "suffix")) > 0 ||
-      (json_is_integer(json_object_get(body, "best_of")) &&
-       json_integer_value(json_object_get(body, "best_of")) > 1)) {
+  const json_t *suffix = json_object_get(body, "suffix");
+  if (suffix && !json_is_null(suffix) && !json_is_string(suffix)) {
     ci_srv_job_free(&job);
-    return bad(out, "unsupported", strdup("suffix and best_of > 1 are not supported"));
+    return bad(out, "invalid_value", strdup("suffix must be a string"));
+  }
+  const json_t *best_of = json_object_get(body, "best_of");
+  if (best_of && !json_is_null(best_of) &&
+      (!json_is_integer(best_of) || json_integer_value(best_of) != 1)) {
+    ci_srv_job_free(&job);
+    return bad(out, "unsupported",
+               strdup("best_of other than 1 is not supported (n > 1 returns every choice)"));
   }
   json_t *prompt = json_object_get(body, "prompt");
   if (json_is_array(prompt) && json_array_size(prompt) == 1 &&
@@ -509,6 +619,14 @@ int ci_openai_completions(ci_server *s, json_t *body, json_t **out, ci_srv_strea
       return bad(out, "internal_error", NULL);
     }
   }
+  if (json_string_length(suffix) > 0) { /* fill-in-the-middle: the prompt is the prefix */
+    if (ci_srv_fim_prompt(s, json_string_value(prompt),
+                          json_is_string(prompt) ? json_string_length(prompt) : 0,
+                          json_string_value(suffix), json_string_length(suffix), &job, &err)) {
+      ci_srv_job_free(&job);
+      return bad(out, "unsupported", err);
+    }
+  }
   return start_and_answer(s, &job, 1, do_stream, include_usage, out, stream);
 }
 
@@ -525,6 +643,10 @@ int ci_openai_models(ci_server *s, json_t **out) {
 void ci_srv_stream_free(ci_srv_stream *st) {
   if (!st) return;
   ci_srv_gen_free(&st->gen);
+  for (int i = 0; i < st->n_more; i++) ci_srv_gen_free(&st->more[i]);
+  free(st->more);
+  free(st->more_offsets);
+  free(st->closed);
   ci_strbuf_free(&st->out);
   if (st->ext_free) st->ext_free(st->ext);
   free(st);

@@ -169,13 +169,21 @@ typedef struct {
   int forced_tool_call;     /* the grammar is a tool call (tool_choice required or named) */
   const char *err_code;     /* set with a parse error that is not "invalid_value" */
   int client_fd;            /* the client's socket, watched for a disconnect (<= 0: none) */
-  char *echo; /* /v1/completions echo: the prompt's text, put before the answer (owned) */
+  char *echo;    /* /v1/completions echo: the prompt's text, put before the answer (owned) */
+  int n_choices; /* OpenAI `n`: choices sharing the prompt's prefill (0 or 1: one) */
 } ci_srv_job;
 
 void ci_srv_job_free(ci_srv_job *j);
 
 /* Submits the job. Returns 0 with g ready, or an HTTP status (400/429/503) with *body set. */
 int ci_srv_gen_start(ci_server *s, ci_srv_job *job, ci_srv_gen *g, int anthropic, json_t **body);
+
+/* Submits the job as n (1..CI_SRV_MAX_CHOICES, at most the engine's batch) choices sharing one
+ * prefill (cinfer_engine_submit_n): gens[i] is choice i, each with its own text pipeline. Returns
+ * 0 with every gens[i] ready, or an HTTP status with *body set (then none is). */
+enum { CI_SRV_MAX_CHOICES = 128 };
+int ci_srv_gen_start_n(ci_server *s, ci_srv_job *job, ci_srv_gen *gens, int n, int anthropic,
+                       json_t **body);
 
 /* Sets up g's text pipeline for job (a cinfer_chat_output: detokenizer, stop strings, reasoning
  * split, tool parsing, Gemma routing) without submitting anything; ci_srv_gen_start calls it.
@@ -239,6 +247,16 @@ int ci_srv_parse_tool_choice(ci_server *s, const json_t *tools, const json_t *ch
  * tool support would render a null content as "None"). NULL on out of memory. */
 json_t *ci_srv_inject_tool_prompt(const json_t *messages, const json_t *tools);
 
+/* fim.c: fill-in-the-middle. ci_srv_fim_markers fills ids with the tokenizer's prefix, suffix
+ * and middle FIM tokens and returns 1, or 0 when it has none. ci_srv_fim_prompt replaces
+ * job->prompt with [lead] PREFIX-MARK prefix SUFFIX-MARK suffix MIDDLE-MARK (prefix: the text
+ * given, tokenized without special tokens, or NULL to keep job->prompt's ids as the prefix; lead:
+ * what the tokenizer puts before any text, a BOS) and adds the tokens that end a middle to
+ * job->stop_ids. Returns 0, or -1 with *err (no FIM tokens: a 400 naming the problem). */
+int ci_srv_fim_markers(const cinfer_tokenizer *tokenizer, int32_t ids[3]);
+int ci_srv_fim_prompt(ci_server *s, const char *prefix, size_t prefix_len, const char *suffix,
+                      size_t suffix_len, ci_srv_job *job, char **err);
+
 /* Route handlers: return the HTTP status and either *body (JSON) or *stream (SSE, owned by
  * the response afterwards). */
 typedef struct ci_srv_stream ci_srv_stream;
@@ -273,7 +291,12 @@ struct ci_srv_stream {
   int include_usage;
   int block_open; /* anthropic: 0 none, 1 thinking, 2 text */
   int block_index;
-  long text_offset; /* completions logprobs: characters streamed so far */
+  long text_offset; /* completions logprobs: characters streamed so far (choice 0) */
+  /* OpenAI n > 1: choices 1..n_more beside gen (choice 0); owned */
+  ci_srv_gen *more;
+  int n_more;
+  long *more_offsets;    /* [n_more] text_offset of each later choice */
+  unsigned char *closed; /* [1 + n_more] the choice's finish chunk was sent */
   char id[48];
   long long created;
   ci_strbuf out;
