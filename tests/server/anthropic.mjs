@@ -1,5 +1,6 @@
 // The @anthropic-ai/sdk client against a live server: messages (stream and not), system,
-// stop_sequences, tool_use / tool_result round trip, usage.
+// stop_sequences, tool_use / tool_result round trip, tool_choice any / tool (enforced tool calls),
+// usage.
 import { Anthropic, base, check } from './common.mjs';
 
 const client = new Anthropic({ baseURL: base, apiKey: 'test-key', maxRetries: 0 });
@@ -26,6 +27,17 @@ const t = await client.messages.create({ model: 'x', max_tokens: 8, tools, tempe
   { role: 'assistant', content: [{ type: 'tool_use', id: 'toolu_1', name: 'get_weather', input: { city: 'Paris' } }] },
   { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_1', content: '21 C' }] }] });
 check(t.type === 'message' && t.usage.output_tokens > 0, 'tool_use / tool_result round trip');
+
+// tool_choice "any" and a named tool force a tool_use block whose input follows the schema.
+for (const choice of [{ type: 'any' }, { type: 'tool', name: 'get_weather' }]) {
+  const forced = await client.messages.create({ model: 'x', max_tokens: 96, tools, tool_choice: choice, temperature: 0,
+    messages: [{ role: 'user', content: 'Write a Python function that adds two numbers.' }] });
+  const uses = forced.content.filter((b) => b.type === 'tool_use');
+  check(forced.stop_reason === 'tool_use' && uses.length >= 1 && uses[0].name === 'get_weather' &&
+        typeof uses[0].input === 'object' && uses[0].input !== null &&
+        (uses[0].input.city === undefined || typeof uses[0].input.city === 'string'),
+        `tool_choice ${choice.type}: ${JSON.stringify(forced.content)}`);
+}
 
 try {
   await client.messages.create({ model: 'x', max_tokens: 8, messages: [{ role: 'system', content: 'x' }] });
