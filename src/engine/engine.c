@@ -50,15 +50,15 @@ struct ci_engine_request {
   int kv_protect;
   ci_sampler *sampler;
   int owns_sampler;
-  int64_t reservation; /* bytes */
+  int64_t reservation;         /* bytes */
   ci_grammar_matcher *matcher; /* owned; NULL when unconstrained */
   /* engine-side progress */
   ci_kv_seq *seq;
-  int n_prefilled;   /* prompt tokens whose KV is stored */
-  int cached;        /* of which the prefix cache supplied */
+  int n_prefilled;     /* prompt tokens whose KV is stored */
+  int cached;          /* of which the prefix cache supplied */
   int64_t disk_blocks; /* of the prefix cache's, read from disk at admission */
-  int64_t pc_blocks; /* full blocks registered in the prefix cache ... */
-  int pc_converted;  /* ... in this conversion state */
+  int64_t pc_blocks;   /* full blocks registered in the prefix cache ... */
+  int pc_converted;    /* ... in this conversion state */
   int conversion_counted;
   int generated;
   int32_t pending; /* last sampled token, not yet forwarded */
@@ -616,8 +616,8 @@ static uint64_t prefix_key(ci_engine *e, const ci_kv_seq *seq, int converted, in
              e->model->be->ops->name, kv->block_tokens, name);
   for (int g = 0; g < kv->n_groups; g++) {
     const ci_kv_group *group = &kv->groups[g];
-    KEY_APPEND("%sw%d.h%d.d%d.l%d", g ? "," : "", group->window, group->n_kv_heads,
-               group->head_dim, group->layers[0]);
+    KEY_APPEND("%sw%d.h%d.d%d.l%d", g ? "," : "", group->window, group->n_kv_heads, group->head_dim,
+               group->layers[0]);
     for (int l = 1; l < group->n_layers; l++) KEY_APPEND(".%d", group->layers[l]);
   }
   if (seq->has_plan) {
@@ -690,8 +690,8 @@ static int64_t fill_from_disk(ci_engine *e, const ci_kv_seq *seq, uint64_t key, 
   ci_kv_format *formats = malloc((size_t)seq->cache->n_groups * sizeof *formats);
   if (!formats) return 0;
   key_formats(seq, converted, formats);
-  const int64_t loaded = ci_prompt_cache_fill(e->disk, e->prefix, key, e->key_text, formats,
-                                              tokens, max_blocks, max_bytes);
+  const int64_t loaded = ci_prompt_cache_fill(e->disk, e->prefix, key, e->key_text, formats, tokens,
+                                              max_blocks, max_bytes);
   free(formats);
   return loaded;
 }
@@ -1296,11 +1296,11 @@ static int load_some(void *arg, ci_model *model, ci_workspace *ws, ci_kv_cache *
   const ci_engine_job *job = call->job;
   ci_kv_seq *seq = ci_kv_seq_create(cache);
   if (!seq) return ci_fail("every sequence slot is in use; try again later");
-  int status = job->kv_plan == CI_KV_PLAN_TARGET
-                   ? ci_kv_seq_set_plan_protected(seq, &job->kv_target, job->kv_start,
-                                                  job->kv_protect)
-               : job->kv_plan == CI_KV_PLAN_MODEL_CONFIG ? ci_model_kv_seq_apply_config(model, seq)
-                                                         : CI_OK;
+  int status =
+      job->kv_plan == CI_KV_PLAN_TARGET
+          ? ci_kv_seq_set_plan_protected(seq, &job->kv_target, job->kv_start, job->kv_protect)
+      : job->kv_plan == CI_KV_PLAN_MODEL_CONFIG ? ci_model_kv_seq_apply_config(model, seq)
+                                                : CI_OK;
   if (status) {
     ci_kv_seq_free(seq);
     return CI_ERR;
@@ -1309,7 +1309,8 @@ static int load_some(void *arg, ci_model *model, ci_workspace *ws, ci_kv_cache *
   /* what the prefix cache may still take: its cap, and the budget running requests leave */
   const int64_t held = ci_prefix_cache_bytes(e->prefix);
   int64_t room = e->o.prefix_cache_bytes - held;
-  if (e->o.kv_budget_bytes - e->reserved - held < room) room = e->o.kv_budget_bytes - e->reserved - held;
+  if (e->o.kv_budget_bytes - e->reserved - held < room)
+    room = e->o.kv_budget_bytes - e->reserved - held;
   /* the states attach_prefix looks for: converted at the offset the request would reach, and
      (below a later start, or without a plan) the base format */
   int64_t c = 0;
@@ -1326,8 +1327,7 @@ static int load_some(void *arg, ci_model *model, ci_workspace *ws, ci_kv_cache *
     const int64_t max_blocks = below < n_blocks ? below : n_blocks;
     const uint64_t key = prefix_key(e, seq, 0, 0, "");
     const int64_t left = e->o.prefix_cache_bytes - ci_prefix_cache_bytes(e->prefix);
-    if (left > 0)
-      call->loaded += fill_from_disk(e, seq, key, 0, job->prompt, max_blocks, left);
+    if (left > 0) call->loaded += fill_from_disk(e, seq, key, 0, job->prompt, max_blocks, left);
     call->cached = ci_prefix_cache_lookup(e->prefix, key, job->prompt, max_blocks) * T;
   }
   ci_kv_seq_free(seq);

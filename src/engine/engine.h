@@ -202,8 +202,8 @@ int ci_engine_prompt_cache_save(ci_engine *engine, int64_t *blocks);
  * prompt tokens the prefix cache now holds (a multiple of the block size), *loaded_blocks the
  * blocks read. CI_ERR when there is no prompt cache directory, the plan is invalid, or every
  * sequence slot is taken (try again). Any thread but the engine's. */
-int ci_engine_prompt_cache_load(ci_engine *engine, const ci_engine_job *job,
-                                int64_t *cached_tokens, int64_t *loaded_blocks);
+int ci_engine_prompt_cache_load(ci_engine *engine, const ci_engine_job *job, int64_t *cached_tokens,
+                                int64_t *loaded_blocks);
 
 /* Runs fn(arg, model, ws, cache) on the engine thread between two steps, with the model, the
  * engine's workspace and its KV cache to itself (a sequence it creates there must be freed before

@@ -314,7 +314,7 @@ int ci_prefix_cache_add_block(ci_prefix_cache *pc, uint64_t key, const int32_t *
   node *parent = walk(pc, key, tokens, index, &found);
   if (found != index)
     return ci_fail("prefix cache: block %lld added before its predecessors", (long long)index);
-  uint64_t (*hashes)[2] = malloc((size_t)(index + 1) * sizeof *hashes);
+  uint64_t(*hashes)[2] = malloc((size_t)(index + 1) * sizeof *hashes);
   if (!hashes) return ci_fail("prefix cache: out of memory");
   ci_prefix_chain_hashes(key, tokens, pc->T, index + 1, hashes);
   const int32_t *block = tokens + index * pc->T;

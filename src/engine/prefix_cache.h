@@ -30,9 +30,9 @@ typedef struct {
 /* A cached block as the persistence hook sees it (engine/prompt_cache.h). */
 typedef struct {
   uint64_t key;
-  uint64_t hash[2];   /* the block's two chained hashes: its name on disk */
-  uint64_t parent[2]; /* its predecessor's (for block 0: the chains' seeds) */
-  int64_t index;      /* positions [index*T, (index+1)*T) */
+  uint64_t hash[2];      /* the block's two chained hashes: its name on disk */
+  uint64_t parent[2];    /* its predecessor's (for block 0: the chains' seeds) */
+  int64_t index;         /* positions [index*T, (index+1)*T) */
   const int32_t *tokens; /* [block_tokens] */
   int block_tokens;
   const ci_kv_block_ref *refs; /* [n_groups]; id -1 = not held (released sliding block) */

@@ -109,8 +109,7 @@ static int read_file_at(int dirfd, const char *name, int64_t max, int touch, uin
 static int write_file_at(ci_prompt_cache *pc, const job *j, unsigned long counter) {
   char tmp[96];
   snprintf(tmp, sizeof tmp, "%s%s-%ld-%lu", TMP_PREFIX, j->name, (long)getpid(), counter);
-  const int fd =
-      openat(pc->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  const int fd = openat(pc->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return ci_fail("cannot create %s/%s: %s", pc->dir, tmp, strerror(errno));
   size_t done = 0;
   while (done < j->len) {
@@ -235,8 +234,7 @@ void ci_prompt_cache_get_stats(ci_prompt_cache *pc, ci_prompt_cache_stats *stats
 
 /* ==== Engine thread: queueing a block ==== */
 
-int ci_prompt_cache_enqueue(ci_prompt_cache *pc, const char *key_text,
-                            const ci_prefix_block *b) {
+int ci_prompt_cache_enqueue(ci_prompt_cache *pc, const char *key_text, const ci_prefix_block *b) {
   ci_block_file_group *groups = calloc((size_t)b->n_groups, sizeof *groups);
   if (!groups) return 0;
   size_t payload = 0;
@@ -334,9 +332,8 @@ static int check_block(const ci_prompt_cache *pc, const ci_block_file_view *v, c
     if (!x->present) continue;
     if (!ci_kv_format_equal(&x->format, &formats[g]))
       return ci_fail("foreign: layer group %d is in another KV format", g);
-    const size_t want =
-        ci_kv_block_stride(&formats[g], kv->block_tokens, kv->groups[g].n_layers,
-                           kv->groups[g].n_kv_heads, kv->groups[g].head_dim);
+    const size_t want = ci_kv_block_stride(&formats[g], kv->block_tokens, kv->groups[g].n_layers,
+                                           kv->groups[g].n_kv_heads, kv->groups[g].head_dim);
     if (x->bytes != want)
       return ci_fail("foreign: layer group %d holds %llu bytes per block, %zu expected", g,
                      (unsigned long long)x->bytes, want);
@@ -402,8 +399,8 @@ int64_t ci_prompt_cache_fill(ci_prompt_cache *pc, ci_prefix_cache *prefix, uint6
     ci_block_file_view v;
     int status = ci_block_file_parse(buf, len, 0, &v);
     if (status == CI_OK) {
-      status = check_block(pc, &v, key_text, hashes[i], i ? hashes[i - 1] : seeds, i, tokens,
-                           formats);
+      status =
+          check_block(pc, &v, key_text, hashes[i], i ? hashes[i - 1] : seeds, i, tokens, formats);
       if (status == CI_OK && bytes + (int64_t)v.payload_bytes > max_bytes) {
         ci_block_file_view_free(&v);
         free(buf);

@@ -103,7 +103,8 @@ int ci_block_file_parse(const uint8_t *buf, size_t len, int header_only, ci_bloc
       key_bytes > CI_BLOCK_FILE_MAX_KEY ||
       header != ci_block_file_header_bytes(key_bytes, (int)T, (int)n_groups))
     return ci_fail("corrupt header (inconsistent sizes)");
-  if (len < header) return ci_fail("truncated: %zu bytes, shorter than its %zu-byte header", len, header);
+  if (len < header)
+    return ci_fail("truncated: %zu bytes, shorter than its %zu-byte header", len, header);
   uint8_t *copy = malloc(header);
   if (!copy) return ci_fail("out of memory");
   memcpy(copy, buf, header);

@@ -43,7 +43,7 @@ typedef struct {
   int n_groups;
   const char *key; /* key_bytes bytes, not NUL-terminated */
   size_t key_bytes;
-  const uint8_t *tokens; /* [block_tokens] little-endian int32 */
+  const uint8_t *tokens;       /* [block_tokens] little-endian int32 */
   ci_block_file_group *groups; /* owned by the view (ci_block_file_view_free) */
   size_t header_bytes;
   uint64_t payload_bytes;

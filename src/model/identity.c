@@ -46,8 +46,7 @@ int ci_model_identity(const char *model_dir, const ci_weights *w, uint64_t out[2
     update2(s, t->shape, (size_t)t->ndim * sizeof t->shape[0]);
     const size_t sample = t->nbytes < 64 ? t->nbytes : 64;
     const size_t at[3] = {0, (t->nbytes - sample) / 2, t->nbytes - sample};
-    for (int k = 0; k < 3 && sample > 0; k++)
-      update2(s, (const uint8_t *)t->data + at[k], sample);
+    for (int k = 0; k < 3 && sample > 0; k++) update2(s, (const uint8_t *)t->data + at[k], sample);
   }
   out[0] = ci_hash64_digest(&s[0]);
   out[1] = ci_hash64_digest(&s[1]);

@@ -9,7 +9,6 @@
 #include "model/workspace.h"
 #include "tensor/backend.h"
 
-
 /* Tensors of one transformer layer. Linear weights are [out, in] in their stored format;
  * vectors (norm weights, biases) are owned f32 copies in backend memory, NULL when the model has
  * none. */
