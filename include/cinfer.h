@@ -455,13 +455,13 @@ typedef struct {
   size_t key_bytes;
   int64_t index;    /* valid: block index (positions index*T .. index*T + T - 1) */
   int block_tokens; /* T */
-} cinfer_cache_file;
+} cinfer_prompt_cache_file;
 
 /* Calls fn for every block file (and leftover temporary file) of a prompt-cache directory, with
  * its header checked (and, with verify, its payload checksum). fn returns 0 to go on. Returns
  * CINFER_OK, or CINFER_ERROR (the directory cannot be read, or fn returned non-zero). */
 cinfer_status cinfer_prompt_cache_scan(const char *dir, int verify,
-                                       int (*fn)(void *user, const cinfer_cache_file *file),
+                                       int (*fn)(void *user, const cinfer_prompt_cache_file *file),
                                        void *user);
 
 /* Deletes the files of a prompt-cache directory that can never be loaded (failed checks,

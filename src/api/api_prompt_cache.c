@@ -8,13 +8,13 @@
 #include <string.h>
 
 typedef struct {
-  int (*fn)(void *user, const cinfer_cache_file *file);
+  int (*fn)(void *user, const cinfer_prompt_cache_file *file);
   void *user;
 } scan_call;
 
 static int forward(void *arg, const ci_prompt_cache_file *f) {
   const scan_call *call = arg;
-  cinfer_cache_file out;
+  cinfer_prompt_cache_file out;
   memset(&out, 0, sizeof out);
   out.name = f->name;
   out.bytes = f->bytes;
@@ -29,7 +29,7 @@ static int forward(void *arg, const ci_prompt_cache_file *f) {
 }
 
 cinfer_status cinfer_prompt_cache_scan(const char *dir, int verify,
-                                       int (*fn)(void *user, const cinfer_cache_file *file),
+                                       int (*fn)(void *user, const cinfer_prompt_cache_file *file),
                                        void *user) {
   if (!dir || !fn)
     return ci_api_fail(CINFER_INVALID_ARGUMENT, "cinfer_prompt_cache_scan: NULL argument");
