@@ -333,9 +333,10 @@ int64_t ci_prefix_cache_each_unpersisted(ci_prefix_cache *pc, ci_prefix_cache_ho
   for (node *x = pc->lru_newest; x; x = x->lru_prev) {
     if (x->persisted) continue;
     const ci_prefix_block b = describe(pc, x);
-    if (!fn(arg, &b)) break;
-    x->persisted = 1;
-    taken++;
+    const int took = fn(arg, &b);
+    if (took == 0) break;
+    x->persisted = 1; /* taken, or (< 0) never to be persisted */
+    if (took > 0) taken++;
   }
   return taken;
 }

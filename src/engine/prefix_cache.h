@@ -9,6 +9,11 @@
  * always shortened from its end. The byte cap counts blocks only the cache holds: blocks a
  * running sequence also holds cost nothing extra.
  *
+ * Persistence (engine/prompt_cache.h) hooks in from outside: each node also carries a second,
+ * independent chained hash (the pair names the block on disk) and a persisted flag; a hook sees
+ * every block insert adds, blocks read back from disk are added as persisted, and the blocks not
+ * yet persisted can be walked for an explicit save.
+ *
  * Ownership: the cache holds references to blocks of `kv` (which must outlive it); it is used by
  * one thread (the engine's). */
 #ifndef CI_ENGINE_PREFIX_CACHE_H
@@ -39,7 +44,9 @@ typedef struct {
   int n_groups;
 } ci_prefix_block;
 
-/* Called for a block; returns 1 when it took it (persisted, or queued to be), 0 otherwise. */
+/* Called for a block; returns 1 when it took it (persisted, or queued to be), 0 when it could
+ * not now, -1 when it never can (the block then counts as persisted, so it is not offered again).
+ */
 typedef int (*ci_prefix_cache_hook)(void *arg, const ci_prefix_block *block);
 
 /* An empty cache over `kv`. NULL with ci_last_error when out of memory. */
