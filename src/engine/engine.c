@@ -1289,6 +1289,15 @@ typedef struct {
   int64_t cached, loaded;
 } load_call;
 
+/* The bytes an explicit load may add to the prefix cache: what its cap and the KV budget left by
+ * running requests' reservations both still allow (engine thread). */
+static int64_t load_room(const ci_engine *e) {
+  const int64_t held = ci_prefix_cache_bytes(e->prefix);
+  const int64_t by_cap = e->o.prefix_cache_bytes - held;
+  const int64_t by_budget = e->o.kv_budget_bytes - e->reserved - held;
+  return by_cap < by_budget ? by_cap : by_budget;
+}
+
 static int load_some(void *arg, ci_model *model, ci_workspace *ws, ci_kv_cache *cache) {
   (void)ws;
   load_call *call = arg;
@@ -1306,16 +1315,12 @@ static int load_some(void *arg, ci_model *model, ci_workspace *ws, ci_kv_cache *
     return CI_ERR;
   }
   const int64_t T = cache->block_tokens, n_blocks = job->n_prompt / T;
-  /* what the prefix cache may still take: its cap, and the budget running requests leave */
-  const int64_t held = ci_prefix_cache_bytes(e->prefix);
-  int64_t room = e->o.prefix_cache_bytes - held;
-  if (e->o.kv_budget_bytes - e->reserved - held < room)
-    room = e->o.kv_budget_bytes - e->reserved - held;
   /* the states attach_prefix looks for: converted at the offset the request would reach, and
      (below a later start, or without a plan) the base format */
   int64_t c = 0;
   if (seq->has_plan) {
     c = seq->start > 0 ? seq->start : chunk_rows(e, job->n_prompt, INT64_MAX);
+    const int64_t room = load_room(e);
     const uint64_t key = prefix_key(e, seq, 1, c, "");
     if (n_blocks * T >= c && room > 0)
       call->loaded += fill_from_disk(e, seq, key, 1, job->prompt, n_blocks, room);
@@ -1326,8 +1331,8 @@ static int load_some(void *arg, ci_model *model, ci_workspace *ws, ci_kv_cache *
     const int64_t below = seq->has_plan ? (seq->start - 1) / T : n_blocks;
     const int64_t max_blocks = below < n_blocks ? below : n_blocks;
     const uint64_t key = prefix_key(e, seq, 0, 0, "");
-    const int64_t left = e->o.prefix_cache_bytes - ci_prefix_cache_bytes(e->prefix);
-    if (left > 0) call->loaded += fill_from_disk(e, seq, key, 0, job->prompt, max_blocks, left);
+    const int64_t room = load_room(e);
+    if (room > 0) call->loaded += fill_from_disk(e, seq, key, 0, job->prompt, max_blocks, room);
     call->cached = ci_prefix_cache_lookup(e->prefix, key, job->prompt, max_blocks) * T;
   }
   ci_kv_seq_free(seq);

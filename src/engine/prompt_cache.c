@@ -143,7 +143,13 @@ static void *writer_main(void *arg) {
     pthread_mutex_unlock(&pc->mu);
     ci_block_file_seal(j->buf, j->len);
     const int status = write_file_at(pc, j, counter);
-    if (status) warnf(pc, "prompt cache: %s", ci_last_error());
+    pthread_mutex_lock(&pc->mu);
+    const int64_t errors = pc->stats.write_errors;
+    pthread_mutex_unlock(&pc->mu);
+    /* a full or read-only disk fails every write: say so a few times, then now and then */
+    if (status && (errors < 3 || errors % 1000 == 0))
+      warnf(pc, "prompt cache: %s%s", ci_last_error(),
+            errors == 2 ? " (further write errors are only counted, see /stats)" : "");
     pthread_mutex_lock(&pc->mu);
     pc->stats.queued_bytes -= (int64_t)j->len;
     if (status) {
