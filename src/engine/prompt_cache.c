@@ -1,11 +1,9 @@
-/* Prompt cache on disk (see prompt_cache.h): the bounded write queue and its writer thread, the
- * chain walk that loads blocks at admission, and the directory scan behind `cinfer cache ls` and
- * `cinfer cache prune`. */
+/* Prompt cache on disk (see prompt_cache.h): the bounded write queue and its writer thread, and
+ * the chain walk that loads blocks at admission. The directory tools are prompt_cache_dir.c. */
 #include "engine/prompt_cache.h"
 
 #include "base/error.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -16,10 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum { TMP_MAX_AGE_S = 600 };
-static const char TMP_PREFIX[] = ".tmp-";
 static const int64_t DEFAULT_QUEUE_BYTES = (int64_t)256 << 20;
-static const int64_t MAX_FILE_BYTES = (int64_t)4 << 30;
 
 typedef struct job {
   struct job *next;
@@ -59,56 +54,12 @@ static void warnf(ci_prompt_cache *pc, const char *fmt, ...) {
 
 /* ==== Files ==== */
 
-/* Reads the regular file `name` of dirfd without following a symbolic link into a new buffer
- * (at most max bytes; more is reported, not read). Returns CI_OK; CI_ERR with *missing = 1 when
- * there is no such file, else with a message. */
-static int read_file_at(int dirfd, const char *name, int64_t max, int touch, uint8_t **out,
-                        size_t *len, int *missing) {
-  *out = NULL;
-  *len = 0;
-  *missing = 0;
-  const int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    if (errno == ENOENT) {
-      *missing = 1;
-      return CI_ERR;
-    }
-    return ci_fail(errno == ELOOP ? "a symbolic link (never followed)" : "cannot open: %s",
-                   strerror(errno));
-  }
-  struct stat st;
-  if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
-    close(fd);
-    return ci_fail("not a regular file");
-  }
-  if (st.st_size > max) {
-    close(fd);
-    return ci_fail("%lld bytes, over the %lld-byte limit", (long long)st.st_size, (long long)max);
-  }
-  uint8_t *buf = malloc(st.st_size > 0 ? (size_t)st.st_size : 1);
-  if (!buf) {
-    close(fd);
-    return ci_fail("out of memory");
-  }
-  size_t got = 0;
-  while (got < (size_t)st.st_size) {
-    const ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += (size_t)n;
-  }
-  if (touch) futimens(fd, NULL); /* used now: pruning removes the least recently used first */
-  close(fd);
-  *out = buf;
-  *len = got;
-  return CI_OK;
-}
-
 /* Writes one file image atomically: a temporary file of our own (created exclusively, never
  * through a link), renamed over the name. Returns CI_OK or CI_ERR. */
 static int write_file_at(ci_prompt_cache *pc, const job *j, unsigned long counter) {
   char tmp[96];
-  snprintf(tmp, sizeof tmp, "%s%s-%ld-%lu", TMP_PREFIX, j->name, (long)getpid(), counter);
+  snprintf(tmp, sizeof tmp, "%s%s-%ld-%lu", CI_PROMPT_CACHE_TMP_PREFIX, j->name, (long)getpid(),
+           counter);
   const int fd = openat(pc->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return ci_fail("cannot create %s/%s: %s", pc->dir, tmp, strerror(errno));
   size_t done = 0;
@@ -393,7 +344,7 @@ int64_t ci_prompt_cache_fill(ci_prompt_cache *pc, ci_prefix_cache *prefix, uint6
     uint8_t *buf;
     size_t len;
     int missing;
-    if (read_file_at(pc->dirfd, name, MAX_FILE_BYTES, 1, &buf, &len, &missing)) {
+    if (ci_block_file_read_at(pc->dirfd, name, CI_BLOCK_FILE_MAX_BYTES, 1, &buf, &len, &missing)) {
       if (!missing) {
         warnf(pc, "prompt cache: skipped %s/%s: %s", pc->dir, name, ci_last_error());
         pthread_mutex_lock(&pc->mu);
@@ -441,226 +392,4 @@ int64_t ci_prompt_cache_fill(ci_prompt_cache *pc, ci_prefix_cache *prefix, uint6
   free(hashes);
   free(refs);
   return loaded;
-}
-
-/* ==== The directory without an engine ==== */
-
-/* Reads the header of (or, when verify, all of) the block file `name`. */
-static void describe_file(int dirfd, const char *name, int verify, ci_prompt_cache_file *f,
-                          uint8_t **keep, char *problem, size_t problem_size) {
-  *keep = NULL;
-  uint8_t *buf = NULL;
-  size_t len = 0;
-  int missing = 0;
-  if (verify) {
-    if (read_file_at(dirfd, name, MAX_FILE_BYTES, 0, &buf, &len, &missing)) {
-      snprintf(problem, problem_size, "%s", missing ? "vanished" : ci_last_error());
-      return;
-    }
-  } else {
-    const int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode)) {
-      snprintf(problem, problem_size, "%s",
-               fd < 0 && errno == ELOOP ? "a symbolic link (never followed)"
-                                        : "not a readable regular file");
-      if (fd >= 0) close(fd);
-      return;
-    }
-    const size_t want = 96 + CI_BLOCK_FILE_MAX_KEY + 4 * 64 +
-                        (size_t)CI_BLOCK_FILE_GROUP_BYTES * CI_BLOCK_FILE_MAX_GROUPS;
-    const size_t cap = (size_t)st.st_size < want ? (size_t)st.st_size : want;
-    buf = malloc(cap ? cap : 1);
-    if (buf) {
-      ssize_t n;
-      while (len < cap && (n = read(fd, buf + len, cap - len)) > 0) len += (size_t)n;
-    }
-    close(fd);
-    if (!buf) {
-      snprintf(problem, problem_size, "out of memory");
-      return;
-    }
-  }
-  ci_block_file_view v;
-  if (ci_block_file_parse(buf, len, !verify, &v)) {
-    snprintf(problem, problem_size, "%s", ci_last_error());
-    free(buf);
-    return;
-  }
-  char expected[CI_BLOCK_FILE_NAME_MAX];
-  ci_block_file_name(v.hash, expected, sizeof expected);
-  if (strcmp(expected, name)) {
-    snprintf(problem, problem_size, "corrupt: its name does not match its hashes");
-    ci_block_file_view_free(&v);
-    free(buf);
-    return;
-  }
-  if (!verify && f->bytes != (int64_t)(v.header_bytes + v.payload_bytes))
-    snprintf(problem, problem_size, "%s: %lld bytes, %llu expected",
-             f->bytes < (int64_t)(v.header_bytes + v.payload_bytes) ? "truncated" : "corrupt",
-             (long long)f->bytes, (unsigned long long)(v.header_bytes + v.payload_bytes));
-  else
-    f->valid = 1;
-  f->key = v.key;
-  f->key_bytes = v.key_bytes;
-  f->index = v.index;
-  f->block_tokens = v.block_tokens;
-  memcpy(f->hash, v.hash, sizeof f->hash);
-  memcpy(f->parent, v.parent, sizeof f->parent);
-  ci_block_file_view_free(&v);
-  *keep = buf;
-}
-
-int ci_prompt_cache_scan(const char *dir, int verify,
-                         int (*fn)(void *arg, const ci_prompt_cache_file *file), void *arg) {
-  const int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  DIR *d = dirfd >= 0 ? fdopendir(dirfd) : NULL;
-  if (!d) {
-    const int err = errno;
-    if (dirfd >= 0) close(dirfd);
-    return ci_fail("cannot read the prompt cache directory %s: %s", dir, strerror(err));
-  }
-  int status = CI_OK;
-  struct dirent *e;
-  while (status == CI_OK && (e = readdir(d))) {
-    const int tmp = !strncmp(e->d_name, TMP_PREFIX, sizeof TMP_PREFIX - 1);
-    if (!tmp && !ci_block_file_name_valid(e->d_name)) continue;
-    ci_prompt_cache_file f;
-    memset(&f, 0, sizeof f);
-    f.name = e->d_name;
-    struct stat st;
-    if (fstatat(dirfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW)) continue;
-    f.bytes = (int64_t)st.st_size;
-    f.mtime = st.st_mtime;
-    char problem[300] = "";
-    uint8_t *keep = NULL;
-    if (tmp)
-      snprintf(problem, sizeof problem, "temporary file (a write in progress, or a crash's)");
-    else
-      describe_file(dirfd, e->d_name, verify, &f, &keep, problem, sizeof problem);
-    f.problem = f.valid ? NULL : problem;
-    status = fn(arg, &f);
-    free(keep);
-  }
-  closedir(d);
-  return status;
-}
-
-/* ==== Pruning ==== */
-
-typedef struct {
-  char name[CI_BLOCK_FILE_NAME_MAX + 64];
-  int64_t bytes;
-  time_t mtime, used; /* used: the latest mtime over the block and its descendants */
-  int64_t index;
-  uint64_t hash[2], parent[2];
-  int valid, tmp;
-} prune_entry;
-
-typedef struct {
-  prune_entry *items;
-  size_t n, cap;
-  int oom;
-} prune_list;
-
-static int collect(void *arg, const ci_prompt_cache_file *f) {
-  prune_list *l = arg;
-  if (l->n == l->cap) {
-    const size_t cap = l->cap ? l->cap * 2 : 256;
-    prune_entry *bigger = realloc(l->items, cap * sizeof *bigger);
-    if (!bigger) {
-      l->oom = 1;
-      return ci_fail("out of memory");
-    }
-    l->items = bigger;
-    l->cap = cap;
-  }
-  prune_entry *x = &l->items[l->n++];
-  memset(x, 0, sizeof *x);
-  snprintf(x->name, sizeof x->name, "%s", f->name);
-  x->bytes = f->bytes;
-  x->mtime = x->used = f->mtime;
-  x->index = f->index;
-  memcpy(x->hash, f->hash, sizeof x->hash);
-  memcpy(x->parent, f->parent, sizeof x->parent);
-  x->valid = f->valid;
-  x->tmp = !strncmp(f->name, TMP_PREFIX, sizeof TMP_PREFIX - 1);
-  return CI_OK;
-}
-
-static int by_hash(const void *a, const void *b) {
-  const prune_entry *x = a, *y = b;
-  if (x->hash[0] != y->hash[0]) return x->hash[0] < y->hash[0] ? -1 : 1;
-  if (x->hash[1] != y->hash[1]) return x->hash[1] < y->hash[1] ? -1 : 1;
-  return 0;
-}
-
-/* Deepest blocks first, so a child's use reaches its parent before the parent's goes up. */
-static int by_index_desc(const void *a, const void *b) {
-  const prune_entry *x = *(prune_entry *const *)a, *y = *(prune_entry *const *)b;
-  return x->index > y->index ? -1 : x->index < y->index;
-}
-
-/* Least recently used chains first; within one, leaves first. */
-static int by_eviction(const void *a, const void *b) {
-  const prune_entry *x = *(prune_entry *const *)a, *y = *(prune_entry *const *)b;
-  if (x->used != y->used) return x->used < y->used ? -1 : 1;
-  return x->index > y->index ? -1 : x->index < y->index;
-}
-
-int ci_prompt_cache_prune(const char *dir, int64_t max_bytes, int64_t *removed_out,
-                          int64_t *freed_out) {
-  prune_list l = {0};
-  if (ci_prompt_cache_scan(dir, 1, collect, &l)) {
-    free(l.items);
-    return CI_ERR;
-  }
-  const int dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dirfd < 0) {
-    free(l.items);
-    return ci_fail("cannot open %s: %s", dir, strerror(errno));
-  }
-  int64_t removed = 0, freed = 0, total = 0;
-  const time_t now = time(NULL);
-  size_t n_valid = 0;
-  for (size_t i = 0; i < l.n; i++) {
-    prune_entry *x = &l.items[i];
-    const int stale_tmp = x->tmp && now - x->mtime > TMP_MAX_AGE_S;
-    if ((!x->valid && !x->tmp) || stale_tmp) {
-      if (unlinkat(dirfd, x->name, 0) == 0) removed++, freed += x->bytes;
-    } else if (x->valid) {
-      l.items[n_valid++] = *x;
-      total += x->bytes;
-    }
-  }
-  int status = CI_OK;
-  if (max_bytes >= 0 && total > max_bytes) {
-    qsort(l.items, n_valid, sizeof *l.items, by_hash);
-    prune_entry **order = malloc((n_valid ? n_valid : 1) * sizeof *order);
-    if (!order) {
-      status = ci_fail("out of memory");
-    } else {
-      for (size_t i = 0; i < n_valid; i++) order[i] = &l.items[i];
-      qsort(order, n_valid, sizeof *order, by_index_desc);
-      for (size_t i = 0; i < n_valid; i++) {
-        prune_entry probe;
-        memcpy(probe.hash, order[i]->parent, sizeof probe.hash);
-        prune_entry *parent = bsearch(&probe, l.items, n_valid, sizeof *l.items, by_hash);
-        if (parent && parent->used < order[i]->used) parent->used = order[i]->used;
-      }
-      qsort(order, n_valid, sizeof *order, by_eviction);
-      for (size_t i = 0; i < n_valid && total > max_bytes; i++)
-        if (unlinkat(dirfd, order[i]->name, 0) == 0) {
-          removed++;
-          freed += order[i]->bytes;
-          total -= order[i]->bytes;
-        }
-      free(order);
-    }
-  }
-  close(dirfd);
-  free(l.items);
-  if (removed_out) *removed_out = removed;
-  if (freed_out) *freed_out = freed;
-  return status;
 }

@@ -71,7 +71,10 @@ void ci_prompt_cache_flush(ci_prompt_cache *pc);
 
 void ci_prompt_cache_get_stats(ci_prompt_cache *pc, ci_prompt_cache_stats *stats);
 
-/* ==== The directory, without an engine (cinfer cache ls | prune) ==== */
+/* ==== The directory, without an engine (cinfer cache ls | prune; prompt_cache_dir.c) ==== */
+
+/* Temporary files of the writer start with this. */
+#define CI_PROMPT_CACHE_TMP_PREFIX ".tmp-"
 
 /* One file of a prompt-cache directory. */
 typedef struct {

@@ -1,12 +1,17 @@
-/* The persisted block format (see block_file.h): header encoding, sealing and checking. */
+/* The persisted block format (see block_file.h): header encoding, sealing and checking, and
+ * reading a block file safely. */
 #include "kv/block_file.h"
 
 #include "base/error.h"
 #include "base/hash64.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static const char MAGIC[8] = {'c', 'i', 'n', 'f', 'e', 'r', 'K', 'V'};
 enum { OFF_HEADER_BYTES = 12, OFF_PAYLOAD_CHECKSUM = 72, OFF_HEADER_CHECKSUM = 88 };
@@ -171,6 +176,50 @@ void ci_block_file_view_free(ci_block_file_view *v) {
 
 int32_t ci_block_file_token(const ci_block_file_view *v, int t) {
   return (int32_t)get32(v->tokens + 4 * (size_t)t);
+}
+
+/* ==== Files ==== */
+
+int ci_block_file_read_at(int dirfd, const char *name, int64_t max, int touch, uint8_t **out,
+                          size_t *len, int *missing) {
+  *out = NULL;
+  *len = 0;
+  *missing = 0;
+  const int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    if (errno == ENOENT) {
+      *missing = 1;
+      return CI_ERR;
+    }
+    return ci_fail(errno == ELOOP ? "a symbolic link (never followed)" : "cannot open: %s",
+                   strerror(errno));
+  }
+  struct stat st;
+  if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return ci_fail("not a regular file");
+  }
+  if (st.st_size > max) {
+    close(fd);
+    return ci_fail("%lld bytes, over the %lld-byte limit", (long long)st.st_size, (long long)max);
+  }
+  uint8_t *buf = malloc(st.st_size > 0 ? (size_t)st.st_size : 1);
+  if (!buf) {
+    close(fd);
+    return ci_fail("out of memory");
+  }
+  size_t got = 0;
+  while (got < (size_t)st.st_size) {
+    const ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += (size_t)n;
+  }
+  if (touch) futimens(fd, NULL); /* used now: pruning removes the least recently used first */
+  close(fd);
+  *out = buf;
+  *len = got;
+  return CI_OK;
 }
 
 /* ==== Names ==== */

@@ -75,6 +75,17 @@ void ci_block_file_view_free(ci_block_file_view *view);
 /* Token t of a parsed header. */
 int32_t ci_block_file_token(const ci_block_file_view *view, int t);
 
+/* Largest block file read (a block of the largest model in f32 is far below it). */
+#define CI_BLOCK_FILE_MAX_BYTES ((int64_t)4 << 30)
+
+/* Reads the regular file `name` of directory dirfd, never following a symbolic link, into a new
+ * buffer (*out, malloc'd; at most max bytes, a larger file is an error), and with `touch` marks it
+ * used (its modification time: pruning removes the least recently used first). Returns CI_OK;
+ * CI_ERR with *missing = 1 when there is no such file, else with a message (a link, not a
+ * regular file, too large, unreadable). */
+int ci_block_file_read_at(int dirfd, const char *name, int64_t max, int touch, uint8_t **out,
+                          size_t *len, int *missing);
+
 /* "HHHH...HHHH.kvb": the file name of a block with these hashes (buf >= CI_BLOCK_FILE_NAME_MAX). */
 void ci_block_file_name(const uint64_t hash[2], char *buf, size_t size);
 
