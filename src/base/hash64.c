@@ -51,6 +51,7 @@ static void stripe(ci_hash64_state *s, const uint8_t *p) {
 void ci_hash64_update(ci_hash64_state *s, const void *data, size_t n) {
   const uint8_t *p = data;
   s->total += n;
+  if (n == 0) return;
   if (s->n_buf) {
     const size_t take = n < 32 - s->n_buf ? n : 32 - s->n_buf;
     memcpy(s->buf + s->n_buf, p, take);
@@ -62,7 +63,7 @@ void ci_hash64_update(ci_hash64_state *s, const void *data, size_t n) {
     s->n_buf = 0;
   }
   for (; n >= 32; p += 32, n -= 32) stripe(s, p);
-  memcpy(s->buf, p, n);
+  if (n) memcpy(s->buf, p, n);
   s->n_buf = n;
 }
 

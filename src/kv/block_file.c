@@ -137,15 +137,15 @@ int ci_block_file_parse(const uint8_t *buf, size_t len, int header_only, ci_bloc
   for (uint32_t g = 0; g < n_groups; g++, p += CI_BLOCK_FILE_GROUP_BYTES) {
     ci_block_file_group *x = &v->groups[g];
     x->present = get32(p) != 0;
-    x->format.codec = (ci_kv_codec)p[4];
-    x->format.k_bits = p[5];
-    x->format.v_bits = p[6];
-    x->format.group_size = (int)get32(p + 8);
     x->bytes = get64(p + 16);
     if (p[4] >= CI_KV_CODEC_COUNT || (!x->present && x->bytes) || x->bytes > v->payload_bytes) {
       ci_block_file_view_free(v);
       return ci_fail("corrupt header (layer group %u)", g);
     }
+    x->format.codec = (ci_kv_codec)p[4];
+    x->format.k_bits = p[5];
+    x->format.v_bits = p[6];
+    x->format.group_size = (int)get32(p + 8);
     sum += x->bytes;
   }
   if (sum != v->payload_bytes) {
