@@ -6,7 +6,8 @@
  * file, a symbolic link and a directory in a block's place are skipped with a warning and never
  * loaded; a block name that is a symbolic link is replaced, never written through; the bounded
  * queue drops blocks and an explicit save writes them; an explicit load warms the prefix cache;
- * scan and prune. Also the xxHash64 test vectors the checksums rely on. */
+ * scan and prune; sliding-window layers whose early blocks are absent from their files. Also the
+ * xxHash64 test vectors the checksums rely on. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -316,6 +317,67 @@ static void test_restart_reuse(void **state) {
   }
 }
 
+/* Sliding-window layers (window 256): a 400-token prompt prefilled in chunks of 300 releases the
+ * sliding group's blocks 0 and 1 before the prefix cache takes them, so their files hold the
+ * full-attention group only (an absent group); a restart still attaches 384 positions (the
+ * window's blocks are there) and continues bit-identically to an in-memory hit. */
+static void test_restart_sliding_window(void **state) {
+  fixture *f = *state;
+  enum { P2 = 400 };
+  char dir[64];
+  make_dir(dir, sizeof dir);
+  int32_t prompt[P2];
+  ci_engine_job job;
+  make_job(0, prompt, &job);
+  for (int t = 0; t < P2; t++) prompt[t] = 300 + (int32_t)((t * 31) % 2000);
+  job.n_prompt = P2;
+  warnings w = {0};
+  run_result fresh, hit, again;
+  for (int pass = 0; pass < 2; pass++) {
+    ci_engine_options o;
+    ci_engine_options_default(&o);
+    o.prefill_chunk = 300;
+    o.batch_tokens = 512;
+    o.ctx_size = 1024;
+    o.prefix_cache_bytes = 64 << 20;
+    o.prompt_cache_dir = dir;
+    o.prompt_cache_warn = on_warn;
+    o.prompt_cache_warn_arg = &w;
+    ci_engine *e = ci_engine_create(f->model, &o);
+    assert_non_null(e);
+    if (pass == 0) {
+      run(e, &job, &fresh);
+      run(e, &job, &hit); /* the in-memory prefix cache */
+    } else {
+      run(e, &job, &again); /* the same blocks, from disk */
+    }
+    ci_engine_free(e);
+  }
+  assert_int_equal(fresh.cached, 0);
+  assert_int_equal(hit.cached, (P2 - 1) / T * T);
+  assert_int_equal(again.cached, hit.cached);
+  /* a 16-row last chunk rounds differently from the fresh run's 100-row one, so the restart is
+     compared bit for bit with the in-memory hit, and by greedy tokens with the fresh run */
+  assert_same(&hit, &again);
+  assert_memory_equal(fresh.tokens, again.tokens, sizeof fresh.tokens);
+  /* block 0's file has the full group only */
+  listing l;
+  list_dir(dir, &l);
+  char path[256];
+  snprintf(path, sizeof path, "%s/%s", dir, l.names[0]);
+  size_t len;
+  uint8_t *buf = read_all(path, &len);
+  ci_block_file_view v;
+  assert_int_equal(ci_block_file_parse(buf, len, 0, &v), CI_OK);
+  int absent = 0;
+  for (int g = 0; g < v.n_groups; g++) absent += !v.groups[g].present;
+  assert_int_equal(absent, 1);
+  ci_block_file_view_free(&v);
+  free(buf);
+  assert_int_equal(w.n, 0);
+  remove_dir(dir);
+}
+
 /* Every kind of bad file is skipped with a warning naming the problem; the blocks before it are
  * used and the result stays identical to a fresh prefill. */
 static void test_bad_files_skipped(void **state) {
@@ -616,6 +678,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_hash64_vectors),
       cmocka_unit_test(test_restart_reuse),
+      cmocka_unit_test(test_restart_sliding_window),
       cmocka_unit_test(test_bad_files_skipped),
       cmocka_unit_test(test_symlink_never_written_through),
       cmocka_unit_test(test_queue_save_load),
