@@ -465,7 +465,7 @@ cinfer_status cinfer_prompt_cache_scan(const char *dir, int verify,
                                        void *user);
 
 /* Deletes the files of a prompt-cache directory that can never be loaded (failed checks,
- * temporary files older than ten minutes), then, while the block files take more than max_bytes
+ * temporary files older than ten minutes, blocks whose predecessor block is gone), then, while the block files take more than max_bytes
  * (< 0: no cap), the least recently used prompts' blocks, deepest first. *removed and
  * *freed_bytes (may be NULL) get counts. Safe while a server uses the directory (a block it
  * still wants is recomputed). */

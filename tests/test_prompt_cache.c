@@ -621,6 +621,16 @@ static void test_scan_prune(void **state) {
   assert_int_equal(got.cached, 2 * T);
   assert_same(&fresh, &got);
   assert_int_equal(w.n, 0);
+  /* a chain whose first block is damaged can never load: prune takes the rest with it */
+  list_dir(dir, &l); /* b wrote the blocks after the two it read again */
+  const int chain = l.n_valid;
+  assert_true(chain >= FULL_BLOCKS);
+  snprintf(path, sizeof path, "%s/%s", dir, l.names[0]);
+  assert_int_equal(truncate(path, 50), 0);
+  assert_int_equal(ci_prompt_cache_prune(dir, -1, &removed, &freed), CI_OK);
+  list_dir(dir, &l);
+  assert_int_equal(l.n_valid, 0);
+  assert_int_equal(removed, chain);
   remove_dir(dir);
 }
 

@@ -95,9 +95,10 @@ typedef struct {
 int ci_prompt_cache_scan(const char *dir, int verify,
                          int (*fn)(void *arg, const ci_prompt_cache_file *file), void *arg);
 
-/* Deletes what cannot be loaded (files that fail their checks, temporary files left by a crash),
- * then, while the directory's block files exceed max_bytes (< 0: no cap), the least recently
- * used chains' blocks, leaves first. *removed and *freed (may be NULL) get counts. */
+/* Deletes what cannot be loaded (files that fail their checks, temporary files left by a crash,
+ * blocks whose predecessor is gone), then, while the directory's block files exceed max_bytes
+ * (< 0: no cap), the least recently used chains' blocks, leaves first. *removed and *freed (may
+ * be NULL) get counts. */
 int ci_prompt_cache_prune(const char *dir, int64_t max_bytes, int64_t *removed, int64_t *freed);
 
 #endif

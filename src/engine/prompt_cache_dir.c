@@ -126,6 +126,7 @@ typedef struct {
   int64_t index;
   uint64_t hash[2], parent[2];
   int valid, tmp;
+  int gone; /* deleted by this prune */
 } prune_entry;
 
 typedef struct {
@@ -205,30 +206,48 @@ int ci_prompt_cache_prune(const char *dir, int64_t max_bytes, int64_t *removed_o
     }
   }
   int status = CI_OK;
-  if (max_bytes >= 0 && total > max_bytes) {
-    qsort(l.items, n_valid, sizeof *l.items, by_hash);
-    prune_entry **order = malloc((n_valid ? n_valid : 1) * sizeof *order);
-    if (!order) {
-      status = ci_fail("out of memory");
-    } else {
-      for (size_t i = 0; i < n_valid; i++) order[i] = &l.items[i];
-      qsort(order, n_valid, sizeof *order, by_index_desc);
-      for (size_t i = 0; i < n_valid; i++) {
-        prune_entry probe;
-        memcpy(probe.hash, order[i]->parent, sizeof probe.hash);
-        prune_entry *parent = bsearch(&probe, l.items, n_valid, sizeof *l.items, by_hash);
-        if (parent && parent->used < order[i]->used) parent->used = order[i]->used;
-      }
-      qsort(order, n_valid, sizeof *order, by_eviction);
-      for (size_t i = 0; i < n_valid && total > max_bytes; i++)
-        if (unlinkat(dirfd, order[i]->name, 0) == 0) {
-          removed++;
-          freed += order[i]->bytes;
-          total -= order[i]->bytes;
-        }
-      free(order);
+  qsort(l.items, n_valid, sizeof *l.items, by_hash);
+  prune_entry **order = malloc((n_valid ? n_valid : 1) * sizeof *order);
+  if (!order) {
+    close(dirfd);
+    free(l.items);
+    return ci_fail("out of memory");
+  }
+  for (size_t i = 0; i < n_valid; i++) order[i] = &l.items[i];
+  /* orphans: a chain is read from its first block on, so a block whose predecessor is gone can
+     never load (shallowest first, so a removed block's descendants follow it) */
+  qsort(order, n_valid, sizeof *order, by_index_desc);
+  for (size_t k = n_valid; k-- > 0;) {
+    prune_entry *x = order[k];
+    if (x->index == 0) continue;
+    prune_entry probe;
+    memcpy(probe.hash, x->parent, sizeof probe.hash);
+    const prune_entry *parent = bsearch(&probe, l.items, n_valid, sizeof *l.items, by_hash);
+    if ((!parent || parent->gone) && unlinkat(dirfd, x->name, 0) == 0) {
+      x->gone = 1;
+      removed++;
+      freed += x->bytes;
+      total -= x->bytes;
     }
   }
+  if (max_bytes >= 0 && total > max_bytes) {
+    for (size_t i = 0; i < n_valid; i++) { /* deepest first: a child's use reaches the root */
+      if (order[i]->gone) continue;
+      prune_entry probe;
+      memcpy(probe.hash, order[i]->parent, sizeof probe.hash);
+      prune_entry *parent = bsearch(&probe, l.items, n_valid, sizeof *l.items, by_hash);
+      if (parent && parent->used < order[i]->used) parent->used = order[i]->used;
+    }
+    qsort(order, n_valid, sizeof *order, by_eviction);
+    for (size_t i = 0; i < n_valid && total > max_bytes; i++)
+      if (!order[i]->gone && unlinkat(dirfd, order[i]->name, 0) == 0) {
+        order[i]->gone = 1;
+        removed++;
+        freed += order[i]->bytes;
+        total -= order[i]->bytes;
+      }
+  }
+  free(order);
   close(dirfd);
   free(l.items);
   if (removed_out) *removed_out = removed;
