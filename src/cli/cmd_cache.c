@@ -18,9 +18,9 @@ static const char usage[] =
     "  DIR is a prompt cache directory (cinfer serve --prompt-cache-dir DIR). ls lists its KV\n"
     "  blocks by key (model, backend, KV codec state, adapter) and every file a server would\n"
     "  skip, with the reason (--verify also checks every payload checksum). prune deletes those\n"
-    "  files (and blocks whose predecessor is gone) and, with --max-bytes, the least recently used "
-    "prompts' blocks until the blocks\n"
-    "  take at most N bytes. Both are safe while a server uses the directory.\n";
+    "  files and blocks whose predecessor is gone, then, with --max-bytes, the least recently\n"
+    "  used prompts' blocks until the blocks take at most N bytes. Both are safe while a server\n"
+    "  uses the directory.\n";
 
 typedef struct {
   char *key;
