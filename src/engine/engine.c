@@ -886,7 +886,11 @@ static void admit_locked(ci_engine *e) {
       continue;
     }
     r->t_admit = ci_now_seconds(); /* reading blocks from disk counts as prefill time */
+    /* the request is in no list now and what attaching touches is this thread's alone, so
+       submitters need not wait while blocks are read from disk */
+    if (e->disk) pthread_mutex_unlock(&e->mu);
     attach_prefix(e, r);
+    if (e->disk) pthread_mutex_lock(&e->mu);
     r->state = REQ_PREFILL;
     e->reserved += r->reservation;
     /* blocks read from disk that the request did not attach stay within the budget */
