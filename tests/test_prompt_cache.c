@@ -2,12 +2,12 @@
  * writes its prefix cache's blocks to a directory; a second engine (a restart) over the same
  * directory reuses them, and its tokens and log-probabilities are bit-identical to the fresh
  * prefill's, for bf16 and quantized plans (converted and not yet converted blocks). A truncated,
- * corrupt (header or payload checksum), foreign (other model, other codec state, other version)
- * file, a symbolic link and a directory in a block's place are skipped with a warning and never
- * loaded; a block name that is a symbolic link is replaced, never written through; the bounded
- * queue drops blocks and an explicit save writes them; an explicit load warms the prefix cache;
- * scan and prune; sliding-window layers whose early blocks are absent from their files. Also the
- * xxHash64 test vectors the checksums rely on. */
+ * oversized, corrupt (header or payload checksum), foreign (other model, other codec state, other
+ * version) file, a symbolic link and a directory in a block's place are skipped with a warning and
+ * never loaded; a block name that is a symbolic link is replaced, never written through; the
+ * bounded queue drops blocks and an explicit save writes them; an explicit load warms the prefix
+ * cache; scan and prune; sliding-window layers whose early blocks are absent from their files. Also
+ * the xxHash64 test vectors the checksums rely on. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -404,7 +404,7 @@ static void test_bad_files_skipped(void **state) {
       {"other codec", "plan differs"},      {"other backend", "backend differs"},
       {"other adapter", "adapter differs"}, {"version", "version 2"},
       {"symlink", "symbolic link"},         {"directory", "not a regular file"},
-      {"not a block", "bad magic"},
+      {"not a block", "bad magic"},         {"oversized", "bytes of payload"},
   };
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     char dir[64], path[256], outside[128];
@@ -454,6 +454,13 @@ static void test_bad_files_skipped(void **state) {
       memset(buf, 'x', 64);
       write_all(path, buf, len);
       break;
+    case 11: { /* valid, with bytes appended */
+      uint8_t *big = calloc(1, len + 4096);
+      memcpy(big, buf, len);
+      write_all(path, big, len + 4096);
+      free(big);
+      break;
+    }
     }
     free(buf);
     warnings wb = {0};
