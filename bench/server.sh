@@ -6,12 +6,15 @@
 # streaming workload (max(2C, 8) /v1/completions requests whose prompts are the same token ids
 # on both sides, fixed prompt length, fixed max_tokens, temperature 0, ignore_eos); then the
 # prefix-cache test: a shared ~2k-token system prompt with different questions, cold vs warm
-# TTFT. Writes bench/server.md (bench/server_report.py).
+# TTFT; then the prompt cache on disk (cinfer only): a ~4k-token prompt on a server with
+# --prompt-cache-dir, saved, and the same prompt after a restart, cold vs restarted TTFT. Writes
+# bench/server.md (bench/server_report.py).
 # Run from the repo root after build/cinfer exists; needs node and tests/npm/node_modules
 # (scripts/install-npm.sh). Environment overrides: CINFER, LLAMA_CPP_DIR, LLAMA_SERVER,
 # BENCH_THREADS, BENCH_CONFIG, BENCH_WORK, SERVER_CONCURRENCY (levels), SERVER_PROMPT (prompt
 # tokens), SERVER_GEN (max_tokens), SERVER_REQUESTS (requests per level; default max(2C, 8)),
 # SERVER_SYSTEM (system-prompt tokens), SERVER_PREFIX_REQUESTS (1 cold + the rest warm),
+# SERVER_RESTART_TOKENS (the restart test's prompt tokens, default 4096; 0 skips it),
 # (0 skips the test), SERVER_ATTEMPTS (runs per measurement while other processes take over 5%
 # of the CPUs, keeping the cleanest; default 2), SERVER_TIME_BUDGET (minutes after which no
 # more repeats start; default 25), SERVER_PREFIX_SLOTS, SERVER_PREFIX_GEN, SERVER_API (completions, or chat
@@ -39,6 +42,7 @@ SYSTEM=${SERVER_SYSTEM:-2048}
 PREFIX_REQUESTS=${SERVER_PREFIX_REQUESTS:-5}
 PREFIX_SLOTS=${SERVER_PREFIX_SLOTS:-4}
 PREFIX_GEN=${SERVER_PREFIX_GEN:-8}
+RESTART_TOKENS=${SERVER_RESTART_TOKENS:-4096}
 ENGINES=${SERVER_ENGINES:-cinfer llama}
 API=${SERVER_API:-completions}
 ATTEMPTS=${SERVER_ATTEMPTS:-2}
@@ -135,13 +139,15 @@ free_port() {
   "$NODE" -e 'const s=require("net").createServer();s.listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'
 }
 
-# start_server ENGINE SLOTS SLOT_CTX LOG: starts it and waits (up to 5 minutes) for /health.
+# start_server ENGINE SLOTS SLOT_CTX LOG: starts it and waits (up to 5 minutes) for /health
+# (cinfer gets the flags in SERVER_EXTRA too).
+SERVER_EXTRA=()
 start_server() {
   local engine=$1 slots=$2 slot_ctx=$3 logf=$4 cmd
   PORT=$(free_port)
   if [ "$engine" = cinfer ]; then
     cmd=("$CINFER" serve --model "$MODEL" --host 127.0.0.1 --port "$PORT" --batch "$slots"
-         --threads "$THREADS")
+         --threads "$THREADS" "${SERVER_EXTRA[@]}")
   else
     cmd=("$LLAMA_SERVER" -m "$GGUF" --host 127.0.0.1 --port "$PORT" -np "$slots"
          -c $((slots * slot_ctx)) --cont-batching -t "$THREADS" -tb "$THREADS" --no-webui)
@@ -246,13 +252,32 @@ for engine in "${engines[@]}"; do
   measure "$engine" "$PREFIX_SLOTS" "$prefix_ctx" "$engine-prefix" --mode prefix \
     --requests "$PREFIX_REQUESTS" --system-tokens "$SYSTEM" --max-tokens "$PREFIX_GEN"
 done
+
+# 5. Prompt cache on disk (cinfer): one long prompt cold, saved with POST /v1/cache/save; the
+# server restarted over the same --prompt-cache-dir; the same prompt again. One attempt each
+# (the warm run needs the cold run's files).
+if [ "$RESTART_TOKENS" -gt 0 ] && [[ " ${engines[*]} " == *" cinfer "* ]]; then
+  cache_dir=$SRV_WORK/prompt-cache
+  rm -rf "$cache_dir"
+  restart_ctx=$(( (RESTART_TOKENS + PREFIX_GEN + 64 + 255) / 256 * 256 ))
+  SERVER_EXTRA=(--prompt-cache-dir "$cache_dir" --ctx-size "$restart_ctx")
+  for phase in cold warm; do
+    log "cinfer: prompt cache on disk, $RESTART_TOKENS-token prompt, $phase"
+    if start_server cinfer 1 "$restart_ctx" "$RESULTS/cinfer-restart-$phase.log"; then
+      load "$RESULTS/cinfer-restart-$phase.json" --label cinfer --mode restart --phase "$phase" \
+        --prompt-tokens "$RESTART_TOKENS" --max-tokens "$PREFIX_GEN"
+      stop_server
+    fi
+  done
+  SERVER_EXTRA=()
+fi
 elapsed=$(( $(date +%s) - t_start ))
 
-# 5. The report.
+# 6. The report.
 "$PY" bench/server_report.py --results "$RESULTS" --threads "$THREADS" --model "$MODEL" \
   --gguf "$GGUF" --config "$CONFIG" --levels "$LEVELS" --prompt "$PROMPT" --gen "$GEN" \
   --system "$SYSTEM" --prefix-requests "$PREFIX_REQUESTS" --prefix-slots "$PREFIX_SLOTS" \
   --prefix-gen "$PREFIX_GEN" --api "$API" --ban "$BAN" --llama-server "$LLAMA_SERVER" \
-  --have-llama "$have_llama" --elapsed "$elapsed" --out "$REPORT"
+  --have-llama "$have_llama" --elapsed "$elapsed" --restart-tokens "$RESTART_TOKENS" --out "$REPORT"
 log "wrote $REPORT"
 cat "$REPORT"

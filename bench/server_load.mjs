@@ -19,6 +19,10 @@
 //               tokens, each with its own short question (completions: "\n\nQuestion: ...
 //               \nAnswer:" after the shared text): request 1 is cold, the rest warm;
 //               reports each TTFT and the cached prompt tokens the server says it reused.
+//   restart     one request of exactly --prompt-tokens seeded tokens (the same in every run
+//               with the same --seed); --phase cold also POSTs /v1/cache/save afterwards (the
+//               server runs with --prompt-cache-dir), --phase warm is the same request on a
+//               restarted server over that directory: TTFT after a restart vs cold.
 // --ban-partial-utf8 sends, with every request, logit_bias -100 for the byte-level BPE tokens of
 // --tokenizer whose bytes are not valid UTF-8 on their own (1352 of Llama 3's 128000): a
 // random-weight model strings such fragments into invalid UTF-8, which trained models do not
@@ -31,7 +35,7 @@
 //   [--concurrency C] [--requests N] [--prompt-tokens P] [--max-tokens M] [--system-tokens S]
 //   [--api completions|chat] [--tokenizer tokenizer.json] [--bos-id ID] [--seed 1]
 //   [--ignore-eos] [--ban-partial-utf8] [--label NAME] [--server-pid PID]
-//   [--warmup 1] [--wait-idle 60] [--timeout 900]
+//   [--warmup 1] [--wait-idle 60] [--timeout 900] [--phase cold|warm]
 import fs from 'node:fs';
 import http from 'node:http';
 import os from 'node:os';
@@ -45,7 +49,7 @@ function parseArgs(argv) {
   const a = {
     url: null, out: null, mode: 'throughput', concurrency: 1, requests: 0, 'prompt-tokens': 128,
     'max-tokens': 32, 'system-tokens': 2048, tokenizer: null, seed: 1, 'ignore-eos': false,
-    label: '', 'server-pid': 0, api: 'completions', 'bos-id': -1, 'ban-partial-utf8': false, warmup: 1, 'wait-idle': 60, timeout: 900,
+    label: '', 'server-pid': 0, api: 'completions', 'bos-id': -1, 'ban-partial-utf8': false, warmup: 1, 'wait-idle': 60, timeout: 900, phase: 'cold',
   };
   for (let i = 0; i < argv.length; i++) {
     const k = argv[i].replace(/^--/, '');
@@ -357,6 +361,30 @@ async function prefix(a, tok) {
   };
 }
 
+// One long prompt, cold (then saved to the server's prompt cache directory) or after a restart.
+async function restart(a, tok) {
+  const prompt = await exactText(tok, a.seed * 15485863 + 5, a['prompt-tokens']);
+  const input = a.api === 'chat' ? { messages: [{ role: 'user', content: prompt.text }] }
+    : { prompt: withBos(a, prompt.ids) };
+  const cpu0 = cpuSnapshot(a['server-pid']);
+  const r = await streamRequest(a, input, a['max-tokens']);
+  let saved = null;
+  if (a.phase === 'cold') {
+    const res = await post(`${a.url}/v1/cache/save`, {}, a.timeout);
+    let text = '';
+    for await (const b of res) text += b;
+    saved = res.statusCode === 200 ? JSON.parse(text) : { error: `HTTP ${res.statusCode}: ${text.slice(0, 300)}` };
+  }
+  return {
+    config: { api: a.api, prompt_tokens: a['prompt-tokens'], prompt_tokens_counted: prompt.tokens,
+      max_tokens: a['max-tokens'], phase: a.phase },
+    summary: { phase: a.phase, ttft_ms: r.error ? null : r.ttft_ms, prompt_tokens: r.prompt_tokens,
+      cached_tokens: r.cached_tokens, saved, errors: r.error ? 1 : 0, first_error: r.error,
+      cpu: cpuDelta(cpu0, cpuSnapshot(a['server-pid'])) },
+    requests: [r],
+  };
+}
+
 async function main() {
   const a = parseArgs(process.argv.slice(2));
   const tok = await loadTokenizer(a.tokenizer);
@@ -372,17 +400,20 @@ async function main() {
       : { prompt: withBos(a, await encode(tok, text)) }, 4);
     if (w.error) throw new Error(`warm-up request failed: ${w.error}`);
   }
-  const run = a.mode === 'prefix' ? await prefix(a, tok) : await throughput(a, tok);
+  const run = a.mode === 'prefix' ? await prefix(a, tok)
+    : a.mode === 'restart' ? await restart(a, tok) : await throughput(a, tok);
   const out = { label: a.label, url: a.url, mode: a.mode, ignore_eos: a['ignore-eos'], seed: a.seed,
     banned_tokens: a.banned ? a.banned.length : 0,
     machine_idle_before: idle, date: new Date().toISOString(), ...run };
   fs.writeFileSync(a.out, JSON.stringify(out, null, 1) + '\n');
   const s = out.summary;
-  if (a.mode === 'prefix')
+  if (a.mode === 'restart')
+    console.error(`server_load: ${a.label} restart ${a.phase}: TTFT ${s.ttft_ms?.toFixed(0)} ms, prompt ${s.prompt_tokens}, cached ${s.cached_tokens}, errors ${s.errors}`);
+  else if (a.mode === 'prefix')
     console.error(`server_load: ${a.label} prefix: cold ${s.cold_ttft_ms?.toFixed(0)} ms, warm p50 ${s.warm_ttft_ms_p50?.toFixed(0)} ms, cached ${JSON.stringify(s.cached_tokens)}, errors ${s.errors}`);
   else
     console.error(`server_load: ${a.label} C=${a.concurrency}: ${s.output_tok_s.toFixed(2)} tok/s, TTFT p50 ${s.ttft_ms.p50?.toFixed(0)} ms, ITL p50 ${s.itl_ms.p50?.toFixed(1)} ms, ${s.output_tokens} tokens in ${s.wall_s.toFixed(1)} s, errors ${s.errors}, interference ${s.cpu.interference.toFixed(3)}`);
-  if (a.mode !== 'prefix' && s.requests_ok === 0) process.exit(1);
+  if (a.mode === 'throughput' && s.requests_ok === 0) process.exit(1);
 }
 
 main().catch((e) => { console.error(`server_load: ${e.stack || e}`); process.exit(1); });

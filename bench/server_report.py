@@ -133,6 +133,26 @@ def prefix_table(results, have_llama):
     return out
 
 
+def restart_table(results):
+    """The prompt cache on disk: TTFT of one long prompt cold vs after a restart."""
+    cold = load(os.path.join(results, "cinfer-restart-cold.json"))
+    warm = load(os.path.join(results, "cinfer-restart-warm.json"))
+    if not cold or not warm:
+        return ["n/a (not run, or it failed: see cinfer-restart-cold.log / -warm.log)"]
+    c, w = cold["summary"], warm["summary"]
+    saved = c.get("saved") or {}
+    return ["| run | prompt tokens | cached tokens | TTFT ms | CPU taken by others |",
+            "|---|---|---|---|---|",
+            f"| cold (then POST /v1/cache/save: {saved.get('blocks_written', 'n/a')} blocks, "
+            f"{fmt((saved.get('bytes_written') or 0) / 2**20, 1)} MiB on disk) | "
+            f"{c['prompt_tokens']} | {c['cached_tokens']} | {fmt(c['ttft_ms'], 0)} | "
+            f"{interference(cold)} |",
+            f"| after a restart | {w['prompt_tokens']} | {w['cached_tokens']} | "
+            f"{fmt(w['ttft_ms'], 0)} | {interference(warm)} |",
+            "",
+            f"Cold / restarted TTFT: {ratio(c['ttft_ms'], w['ttft_ms'])}."]
+
+
 def describe(cfg):
     return (f"hidden {cfg['hidden_size']}, {cfg['num_hidden_layers']} layers, "
             f"{cfg['num_attention_heads']}/{cfg.get('num_key_value_heads')} heads, "
@@ -146,7 +166,8 @@ def main():
                 "--api", "--out"):
         ap.add_argument(opt, required=True)
     for opt in ("--threads", "--prompt", "--gen", "--system", "--prefix-requests",
-                "--prefix-slots", "--prefix-gen", "--have-llama", "--elapsed", "--ban"):
+                "--prefix-slots", "--prefix-gen", "--have-llama", "--elapsed", "--ban",
+                "--restart-tokens"):
         ap.add_argument(opt, type=int, required=True)
     a = ap.parse_args()
     have_llama = bool(a.have_llama)
@@ -241,6 +262,11 @@ another full prefill.""")
 all CPUs (the load generator waits up to a minute for the machine to go idle before each run; a
 run above 5% is repeated once on a fresh server, keeping the cleaner): {", ".join(conditions) or
 "n/a"}.""")
+    restart_intro = para(f"""cinfer only (`serve --prompt-cache-dir`): one prompt of
+{a.restart_tokens} seeded tokens, max_tokens {a.prefix_gen}, on a fresh server with one slot;
+then `POST /v1/cache/save`, the server stopped and started again over the same directory, and
+the same prompt sent again. The restarted server reads the prompt's KV blocks from disk at
+admission and prefills only the last partial block.""")
     out = f"""# Server benchmark: cinfer vs llama-server
 
 {intro}
@@ -266,13 +292,20 @@ run above 5% is repeated once on a fresh server, keeping the cleaner): {", ".joi
 
 {chr(10).join(prefix_table(a.results, have_llama))}
 
+## Prompt cache after a restart
+
+{restart_intro}
+
+{chr(10).join(restart_table(a.results))}
+
 ## Run conditions
 
 {conditions_text}
 
 ## Commands
 
-Result files: `ENGINE-cC.json`, `ENGINE-prefix.json` in `{a.results}` (`.tryN` in a command is
+Result files: `ENGINE-cC.json`, `ENGINE-prefix.json`, `cinfer-restart-{{cold,warm}}.json` in
+`{a.results}` (`.tryN` in a command is
 attempt N; the kept attempt is renamed without it).
 
 ```

@@ -312,6 +312,17 @@ typedef struct {
                                 outlive the engine): drafts instead of prompt lookup (NULL) */
   int draft_max;             /* drafts per round at most, 1..32 (5) */
   int draft_min; /* the adaptive draft length never drops below this, 1..draft_max (1) */
+  /* Prompt cache on disk (docs/kv-cache.md "Prompt cache on disk"): the prefix cache's KV
+   * blocks are written to this directory (created if missing) as they fill, by a writer thread
+   * that never holds up a step, and read back when a request's prompt starts with them, also
+   * after a restart. Needs prefix_cache_bytes > 0. NULL = off. */
+  const char *prompt_cache_dir;
+  int64_t prompt_cache_queue_bytes; /* bytes waiting for the writer at most; beyond, new blocks
+                                       are not written (0: 256 MiB) */
+  /* Told about every file skipped (truncated, corrupt, foreign) and every failed write; called
+   * on the engine's or the writer's thread. NULL: only counted in the stats. */
+  void (*prompt_cache_warn)(void *user, const char *message);
+  void *prompt_cache_warn_user;
 } cinfer_engine_options;
 
 /* Fills the defaults listed above. */
@@ -421,7 +432,61 @@ typedef struct {
   int64_t prefix_cache_blocks, prefix_cache_entries;
   int64_t prefill_tokens; /* prompt tokens forwarded (not read from the prefix cache, and a
                              prompt of n choices once) */
+  /* the prompt cache on disk (0 when off) */
+  int prompt_cache_on;
+  int64_t prompt_cache_blocks_written, prompt_cache_bytes_written;
+  int64_t prompt_cache_blocks_dropped; /* not written: the writer's queue was full */
+  int64_t prompt_cache_write_errors;
+  int64_t prompt_cache_blocks_loaded, prompt_cache_bytes_loaded;
+  int64_t prompt_cache_files_rejected; /* skipped with a warning: truncated, corrupt, foreign */
+  int64_t prompt_cache_queued_bytes;   /* waiting for the writer now */
 } cinfer_engine_stats;
+
+/* Prompt cache on disk: writes every block the prefix cache holds that is not on disk yet, and
+ * returns once they are written (*blocks, may be NULL: how many). CINFER_INVALID_ARGUMENT when
+ * the engine has no prompt_cache_dir, CINFER_STOPPED when it is stopping. Not from the engine's
+ * own callbacks. */
+cinfer_status cinfer_engine_cache_save(cinfer_engine *engine, int64_t *blocks);
+
+/* Prompt cache on disk: reads the blocks of this prompt (under params' KV plan; NULL = the
+ * defaults) from disk into the prefix cache, so that a request starting with it prefills only
+ * the rest; within the prefix cache's byte cap and the KV budget. *cached_tokens: the prompt
+ * tokens the prefix cache now holds (a multiple of the block size); *loaded_blocks (may be
+ * NULL): blocks read. CINFER_INVALID_ARGUMENT (no prompt_cache_dir, bad ids or plan),
+ * CINFER_QUEUE_FULL (every sequence slot is taken: try again), CINFER_STOPPED. */
+cinfer_status cinfer_engine_cache_load(cinfer_engine *engine, const int32_t *prompt,
+                                       size_t n_prompt, const cinfer_params *params,
+                                       int64_t *cached_tokens, int64_t *loaded_blocks);
+
+/* One file of a prompt-cache directory (cinfer_prompt_cache_scan). */
+typedef struct {
+  const char *name; /* inside the directory */
+  int64_t bytes;
+  long long mtime; /* last used (read or written), seconds since the epoch */
+  int valid;       /* it passed its checks; else problem says why */
+  const char *problem;
+  const char *key; /* valid: the key it was stored under (key_bytes long, no NUL): model
+                      identity, backend, block size, layer groups, KV codec state, adapter */
+  size_t key_bytes;
+  int64_t index;    /* valid: block index (positions index*T .. index*T + T - 1) */
+  int block_tokens; /* T */
+} cinfer_prompt_cache_file;
+
+/* Calls fn for every block file (and leftover temporary file) of a prompt-cache directory, with
+ * its header checked (and, with verify, its payload checksum). fn returns 0 to go on. Returns
+ * CINFER_OK, or CINFER_ERROR (the directory cannot be read, or fn returned non-zero). */
+cinfer_status cinfer_prompt_cache_scan(const char *dir, int verify,
+                                       int (*fn)(void *user, const cinfer_prompt_cache_file *file),
+                                       void *user);
+
+/* Deletes the files of a prompt-cache directory that can never be loaded (failed checks,
+ * temporary files older than ten minutes, blocks whose predecessor block is gone), then, while the
+ * block files take more than max_bytes (< 0: no cap), the least recently used prompts' blocks,
+ * deepest first. *removed and
+ * *freed_bytes (may be NULL) get counts. Safe while a server uses the directory (a block it
+ * still wants is recomputed). */
+cinfer_status cinfer_prompt_cache_prune(const char *dir, int64_t max_bytes, int64_t *removed,
+                                        int64_t *freed_bytes);
 
 /* Fills *stats with the engine's counters now. */
 cinfer_status cinfer_engine_get_stats(cinfer_engine *engine, cinfer_engine_stats *stats);

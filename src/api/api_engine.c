@@ -69,6 +69,14 @@ cinfer_status cinfer_engine_create(cinfer_model *model, const cinfer_engine_opti
   o.draft_model = options->draft_model ? options->draft_model->model : NULL;
   o.draft_max = options->draft_max;
   o.draft_min = options->draft_min;
+  o.prompt_cache_dir = options->prompt_cache_dir;
+  o.prompt_cache_queue_bytes = options->prompt_cache_queue_bytes;
+  o.prompt_cache_warn = options->prompt_cache_warn;
+  o.prompt_cache_warn_arg = options->prompt_cache_warn_user;
+  if (o.prompt_cache_dir && o.prefix_cache_bytes <= 0)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT,
+                       "engine options: prompt_cache_dir needs the prefix cache "
+                       "(prefix_cache_bytes > 0)");
   cinfer_engine *e = calloc(1, sizeof *e);
   if (!e) return ci_api_fail(CINFER_ERROR, "out of memory for an engine");
   e->model = model;
@@ -314,6 +322,71 @@ cinfer_status cinfer_engine_get_stats(cinfer_engine *engine, cinfer_engine_stats
   stats->prefix_cache_blocks = st.prefix_cache_blocks;
   stats->prefix_cache_entries = st.prefix_cache_entries;
   stats->prefill_tokens = st.prefill_tokens;
+  stats->prompt_cache_on = st.prompt_cache_on;
+  stats->prompt_cache_blocks_written = st.prompt_cache_blocks_written;
+  stats->prompt_cache_bytes_written = st.prompt_cache_bytes_written;
+  stats->prompt_cache_blocks_dropped = st.prompt_cache_blocks_dropped;
+  stats->prompt_cache_write_errors = st.prompt_cache_write_errors;
+  stats->prompt_cache_blocks_loaded = st.prompt_cache_blocks_loaded;
+  stats->prompt_cache_bytes_loaded = st.prompt_cache_bytes_loaded;
+  stats->prompt_cache_files_rejected = st.prompt_cache_files_rejected;
+  stats->prompt_cache_queued_bytes = st.prompt_cache_queued_bytes;
+  return CINFER_OK;
+}
+
+cinfer_status cinfer_engine_cache_save(cinfer_engine *engine, int64_t *blocks) {
+  if (blocks) *blocks = 0;
+  if (!engine) return ci_api_fail(CINFER_INVALID_ARGUMENT, "cinfer_engine_cache_save: no engine");
+  cinfer_engine_stats st;
+  cinfer_engine_get_stats(engine, &st);
+  if (!st.prompt_cache_on)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT,
+                       "the engine has no prompt cache directory (prompt_cache_dir)");
+  if (ci_engine_prompt_cache_save(engine->engine, blocks)) return CINFER_STOPPED;
+  return CINFER_OK;
+}
+
+cinfer_status cinfer_engine_cache_load(cinfer_engine *engine, const int32_t *prompt,
+                                       size_t n_prompt, const cinfer_params *params,
+                                       int64_t *cached_tokens, int64_t *loaded_blocks) {
+  if (!cached_tokens)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT, "cinfer_engine_cache_load: cached_tokens is NULL");
+  *cached_tokens = 0;
+  if (loaded_blocks) *loaded_blocks = 0;
+  if (!engine || !prompt || n_prompt == 0 || n_prompt > (size_t)INT32_MAX)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT, "cinfer_engine_cache_load: no prompt");
+  cinfer_engine_stats st;
+  cinfer_engine_get_stats(engine, &st);
+  if (!st.prompt_cache_on)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT,
+                       "the engine has no prompt cache directory (prompt_cache_dir)");
+  cinfer_params defaults;
+  if (!params) {
+    cinfer_params_init(&defaults, engine->model);
+    params = &defaults;
+  }
+  ci_api_resolved r;
+  cinfer_status status = ci_api_resolve(engine->model, params, &r);
+  if (status != CINFER_OK) return status;
+  ci_engine_job job = {0};
+  job.prompt = prompt;
+  job.n_prompt = (int)n_prompt;
+  job.kv_plan = r.kv_plan;
+  job.kv_target = r.kv_target;
+  job.kv_start = r.kv_start;
+  job.kv_protect = r.kv_protect;
+  for (size_t i = 0; i < n_prompt; i++)
+    if (prompt[i] < 0 || prompt[i] >= engine->model->model->spec.vocab)
+      return ci_api_fail(CINFER_INVALID_ARGUMENT,
+                         "token id %d at position %zu is outside the vocabulary", prompt[i], i);
+  if (ci_engine_prompt_cache_load(engine->engine, &job, cached_tokens, loaded_blocks)) {
+    char why[256];
+    snprintf(why, sizeof why, "%s", ci_last_error());
+    const cinfer_status code = strstr(why, "slot")   ? CINFER_QUEUE_FULL
+                               : strstr(why, "stop") ? CINFER_STOPPED
+                                                     : CINFER_INVALID_ARGUMENT;
+    return ci_api_fail(code, "%s", why);
+  }
   return CINFER_OK;
 }
 

@@ -20,7 +20,8 @@ static const char usage[] =
     "usage: cinfer serve --model DIR|org/name [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
     "                    [--alias NAME] [--batch N] [--batch-tokens N] [--max-queue N]\n"
     "                    [-c|--ctx-size N] [--memory-budget GB] [--prefill-chunk N]\n"
-    "                    [--prompt-cache GiB] [--max-body MiB] [--cors ORIGIN|*] [--no-webui]\n"
+    "                    [--prompt-cache GiB] [--prompt-cache-dir DIR] [--max-body MiB]\n"
+    "                    [--cors ORIGIN|*] [--no-webui]\n"
     "                    [--chat-template FILE] [--log-format text|json] [-q|--quiet]\n"
     "                    [--idle-timeout S] [--max-connections N]\n"
     "                    [--lookup-ngram N | --draft-model DIR] [--draft-max N] [--draft-min N]\n"
@@ -30,7 +31,11 @@ static const char usage[] =
     "comma-separated list) requires `Authorization: Bearer KEY` or `x-api-key: KEY`. --cors\n"
     "ORIGIN (a comma-separated list, or *) adds CORS headers and answers OPTIONS preflights.\n"
     "--prompt-cache caps the KV bytes the prefix cache keeps for reuse (default 2 GiB, within\n"
-    "the KV budget; 0 turns it off). A chat page is served at / unless --no-webui. --port 0\n"
+    "the KV budget; 0 turns it off). --prompt-cache-dir DIR also keeps its blocks on disk "
+    "(written\n"
+    "in the background, read back when a prompt starts with them, also after a restart; POST\n"
+    "/v1/cache/save and /v1/cache/load for explicit control; `cinfer cache ls|prune DIR`).\n"
+    "A chat page is served at / unless --no-webui. --port 0\n"
     "takes a free port (printed). --host takes an IPv4/IPv6 address or a name. One access log\n"
     "line per request on stderr (--log-format json for JSON lines; --quiet for none). Idle\n"
     "connections close after --idle-timeout seconds (default 30); at most --max-connections\n"
@@ -40,6 +45,12 @@ static const char usage[] =
     "in one step; the draft length adapts between --draft-min (1) and --draft-max);\n"
     "--draft-model DIR drafts with a smaller model sharing the tokenizer instead. A request may\n"
     "lower its draft length or turn it off with \"num_draft\" or \"speculative\".\n";
+
+/* The prompt cache's warnings (skipped files, failed writes) go to stderr. */
+static void warn_prompt_cache(void *user, const char *message) {
+  (void)user;
+  fprintf(stderr, "cinfer serve: %s\n", message);
+}
 
 int ci_verb_serve(int argc, char **argv) {
   ci_flag flags[] = {{"--model", "-m", 1, NULL},
@@ -54,6 +65,7 @@ int ci_verb_serve(int argc, char **argv) {
                      {"--memory-budget", NULL, 1, NULL},
                      {"--prefill-chunk", NULL, 1, NULL},
                      {"--prompt-cache", NULL, 1, NULL},
+                     {"--prompt-cache-dir", NULL, 1, NULL},
                      {"--max-body", NULL, 1, NULL},
                      {"--cors", NULL, 1, NULL},
                      {"--no-webui", NULL, 0, NULL},
@@ -195,6 +207,14 @@ int ci_verb_serve(int argc, char **argv) {
   eo.kv_codec = defaults.kv_codec && !kv_quantized ? defaults.kv_codec : NULL;
   eo.kv_protect = defaults.kv_protect;
   eo.prefix_cache_bytes = (int64_t)(prompt_cache_gib * (double)(1 << 30));
+  eo.prompt_cache_dir = ci_args_get(flags, nf, "--prompt-cache-dir");
+  eo.prompt_cache_warn = warn_prompt_cache;
+  if (eo.prompt_cache_dir && eo.prefix_cache_bytes <= 0) {
+    fprintf(stderr,
+            "cinfer serve: --prompt-cache-dir needs the prefix cache (--prompt-cache > 0)\n");
+    rc = 2;
+    goto done;
+  }
   if (budget_gb > 0) {
     const int64_t weights = cinfer_model_weight_bytes(model);
     eo.kv_budget_bytes = (int64_t)(budget_gb * 1e9) - weights - (64LL << 20);
@@ -264,10 +284,11 @@ int ci_verb_serve(int argc, char **argv) {
   cinfer_engine_get_stats(engine, &engine_stats); /* the KV budget the engine resolved */
   fprintf(stderr,
           "cinfer ready http://%s:%lld/v1 model=%s ctx=%d kv=%s batch=%lld kv-budget=%.2fGB "
-          "prompt-cache=%.2fGB\n",
+          "prompt-cache=%.2fGB%s%s\n",
           host, port, so.model_id, cinfer_engine_context_size(engine),
           kv_quantized ? kv_name : "bf16", batch, (double)engine_stats.kv_budget_bytes / 1e9,
-          (double)engine_stats.prefix_cache_max_bytes / 1e9);
+          (double)engine_stats.prefix_cache_max_bytes / 1e9, eo.prompt_cache_dir ? " dir=" : "",
+          eo.prompt_cache_dir ? eo.prompt_cache_dir : "");
   fprintf(stderr,
           "try: curl http://%s:%lld/v1/chat/completions -H 'Content-Type: application/json'%s%s%s "
           "-d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":64}'\n",

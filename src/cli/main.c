@@ -20,6 +20,7 @@ static const verb verbs[] = {
     {"pull", ci_verb_pull, "download a model from the Hugging Face Hub into the cache"},
     {"ls", ci_verb_ls, "list the models of the Hugging Face cache"},
     {"rm", ci_verb_rm, "delete a model from the Hugging Face cache"},
+    {"cache", ci_verb_cache, "list or prune a prompt cache directory (serve --prompt-cache-dir)"},
     {"fit", ci_verb_fit, "check whether a model fits this machine's memory, per KV codec"},
     {"bench", ci_verb_bench, "measure prefill and decode tok/s"},
     {"perplexity", ci_verb_perplexity, "teacher-forced NLL and perplexity of token sequences"},
@@ -33,7 +34,8 @@ static const verb verbs[] = {
 
 /* The verbs that manage the cache themselves take no --model to pull. */
 static int takes_pull_flag(const char *verb) {
-  return strcmp(verb, "pull") && strcmp(verb, "ls") && strcmp(verb, "rm") && strcmp(verb, "fit");
+  return strcmp(verb, "pull") && strcmp(verb, "ls") && strcmp(verb, "rm") && strcmp(verb, "fit") &&
+         strcmp(verb, "cache");
 }
 
 static void print_usage(FILE *out) {

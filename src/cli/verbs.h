@@ -19,6 +19,7 @@ int ci_verb_render(int argc, char **argv);
 int ci_verb_tokenize(int argc, char **argv);
 int ci_verb_detokenize(int argc, char **argv);
 int ci_verb_serve(int argc, char **argv);
+int ci_verb_cache(int argc, char **argv);
 
 /* The flags of every verb that runs a model: where it runs. Splice into a verb's flags. */
 #define CI_CLI_MODEL_FLAGS                                                                         \

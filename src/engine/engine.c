@@ -10,11 +10,13 @@
 #include "engine/engine.h"
 
 #include "base/error.h"
+#include "base/hash64.h"
 #include "base/timing.h"
 #include "engine/draft_model.h"
 #include "engine/finish_rule.h"
 #include "engine/lookup.h"
 #include "engine/prefix_cache.h"
+#include "engine/prompt_cache.h"
 #include "sample/logprobs.h"
 #include "sample/spec_verify.h"
 
@@ -25,6 +27,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+/* Prompt-cache keys: the longest key text, and how many recent keys' texts are remembered. */
+enum { KEY_TEXT_MAX = 16384, KEY_REGISTRY = 64 };
 
 /* ==== Requests and their event queues ==== */
 
@@ -57,10 +62,11 @@ struct ci_engine_request {
   ci_grammar_matcher *matcher; /* owned; NULL when unconstrained */
   /* engine-side progress */
   ci_kv_seq *seq;
-  int n_prefilled;   /* prompt tokens whose KV is stored */
-  int cached;        /* of which the prefix cache supplied */
-  int64_t pc_blocks; /* full blocks registered in the prefix cache ... */
-  int pc_converted;  /* ... in this conversion state */
+  int n_prefilled;     /* prompt tokens whose KV is stored */
+  int cached;          /* of which the prefix cache supplied */
+  int64_t disk_blocks; /* of the prefix cache's, read from disk at admission */
+  int64_t pc_blocks;   /* full blocks registered in the prefix cache ... */
+  int pc_converted;    /* ... in this conversion state */
   int conversion_counted;
   int generated;
   int32_t pending; /* last sampled token, not yet forwarded */
@@ -92,7 +98,13 @@ struct ci_engine {
   ci_kv_cache *draft_cache; /* the draft model's, when there is one */
   int speculates;           /* a drafter is configured */
   ci_prefix_cache *prefix;  /* NULL when off; engine thread only */
-  uint64_t model_key;
+  ci_prompt_cache *disk;    /* the prefix cache's blocks on disk; NULL when off */
+  char *key_text;           /* [KEY_TEXT_MAX] scratch: the text of the key being built */
+  struct {
+    uint64_t key;
+    char *text;
+  } keys[KEY_REGISTRY]; /* recent keys' texts, for persisting their blocks (engine thread) */
+  int next_key;
   ci_workspace *ws;       /* sized at creation for the largest step */
   float *logits;          /* [batch, vocab]: one row per sequence of a step */
   float *fork_logits;     /* [vocab]: a copy of a prefill's last row for each forked choice */
@@ -350,10 +362,14 @@ void ci_engine_options_default(ci_engine_options *o) {
 }
 
 static void *engine_main(void *arg);
+static int persist_new_block(void *arg, const ci_prefix_block *block);
 
 /* Frees what ci_engine_create allocated (the thread is not running). */
 static void engine_free_parts(ci_engine *e) {
+  ci_prompt_cache_close(e->disk); /* writes out what is queued */
   ci_prefix_cache_free(e->prefix);
+  free(e->key_text);
+  for (int i = 0; i < KEY_REGISTRY; i++) free(e->keys[i].text);
   ci_kv_cache_free(e->cache);
   ci_kv_cache_free(e->draft_cache);
   ci_workspace_free(e->ws);
@@ -447,11 +463,22 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
   if (e->o.prefix_cache_bytes > e->o.kv_budget_bytes)
     e->o.prefix_cache_bytes = e->o.kv_budget_bytes;
   e->stats.prefix_cache_max_bytes = e->o.prefix_cache_bytes;
-  e->model_key = ci_prefix_key_mix(
-      ci_prefix_key_mix((uint64_t)model->spec.vocab, (uint64_t)model->spec.hidden),
-      (uint64_t)model->spec.n_layers);
+  if (!(e->key_text = malloc(KEY_TEXT_MAX)))
+    return engine_free_parts(e), ci_fail("engine: out of memory"), NULL;
   if (e->o.prefix_cache_bytes > 0 && !(e->prefix = ci_prefix_cache_create(e->cache)))
     return engine_free_parts(e), NULL;
+  if (e->o.prompt_cache_dir) {
+    if (!e->prefix)
+      return engine_free_parts(e),
+             ci_fail("engine: the prompt cache on disk needs the prefix cache (its byte cap is "
+                     "0)"),
+             NULL;
+    e->disk = ci_prompt_cache_open(e->o.prompt_cache_dir, e->cache, e->o.prompt_cache_queue_bytes,
+                                   e->o.prompt_cache_warn, e->o.prompt_cache_warn_arg);
+    if (!e->disk) return engine_free_parts(e), NULL;
+    ci_prefix_cache_set_hook(e->prefix, persist_new_block, e);
+    e->stats.prompt_cache_on = 1;
+  }
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->cv, NULL);
   if (pthread_create(&e->thread, NULL, engine_main, e)) {
@@ -640,24 +667,107 @@ ci_engine_verdict ci_engine_submit_n(ci_engine *e, const ci_engine_job *job, int
 
 /* ==== Prefix cache (engine thread only) ==== */
 
-/* The prefix-cache key of a sequence's KV state: the model, the sequence's codec plan (target
- * of every layer group, start) and whether (and where) it converted; sequences whose stored
- * bytes would be equal share keys. */
-static uint64_t prefix_key(const ci_engine *e, const ci_kv_seq *seq, int converted, int64_t c) {
-  uint64_t key = e->model_key;
+/* The prefix-cache key of a sequence's KV state, as text (into e->key_text) and as the hash the
+ * prefix cache uses: the model's identity (config and weights), the backend, the block size, the
+ * layer groups' geometry, the base format, the codec plan (target of every layer group, start)
+ * and whether (and where) the sequence converted, and the adapter ("" for none). Sequences whose
+ * stored bytes would be equal share keys; the text is written into every persisted block, and a
+ * block is loaded only under exactly the same text. */
+static uint64_t prefix_key(ci_engine *e, const ci_kv_seq *seq, int converted, int64_t c,
+                           const char *adapter) {
+  char *buf = e->key_text;
+  size_t at = 0;
+#define KEY_APPEND(...)                                                                            \
+  do {                                                                                             \
+    const int n_ = snprintf(buf + at, at < KEY_TEXT_MAX ? KEY_TEXT_MAX - at : 0, __VA_ARGS__);     \
+    at += n_ > 0 ? (size_t)n_ : 0;                                                                 \
+  } while (0)
+  const ci_kv_cache *kv = seq->cache;
+  char name[48];
+  ci_kv_format_name(&kv->groups[0].pools[0]->format, name, sizeof name);
+  KEY_APPEND("cinfer-kv1 model=%016llx%016llx backend=%s T=%d base=%s groups=",
+             (unsigned long long)e->model->identity[0], (unsigned long long)e->model->identity[1],
+             e->model->be->ops->name, kv->block_tokens, name);
+  for (int g = 0; g < kv->n_groups; g++) {
+    const ci_kv_group *group = &kv->groups[g];
+    KEY_APPEND("%sw%d.h%d.d%d.l%d", g ? "," : "", group->window, group->n_kv_heads, group->head_dim,
+               group->layers[0]);
+    for (int l = 1; l < group->n_layers; l++) KEY_APPEND(".%d", group->layers[l]);
+  }
   if (seq->has_plan) {
-    for (int g = 0; g < seq->cache->n_groups; g++) {
+    KEY_APPEND(" plan=");
+    for (int g = 0; g < kv->n_groups; g++) {
       const ci_kv_block_table *t = &seq->tables[g];
       /* after conversion has_target is cleared and the pool's format is the target */
-      const ci_kv_format *f = t->has_target ? &t->target : &t->pool->format;
-      key = ci_prefix_key_mix(key, (uint64_t)f->codec);
-      key = ci_prefix_key_mix(key, (uint64_t)f->k_bits << 16 | (uint64_t)f->v_bits << 8);
-      key = ci_prefix_key_mix(key, (uint64_t)f->group_size);
+      ci_kv_format_name(t->has_target ? &t->target : &t->pool->format, name, sizeof name);
+      KEY_APPEND("%s%s", g ? "," : "", name);
     }
-    key = ci_prefix_key_mix(key, (uint64_t)seq->start);
-    key = ci_prefix_key_mix(key, converted ? (uint64_t)c + 1 : 0);
+    KEY_APPEND(" start=%lld conv=", (long long)seq->start);
+    if (converted)
+      KEY_APPEND("%lld", (long long)c);
+    else
+      KEY_APPEND("no");
+  } else {
+    KEY_APPEND(" plan=none");
+  }
+  KEY_APPEND(" adapter=%s", adapter ? adapter : "");
+#undef KEY_APPEND
+  if (at >= KEY_TEXT_MAX) buf[KEY_TEXT_MAX - 1] = '\0'; /* a truncated text is still a key */
+  const uint64_t key = ci_hash64(buf, strlen(buf), 0x6b65792d74657874ULL);
+  if (e->disk) { /* remember the text, for persisting this key's blocks */
+    int i = 0;
+    while (i < KEY_REGISTRY && (e->keys[i].key != key || !e->keys[i].text)) i++;
+    if (i == KEY_REGISTRY) {
+      char *copy = strdup(buf);
+      if (copy) {
+        free(e->keys[e->next_key].text);
+        e->keys[e->next_key].key = key;
+        e->keys[e->next_key].text = copy;
+        e->next_key = (e->next_key + 1) % KEY_REGISTRY;
+      }
+    }
   }
   return key;
+}
+
+/* The text of a key prefix_key built (NULL when forgotten). */
+static const char *key_text_of(const ci_engine *e, uint64_t key) {
+  for (int i = 0; i < KEY_REGISTRY; i++)
+    if (e->keys[i].text && e->keys[i].key == key) return e->keys[i].text;
+  return NULL;
+}
+
+/* The prefix cache's hook: queues a new block for the disk (engine thread). */
+static int persist_new_block(void *arg, const ci_prefix_block *block) {
+  ci_engine *e = arg;
+  const char *text = key_text_of(e, block->key);
+  if (!text) return -1;
+  if (ci_prompt_cache_enqueue(e->disk, text, block)) return 1;
+  ci_prompt_cache_count_drop(e->disk);
+  return 0;
+}
+
+/* The format each layer group's blocks are in under a key: the plan's targets once converted,
+ * else what the sequence stores now. */
+static void key_formats(const ci_kv_seq *seq, int converted, ci_kv_format *formats) {
+  for (int g = 0; g < seq->cache->n_groups; g++) {
+    const ci_kv_block_table *t = &seq->tables[g];
+    formats[g] = converted && t->has_target ? t->target : t->pool->format;
+  }
+}
+
+/* Reads the blocks of tokens[0 .. max_blocks*T) under the key just built from disk into the
+ * prefix cache (within max_bytes). Returns the blocks loaded. Engine thread. */
+static int64_t fill_from_disk(ci_engine *e, const ci_kv_seq *seq, uint64_t key, int converted,
+                              const int32_t *tokens, int64_t max_blocks, int64_t max_bytes) {
+  if (!e->disk || max_blocks < 1) return 0;
+  ci_kv_format *formats = malloc((size_t)seq->cache->n_groups * sizeof *formats);
+  if (!formats) return 0;
+  key_formats(seq, converted, formats);
+  const int64_t loaded = ci_prompt_cache_fill(e->disk, e->prefix, key, e->key_text, formats, tokens,
+                                              max_blocks, max_bytes);
+  free(formats);
+  return loaded;
 }
 
 /* Registers the request's full blocks when new ones filled since the last time (or always
@@ -670,11 +780,22 @@ static void register_prefix(ci_engine *e, ci_engine_request *r, int force) {
   if (blocks == 0) return;
   /* an unconverted sequence holds fewer than `start` tokens, so its base-format blocks all lie
    * below the start, as attaching them requires */
-  const uint64_t key = prefix_key(e, seq, seq->converted, seq->conversion_offset);
+  const uint64_t key = prefix_key(e, r->seq, seq->converted, seq->conversion_offset, "");
   if (ci_prefix_cache_insert(e->prefix, key, r->history, seq) == CI_OK) {
     r->pc_blocks = blocks;
     r->pc_converted = seq->converted;
   }
+}
+
+/* Attaches the longest cached prefix of tokens under the key of (converted, c) with
+ * min_p <= p <= max_p, after reading what the memory cache lacks of it from disk. Returns p. */
+static int64_t attach_under(ci_engine *e, ci_engine_request *r, int converted, int64_t c,
+                            int64_t min_p, int64_t max_p) {
+  ci_kv_seq *seq = r->seq;
+  const uint64_t key = prefix_key(e, seq, converted, c, "");
+  r->disk_blocks +=
+      fill_from_disk(e, seq, key, converted, r->history, max_p / e->cache->block_tokens, INT64_MAX);
+  return ci_prefix_cache_attach(e->prefix, key, r->history, min_p, max_p, seq, converted, c);
 }
 
 /* Attaches the longest usable cached prefix of a newly admitted request's prompt (at least one
@@ -688,16 +809,13 @@ static void attach_prefix(ci_engine *e, ci_engine_request *r) {
     /* converted blocks: the conversion offset the request would reach on its own (its start,
      * or the end of its first chunk when the start is 0) */
     const int64_t c = seq->start > 0 ? seq->start : chunk_rows(e, r->n_prompt, INT64_MAX);
-    p = ci_prefix_cache_attach(e->prefix, prefix_key(e, seq, 1, c), r->history, c, max_p, seq, 1,
-                               c);
+    p = attach_under(e, r, 1, c, c, max_p);
     if (p == 0 && seq->start > 0) {
       const int64_t below_start = seq->start - 1 < max_p ? seq->start - 1 : max_p;
-      p = ci_prefix_cache_attach(e->prefix, prefix_key(e, seq, 0, 0), r->history, 0, below_start,
-                                 seq, 0, 0);
+      p = attach_under(e, r, 0, 0, 0, below_start);
     }
   } else {
-    p = ci_prefix_cache_attach(e->prefix, prefix_key(e, seq, 0, 0), r->history, 0, max_p, seq, 0,
-                               0);
+    p = attach_under(e, r, 0, 0, 0, max_p);
   }
   r->cached = r->n_prefilled = (int)p;
   r->pc_blocks = p / e->cache->block_tokens;
@@ -876,10 +994,16 @@ static void admit_locked(ci_engine *e) {
       request_unref_locked(r);
       continue;
     }
+    r->t_admit = ci_now_seconds(); /* reading blocks from disk counts as prefill time */
+    /* the request is in no list now and what attaching touches is this thread's alone, so
+       submitters need not wait while blocks are read from disk */
+    if (e->disk) pthread_mutex_unlock(&e->mu);
     attach_prefix(e, r);
-    r->t_admit = ci_now_seconds();
+    if (e->disk) pthread_mutex_lock(&e->mu);
     r->state = REQ_PREFILL;
     e->reserved += r->reservation;
+    /* blocks read from disk that the request did not attach stay within the budget */
+    if (r->disk_blocks > 0) ci_prefix_cache_trim(e->prefix, e->o.kv_budget_bytes - e->reserved);
     if (r->cached > 0)
       e->stats.prefix_hits++;
     else
@@ -1251,6 +1375,127 @@ void ci_engine_get_stats(ci_engine *e, ci_engine_stats *stats) {
   pthread_mutex_lock(&e->mu);
   *stats = e->stats;
   pthread_mutex_unlock(&e->mu);
+  if (e->disk) { /* the writer's counters move between steps too */
+    ci_prompt_cache_stats ds;
+    ci_prompt_cache_get_stats(e->disk, &ds);
+    stats->prompt_cache_blocks_written = ds.blocks_written;
+    stats->prompt_cache_bytes_written = ds.bytes_written;
+    stats->prompt_cache_blocks_dropped = ds.blocks_dropped;
+    stats->prompt_cache_write_errors = ds.write_errors;
+    stats->prompt_cache_blocks_loaded = ds.blocks_loaded;
+    stats->prompt_cache_bytes_loaded = ds.bytes_loaded;
+    stats->prompt_cache_files_rejected = ds.files_rejected;
+    stats->prompt_cache_queued_bytes = ds.queued_bytes;
+  }
+}
+
+/* ==== Prompt cache on disk: explicit save and load ==== */
+
+typedef struct {
+  ci_engine *e;
+  int64_t taken;
+} save_call;
+
+/* The save hook: queues a block while the writer's queue has room. */
+static int save_block(void *arg, const ci_prefix_block *block) {
+  save_call *call = arg;
+  const char *text = key_text_of(call->e, block->key);
+  if (!text) return -1; /* its key is forgotten: it cannot be named on disk */
+  return ci_prompt_cache_enqueue(call->e->disk, text, block);
+}
+
+static int save_some(void *arg, ci_model *model, ci_workspace *ws, ci_kv_cache *cache) {
+  (void)model, (void)ws, (void)cache;
+  save_call *call = arg;
+  call->taken = ci_prefix_cache_each_unpersisted(call->e->prefix, save_block, call);
+  return CI_OK;
+}
+
+int ci_engine_prompt_cache_save(ci_engine *e, int64_t *blocks) {
+  if (blocks) *blocks = 0;
+  if (!e->disk) return ci_fail("the engine has no prompt cache directory");
+  int64_t total = 0;
+  for (;;) { /* a queue's worth at a time, written out before the next */
+    save_call call = {e, 0};
+    if (ci_engine_run_exclusive(e, save_some, &call)) return CI_ERR;
+    ci_prompt_cache_flush(e->disk);
+    total += call.taken;
+    if (call.taken == 0) break;
+  }
+  if (blocks) *blocks = total;
+  return CI_OK;
+}
+
+typedef struct {
+  ci_engine *e;
+  const ci_engine_job *job;
+  int64_t cached, loaded;
+} load_call;
+
+/* The bytes an explicit load may add to the prefix cache: what its cap and the KV budget left by
+ * running requests' reservations both still allow (engine thread). */
+static int64_t load_room(const ci_engine *e) {
+  const int64_t held = ci_prefix_cache_bytes(e->prefix);
+  const int64_t by_cap = e->o.prefix_cache_bytes - held;
+  const int64_t by_budget = e->o.kv_budget_bytes - e->reserved - held;
+  return by_cap < by_budget ? by_cap : by_budget;
+}
+
+static int load_some(void *arg, ci_model *model, ci_workspace *ws, ci_kv_cache *cache) {
+  (void)ws;
+  load_call *call = arg;
+  ci_engine *e = call->e;
+  const ci_engine_job *job = call->job;
+  ci_kv_seq *seq = ci_kv_seq_create(cache);
+  if (!seq) return ci_fail("every sequence slot is in use; try again later");
+  int status =
+      job->kv_plan == CI_KV_PLAN_TARGET
+          ? ci_kv_seq_set_plan_protected(seq, &job->kv_target, job->kv_start, job->kv_protect)
+      : job->kv_plan == CI_KV_PLAN_MODEL_CONFIG ? ci_model_kv_seq_apply_config(model, seq)
+                                                : CI_OK;
+  if (status) {
+    ci_kv_seq_free(seq);
+    return CI_ERR;
+  }
+  const int64_t T = cache->block_tokens, n_blocks = job->n_prompt / T;
+  /* the states attach_prefix looks for: converted at the offset the request would reach, and
+     (below a later start, or without a plan) the base format */
+  int64_t c = 0;
+  if (seq->has_plan) {
+    c = seq->start > 0 ? seq->start : chunk_rows(e, job->n_prompt, INT64_MAX);
+    const int64_t room = load_room(e);
+    const uint64_t key = prefix_key(e, seq, 1, c, "");
+    if (n_blocks * T >= c && room > 0)
+      call->loaded += fill_from_disk(e, seq, key, 1, job->prompt, n_blocks, room);
+    const int64_t found = ci_prefix_cache_lookup(e->prefix, key, job->prompt, n_blocks) * T;
+    call->cached = found >= c ? found : 0;
+  }
+  if (!seq->has_plan || (call->cached == 0 && seq->start > 0)) {
+    const int64_t below = seq->has_plan ? (seq->start - 1) / T : n_blocks;
+    const int64_t max_blocks = below < n_blocks ? below : n_blocks;
+    const uint64_t key = prefix_key(e, seq, 0, 0, "");
+    const int64_t room = load_room(e);
+    if (room > 0) call->loaded += fill_from_disk(e, seq, key, 0, job->prompt, max_blocks, room);
+    call->cached = ci_prefix_cache_lookup(e->prefix, key, job->prompt, max_blocks) * T;
+  }
+  ci_kv_seq_free(seq);
+  return CI_OK;
+}
+
+int ci_engine_prompt_cache_load(ci_engine *e, const ci_engine_job *job, int64_t *cached_tokens,
+                                int64_t *loaded_blocks) {
+  *cached_tokens = 0;
+  if (loaded_blocks) *loaded_blocks = 0;
+  if (!e->disk) return ci_fail("the engine has no prompt cache directory");
+  if (job->n_prompt < 1) return ci_fail("the prompt is empty");
+  for (int i = 0; i < job->n_prompt; i++)
+    if (job->prompt[i] < 0 || job->prompt[i] >= e->model->spec.vocab)
+      return ci_fail("token id %d at position %d is outside the vocabulary", job->prompt[i], i);
+  load_call call = {e, job, 0, 0};
+  if (ci_engine_run_exclusive(e, load_some, &call)) return CI_ERR;
+  *cached_tokens = call.cached;
+  if (loaded_blocks) *loaded_blocks = call.loaded;
+  return CI_OK;
 }
 
 void ci_engine_stop(ci_engine *e) {

@@ -49,6 +49,14 @@ typedef struct {
   ci_model *draft_model;
   int draft_max; /* 1..CI_ENGINE_MAX_DRAFT (5) */
   int draft_min; /* 1..draft_max (1) */
+  /* Prompt cache on disk (engine/prompt_cache.h; needs the prefix cache): the prefix cache's
+   * blocks are written to this directory as they fill and read back at admission, so a restarted
+   * engine reuses them. NULL = off. */
+  const char *prompt_cache_dir;
+  int64_t prompt_cache_queue_bytes; /* bytes waiting for the writer at most (0: 256 MiB) */
+  void (*prompt_cache_warn)(void *arg, const char *message); /* skipped files, failed writes
+                                                                (engine or writer thread) */
+  void *prompt_cache_warn_arg;
 } ci_engine_options;
 
 enum { CI_ENGINE_MAX_DRAFT = 32 };
@@ -134,6 +142,11 @@ typedef struct {
   int64_t spec_draft_tokens, spec_accepted_tokens;    /* speculative decoding, all requests */
   int64_t prefix_cache_bytes, prefix_cache_max_bytes; /* bytes only the cache holds; its cap */
   int64_t prefix_cache_blocks, prefix_cache_entries;  /* blocks it references; chain nodes */
+  /* prompt cache on disk (all 0 when off) */
+  int prompt_cache_on;
+  int64_t prompt_cache_blocks_written, prompt_cache_bytes_written, prompt_cache_blocks_dropped;
+  int64_t prompt_cache_write_errors, prompt_cache_blocks_loaded, prompt_cache_bytes_loaded;
+  int64_t prompt_cache_files_rejected, prompt_cache_queued_bytes;
 } ci_engine_stats;
 
 /* Fills the defaults listed above. */
@@ -193,6 +206,20 @@ void ci_engine_request_release(ci_engine_request *request);
 
 /* Counters and gauges. */
 void ci_engine_get_stats(ci_engine *engine, ci_engine_stats *stats);
+
+/* Prompt cache on disk: writes every block the prefix cache holds that is not on disk yet and
+ * waits until the writer has written them; *blocks (may be NULL) gets how many were queued.
+ * CI_ERR when the engine has no prompt cache directory or is stopping. Any thread but the
+ * engine's. */
+int ci_engine_prompt_cache_save(ci_engine *engine, int64_t *blocks);
+
+/* Prompt cache on disk: loads the blocks of the job's prompt (under its KV plan) from disk into
+ * the prefix cache, within the prefix cache's byte cap and the KV budget; *cached_tokens gets the
+ * prompt tokens the prefix cache now holds (a multiple of the block size), *loaded_blocks the
+ * blocks read. CI_ERR when there is no prompt cache directory, the plan is invalid, or every
+ * sequence slot is taken (try again). Any thread but the engine's. */
+int ci_engine_prompt_cache_load(ci_engine *engine, const ci_engine_job *job, int64_t *cached_tokens,
+                                int64_t *loaded_blocks);
 
 /* Runs fn(arg, model, ws, cache) on the engine thread between two steps, with the model, the
  * engine's workspace and its KV cache to itself (a sequence it creates there must be freed before

@@ -10,7 +10,9 @@
 /* One cached block position: tokens [index*T, (index+1)*T) of a chain, and the block of every
  * layer group holding their KV. */
 typedef struct node {
-  uint64_t hash; /* chained: hash of the parent's hash and this block's tokens */
+  uint64_t hash;  /* chained: hash of the parent's hash and this block's tokens */
+  uint64_t hash2; /* a second, independent chain: (hash, hash2) name the block on disk */
+  int persisted;  /* handed to the persistence hook, or read from disk */
   uint64_t key;
   struct node *parent; /* NULL for index 0 */
   int n_children;
@@ -28,6 +30,8 @@ struct ci_prefix_cache {
   int64_t n_buckets; /* power of two */
   int64_t n_nodes, n_blocks, evictions;
   node *lru_oldest, *lru_newest;
+  ci_prefix_cache_hook hook; /* persistence of new nodes (NULL: none) */
+  void *hook_arg;
 };
 
 /* ==== Hashing ==== */
@@ -44,6 +48,33 @@ static uint64_t block_hash(uint64_t parent_hash, const int32_t *tokens, int T) {
   uint64_t h = parent_hash;
   for (int t = 0; t < T; t++) h = ci_prefix_key_mix(h, (uint32_t)tokens[t]);
   return h;
+}
+
+/* The second chain: other seed, token values moved out of the first chain's input range. */
+static uint64_t block_hash2(uint64_t parent_hash, const int32_t *tokens, int T) {
+  uint64_t h = parent_hash;
+  for (int t = 0; t < T; t++) h = ci_prefix_key_mix(h, (uint64_t)(uint32_t)tokens[t] | 1ULL << 40);
+  return h;
+}
+
+static uint64_t chain2_seed(uint64_t key) {
+  return ci_prefix_key_mix(key, 0x5043414348453200ULL);
+}
+
+void ci_prefix_chain_seeds(uint64_t key, uint64_t out[2]) {
+  out[0] = key;
+  out[1] = chain2_seed(key);
+}
+
+void ci_prefix_chain_hashes(uint64_t key, const int32_t *tokens, int T, int64_t n_blocks,
+                            uint64_t (*out)[2]) {
+  uint64_t h = key, h2 = chain2_seed(key);
+  for (int64_t i = 0; i < n_blocks; i++) {
+    h = block_hash(h, tokens + i * T, T);
+    h2 = block_hash2(h2, tokens + i * T, T);
+    out[i][0] = h;
+    out[i][1] = h2;
+  }
 }
 
 /* ==== Table and LRU list ==== */
@@ -134,6 +165,64 @@ static void evict(ci_prefix_cache *pc, node *x) {
   free(x);
 }
 
+/* The hook's view of a node. */
+static ci_prefix_block describe(const ci_prefix_cache *pc, const node *x) {
+  ci_prefix_block b;
+  b.key = x->key;
+  b.hash[0] = x->hash;
+  b.hash[1] = x->hash2;
+  b.parent[0] = x->parent ? x->parent->hash : x->key;
+  b.parent[1] = x->parent ? x->parent->hash2 : chain2_seed(x->key);
+  b.index = x->index;
+  b.tokens = x->tokens;
+  b.block_tokens = pc->T;
+  b.refs = x->refs;
+  b.n_groups = pc->n_groups;
+  return b;
+}
+
+/* A new node for block `index` of a chain (parent NULL at index 0) holding refs (each retained),
+ * linked into the table and the LRU list as the newest. NULL with ci_last_error. */
+static node *add_node(ci_prefix_cache *pc, uint64_t key, uint64_t hash, uint64_t hash2,
+                      node *parent, int64_t index, const int32_t *block,
+                      const ci_kv_block_ref *refs) {
+  if (pc->n_nodes >= pc->n_buckets && grow_buckets(pc)) return NULL;
+  node *x = calloc(1, sizeof *x);
+  if (x) {
+    x->tokens = malloc((size_t)pc->T * sizeof *x->tokens);
+    x->refs = malloc((size_t)pc->n_groups * sizeof *x->refs);
+  }
+  if (!x || !x->tokens || !x->refs) {
+    if (x) {
+      free(x->tokens);
+      free(x->refs);
+    }
+    free(x);
+    ci_fail("prefix cache: out of memory");
+    return NULL;
+  }
+  x->hash = hash;
+  x->hash2 = hash2;
+  x->key = key;
+  x->parent = parent;
+  x->index = index;
+  memcpy(x->tokens, block, (size_t)pc->T * sizeof *block);
+  for (int g = 0; g < pc->n_groups; g++) {
+    x->refs[g] = refs[g];
+    if (x->refs[g].id >= 0) {
+      ci_kv_pool_retain(x->refs[g].pool, x->refs[g].id);
+      pc->n_blocks++;
+    }
+  }
+  node **slot = bucket_of(pc, hash);
+  x->bucket_next = *slot;
+  *slot = x;
+  if (parent) parent->n_children++;
+  pc->n_nodes++;
+  lru_push_newest(pc, x);
+  return x;
+}
+
 /* ==== Public ==== */
 
 ci_prefix_cache *ci_prefix_cache_create(ci_kv_cache *kv) {
@@ -160,51 +249,96 @@ void ci_prefix_cache_free(ci_prefix_cache *pc) {
 int ci_prefix_cache_insert(ci_prefix_cache *pc, uint64_t key, const int32_t *tokens,
                            const ci_kv_seq *seq) {
   const int64_t n_full = seq->n / pc->T;
-  uint64_t hash = key;
+  uint64_t hash = key, hash2 = chain2_seed(key);
   node *parent = NULL;
+  ci_kv_block_ref *refs = malloc((size_t)pc->n_groups * sizeof *refs);
+  if (!refs) return ci_fail("prefix cache: out of memory");
   for (int64_t i = 0; i < n_full; i++) {
     const int32_t *block = tokens + i * pc->T;
     hash = block_hash(hash, block, pc->T);
+    hash2 = block_hash2(hash2, block, pc->T);
     node *x = find(pc, hash, key, parent, block);
     if (!x) {
-      if (pc->n_nodes >= pc->n_buckets && grow_buckets(pc)) return CI_ERR;
-      x = calloc(1, sizeof *x);
-      if (x) {
-        x->tokens = malloc((size_t)pc->T * sizeof *x->tokens);
-        x->refs = malloc((size_t)pc->n_groups * sizeof *x->refs);
+      for (int g = 0; g < pc->n_groups; g++) refs[g] = ci_kv_seq_block(seq, g, i);
+      x = add_node(pc, key, hash, hash2, parent, i, block, refs);
+      if (!x) {
+        free(refs);
+        return CI_ERR;
       }
-      if (!x || !x->tokens || !x->refs) {
-        if (x) {
-          free(x->tokens);
-          free(x->refs);
-        }
-        free(x);
-        return ci_fail("prefix cache: out of memory");
+      if (pc->hook) {
+        const ci_prefix_block b = describe(pc, x);
+        x->persisted = pc->hook(pc->hook_arg, &b);
       }
-      x->hash = hash;
-      x->key = key;
-      x->parent = parent;
-      x->index = i;
-      memcpy(x->tokens, block, (size_t)pc->T * sizeof *block);
-      for (int g = 0; g < pc->n_groups; g++) {
-        x->refs[g] = ci_kv_seq_block(seq, g, i);
-        if (x->refs[g].id >= 0) {
-          ci_kv_pool_retain(x->refs[g].pool, x->refs[g].id);
-          pc->n_blocks++;
-        }
-      }
-      node **slot = bucket_of(pc, hash);
-      x->bucket_next = *slot;
-      *slot = x;
-      if (parent) parent->n_children++;
-      pc->n_nodes++;
-      lru_push_newest(pc, x);
     }
     parent = x;
   }
+  free(refs);
   /* parents end up more recent than their children, so leaves go first */
   for (node *x = parent; x; x = x->parent) touch(pc, x);
   return CI_OK;
+}
+
+void ci_prefix_cache_set_hook(ci_prefix_cache *pc, ci_prefix_cache_hook hook, void *arg) {
+  pc->hook = hook;
+  pc->hook_arg = arg;
+}
+
+/* The cached node of block n_blocks - 1 of the chain, following it from the start; *found gets
+ * how many leading blocks are cached. */
+static node *walk(const ci_prefix_cache *pc, uint64_t key, const int32_t *tokens, int64_t n_blocks,
+                  int64_t *found) {
+  uint64_t hash = key;
+  node *x = NULL;
+  int64_t n = 0;
+  for (; n < n_blocks; n++) {
+    const int32_t *block = tokens + n * pc->T;
+    hash = block_hash(hash, block, pc->T);
+    node *next = find(pc, hash, key, x, block);
+    if (!next) break;
+    x = next;
+  }
+  *found = n;
+  return x;
+}
+
+int64_t ci_prefix_cache_lookup(const ci_prefix_cache *pc, uint64_t key, const int32_t *tokens,
+                               int64_t max_blocks) {
+  int64_t found = 0;
+  walk(pc, key, tokens, max_blocks, &found);
+  return found;
+}
+
+int ci_prefix_cache_add_block(ci_prefix_cache *pc, uint64_t key, const int32_t *tokens,
+                              int64_t index, const ci_kv_block_ref *refs, int persisted) {
+  int64_t found = 0;
+  node *parent = walk(pc, key, tokens, index, &found);
+  if (found != index)
+    return ci_fail("prefix cache: block %lld added before its predecessors", (long long)index);
+  uint64_t(*hashes)[2] = malloc((size_t)(index + 1) * sizeof *hashes);
+  if (!hashes) return ci_fail("prefix cache: out of memory");
+  ci_prefix_chain_hashes(key, tokens, pc->T, index + 1, hashes);
+  const int32_t *block = tokens + index * pc->T;
+  node *x = find(pc, hashes[index][0], key, parent, block);
+  if (!x) x = add_node(pc, key, hashes[index][0], hashes[index][1], parent, index, block, refs);
+  free(hashes);
+  if (!x) return CI_ERR;
+  x->persisted = x->persisted || persisted;
+  for (node *y = x; y; y = y->parent) touch(pc, y);
+  return CI_OK;
+}
+
+int64_t ci_prefix_cache_each_unpersisted(ci_prefix_cache *pc, ci_prefix_cache_hook fn, void *arg) {
+  int64_t taken = 0;
+  /* newest first: parents are more recent than their children */
+  for (node *x = pc->lru_newest; x; x = x->lru_prev) {
+    if (x->persisted) continue;
+    const ci_prefix_block b = describe(pc, x);
+    const int took = fn(arg, &b);
+    if (took == 0) break;
+    x->persisted = 1; /* taken, or (< 0) never to be persisted */
+    if (took > 0) taken++;
+  }
+  return taken;
 }
 
 int64_t ci_prefix_cache_attach(ci_prefix_cache *pc, uint64_t key, const int32_t *tokens,

@@ -35,6 +35,10 @@ static ci_kv_pool *group_pool(ci_kv_cache *cache, ci_kv_group *group, const ci_k
   return pool;
 }
 
+ci_kv_pool *ci_kv_cache_pool(ci_kv_cache *cache, int g, const ci_kv_format *format) {
+  return group_pool(cache, &cache->groups[g], format);
+}
+
 ci_kv_cache *ci_kv_cache_create(ci_backend *be, int n_layers, const ci_kv_layer_desc *layers,
                                 ci_kv_codec base, int block_tokens, int64_t arena_bytes) {
   if (block_tokens < 1 || block_tokens > 64) {

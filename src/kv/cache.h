@@ -121,6 +121,10 @@ int64_t ci_kv_cache_block_cost(const ci_kv_cache *cache, int g, const ci_kv_form
 /* Bytes of one slab: pools take arena memory in slabs. */
 int64_t ci_kv_cache_slab_bytes(const ci_kv_cache *cache);
 
+/* The pool of group g storing `format`, created on first use (blocks restored from a persisted
+ * prefix cache go there). NULL with ci_last_error when out of memory. */
+ci_kv_pool *ci_kv_cache_pool(ci_kv_cache *cache, int g, const ci_kv_format *format);
+
 /* Frees the cache; every sequence must have been freed first. */
 void ci_kv_cache_free(ci_kv_cache *cache);
 

@@ -9,7 +9,6 @@
 #include "model/workspace.h"
 #include "tensor/backend.h"
 
-
 /* Tensors of one transformer layer. Linear weights are [out, in] in their stored format;
  * vectors (norm weights, biases) are owned f32 copies in backend memory, NULL when the model has
  * none. */
@@ -61,6 +60,8 @@ typedef struct ci_model {
   float *rope_freqs[CI_MAX_ROPES]; /* owned: (rot_dim / 2) each */
   ci_kv_format *kv_config; /* [n_cache_layers] per-layer KV plan from kv_config.json, or NULL */
   ci_workspace *workspace; /* owned: the workspace of ci_model_forward (created on first use) */
+  uint64_t identity[2];    /* config + weights fingerprint (model/identity.h): persisted KV is
+                              only reused by the model that wrote it */
 } ci_model;
 
 /* Loads a model folder (config.json + safetensors) for backend `be`. Validates every tensor

@@ -226,7 +226,9 @@ typedef enum {
   R_DETOKENIZE,
   R_HEALTH,
   R_METRICS,
-  R_STATS
+  R_STATS,
+  R_CACHE_SAVE,
+  R_CACHE_LOAD
 } route_id;
 static const struct {
   const char *path;
@@ -248,6 +250,8 @@ static const struct {
     {"/health", "GET", R_HEALTH},
     {"/metrics", "GET", R_METRICS},
     {"/stats", "GET", R_STATS},
+    {"/v1/cache/save", "POST", R_CACHE_SAVE},
+    {"/v1/cache/load", "POST", R_CACHE_LOAD},
 };
 
 /* Whether url is the route's path (a path ending in * matches any non-empty rest). */
@@ -294,6 +298,14 @@ static enum MHD_Result dispatch(ci_server *s, struct MHD_Connection *c, const ch
         s, c, conn, 401,
         ci_server_error_body(anthropic, 401, "invalid_api_key", "invalid or missing API key"));
   }
+  /* admin routes: never open to everyone (a server beyond loopback without an API key) */
+  if ((id == R_CACHE_SAVE || id == R_CACHE_LOAD) && s->n_keys == 0 && !s->loopback) {
+    ci_server_count_request(s, url, 403);
+    return send_json(s, c, conn, 403,
+                     ci_server_error_body(0, 403, "forbidden",
+                                          "admin routes are off: the server listens beyond "
+                                          "loopback without an API key (--api-key)"));
+  }
   if (conn->body.oom) {
     ci_server_count_request(s, url, 500);
     return send_json(s, c, conn, 500,
@@ -327,6 +339,7 @@ static enum MHD_Result dispatch(ci_server *s, struct MHD_Connection *c, const ch
   const int client_fd = fd_info ? (int)fd_info->connect_fd : -1;
   json_error_t jerr;
   json_t *body = conn->body.len ? json_loadb(conn->body.data, conn->body.len, 0, &jerr) : NULL;
+  if (!body && !conn->body.len && id == R_CACHE_SAVE) body = json_object(); /* no body needed */
   if (!json_is_object(body)) {
     char msg[300];
     if (body)
@@ -364,6 +377,12 @@ static enum MHD_Result dispatch(ci_server *s, struct MHD_Connection *c, const ch
     break;
   case R_DETOKENIZE:
     status = ci_server_detokenize(s, body, &out);
+    break;
+  case R_CACHE_SAVE:
+    status = ci_server_cache_save(s, body, &out);
+    break;
+  case R_CACHE_LOAD:
+    status = ci_server_cache_load(s, body, &out);
     break;
   default:
     status = 404;
@@ -521,6 +540,12 @@ ci_server *ci_server_start(const ci_server_options *o) {
   memcpy(&addr, found->ai_addr, found->ai_addrlen < sizeof addr ? found->ai_addrlen : sizeof addr);
   const int ipv6 = found->ai_family == AF_INET6;
   freeaddrinfo(found);
+  if (ipv6) {
+    const struct in6_addr *a6 = &((const struct sockaddr_in6 *)&addr)->sin6_addr;
+    s->loopback = IN6_IS_ADDR_LOOPBACK(a6) || (IN6_IS_ADDR_V4MAPPED(a6) && a6->s6_addr[12] == 127);
+  } else {
+    s->loopback = (ntohl(((const struct sockaddr_in *)&addr)->sin_addr.s_addr) >> 24) == 127;
+  }
   /* thread per connection (generations block their connection's thread), poll() rather than
      select() so descriptors past FD_SETSIZE work, a connection limit and an idle timeout so idle
      clients cannot use every slot for long */

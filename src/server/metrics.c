@@ -53,6 +53,10 @@ char *ci_server_metrics_text(ci_server *s) {
       {"cinfer_kv_bytes_budget", "gauge", st.kv_budget_bytes},
       {"cinfer_kv_bytes_reserved", "gauge", st.reserved_bytes},
       {"cinfer_prefix_cache_bytes", "gauge", st.prefix_cache_bytes},
+      {"cinfer_prompt_cache_blocks_written_total", "counter", st.prompt_cache_blocks_written},
+      {"cinfer_prompt_cache_blocks_dropped_total", "counter", st.prompt_cache_blocks_dropped},
+      {"cinfer_prompt_cache_blocks_loaded_total", "counter", st.prompt_cache_blocks_loaded},
+      {"cinfer_prompt_cache_files_rejected_total", "counter", st.prompt_cache_files_rejected},
       {"cinfer_weights_bytes", "gauge", s->weights_bytes},
   };
   for (size_t i = 0; i < sizeof simple / sizeof simple[0]; i++)
@@ -119,6 +123,17 @@ json_t *ci_server_stats_json(ci_server *s) {
       "blocks", (json_int_t)st.prefix_cache_blocks, "bytes", (json_int_t)st.prefix_cache_bytes,
       "max_bytes", (json_int_t)st.prefix_cache_max_bytes, "hits", (json_int_t)st.prefix_hits,
       "misses", (json_int_t)st.prefix_misses);
+  if (stats && st.prompt_cache_on) /* the prompt cache on disk */
+    json_object_set_new(stats, "prompt_cache",
+                        json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "blocks_written",
+                                  (json_int_t)st.prompt_cache_blocks_written, "bytes_written",
+                                  (json_int_t)st.prompt_cache_bytes_written, "blocks_dropped",
+                                  (json_int_t)st.prompt_cache_blocks_dropped, "write_errors",
+                                  (json_int_t)st.prompt_cache_write_errors, "blocks_loaded",
+                                  (json_int_t)st.prompt_cache_blocks_loaded, "bytes_loaded",
+                                  (json_int_t)st.prompt_cache_bytes_loaded, "files_rejected",
+                                  (json_int_t)st.prompt_cache_files_rejected, "queued_bytes",
+                                  (json_int_t)st.prompt_cache_queued_bytes));
   /* speculative decoding: drafted and accepted tokens, acceptance rate (0 before any draft) */
   const double acceptance =
       st.spec_draft_tokens > 0 ? (double)st.spec_accepted_tokens / (double)st.spec_draft_tokens : 0;

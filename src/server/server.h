@@ -96,6 +96,7 @@ struct ci_server {
   double started_at;
   char **keys;
   int n_keys;
+  int loopback; /* it listens on a loopback address only (admin routes need no key there) */
   pthread_mutex_t metrics_mu;
   ci_route_count routes[64];
   int n_routes;
@@ -272,6 +273,9 @@ int ci_openai_model(ci_server *s, const char *id, json_t **out);
 int ci_server_tokenize(ci_server *s, const json_t *body, json_t **out);
 int ci_server_detokenize(ci_server *s, const json_t *body, json_t **out);
 int ci_anthropic_count_tokens(ci_server *s, json_t *body, json_t **out);
+/* prompt_cache.c: POST /v1/cache/save and POST /v1/cache/load (admin routes). */
+int ci_server_cache_save(ci_server *s, const json_t *body, json_t **out);
+int ci_server_cache_load(ci_server *s, json_t *body, json_t **out);
 /* embeddings.c: POST /v1/embeddings. */
 int ci_openai_embeddings(ci_server *s, json_t *body, json_t **out);
 /* responses.c: POST /v1/responses. */

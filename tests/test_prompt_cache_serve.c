@@ -1,0 +1,282 @@
+/* The prompt cache through `cinfer serve --prompt-cache-dir` (docs/server.md "Prompt cache"), as
+ * two processes: server A answers a completion twice (a fresh prefill, then a prefix-cache hit),
+ * POST /v1/cache/save writes its blocks; after A stops, server B over the same directory loads
+ * them (POST /v1/cache/load) and answers the same completion from them: the same text as the
+ * fresh prefill, and log-probabilities bit-identical to A's cache hit (the same KV bytes, the same
+ * computation). The admin routes: 401 without the key when one is set, 403 for a server beyond
+ * loopback without one, 400 for a body naming a path or file, 501 without --prompt-cache-dir.
+ * Then `cinfer cache ls` and `cinfer cache prune --max-bytes 0`. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define STARTER CI_FIXTURE_DIR "/../../models/starter"
+#define KEY "pc-key"
+
+typedef struct {
+  pid_t pid;
+  int port;
+} server;
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* One HTTP/1.1 request to 127.0.0.1:port; returns the status, *body gets the response body
+ * (malloc'd). */
+static int http(int port, const char *method, const char *path, const char *key, const char *json,
+                char **body) {
+  *body = NULL;
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  if (connect(fd, (struct sockaddr *)&addr, sizeof addr)) {
+    close(fd);
+    return -1;
+  }
+  char head[512];
+  const size_t n = json ? strlen(json) : 0;
+  snprintf(head, sizeof head,
+           "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+           "Content-Length: %zu\r\n%s%s%s\r\n",
+           method, path, n, key ? "Authorization: Bearer " : "", key ? key : "", key ? "\r\n" : "");
+  if (write(fd, head, strlen(head)) < 0 || (n && write(fd, json, n) < 0)) {
+    close(fd);
+    return -1;
+  }
+  size_t len = 0, cap = 1 << 16;
+  char *buf = malloc(cap);
+  ssize_t got;
+  while ((got = read(fd, buf + len, cap - len - 1)) > 0) {
+    len += (size_t)got;
+    if (len + 1 == cap) buf = realloc(buf, cap *= 2);
+  }
+  close(fd);
+  buf[len] = '\0';
+  int status = -1;
+  sscanf(buf, "HTTP/1.%*d %d", &status);
+  const char *start = strstr(buf, "\r\n\r\n");
+  *body = strdup(start ? start + 4 : "");
+  free(buf);
+  return status;
+}
+
+static int healthy(int port) {
+  char *body;
+  const int status = http(port, "GET", "/health", NULL, NULL, &body);
+  free(body);
+  return status == 200;
+}
+
+/* Starts cinfer serve with the given extra flags (NULL-terminated, at most 8). */
+static int start_server(server *s, const char *const *extra) {
+  for (int attempt = 0; attempt < 5; attempt++) {
+    uint16_t r = 0;
+    if (getrandom(&r, sizeof r, 0) != sizeof r) r = (uint16_t)time(NULL);
+    s->port = 20000 + r % 30000;
+    char port[16];
+    snprintf(port, sizeof port, "%d", s->port);
+    s->pid = fork();
+    if (s->pid == 0) {
+      const char *argv[32] = {CI_CINFER_BIN, "serve",     "--model", STARTER,  "--port",
+                              port,          "--threads", "1",       "--quiet"};
+      int n = 9;
+      for (int i = 0; extra[i] && n < 30; i++) argv[n++] = extra[i];
+      argv[n] = NULL;
+      execv(CI_CINFER_BIN, (char *const *)argv);
+      _exit(127);
+    }
+    for (int i = 0; i < 600; i++) {
+      int status;
+      if (waitpid(s->pid, &status, WNOHANG) == s->pid) break;
+      if (healthy(s->port)) return 0;
+      sleep_ms(100);
+    }
+    kill(s->pid, SIGKILL);
+    waitpid(s->pid, NULL, 0);
+  }
+  return -1;
+}
+
+static int stop_server(server *s) {
+  kill(s->pid, SIGINT);
+  int status = 0;
+  for (int i = 0; i < 300; i++) {
+    if (waitpid(s->pid, &status, WNOHANG) == s->pid)
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    sleep_ms(100);
+  }
+  kill(s->pid, SIGKILL);
+  waitpid(s->pid, &status, 0);
+  return -1;
+}
+
+static const char PROMPT[] =
+    "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog "
+    "again and again, many times, until the dog wakes up and chases it away across the field.";
+
+typedef struct {
+  char *text;
+  char *logprobs; /* the logprobs object as JSON text */
+  int cached;
+} completion;
+
+static void complete(int port, completion *c) {
+  char req[1024];
+  snprintf(req, sizeof req,
+           "{\"prompt\": \"%s\", \"max_tokens\": 8, \"temperature\": 0, \"logprobs\": 5}", PROMPT);
+  char *body;
+  assert_int_equal(http(port, "POST", "/v1/completions", KEY, req, &body), 200);
+  json_t *j = json_loads(body, 0, NULL);
+  assert_non_null(j);
+  const json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
+  c->text = strdup(json_string_value(json_object_get(choice, "text")));
+  c->logprobs = json_dumps(json_object_get(choice, "logprobs"), JSON_COMPACT | JSON_SORT_KEYS);
+  c->cached = (int)json_integer_value(json_object_get(
+      json_object_get(json_object_get(j, "usage"), "prompt_tokens_details"), "cached_tokens"));
+  json_decref(j);
+  free(body);
+}
+
+static void completion_free(completion *c) {
+  free(c->text);
+  free(c->logprobs);
+}
+
+/* The status of a POST, and its body's "error.message" or a field's integer. */
+static int post(int port, const char *path, const char *key, const char *json, const char *field,
+                long long *value) {
+  char *body;
+  const int status = http(port, "POST", path, key, json, &body);
+  json_t *j = json_loads(body, 0, NULL);
+  if (field && value) *value = json_integer_value(json_object_get(j, field));
+  if (status != 200) fprintf(stderr, "%s -> %d %s\n", path, status, body);
+  json_decref(j);
+  free(body);
+  return status;
+}
+
+static int count_blocks(const char *dir) {
+  DIR *d = opendir(dir);
+  assert_non_null(d);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (strlen(e->d_name) == 36 && strstr(e->d_name, ".kvb")) n++;
+  closedir(d);
+  return n;
+}
+
+/* Runs `cinfer cache ...` with stdout into out (size bytes). Returns the exit code. */
+static int run_cache_cli(const char *a, const char *b, const char *c, const char *d, char *out,
+                         size_t size) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "%s cache %s %s %s %s", CI_CINFER_BIN, a, b, c ? c : "", d ? d : "");
+  FILE *p = popen(cmd, "r");
+  assert_non_null(p);
+  const size_t n = fread(out, 1, size - 1, p);
+  out[n] = '\0';
+  const int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+static void test_restart_through_the_server(void **state) {
+  (void)state;
+  char dir[] = "/tmp/cinfer-pcache-serve-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  const char *const with_dir[] = {"--prompt-cache-dir", dir, "--api-key", KEY, NULL};
+  server a;
+  assert_int_equal(start_server(&a, with_dir), 0);
+  completion fresh, hit, restored;
+  complete(a.port, &fresh);
+  complete(a.port, &hit);
+  assert_int_equal(fresh.cached, 0);
+  assert_true(hit.cached > 0);
+  assert_string_equal(fresh.text, hit.text);
+  /* the admin routes: the key, no paths */
+  assert_int_equal(post(a.port, "/v1/cache/save", NULL, "{}", NULL, NULL), 401);
+  assert_int_equal(post(a.port, "/v1/cache/save", "wrong", "{}", NULL, NULL), 401);
+  assert_int_equal(post(a.port, "/v1/cache/load", NULL, "{\"prompt\": \"x\"}", NULL, NULL), 401);
+  assert_int_equal(
+      post(a.port, "/v1/cache/save", KEY, "{\"path\": \"../../tmp/evil\"}", NULL, NULL), 400);
+  assert_int_equal(post(a.port, "/v1/cache/load", KEY,
+                        "{\"prompt\": \"x\", \"filename\": \"/etc/passwd\"}", NULL, NULL),
+                   400);
+  assert_int_equal(post(a.port, "/v1/cache/load", KEY, "{}", NULL, NULL), 400);
+  long long saved = -1;
+  assert_int_equal(post(a.port, "/v1/cache/save", KEY, NULL, "saved_blocks", &saved), 200);
+  assert_true(saved >= 0);
+  assert_int_equal(stop_server(&a), 0);
+  const int blocks = count_blocks(dir);
+  assert_true(blocks >= hit.cached / 16);
+  assert_int_equal(access("/tmp/evil", F_OK), -1);
+
+  server b;
+  assert_int_equal(start_server(&b, with_dir), 0);
+  char req[1024];
+  snprintf(req, sizeof req, "{\"prompt\": \"%s\"}", PROMPT);
+  long long cached = 0;
+  assert_int_equal(post(b.port, "/v1/cache/load", KEY, req, "cached_tokens", &cached), 200);
+  assert_true(cached >= hit.cached);
+  complete(b.port, &restored);
+  assert_int_equal(restored.cached, hit.cached);
+  assert_string_equal(restored.text, fresh.text);
+  assert_string_equal(restored.logprobs, hit.logprobs); /* bit-identical, as printed */
+  char *stats;
+  assert_int_equal(http(b.port, "GET", "/stats", KEY, NULL, &stats), 200);
+  assert_non_null(strstr(stats, "\"prompt_cache\""));
+  free(stats);
+  assert_int_equal(stop_server(&b), 0);
+
+  /* beyond loopback without a key: the admin routes are off */
+  const char *const open_host[] = {"--prompt-cache-dir", dir, "--host", "0.0.0.0", NULL};
+  server c;
+  assert_int_equal(start_server(&c, open_host), 0);
+  assert_int_equal(post(c.port, "/v1/cache/save", NULL, "{}", NULL, NULL), 403);
+  assert_int_equal(post(c.port, "/v1/cache/load", NULL, req, NULL, NULL), 403);
+  assert_int_equal(stop_server(&c), 0);
+  /* no directory: 501 */
+  const char *const no_dir[] = {NULL};
+  server d;
+  assert_int_equal(start_server(&d, no_dir), 0);
+  assert_int_equal(post(d.port, "/v1/cache/save", NULL, "{}", NULL, NULL), 501);
+  assert_int_equal(stop_server(&d), 0);
+
+  char out[8192];
+  assert_int_equal(run_cache_cli("ls", dir, NULL, NULL, out, sizeof out), 0);
+  assert_non_null(strstr(out, "backend=cpu"));
+  assert_non_null(strstr(out, "0 files skipped"));
+  assert_int_equal(run_cache_cli("prune", dir, "--max-bytes", "0", out, sizeof out), 0);
+  assert_int_equal(count_blocks(dir), 0);
+  assert_int_equal(run_cache_cli("prune", dir, "--max-bytes", "lots", out, sizeof out), 2);
+  assert_int_equal(run_cache_cli("frobnicate", dir, NULL, NULL, out, sizeof out), 2);
+  completion_free(&fresh);
+  completion_free(&hit);
+  completion_free(&restored);
+  rmdir(dir);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_restart_through_the_server),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
