@@ -142,6 +142,7 @@ cinfer_status cinfer_engine_submit(cinfer_engine *engine, const int32_t *prompt,
   job.kv_start = r.kv_start;
   job.kv_protect = r.kv_protect;
   job.top_logprobs = params->top_logprobs;
+  job.lora = r.lora; /* the request takes its own reference */
   job.num_draft = params->grammar || params->json_schema ? -1 : params->num_draft;
   const ci_engine_verdict verdict = ci_engine_submit(engine->engine, &job, &request->request);
   ci_grammar_free(grammar);

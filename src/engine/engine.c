@@ -45,8 +45,9 @@ struct ci_engine_request {
   int kv_protect;
   ci_sampler *sampler;
   int owns_sampler;
-  int64_t reservation; /* bytes */
+  int64_t reservation;         /* bytes */
   ci_grammar_matcher *matcher; /* owned; NULL when unconstrained */
+  ci_lora *lora;               /* a reference; NULL without an adapter */
   /* engine-side progress */
   ci_kv_seq *seq;
   int n_prefilled;   /* prompt tokens whose KV is stored */
@@ -190,6 +191,7 @@ static void request_destroy(ci_engine_request *r) {
   if (r->owns_sampler) ci_sampler_free(r->sampler);
   ci_grammar_matcher_free(r->matcher);
   ci_kv_seq_free(r->seq);
+  ci_lora_release(r->lora);
   free(r->events);
   pthread_mutex_destroy(&r->mu);
   pthread_cond_destroy(&r->cv);
@@ -492,6 +494,8 @@ ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
   if (job->grammar && (!job->grammar_vocab || job->grammar_vocab->n_vocab != vocab))
     return ci_fail("a grammar needs the token bytes of the model's %d-token vocabulary", vocab),
            CI_ENGINE_REJECTED;
+  if (job->lora && job->lora->model != e->model)
+    return ci_fail("the adapter was loaded for another model"), CI_ENGINE_REJECTED;
   ci_engine_request *r = calloc(1, sizeof *r);
   if (!r) return ci_fail("out of memory"), CI_ENGINE_OUT_OF_MEMORY;
   r->engine = e;
@@ -531,6 +535,7 @@ ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
       return CI_ENGINE_OUT_OF_MEMORY;
     }
   }
+  r->lora = ci_lora_retain(job->lora);
   r->state = REQ_QUEUED;
   r->refs = 2;
   r->t_submit = ci_now_seconds();
@@ -566,11 +571,13 @@ ci_engine_verdict ci_engine_submit(ci_engine *e, const ci_engine_job *job,
 
 /* ==== Prefix cache (engine thread only) ==== */
 
-/* The prefix-cache key of a sequence's KV state: the model, the sequence's codec plan (target
- * of every layer group, start) and whether (and where) it converted; sequences whose stored
- * bytes would be equal share keys. */
-static uint64_t prefix_key(const ci_engine *e, const ci_kv_seq *seq, int converted, int64_t c) {
+/* The prefix-cache key of a sequence's KV state: the model, the LoRA adapter (its content), the
+ * sequence's codec plan (target of every layer group, start) and whether (and where) it
+ * converted; sequences whose stored bytes would be equal share keys. */
+static uint64_t prefix_key(const ci_engine *e, const ci_lora *lora, const ci_kv_seq *seq,
+                           int converted, int64_t c) {
   uint64_t key = e->model_key;
+  if (lora) key = ci_prefix_key_mix(ci_prefix_key_mix(key, 0x4C6F5241 /* "LoRA" */), lora->key);
   if (seq->has_plan) {
     for (int g = 0; g < seq->cache->n_groups; g++) {
       const ci_kv_block_table *t = &seq->tables[g];
@@ -596,7 +603,7 @@ static void register_prefix(ci_engine *e, ci_engine_request *r, int force) {
   if (blocks == 0) return;
   /* an unconverted sequence holds fewer than `start` tokens, so its base-format blocks all lie
    * below the start, as attaching them requires */
-  const uint64_t key = prefix_key(e, seq, seq->converted, seq->conversion_offset);
+  const uint64_t key = prefix_key(e, r->lora, seq, seq->converted, seq->conversion_offset);
   if (ci_prefix_cache_insert(e->prefix, key, r->history, seq) == CI_OK) {
     r->pc_blocks = blocks;
     r->pc_converted = seq->converted;
@@ -614,16 +621,16 @@ static void attach_prefix(ci_engine *e, ci_engine_request *r) {
     /* converted blocks: the conversion offset the request would reach on its own (its start,
      * or the end of its first chunk when the start is 0) */
     const int64_t c = seq->start > 0 ? seq->start : chunk_rows(e, r->n_prompt, INT64_MAX);
-    p = ci_prefix_cache_attach(e->prefix, prefix_key(e, seq, 1, c), r->history, c, max_p, seq, 1,
-                               c);
+    p = ci_prefix_cache_attach(e->prefix, prefix_key(e, r->lora, seq, 1, c), r->history, c, max_p,
+                               seq, 1, c);
     if (p == 0 && seq->start > 0) {
       const int64_t below_start = seq->start - 1 < max_p ? seq->start - 1 : max_p;
-      p = ci_prefix_cache_attach(e->prefix, prefix_key(e, seq, 0, 0), r->history, 0, below_start,
-                                 seq, 0, 0);
+      p = ci_prefix_cache_attach(e->prefix, prefix_key(e, r->lora, seq, 0, 0), r->history, 0,
+                                 below_start, seq, 0, 0);
     }
   } else {
-    p = ci_prefix_cache_attach(e->prefix, prefix_key(e, seq, 0, 0), r->history, 0, max_p, seq, 0,
-                               0);
+    p = ci_prefix_cache_attach(e->prefix, prefix_key(e, r->lora, seq, 0, 0), r->history, 0, max_p,
+                               seq, 0, 0);
   }
   r->cached = r->n_prefilled = (int)p;
   r->pc_blocks = p / e->cache->block_tokens;
@@ -985,6 +992,7 @@ static void engine_step(ci_engine *e) {
     const int last = decode || r->n_prefilled + entries[i].rows == r->n_prompt;
     e->step_seqs[i] =
         (ci_step_seq){.seq = r->seq,
+                      .lora = r->lora,
                       .ids = decode ? r->history + r->n_history - 1 : r->history + r->n_prefilled,
                       .n_rows = entries[i].rows,
                       .n_logit_rows = decode ? entries[i].rows

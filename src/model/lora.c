@@ -418,6 +418,7 @@ ci_lora *ci_lora_load(const char *dir, const ci_model *model) {
     goto fail;
   }
   atomic_init(&lora->refs, 1);
+  lora->model = model;
   if (read_config(dir, &c, &cfg)) goto fail;
   lora->format = c.peft ? "peft" : "mlx-lm";
   lora->scale = c.peft ? (float)(c.alpha / (c.rslora ? sqrt((double)c.rank) : (double)c.rank))

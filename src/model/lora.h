@@ -41,7 +41,8 @@ typedef struct {
 
 typedef struct ci_lora {
   atomic_int refs;
-  const char *format; /* "peft" or "mlx-lm" (static) */
+  const struct ci_model *model; /* the model it was loaded for (not owned) */
+  const char *format;           /* "peft" or "mlx-lm" (static) */
   int n_layers;
   ci_lora_module *modules; /* [n_layers * CI_LORA_N_TARGETS] */
   float *data;             /* owned host copy of every A and B (f32) */
