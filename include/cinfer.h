@@ -228,7 +228,11 @@ typedef struct cinfer_adapter cinfer_adapter;
  * Every tensor is checked against the model; a malformed or mismatched adapter (unknown module,
  * shape, rank, missing file, truncated or oversized file, DoRA) is CINFER_INVALID_ARGUMENT with a
  * message naming the problem. The model must outlive the adapter. */
-cinfer_status cinfer_adapter_load(cinfer_model *model, const char *path, cinfer_adapter **out);
+cinfer_status cinfer_adapter_load(const cinfer_model *model, const char *path,
+                                  cinfer_adapter **out);
+
+/* Another handle to the same adapter (freed with cinfer_adapter_free); NULL when out of memory. */
+cinfer_adapter *cinfer_adapter_share(const cinfer_adapter *adapter);
 
 /* Drops the caller's handle; sessions and requests that run with the adapter keep it alive until
  * they end. NULL is a no-op. */

@@ -6,7 +6,8 @@
 
 #include <stdlib.h>
 
-cinfer_status cinfer_adapter_load(cinfer_model *model, const char *path, cinfer_adapter **out) {
+cinfer_status cinfer_adapter_load(const cinfer_model *model, const char *path,
+                                  cinfer_adapter **out) {
   if (out) *out = NULL;
   if (!model || !path || !out)
     return ci_api_fail(CINFER_INVALID_ARGUMENT, "cinfer_adapter_load: NULL argument");
@@ -38,4 +39,13 @@ cinfer_status cinfer_adapter_get_info(const cinfer_adapter *adapter, cinfer_adap
                                 .scale = l->scale,
                                 .n_params = l->n_params};
   return CINFER_OK;
+}
+
+cinfer_adapter *cinfer_adapter_share(const cinfer_adapter *adapter) {
+  if (!adapter) return NULL;
+  cinfer_adapter *a = malloc(sizeof *a);
+  if (!a) return NULL;
+  a->lora = ci_lora_retain(adapter->lora);
+  a->model = adapter->model;
+  return a;
 }
