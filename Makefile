@@ -1,8 +1,8 @@
 # cinfer front door: `make` builds build/cinfer, `make test` runs every test (normal and
 # AddressSanitizer+UBSan builds), `make run` serves the bundled starter model, `make bench`
-# writes bench/cpu.md, bench/kv.md and bench/server.md, `make fuzz` runs the libFuzzer targets
-# briefly, `make install` installs libcinfer, include/cinfer.h, cinfer.pc and bin/cinfer under
-# PREFIX (default /usr/local; DESTDIR is honoured for staged installs).
+# writes bench/cpu.md, bench/kv.md, bench/server.md and bench/adapters.md, `make fuzz` runs
+# the libFuzzer targets briefly, `make install` installs libcinfer, include/cinfer.h, cinfer.pc
+# and bin/cinfer under PREFIX (default /usr/local; DESTDIR is honoured for staged installs).
 PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
 DEFAULT_MODEL ?= models/starter
@@ -64,6 +64,7 @@ bench: build npm-deps
 	bench/run.sh
 	bench/kv.sh
 	bench/server.sh
+	bench/adapters.sh
 
 fuzz: deps
 	@CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DCINFER_FUZZ=ON -DCINFER_SANITIZE=ON >/dev/null
