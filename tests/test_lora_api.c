@@ -29,7 +29,8 @@ typedef struct {
   char x[128], y[128], other[128];
 } dirs;
 
-/* Writes adapters X and Y for the llama fixture and one for mistral (wider heads) into a temporary folder. */
+/* Writes adapters X and Y for the llama fixture and one for mistral (wider heads) into a temporary
+ * folder. */
 static void write_adapters(dirs *d) {
   strcpy(d->root, "/tmp/cinfer-lora-api-XXXXXX");
   assert_non_null(mkdtemp(d->root));
