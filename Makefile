@@ -70,7 +70,7 @@ fuzz: deps
 	@CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DCINFER_FUZZ=ON -DCINFER_SANITIZE=ON >/dev/null
 	@cmake --build build-fuzz -j$(JOBS) --target fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_tokenizer_text fuzz_template fuzz_grammar
 	mkdir -p build-fuzz/corpus-safetensors build-fuzz/corpus-config build-fuzz/corpus-template
-	for d in tests/fixtures/*/; do cp $$d/config.json build-fuzz/corpus-config/$$(basename $$d).json; done
+	for d in tests/fixtures/*/; do [ ! -f $$d/config.json ] || cp $$d/config.json build-fuzz/corpus-config/$$(basename $$d).json; done
 	build-fuzz/fuzz/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus-safetensors
 	build-fuzz/fuzz/fuzz_config -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus-config
 	cp fuzz/seeds/template/*.jinja build-fuzz/corpus-template/

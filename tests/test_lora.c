@@ -334,6 +334,8 @@ static void test_bad_adapters_rejected(void **state) {
   expect_error(c, model, "r must be an integer");
   write_text(c, "adapter_config.json", "{\"peft_type\": \"LORA\", \"r\": 4, \"use_dora\": true}");
   expect_error(c, model, "DoRA");
+  write_text(c, "adapter_config.json", "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_bias\": true}");
+  expect_error(c, model, "lora_bias");
   write_text(c, "adapter_config.json", "{\"peft_type\": \"PREFIX_TUNING\", \"r\": 4}");
   expect_error(c, model, "not LORA");
   write_text(c, "adapter_config.json",

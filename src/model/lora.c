@@ -80,6 +80,8 @@ static int read_peft_config(json_t *cfg, adapter_config *c) {
       !(json_is_string(bias) && strcmp(json_string_value(bias), "none") == 0))
     return ci_fail("adapter_config.json: bias must be \"none\" (trained biases are not "
                    "supported)");
+  if (json_is_true(json_object_get(cfg, "lora_bias")))
+    return ci_fail("adapter_config.json: lora_bias is true (LoRA B biases are not supported)");
   if (!is_empty_json(json_object_get(cfg, "modules_to_save")))
     return ci_fail("adapter_config.json: modules_to_save is set (adapters that replace whole "
                    "modules are not supported)");
