@@ -1,8 +1,8 @@
 # cinfer front door: `make` builds build/cinfer, `make test` runs every test (normal and
 # AddressSanitizer+UBSan builds), `make run` serves the bundled starter model, `make bench`
-# writes bench/cpu.md, bench/kv.md and bench/server.md, `make fuzz` runs the libFuzzer targets
-# briefly, `make install` installs libcinfer, include/cinfer.h, cinfer.pc and bin/cinfer under
-# PREFIX (default /usr/local; DESTDIR is honoured for staged installs).
+# writes bench/cpu.md, bench/kv.md, bench/server.md and bench/adapters.md, `make fuzz` runs
+# the libFuzzer targets briefly, `make install` installs libcinfer, include/cinfer.h, cinfer.pc
+# and bin/cinfer under PREFIX (default /usr/local; DESTDIR is honoured for staged installs).
 PREFIX ?= /usr/local
 JOBS ?= $(shell nproc)
 DEFAULT_MODEL ?= models/starter
@@ -64,12 +64,13 @@ bench: build npm-deps
 	bench/run.sh
 	bench/kv.sh
 	bench/server.sh
+	bench/adapters.sh
 
 fuzz: deps
 	@CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DCINFER_FUZZ=ON -DCINFER_SANITIZE=ON >/dev/null
 	@cmake --build build-fuzz -j$(JOBS) --target fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_tokenizer_text fuzz_template fuzz_grammar
 	mkdir -p build-fuzz/corpus-safetensors build-fuzz/corpus-config build-fuzz/corpus-template
-	for d in tests/fixtures/*/; do cp $$d/config.json build-fuzz/corpus-config/$$(basename $$d).json; done
+	for d in tests/fixtures/*/; do [ ! -f $$d/config.json ] || cp $$d/config.json build-fuzz/corpus-config/$$(basename $$d).json; done
 	build-fuzz/fuzz/fuzz_safetensors -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus-safetensors
 	build-fuzz/fuzz/fuzz_config -max_total_time=$(FUZZ_SECONDS) build-fuzz/corpus-config
 	cp fuzz/seeds/template/*.jinja build-fuzz/corpus-template/

@@ -35,7 +35,8 @@
 //   [--concurrency C] [--requests N] [--prompt-tokens P] [--max-tokens M] [--system-tokens S]
 //   [--api completions|chat] [--tokenizer tokenizer.json] [--bos-id ID] [--seed 1]
 //   [--ignore-eos] [--ban-partial-utf8] [--label NAME] [--server-pid PID]
-//   [--warmup 1] [--wait-idle 60] [--timeout 900] [--phase cold|warm]
+//   [--warmup 1] [--wait-idle 60] [--timeout 900] [--phase cold|warm] [--adapters A,B,...]
+// --adapters: cinfer's LoRA adapters (mounted ids), one per request in turn (bench/adapters.sh).
 import fs from 'node:fs';
 import http from 'node:http';
 import os from 'node:os';
@@ -50,6 +51,7 @@ function parseArgs(argv) {
     url: null, out: null, mode: 'throughput', concurrency: 1, requests: 0, 'prompt-tokens': 128,
     'max-tokens': 32, 'system-tokens': 2048, tokenizer: null, seed: 1, 'ignore-eos': false,
     label: '', 'server-pid': 0, api: 'completions', 'bos-id': -1, 'ban-partial-utf8': false, warmup: 1, 'wait-idle': 60, timeout: 900, phase: 'cold',
+    adapters: '',
   };
   for (let i = 0; i < argv.length; i++) {
     const k = argv[i].replace(/^--/, '');
@@ -219,6 +221,11 @@ async function streamRequest(a, input, maxTokens) {
   };
   if (a['ignore-eos']) body.ignore_eos = true;
   if (a.logitBias) body.logit_bias = a.logitBias;
+  if (a.adapters) { // --adapters A,B,...: request i runs with adapter i mod n (cinfer's "adapter")
+    const list = a.adapters.split(',');
+    a.adapterNext = (a.adapterNext || 0) + 1;
+    body.adapter = list[(a.adapterNext - 1) % list.length];
+  }
   const r = { ttft_ms: null, itl_ms: [], content_chunks: 0, tokens: null, prompt_tokens: null,
     cached_tokens: null, latency_ms: null, finish_reason: null, error: null };
   let t0 = performance.now();

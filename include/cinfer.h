@@ -204,6 +204,10 @@ typedef struct {
   const char *grammar_root; /* the GBNF start rule; NULL = "root" */
   const char *json_schema;
   int json_schema_strict;
+  /* A LoRA adapter (cinfer_adapter_load) loaded for this model, applied beside the base weights;
+   * NULL = none. Borrowed: the session or request takes a reference of its own, so the caller
+   * may free its handle at once. */
+  const struct cinfer_adapter *adapter;
 } cinfer_params;
 
 /* Fills the defaults: the built-in sampling defaults (temperature 0.7, filters off, penalty
@@ -211,6 +215,39 @@ typedef struct {
  * 256) overridden by the model's generation_config.json when model is non-NULL; EOS honoured;
  * kv_codec NULL (the model's plan), kv_bits 4; context_size and prefill_chunk 0. */
 void cinfer_params_init(cinfer_params *params, const cinfer_model *model);
+
+/* ==== LoRA adapters ==== */
+
+/* A LoRA adapter for one model (docs/models.md "LoRA adapters"): low-rank updates of the
+ * attention and MLP projections, applied per session or request beside the shared base weights,
+ * so requests with different adapters (or none) run in the same batch. */
+typedef struct cinfer_adapter cinfer_adapter;
+
+/* Loads the adapter folder path for model: a PEFT folder (adapter_config.json +
+ * adapter_model.safetensors) or an mlx-lm folder (adapter_config.json + adapters.safetensors).
+ * Every tensor is checked against the model; a malformed or mismatched adapter (unknown module,
+ * shape, rank, missing file, truncated or oversized file, DoRA) is CINFER_INVALID_ARGUMENT with a
+ * message naming the problem. The model must outlive the adapter. */
+cinfer_status cinfer_adapter_load(const cinfer_model *model, const char *path,
+                                  cinfer_adapter **out);
+
+/* Another handle to the same adapter (freed with cinfer_adapter_free); NULL when out of memory. */
+cinfer_adapter *cinfer_adapter_share(const cinfer_adapter *adapter);
+
+/* Drops the caller's handle; sessions and requests that run with the adapter keep it alive until
+ * they end. NULL is a no-op. */
+void cinfer_adapter_free(cinfer_adapter *adapter);
+
+typedef struct {
+  const char *format; /* "peft" or "mlx-lm" */
+  int max_rank;       /* the largest rank of its layers */
+  int n_modules;      /* adapted linear layers */
+  float scale;        /* alpha / r (alpha / sqrt(r) with rsLoRA), or mlx-lm's scale */
+  int64_t n_params;   /* values of every A and B */
+} cinfer_adapter_info;
+
+/* Describes the adapter. */
+cinfer_status cinfer_adapter_get_info(const cinfer_adapter *adapter, cinfer_adapter_info *info);
 
 /* ==== Sessions ==== */
 

@@ -168,6 +168,7 @@ cinfer_status cinfer_engine_submit_n(cinfer_engine *engine, const int32_t *promp
   job.kv_start = r.kv_start;
   job.kv_protect = r.kv_protect;
   job.top_logprobs = params->top_logprobs;
+  job.lora = r.lora; /* the request takes its own reference */
   job.num_draft = params->grammar || params->json_schema ? -1 : params->num_draft;
   ci_engine_request *handles[CI_ENGINE_MAX_BATCH];
   const ci_engine_verdict verdict = ci_engine_submit_n(engine->engine, &job, n, handles);

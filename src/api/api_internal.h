@@ -10,6 +10,7 @@
 #include "grammar/grammar.h"
 #include "grammar/vocab.h"
 #include "io/generation_config.h"
+#include "model/lora.h"
 #include "sample/sampler.h"
 #include "text/chat_template.h"
 #include "text/gemma_output.h"
@@ -58,6 +59,12 @@ struct cinfer_model {
   ci_grammar_vocab *grammar_vocab; /* owned; built on the first grammar-constrained request */
 };
 
+/* A LoRA adapter handle: one reference to the adapter and the model it was loaded for. */
+struct cinfer_adapter {
+  ci_lora *lora;
+  const cinfer_model *model;
+};
+
 /* cinfer_params resolved for one sequence. */
 typedef struct {
   ci_sampler_params sampling;
@@ -68,6 +75,7 @@ typedef struct {
   ci_kv_format kv_target;
   int64_t kv_start;
   int kv_protect;
+  ci_lora *lora; /* borrowed from params->adapter; NULL without one */
 } ci_api_resolved;
 
 /* The KV fields of params resolved into the sequence's plan (no model needed). Returns CINFER_OK

@@ -59,6 +59,11 @@ cinfer_status ci_api_resolve_kv(const cinfer_params *p, ci_api_resolved *out) {
 cinfer_status ci_api_resolve(const cinfer_model *model, const cinfer_params *p,
                              ci_api_resolved *out) {
   memset(out, 0, sizeof *out);
+  if (p->adapter) {
+    if (p->adapter->model != model)
+      return ci_api_fail(CINFER_INVALID_ARGUMENT, "the adapter was loaded for another model");
+    out->lora = p->adapter->lora;
+  }
   ci_sampler_params *s = &out->sampling;
   ci_sampler_params_default(s);
   s->temperature = p->temperature;

@@ -26,6 +26,7 @@ struct cinfer_session {
   int prefill_chunk;
   int vocab;
   ci_session *seq;     /* owned: the KV cache and sequence */
+  ci_lora *lora;       /* a reference to the adapter every feed applies; NULL without one */
   ci_sampler *sampler; /* owned */
   int32_t *tokens;     /* [n_tokens] fed and sampled ids; owned */
   size_t n_tokens, cap;
@@ -109,6 +110,7 @@ cinfer_status cinfer_session_create(cinfer_model *model, const cinfer_params *pa
   options.kv_start = s->params.kv_start;
   options.kv_protect = s->params.kv_protect;
   options.max_tokens = s->context_size;
+  options.lora = s->lora = ci_lora_retain(s->params.lora);
   s->seq = ci_session_create(model->model, &options);
   s->sampler = s->seq ? new_sampler(s, NULL) : NULL;
   s->logits = malloc((size_t)s->vocab * sizeof *s->logits);
@@ -143,6 +145,7 @@ cinfer_status cinfer_session_create(cinfer_model *model, const cinfer_params *pa
 void cinfer_session_free(cinfer_session *session) {
   if (!session) return;
   ci_session_free(session->seq);
+  ci_lora_release(session->lora);
   ci_sampler_free(session->sampler);
   ci_grammar_matcher_free(session->matcher);
   ci_grammar_free(session->grammar);

@@ -25,7 +25,7 @@ int ci_args_parse(int argc, char **argv, ci_flag *flags, int n_flags, const char
       fprintf(stderr, "cinfer %s: unknown argument '%s' (see cinfer %s --help)\n", verb, arg, verb);
       return 2;
     }
-    if (flag->value) {
+    if (flag->value && flag->takes_value != 2) { /* 2: repeatable (ci_args_all) */
       fprintf(stderr, "cinfer %s: %s given twice\n", verb, flag->name);
       return 2;
     }
@@ -127,4 +127,18 @@ int32_t *ci_parse_id_list(const char *csv, int *n) {
   }
   *n = count;
   return ids;
+}
+
+int ci_args_all(int argc, char **argv, const char *name, const char **values, int max) {
+  const size_t n = strlen(name);
+  int count = 0;
+  for (int i = 1; i < argc; i++) {
+    if (strncmp(argv[i], name, n) != 0) continue;
+    const char *v = argv[i][n] == '='                    ? argv[i] + n + 1
+                    : argv[i][n] == '\0' && i + 1 < argc ? argv[++i]
+                                                         : NULL;
+    if (v && count < max) values[count] = v;
+    count += v != NULL;
+  }
+  return count;
 }

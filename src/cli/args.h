@@ -8,7 +8,8 @@
 typedef struct {
   const char *name;  /* "--model" */
   const char *alias; /* "-m" or NULL */
-  int takes_value;   /* 0 for boolean switches */
+  int takes_value;   /* 0 for boolean switches; 2: a value that may be given again (read every
+                        occurrence with ci_args_all; ci_args_get gives the last) */
   const char *value; /* set by ci_args_parse; "1" for a present switch */
 } ci_flag;
 
@@ -19,6 +20,10 @@ int ci_args_parse(int argc, char **argv, ci_flag *flags, int n_flags, const char
 
 /* The value of `name` (NULL if absent). */
 const char *ci_args_get(const ci_flag *flags, int n_flags, const char *name);
+
+/* Every value of a repeatable flag `name` in argv (parsed already), in order: the first max of
+ * them into values; returns how many there are (may exceed max). */
+int ci_args_all(int argc, char **argv, const char *name, const char **values, int max);
 
 /* Parses an integer flag in [min, max]; absent gives `fallback`. Prints an error and returns 2
  * on a bad value, else 0. */

@@ -29,8 +29,10 @@ static const char usage[] =
     "[--min-p P]\n"
     "                   [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F] "
     "[--seed S]\n"
-    "                   [--lookup-ngram N] [--draft-max 5] [--draft-min 1]\n" CI_CLI_MODEL_USAGE
-        CI_CLI_KV_USAGE "Type a message and press enter (/help lists the commands).\n";
+    "                   [--lookup-ngram N] [--draft-max 5] [--draft-min 1] [--adapter "
+    "DIR]\n" CI_CLI_MODEL_USAGE CI_CLI_KV_USAGE
+    "Type a message and press enter (/help lists the commands). --adapter DIR\n"
+    "applies a LoRA adapter (a PEFT or mlx-lm folder).\n";
 
 static const char help[] =
     "  /help            this list\n"
@@ -116,6 +118,7 @@ static int clear_history_of(json_t **history, const char *system) {
 
 int ci_verb_chat(int argc, char **argv) {
   ci_flag flags[] = {{"--model", "-m", 1, NULL},
+                     {"--adapter", NULL, 1, NULL},
                      {"--system", NULL, 1, NULL},
                      {"--chat-template", NULL, 1, NULL},
                      {"--ctx-size", "-c", 1, NULL},
@@ -147,6 +150,7 @@ int ci_verb_chat(int argc, char **argv) {
       ci_cli_kv_flags(flags, nf, "chat", &params, NULL, 0, NULL))
     return 2;
   cinfer_model *model = NULL;
+  cinfer_adapter *adapter = NULL;
   int rc = ci_cli_model_load(flags, nf, "chat", model_arg, &model);
   if (rc) return rc;
   rc = 1;
@@ -174,6 +178,8 @@ int ci_verb_chat(int argc, char **argv) {
   /* built-in < generation_config.json < flags; chat's own default answer length is 1024 tokens,
    * cut to the room the conversation leaves in the context. */
   cinfer_params_init(&params, model);
+  if (ci_cli_adapter_load("chat", model, ci_args_get(flags, nf, "--adapter"), &adapter)) goto done;
+  params.adapter = adapter;
   if (!cinfer_model_max_new_tokens(model)) params.max_tokens = CHAT_DEFAULT_MAX_TOKENS;
   ci_cli_sampling_flags(flags, nf, "chat", &params);
   ci_cli_spec_flags(flags, nf, "chat", &params);
@@ -283,6 +289,7 @@ done:
   json_decref(history);
   cinfer_session_free(session);
   cinfer_chat_template_free(own_template);
+  cinfer_adapter_free(adapter);
   cinfer_model_free(model);
   return rc;
 }

@@ -28,15 +28,16 @@ static const char usage[] =
     "                       [--top-k K] [--min-p P] [--repeat-penalty R] [--presence-penalty P]\n"
     "                       [--frequency-penalty F] [--seed S] [--prefill-chunk N]\n"
     "                       [-c|--ctx-size N] [--ignore-eos] [--json]\n"
-    "                       [--lookup-ngram N] [--draft-max 5] [--draft-min 1]\n" CI_CLI_MODEL_USAGE
-        CI_CLI_KV_USAGE
+    "                       [--lookup-ngram N] [--draft-max 5] [--draft-min 1] [--adapter "
+    "DIR]\n" CI_CLI_MODEL_USAGE CI_CLI_KV_USAGE
     "Sampling defaults come from the model's generation_config.json, else temperature 0.7 and\n"
     "every filter off; --temp 0 is greedy. A text prompt streams the generated text (--chat\n"
     "wraps it in the model's chat template); an --ids prompt prints the generated ids (EOS not\n"
     "printed). Stats go to stderr; --json prints {ids, text?, finish_reason, stats} instead.\n"
     "--lookup-ngram N speculates by prompt lookup (docs/generation.md §6): the same output\n"
     "(greedy: token for token), fewer forward passes on repetitive text.\n"
-    "--prompt-file - reads the prompt from standard input.\n";
+    "--prompt-file - reads the prompt from standard input. --adapter DIR applies a LoRA adapter\n"
+    "(a PEFT or mlx-lm folder) beside the model's weights.\n";
 
 /* ==== Prompt ==== */
 
@@ -197,6 +198,7 @@ static void print_json(const int32_t *generated, size_t n_generated, const char 
 
 int ci_verb_generate(int argc, char **argv) {
   ci_flag flags[] = {{"--model", "-m", 1, NULL},
+                     {"--adapter", NULL, 1, NULL},
                      {"--ids", NULL, 1, NULL},
                      {"--prompt", "-p", 1, NULL},
                      {"--prompt-file", "-f", 1, NULL},
@@ -270,6 +272,7 @@ int ci_verb_generate(int argc, char **argv) {
   }
 
   cinfer_model *model = NULL;
+  cinfer_adapter *adapter = NULL;
   int rc = ci_cli_model_load(flags, nf, "generate", model_arg, &model);
   if (rc) {
     free(prompt);
@@ -289,6 +292,9 @@ int ci_verb_generate(int argc, char **argv) {
   }
   /* The layers of the parameters: built-in < generation_config.json < flags. */
   cinfer_params_init(&params, model);
+  if (ci_cli_adapter_load("generate", model, ci_args_get(flags, nf, "--adapter"), &adapter))
+    goto done;
+  params.adapter = adapter;
   ci_cli_kv_flags(flags, nf, "generate", &params, NULL, 0, NULL);
   ci_cli_sampling_flags(flags, nf, "generate", &params);
   ci_cli_spec_flags(flags, nf, "generate", &params);
@@ -336,6 +342,7 @@ done:
     cinfer_free(prompt);
   else
     free(prompt);
+  cinfer_adapter_free(adapter);
   cinfer_model_free(model);
   return rc;
 }

@@ -25,6 +25,7 @@ static const char usage[] =
     "                    [--chat-template FILE] [--log-format text|json] [-q|--quiet]\n"
     "                    [--idle-timeout S] [--max-connections N]\n"
     "                    [--lookup-ngram N | --draft-model DIR] [--draft-max N] [--draft-min N]\n"
+    "                    [--adapter [NAME=]DIR ...] [--adapter-dir DIR]\n"
     "                    [sampling defaults: --temp ...]\n" CI_CLI_MODEL_USAGE CI_CLI_KV_USAGE
     "Serves the OpenAI (/v1/chat/completions, /v1/completions, /v1/models) and Anthropic\n"
     "(/v1/messages) APIs plus /health, /metrics and /stats. --api-key (or CINFER_API_KEY; a\n"
@@ -44,7 +45,12 @@ static const char usage[] =
     "of the prompt and the text so far propose up to --draft-max tokens (5) per round, verified\n"
     "in one step; the draft length adapts between --draft-min (1) and --draft-max);\n"
     "--draft-model DIR drafts with a smaller model sharing the tokenizer instead. A request may\n"
-    "lower its draft length or turn it off with \"num_draft\" or \"speculative\".\n";
+    "lower its draft length or turn it off with \"num_draft\" or \"speculative\".\n"
+    "--adapter mounts a LoRA adapter folder (PEFT or mlx-lm; repeatable; named by its folder or\n"
+    "NAME=); a request picks one with \"adapter\": NAME or \"model\": \"MODEL:NAME\".\n"
+    "--adapter-dir DIR lets GET/POST /v1/adapters and DELETE /v1/adapters/{id} mount and unmount\n"
+    "adapters by folder name under DIR at run time (these need --api-key unless the server\n"
+    "listens on loopback only).\n";
 
 /* The prompt cache's warnings (skipped files, failed writes) go to stderr. */
 static void warn_prompt_cache(void *user, const char *message) {
@@ -78,6 +84,8 @@ int ci_verb_serve(int argc, char **argv) {
                      {"--draft-model", "--model-draft", 1, NULL},
                      {"--draft-max", "--num-draft", 1, NULL},
                      {"--draft-min", NULL, 1, NULL},
+                     {"--adapter", NULL, 2, NULL},
+                     {"--adapter-dir", NULL, 1, NULL},
                      {"--help", "-h", 0, NULL},
                      CI_CLI_MODEL_FLAGS,
                      CI_CLI_SAMPLING_FLAGS,
@@ -170,6 +178,13 @@ int ci_verb_serve(int argc, char **argv) {
   ci_server *server = NULL;
   char *folder = NULL;                       /* the model folder's real path (for its name) */
   cinfer_chat_template *own_template = NULL; /* --chat-template */
+  enum { MAX_START_ADAPTERS = 64 };
+  const char *adapter_args[MAX_START_ADAPTERS];
+  char adapter_names[MAX_START_ADAPTERS][65];
+  const char *adapter_ids[MAX_START_ADAPTERS];
+  cinfer_adapter *adapters[MAX_START_ADAPTERS] = {0};
+  const int n_adapter_args = ci_args_all(argc, argv, "--adapter", adapter_args, MAX_START_ADAPTERS);
+  const int n_adapters = n_adapter_args < MAX_START_ADAPTERS ? n_adapter_args : MAX_START_ADAPTERS;
   if (!cinfer_model_tokenizer(model)) {
     fprintf(stderr, "cinfer serve: the model folder has no tokenizer.json\n");
     goto done;
@@ -232,6 +247,22 @@ int ci_verb_serve(int argc, char **argv) {
     rc = 2;
     goto done;
   }
+  if (n_adapter_args > MAX_START_ADAPTERS) {
+    fprintf(stderr, "cinfer serve: at most %d --adapter flags (mount more with --adapter-dir)\n",
+            MAX_START_ADAPTERS);
+    rc = 2;
+    goto done;
+  }
+  for (int i = 0; i < n_adapters; i++) {
+    const char *dir = NULL;
+    if (ci_cli_adapter_spec(adapter_args[i], adapter_names[i], sizeof adapter_names[i], &dir)) {
+      fprintf(stderr, "cinfer serve: --adapter '%s' is not DIR or NAME=DIR\n", adapter_args[i]);
+      rc = 2;
+      goto done;
+    }
+    adapter_ids[i] = adapter_names[i];
+    if (ci_cli_adapter_load("serve", model, dir, &adapters[i])) goto done;
+  }
   if (cinfer_engine_create(model, &eo, &engine) != CINFER_OK) {
     fprintf(stderr, "cinfer serve: %s\n", cinfer_last_error());
     goto done;
@@ -269,6 +300,10 @@ int ci_verb_serve(int argc, char **argv) {
   so.quiet = ci_args_get(flags, nf, "--quiet") != NULL;
   so.idle_timeout = (int)idle_timeout;
   so.max_connections = (int)max_connections;
+  so.adapter_ids = adapter_ids;
+  so.adapters = adapters;
+  so.n_adapters = n_adapters;
+  so.adapter_dir = ci_args_get(flags, nf, "--adapter-dir");
   server = ci_server_start(&so);
   if (!server) {
     fprintf(stderr, "cinfer serve: %s\n", ci_last_error());
@@ -304,6 +339,7 @@ done:
   ci_server_stop(server);
   cinfer_engine_free(engine);
   cinfer_chat_template_free(own_template);
+  for (int i = 0; i < n_adapters; i++) cinfer_adapter_free(adapters[i]);
   cinfer_model_free(draft);
   cinfer_model_free(model);
   free(folder);

@@ -4,6 +4,8 @@
 #define CI_CLI_VERBS_H
 
 #include "cinfer.h"
+
+#include <stddef.h>
 #include "cli/args.h"
 
 /* Each verb gets argv with argv[0] = the verb name and returns the process exit code:
@@ -40,6 +42,15 @@ int ci_cli_model_options(const ci_flag *flags, int n_flags, const char *verb,
  * load, 0 on success (*out is the model). */
 int ci_cli_model_load(const ci_flag *flags, int n_flags, const char *verb, const char *model_arg,
                       cinfer_model **out);
+
+/* --adapter DIR: loads a LoRA adapter for model into *out (NULL when arg is NULL). Prints the
+ * error (naming verb) and returns 1 when it does not load, else 0. */
+int ci_cli_adapter_load(const char *verb, const cinfer_model *model, const char *arg,
+                        cinfer_adapter **out);
+
+/* Splits a serve --adapter value: NAME=DIR, or DIR named by its last path component. Returns 0,
+ * or -1 for an empty name or folder (or a name longer than name_size - 1). */
+int ci_cli_adapter_spec(const char *arg, char *name, size_t name_size, const char **dir);
 
 /* --chat-template FILE: the template in the Jinja file at path, with bos_token/eos_token from
  * tokens_from (may be NULL). Prints the error (naming verb) and returns NULL on failure. */

@@ -60,6 +60,7 @@ struct ci_engine_request {
   int group_size;
   int64_t group_reservation;
   ci_grammar_matcher *matcher; /* owned; NULL when unconstrained */
+  ci_lora *lora;               /* a reference; NULL without an adapter */
   /* engine-side progress */
   ci_kv_seq *seq;
   int n_prefilled;     /* prompt tokens whose KV is stored */
@@ -211,6 +212,7 @@ static void request_destroy(ci_engine_request *r) {
   if (r->owns_sampler) ci_sampler_free(r->sampler);
   ci_grammar_matcher_free(r->matcher);
   ci_kv_seq_free(r->seq);
+  ci_lora_release(r->lora);
   free(r->events);
   pthread_mutex_destroy(&r->mu);
   pthread_cond_destroy(&r->cv);
@@ -556,6 +558,7 @@ static ci_engine_request *request_new(ci_engine *e, const ci_engine_job *job, in
       return NULL;
     }
   }
+  r->lora = ci_lora_retain(job->lora);
   r->state = REQ_QUEUED;
   r->refs = 2;
   r->t_submit = ci_now_seconds();
@@ -621,6 +624,8 @@ ci_engine_verdict ci_engine_submit_n(ci_engine *e, const ci_engine_job *job, int
   if (job->grammar && (!job->grammar_vocab || job->grammar_vocab->n_vocab != vocab))
     return ci_fail("a grammar needs the token bytes of the model's %d-token vocabulary", vocab),
            CI_ENGINE_REJECTED;
+  if (job->lora && job->lora->model != e->model)
+    return ci_fail("the adapter was loaded for another model"), CI_ENGINE_REJECTED;
   ci_engine_request *made[CI_ENGINE_MAX_BATCH];
   for (int i = 0; i < n; i++) {
     made[i] = request_new(e, job, i, reservation);
@@ -670,11 +675,12 @@ ci_engine_verdict ci_engine_submit_n(ci_engine *e, const ci_engine_job *job, int
 /* The prefix-cache key of a sequence's KV state, as text (into e->key_text) and as the hash the
  * prefix cache uses: the model's identity (config and weights), the backend, the block size, the
  * layer groups' geometry, the base format, the codec plan (target of every layer group, start)
- * and whether (and where) the sequence converted, and the adapter ("" for none). Sequences whose
+ * and whether (and where) the sequence converted, and the LoRA adapter's content hash (empty for
+ * none). Sequences whose
  * stored bytes would be equal share keys; the text is written into every persisted block, and a
  * block is loaded only under exactly the same text. */
 static uint64_t prefix_key(ci_engine *e, const ci_kv_seq *seq, int converted, int64_t c,
-                           const char *adapter) {
+                           const ci_lora *lora) {
   char *buf = e->key_text;
   size_t at = 0;
 #define KEY_APPEND(...)                                                                            \
@@ -710,7 +716,11 @@ static uint64_t prefix_key(ci_engine *e, const ci_kv_seq *seq, int converted, in
   } else {
     KEY_APPEND(" plan=none");
   }
-  KEY_APPEND(" adapter=%s", adapter ? adapter : "");
+  /* the adapter by its content, so a remounted adapter with new weights never reuses blocks */
+  if (lora)
+    KEY_APPEND(" adapter=%016llx", (unsigned long long)lora->key);
+  else
+    KEY_APPEND(" adapter=");
 #undef KEY_APPEND
   if (at >= KEY_TEXT_MAX) buf[KEY_TEXT_MAX - 1] = '\0'; /* a truncated text is still a key */
   const uint64_t key = ci_hash64(buf, strlen(buf), 0x6b65792d74657874ULL);
@@ -780,7 +790,7 @@ static void register_prefix(ci_engine *e, ci_engine_request *r, int force) {
   if (blocks == 0) return;
   /* an unconverted sequence holds fewer than `start` tokens, so its base-format blocks all lie
    * below the start, as attaching them requires */
-  const uint64_t key = prefix_key(e, r->seq, seq->converted, seq->conversion_offset, "");
+  const uint64_t key = prefix_key(e, r->seq, seq->converted, seq->conversion_offset, r->lora);
   if (ci_prefix_cache_insert(e->prefix, key, r->history, seq) == CI_OK) {
     r->pc_blocks = blocks;
     r->pc_converted = seq->converted;
@@ -792,7 +802,7 @@ static void register_prefix(ci_engine *e, ci_engine_request *r, int force) {
 static int64_t attach_under(ci_engine *e, ci_engine_request *r, int converted, int64_t c,
                             int64_t min_p, int64_t max_p) {
   ci_kv_seq *seq = r->seq;
-  const uint64_t key = prefix_key(e, seq, converted, c, "");
+  const uint64_t key = prefix_key(e, seq, converted, c, r->lora);
   r->disk_blocks +=
       fill_from_disk(e, seq, key, converted, r->history, max_p / e->cache->block_tokens, INT64_MAX);
   return ci_prefix_cache_attach(e->prefix, key, r->history, min_p, max_p, seq, converted, c);
@@ -1245,6 +1255,7 @@ static void engine_step(ci_engine *e) {
     const int last = decode || r->n_prefilled + entries[i].rows == r->n_prompt;
     e->step_seqs[i] =
         (ci_step_seq){.seq = r->seq,
+                      .lora = r->lora,
                       .ids = decode ? r->history + r->n_history - 1 : r->history + r->n_prefilled,
                       .n_rows = entries[i].rows,
                       .n_logit_rows = decode ? entries[i].rows
@@ -1464,7 +1475,7 @@ static int load_some(void *arg, ci_model *model, ci_workspace *ws, ci_kv_cache *
   if (seq->has_plan) {
     c = seq->start > 0 ? seq->start : chunk_rows(e, job->n_prompt, INT64_MAX);
     const int64_t room = load_room(e);
-    const uint64_t key = prefix_key(e, seq, 1, c, "");
+    const uint64_t key = prefix_key(e, seq, 1, c, job->lora);
     if (n_blocks * T >= c && room > 0)
       call->loaded += fill_from_disk(e, seq, key, 1, job->prompt, n_blocks, room);
     const int64_t found = ci_prefix_cache_lookup(e->prefix, key, job->prompt, n_blocks) * T;
@@ -1473,7 +1484,7 @@ static int load_some(void *arg, ci_model *model, ci_workspace *ws, ci_kv_cache *
   if (!seq->has_plan || (call->cached == 0 && seq->start > 0)) {
     const int64_t below = seq->has_plan ? (seq->start - 1) / T : n_blocks;
     const int64_t max_blocks = below < n_blocks ? below : n_blocks;
-    const uint64_t key = prefix_key(e, seq, 0, 0, "");
+    const uint64_t key = prefix_key(e, seq, 0, 0, job->lora);
     const int64_t room = load_room(e);
     if (room > 0) call->loaded += fill_from_disk(e, seq, key, 0, job->prompt, max_blocks, room);
     call->cached = ci_prefix_cache_lookup(e->prefix, key, job->prompt, max_blocks) * T;

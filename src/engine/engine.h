@@ -13,6 +13,7 @@
 #include "engine/generate.h"
 #include "grammar/matcher.h"
 #include "io/generation_config.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "sample/sampler.h"
 
@@ -84,6 +85,8 @@ typedef struct {
                           sampler, EOS only when the grammar is complete; a complete grammar
                           that allows nothing more ends the request (stop) */
   ci_grammar_vocab *grammar_vocab; /* the token bytes of the model's vocabulary (with grammar) */
+  ci_lora *lora; /* NULL, or the LoRA adapter (loaded for the engine's model) the request runs
+                    with: the request takes a reference; its prefix-cache entries are its own */
 } ci_engine_job;
 
 typedef enum {

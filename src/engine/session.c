@@ -93,7 +93,8 @@ int ci_session_feed(ci_session *session, const int32_t *ids, int n, float *logit
   for (int i = 0; i < n; i++)
     if (ids[i] < 0 || ids[i] >= vocab)
       return ci_fail("token id %d at index %d is out of range [0, %d)", (int)ids[i], i, vocab);
-  return ci_model_forward(session->model, session->seq, ids, n, logits, n_logit_rows);
+  return ci_model_forward_lora(session->model, session->seq, session->options.lora, ids, n, logits,
+                               n_logit_rows);
 }
 
 int ci_session_fill_synthetic(ci_session *session, int64_t depth, uint64_t seed) {

@@ -18,13 +18,15 @@
 typedef struct ci_session ci_session;
 
 typedef struct {
-  ci_kv_codec kv_codec;      /* storage the sequence starts in (bf16, or f32) */
-  ci_kv_plan_source kv_plan; /* which codec plan it follows (docs/kv-cache.md §5, §7) */
-  ci_kv_format kv_target;    /* CI_KV_PLAN_TARGET: convert to this ... */
-  int64_t kv_start;          /* ... once the sequence holds this many tokens */
-  int kv_protect;            /* the first and last N cache layers get groups of their own and
-                                (CI_KV_PLAN_TARGET) stay in kv_codec */
-  int64_t max_tokens;        /* feed fails beyond this many positions; 0 = no limit */
+  ci_kv_codec kv_codec;       /* storage the sequence starts in (bf16, or f32) */
+  ci_kv_plan_source kv_plan;  /* which codec plan it follows (docs/kv-cache.md §5, §7) */
+  ci_kv_format kv_target;     /* CI_KV_PLAN_TARGET: convert to this ... */
+  int64_t kv_start;           /* ... once the sequence holds this many tokens */
+  int kv_protect;             /* the first and last N cache layers get groups of their own and
+                                 (CI_KV_PLAN_TARGET) stay in kv_codec */
+  int64_t max_tokens;         /* feed fails beyond this many positions; 0 = no limit */
+  const struct ci_lora *lora; /* LoRA adapter applied to every feed (borrowed: it must outlive
+                                 the session); NULL = none */
 } ci_session_options;
 
 /* bf16 KV, the model's kv_config.json plan (if any), no protected layers, no position limit. */

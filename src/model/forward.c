@@ -5,6 +5,7 @@
  * once for all rows, with each sequence's rows a segment computed as if alone; KV writes and
  * attention cover every sequence in one call per layer. */
 #include "base/error.h"
+#include "model/lora_apply.h"
 #include "model/model.h"
 
 #include <math.h>
@@ -15,6 +16,8 @@ typedef struct {
   ci_row_segments segments; /* rows of each sequence, for the matmuls */
   ci_step_kv kv;            /* the sequences, for kv_store and attention (views per layer) */
   const ci_step_seq *seqs;  /* [n_seqs] */
+  ci_lora_step lora;        /* the sequences' adapters; lora.n_seqs 0 when none has one */
+  ci_workspace *ws;         /* the LoRA scratch */
 } step_rows;
 
 /* y = x @ W^T for the step's n rows (or a subset given by `segments`). */
@@ -29,6 +32,15 @@ static int linear(ci_backend *be, const step_rows *sr, const ci_tensor *w, const
   if (matmul(be, sr, w, x, n, y)) return CI_ERR;
   if (bias) be->ops->add_bias(be, y, bias, n, w->shape[0]);
   return CI_OK;
+}
+
+/* linear() of adaptable layer `target` of layer li: the base product of every row, then each
+ * adapter's low-rank update of its sequences' rows. */
+static int linear_at(ci_backend *be, const step_rows *sr, int li, ci_lora_target target,
+                     const ci_tensor *w, const float *bias, const float *x, int n, float *y) {
+  if (linear(be, sr, w, bias, x, n, y)) return CI_ERR;
+  if (sr->lora.n_seqs == 0) return CI_OK;
+  return ci_lora_apply(be, sr->ws, &sr->lora, li, target, x, w->shape[1], y, w->shape[0]);
 }
 
 /* RMSNorm over rows of width dim with the model's epsilon and weight offset. */
@@ -56,14 +68,14 @@ static int dense_mlp(ci_model *m, const step_rows *sr, int li, const float *a, i
   ci_backend *be = m->be;
   const ci_layer_weights *L = &m->layers[li];
   const int64_t inter = m->spec.layers[li].intermediate;
-  if (linear(be, sr, &L->w_gate, L->b_gate, a, n, act->gate) ||
-      linear(be, sr, &L->w_up, L->b_up, a, n, act->up))
+  if (linear_at(be, sr, li, CI_LORA_GATE, &L->w_gate, L->b_gate, a, n, act->gate) ||
+      linear_at(be, sr, li, CI_LORA_UP, &L->w_up, L->b_up, a, n, act->up))
     return CI_ERR;
   if (m->spec.act == CI_ACT_GELU_TANH)
     be->ops->gelu_tanh_mul(be, act->gate, act->up, n, inter, inter);
   else
     be->ops->silu_mul(be, act->gate, act->up, (int64_t)n * inter);
-  return linear(be, sr, &L->w_down, L->b_down, act->gate, n, out);
+  return linear_at(be, sr, li, CI_LORA_DOWN, &L->w_down, L->b_down, act->gate, n, out);
 }
 
 /* act->moe_out = Σ_k w_k · expert_k(RMSNorm(x, moe_norm)) with the router's choice
@@ -126,14 +138,14 @@ static int attention_block(ci_model *m, const step_rows *sr, int li, int n, ci_w
   const int owner = ls->cache_layer == li;
 
   norm(m, act->a, act->x, L->attn_norm, n, s->hidden);
-  if (linear(be, sr, &L->wq, L->bq, act->a, n, act->q)) return CI_ERR;
+  if (linear_at(be, sr, li, CI_LORA_Q, &L->wq, L->bq, act->a, n, act->q)) return CI_ERR;
   if (s->qk_norm) norm(m, act->q, act->q, L->q_norm, (int64_t)n * Hq, D);
   be->ops->rope(be, act->q, n, Hq, act->pos, rope);
   if (owner) {
-    if (linear(be, sr, &L->wk, L->bk, act->a, n, act->k)) return CI_ERR;
+    if (linear_at(be, sr, li, CI_LORA_K, &L->wk, L->bk, act->a, n, act->k)) return CI_ERR;
     if (ls->k_eq_v)
       be->ops->copy(be, act->v, act->k, (int64_t)n * Hkv * D); /* V is K before its norm */
-    else if (linear(be, sr, &L->wv, L->bv, act->a, n, act->v))
+    else if (linear_at(be, sr, li, CI_LORA_V, &L->wv, L->bv, act->a, n, act->v))
       return CI_ERR;
     if (s->qk_norm) norm(m, act->k, act->k, L->k_norm, (int64_t)n * Hkv, D);
     if (s->v_norm)
@@ -152,7 +164,7 @@ static int attention_block(ci_model *m, const step_rows *sr, int li, int n, ci_w
                                   .window = ls->kind == CI_ATTN_SLIDING ? ls->window : 0,
                                   .seqs = &sr->kv};
   if (be->ops->attention(be, &args)) return CI_ERR;
-  return linear(be, sr, &L->wo, L->bo, act->att, n, act->proj);
+  return linear_at(be, sr, li, CI_LORA_O, &L->wo, L->bo, act->att, n, act->proj);
 }
 
 /* One layer, in the family's wiring. */
@@ -250,6 +262,13 @@ static int model_step(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, in
     n += seqs[i].n_rows;
   }
   if (ci_workspace_fit(ws, s, n, n_seqs)) return CI_ERR;
+  int any_lora = 0;
+  for (int i = 0; i < n_seqs; i++) any_lora |= (ws->seq_lora[i] = seqs[i].lora) != NULL;
+  const ci_lora_step lora_step = {.n_seqs = any_lora ? n_seqs : 0,
+                                  .first_row = ws->seq_first,
+                                  .n_rows = ws->seq_rows,
+                                  .loras = ws->seq_lora};
+  if (any_lora && ci_lora_step_fit(ws, &lora_step, n)) return CI_ERR;
   for (int i = 0; i < n_seqs; i++)
     if (ci_kv_seq_reserve(seqs[i].seq, seqs[i].n_rows)) return CI_ERR;
 
@@ -282,7 +301,10 @@ static int model_step(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, in
   const step_rows sr = {
       .segments = {.n = n_seqs, .rows = ws->seq_rows},
       .kv = {.n_seqs = n_seqs, .first_row = ws->seq_first, .n_rows = ws->seq_rows, .kv = ws->views},
-      .seqs = seqs};
+      .seqs = seqs,
+      .lora = lora_step,
+      .ws = ws};
+
   int status = be->ops->embed(be, &m->embed, ws->ids, n, ws->x);
   if (status == CI_OK && s->embed_scale != 0.0f)
     be->ops->scale(be, ws->x, s->embed_scale, (int64_t)n * s->hidden);
@@ -326,16 +348,22 @@ static ci_workspace *own_workspace(ci_model *m) {
 }
 
 /* A step of one sequence's n tokens (within its chunk limit). */
-static int forward_one(ci_model *m, ci_kv_seq *seq, const int32_t *ids, int n, float *logits,
-                       int n_logit_rows) {
+static int forward_one(ci_model *m, ci_kv_seq *seq, const ci_lora *lora, const int32_t *ids, int n,
+                       float *logits, int n_logit_rows) {
   ci_workspace *ws = own_workspace(m);
   if (!ws) return CI_ERR;
-  const ci_step_seq step = {.seq = seq, .ids = ids, .n_rows = n, .n_logit_rows = n_logit_rows};
+  const ci_step_seq step = {
+      .seq = seq, .ids = ids, .n_rows = n, .n_logit_rows = n_logit_rows, .lora = lora};
   return ci_model_step(m, ws, &step, 1, logits);
 }
 
 int ci_model_forward(ci_model *m, ci_kv_seq *seq, const int32_t *ids, int n, float *logits,
                      int n_logit_rows) {
+  return ci_model_forward_lora(m, seq, NULL, ids, n, logits, n_logit_rows);
+}
+
+int ci_model_forward_lora(ci_model *m, ci_kv_seq *seq, const ci_lora *lora, const int32_t *ids,
+                          int n, float *logits, int n_logit_rows) {
   const ci_model_spec *s = &m->spec;
   if (n < 1) return ci_fail("forward: no tokens");
   if (!logits) n_logit_rows = 0;
@@ -343,16 +371,16 @@ int ci_model_forward(ci_model *m, ci_kv_seq *seq, const int32_t *ids, int n, flo
     return ci_fail("forward: %d logit rows requested for %d tokens", n_logit_rows, n);
   /* A pending KV conversion caps the step so that it happens exactly at its start. */
   const int64_t limit = ci_kv_seq_chunk_limit(seq);
-  if ((int64_t)n <= limit) return forward_one(m, seq, ids, n, logits, n_logit_rows);
+  if ((int64_t)n <= limit) return forward_one(m, seq, lora, ids, n, logits, n_logit_rows);
   for (int i = 0; i < n; i++)
     if (ids[i] < 0 || ids[i] >= s->vocab)
       return ci_fail("token id %d at index %d is out of range [0, %d)", ids[i], i, s->vocab);
   const int head = (int)limit, tail = n - head;
   const int tail_rows = n_logit_rows < tail ? n_logit_rows : tail;
   const int head_rows = n_logit_rows - tail_rows;
-  if (forward_one(m, seq, ids, head, head_rows ? logits : NULL, head_rows)) return CI_ERR;
-  return ci_model_forward(m, seq, ids + head, tail,
-                          logits ? logits + (int64_t)head_rows * s->vocab : NULL, tail_rows);
+  if (forward_one(m, seq, lora, ids, head, head_rows ? logits : NULL, head_rows)) return CI_ERR;
+  return ci_model_forward_lora(m, seq, lora, ids + head, tail,
+                               logits ? logits + (int64_t)head_rows * s->vocab : NULL, tail_rows);
 }
 
 int ci_model_forward_decode_batch(ci_model *m, ci_kv_seq *const *seqs, const int32_t *ids, int n,

@@ -99,9 +99,10 @@ int ci_model_kv_seq_apply_config(const ci_model *model, ci_kv_seq *seq);
  * (a prefill chunk, or one decode token), and how many of the last rows return logits. */
 typedef struct {
   ci_kv_seq *seq;
-  const int32_t *ids; /* [n_rows] */
-  int n_rows;         /* >= 1, at most ci_kv_seq_chunk_limit(seq) */
-  int n_logit_rows;   /* 0 .. n_rows */
+  const int32_t *ids;         /* [n_rows] */
+  int n_rows;                 /* >= 1, at most ci_kv_seq_chunk_limit(seq) */
+  int n_logit_rows;           /* 0 .. n_rows */
+  const struct ci_lora *lora; /* the sequence's LoRA adapter (model/lora.h), NULL: none */
 } ci_step_seq;
 
 /* Runs one step: the rows of every sequence in seqs[0..n_seqs) go through the model together
@@ -127,6 +128,10 @@ int ci_model_step_hidden(ci_model *model, ci_workspace *ws, const ci_step_seq *s
  * Returns CI_OK or CI_ERR (bad id, KV exhausted). */
 int ci_model_forward(ci_model *model, ci_kv_seq *seq, const int32_t *ids, int n, float *logits,
                      int n_logit_rows);
+
+/* ci_model_forward with the LoRA adapter `lora` (NULL: none) applied. */
+int ci_model_forward_lora(ci_model *model, ci_kv_seq *seq, const struct ci_lora *lora,
+                          const int32_t *ids, int n, float *logits, int n_logit_rows);
 
 /* One decode step of n sequences at once (ci_model_step with one row each): sequence i appends
  * ids[i] and, when logits is non-NULL, gets its next-token logits in row i of logits [n, vocab].

@@ -27,8 +27,8 @@ static void release_buffers(ci_workspace *ws) {
   ws->logit_capacity = 0;
   void **host[] = {(void **)&ws->desc_host,  (void **)&ws->seq_first, (void **)&ws->seq_rows,
                    (void **)&ws->logit_rows, (void **)&ws->logit_seg, (void **)&ws->views,
-                   (void **)&ws->route_ids,  (void **)&ws->route_w,   (void **)&ws->rows,
-                   (void **)&ws->row_w,      (void **)&ws->expert_seg};
+                   (void **)&ws->seq_lora,   (void **)&ws->route_ids, (void **)&ws->route_w,
+                   (void **)&ws->rows,       (void **)&ws->row_w,     (void **)&ws->expert_seg};
   for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) {
     free(*host[i]);
     *host[i] = NULL;
@@ -47,8 +47,55 @@ float *ci_workspace_logits(ci_workspace *ws, int64_t n) {
   return ws->logits;
 }
 
+/* Releases the LoRA scratch (its sizes become 0). */
+static void release_lora(ci_workspace *ws) {
+  float **dev[] = {&ws->lora_x, &ws->lora_t, &ws->lora_y};
+  for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) {
+    if (*dev[i]) ws->be->ops->release(ws->be, *dev[i]);
+    *dev[i] = NULL;
+  }
+  free(ws->lora_row_ids);
+  free(ws->lora_w);
+  free(ws->lora_seg);
+  ws->lora_row_ids = ws->lora_seg = NULL;
+  ws->lora_w = NULL;
+  ws->lora_rows = ws->lora_seqs = ws->lora_rank = 0;
+  ws->lora_width = 0;
+}
+
+int ci_workspace_fit_lora(ci_workspace *ws, int max_rows, int max_seqs, int max_rank,
+                          int64_t max_width) {
+  if (max_rows <= ws->lora_rows && max_seqs <= ws->lora_seqs && max_rank <= ws->lora_rank &&
+      max_width <= ws->lora_width)
+    return CI_OK;
+  if (max_rows < ws->lora_rows) max_rows = ws->lora_rows;
+  if (max_seqs < ws->lora_seqs) max_seqs = ws->lora_seqs;
+  if (max_rank < ws->lora_rank) max_rank = ws->lora_rank;
+  if (max_width < ws->lora_width) max_width = ws->lora_width;
+  release_lora(ws);
+  ws->allocations++;
+  ci_backend *be = ws->be;
+  const size_t n = (size_t)max_rows, f = sizeof(float);
+  const int ok = (ws->lora_x = be->ops->alloc(be, n * (size_t)max_width * f)) &&
+                 (ws->lora_t = be->ops->alloc(be, n * (size_t)max_rank * f)) &&
+                 (ws->lora_y = be->ops->alloc(be, n * (size_t)max_width * f)) &&
+                 (ws->lora_row_ids = malloc(n * sizeof(int32_t))) &&
+                 (ws->lora_w = malloc(n * sizeof(float))) &&
+                 (ws->lora_seg = malloc((size_t)max_seqs * sizeof(int32_t)));
+  if (!ok) {
+    release_lora(ws);
+    return ci_fail("workspace: out of memory for adapters on steps of %d rows", max_rows);
+  }
+  ws->lora_rows = max_rows;
+  ws->lora_seqs = max_seqs;
+  ws->lora_rank = max_rank;
+  ws->lora_width = max_width;
+  return CI_OK;
+}
+
 void ci_workspace_free(ci_workspace *ws) {
   if (!ws) return;
+  release_lora(ws);
   release_buffers(ws);
   free(ws);
 }
@@ -90,7 +137,7 @@ int64_t ci_workspace_bytes(const ci_model_spec *s, int max_rows, int max_seqs) {
     bytes += n * (int64_t)(sizeof(int32_t) + sizeof(float)) + max_seqs * (int64_t)sizeof(int32_t);
   }
   bytes += 2 * 2 * n * (int64_t)sizeof(int32_t) + n * (int64_t)sizeof(int32_t);
-  bytes += max_seqs * (int64_t)(3 * sizeof(int32_t) + sizeof(ci_paged_kv));
+  bytes += max_seqs * (int64_t)(3 * sizeof(int32_t) + sizeof(ci_paged_kv) + sizeof(void *));
   return bytes;
 }
 
@@ -136,7 +183,8 @@ int ci_workspace_fit(ci_workspace *ws, const ci_model_spec *s, int max_rows, int
        (ws->seq_rows = malloc(seqs * sizeof(int32_t))) &&
        (ws->logit_rows = malloc(n * sizeof(int32_t))) &&
        (ws->logit_seg = malloc(seqs * sizeof(int32_t))) &&
-       (ws->views = malloc(seqs * sizeof(ci_paged_kv)));
+       (ws->views = malloc(seqs * sizeof(ci_paged_kv))) &&
+       (ws->seq_lora = calloc(seqs, sizeof *ws->seq_lora));
   if (!ok) {
     release_buffers(ws);
     return ci_fail("workspace: out of memory for steps of %d rows", max_rows);

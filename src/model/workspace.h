@@ -37,17 +37,28 @@ typedef struct ci_workspace {
   int32_t *pos;       /* (rows) position of each row: inside desc */
   float *logits;      /* (logit_capacity) logits in backend memory where it is not host memory */
   int64_t logit_capacity;
-  int32_t *seq_first;  /* (seqs) first row of each sequence */
-  int32_t *seq_rows;   /* (seqs) rows of each sequence */
-  int32_t *logit_rows; /* (rows) the rows whose logits the step returns, in order */
-  int32_t *logit_seg;  /* (seqs) logit rows of each sequence */
-  ci_paged_kv *views;  /* (seqs) one layer's KV view of each sequence */
+  int32_t *seq_first;              /* (seqs) first row of each sequence */
+  int32_t *seq_rows;               /* (seqs) rows of each sequence */
+  int32_t *logit_rows;             /* (rows) the rows whose logits the step returns, in order */
+  int32_t *logit_seg;              /* (seqs) logit rows of each sequence */
+  ci_paged_kv *views;              /* (seqs) one layer's KV view of each sequence */
+  const struct ci_lora **seq_lora; /* (seqs) each sequence's adapter (NULL: none) */
   /* MoE scheduling, host memory. */
   int32_t *route_ids;  /* (rows, k) */
   float *route_w;      /* (rows, k) */
   int32_t *rows;       /* (rows) token rows of one expert */
   float *row_w;        /* (rows) their weights */
   int32_t *expert_seg; /* (seqs) rows of one expert from each sequence */
+  /* LoRA scratch (ci_workspace_fit_lora; NULL until a step runs an adapter): one adapter's rows
+   * of a step gathered, their low-rank product, and where it goes back. */
+  float *lora_x;         /* (lora_rows, lora_width) gathered inputs, backend memory */
+  float *lora_t;         /* (lora_rows, lora_rank) x Aᵀ */
+  float *lora_y;         /* (lora_rows, lora_width) t Bᵀ */
+  int32_t *lora_row_ids; /* (lora_rows) step row of each gathered row, host memory */
+  float *lora_w;         /* (lora_rows) the adapter's scale, once per gathered row */
+  int32_t *lora_seg;     /* (lora_seqs) gathered rows of each sequence */
+  int lora_rows, lora_seqs, lora_rank;
+  int64_t lora_width;
 } ci_workspace;
 
 /* An empty workspace for `spec` on `be` (no buffers yet). NULL with ci_last_error. */
@@ -66,6 +77,11 @@ int64_t ci_workspace_bytes(const ci_model_spec *spec, int max_rows, int max_seqs
 /* A backend buffer of at least n logits (grown when smaller), for backends whose memory the host
  * cannot read. NULL with ci_last_error. */
 float *ci_workspace_logits(ci_workspace *ws, int64_t n);
+
+/* Makes the LoRA scratch hold steps of max_rows rows over max_seqs sequences with adapters of
+ * rank <= max_rank on layers at most max_width wide (grown only). Returns CI_OK or CI_ERR. */
+int ci_workspace_fit_lora(ci_workspace *ws, int max_rows, int max_seqs, int max_rank,
+                          int64_t max_width);
 
 /* Frees every buffer and the workspace. NULL is a no-op. */
 void ci_workspace_free(ci_workspace *ws);

@@ -222,6 +222,7 @@ int ci_srv_parse_extensions(ci_server *s, const json_t *body, ci_srv_job *job, c
     const int n = (int)json_integer_value(num_draft);
     job->params.num_draft = n == 0 ? -1 : n;
   }
-  if (ci_srv_parse_structured(s, body, job, err)) return -1;
+  if (ci_srv_parse_structured(s, body, job, err) || ci_srv_parse_adapter(s, body, job, err))
+    return -1;
   return parse_kv(s, json_object_get(body, "kv"), job, err);
 }

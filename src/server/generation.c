@@ -91,6 +91,7 @@ void ci_srv_job_free(ci_srv_job *j) {
   json_decref(j->tools);
   free(j->grammar);
   free(j->echo);
+  cinfer_adapter_free(j->adapter);
   memset(j, 0, sizeof *j);
 }
 

@@ -16,6 +16,7 @@
 #include <netdb.h>
 #include <stdarg.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <microhttpd.h>
 #include <stdio.h>
@@ -228,7 +229,8 @@ typedef enum {
   R_METRICS,
   R_STATS,
   R_CACHE_SAVE,
-  R_CACHE_LOAD
+  R_CACHE_LOAD,
+  R_ADAPTERS
 } route_id;
 static const struct {
   const char *path;
@@ -252,6 +254,9 @@ static const struct {
     {"/stats", "GET", R_STATS},
     {"/v1/cache/save", "POST", R_CACHE_SAVE},
     {"/v1/cache/load", "POST", R_CACHE_LOAD},
+    {"/v1/adapters", "GET", R_ADAPTERS},
+    {"/v1/adapters", "POST", R_ADAPTERS},
+    {"/v1/adapters/*", "DELETE", R_ADAPTERS},
 };
 
 /* Whether url is the route's path (a path ending in * matches any non-empty rest). */
@@ -328,6 +333,11 @@ static enum MHD_Result dispatch(ci_server *s, struct MHD_Connection *c, const ch
   if (id == R_MODELS) {
     ci_openai_models(s, &out);
     return send_json(s, c, conn, 200, out);
+  }
+  if (id == R_ADAPTERS) {
+    status = ci_server_adapters(s, method, url, conn->body.data, conn->body.len, &out);
+    ci_server_count_request(s, !strcmp(url, "/v1/adapters") ? url : "/v1/adapters/{id}", status);
+    return send_json(s, c, conn, status, out);
   }
   if (id == R_MODEL) {
     status = ci_openai_model(s, url + strlen("/v1/models/"), &out);
@@ -498,7 +508,8 @@ ci_server *ci_server_start(const ci_server_options *o) {
   pthread_mutex_init(&s->metrics_mu, NULL);
   ci_server_detect_formats(s);
   s->weights_bytes = cinfer_model_weight_bytes(o->model);
-  if (!(s->responses = ci_response_store_create())) {
+  if (!(s->responses = ci_response_store_create()) ||
+      !(s->adapters = ci_adapter_registry_create())) {
     ci_server_stop(s);
     return ci_fail("server: out of memory"), NULL;
   }
@@ -519,6 +530,26 @@ ci_server *ci_server_start(const ci_server_options *o) {
     if (lost) { /* a server missing some of its keys would refuse their clients */
       ci_server_stop(s);
       return ci_fail("server: out of memory"), NULL;
+    }
+  }
+  for (int i = 0; i < o->n_adapters; i++) { /* mounted at start: the server's own handles */
+    cinfer_adapter *shared = cinfer_adapter_share(o->adapters[i]);
+    const int r = shared ? ci_adapter_registry_add(s->adapters, o->adapter_ids[i], shared, 0) : 500;
+    if (r) {
+      cinfer_adapter_free(shared);
+      ci_fail(r == 409 ? "--adapter: two adapters named '%s'" : "--adapter %s: cannot mount it",
+              o->adapter_ids[i]);
+      ci_server_stop(s);
+      return NULL;
+    }
+  }
+  if (o->adapter_dir) {
+    struct stat st;
+    s->adapter_root = realpath(o->adapter_dir, NULL);
+    if (!s->adapter_root || stat(s->adapter_root, &st) != 0 || !S_ISDIR(st.st_mode)) {
+      ci_fail("--adapter-dir %s is not a folder", o->adapter_dir);
+      ci_server_stop(s);
+      return NULL;
     }
   }
   /* --host: an IPv4 or IPv6 address or a name (the first address it resolves to) */
@@ -577,6 +608,8 @@ void ci_server_stop(ci_server *s) {
   ci_response_store_free(s->responses);
   for (int i = 0; i < s->n_keys; i++) free(s->keys[i]);
   free(s->keys);
+  ci_adapter_registry_free(s->adapters);
+  free(s->adapter_root);
   pthread_mutex_destroy(&s->metrics_mu);
   free(s);
 }

@@ -16,6 +16,7 @@
 
 typedef struct ci_server ci_server;
 typedef struct ci_response_store ci_response_store;
+typedef struct ci_adapter_registry ci_adapter_registry;
 
 /* Everything the server borrows (all must outlive it) and its settings. */
 typedef struct {
@@ -43,6 +44,12 @@ typedef struct {
   int quiet;           /* --quiet: no access log, no libmicrohttpd warnings */
   int idle_timeout;    /* seconds an idle connection is kept (0: 30) */
   int max_connections; /* open connections at most (0: 4096) */
+  /* LoRA adapters: mounted at start (ids and handles, borrowed: the server shares them), and the
+   * folder run-time mounts (POST /v1/adapters) resolve names under (NULL: no run-time mounts). */
+  const char *const *adapter_ids;
+  cinfer_adapter *const *adapters;
+  int n_adapters;
+  const char *adapter_dir;
 } ci_server_options;
 
 enum { CI_LOG_TEXT = 0, CI_LOG_JSON = 1 };
@@ -101,8 +108,30 @@ struct ci_server {
   ci_route_count routes[64];
   int n_routes;
   ci_histogram ttft, itl, queue, duration;
-  ci_response_store *responses; /* /v1/responses conversations for previous_response_id */
+  ci_response_store *responses;  /* /v1/responses conversations for previous_response_id */
+  ci_adapter_registry *adapters; /* mounted LoRA adapters (adapters.c) */
+  char *adapter_root;            /* realpath of --adapter-dir; NULL: no run-time mounts */
 };
+
+/* adapters.c: the registry of mounted adapters (thread-safe), the admin routes and a request's
+ * adapter. */
+ci_adapter_registry *ci_adapter_registry_create(void);
+void ci_adapter_registry_free(ci_adapter_registry *registry);
+/* Mounts `adapter` (the registry takes the handle) as id. 0, or 409 (id taken) / 507 (full): the
+ * caller keeps the handle. */
+int ci_adapter_registry_add(ci_adapter_registry *registry, const char *id, cinfer_adapter *adapter,
+                            int runtime);
+/* A new handle to adapter id (free it), NULL when none (*found 0) or out of memory (*found 1). */
+cinfer_adapter *ci_adapter_registry_get(ci_adapter_registry *registry, const char *id, int *found);
+/* Whether name is a valid adapter id / folder name: 1 to 64 of [A-Za-z0-9._-], no leading '.'. */
+int ci_adapter_name_ok(const char *name);
+/* Resolves folder name under root (a realpath) into out: 0, or an HTTP status (400 bad name, 403
+ * outside root or run-time mounts off, 404 missing) with err set. */
+int ci_adapter_resolve(const char *root, const char *name, char *out, size_t out_size, char *err,
+                       size_t err_size);
+/* GET/POST /v1/adapters, DELETE /v1/adapters/{id}: returns the status with *out the JSON body. */
+int ci_server_adapters(ci_server *s, const char *method, const char *url, const char *body,
+                       size_t len, json_t **out);
 
 /* responses.c: the bounded store of Responses conversations (thread-safe). */
 ci_response_store *ci_response_store_create(void);
@@ -172,6 +201,7 @@ typedef struct {
   int client_fd;            /* the client's socket, watched for a disconnect (<= 0: none) */
   char *echo;    /* /v1/completions echo: the prompt's text, put before the answer (owned) */
   int n_choices; /* OpenAI `n`: choices sharing the prompt's prefill (0 or 1: one) */
+  cinfer_adapter *adapter; /* the request's LoRA adapter (a handle of its own); NULL = none */
 } ci_srv_job;
 
 void ci_srv_job_free(ci_srv_job *j);
@@ -227,6 +257,10 @@ int ci_srv_tokenize_chat(ci_server *s, json_t *messages, json_t *tools, const js
  * continue_final_message. ci_srv_parse_sampling calls it. Returns 0 or fills *err (and
  * job->err_code for unsupported values). */
 int ci_srv_parse_extensions(ci_server *s, const json_t *body, ci_srv_job *job, char **err);
+
+/* The request's LoRA adapter: "adapter": ID, or "model": "BASE:ID" (adapters.c). An adapter that
+ * is not mounted fills *err (a 400); ci_srv_parse_extensions calls it. */
+int ci_srv_parse_adapter(ci_server *s, const json_t *body, ci_srv_job *job, char **err);
 
 /* Structured output (response_format, grammar, json_schema) into job->grammar (GBNF, checked
  * through the public API); an unsupported
