@@ -174,32 +174,30 @@ INLINE __m512 word_lane_codes(const affine_consts *ac, __m512i w, int bits, int 
 
 /* One full word-lane block (16 words) of one weight row against xb x rows: per x row, the
  * per-lane sums of code * x over the block, not yet scaled. The x order prescaled code t by
- * 2^-(bits*t), cancelling the in-place codes exactly. With one x row, two chains hide the FMA
- * latency. */
+ * 2^-(bits*t), cancelling the in-place codes exactly. Each x row sums in two chains (even and
+ * odd codes, which hide the FMA latency) added at the end, the same order whatever xb is, so a
+ * row computes alike alone and beside another (batch invariance). */
 INLINE void affine_block_dot(const affine_consts *ac, __m512i w, const float *x, int64_t x_stride,
                              int bits, int xb, __m512 dot[AFFINE_X_BLOCK]) {
   const int codes_per_word = 32 / bits;
-  if (xb == 1) {
-    __m512 even = _mm512_mul_ps(word_lane_codes(ac, w, bits, 0), _mm512_loadu_ps(x));
-    __m512 odd = _mm512_mul_ps(word_lane_codes(ac, w, bits, 1), _mm512_loadu_ps(x + VW));
-#pragma GCC unroll 8
-    for (int t = 2; t < codes_per_word; t += 2) {
-      even = _mm512_fmadd_ps(word_lane_codes(ac, w, bits, t), _mm512_loadu_ps(x + VW * t), even);
-      odd = _mm512_fmadd_ps(word_lane_codes(ac, w, bits, t + 1), _mm512_loadu_ps(x + VW * (t + 1)),
-                            odd);
-    }
-    dot[0] = _mm512_add_ps(even, odd);
-    return;
+  __m512 even[AFFINE_X_BLOCK], odd[AFFINE_X_BLOCK];
+  const __m512 q0 = word_lane_codes(ac, w, bits, 0), q1 = word_lane_codes(ac, w, bits, 1);
+#pragma GCC unroll 2
+  for (int i = 0; i < xb; i++) {
+    even[i] = _mm512_mul_ps(q0, _mm512_loadu_ps(x + i * x_stride));
+    odd[i] = _mm512_mul_ps(q1, _mm512_loadu_ps(x + i * x_stride + VW));
   }
 #pragma GCC unroll 8
-  for (int t = 0; t < codes_per_word; t++) {
-    __m512 q = word_lane_codes(ac, w, bits, t);
-#pragma GCC unroll 4
+  for (int t = 2; t < codes_per_word; t += 2) {
+    const __m512 qe = word_lane_codes(ac, w, bits, t), qo = word_lane_codes(ac, w, bits, t + 1);
+#pragma GCC unroll 2
     for (int i = 0; i < xb; i++) {
-      __m512 xv = _mm512_loadu_ps(x + i * x_stride + VW * t);
-      dot[i] = t == 0 ? _mm512_mul_ps(q, xv) : _mm512_fmadd_ps(q, xv, dot[i]);
+      even[i] = _mm512_fmadd_ps(qe, _mm512_loadu_ps(x + i * x_stride + VW * t), even[i]);
+      odd[i] = _mm512_fmadd_ps(qo, _mm512_loadu_ps(x + i * x_stride + VW * (t + 1)), odd[i]);
     }
   }
+#pragma GCC unroll 2
+  for (int i = 0; i < xb; i++) dot[i] = _mm512_add_ps(even[i], odd[i]);
 }
 
 /* As affine_block_dot for a last, partial block of `lanes` (< 16) words. */
