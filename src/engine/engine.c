@@ -45,7 +45,7 @@ struct ci_engine_request {
   int kv_protect;
   ci_sampler *sampler;
   int owns_sampler;
-  int64_t reservation; /* bytes */
+  int64_t reservation;         /* bytes */
   ci_grammar_matcher *matcher; /* owned; NULL when unconstrained */
   /* engine-side progress */
   ci_kv_seq *seq;
@@ -294,7 +294,8 @@ static int64_t plan_reservation(const ci_engine *e, const ci_kv_format *targets,
     const int64_t copy = target_block * peak_blocks(e, group, held_at_conversion);
     if (copy > transient) transient = copy;
   }
-  return (before > after ? before : after) + transient;
+  /* a hybrid model's recurrent state is held for the whole request */
+  return (before > after ? before : after) + transient + ci_kv_cache_state_bytes(c);
 }
 
 int64_t ci_engine_reservation_bytes(const ci_engine *e, int64_t n) {
@@ -373,6 +374,13 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
            NULL;
   }
   e->speculates = e->o.lookup_ngram > 0 || e->o.draft_model;
+  if (e->speculates && model->spec.n_deltanet_layers > 0) {
+    ci_fail("engine: speculative decoding is not supported for %s (hybrid gated DeltaNet) "
+            "models yet: a rejected draft token cannot be rolled back out of the recurrent state",
+            model->spec.model_type);
+    free(e);
+    return NULL;
+  }
   if (e->o.draft_model && e->o.draft_model->spec.vocab != model->spec.vocab) {
     ci_fail("engine: the draft model has %d tokens in its vocabulary, the model %d (a draft "
             "model must share the model's tokenizer)",
@@ -430,6 +438,9 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
   }
   e->stats.kv_budget_bytes = e->o.kv_budget_bytes;
   if (e->o.prefix_cache_bytes < 0) e->o.prefix_cache_bytes = 0;
+  /* hybrid models: the prefix cache stores KV blocks but not the recurrent state at the prefix
+   * end, so a cached prefix cannot be resumed; it stays off for them */
+  if (model->spec.n_deltanet_layers > 0) e->o.prefix_cache_bytes = 0;
   if (e->o.prefix_cache_bytes > e->o.kv_budget_bytes)
     e->o.prefix_cache_bytes = e->o.kv_budget_bytes;
   e->stats.prefix_cache_max_bytes = e->o.prefix_cache_bytes;

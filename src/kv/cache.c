@@ -236,8 +236,20 @@ int64_t ci_kv_group_bytes_used(const ci_kv_cache *cache, int g) {
   return bytes;
 }
 
+int ci_kv_cache_set_state_bytes(ci_kv_cache *cache, int64_t bytes) {
+  if (bytes < 0) return ci_fail("kv cache: negative state size");
+  if (cache->n_live_seqs > 0)
+    return ci_fail("kv cache: the recurrent state size is set before any sequence exists");
+  cache->state_bytes = bytes;
+  return CI_OK;
+}
+
+int64_t ci_kv_cache_state_bytes(const ci_kv_cache *cache) {
+  return cache->state_bytes;
+}
+
 int64_t ci_kv_cache_bytes_used(const ci_kv_cache *cache) {
-  int64_t bytes = 0;
+  int64_t bytes = (int64_t)cache->n_live_seqs * cache->state_bytes;
   for (int g = 0; g < cache->n_groups; g++) bytes += ci_kv_group_bytes_used(cache, g);
   return bytes;
 }
@@ -276,6 +288,14 @@ ci_kv_seq *ci_kv_seq_create(ci_kv_cache *cache) {
       seq->tables[g].capacity = cache->max_table_entries;
     }
   }
+  if (cache->state_bytes > 0 &&
+      !(seq->state = cache->be->ops->alloc(cache->be, (size_t)cache->state_bytes))) {
+    if (seq->row >= 0) cache->row_taken[seq->row] = 0;
+    free(seq->tables);
+    free(seq);
+    ci_fail_context("kv sequence: recurrent state of %lld bytes", (long long)cache->state_bytes);
+    return NULL;
+  }
   cache->n_live_seqs++;
   for (int g = 0; g < cache->n_groups; g++) seq->tables[g].pool = cache->groups[g].pools[0];
   return seq;
@@ -290,6 +310,7 @@ void ci_kv_seq_free(ci_kv_seq *seq) {
     if (seq->row < 0) free(table->entries);
   }
   if (seq->row >= 0) seq->cache->row_taken[seq->row] = 0;
+  if (seq->state) seq->cache->be->ops->release(seq->cache->be, seq->state);
   seq->cache->n_live_seqs--;
   free(seq->tables);
   free(seq);
@@ -492,6 +513,10 @@ void ci_kv_seq_set_rollback_reserve(ci_kv_seq *seq, int64_t reserve) {
 }
 
 int ci_kv_seq_round_open(ci_kv_seq *seq, int64_t n_rows) {
+  if (seq->state)
+    return ci_fail("kv sequence: speculative rounds are not supported for hybrid (gated "
+                   "DeltaNet) models: a rejected draft token cannot be rolled back out of the "
+                   "recurrent state");
   if (seq->round_open) return ci_fail("kv sequence: a speculative round is already open");
   if (n_rows < 1) return ci_fail("kv sequence: a speculative round needs at least one row");
   if (n_rows > 1 && n_rows > ci_kv_seq_chunk_limit(seq))
@@ -538,6 +563,9 @@ int ci_kv_seq_attach(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *re
   const int64_t T = cache->block_tokens, p = n_blocks * T;
   if (seq->n != 0) return ci_fail("kv attach: the sequence is not empty");
   if (n_blocks < 1) return ci_fail("kv attach: no blocks");
+  if (seq->state)
+    return ci_fail("kv attach: prefix reuse is not supported for hybrid (gated DeltaNet) models "
+                   "(the recurrent state at the prefix end is not stored with the blocks)");
   if (converted && (!seq->has_plan || conversion_offset > p))
     return ci_fail("kv attach: converted blocks need a plan that converted by position %lld",
                    (long long)p);

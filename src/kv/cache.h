@@ -52,6 +52,7 @@ typedef struct {
   ci_kv_group *groups; /* [n_groups] */
   int *group_of_layer; /* [n_layers] */
   int *slot_of_layer;  /* [n_layers] index of the layer inside its group */
+  int64_t state_bytes; /* recurrent state of each sequence (hybrid models), 0 for none */
 } ci_kv_cache;
 
 /* One sequence's view of the cache: its length and one block table per group. Entry i of a
@@ -83,6 +84,9 @@ typedef struct {
   int64_t rollback_reserve; /* R: sliding groups keep every position >= n - W + 1 - R */
   int round_open;           /* a round is open: commits neither convert nor close it */
   int64_t round_start;      /* n when the open round began */
+  /* Recurrent state (hybrid models: cache->state_bytes of backend memory, zero at creation;
+   * the model's layers define its layout), NULL without one. */
+  float *state;
 } ci_kv_seq;
 
 /* One block of one group as a prefix-cache entry holds it: its pool (format) and id; id -1 when
@@ -121,13 +125,25 @@ int64_t ci_kv_cache_block_cost(const ci_kv_cache *cache, int g, const ci_kv_form
 /* Bytes of one slab: pools take arena memory in slabs. */
 int64_t ci_kv_cache_slab_bytes(const ci_kv_cache *cache);
 
+/* Gives every sequence of the cache a recurrent state of `bytes` (backend memory, zeroed, taken
+ * with the sequence and freed with it) beside its KV blocks: the fixed per-sequence part of a
+ * hybrid model's cache. Only before any sequence exists. Returns CI_OK or CI_ERR. A cache with
+ * states refuses what a recurrent state cannot follow: prefix attach (the state at the prefix
+ * end is not stored with the blocks) and speculative rounds (a rejected token cannot be taken
+ * back out of the state). */
+int ci_kv_cache_set_state_bytes(ci_kv_cache *cache, int64_t bytes);
+
+/* Bytes of one sequence's recurrent state (0 without). */
+int64_t ci_kv_cache_state_bytes(const ci_kv_cache *cache);
+
 /* Frees the cache; every sequence must have been freed first. */
 void ci_kv_cache_free(ci_kv_cache *cache);
 
 /* Blocks in use, summed over groups and formats. */
 int64_t ci_kv_cache_blocks_used(const ci_kv_cache *cache);
 
-/* Bytes of KV storage in use (blocks in use x bytes per block, K and V, every layer). */
+/* Bytes of KV storage in use (blocks in use x bytes per block, K and V, every layer), plus the
+ * recurrent states of the live sequences. */
 int64_t ci_kv_cache_bytes_used(const ci_kv_cache *cache);
 
 /* Blocks and bytes of one storage format, summed over the layer groups that use it. */

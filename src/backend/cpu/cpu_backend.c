@@ -2,6 +2,7 @@
 #include "backend/cpu/cpu_backend.h"
 
 #include "base/error.h"
+#include "backend/cpu/deltanet.h"
 #include "backend/cpu/kv_kernels.h"
 #include "base/threadpool.h"
 
@@ -201,6 +202,11 @@ static void cpu_silu_mul(ci_backend *be, float *gate, const float *up, int64_t n
     float g = gate[i];
     gate[i] = g / (1.0f + expf(-g)) * up[i];
   }
+}
+
+static void cpu_sigmoid_mul(ci_backend *be, float *x, const float *gate, int64_t n) {
+  (void)be;
+  for (int64_t i = 0; i < n; i++) x[i] *= 1.0f / (1.0f + expf(-gate[i]));
 }
 
 /* GELU with the tanh approximation, x^3 as a power (docs/models.md §3). */
@@ -472,6 +478,11 @@ static int cpu_attention(ci_backend *be, const ci_attention_args *args) {
   return CI_OK;
 }
 
+static int cpu_gated_deltanet(ci_backend *be, const ci_deltanet_args *args) {
+  cpu_backend *cpu = as_cpu(be);
+  return ci_cpu_gated_deltanet(cpu->pool, &cpu->scratch, args);
+}
+
 /* ==== Life cycle ==== */
 
 static void cpu_destroy(ci_backend *be) {
@@ -515,6 +526,8 @@ static const ci_backend_ops cpu_ops = {
     .rope = cpu_rope,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
+    .sigmoid_mul = cpu_sigmoid_mul,
+    .gated_deltanet = cpu_gated_deltanet,
 };
 
 ci_backend *ci_cpu_backend_create(int n_threads) {
