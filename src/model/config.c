@@ -116,7 +116,7 @@ int ci_model_spec_from_json(json_t *config, ci_model_spec *spec) {
     }
   }
   /* a Qwen3.5 multimodal wrapper: the top-level tie_word_embeddings decides */
-  if (status == CI_OK && text != config && !strcmp(family->model_type, "qwen3_5") &&
+  if (status == CI_OK && text != config && !strncmp(family->model_type, "qwen3_5", 7) &&
       json_object_get(config, "tie_word_embeddings"))
     status = ci_cfg_bool(config, "tie_word_embeddings", spec->tied, &spec->tied);
   /* MLX conversions keep the quantization map at the top level of a nested config */
