@@ -7,8 +7,9 @@
  * q4) a prefill of T tokens then T' decode steps gives the logits of one prefill of T + T', every
  * chunking gives the same logits, batched rows are bit-identical to solo runs, the MLX layout
  * (conv1d [C, Kc, 1], norms with the +1 folded in) gives the raw layout's logits, and what a
- * recurrent state cannot follow (speculative rounds, prefix attach, a cache without states) is
- * refused with a message. */
+ * recurrent state cannot follow (speculative rounds, a prefix attach without a state, a cache
+ * without states) is refused with a message; the engine's prefix cache resumes a hybrid model from
+ * its state snapshots with the tokens of a run without the cache. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,6 +21,7 @@
 #include "base/error.h"
 #include "cinfer.h"
 #include "engine/engine.h"
+#include "sample/sampler.h"
 #include "io/safetensors.h"
 #include "io/safetensors_write.h"
 #include "model/model.h"
@@ -559,7 +561,7 @@ static void check_refusals(ci_model *m) {
   for (int g = 0; g < cache->n_groups && g < 2; g++) refs[g] = ci_kv_seq_block(seq, g, 0);
   assert_int_equal(cache->n_groups, 1);
   assert_int_equal(ci_kv_seq_attach(other, 1, refs, 0, 0), CI_ERR);
-  assert_non_null(strstr(ci_last_error(), "prefix reuse"));
+  assert_non_null(strstr(ci_last_error(), "recurrent state"));
   ci_kv_seq_free(other);
   ci_kv_seq_free(seq);
   ci_kv_cache_free(cache);
@@ -579,6 +581,80 @@ static void check_refusals(ci_model *m) {
   assert_non_null(strstr(ci_last_error(), "speculative"));
 }
 
+/* Runs a job to the end on `e`; returns the tokens (and their logprobs) and the DONE event. */
+static int run_job(ci_engine *e, const ci_engine_job *job, int32_t *tokens, float *logprobs,
+                   ci_engine_event *done) {
+  ci_engine_request *r = NULL;
+  if (ci_engine_submit(e, job, &r) != CI_ENGINE_SUBMITTED) fail_msg("submit: %s", ci_last_error());
+  int n = 0;
+  ci_engine_event ev;
+  for (;;) {
+    assert_int_equal(ci_engine_request_next(r, &ev, 60.0), 1);
+    if (ev.kind != CI_ENGINE_EVENT_TOKEN) break;
+    tokens[n] = ev.token;
+    logprobs[n++] = ev.logprob;
+  }
+  if (ev.kind != CI_ENGINE_EVENT_DONE) fail_msg("request: %s", ev.message);
+  *done = ev;
+  ci_engine_request_release(r);
+  return n;
+}
+
+/* The engine's prefix cache on a hybrid model: a repeated prompt resumes from the snapshot at
+ * its last prefill-chunk boundary (96 of 100 tokens: the same chunks as without the cache, so
+ * the same logprobs bit for bit), and the next turn of a conversation from the snapshot the
+ * first request left while decoding (112); both give the tokens of an engine without cache. */
+static void check_prefix_cache(ci_model *m) {
+  enum { P = 100, GEN = 14, MORE = 20, NEXT = P + GEN + MORE };
+  int32_t prompt[NEXT], ref[2][GEN], got[GEN];
+  float ref_lp[2][GEN], got_lp[GEN];
+  prompt_ids(prompt, P, m->spec.vocab);
+  ci_engine_job job;
+  memset(&job, 0, sizeof job);
+  job.prompt = prompt;
+  job.n_prompt = P;
+  job.max_tokens = GEN;
+  ci_sampler_params_default(&job.sampling);
+  job.sampling.temperature = 0;
+  ci_engine_options o;
+  ci_engine_options_default(&o);
+  o.prefill_chunk = 32;
+  o.batch_tokens = 64;
+  o.ctx_size = 512;
+  o.prefix_cache_bytes = 0;
+  ci_engine_event done;
+  ci_engine *plain = ci_engine_create(m, &o);
+  assert_non_null(plain);
+  assert_int_equal(run_job(plain, &job, ref[0], ref_lp[0], &done), GEN);
+  ci_engine_job next = job;
+  next.prompt = prompt;
+  next.n_prompt = NEXT;
+  memcpy(prompt + P, ref[0], sizeof ref[0]);
+  for (int t = 0; t < MORE; t++) prompt[P + GEN + t] = (int32_t)(t + 5);
+  assert_int_equal(run_job(plain, &next, ref[1], ref_lp[1], &done), GEN);
+  assert_int_equal(done.cached_tokens, 0);
+  ci_engine_free(plain);
+
+  o.prefix_cache_bytes = 64 << 20;
+  ci_engine *e = ci_engine_create(m, &o);
+  assert_non_null(e);
+  assert_int_equal(run_job(e, &job, got, got_lp, &done), GEN);
+  assert_int_equal(done.cached_tokens, 0);
+  assert_memory_equal(got, ref[0], sizeof got);
+  assert_int_equal(run_job(e, &job, got, got_lp, &done), GEN);
+  assert_int_equal(done.cached_tokens, 96);
+  assert_memory_equal(got, ref[0], sizeof got);
+  assert_memory_equal(got_lp, ref_lp[0], sizeof got_lp);
+  assert_int_equal(run_job(e, &next, got, got_lp, &done), GEN);
+  assert_int_equal(done.cached_tokens, 112);
+  assert_memory_equal(got, ref[1], sizeof got);
+  for (int t = 0; t < GEN; t++) assert_true(fabsf(got_lp[t] - ref_lp[1][t]) < 1e-4f);
+  ci_engine_stats stats;
+  ci_engine_get_stats(e, &stats);
+  assert_int_equal(stats.prefix_hits, 2);
+  ci_engine_free(e);
+}
+
 static void test_random_bf16(void **state) {
   (void)state;
   random_model r;
@@ -586,6 +662,7 @@ static void test_random_bf16(void **state) {
   check_chunkings(r.model, "bf16");
   check_batch_invariance(r.model);
   check_refusals(r.model);
+  check_prefix_cache(r.model);
   close_random(&r);
 }
 

@@ -438,9 +438,6 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
   }
   e->stats.kv_budget_bytes = e->o.kv_budget_bytes;
   if (e->o.prefix_cache_bytes < 0) e->o.prefix_cache_bytes = 0;
-  /* hybrid models: the prefix cache stores KV blocks but not the recurrent state at the prefix
-   * end, so a cached prefix cannot be resumed; it stays off for them */
-  if (model->spec.n_deltanet_layers > 0) e->o.prefix_cache_bytes = 0;
   if (e->o.prefix_cache_bytes > e->o.kv_budget_bytes)
     e->o.prefix_cache_bytes = e->o.kv_budget_bytes;
   e->stats.prefix_cache_max_bytes = e->o.prefix_cache_bytes;
@@ -611,6 +608,10 @@ static void register_prefix(ci_engine *e, ci_engine_request *r, int force) {
   if (ci_prefix_cache_insert(e->prefix, key, r->history, seq) == CI_OK) {
     r->pc_blocks = blocks;
     r->pc_converted = seq->converted;
+    /* hybrid models: the recurrent state when the step ended on a block boundary (every
+     * prefill chunk of a multiple of T; while decoding, the latest boundary only) */
+    if (seq->state)
+      ci_prefix_cache_snapshot(e->prefix, key, r->history, seq, r->state == REQ_DECODE);
   }
 }
 

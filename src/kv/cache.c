@@ -557,15 +557,33 @@ ci_kv_block_ref ci_kv_seq_block(const ci_kv_seq *seq, int g, int64_t i) {
   return (ci_kv_block_ref){table->pool, i >= 0 && i < table->n_entries ? table->entries[i] : -1};
 }
 
+static int attach_blocks(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *refs,
+                         int converted, int64_t conversion_offset);
+
 int ci_kv_seq_attach(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *refs, int converted,
                      int64_t conversion_offset) {
+  if (seq->state)
+    return ci_fail("kv attach: a hybrid (gated DeltaNet) model's sequence needs the recurrent "
+                   "state at the prefix end too (ci_kv_seq_attach_with_state)");
+  return attach_blocks(seq, n_blocks, refs, converted, conversion_offset);
+}
+
+int ci_kv_seq_attach_with_state(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *refs,
+                                int converted, int64_t conversion_offset, const float *state) {
+  if (!seq->state || !state)
+    return ci_fail("kv attach: a recurrent state is attached only to a sequence that has one");
+  if (attach_blocks(seq, n_blocks, refs, converted, conversion_offset)) return CI_ERR;
+  ci_backend *be = seq->cache->be;
+  be->ops->copy_bytes(be, seq->state, state, (size_t)seq->cache->state_bytes);
+  return CI_OK;
+}
+
+static int attach_blocks(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *refs,
+                         int converted, int64_t conversion_offset) {
   ci_kv_cache *cache = seq->cache;
   const int64_t T = cache->block_tokens, p = n_blocks * T;
   if (seq->n != 0) return ci_fail("kv attach: the sequence is not empty");
   if (n_blocks < 1) return ci_fail("kv attach: no blocks");
-  if (seq->state)
-    return ci_fail("kv attach: prefix reuse is not supported for hybrid (gated DeltaNet) models "
-                   "(the recurrent state at the prefix end is not stored with the blocks)");
   if (converted && (!seq->has_plan || conversion_offset > p))
     return ci_fail("kv attach: converted blocks need a plan that converted by position %lld",
                    (long long)p);

@@ -128,9 +128,9 @@ int64_t ci_kv_cache_slab_bytes(const ci_kv_cache *cache);
 /* Gives every sequence of the cache a recurrent state of `bytes` (backend memory, zeroed, taken
  * with the sequence and freed with it) beside its KV blocks: the fixed per-sequence part of a
  * hybrid model's cache. Only before any sequence exists. Returns CI_OK or CI_ERR. A cache with
- * states refuses what a recurrent state cannot follow: prefix attach (the state at the prefix
- * end is not stored with the blocks) and speculative rounds (a rejected token cannot be taken
- * back out of the state). */
+ * states refuses what a recurrent state cannot follow: speculative rounds (a rejected token
+ * cannot be taken back out of the state) and a prefix attach without the state at the prefix
+ * end (ci_kv_seq_attach_with_state gives it). */
 int ci_kv_cache_set_state_bytes(ci_kv_cache *cache, int64_t bytes);
 
 /* Bytes of one sequence's recurrent state (0 without). */
@@ -231,6 +231,12 @@ ci_kv_block_ref ci_kv_seq_block(const ci_kv_seq *seq, int g, int64_t i);
  * (ci_kv_seq_reserve). */
 int ci_kv_seq_attach(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *refs, int converted,
                      int64_t conversion_offset);
+
+/* ci_kv_seq_attach for a sequence with a recurrent state (hybrid models): the blocks as there,
+ * and the state becomes a copy of `state` (cache->state_bytes, backend memory), which must be
+ * the state the producing sequence had at exactly n_blocks * T positions. */
+int ci_kv_seq_attach_with_state(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *refs,
+                                int converted, int64_t conversion_offset, const float *state);
 
 /* Brings the backend's copy of the sequence's block tables up to date (before a step that reads
  * them; nothing to do where the backend shares host memory). */
