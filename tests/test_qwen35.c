@@ -7,9 +7,10 @@
  * q4) a prefill of T tokens then T' decode steps gives the logits of one prefill of T + T', every
  * chunking gives the same logits, batched rows are bit-identical to solo runs, the MLX layout
  * (conv1d [C, Kc, 1], norms with the +1 folded in) gives the raw layout's logits, and what a
- * recurrent state cannot follow (speculative rounds, a prefix attach without a state, a cache
- * without states) is refused with a message; the engine's prefix cache resumes a hybrid model from
- * its state snapshots with the tokens of a run without the cache. */
+ * recurrent state cannot follow (a prefix attach without a state, a cache without states) is
+ * refused with a message; a speculative round rolls the state back to its last kept row, and
+ * speculative decoding gives the tokens of plain decoding; the engine's prefix cache resumes a
+ * hybrid model from its state snapshots with the tokens of a run without the cache. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -406,6 +407,8 @@ static void rm_dir(const char *dir) {
   unlink(path);
   snprintf(path, sizeof path, "%s/model.safetensors", dir);
   unlink(path);
+  snprintf(path, sizeof path, "%s/kv_config.json", dir);
+  unlink(path);
   rmdir(dir);
 }
 
@@ -554,8 +557,6 @@ static void check_refusals(ci_model *m) {
   int32_t ids[40];
   prompt_ids(ids, 40, m->spec.vocab);
   assert_int_equal(ci_model_forward(m, seq, ids, 32, NULL, 0), CI_OK);
-  assert_int_equal(ci_kv_seq_round_open(seq, 3), CI_ERR);
-  assert_non_null(strstr(ci_last_error(), "recurrent state"));
   ci_kv_seq *other = ci_kv_seq_create(cache);
   ci_kv_block_ref refs[2];
   for (int g = 0; g < cache->n_groups && g < 2; g++) refs[g] = ci_kv_seq_block(seq, g, 0);
@@ -573,12 +574,6 @@ static void check_refusals(ci_model *m) {
   assert_non_null(strstr(ci_last_error(), "recurrent state"));
   ci_kv_seq_free(stateless);
   ci_kv_cache_free(plain);
-  /* the engine: speculation is refused; the prefix cache stays off */
-  ci_engine_options o;
-  ci_engine_options_default(&o);
-  o.lookup_ngram = 3;
-  assert_null(ci_engine_create(m, &o));
-  assert_non_null(strstr(ci_last_error(), "speculative"));
 }
 
 /* Runs a job to the end on `e`; returns the tokens (and their logprobs) and the DONE event. */
@@ -598,6 +593,90 @@ static int run_job(ci_engine *e, const ci_engine_job *job, int32_t *tokens, floa
   *done = ev;
   ci_engine_request_release(r);
   return n;
+}
+
+/* A speculative round on a hybrid model: 5 rows verified at once, 2 kept; the state (and the
+ * logits after it) are those of a sequence that decoded the 2 rows one by one; a step longer
+ * than the room of the round's checkpoints is refused. */
+static void check_rollback(ci_model *m) {
+  const int V = m->spec.vocab;
+  ci_kv_cache *cache = ci_model_kv_cache_create(m, CI_KV_BF16, 16, 0);
+  ci_kv_seq *solo = ci_kv_seq_create(cache), *spec = ci_kv_seq_create(cache);
+  int32_t ids[50];
+  prompt_ids(ids, 50, V);
+  float *a = malloc(5 * (size_t)V * sizeof(float)), *b = malloc(5 * (size_t)V * sizeof(float));
+  assert_int_equal(ci_model_forward(m, solo, ids, 40, NULL, 0), CI_OK);
+  assert_int_equal(ci_model_forward(m, spec, ids, 40, NULL, 0), CI_OK);
+  for (int t = 40; t < 45; t++)
+    assert_int_equal(ci_model_forward(m, solo, ids + t, 1, a + (size_t)(t - 40) * V, 1), CI_OK);
+  ci_kv_seq_set_rollback_reserve(spec, 5);
+  assert_int_equal(ci_kv_seq_round_open(spec, 5), CI_OK);
+  assert_int_equal(ci_model_forward(m, spec, ids + 40, 5, b, 5), CI_OK);
+  /* every verified row equals the single-row decode of the same token */
+  const float d = max_abs_diff(a, b, 5 * (size_t)V);
+  printf("  round of 5 rows vs 5 single steps: max |dlogit| %.2e\n", d);
+  assert_true(d < 1e-5f);
+  assert_int_equal(ci_kv_seq_round_close(spec, 42), CI_OK);
+  /* continue both from 42 with the same tokens */
+  ci_kv_seq *ref = ci_kv_seq_create(cache);
+  assert_int_equal(ci_model_forward(m, ref, ids, 40, NULL, 0), CI_OK);
+  for (int t = 40; t < 42; t++) assert_int_equal(ci_model_forward(m, ref, ids + t, 1, a, 1), CI_OK);
+  const int64_t floats = ci_spec_state_bytes(&m->spec) / (int64_t)sizeof(float);
+  float worst = max_abs_diff(ref->state, spec->state, (size_t)floats);
+  printf("  state after rollback to 2 kept rows: max |d| %.2e\n", worst);
+  assert_true(worst < 1e-5f);
+  const int32_t next[3] = {7, 9, 11};
+  for (int t = 0; t < 3; t++) {
+    assert_int_equal(ci_model_forward(m, ref, next + t, 1, a, 1), CI_OK);
+    assert_int_equal(ci_model_forward(m, spec, next + t, 1, b, 1), CI_OK);
+    assert_true(max_abs_diff(a, b, (size_t)V) < 1e-5f);
+  }
+  /* a round's step may not outgrow the room of its checkpoints (6 states, from the round of 5) */
+  assert_int_equal(ci_kv_seq_round_open(spec, 2), CI_OK);
+  assert_int_equal(ci_model_forward(m, spec, ids, 6, NULL, 0), CI_ERR);
+  assert_non_null(strstr(ci_last_error(), "checkpoints"));
+  assert_int_equal(ci_kv_seq_round_close(spec, spec->n), CI_OK);
+  ci_kv_seq_free(ref);
+  ci_kv_seq_free(solo);
+  ci_kv_seq_free(spec);
+  ci_kv_cache_free(cache);
+  free(a);
+  free(b);
+}
+
+/* Speculative decoding by prompt lookup in the engine gives the tokens of plain decoding, with
+ * drafts accepted. */
+static void check_speculation(ci_model *m) {
+  enum { P = 60, GEN = 24 };
+  int32_t prompt[P], ref[GEN], got[GEN];
+  float ref_lp[GEN], got_lp[GEN];
+  for (int t = 0; t < P; t++) prompt[t] = (int32_t)(3 + t % 6); /* repetitive: drafts exist */
+  ci_engine_job job;
+  memset(&job, 0, sizeof job);
+  job.prompt = prompt;
+  job.n_prompt = P;
+  job.max_tokens = GEN;
+  ci_sampler_params_default(&job.sampling);
+  job.sampling.temperature = 0;
+  ci_engine_options o;
+  ci_engine_options_default(&o);
+  o.ctx_size = 256;
+  o.prefix_cache_bytes = 0;
+  ci_engine_event done;
+  ci_engine *plain = ci_engine_create(m, &o);
+  assert_non_null(plain);
+  assert_int_equal(run_job(plain, &job, ref, ref_lp, &done), GEN);
+  ci_engine_free(plain);
+  o.lookup_ngram = 2;
+  o.draft_max = 4;
+  ci_engine *e = ci_engine_create(m, &o);
+  if (!e) fail_msg("speculative engine: %s", ci_last_error());
+  assert_int_equal(run_job(e, &job, got, got_lp, &done), GEN);
+  printf("  speculation: %d drafted, %d accepted\n", done.draft_tokens, done.accepted_tokens);
+  assert_true(done.draft_tokens > 0);
+  assert_memory_equal(got, ref, sizeof got);
+  for (int t = 0; t < GEN; t++) assert_true(fabsf(got_lp[t] - ref_lp[t]) < 1e-4f);
+  ci_engine_free(e);
 }
 
 /* The engine's prefix cache on a hybrid model: a repeated prompt resumes from the snapshot at
@@ -662,7 +741,9 @@ static void test_random_bf16(void **state) {
   check_chunkings(r.model, "bf16");
   check_batch_invariance(r.model);
   check_refusals(r.model);
+  check_rollback(r.model);
   check_prefix_cache(r.model);
+  check_speculation(r.model);
   close_random(&r);
 }
 
@@ -672,6 +753,33 @@ static void test_random_q4(void **state) {
   open_random(&r, "q4");
   assert_int_equal(r.model->layers[0].dn_in_qkv.dtype, CI_Q4);
   check_chunkings(r.model, "q4");
+  close_random(&r);
+}
+
+/* kv_config.json lists Qwen3.5's cache layers by their layer index: layer 3 is cache layer 1;
+ * a DeltaNet layer is refused. */
+static void test_kv_config(void **state) {
+  (void)state;
+  random_model r;
+  open_random(&r, "bf16");
+  char path[256];
+  snprintf(path, sizeof path, "%s/kv_config.json", r.dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs("[{\"layer_idx\": 3, \"bits\": 8, \"group_size\": 32}]\n", f);
+  fclose(f);
+  ci_model *m = ci_model_load(r.dir, r.be);
+  if (!m) fail_msg("load with kv_config.json: %s", ci_last_error());
+  assert_non_null(m->kv_config);
+  assert_int_equal(m->kv_config[0].codec, CI_KV_BF16);
+  assert_int_equal(m->kv_config[1].codec, CI_KV_AFFINE);
+  assert_int_equal(m->kv_config[1].k_bits, 8);
+  ci_model_free(m);
+  f = fopen(path, "w");
+  fputs("[{\"layer_idx\": 2, \"bits\": 8}]\n", f);
+  fclose(f);
+  assert_null(ci_model_load(r.dir, r.be));
+  assert_non_null(strstr(ci_last_error(), "layer_idx 2 is not a layer with a KV cache"));
   close_random(&r);
 }
 
@@ -748,7 +856,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_config),      cmocka_unit_test(test_deltanet_op),
       cmocka_unit_test(test_random_bf16), cmocka_unit_test(test_random_q4),
-      cmocka_unit_test(test_mlx_layout),
+      cmocka_unit_test(test_mlx_layout),  cmocka_unit_test(test_kv_config),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

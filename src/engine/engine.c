@@ -374,13 +374,6 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
            NULL;
   }
   e->speculates = e->o.lookup_ngram > 0 || e->o.draft_model;
-  if (e->speculates && model->spec.n_deltanet_layers > 0) {
-    ci_fail("engine: speculative decoding is not supported for %s (hybrid gated DeltaNet) "
-            "models yet: a rejected draft token cannot be rolled back out of the recurrent state",
-            model->spec.model_type);
-    free(e);
-    return NULL;
-  }
   if (e->o.draft_model && e->o.draft_model->spec.vocab != model->spec.vocab) {
     ci_fail("engine: the draft model has %d tokens in its vocabulary, the model %d (a draft "
             "model must share the model's tokenizer)",

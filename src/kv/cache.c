@@ -311,6 +311,7 @@ void ci_kv_seq_free(ci_kv_seq *seq) {
   }
   if (seq->row >= 0) seq->cache->row_taken[seq->row] = 0;
   if (seq->state) seq->cache->be->ops->release(seq->cache->be, seq->state);
+  if (seq->checkpoints) seq->cache->be->ops->release(seq->cache->be, seq->checkpoints);
   seq->cache->n_live_seqs--;
   free(seq->tables);
   free(seq);
@@ -512,17 +513,33 @@ void ci_kv_seq_set_rollback_reserve(ci_kv_seq *seq, int64_t reserve) {
   seq->rollback_reserve = reserve > 0 ? reserve : 0;
 }
 
+/* A recurrent sequence's checkpoints for a round of n_rows rows: room for n_rows + 1 states, the
+ * first one the state at the round start. */
+static int open_checkpoints(ci_kv_seq *seq, int64_t n_rows) {
+  ci_kv_cache *cache = seq->cache;
+  ci_backend *be = cache->be;
+  const size_t bytes = (size_t)cache->state_bytes;
+  if (seq->n_checkpoints < n_rows + 1) {
+    if (seq->checkpoints) be->ops->release(be, seq->checkpoints);
+    seq->n_checkpoints = 0;
+    seq->checkpoints = be->ops->alloc_uninitialized(be, (size_t)(n_rows + 1) * bytes);
+    if (!seq->checkpoints)
+      return ci_fail_context("kv sequence: state checkpoints of a %lld-row round",
+                             (long long)n_rows);
+    seq->n_checkpoints = n_rows + 1;
+  }
+  be->ops->copy_bytes(be, seq->checkpoints, seq->state, bytes);
+  return CI_OK;
+}
+
 int ci_kv_seq_round_open(ci_kv_seq *seq, int64_t n_rows) {
-  if (seq->state)
-    return ci_fail("kv sequence: speculative rounds are not supported for hybrid (gated "
-                   "DeltaNet) models: a rejected draft token cannot be rolled back out of the "
-                   "recurrent state");
   if (seq->round_open) return ci_fail("kv sequence: a speculative round is already open");
   if (n_rows < 1) return ci_fail("kv sequence: a speculative round needs at least one row");
   if (n_rows > 1 && n_rows > ci_kv_seq_chunk_limit(seq))
     return ci_fail("kv sequence: a speculative round of %lld rows at position %lld would reach "
                    "the conversion start %lld",
                    (long long)n_rows, (long long)seq->n, (long long)seq->start);
+  if (seq->state && open_checkpoints(seq, n_rows)) return CI_ERR;
   seq->round_open = 1;
   seq->round_start = seq->n;
   return CI_OK;
@@ -546,6 +563,13 @@ int ci_kv_seq_round_close(ci_kv_seq *seq, int64_t n_keep) {
       if (table->first_live > keep_blocks) table->first_live = keep_blocks;
       if (table->sync_from > keep_blocks) table->sync_from = keep_blocks;
     }
+  }
+  if (seq->state && n_keep < seq->n) { /* the state after the last kept row */
+    ci_backend *be = seq->cache->be;
+    const size_t bytes = (size_t)seq->cache->state_bytes;
+    be->ops->copy_bytes(
+        be, seq->state,
+        (const char *)seq->checkpoints + (size_t)(n_keep - seq->round_start) * bytes, bytes);
   }
   seq->n = n_keep;
   seq->round_open = 0;

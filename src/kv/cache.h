@@ -87,6 +87,10 @@ typedef struct {
   /* Recurrent state (hybrid models: cache->state_bytes of backend memory, zero at creation;
    * the model's layers define its layout), NULL without one. */
   float *state;
+  /* Its checkpoints during a speculative round: the state at the round start, then after each
+   * row of the round's step (written by the step), n_checkpoints states of room. */
+  float *checkpoints;
+  int64_t n_checkpoints;
 } ci_kv_seq;
 
 /* One block of one group as a prefix-cache entry holds it: its pool (format) and id; id -1 when
@@ -127,10 +131,10 @@ int64_t ci_kv_cache_slab_bytes(const ci_kv_cache *cache);
 
 /* Gives every sequence of the cache a recurrent state of `bytes` (backend memory, zeroed, taken
  * with the sequence and freed with it) beside its KV blocks: the fixed per-sequence part of a
- * hybrid model's cache. Only before any sequence exists. Returns CI_OK or CI_ERR. A cache with
- * states refuses what a recurrent state cannot follow: speculative rounds (a rejected token
- * cannot be taken back out of the state) and a prefix attach without the state at the prefix
- * end (ci_kv_seq_attach_with_state gives it). */
+ * hybrid model's cache. Only before any sequence exists. Returns CI_OK or CI_ERR. With states,
+ * a speculative round keeps a checkpoint of the state after each of its rows (the step writes
+ * them), and closing it restores the one after the last kept row; a prefix attach needs the
+ * state at the prefix end (ci_kv_seq_attach_with_state). */
 int ci_kv_cache_set_state_bytes(ci_kv_cache *cache, int64_t bytes);
 
 /* Bytes of one sequence's recurrent state (0 without). */

@@ -182,7 +182,16 @@ static int deltanet_block(ci_model *m, const step_rows *sr, int li, int n, ci_wo
   int index = 0; /* this layer's place among the DeltaNet layers: its part of each state */
   for (int i = 0; i < li; i++) index += s->layers[i].mixer == CI_MIXER_DELTANET;
   const int64_t offset = (int64_t)index * ci_spec_deltanet_layer_floats(s);
-  for (int i = 0; i < sr->kv.n_seqs; i++) act->dn_states[i] = sr->seqs[i].seq->state + offset;
+  const int64_t total = ci_spec_state_bytes(s) / (int64_t)sizeof(float); /* a whole state */
+  int rounds = 0; /* sequences in a speculative round keep per-row checkpoints */
+  for (int i = 0; i < sr->kv.n_seqs; i++) {
+    const ci_kv_seq *seq = sr->seqs[i].seq;
+    act->dn_states[i] = seq->state + offset;
+    act->dn_checkpoints[i] =
+        seq->round_open ? seq->checkpoints + (seq->n - seq->round_start + 1) * total + offset
+                        : NULL;
+    rounds += seq->round_open;
+  }
   const ci_deltanet_args args = {.qkv = act->dn_qkv,
                                  .z = act->dn_z,
                                  .b = act->dn_b,
@@ -201,7 +210,9 @@ static int deltanet_block(ci_model *m, const step_rows *sr, int li, int n, ci_wo
                                  .n_seqs = sr->kv.n_seqs,
                                  .first_row = sr->kv.first_row,
                                  .n_rows = sr->kv.n_rows,
-                                 .states = act->dn_states};
+                                 .states = act->dn_states,
+                                 .checkpoints = rounds ? act->dn_checkpoints : NULL,
+                                 .checkpoint_stride = total};
   if (be->ops->gated_deltanet(be, &args)) return CI_ERR;
   return matmul(be, sr, &L->dn_out, act->dn_out, n, act->proj);
 }
@@ -286,6 +297,9 @@ static int check_step(const ci_model *m, const ci_step_seq *seqs, int n_seqs) {
       return ci_fail("step: %d rows cross the sequence's KV conversion point", q->n_rows);
     for (int j = 0; j < i; j++)
       if (seqs[j].seq == q->seq) return ci_fail("step: a sequence appears twice in a step");
+    if (s->n_deltanet_layers > 0 && q->seq->round_open &&
+        q->seq->n + q->n_rows - q->seq->round_start >= q->seq->n_checkpoints)
+      return ci_fail("step: %d rows exceed the speculative round's state checkpoints", q->n_rows);
     if (s->n_deltanet_layers > 0 &&
         (!q->seq->state || q->seq->cache->state_bytes < ci_spec_state_bytes(s)))
       return ci_fail("step: sequence %d has no recurrent state for this %s model (its KV cache "

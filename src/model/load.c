@@ -332,7 +332,8 @@ ci_model *ci_model_load_in(const char *model_dir, ci_backend *be, ci_weights_mem
   }
   m->files = ci_weights_open_in(model_dir, memory);
   if (!m->files || bind_all(m) ||
-      ci_kv_config_load(model_dir, m->spec.n_cache_layers, &m->kv_config)) {
+      ci_kv_config_load(model_dir, m->spec.n_cache_layers,
+                        m->spec.n_deltanet_layers ? m->spec.cache_layers : NULL, &m->kv_config)) {
     ci_model_free(m);
     return NULL;
   }

@@ -27,11 +27,11 @@ static void release_buffers(ci_workspace *ws) {
   if (ws->desc) ws->be->ops->release(ws->be, ws->desc);
   ws->desc = ws->ids = ws->pos = NULL;
   ws->logit_capacity = 0;
-  void **host[] = {(void **)&ws->desc_host,  (void **)&ws->seq_first,  (void **)&ws->seq_rows,
-                   (void **)&ws->logit_rows, (void **)&ws->logit_seg,  (void **)&ws->views,
-                   (void **)&ws->route_ids,  (void **)&ws->route_w,    (void **)&ws->rows,
-                   (void **)&ws->row_w,      (void **)&ws->expert_seg, (void **)&ws->head_rows,
-                   (void **)&ws->dn_states};
+  void **host[] = {(void **)&ws->desc_host,  (void **)&ws->seq_first,     (void **)&ws->seq_rows,
+                   (void **)&ws->logit_rows, (void **)&ws->logit_seg,     (void **)&ws->views,
+                   (void **)&ws->route_ids,  (void **)&ws->route_w,       (void **)&ws->rows,
+                   (void **)&ws->row_w,      (void **)&ws->expert_seg,    (void **)&ws->head_rows,
+                   (void **)&ws->dn_states,  (void **)&ws->dn_checkpoints};
   for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) {
     free(*host[i]);
     *host[i] = NULL;
@@ -104,7 +104,7 @@ int64_t ci_workspace_bytes(const ci_model_spec *s, int max_rows, int max_seqs) {
              2 * n * s->n_heads * (int64_t)sizeof(int32_t);
   if (s->n_deltanet_layers > 0)
     bytes += n * f * (w.dn_channels + 2 * w.dn_v_dim + 2 * (int64_t)s->deltanet.n_v_heads) +
-             max_seqs * (int64_t)sizeof(float *);
+             2 * max_seqs * (int64_t)sizeof(float *);
   bytes += 2 * 2 * n * (int64_t)sizeof(int32_t) + n * (int64_t)sizeof(int32_t);
   bytes += max_seqs * (int64_t)(3 * sizeof(int32_t) + sizeof(ci_paged_kv));
   return bytes;
@@ -161,7 +161,8 @@ int ci_workspace_fit(ci_workspace *ws, const ci_model_spec *s, int max_rows, int
          (ws->dn_b = be->ops->alloc(be, n * hv * f)) &&
          (ws->dn_a = be->ops->alloc(be, n * hv * f)) &&
          (ws->dn_out = be->ops->alloc(be, n * (size_t)w.dn_v_dim * f)) &&
-         (ws->dn_states = malloc((size_t)max_seqs * sizeof(float *)));
+         (ws->dn_states = malloc((size_t)max_seqs * sizeof(float *))) &&
+         (ws->dn_checkpoints = malloc((size_t)max_seqs * sizeof(float *)));
   }
   const size_t seqs = (size_t)max_seqs;
   ok = ok && (ws->desc = be->ops->alloc(be, 2 * n * sizeof(int32_t))) &&

@@ -57,6 +57,7 @@ typedef struct ci_workspace {
   /* Hybrid models, host memory. */
   int32_t *head_rows; /* (2 rows Hq) D-wide rows of the gated q_proj output: queries, then gates */
   float **dn_states;  /* (seqs) each sequence's state of one DeltaNet layer */
+  float **dn_checkpoints; /* (seqs) where a sequence in a speculative round keeps it per row */
 } ci_workspace;
 
 /* An empty workspace for `spec` on `be` (no buffers yet). NULL with ci_last_error. */

@@ -112,6 +112,12 @@ typedef struct {
   const int32_t *first_row; /* [n_seqs] host memory */
   const int32_t *n_rows;    /* [n_seqs] host memory */
   float *const *states;     /* [n_seqs] host array of backend pointers */
+  /* NULL, or [n_seqs] entries, NULL for a sequence without: where to keep this layer's state
+   * after each of the sequence's rows (a speculative round): after row r at
+   * checkpoints[i] + r * checkpoint_stride, laid out as the state. Such a sequence's rows run
+   * the recurrent form one by one (the arithmetic of single-row steps). */
+  float *const *checkpoints;
+  int64_t checkpoint_stride; /* floats */
 } ci_deltanet_args;
 
 /* ==== The op table ==== */

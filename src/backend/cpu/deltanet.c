@@ -5,8 +5,9 @@
  *   2. per row: q and k L2-normalised (q also scaled by Dk^-1/2), beta = sigmoid(b) and the
  *      log decay g = -exp(A_log) softplus(a + dt_bias);
  *   3. per (sequence, value head): the gated delta rule — one recurrent step when the sequence
- *      has a single row, else the block-parallel form over chunks of CI_DELTANET_CHUNK rows
- *      (the WY/UT form the reference's prefill uses) — then the gated RMSNorm of each row.
+ *      has a single row (or row by row, keeping a checkpoint after each, in a speculative
+ *      round), else the block-parallel form over chunks of CI_DELTANET_CHUNK rows (the WY/UT
+ *      form the reference's prefill uses) — then the gated RMSNorm of each row.
  * The state of a value head is S [Dk, Dv]: y = q S, and a step is
  * S <- gamma S;  S <- S + k (beta (v - k S)). */
 #include "backend/cpu/deltanet.h"
@@ -61,6 +62,12 @@ static void conv_task(void *ctx, int task, int thread) {
   float *tail = a->states[seq]; /* [K1, C] */
   /* X = concat(tail, rows): X[r] is tail row r for r < K1, else row r - K1 */
 #define X_AT(r, c) ((r) < K1 ? tail[(int64_t)(r)*C + (c)] : rows[(int64_t)((r)-K1) * C + (c)])
+  /* checkpoints: the tail after row t is X[t + 1 .. t + K1] */
+  float *ck = a->checkpoints ? a->checkpoints[seq] : NULL;
+  for (int t = 0; ck && t < n; t++)
+    for (int j = 0; j < K1; j++)
+      for (int c = c0; c < c1; c++)
+        ck[t * a->checkpoint_stride + (int64_t)j * C + c] = X_AT(t + 1 + j, c);
   float new_tail[(MAX_CONV_KERNEL - 1) * CONV_BLOCK];
   for (int j = 0; j < K1; j++)
     for (int c = c0; c < c1; c++) new_tail[j * CONV_BLOCK + (c - c0)] = X_AT(n + j, c);
@@ -190,7 +197,15 @@ static void head_task(void *ctx, int task, int thread) {
   const int64_t first = a->first_row[seq];
   float *S = a->states[seq] + job->conv_floats + (int64_t)hv * Dk * Dv;
   float *scratch = job->scratch + (int64_t)thread * job->scratch_per_thread;
-  if (n == 1) {
+  float *ck = a->checkpoints ? a->checkpoints[seq] : NULL;
+  if (ck) { /* row by row, keeping the state after each */
+    const int64_t offset = job->conv_floats + (int64_t)hv * Dk * Dv;
+    for (int r = 0; r < n; r++) {
+      recurrent_step(job, hv, first + r, S, a->out + (first + r) * job->Vd + (int64_t)hv * Dv,
+                     scratch);
+      memcpy(ck + r * a->checkpoint_stride + offset, S, (size_t)Dk * Dv * sizeof(float));
+    }
+  } else if (n == 1) {
     recurrent_step(job, hv, first, S, a->out + first * job->Vd + (int64_t)hv * Dv, scratch);
   } else {
     for (int c = 0; c < n; c += CI_DELTANET_CHUNK) {
