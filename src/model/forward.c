@@ -297,14 +297,14 @@ static int check_step(const ci_model *m, const ci_step_seq *seqs, int n_seqs) {
       return ci_fail("step: %d rows cross the sequence's KV conversion point", q->n_rows);
     for (int j = 0; j < i; j++)
       if (seqs[j].seq == q->seq) return ci_fail("step: a sequence appears twice in a step");
-    if (s->n_deltanet_layers > 0 && q->seq->round_open &&
-        q->seq->n + q->n_rows - q->seq->round_start >= q->seq->n_checkpoints)
-      return ci_fail("step: %d rows exceed the speculative round's state checkpoints", q->n_rows);
     if (s->n_deltanet_layers > 0 &&
         (!q->seq->state || q->seq->cache->state_bytes < ci_spec_state_bytes(s)))
       return ci_fail("step: sequence %d has no recurrent state for this %s model (its KV cache "
                      "must come from ci_model_kv_cache_create)",
                      i, s->model_type);
+    if (s->n_deltanet_layers > 0 && q->seq->round_open &&
+        q->seq->n + q->n_rows - q->seq->round_start >= q->seq->n_checkpoints)
+      return ci_fail("step: %d rows exceed the speculative round's state checkpoints", q->n_rows);
   }
   return CI_OK;
 }

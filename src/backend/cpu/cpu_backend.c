@@ -480,7 +480,7 @@ static int cpu_attention(ci_backend *be, const ci_attention_args *args) {
 
 static int cpu_gated_deltanet(ci_backend *be, const ci_deltanet_args *args) {
   cpu_backend *cpu = as_cpu(be);
-  return ci_cpu_gated_deltanet(cpu->pool, &cpu->scratch, args);
+  return ci_cpu_gated_deltanet(cpu->pool, &cpu->scratch, cpu->vec, args);
 }
 
 /* ==== Life cycle ==== */

@@ -21,11 +21,12 @@ enum { CONV_BLOCK = 256, MAX_CONV_KERNEL = 16 };
 
 typedef struct {
   const ci_deltanet_args *a;
-  int C, Kd, Vd, K1;   /* channels, key width, value width, tail rows */
-  int conv_blocks;     /* channel blocks per sequence */
-  int64_t conv_floats; /* floats of a state's convolution tail */
-  float *beta, *decay; /* [rows, Hv] */
-  float *scratch;      /* per thread: scratch_per_thread floats */
+  const ci_cpu_vec_kernels *vec; /* dot and axpy of the CPU's ISA */
+  int C, Kd, Vd, K1;             /* channels, key width, value width, tail rows */
+  int conv_blocks;               /* channel blocks per sequence */
+  int64_t conv_floats;           /* floats of a state's convolution tail */
+  float *beta, *decay;           /* [rows, Hv] */
+  float *scratch;                /* per thread: scratch_per_thread floats */
   int64_t scratch_per_thread;
 } dn_job;
 
@@ -36,17 +37,6 @@ static inline float silu(float x) {
 /* torch.nn.functional.softplus (beta 1, threshold 20). */
 static inline float softplus(float x) {
   return x > 20.0f ? x : log1pf(expf(x));
-}
-
-static float dot(const float *restrict x, const float *restrict y, int n) {
-  float s = 0.0f;
-  for (int i = 0; i < n; i++) s += x[i] * y[i];
-  return s;
-}
-
-/* y[i] += c * x[i]. */
-static void axpy(float *restrict y, float c, const float *restrict x, int n) {
-  for (int i = 0; i < n; i++) y[i] += c * x[i];
 }
 
 /* Pass 1: channels [c0, c1) of sequence `seq`. */
@@ -97,7 +87,7 @@ static void prepare_task(void *ctx, int task, int thread) {
   const float q_scale = 1.0f / sqrtf((float)Dk);
   for (int h = 0; h < 2 * a->n_k_heads; h++) { /* the q heads, then the k heads */
     float *x = row + (int64_t)h * Dk;
-    const float inv = 1.0f / sqrtf(dot(x, x, Dk) + 1e-6f);
+    const float inv = 1.0f / sqrtf(job->vec->dot_f32(x, x, Dk) + 1e-6f);
     for (int i = 0; i < Dk; i++) x[i] *= inv;
     if (h < a->n_k_heads)
       for (int i = 0; i < Dk; i++) x[i] *= q_scale;
@@ -122,11 +112,11 @@ static void recurrent_step(const dn_job *job, int hv, int64_t row, float *restri
   const float beta = job->beta[row * a->n_v_heads + hv];
   for (int64_t i = 0; i < (int64_t)Dk * Dv; i++) S[i] *= gamma;
   memset(m, 0, (size_t)Dv * sizeof *m);
-  for (int d = 0; d < Dk; d++) axpy(m, k[d], S + (int64_t)d * Dv, Dv);
+  for (int d = 0; d < Dk; d++) job->vec->axpy_f32(m, k[d], S + (int64_t)d * Dv, Dv);
   for (int j = 0; j < Dv; j++) m[j] = (v[j] - m[j]) * beta; /* delta */
-  for (int d = 0; d < Dk; d++) axpy(S + (int64_t)d * Dv, k[d], m, Dv);
+  for (int d = 0; d < Dk; d++) job->vec->axpy_f32(S + (int64_t)d * Dv, k[d], m, Dv);
   memset(y, 0, (size_t)Dv * sizeof *y);
-  for (int d = 0; d < Dk; d++) axpy(y, q[d], S + (int64_t)d * Dv, Dv);
+  for (int d = 0; d < Dk; d++) job->vec->axpy_f32(y, q[d], S + (int64_t)d * Dv, Dv);
 }
 
 /* Rows [first, first + L) of value head hv in the block-parallel form: with cum the running
@@ -157,30 +147,32 @@ static void chunk_block(const dn_job *job, int hv, int64_t first, int L, float *
     for (int j = 0; j < Dv; j++) u[j] = vi[j] * beta;
     for (int d = 0; d < Dk; d++) w[d] = ki[d] * beta * e;
     for (int j = 0; j < i; j++) {
-      const float c = beta * dot(ki, K_OF(j), Dk) * expf(cum[i] - cum[j]);
-      axpy(u, -c, U + (int64_t)j * Dv, Dv);
-      axpy(w, -c, W + (int64_t)j * Dk, Dk);
+      const float c = beta * job->vec->dot_f32(ki, K_OF(j), Dk) * expf(cum[i] - cum[j]);
+      job->vec->axpy_f32(u, -c, U + (int64_t)j * Dv, Dv);
+      job->vec->axpy_f32(w, -c, W + (int64_t)j * Dk, Dk);
     }
   }
   /* V' = U - W S (in U), with the old state */
   for (int i = 0; i < L; i++)
     for (int d = 0; d < Dk; d++)
-      axpy(U + (int64_t)i * Dv, -W[(int64_t)i * Dk + d], S + (int64_t)d * Dv, Dv);
+      job->vec->axpy_f32(U + (int64_t)i * Dv, -W[(int64_t)i * Dk + d], S + (int64_t)d * Dv, Dv);
   for (int i = 0; i < L; i++) {
     float *y = a->out + (first + i) * (int64_t)job->Vd + (int64_t)hv * Dv;
     const float *qi = Q_OF(i);
     const float e = expf(cum[i]);
     memset(y, 0, (size_t)Dv * sizeof *y);
-    for (int d = 0; d < Dk; d++) axpy(y, qi[d] * e, S + (int64_t)d * Dv, Dv);
+    for (int d = 0; d < Dk; d++) job->vec->axpy_f32(y, qi[d] * e, S + (int64_t)d * Dv, Dv);
     for (int j = 0; j <= i; j++)
-      axpy(y, dot(qi, K_OF(j), Dk) * expf(cum[i] - cum[j]), U + (int64_t)j * Dv, Dv);
+      job->vec->axpy_f32(y, job->vec->dot_f32(qi, K_OF(j), Dk) * expf(cum[i] - cum[j]),
+                         U + (int64_t)j * Dv, Dv);
   }
   const float last = cum[L - 1], e_last = expf(last);
   for (int64_t i = 0; i < (int64_t)Dk * Dv; i++) S[i] *= e_last;
   for (int j = 0; j < L; j++) {
     const float *kj = K_OF(j);
     const float e = expf(last - cum[j]);
-    for (int d = 0; d < Dk; d++) axpy(S + (int64_t)d * Dv, kj[d] * e, U + (int64_t)j * Dv, Dv);
+    for (int d = 0; d < Dk; d++)
+      job->vec->axpy_f32(S + (int64_t)d * Dv, kj[d] * e, U + (int64_t)j * Dv, Dv);
   }
 #undef Q_OF
 #undef K_OF
@@ -217,12 +209,13 @@ static void head_task(void *ctx, int task, int thread) {
   for (int64_t r = first; r < first + n; r++) {
     float *y = a->out + r * job->Vd + (int64_t)hv * Dv;
     const float *z = a->z + r * job->Vd + (int64_t)hv * Dv;
-    const float inv = 1.0f / sqrtf(dot(y, y, Dv) / (float)Dv + a->norm_eps);
+    const float inv = 1.0f / sqrtf(job->vec->dot_f32(y, y, Dv) / (float)Dv + a->norm_eps);
     for (int j = 0; j < Dv; j++) y[j] = y[j] * inv * a->norm_w[j] * silu(z[j]);
   }
 }
 
-int ci_cpu_gated_deltanet(ci_threadpool *pool, ci_arena *scratch, const ci_deltanet_args *a) {
+int ci_cpu_gated_deltanet(ci_threadpool *pool, ci_arena *scratch, const ci_cpu_vec_kernels *vec,
+                          const ci_deltanet_args *a) {
   if (a->n_seqs < 1) return CI_OK;
   if (a->n_k_heads < 1 || a->n_v_heads % a->n_k_heads != 0 || a->k_head_dim < 1 ||
       a->v_head_dim < 1 || a->conv_kernel < 1 || a->conv_kernel > MAX_CONV_KERNEL)
@@ -231,6 +224,7 @@ int ci_cpu_gated_deltanet(ci_threadpool *pool, ci_arena *scratch, const ci_delta
                    a->n_k_heads, a->n_v_heads, a->k_head_dim, a->v_head_dim, a->conv_kernel,
                    MAX_CONV_KERNEL);
   dn_job job = {.a = a,
+                .vec = vec,
                 .Kd = a->n_k_heads * a->k_head_dim,
                 .Vd = a->n_v_heads * a->v_head_dim,
                 .K1 = a->conv_kernel - 1};
