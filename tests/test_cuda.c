@@ -433,6 +433,8 @@ static void test_fixtures(void **state) {
   float worst = 0.0f;
   while ((e = readdir(d))) {
     if (e->d_name[0] == '.' || is_quantized_fixture(e->d_name)) continue;
+    /* Qwen3.5 (gated DeltaNet) has no CUDA ops yet: the CPU tests cover its fixtures */
+    if (!strncmp(e->d_name, "qwen35", 6)) continue;
     char dir[1024], path[1100];
     snprintf(dir, sizeof dir, "%s/%s", CI_FIXTURE_DIR, e->d_name);
     snprintf(path, sizeof path, "%s/logits.f32", dir);

@@ -130,7 +130,8 @@ static void test_config_errors(void **state) {
     const char *expected;
   } cases[] = {
       {set_model_type, "unsupported model_type \"gpt9\" (supported: llama, mistral, qwen2, qwen3, "
-                       "gemma2, gemma3_text, gemma3, gemma4_text, gemma4)"},
+                       "gemma2, gemma3_text, gemma3, gemma4_text, gemma4, qwen3_5_text, "
+                       "qwen3_5)"},
       {zero_heads, "num_attention_heads"},
       {wrong_hidden, "mlp.gate_proj.weight: shape"},
       {string_layers, "\"num_hidden_layers\" must be an integer"},
@@ -313,8 +314,8 @@ static void test_bad_token_ids(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_config_errors), cmocka_unit_test(test_config_not_json_or_missing),
-      cmocka_unit_test(test_weight_errors), cmocka_unit_test(test_unexpected_tensor),
+      cmocka_unit_test(test_config_errors),       cmocka_unit_test(test_config_not_json_or_missing),
+      cmocka_unit_test(test_weight_errors),       cmocka_unit_test(test_unexpected_tensor),
       cmocka_unit_test(test_untied_without_head), cmocka_unit_test(test_bad_token_ids),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -27,6 +27,11 @@ Through the device tool (`run`), CPU torch is enough:
 then, here: mkdir -p tests/fixtures && tar xzf <files_at>/fixtures.tgz -C tests/fixtures
 Locally (when torch/transformers are installed):
     python3 tools/make_fixtures.py --out tests/fixtures
+Only some fixtures (a base name also builds its quantized variants):
+    python3 tools/make_fixtures.py --out DIR --only qwen35
+The Qwen3.5 fixtures (qwen35, qwen35-q4g64, qwen35-q8g32) also record in MANIFEST.json how far
+transformers' own cached path (chunked prefill, then recurrent single steps) is from its uncached
+logits; their MANIFEST entries are merged by hand when built with --only.
 """
 import argparse
 import copy
@@ -133,10 +138,31 @@ GEMMA_FIXTURES = [
 ]
 N_GREEDY = 16  # greedy continuation length stored in greedy.txt
 
+# Qwen3.5 hybrid (gated DeltaNet + gated full attention): COMMON geometry, partial RoPE (8 of 32
+# dims), zero-centred (offset) norms except linear_attn.norm (plain). 80 prompt ids, so the
+# reference prefill runs its chunked delta rule over two 64-token chunks. The quantized variants
+# are stored in the MLX layout (conv1d [C, Kc, 1], offset norms with the +1 folded in, bf16) with
+# linear_attn.in_proj_qkv at 8 bits, as shipped MLX Qwen3.5 checkpoints do.
+QWEN35_IDS = 80
+QWEN35_FIXTURES = [
+    dict(name="qwen35", model_type="qwen3_5_text", norm_offset=True, n_ids=QWEN35_IDS,
+         mlx_quant_layout=True, quant=[("q4g64", 4, 64), ("q8g32", 8, 32)], kw=dict(
+        vocab_size=256, num_hidden_layers=4, intermediate_size=128, head_dim=32,
+        rms_norm_eps=1e-6, tie_word_embeddings=True, attention_bias=False,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+        linear_value_head_dim=16, linear_conv_kernel_dim=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention",
+                     "full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                         "partial_rotary_factor": 0.25})),
+]
+
 # Quantized variants: (suffix, bits, group_size); per-fixture module overrides.
 QUANT_VARIANTS = [("q4g64", 4, 64), ("q8g32", 8, 32)]
 QUANT_OVERRIDES = {
     "qwen3-q4g64": {"model.embed_tokens": {"bits": 8, "group_size": 64}},
+    "qwen35-q4g64": {"model.layers.0.linear_attn.in_proj_qkv": {"bits": 8, "group_size": 64},
+                     "model.layers.2.linear_attn.in_proj_qkv": {"bits": 8, "group_size": 64}},
     "llama-q8g32": {"model.layers.0.mlp.down_proj": False},
 }
 
@@ -297,7 +323,13 @@ def gen_weights(specs, seed, norm_offset=False):
     rng = np.random.default_rng(seed)
     out = {}
     for name, shape in specs:
-        if is_norm(name):
+        if name.endswith("linear_attn.norm.weight"):
+            w = 1.0 + rng.normal(0.0, STD_NORM, shape)  # gated RMSNorm: plain, never offset
+        elif name.endswith("linear_attn.A_log"):
+            w = np.log(rng.uniform(0.1, 2.0, shape))  # decay rates exp(A_log) in [0.1, 2]
+        elif name.endswith("linear_attn.dt_bias"):
+            w = 1.0 + rng.normal(0.0, STD_NORM, shape)
+        elif is_norm(name):
             w = (0.0 if norm_offset else 1.0) + rng.normal(0.0, STD_NORM, shape)
         elif name.endswith("layer_scalar"):
             w = rng.uniform(0.5, 1.5, shape)
@@ -319,7 +351,43 @@ def gen_weights(specs, seed, norm_offset=False):
 
 
 def quantizable(name, arr):
-    return name.endswith(".weight") and arr.ndim == 2 and not is_norm(name)
+    return (name.endswith(".weight") and arr.ndim == 2 and not is_norm(name)
+            and not name.endswith("conv1d.weight"))
+
+
+def is_qwen35_offset_norm(name):
+    """The Qwen3.5 norms applied as (1 + w): every RMSNorm except the gated linear_attn.norm."""
+    return is_norm(name) and not name.endswith("linear_attn.norm.weight")
+
+
+def qwen35_to_mlx(weights):
+    """HF-layout Qwen3.5 weights -> the MLX conversion's layout: conv1d [C, 1, Kc] -> [C, Kc, 1],
+    offset norms stored as bf16(1 + w). Values stay bf16-representable f32."""
+    out = {}
+    for name, w in weights.items():
+        if name.endswith("conv1d.weight"):
+            assert w.ndim == 3 and w.shape[1] == 1, (name, w.shape)
+            out[name] = np.ascontiguousarray(np.transpose(w, (0, 2, 1)))
+        elif is_qwen35_offset_norm(name):
+            out[name] = round_bf16((F32(1.0) + w).astype(F32))
+        else:
+            out[name] = w
+    return out
+
+
+def qwen35_from_mlx(weights):
+    """Inverse of qwen35_to_mlx for the reference model (exact: bf16(1 + w) - 1 is an f32)."""
+    out = {}
+    for name, w in weights.items():
+        if name.endswith("conv1d.weight"):
+            assert w.ndim == 3 and w.shape[2] == 1, (name, w.shape)
+            out[name] = np.ascontiguousarray(np.transpose(w, (0, 2, 1)))
+        elif is_qwen35_offset_norm(name):
+            out[name] = (w - F32(1.0)).astype(F32)
+            assert np.array_equal((F32(1.0) + out[name]).astype(F32), w), name
+        else:
+            out[name] = w
+    return out
 
 
 def module_qparams(module, qmap):
@@ -487,6 +555,34 @@ def selftest():
             with open(path, "rb") as f:
                 (hl,) = struct.unpack("<Q", f.read(8))
                 assert hl % 8 == 0
+    # Qwen3.5: DeltaNet parameters get their own distributions; the MLX layout round-trips
+    specs = [("model.layers.0.linear_attn.conv1d.weight", (24, 1, 4)),
+             ("model.layers.0.linear_attn.A_log", (4,)),
+             ("model.layers.0.linear_attn.dt_bias", (4,)),
+             ("model.layers.0.linear_attn.norm.weight", (8,)),
+             ("model.layers.0.linear_attn.in_proj_qkv.weight", (24, 64)),
+             ("model.layers.0.input_layernorm.weight", (64,)),
+             ("model.layers.1.self_attn.q_norm.weight", (16,)),
+             ("model.norm.weight", (64,))]
+    w = gen_weights(specs, 11, norm_offset=True)
+    assert np.all(w["model.layers.0.linear_attn.A_log"] <= np.log(2.0) + 1e-2)
+    assert abs(float(w["model.layers.0.linear_attn.norm.weight"].mean()) - 1.0) < 0.5
+    assert abs(float(w["model.norm.weight"].mean())) < 0.2
+    assert not quantizable("model.layers.0.linear_attn.conv1d.weight",
+                           w["model.layers.0.linear_attn.conv1d.weight"])
+    m = qwen35_to_mlx(w)
+    assert m["model.layers.0.linear_attn.conv1d.weight"].shape == (24, 4, 1)
+    assert np.array_equal(m["model.layers.0.linear_attn.norm.weight"],
+                          w["model.layers.0.linear_attn.norm.weight"])
+    assert np.array_equal(m["model.norm.weight"], round_bf16(1.0 + w["model.norm.weight"]))
+    back = qwen35_from_mlx(m)
+    assert np.array_equal(back["model.layers.0.linear_attn.conv1d.weight"],
+                          w["model.layers.0.linear_attn.conv1d.weight"])
+    assert np.array_equal(back["model.layers.0.linear_attn.A_log"],
+                          w["model.layers.0.linear_attn.A_log"])
+    tens, ref, info = build_quantized(m, make_qmap(4, 64, {}))
+    assert tens["model.layers.0.linear_attn.conv1d.weight"][0] == "BF16"
+    assert tens["model.layers.0.linear_attn.in_proj_qkv.weight"][0] == "U32"
     print("selftest OK")
 
 
@@ -520,6 +616,20 @@ def spec_inv_freq(rp, head_dim):
     raise ValueError(t)
 
 
+def torch_kernels_only(model):
+    """Qwen3.5: transformers may route the DeltaNet convolution and delta rule to hub / FLA
+    kernels (GPU-only); the fixtures are computed with its own torch functions, which the
+    decorators keep as __wrapped__."""
+    import importlib
+    module = importlib.import_module(type(model).__module__)
+    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule",
+                 "causal_conv1d_fn", "causal_conv1d_update"):
+        f = getattr(module, name, None)
+        while f is not None and hasattr(f, "__wrapped__"):
+            f = f.__wrapped__
+            setattr(module, name, f)
+
+
 class Ctx:
     def __init__(self):
         import torch
@@ -543,6 +653,7 @@ class Ctx:
         except TypeError:
             m = self.AutoModel.from_config(cfg)
         m = m.float().eval()
+        torch_kernels_only(m)
         impl = getattr(m.config, "_attn_implementation", None)
         if impl != "eager" and hasattr(m, "set_attn_implementation"):
             m.set_attn_implementation("eager")
@@ -736,6 +847,8 @@ def make_base(ctx, fx, out, warnings):
         rp_eff = json.loads(json.dumps(getattr(model.config, "rope_parameters", None) or {}))
         inv = ctx.inv_freq(model)
         hd = kw.get("head_dim", kw["hidden_size"] // kw["num_attention_heads"])
+        if fx["model_type"].startswith("qwen3_5"):  # partial RoPE: d_r = D * factor
+            hd = int(hd * fx["kw"]["rope_parameters"].get("partial_rotary_factor", 0.25))
         want = spec_inv_freq(fx["kw"]["rope_parameters"], hd)
         rel = float(np.max(np.abs(inv - want) / want))
         msg = "%s: rope %s inv_freq max rel diff vs spec %.3g" % (name, rp_eff, rel)
@@ -775,11 +888,45 @@ def make_base(ctx, fx, out, warnings):
             want = spec_inv_freq(fx["kw"]["rope_parameters"], kw["head_dim"])
             assert np.max(np.abs(ctx.inv_freq(m3) - want) / want) < 1e-5
             write_common(folder, ids, lg, ctx.logits_kvbf16(m3, ids))
+    if fx["model_type"].startswith("qwen3_5"):
+        info.update(qwen35_checks(ctx, model, ids, lg, warnings, name))
     names = [n for n, _ in specs]
     info["n_params"] = int(sum(int(np.prod(s)) for _, s in specs))
     info["tensors"] = len(names)
     return dict(folder=folder, cfg=cfg, weights=wb, ids=ids, tied=tied, specs=specs, kw=kw,
                 logits_stats=stats(lg), info=info, names=names)
+
+
+def qwen35_checks(ctx, model, ids, lg, warnings, name):
+    """Reference-side checks of the hybrid model: the cached path (chunked prefill of a prefix,
+    then one token at a time through the recurrent form) reproduces the uncached logits; the
+    layer types are the ones asked for; the DeltaNet kernels are transformers' torch code."""
+    torch = ctx.torch
+    info = {"layer_types": list(model.config.layer_types)}
+    mod = __import__(type(model).__module__, fromlist=["x"])
+    info["fla_available"] = bool(getattr(mod, "is_flash_linear_attention_available",
+                                         lambda *a: False)())
+    try:
+        split = 37
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([ids[:split]], dtype=torch.long), use_cache=True)
+            rows = [out.logits[0].float().numpy()]
+            past = out.past_key_values
+            for t in ids[split:]:
+                out = model(input_ids=torch.tensor([[t]], dtype=torch.long),
+                            past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                rows.append(out.logits[0].float().numpy())
+        cached = np.concatenate(rows, axis=0)
+        d = float(np.abs(cached - lg).max())
+        info["cached_vs_uncached_max_diff"] = d
+        print("%s: cached (prefill %d + recurrent steps) vs uncached logits max diff %.3g"
+              % (name, split, d))
+        if d > 1e-3:
+            warnings.append("%s: cached path differs from uncached by %.3g" % (name, d))
+    except Exception as e:  # noqa
+        warnings.append("%s: cached-path check failed: %r" % (name, e))
+    return info
 
 
 def make_quant(ctx, base, fx, suffix, bits, group, out):
@@ -788,14 +935,19 @@ def make_quant(ctx, base, fx, suffix, bits, group, out):
     os.makedirs(folder, exist_ok=True)
     overrides = QUANT_OVERRIDES.get(name, {})
     qmap = make_qmap(bits, group, overrides)
-    tens, ref, qinfo = build_quantized(base["weights"], qmap)
+    src = base["weights"]
+    if fx.get("mlx_quant_layout"):
+        src = qwen35_to_mlx(src)
+    tens, ref, qinfo = build_quantized(src, qmap)
     path = os.path.join(folder, "model.safetensors")
     st_write(path, tens)
     # self-check: dequantize again from the file alone, must equal the reference weights
-    back = dequant_from_file(path, qmap, {k: v.shape for k, v in base["weights"].items()})
+    back = dequant_from_file(path, qmap, {k: v.shape for k, v in src.items()})
     assert set(back) == set(ref) == set(base["weights"])
     for k in ref:
         assert np.array_equal(back[k], ref[k]), k
+    if fx.get("mlx_quant_layout"):
+        ref = qwen35_from_mlx(ref)  # the reference model takes the HF layout
     for m, p in qinfo.items():
         if m in overrides:
             want = overrides[m]
@@ -839,7 +991,7 @@ def run(out, only=None):
     os.makedirs(out, exist_ok=True)
     manifest = {}
     warnings, failures = [], []
-    for fx in BASE_FIXTURES + GEMMA_FIXTURES:
+    for fx in BASE_FIXTURES + GEMMA_FIXTURES + QWEN35_FIXTURES:
         if only and not any(o == fx["name"] or o.startswith(fx["name"] + "-") for o in only):
             continue
         try:

@@ -120,7 +120,7 @@ cinfer_status ci_api_resolve(const cinfer_model *model, const cinfer_params *p,
   /* a codec every cache layer of this model can store (head_dim divisibility, powers of two) */
   const ci_model_spec *spec = &model->model->spec;
   for (int l = 0; l < spec->n_cache_layers; l++)
-    if (ci_kv_format_check(&out->kv_target, spec->layers[l].head_dim))
+    if (ci_kv_format_check(&out->kv_target, ci_spec_cache_layer(spec, l)->head_dim))
       return ci_api_fail(CINFER_INVALID_ARGUMENT, "kv_codec: %s", ci_last_error());
   return CINFER_OK;
 }

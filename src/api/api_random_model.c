@@ -34,17 +34,18 @@ static uint64_t hash_name(const char *s) {
 typedef struct {
   uint64_t seed;
   ci_manifest_kind kind;
-  int64_t rows, cols;   /* an expert stack is experts*rows rows */
-  int bits, group_size; /* bits 0 = bf16 */
-  int part;             /* quantized: 0 codes, 1 scales, 2 biases */
-  float *row_f32;       /* [cols] scratch */
-  uint32_t *row_codes;  /* [cols*bits/32] scratch */
+  int64_t rows, cols;       /* an expert stack is experts*rows rows */
+  int bits, group_size;     /* bits 0 = bf16 */
+  int part;                 /* quantized: 0 codes, 1 scales, 2 biases */
+  float center, half_width; /* values are uniform in center +- half_width */
+  float *row_f32;           /* [cols] scratch */
+  uint32_t *row_codes;      /* [cols*bits/32] scratch */
   uint16_t *row_scales, *row_biases;
 } tensor_source;
 
 /* Whether a tensor kind is stored as rows of `cols` values (else it is one vector). */
 static int is_row_major(ci_manifest_kind kind) {
-  return kind == CI_MANIFEST_MATRIX || kind == CI_MANIFEST_EXPERTS;
+  return kind == CI_MANIFEST_MATRIX || kind == CI_MANIFEST_EXPERTS || kind == CI_MANIFEST_CONV;
 }
 
 /* Whether a kind multiplies activations (norm weights, layer and router scales): drawn near 1. */
@@ -53,12 +54,11 @@ static int is_gain(ci_manifest_kind kind) {
 }
 
 /* Row r of the tensor's f32 values: uniform with std 0.02 for matrices and expert stacks,
- * 1 +- 0.1 for norms and scalars, +-0.035 for biases. The same (seed, r) always gives the same
- * row. */
+ * 1 +- 0.1 for norms and scalars, +-0.035 for biases (see set_distribution). The same (seed, r)
+ * always gives the same row. */
 static void draw_row(const tensor_source *src, int64_t r, float *out, int64_t n) {
   uint64_t state = src->seed ^ ((uint64_t)r * 0xD1B54A32D192ED03ull);
-  const float half_width = is_gain(src->kind) ? 0.1f : 0.02f * 1.7320508f;
-  const float center = is_gain(src->kind) ? 1.0f : 0.0f;
+  const float half_width = src->half_width, center = src->center;
   for (int64_t i = 0; i < n; i += 2) {
     uint64_t bits = splitmix64(&state);
     float u0 = (float)(bits >> 40) * (1.0f / 16777216.0f);
@@ -127,6 +127,13 @@ static tensor_source *new_source(init_job *job, const ci_manifest_entry *e, int 
   src->bits = bits;
   src->group_size = job->group_size;
   src->part = part;
+  src->half_width = is_gain(e->kind) ? 0.1f : 0.02f * 1.7320508f;
+  src->center = is_gain(e->kind) ? 1.0f : 0.0f;
+  /* DeltaNet: decay rates exp(A_log) near 0.05 keep a long memory in the recurrent state; the
+   * convolution mixes its taps at full strength */
+  const size_t len = strlen(e->module);
+  if (len >= 6 && !strcmp(e->module + len - 6, ".A_log")) src->center = -3.0f;
+  if (e->kind == CI_MANIFEST_CONV) src->half_width = 0.5f;
   (void)name;
   int64_t n = is_row_major(e->kind) ? e->cols : e->rows;
   src->row_f32 = malloc((size_t)n * sizeof(float) + 64);
@@ -148,7 +155,7 @@ static const struct {
 } kind_layout[] = {
     [CI_MANIFEST_MATRIX] = {"weight", 2}, [CI_MANIFEST_NORM] = {"weight", 1},
     [CI_MANIFEST_BIAS] = {"bias", 1},     [CI_MANIFEST_SCALAR] = {NULL, 1},
-    [CI_MANIFEST_EXPERTS] = {NULL, 3},
+    [CI_MANIFEST_EXPERTS] = {NULL, 3},    [CI_MANIFEST_CONV] = {"weight", 3},
 };
 
 static int declare_entry(void *ctx, const ci_manifest_entry *e) {
@@ -173,6 +180,10 @@ static int declare_entry(void *ctx, const ci_manifest_entry *e) {
     if (e->kind == CI_MANIFEST_EXPERTS) {
       shape[0] = e->experts;
       shape[1] = e->rows;
+      shape[2] = e->cols;
+    } else if (e->kind == CI_MANIFEST_CONV) { /* the raw checkpoint layout [C, 1, Kc] */
+      shape[0] = e->rows;
+      shape[1] = 1;
       shape[2] = e->cols;
     } else {
       shape[0] = e->rows;

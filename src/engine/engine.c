@@ -320,7 +320,8 @@ static int64_t plan_reservation(const ci_engine *e, const ci_kv_format *targets,
     const int64_t copy = target_block * peak_blocks(e, group, held_at_conversion);
     if (copy > transient) transient = copy;
   }
-  return (before > after ? before : after) + transient;
+  /* a hybrid model's recurrent state is held for the whole request */
+  return (before > after ? before : after) + transient + ci_kv_cache_state_bytes(c);
 }
 
 int64_t ci_engine_reservation_bytes(const ci_engine *e, int64_t n) {
@@ -474,6 +475,12 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
       return engine_free_parts(e),
              ci_fail("engine: the prompt cache on disk needs the prefix cache (its byte cap is "
                      "0)"),
+             NULL;
+    if (ci_kv_cache_state_bytes(e->cache) > 0)
+      return engine_free_parts(e),
+             ci_fail("engine: the prompt cache on disk stores KV blocks only, not the recurrent "
+                     "state a hybrid model (Qwen3.5) needs with them; run without "
+                     "--prompt-cache-dir"),
              NULL;
     e->disk = ci_prompt_cache_open(e->o.prompt_cache_dir, e->cache, e->o.prompt_cache_queue_bytes,
                                    e->o.prompt_cache_warn, e->o.prompt_cache_warn_arg);
@@ -794,6 +801,10 @@ static void register_prefix(ci_engine *e, ci_engine_request *r, int force) {
   if (ci_prefix_cache_insert(e->prefix, key, r->history, seq) == CI_OK) {
     r->pc_blocks = blocks;
     r->pc_converted = seq->converted;
+    /* hybrid models: the recurrent state when the step ended on a block boundary (every
+     * prefill chunk of a multiple of T; while decoding, the latest boundary only) */
+    if (seq->state)
+      ci_prefix_cache_snapshot(e->prefix, key, r->history, seq, r->state == REQ_DECODE);
   }
 }
 

@@ -1,5 +1,5 @@
-/* Prefix cache: chained block hashes, a hash table of chain nodes, LRU-over-leaves eviction
- * (see prefix_cache.h). */
+/* Prefix cache: chained block hashes, a hash table of chain nodes, LRU-over-leaves eviction,
+ * recurrent-state snapshots of hybrid models (see prefix_cache.h). */
 #include "engine/prefix_cache.h"
 
 #include "base/error.h"
@@ -21,6 +21,8 @@ typedef struct node {
   ci_kv_block_ref *refs; /* [n_groups]; id -1 = not held */
   struct node *bucket_next;
   struct node *lru_prev, *lru_next; /* lru_prev toward the least recently used */
+  float *state;    /* hybrid models: the recurrent state at the end of this block, or NULL */
+  int state_moved; /* the snapshot was taken while decoding (the next one replaces it) */
 } node;
 
 struct ci_prefix_cache {
@@ -32,6 +34,7 @@ struct ci_prefix_cache {
   node *lru_oldest, *lru_newest;
   ci_prefix_cache_hook hook; /* persistence of new nodes (NULL: none) */
   void *hook_arg;
+  int64_t n_states; /* nodes holding a state snapshot */
 };
 
 /* ==== Hashing ==== */
@@ -137,9 +140,17 @@ static void touch(ci_prefix_cache *pc, node *x) {
   lru_push_newest(pc, x);
 }
 
-/* Bytes that releasing x's blocks would free now. */
-static int64_t node_free_bytes(const node *x, int n_groups) {
-  int64_t bytes = 0;
+/* Drops x's state snapshot. */
+static void drop_state(ci_prefix_cache *pc, node *x) {
+  if (!x->state) return;
+  pc->kv->be->ops->release(pc->kv->be, x->state);
+  x->state = NULL;
+  pc->n_states--;
+}
+
+/* Bytes that releasing x's blocks (and state snapshot) would free now. */
+static int64_t node_free_bytes(const ci_prefix_cache *pc, const node *x, int n_groups) {
+  int64_t bytes = x->state ? pc->kv->state_bytes : 0;
   for (int g = 0; g < n_groups; g++)
     if (x->refs[g].id >= 0 && ci_kv_pool_refcount(x->refs[g].pool, x->refs[g].id) == 1)
       bytes += ci_kv_pool_block_bytes(x->refs[g].pool);
@@ -158,6 +169,7 @@ static void evict(ci_prefix_cache *pc, node *x) {
       ci_kv_pool_release(x->refs[g].pool, x->refs[g].id);
       pc->n_blocks--;
     }
+  drop_state(pc, x);
   pc->n_nodes--;
   pc->evictions++;
   free(x->tokens);
@@ -363,23 +375,58 @@ int64_t ci_prefix_cache_attach(ci_prefix_cache *pc, uint64_t key, const int32_t 
     chain[n] = x;
     memcpy(refs + n * pc->n_groups, x->refs, (size_t)pc->n_groups * sizeof *refs);
   }
-  /* the longest run the sequence accepts (sliding groups may lack blocks near a run's end) */
+  /* the longest run the sequence accepts (sliding groups may lack blocks near a run's end; a
+   * hybrid model's run must end at a block holding a state snapshot) */
   int64_t attached = 0;
-  for (int64_t j = n; j >= 1 && j * pc->T >= min_p; j--)
-    if (ci_kv_seq_attach(seq, j, refs, converted, conversion_offset) == CI_OK) {
+  for (int64_t j = n; j >= 1 && j * pc->T >= min_p; j--) {
+    const int ok = seq->state
+                       ? chain[j - 1]->state &&
+                             ci_kv_seq_attach_with_state(seq, j, refs, converted, conversion_offset,
+                                                         chain[j - 1]->state) == CI_OK
+                       : ci_kv_seq_attach(seq, j, refs, converted, conversion_offset) == CI_OK;
+    if (ok) {
       attached = j;
       break;
     }
+  }
   for (int64_t i = attached - 1; i >= 0; i--) touch(pc, chain[i]);
   free(chain);
   free(refs);
   return attached * pc->T;
 }
 
+int ci_prefix_cache_snapshot(ci_prefix_cache *pc, uint64_t key, const int32_t *tokens,
+                             const ci_kv_seq *seq, int moving) {
+  const int64_t n_full = seq->n / pc->T;
+  if (!seq->state || n_full < 1 || seq->n != n_full * pc->T) return CI_OK;
+  uint64_t hash = key;
+  node *x = NULL;
+  for (int64_t i = 0; i < n_full; i++) {
+    const int32_t *block = tokens + i * pc->T;
+    hash = block_hash(hash, block, pc->T);
+    if (!(x = find(pc, hash, key, x, block))) return CI_OK; /* not inserted: nothing to add to */
+  }
+  if (x->state) return CI_OK;
+  ci_backend *be = pc->kv->be;
+  x->state = be->ops->alloc_uninitialized(be, (size_t)pc->kv->state_bytes);
+  if (!x->state) return CI_ERR;
+  be->ops->copy_bytes(be, x->state, seq->state, (size_t)pc->kv->state_bytes);
+  x->state_moved = moving;
+  pc->n_states++;
+  /* a decoding sequence leaves one snapshot behind it: the previous one it took goes */
+  if (moving)
+    for (node *up = x->parent; up; up = up->parent)
+      if (up->state) {
+        if (up->state_moved) drop_state(pc, up);
+        break;
+      }
+  return CI_OK;
+}
+
 int64_t ci_prefix_cache_bytes(const ci_prefix_cache *pc) {
   int64_t bytes = 0;
   for (const node *x = pc->lru_oldest; x; x = x->lru_next)
-    bytes += node_free_bytes(x, pc->n_groups);
+    bytes += node_free_bytes(pc, x, pc->n_groups);
   return bytes;
 }
 
@@ -389,7 +436,7 @@ int64_t ci_prefix_cache_trim(ci_prefix_cache *pc, int64_t max_bytes) {
     node *x = pc->lru_oldest;
     while (x && x->n_children > 0) x = x->lru_next;
     if (!x) break; /* unreachable: a non-empty forest has a leaf */
-    const int64_t b = node_free_bytes(x, pc->n_groups);
+    const int64_t b = node_free_bytes(pc, x, pc->n_groups);
     evict(pc, x);
     freed += b;
     if (max_bytes >= 0) bytes -= b;
@@ -402,4 +449,5 @@ void ci_prefix_cache_get_stats(const ci_prefix_cache *pc, ci_prefix_cache_stats 
   stats->nodes = pc->n_nodes;
   stats->bytes = ci_prefix_cache_bytes(pc);
   stats->evictions = pc->evictions;
+  stats->states = pc->n_states;
 }

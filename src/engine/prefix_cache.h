@@ -30,6 +30,7 @@ typedef struct {
   int64_t nodes;     /* chain nodes (T tokens each) */
   int64_t bytes;     /* bytes of blocks only the cache holds */
   int64_t evictions; /* nodes evicted so far */
+  int64_t states;    /* recurrent-state snapshots held (hybrid models) */
 } ci_prefix_cache_stats;
 
 /* A cached block as the persistence hook sees it (engine/prompt_cache.h). */
@@ -65,9 +66,21 @@ void ci_prefix_cache_set_hook(ci_prefix_cache *pc, ci_prefix_cache_hook hook, vo
 int ci_prefix_cache_insert(ci_prefix_cache *pc, uint64_t key, const int32_t *tokens,
                            const ci_kv_seq *seq);
 
+/* Hybrid models (a sequence with a recurrent state): when seq->n is a whole number of blocks,
+ * all of them cached under `key` (after ci_prefix_cache_insert), stores a copy of the sequence's
+ * state with the last one, so that a prefix ending there can be attached. `moving`: taken while
+ * decoding; such a snapshot is dropped when the same chain gets the next one further on, so a
+ * decoding sequence leaves one behind it (those taken at prefill chunk ends stay). Snapshots
+ * count in the cache's bytes and go with their block's node. Returns CI_OK, or CI_ERR when out of
+ * memory (nothing stored). */
+int ci_prefix_cache_snapshot(ci_prefix_cache *pc, uint64_t key, const int32_t *tokens,
+                             const ci_kv_seq *seq, int moving);
+
 /* Attaches to the empty sequence `seq` the longest cached prefix of tokens[0..n_tokens) under
  * `key` whose length p is a multiple of T with min_p <= p <= max_p and that ci_kv_seq_attach
- * accepts (`converted`, `conversion_offset` as there). Returns p (0 = miss, seq untouched). */
+ * accepts (`converted`, `conversion_offset` as there); for a sequence with a recurrent state, p
+ * must end at a block holding a snapshot, which becomes its state. Returns p (0 = miss, seq
+ * untouched). */
 int64_t ci_prefix_cache_attach(ci_prefix_cache *pc, uint64_t key, const int32_t *tokens,
                                int64_t min_p, int64_t max_p, ci_kv_seq *seq, int converted,
                                int64_t conversion_offset);

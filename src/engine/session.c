@@ -107,7 +107,7 @@ int ci_session_fill_synthetic(ci_session *session, int64_t depth, uint64_t seed)
   if (ci_kv_seq_reserve(seq, depth)) return CI_ERR;
   int width = 0;
   for (int l = 0; l < spec->n_cache_layers; l++) {
-    const ci_layer_spec *ls = &spec->layers[l];
+    const ci_layer_spec *ls = ci_spec_cache_layer(spec, l);
     if (ls->n_kv_heads * ls->head_dim > width) width = ls->n_kv_heads * ls->head_dim;
   }
   const int chunk = SYNTHETIC_CHUNK;
@@ -125,7 +125,7 @@ int ci_session_fill_synthetic(ci_session *session, int64_t depth, uint64_t seed)
     const int n = end - start < chunk ? (int)(end - start) : chunk;
     for (int i = 0; i < n; i++) pos[i] = (int32_t)(start + i);
     for (int l = 0; rc == CI_OK && l < spec->n_cache_layers; l++) {
-      const int64_t layer_window = spec->layers[l].window;
+      const int64_t layer_window = ci_spec_cache_layer(spec, l)->window;
       /* rows a sliding layer releases before any query sees them need no values */
       if (layer_window > 0 && start + n < end - layer_window - chunk) continue;
       const ci_paged_kv kv = ci_kv_seq_view(seq, l);

@@ -29,11 +29,12 @@ void cinfer_fit_options_init(cinfer_fit_options *o) {
 
 /* KV bytes of one sequence of n tokens: each cache layer holds ceil(n / T) blocks of T rows per
  * KV head (a sliding layer at most its window plus one prefill chunk, as the engine's memory
- * contract counts it), a block costing ci_kv_block_stride bytes in format f. */
+ * contract counts it), a block costing ci_kv_block_stride bytes in format f; a hybrid model adds
+ * its fixed recurrent state. */
 static int64_t kv_bytes_for(const ci_model_spec *spec, const ci_kv_format *f, int64_t n) {
-  int64_t bytes = 0;
+  int64_t bytes = ci_spec_state_bytes(spec);
   for (int l = 0; l < spec->n_cache_layers; l++) {
-    const ci_layer_spec *layer = &spec->layers[l];
+    const ci_layer_spec *layer = ci_spec_cache_layer(spec, l);
     int64_t blocks = (n + BLOCK_TOKENS - 1) / BLOCK_TOKENS;
     if (layer->kind == CI_ATTN_SLIDING && layer->window > 0) {
       const int64_t held =
@@ -108,7 +109,7 @@ cinfer_status cinfer_fit(const char *model, const cinfer_fit_options *options,
   m.spec = &spec;
   st = CINFER_INVALID_ARGUMENT;
   for (int l = 0; l < spec.n_cache_layers; l++)
-    if (ci_kv_format_check(&m.format, spec.layers[l].head_dim)) goto done;
+    if (ci_kv_format_check(&m.format, ci_spec_cache_layer(&spec, l)->head_dim)) goto done;
   st = CINFER_ERROR;
   ci_weights *weights = ci_weights_open(dir);
   if (!weights) goto done;

@@ -20,12 +20,18 @@ static int int_member(json_t *entry, const char *key, long long fallback, long l
   return CI_OK;
 }
 
-static int read_entry(json_t *entry, int n_cache_layers, ci_kv_format *targets) {
+static int read_entry(json_t *entry, int n_cache_layers, const int *cache_layers,
+                      ci_kv_format *targets) {
   if (!json_is_object(entry)) return ci_fail("entries must be objects");
   long long layer = -1, bits = -1, group = 0, k_bits = 4, v_bits = 4;
   if (int_member(entry, "layer_idx", -1, &layer)) return CI_ERR;
-  if (layer < 0 || layer >= n_cache_layers)
+  int slot = -1; /* the cache layer of model layer `layer` */
+  for (int c = 0; c < n_cache_layers; c++)
+    if ((cache_layers ? cache_layers[c] : c) == layer) slot = c;
+  if (slot < 0 && !cache_layers)
     return ci_fail("layer_idx %lld is not a cache layer (0..%d)", layer, n_cache_layers - 1);
+  if (slot < 0)
+    return ci_fail("layer_idx %lld is not a layer with a KV cache (a full-attention layer)", layer);
   json_t *codec = json_object_get(entry, "codec");
   ci_kv_format format;
   if (codec) {
@@ -42,11 +48,12 @@ static int read_entry(json_t *entry, int n_cache_layers, ci_kv_format *targets) 
     if (ci_kv_format_parse("affine", (int)bits, 0, (int)group, &format))
       return ci_fail_context("layer_idx %lld", layer);
   }
-  targets[layer] = format;
+  targets[slot] = format;
   return CI_OK;
 }
 
-int ci_kv_config_load(const char *model_dir, int n_cache_layers, ci_kv_format **targets) {
+int ci_kv_config_load(const char *model_dir, int n_cache_layers, const int *cache_layers,
+                      ci_kv_format **targets) {
   *targets = NULL;
   char path[4096];
   snprintf(path, sizeof path, "%s/kv_config.json", model_dir);
@@ -65,7 +72,7 @@ int ci_kv_config_load(const char *model_dir, int n_cache_layers, ci_kv_format **
   size_t i;
   json_t *entry;
   if (status == CI_OK) json_array_foreach(root, i, entry) {
-      if (read_entry(entry, n_cache_layers, out)) {
+      if (read_entry(entry, n_cache_layers, cache_layers, out)) {
         status = ci_fail_context("%s: entry %zu", path, i);
         break;
       }

@@ -6,9 +6,12 @@
 
 #include "tensor/kv_format.h"
 
-/* Reads DIR/kv_config.json for a model with n_cache_layers cache-owning layers. Sets *targets to
- * a malloc'd [n_cache_layers] array (bf16 for unlisted layers; caller frees), or NULL when the
- * file is absent. Returns 0, or -1 with ci_last_error naming the file and entry. */
-int ci_kv_config_load(const char *model_dir, int n_cache_layers, ci_kv_format **targets);
+/* Reads DIR/kv_config.json for a model with n_cache_layers cache-owning layers; an entry's
+ * layer_idx is the model layer index of its cache layer: cache_layers[c] for cache layer c (NULL:
+ * c itself). Sets *targets to a malloc'd [n_cache_layers] array (bf16 for unlisted layers; caller
+ * frees), or NULL when the file is absent. Returns 0, or -1 with ci_last_error naming the file
+ * and entry. */
+int ci_kv_config_load(const char *model_dir, int n_cache_layers, const int *cache_layers,
+                      ci_kv_format **targets);
 
 #endif

@@ -240,8 +240,20 @@ int64_t ci_kv_group_bytes_used(const ci_kv_cache *cache, int g) {
   return bytes;
 }
 
+int ci_kv_cache_set_state_bytes(ci_kv_cache *cache, int64_t bytes) {
+  if (bytes < 0) return ci_fail("kv cache: negative state size");
+  if (cache->n_live_seqs > 0)
+    return ci_fail("kv cache: the recurrent state size is set before any sequence exists");
+  cache->state_bytes = bytes;
+  return CI_OK;
+}
+
+int64_t ci_kv_cache_state_bytes(const ci_kv_cache *cache) {
+  return cache->state_bytes;
+}
+
 int64_t ci_kv_cache_bytes_used(const ci_kv_cache *cache) {
-  int64_t bytes = 0;
+  int64_t bytes = (int64_t)cache->n_live_seqs * cache->state_bytes;
   for (int g = 0; g < cache->n_groups; g++) bytes += ci_kv_group_bytes_used(cache, g);
   return bytes;
 }
@@ -280,6 +292,14 @@ ci_kv_seq *ci_kv_seq_create(ci_kv_cache *cache) {
       seq->tables[g].capacity = cache->max_table_entries;
     }
   }
+  if (cache->state_bytes > 0 &&
+      !(seq->state = cache->be->ops->alloc(cache->be, (size_t)cache->state_bytes))) {
+    if (seq->row >= 0) cache->row_taken[seq->row] = 0;
+    free(seq->tables);
+    free(seq);
+    ci_fail_context("kv sequence: recurrent state of %lld bytes", (long long)cache->state_bytes);
+    return NULL;
+  }
   cache->n_live_seqs++;
   for (int g = 0; g < cache->n_groups; g++) seq->tables[g].pool = cache->groups[g].pools[0];
   return seq;
@@ -294,6 +314,8 @@ void ci_kv_seq_free(ci_kv_seq *seq) {
     if (seq->row < 0) free(table->entries);
   }
   if (seq->row >= 0) seq->cache->row_taken[seq->row] = 0;
+  if (seq->state) seq->cache->be->ops->release(seq->cache->be, seq->state);
+  if (seq->checkpoints) seq->cache->be->ops->release(seq->cache->be, seq->checkpoints);
   seq->cache->n_live_seqs--;
   free(seq->tables);
   free(seq);
@@ -495,6 +517,25 @@ void ci_kv_seq_set_rollback_reserve(ci_kv_seq *seq, int64_t reserve) {
   seq->rollback_reserve = reserve > 0 ? reserve : 0;
 }
 
+/* A recurrent sequence's checkpoints for a round of n_rows rows: room for n_rows + 1 states, the
+ * first one the state at the round start. */
+static int open_checkpoints(ci_kv_seq *seq, int64_t n_rows) {
+  ci_kv_cache *cache = seq->cache;
+  ci_backend *be = cache->be;
+  const size_t bytes = (size_t)cache->state_bytes;
+  if (seq->n_checkpoints < n_rows + 1) {
+    if (seq->checkpoints) be->ops->release(be, seq->checkpoints);
+    seq->n_checkpoints = 0;
+    seq->checkpoints = be->ops->alloc_uninitialized(be, (size_t)(n_rows + 1) * bytes);
+    if (!seq->checkpoints)
+      return ci_fail_context("kv sequence: state checkpoints of a %lld-row round",
+                             (long long)n_rows);
+    seq->n_checkpoints = n_rows + 1;
+  }
+  be->ops->copy_bytes(be, seq->checkpoints, seq->state, bytes);
+  return CI_OK;
+}
+
 int ci_kv_seq_round_open(ci_kv_seq *seq, int64_t n_rows) {
   if (seq->round_open) return ci_fail("kv sequence: a speculative round is already open");
   if (n_rows < 1) return ci_fail("kv sequence: a speculative round needs at least one row");
@@ -502,6 +543,7 @@ int ci_kv_seq_round_open(ci_kv_seq *seq, int64_t n_rows) {
     return ci_fail("kv sequence: a speculative round of %lld rows at position %lld would reach "
                    "the conversion start %lld",
                    (long long)n_rows, (long long)seq->n, (long long)seq->start);
+  if (seq->state && open_checkpoints(seq, n_rows)) return CI_ERR;
   seq->round_open = 1;
   seq->round_start = seq->n;
   return CI_OK;
@@ -526,6 +568,13 @@ int ci_kv_seq_round_close(ci_kv_seq *seq, int64_t n_keep) {
       if (table->sync_from > keep_blocks) table->sync_from = keep_blocks;
     }
   }
+  if (seq->state && n_keep < seq->n) { /* the state after the last kept row */
+    ci_backend *be = seq->cache->be;
+    const size_t bytes = (size_t)seq->cache->state_bytes;
+    be->ops->copy_bytes(
+        be, seq->state,
+        (const char *)seq->checkpoints + (size_t)(n_keep - seq->round_start) * bytes, bytes);
+  }
   seq->n = n_keep;
   seq->round_open = 0;
   return settle(seq);
@@ -536,8 +585,29 @@ ci_kv_block_ref ci_kv_seq_block(const ci_kv_seq *seq, int g, int64_t i) {
   return (ci_kv_block_ref){table->pool, i >= 0 && i < table->n_entries ? table->entries[i] : -1};
 }
 
+static int attach_blocks(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *refs,
+                         int converted, int64_t conversion_offset);
+
 int ci_kv_seq_attach(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *refs, int converted,
                      int64_t conversion_offset) {
+  if (seq->state)
+    return ci_fail("kv attach: a hybrid (gated DeltaNet) model's sequence needs the recurrent "
+                   "state at the prefix end too (ci_kv_seq_attach_with_state)");
+  return attach_blocks(seq, n_blocks, refs, converted, conversion_offset);
+}
+
+int ci_kv_seq_attach_with_state(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *refs,
+                                int converted, int64_t conversion_offset, const float *state) {
+  if (!seq->state || !state)
+    return ci_fail("kv attach: a recurrent state is attached only to a sequence that has one");
+  if (attach_blocks(seq, n_blocks, refs, converted, conversion_offset)) return CI_ERR;
+  ci_backend *be = seq->cache->be;
+  be->ops->copy_bytes(be, seq->state, state, (size_t)seq->cache->state_bytes);
+  return CI_OK;
+}
+
+static int attach_blocks(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *refs,
+                         int converted, int64_t conversion_offset) {
   ci_kv_cache *cache = seq->cache;
   const int64_t T = cache->block_tokens, p = n_blocks * T;
   if (seq->n != 0) return ci_fail("kv attach: the sequence is not empty");
@@ -634,6 +704,10 @@ ci_kv_seq *ci_kv_seq_fork(const ci_kv_seq *src) {
   seq->converted = src->converted;
   seq->conversion_offset = src->conversion_offset;
   seq->rollback_reserve = src->rollback_reserve;
+  /* a hybrid model's recurrent state is the sequence's too: the fork starts from a copy */
+  if (src->state && seq->state)
+    src->cache->be->ops->copy_bytes(src->cache->be, seq->state, src->state,
+                                    (size_t)src->cache->state_bytes);
   return seq;
 }
 

@@ -52,6 +52,7 @@ typedef struct {
   ci_kv_group *groups; /* [n_groups] */
   int *group_of_layer; /* [n_layers] */
   int *slot_of_layer;  /* [n_layers] index of the layer inside its group */
+  int64_t state_bytes; /* recurrent state of each sequence (hybrid models), 0 for none */
 } ci_kv_cache;
 
 /* One sequence's view of the cache: its length and one block table per group. Entry i of a
@@ -83,6 +84,13 @@ typedef struct {
   int64_t rollback_reserve; /* R: sliding groups keep every position >= n - W + 1 - R */
   int round_open;           /* a round is open: commits neither convert nor close it */
   int64_t round_start;      /* n when the open round began */
+  /* Recurrent state (hybrid models: cache->state_bytes of backend memory, zero at creation;
+   * the model's layers define its layout), NULL without one. */
+  float *state;
+  /* Its checkpoints during a speculative round: the state at the round start, then after each
+   * row of the round's step (written by the step), n_checkpoints states of room. */
+  float *checkpoints;
+  int64_t n_checkpoints;
 } ci_kv_seq;
 
 /* One block of one group as a prefix-cache entry holds it: its pool (format) and id; id -1 when
@@ -124,6 +132,16 @@ int64_t ci_kv_cache_slab_bytes(const ci_kv_cache *cache);
 /* The pool of group g storing `format`, created on first use (blocks restored from a persisted
  * prefix cache go there). NULL with ci_last_error when out of memory. */
 ci_kv_pool *ci_kv_cache_pool(ci_kv_cache *cache, int g, const ci_kv_format *format);
+/* Gives every sequence of the cache a recurrent state of `bytes` (backend memory, zeroed, taken
+ * with the sequence and freed with it) beside its KV blocks: the fixed per-sequence part of a
+ * hybrid model's cache. Only before any sequence exists. Returns CI_OK or CI_ERR. With states,
+ * a speculative round keeps a checkpoint of the state after each of its rows (the step writes
+ * them), and closing it restores the one after the last kept row; a prefix attach needs the
+ * state at the prefix end (ci_kv_seq_attach_with_state). */
+int ci_kv_cache_set_state_bytes(ci_kv_cache *cache, int64_t bytes);
+
+/* Bytes of one sequence's recurrent state (0 without). */
+int64_t ci_kv_cache_state_bytes(const ci_kv_cache *cache);
 
 /* Frees the cache; every sequence must have been freed first. */
 void ci_kv_cache_free(ci_kv_cache *cache);
@@ -131,7 +149,8 @@ void ci_kv_cache_free(ci_kv_cache *cache);
 /* Blocks in use, summed over groups and formats. */
 int64_t ci_kv_cache_blocks_used(const ci_kv_cache *cache);
 
-/* Bytes of KV storage in use (blocks in use x bytes per block, K and V, every layer). */
+/* Bytes of KV storage in use (blocks in use x bytes per block, K and V, every layer), plus the
+ * recurrent states of the live sequences. */
 int64_t ci_kv_cache_bytes_used(const ci_kv_cache *cache);
 
 /* Blocks and bytes of one storage format, summed over the layer groups that use it. */
@@ -222,11 +241,17 @@ int ci_kv_seq_attach(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *re
 
 /* A new sequence holding what `src` holds (docs/kv-cache.md §8 "fork"): the same length, codec
  * plan and conversion state, its block tables referencing the same blocks (each gains an owner;
- * nothing is copied). A write into a shared block copies it first (ci_kv_seq_reserve), so the
- * two sequences then diverge without touching each other's KV: n > 1 choices of one prompt. Fails
+ * nothing is copied) and a copy of its recurrent state (hybrid models). A write into a shared block
+ * copies it first (ci_kv_seq_reserve), so the two sequences then diverge without touching each
+ * other's KV: n > 1 choices of one prompt. Fails
  * (NULL with ci_last_error) while a speculative round is open, or when no sequence slot or
  * memory is left. */
 ci_kv_seq *ci_kv_seq_fork(const ci_kv_seq *src);
+/* ci_kv_seq_attach for a sequence with a recurrent state (hybrid models): the blocks as there,
+ * and the state becomes a copy of `state` (cache->state_bytes, backend memory), which must be
+ * the state the producing sequence had at exactly n_blocks * T positions. */
+int ci_kv_seq_attach_with_state(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *refs,
+                                int converted, int64_t conversion_offset, const float *state);
 
 /* Brings the backend's copy of the sequence's block tables up to date (before a step that reads
  * them; nothing to do where the backend shares host memory). */

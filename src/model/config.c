@@ -10,21 +10,24 @@
 #include <string.h>
 
 static const ci_family families[] = {
-    {"llama", ci_family_llama_configure},   {"mistral", ci_family_mistral_configure},
-    {"qwen2", ci_family_qwen2_configure},   {"qwen3", ci_family_qwen3_configure},
-    {"gemma2", ci_family_gemma2_configure}, {"gemma3_text", ci_family_gemma3_configure},
-    {"gemma3", ci_family_gemma3_configure}, {"gemma4_text", ci_family_gemma4_configure},
-    {"gemma4", ci_family_gemma4_configure},
+    {"llama", ci_family_llama_configure},    {"mistral", ci_family_mistral_configure},
+    {"qwen2", ci_family_qwen2_configure},    {"qwen3", ci_family_qwen3_configure},
+    {"gemma2", ci_family_gemma2_configure},  {"gemma3_text", ci_family_gemma3_configure},
+    {"gemma3", ci_family_gemma3_configure},  {"gemma4_text", ci_family_gemma4_configure},
+    {"gemma4", ci_family_gemma4_configure},  {"qwen3_5_text", ci_family_qwen35_configure},
+    {"qwen3_5", ci_family_qwen35_configure},
 };
 enum { N_FAMILIES = sizeof families / sizeof families[0] };
 
 const char *ci_supported_model_types(void) {
-  return "llama, mistral, qwen2, qwen3, gemma2, gemma3_text, gemma3, gemma4_text, gemma4";
+  return "llama, mistral, qwen2, qwen3, gemma2, gemma3_text, gemma3, gemma4_text, gemma4, "
+         "qwen3_5_text, qwen3_5";
 }
 
 void ci_model_spec_free(ci_model_spec *spec) {
   if (!spec) return;
   free(spec->layers);
+  free(spec->cache_layers);
   for (int i = 0; i < CI_MAX_ROPES; i++) free(spec->ropes[i].inv_freq);
   for (int i = 0; i < spec->quant.n_overrides; i++) free(spec->quant.overrides[i].path);
   free(spec->quant.overrides);
@@ -38,22 +41,47 @@ static json_t *text_config_of(json_t *config) {
 }
 
 /* Fills the per-layer fields a family left at zero (scale 1/sqrt(D), the global MLP width, its
- * own cache) and checks that cache owners form a prefix of the layers. */
+ * own cache), numbers the cache layers (the attention layers that own a KV cache, in order;
+ * DeltaNet layers have none) and checks that no owner follows a KV sharer. */
 static int finish_layers(ci_model_spec *spec) {
-  int owners = 0;
+  int owners = 0, sharers = 0;
+  spec->cache_layers = malloc((size_t)spec->n_layers * sizeof *spec->cache_layers);
+  if (!spec->cache_layers) return ci_fail("out of memory");
   for (int i = 0; i < spec->n_layers; i++) {
     ci_layer_spec *l = &spec->layers[i];
     if (l->attn_scale == 0.0f) l->attn_scale = 1.0f / sqrtf((float)l->head_dim);
     if (l->intermediate == 0) l->intermediate = spec->intermediate;
+    if (l->mixer == CI_MIXER_DELTANET) {
+      l->cache_layer = l->kv_index = -1;
+      continue;
+    }
     if (l->cache_layer == i) {
-      if (owners != i) return ci_fail("config.json: layer %d owns a KV cache after a sharer", i);
-      owners++;
-    } else if (l->cache_layer < 0 || l->cache_layer >= i) {
+      if (sharers) return ci_fail("config.json: layer %d owns a KV cache after a sharer", i);
+      spec->cache_layers[owners] = i;
+      l->kv_index = owners++;
+    } else if (l->cache_layer < 0 || l->cache_layer >= i ||
+               spec->layers[l->cache_layer].mixer != CI_MIXER_ATTENTION) {
       return ci_fail("config.json: layer %d reads the KV of layer %d", i, l->cache_layer);
+    } else {
+      l->kv_index = spec->layers[l->cache_layer].kv_index;
+      sharers++;
     }
   }
   spec->n_cache_layers = owners;
   return CI_OK;
+}
+
+int64_t ci_spec_deltanet_layer_floats(const ci_model_spec *spec) {
+  const ci_deltanet_geometry *g = &spec->deltanet;
+  const int64_t channels =
+      2 * (int64_t)g->n_k_heads * g->k_head_dim + (int64_t)g->n_v_heads * g->v_head_dim;
+  return (int64_t)(g->conv_kernel - 1) * channels +
+         (int64_t)g->n_v_heads * g->k_head_dim * g->v_head_dim;
+}
+
+int64_t ci_spec_state_bytes(const ci_model_spec *spec) {
+  return (int64_t)spec->n_deltanet_layers * ci_spec_deltanet_layer_floats(spec) *
+         (int64_t)sizeof(float);
 }
 
 int ci_model_spec_from_json(json_t *config, ci_model_spec *spec) {
@@ -87,6 +115,13 @@ int ci_model_spec_from_json(json_t *config, ci_model_spec *spec) {
           spec->eos_ids[spec->n_eos++] = (int)json_integer_value(v);
     }
   }
+  /* a Qwen3.5 multimodal wrapper: the top-level tie_word_embeddings decides */
+  if (status == CI_OK && text != config && !strncmp(family->model_type, "qwen3_5", 7) &&
+      json_object_get(config, "tie_word_embeddings"))
+    status = ci_cfg_bool(config, "tie_word_embeddings", spec->tied, &spec->tied);
+  /* MLX conversions keep the quantization map at the top level of a nested config */
+  if (status == CI_OK && text != config && !spec->quant.present)
+    status = ci_cfg_quant_map(config, &spec->quant);
   if (status == CI_OK) status = finish_layers(spec);
   if (status == CI_OK) {
     /* Sizes must keep every [rows, cols] product inside int64 and per-row sizes inside int. */

@@ -81,7 +81,7 @@ static int read_quant_entry(json_t *entry, const char *what, ci_quant base, ci_q
   return CI_OK;
 }
 
-static int read_quant_map(json_t *cfg, ci_quant_map *map) {
+int ci_cfg_quant_map(json_t *cfg, ci_quant_map *map) {
   json_t *q = json_object_get(cfg, "quantization");
   json_t *qc = json_object_get(cfg, "quantization_config");
   if (!q && qc && json_is_object(qc)) {
@@ -187,7 +187,7 @@ int ci_cfg_read_common(json_t *cfg, ci_model_spec *spec, int default_kv_heads) {
   spec->vocab = (int)vocab;
   spec->max_position = max_pos > (1LL << 31) - 1 ? (1 << 30) : (int)max_pos;
   spec->norm_eps = (float)eps;
-  if (read_eos(cfg, spec) || read_quant_map(cfg, &spec->quant)) return CI_ERR;
+  if (read_eos(cfg, spec) || ci_cfg_quant_map(cfg, &spec->quant)) return CI_ERR;
   spec->layers = calloc((size_t)layers, sizeof *spec->layers);
   if (!spec->layers) return ci_fail("out of memory");
   for (int i = 0; i < spec->n_layers; i++)

@@ -18,6 +18,10 @@ int ci_cfg_num(json_t *cfg, const char *key, double fallback, double *out);
 /* Boolean key; `fallback` when absent or null. */
 int ci_cfg_bool(json_t *cfg, const char *key, int fallback, int *out);
 
+/* Reads the MLX quantization map (`quantization`, or `quantization_config` with MLX fields) of
+ * cfg into *map; absent leaves it not present. */
+int ci_cfg_quant_map(json_t *cfg, ci_quant_map *map);
+
 /* Reads the keys every family shares (sizes, eps, tie, eos, quantization map) and allocates
  * spec->layers with full attention and the global head_dim / n_kv_heads. `default_kv_heads`
  * 0 means "= num_attention_heads". */
@@ -42,5 +46,6 @@ int ci_family_qwen3_configure(json_t *cfg, ci_model_spec *spec);
 int ci_family_gemma2_configure(json_t *cfg, ci_model_spec *spec);
 int ci_family_gemma3_configure(json_t *cfg, ci_model_spec *spec);
 int ci_family_gemma4_configure(json_t *cfg, ci_model_spec *spec);
+int ci_family_qwen35_configure(json_t *cfg, ci_model_spec *spec);
 
 #endif

@@ -1,6 +1,7 @@
 /* Forward pass of the decoder-only transformer families, written once against the backend op
  * table: Llama/Mistral/Qwen pre-norm blocks and Gemma 2/3/4 sandwich blocks with GeGLU,
- * softcaps, K=V layers, KV sharing, per-layer inputs and MoE (docs/models.md §5). A step is any mix
+ * softcaps, K=V layers, KV sharing, per-layer inputs and MoE, and Qwen3.5's hybrid of gated
+ * attention and gated DeltaNet layers (docs/models.md §5). A step is any mix
  * of rows: prefill chunks and decode tokens of many sequences. Every matmul reads its weights
  * once for all rows, with each sequence's rows a segment computed as if alone; KV writes and
  * attention cover every sequence in one call per layer. */
@@ -139,6 +140,15 @@ static int attention_block(ci_model *m, const step_rows *sr, int li, int n, ci_w
 
   norm(m, act->a, act->x, L->attn_norm, n, s->hidden);
   if (linear_at(be, sr, li, CI_LORA_Q, &L->wq, L->bq, act->a, n, act->q)) return CI_ERR;
+  if (s->attn_output_gate) {
+    /* q_proj gave [rows, Hq, 2D]: per head its query, then its output gate (docs/models.md
+     * §5.8); as rows of D, queries are the even rows and gates the odd ones */
+    const int64_t heads = (int64_t)n * Hq;
+    be->ops->gather_rows(be, act->att, act->q, act->head_rows, heads, D);
+    be->ops->gather_rows(be, act->qg, act->q, act->head_rows + (int64_t)act->max_rows * Hq, heads,
+                         D);
+    be->ops->copy(be, act->q, act->att, heads * D);
+  }
   if (s->qk_norm) norm(m, act->q, act->q, L->q_norm, (int64_t)n * Hq, D);
   be->ops->rope(be, act->q, n, Hq, act->pos, rope);
   if (owner) {
@@ -153,7 +163,7 @@ static int attention_block(ci_model *m, const step_rows *sr, int li, int n, ci_w
     be->ops->rope(be, act->k, n, Hkv, act->pos, rope);
   }
   for (int i = 0; i < sr->kv.n_seqs; i++)
-    act->views[i] = ci_kv_seq_view(sr->seqs[i].seq, ls->cache_layer);
+    act->views[i] = ci_kv_seq_view(sr->seqs[i].seq, ls->kv_index);
   if (owner && be->ops->kv_store(be, &sr->kv, act->k, act->v, act->pos)) return CI_ERR;
   const ci_attention_args args = {.q = act->q,
                                   .out = act->att,
@@ -164,7 +174,59 @@ static int attention_block(ci_model *m, const step_rows *sr, int li, int n, ci_w
                                   .window = ls->kind == CI_ATTN_SLIDING ? ls->window : 0,
                                   .seqs = &sr->kv};
   if (be->ops->attention(be, &args)) return CI_ERR;
+  if (s->attn_output_gate) be->ops->sigmoid_mul(be, act->att, act->qg, (int64_t)n * Hq * D);
   return linear_at(be, sr, li, CI_LORA_O, &L->wo, L->bo, act->att, n, act->proj);
+}
+
+/* Gated DeltaNet half of layer li (docs/models.md §5.8): the four input projections, the mixer
+ * over each sequence's recurrent state of this layer, out_proj into act->proj. */
+static int deltanet_block(ci_model *m, const step_rows *sr, int li, int n, ci_workspace *act) {
+  ci_backend *be = m->be;
+  const ci_model_spec *s = &m->spec;
+  const ci_layer_weights *L = &m->layers[li];
+  const ci_deltanet_geometry *g = &s->deltanet;
+  norm(m, act->a, act->x, L->attn_norm, n, s->hidden);
+  if (matmul(be, sr, &L->dn_in_qkv, act->a, n, act->dn_qkv) ||
+      matmul(be, sr, &L->dn_in_z, act->a, n, act->dn_z) ||
+      matmul(be, sr, &L->dn_in_b, act->a, n, act->dn_b) ||
+      matmul(be, sr, &L->dn_in_a, act->a, n, act->dn_a))
+    return CI_ERR;
+  int index = 0; /* this layer's place among the DeltaNet layers: its part of each state */
+  for (int i = 0; i < li; i++) index += s->layers[i].mixer == CI_MIXER_DELTANET;
+  const int64_t offset = (int64_t)index * ci_spec_deltanet_layer_floats(s);
+  const int64_t total = ci_spec_state_bytes(s) / (int64_t)sizeof(float); /* a whole state */
+  int rounds = 0; /* sequences in a speculative round keep per-row checkpoints */
+  for (int i = 0; i < sr->kv.n_seqs; i++) {
+    const ci_kv_seq *seq = sr->seqs[i].seq;
+    act->dn_states[i] = seq->state + offset;
+    act->dn_checkpoints[i] =
+        seq->round_open ? seq->checkpoints + (seq->n - seq->round_start + 1) * total + offset
+                        : NULL;
+    rounds += seq->round_open;
+  }
+  const ci_deltanet_args args = {.qkv = act->dn_qkv,
+                                 .z = act->dn_z,
+                                 .b = act->dn_b,
+                                 .a = act->dn_a,
+                                 .out = act->dn_out,
+                                 .conv_w = L->dn_conv,
+                                 .a_log = L->dn_a_log,
+                                 .dt_bias = L->dn_dt_bias,
+                                 .norm_w = L->dn_norm,
+                                 .norm_eps = s->norm_eps,
+                                 .n_k_heads = g->n_k_heads,
+                                 .n_v_heads = g->n_v_heads,
+                                 .k_head_dim = g->k_head_dim,
+                                 .v_head_dim = g->v_head_dim,
+                                 .conv_kernel = g->conv_kernel,
+                                 .n_seqs = sr->kv.n_seqs,
+                                 .first_row = sr->kv.first_row,
+                                 .n_rows = sr->kv.n_rows,
+                                 .states = act->dn_states,
+                                 .checkpoints = rounds ? act->dn_checkpoints : NULL,
+                                 .checkpoint_stride = total};
+  if (be->ops->gated_deltanet(be, &args)) return CI_ERR;
+  return matmul(be, sr, &L->dn_out, act->dn_out, n, act->proj);
 }
 
 /* One layer, in the family's wiring. */
@@ -174,7 +236,9 @@ static int layer_forward(ci_model *m, const step_rows *sr, int li, int n, ci_wor
   const ci_layer_weights *L = &m->layers[li];
   const int64_t hn = (int64_t)n * s->hidden;
 
-  if (attention_block(m, sr, li, n, act)) return CI_ERR;
+  if (s->layers[li].mixer == CI_MIXER_DELTANET ? deltanet_block(m, sr, li, n, act)
+                                               : attention_block(m, sr, li, n, act))
+    return CI_ERR;
   if (s->wiring == CI_WIRING_PRE_NORM) {
     be->ops->add(be, act->x, act->proj, hn);
     norm(m, act->a, act->x, L->mlp_norm, n, s->hidden);
@@ -245,6 +309,14 @@ static int check_step(const ci_model *m, const ci_step_seq *seqs, int n_seqs) {
       return ci_fail("step: %d rows cross the sequence's KV conversion point", q->n_rows);
     for (int j = 0; j < i; j++)
       if (seqs[j].seq == q->seq) return ci_fail("step: a sequence appears twice in a step");
+    if (s->n_deltanet_layers > 0 &&
+        (!q->seq->state || q->seq->cache->state_bytes < ci_spec_state_bytes(s)))
+      return ci_fail("step: sequence %d has no recurrent state for this %s model (its KV cache "
+                     "must come from ci_model_kv_cache_create)",
+                     i, s->model_type);
+    if (s->n_deltanet_layers > 0 && q->seq->round_open &&
+        q->seq->n + q->n_rows - q->seq->round_start >= q->seq->n_checkpoints)
+      return ci_fail("step: %d rows exceed the speculative round's state checkpoints", q->n_rows);
   }
   return CI_OK;
 }

@@ -123,6 +123,45 @@ static int bind_experts(ci_model *m, const char *name, int64_t experts, int64_t 
   return CI_OK;
 }
 
+/* Binds a depthwise convolution `<module>.weight` of `channels` x `width` as an owned f32
+ * [channels, width] array in backend memory. Raw checkpoints store [C, 1, Kc], MLX conversions
+ * [C, Kc, 1] (and fold the +1 of the zero-centred norms in): the layout sets the model's norm
+ * offset, which every convolution must agree on (docs/models.md §5.8). */
+static int bind_conv(ci_model *m, const char *module, int64_t channels, int64_t width,
+                     float **out) {
+  char name[300];
+  snprintf(name, sizeof name, "%s.weight", module);
+  *out = NULL;
+  ci_st_tensor *t = ci_weights_take(m->files, name);
+  if (!t) return ci_fail("missing tensor %s", name);
+  if (t->dtype != CI_F32 && t->dtype != CI_F16 && t->dtype != CI_BF16)
+    return ci_fail("tensor %s: dtype %s is not a float type (convolutions are never quantized)",
+                   name, ci_dtype_get(t->dtype)->name);
+  int mlx;
+  if (t->ndim == 3 && t->shape[0] == channels && t->shape[1] == 1 && t->shape[2] == width)
+    mlx = 0;
+  else if (t->ndim == 3 && t->shape[0] == channels && t->shape[1] == width && t->shape[2] == 1)
+    mlx = 1;
+  else
+    return ci_fail("tensor %s: shape disagrees with config.json (expected [%lld, 1, %lld] or "
+                   "the MLX [%lld, %lld, 1])",
+                   name, (long long)channels, (long long)width, (long long)channels,
+                   (long long)width);
+  const float offset = mlx ? 0.0f : 1.0f;
+  if (m->conv_layout_seen && m->spec.norm_weight_offset != offset)
+    return ci_fail("tensor %s: convolution layout %s differs from the model's other layers", name,
+                   mlx ? "[C, Kc, 1]" : "[C, 1, Kc]");
+  m->conv_layout_seen = 1;
+  m->spec.norm_weight_offset = offset;
+  const int64_t n = channels * width;
+  float *host = malloc((size_t)n * sizeof(float));
+  if (!host) return ci_fail("out of memory");
+  for (int64_t i = 0; i < n; i++) host[i] = ci_float_at(t->dtype, t->data, (size_t)i);
+  *out = backend_floats(m->be, host, n);
+  free(host);
+  return *out ? CI_OK : CI_ERR;
+}
+
 /* Binds one manifest entry into the model. */
 static int bind_entry(void *ctx, const ci_manifest_entry *e) {
   ci_model *m = ctx;
@@ -153,6 +192,8 @@ static int bind_entry(void *ctx, const ci_manifest_entry *e) {
     return bind_vector(m, name, e->rows, dst);
   case CI_MANIFEST_SCALAR:
     return bind_vector(m, e->module, e->rows, dst);
+  case CI_MANIFEST_CONV:
+    return bind_conv(m, e->module, e->rows, e->cols, dst);
   case CI_MANIFEST_EXPERTS:
     if (bind_experts(m, e->module, e->experts, e->rows, e->cols, dst)) return CI_ERR;
     if (m->be->ops->prepare_weight(m->be, dst)) return ci_fail_context("tensor %s", e->module);
@@ -186,12 +227,15 @@ static int is_droppable(const char *name) {
 static void drop_sharer_kv(ci_model *m, const char *prefix) {
   static const char *const modules[] = {"self_attn.k_proj", "self_attn.v_proj", "self_attn.k_norm"};
   static const char *const parts[] = {"weight", "scales", "biases", "bias"};
-  for (int i = m->spec.n_cache_layers; i < m->spec.n_layers; i++)
+  for (int i = 0; i < m->spec.n_layers; i++) {
+    const ci_layer_spec *l = &m->spec.layers[i];
+    if (l->mixer != CI_MIXER_ATTENTION || l->cache_layer == i) continue;
     for (size_t k = 0; k < sizeof modules / sizeof modules[0]; k++) {
       char module[256];
       snprintf(module, sizeof module, "%slayers.%d.%s", prefix, i, modules[k]);
       for (size_t p = 0; p < sizeof parts / sizeof parts[0]; p++) take_part(m, module, parts[p]);
     }
+  }
 }
 
 /* A Gemma embedding scale converted to the embedding table's dtype first (docs/models.md §0). */
@@ -222,6 +266,10 @@ static void drop_tied_head(ci_model *m, const char *head_module) {
 
 static int bind_all(ci_model *m) {
   ci_model_spec *s = &m->spec;
+  if (s->n_deltanet_layers > 0 && (!m->be->ops->gated_deltanet || !m->be->ops->sigmoid_mul))
+    return ci_fail("%s models (gated DeltaNet layers) do not run on the %s backend yet (use the "
+                   "cpu backend)",
+                   s->model_type, m->be->ops->name);
   const char *prefix = find_prefix(m->files);
   if (!prefix)
     return ci_fail("missing tensor model.embed_tokens.weight (no embedding under any known "
@@ -285,7 +333,8 @@ ci_model *ci_model_load_in(const char *model_dir, ci_backend *be, ci_weights_mem
   }
   m->files = ci_weights_open_in(model_dir, memory);
   if (!m->files || bind_all(m) ||
-      ci_kv_config_load(model_dir, m->spec.n_cache_layers, &m->kv_config) ||
+      ci_kv_config_load(model_dir, m->spec.n_cache_layers,
+                        m->spec.n_deltanet_layers ? m->spec.cache_layers : NULL, &m->kv_config) ||
       ci_model_identity(model_dir, m->files, m->identity)) {
     ci_model_free(m);
     return NULL;
@@ -318,7 +367,11 @@ void ci_model_free(ci_model *m) {
                         L->router_scale,
                         L->expert_scale,
                         L->ple_post_norm,
-                        L->layer_scalar};
+                        L->layer_scalar,
+                        L->dn_conv,
+                        L->dn_dt_bias,
+                        L->dn_a_log,
+                        L->dn_norm};
       for (size_t k = 0; k < sizeof owned / sizeof owned[0]; k++)
         if (owned[k]) m->be->ops->release(m->be, owned[k]);
     }
@@ -384,7 +437,7 @@ ci_kv_cache *ci_model_kv_cache_create_protected(const ci_model *m, ci_kv_codec c
     return NULL;
   }
   for (int i = 0; i < n_cache; i++) {
-    const ci_layer_spec *l = &m->spec.layers[i];
+    const ci_layer_spec *l = ci_spec_cache_layer(&m->spec, i);
     /* With a kv_config.json plan, layers of different target codecs get their own groups. */
     int plan_class = 0;
     if (m->kv_config)
@@ -399,6 +452,10 @@ ci_kv_cache *ci_model_kv_cache_create_protected(const ci_model *m, ci_kv_codec c
   }
   ci_kv_cache *cache = ci_kv_cache_create(m->be, n_cache, desc, codec, block_tokens, arena_bytes);
   free(desc);
+  if (cache && ci_kv_cache_set_state_bytes(cache, ci_spec_state_bytes(&m->spec))) {
+    ci_kv_cache_free(cache);
+    return NULL;
+  }
   return cache;
 }
 

@@ -19,6 +19,12 @@ typedef enum {
   DIM_EXPERTS,
   DIM_MOE_INTER,
   DIM_MOE_GATE_UP,
+  DIM_Q_PROJ,    /* q_proj rows: Hq D, twice that with the output gate (Qwen3.5) */
+  DIM_DN_CONV,   /* DeltaNet channels C = 2 Hk Dk + Hv Dv */
+  DIM_DN_V,      /* Hv Dv */
+  DIM_DN_HEADS,  /* Hv */
+  DIM_DN_HEAD,   /* Dv */
+  DIM_DN_KERNEL, /* Kc */
 } dim_id;
 
 /* Conditions a tensor needs, all of which must hold (a bit mask). */
@@ -34,6 +40,8 @@ enum {
   REQ_MOE = 1 << 8,      /* MoE block beside the dense MLP */
   REQ_PLE = 1 << 9,      /* per-layer inputs */
   REQ_LAYER_SCALAR = 1 << 10,
+  REQ_ATTENTION = 1 << 11, /* the layer's mixer is attention */
+  REQ_DELTANET = 1 << 12,  /* the layer's mixer is the gated DeltaNet */
 };
 
 typedef struct {
@@ -51,16 +59,19 @@ typedef struct {
   { module, kind, DIM_NONE, rows, DIM_NONE, req, FIELD(field) }
 static const layer_tensor layer_tensors[] = {
     VEC("input_layernorm", CI_MANIFEST_NORM, DIM_HIDDEN, 0, attn_norm),
-    MAT("self_attn.q_proj", DIM_Q, DIM_HIDDEN, 0, wq),
-    VEC("self_attn.q_proj", CI_MANIFEST_BIAS, DIM_Q, REQ_QKV_BIAS, bq),
-    MAT("self_attn.k_proj", DIM_KV, DIM_HIDDEN, REQ_KV_OWNER, wk),
-    VEC("self_attn.k_proj", CI_MANIFEST_BIAS, DIM_KV, REQ_KV_OWNER | REQ_QKV_BIAS, bk),
-    MAT("self_attn.v_proj", DIM_KV, DIM_HIDDEN, REQ_V_PROJ, wv),
-    VEC("self_attn.v_proj", CI_MANIFEST_BIAS, DIM_KV, REQ_V_PROJ | REQ_QKV_BIAS, bv),
-    MAT("self_attn.o_proj", DIM_HIDDEN, DIM_Q, 0, wo),
-    VEC("self_attn.o_proj", CI_MANIFEST_BIAS, DIM_HIDDEN, REQ_O_BIAS, bo),
-    VEC("self_attn.q_norm", CI_MANIFEST_NORM, DIM_HEAD, REQ_QK_NORM, q_norm),
-    VEC("self_attn.k_norm", CI_MANIFEST_NORM, DIM_HEAD, REQ_QK_NORM | REQ_KV_OWNER, k_norm),
+    MAT("self_attn.q_proj", DIM_Q_PROJ, DIM_HIDDEN, REQ_ATTENTION, wq),
+    VEC("self_attn.q_proj", CI_MANIFEST_BIAS, DIM_Q_PROJ, REQ_ATTENTION | REQ_QKV_BIAS, bq),
+    MAT("self_attn.k_proj", DIM_KV, DIM_HIDDEN, REQ_ATTENTION | REQ_KV_OWNER, wk),
+    VEC("self_attn.k_proj", CI_MANIFEST_BIAS, DIM_KV, REQ_ATTENTION | REQ_KV_OWNER | REQ_QKV_BIAS,
+        bk),
+    MAT("self_attn.v_proj", DIM_KV, DIM_HIDDEN, REQ_ATTENTION | REQ_V_PROJ, wv),
+    VEC("self_attn.v_proj", CI_MANIFEST_BIAS, DIM_KV, REQ_ATTENTION | REQ_V_PROJ | REQ_QKV_BIAS,
+        bv),
+    MAT("self_attn.o_proj", DIM_HIDDEN, DIM_Q, REQ_ATTENTION, wo),
+    VEC("self_attn.o_proj", CI_MANIFEST_BIAS, DIM_HIDDEN, REQ_ATTENTION | REQ_O_BIAS, bo),
+    VEC("self_attn.q_norm", CI_MANIFEST_NORM, DIM_HEAD, REQ_ATTENTION | REQ_QK_NORM, q_norm),
+    VEC("self_attn.k_norm", CI_MANIFEST_NORM, DIM_HEAD, REQ_ATTENTION | REQ_QK_NORM | REQ_KV_OWNER,
+        k_norm),
     VEC("post_attention_layernorm", CI_MANIFEST_NORM, DIM_HIDDEN, REQ_PRE_NORM, mlp_norm),
     VEC("post_attention_layernorm", CI_MANIFEST_NORM, DIM_HIDDEN, REQ_SANDWICH, attn_post_norm),
     VEC("pre_feedforward_layernorm", CI_MANIFEST_NORM, DIM_HIDDEN, REQ_SANDWICH, mlp_norm),
@@ -85,6 +96,16 @@ static const layer_tensor layer_tensors[] = {
     MAT("per_layer_projection", DIM_HIDDEN, DIM_PLE, REQ_PLE, ple_proj),
     VEC("post_per_layer_input_norm", CI_MANIFEST_NORM, DIM_HIDDEN, REQ_PLE, ple_post_norm),
     VEC("layer_scalar", CI_MANIFEST_SCALAR, DIM_ONE, REQ_LAYER_SCALAR, layer_scalar),
+    MAT("linear_attn.in_proj_qkv", DIM_DN_CONV, DIM_HIDDEN, REQ_DELTANET, dn_in_qkv),
+    MAT("linear_attn.in_proj_z", DIM_DN_V, DIM_HIDDEN, REQ_DELTANET, dn_in_z),
+    MAT("linear_attn.in_proj_b", DIM_DN_HEADS, DIM_HIDDEN, REQ_DELTANET, dn_in_b),
+    MAT("linear_attn.in_proj_a", DIM_DN_HEADS, DIM_HIDDEN, REQ_DELTANET, dn_in_a),
+    {"linear_attn.conv1d", CI_MANIFEST_CONV, DIM_NONE, DIM_DN_CONV, DIM_DN_KERNEL, REQ_DELTANET,
+     FIELD(dn_conv)},
+    VEC("linear_attn.dt_bias", CI_MANIFEST_SCALAR, DIM_DN_HEADS, REQ_DELTANET, dn_dt_bias),
+    VEC("linear_attn.A_log", CI_MANIFEST_SCALAR, DIM_DN_HEADS, REQ_DELTANET, dn_a_log),
+    VEC("linear_attn.norm", CI_MANIFEST_NORM, DIM_DN_HEAD, REQ_DELTANET, dn_norm),
+    MAT("linear_attn.out_proj", DIM_HIDDEN, DIM_DN_V, REQ_DELTANET, dn_out),
 };
 #undef VEC
 #undef MAT
@@ -113,6 +134,19 @@ static int64_t dim_value(const ci_model_spec *s, int layer, dim_id d) {
     return s->moe_intermediate;
   case DIM_MOE_GATE_UP:
     return 2 * (int64_t)s->moe_intermediate;
+  case DIM_Q_PROJ:
+    return (int64_t)s->n_heads * l->head_dim * (s->attn_output_gate ? 2 : 1);
+  case DIM_DN_CONV:
+    return 2 * (int64_t)s->deltanet.n_k_heads * s->deltanet.k_head_dim +
+           (int64_t)s->deltanet.n_v_heads * s->deltanet.v_head_dim;
+  case DIM_DN_V:
+    return (int64_t)s->deltanet.n_v_heads * s->deltanet.v_head_dim;
+  case DIM_DN_HEADS:
+    return s->deltanet.n_v_heads;
+  case DIM_DN_HEAD:
+    return s->deltanet.v_head_dim;
+  case DIM_DN_KERNEL:
+    return s->deltanet.conv_kernel;
   default:
     return 0;
   }
@@ -132,6 +166,7 @@ static unsigned layer_conditions(const ci_model_spec *s, int layer) {
   if (s->n_experts > 0) have |= REQ_MOE;
   if (s->ple_dim > 0) have |= REQ_PLE;
   if (s->layer_scalar) have |= REQ_LAYER_SCALAR;
+  have |= l->mixer == CI_MIXER_DELTANET ? REQ_DELTANET : REQ_ATTENTION;
   return have;
 }
 

@@ -14,6 +14,8 @@ typedef enum {
   CI_MANIFEST_BIAS,    /* `<module>.bias` [rows] */
   CI_MANIFEST_SCALAR,  /* `<module>` [rows], a bare vector (layer_scalar, router scales) */
   CI_MANIFEST_EXPERTS, /* `<module>` [experts, rows, cols], a bare stack of expert matrices */
+  CI_MANIFEST_CONV,    /* `<module>.weight` [rows, 1, cols] (or MLX [rows, cols, 1]): a depthwise
+                          convolution of width cols, never quantized */
 } ci_manifest_kind;
 
 typedef struct {

@@ -43,6 +43,15 @@ typedef struct {
   float *ple_post_norm; /* (hidden) */
   float *layer_scalar;  /* (1) */
   float layer_scale;    /* its value, read once at load */
+  /* Gated DeltaNet mixer (Qwen3.5 linear-attention layers; C = 2 Hk Dk + Hv Dv). */
+  ci_tensor dn_in_qkv;          /* (C, hidden) */
+  ci_tensor dn_in_z;            /* (Hv Dv, hidden) */
+  ci_tensor dn_in_b;            /* (Hv, hidden) */
+  ci_tensor dn_in_a;            /* (Hv, hidden) */
+  ci_tensor dn_out;             /* (hidden, Hv Dv) */
+  float *dn_conv;               /* (C, Kc) depthwise convolution, f32 */
+  float *dn_dt_bias, *dn_a_log; /* (Hv) */
+  float *dn_norm;               /* (Dv) plain RMSNorm weight of the output */
 } ci_layer_weights;
 
 typedef struct ci_model {
@@ -62,6 +71,7 @@ typedef struct ci_model {
   ci_workspace *workspace; /* owned: the workspace of ci_model_forward (created on first use) */
   uint64_t identity[2];    /* config + weights fingerprint (model/identity.h): persisted KV is
                               only reused by the model that wrote it */
+  int conv_layout_seen;    /* a DeltaNet convolution has set the norm offset (loading) */
 } ci_model;
 
 /* Loads a model folder (config.json + safetensors) for backend `be`. Validates every tensor

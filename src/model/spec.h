@@ -14,6 +14,10 @@ typedef enum { CI_ATTN_FULL, CI_ATTN_SLIDING } ci_attn_kind;
 /* MLP activation: SwiGLU (Llama, Qwen) or GeGLU with tanh-approximated GELU (Gemma). */
 typedef enum { CI_ACT_SILU, CI_ACT_GELU_TANH } ci_activation;
 
+/* The token mixer of a layer: softmax attention over the paged KV, or the gated DeltaNet
+ * recurrence of Qwen3.5's linear-attention layers (a per-sequence state beside the KV). */
+typedef enum { CI_MIXER_ATTENTION, CI_MIXER_DELTANET } ci_mixer;
+
 /* How a block wires its norms: pre-norm (x += f(norm(x))) or Gemma's sandwich
  * (x += norm_post(f(norm_pre(x)))). */
 typedef enum { CI_WIRING_PRE_NORM, CI_WIRING_SANDWICH } ci_block_wiring;
@@ -24,7 +28,10 @@ typedef struct {
   int head_dim;     /* D */
   int n_kv_heads;   /* Hkv */
   int rope_index;   /* index into ci_model_spec.ropes */
-  int cache_layer;  /* layer whose KV this layer attends over; itself unless a KV sharer */
+  ci_mixer mixer;   /* attention (everything below applies) or gated DeltaNet */
+  int cache_layer;  /* layer whose KV this layer attends over; itself unless a KV sharer; -1 for
+                       a DeltaNet layer */
+  int kv_index;     /* cache layer (index into the KV cache) this layer reads; -1 for DeltaNet */
   int k_eq_v;       /* no v_proj: V is the raw K projection (Gemma 4 full layers) */
   int intermediate; /* MLP width of this layer */
   float attn_scale; /* multiplies <q, k> */
@@ -56,6 +63,15 @@ typedef struct {
 
 enum { CI_MAX_ROPES = 2, CI_MAX_EOS = 8 };
 
+/* Geometry of the gated DeltaNet layers (Qwen3.5 linear attention). */
+typedef struct {
+  int n_k_heads;   /* Hk: query/key heads */
+  int n_v_heads;   /* Hv: value heads, a multiple of Hk */
+  int k_head_dim;  /* Dk */
+  int v_head_dim;  /* Dv */
+  int conv_kernel; /* Kc: causal depthwise convolution width */
+} ci_deltanet_geometry;
+
 typedef struct ci_model_spec {
   const char *model_type; /* points into a static family table */
   int hidden;             /* model width */
@@ -84,14 +100,31 @@ typedef struct ci_model_spec {
   int n_experts;            /* MoE experts; 0 = dense MLP only */
   int top_k_experts;        /* experts per token */
   int moe_intermediate;     /* width of one expert */
-  int n_cache_layers;       /* layers that own a KV cache: a prefix 0..n_cache_layers-1 */
-  ci_layer_spec *layers;    /* [n_layers] */
+  int n_cache_layers;       /* layers that own a KV cache */
+  int *cache_layers;        /* [n_cache_layers] the model layer of each cache layer, in order */
+  int attn_output_gate;     /* q_proj also yields a per-head gate: o = attn * sigmoid(gate)
+                               before o_proj (Qwen3.5) */
+  int n_deltanet_layers;    /* layers whose mixer is the gated DeltaNet */
+  ci_deltanet_geometry deltanet;
+  ci_layer_spec *layers; /* [n_layers] */
   ci_rope_table ropes[CI_MAX_ROPES];
   int n_ropes;
   int eos_ids[CI_MAX_EOS];
   int n_eos;
   ci_quant_map quant;
 } ci_model_spec;
+
+/* The spec of cache layer `c` (0 <= c < n_cache_layers). */
+static inline const ci_layer_spec *ci_spec_cache_layer(const ci_model_spec *spec, int c) {
+  return &spec->layers[spec->cache_layers[c]];
+}
+
+/* Bytes of one sequence's recurrent state over every DeltaNet layer (0 for models without
+ * any): per layer the convolution tail [Kc - 1, C] and the state [Hv, Dk, Dv], f32. */
+int64_t ci_spec_state_bytes(const ci_model_spec *spec);
+
+/* Floats of one DeltaNet layer's part of that state. */
+int64_t ci_spec_deltanet_layer_floats(const ci_model_spec *spec);
 
 /* Reads DIR/config.json into *spec. Returns CI_OK, or CI_ERR with a message naming the
  * problem (missing file, not JSON, unsupported model_type listing the supported ones, bad

@@ -15,9 +15,11 @@ ci_workspace *ci_workspace_create(ci_backend *be) {
 
 /* Releases every buffer (the sizes become 0). */
 static void release_buffers(ci_workspace *ws) {
-  float **dev[] = {&ws->x,       &ws->a,      &ws->q,     &ws->k,     &ws->v,       &ws->att,
-                   &ws->proj,    &ws->gate,   &ws->up,    &ws->ple,   &ws->ple_tmp, &ws->moe_scores,
-                   &ws->moe_out, &ws->moe_in, &ws->moe_y, &ws->logits};
+  float **dev[] = {&ws->x,       &ws->a,          &ws->q,       &ws->k,      &ws->v,
+                   &ws->att,     &ws->proj,       &ws->gate,    &ws->up,     &ws->ple,
+                   &ws->ple_tmp, &ws->moe_scores, &ws->moe_out, &ws->moe_in, &ws->moe_y,
+                   &ws->logits,  &ws->qg,         &ws->dn_qkv,  &ws->dn_z,   &ws->dn_b,
+                   &ws->dn_a,    &ws->dn_out};
   for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) {
     if (*dev[i]) ws->be->ops->release(ws->be, *dev[i]);
     *dev[i] = NULL;
@@ -28,7 +30,8 @@ static void release_buffers(ci_workspace *ws) {
   void **host[] = {(void **)&ws->desc_host,  (void **)&ws->seq_first, (void **)&ws->seq_rows,
                    (void **)&ws->logit_rows, (void **)&ws->logit_seg, (void **)&ws->views,
                    (void **)&ws->seq_lora,   (void **)&ws->route_ids, (void **)&ws->route_w,
-                   (void **)&ws->rows,       (void **)&ws->row_w,     (void **)&ws->expert_seg};
+                   (void **)&ws->rows,       (void **)&ws->row_w,     (void **)&ws->expert_seg,
+                   (void **)&ws->head_rows,  (void **)&ws->dn_states, (void **)&ws->dn_checkpoints};
   for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) {
     free(*host[i]);
     *host[i] = NULL;
@@ -103,6 +106,7 @@ void ci_workspace_free(ci_workspace *ws) {
 /* Widest rows of each buffer kind over every layer of the model. */
 typedef struct {
   int64_t q_dim, kv_dim, inter, max_k;
+  int64_t dn_channels, dn_v_dim; /* DeltaNet C and Hv Dv; 0 without DeltaNet layers */
   int max_heads, max_head_dim;
 } widths;
 
@@ -110,7 +114,7 @@ static widths widths_of(const ci_model_spec *s) {
   widths w = {.inter = s->intermediate, .max_heads = s->n_heads};
   for (int i = 0; i < s->n_layers; i++) {
     const ci_layer_spec *l = &s->layers[i];
-    const int64_t qd = (int64_t)s->n_heads * l->head_dim;
+    const int64_t qd = (int64_t)s->n_heads * l->head_dim * (s->attn_output_gate ? 2 : 1);
     const int64_t kd = (int64_t)l->n_kv_heads * l->head_dim;
     if (qd > w.q_dim) w.q_dim = qd;
     if (kd > w.kv_dim) w.kv_dim = kd;
@@ -119,10 +123,16 @@ static widths widths_of(const ci_model_spec *s) {
   }
   if (s->moe_intermediate > w.inter) w.inter = s->moe_intermediate;
   if (s->ple_dim > w.inter) w.inter = s->ple_dim;
-  /* the widest matmul input: hidden, the attention output, an MLP or per-layer width */
+  if (s->n_deltanet_layers > 0) {
+    const ci_deltanet_geometry *g = &s->deltanet;
+    w.dn_v_dim = (int64_t)g->n_v_heads * g->v_head_dim;
+    w.dn_channels = 2 * (int64_t)g->n_k_heads * g->k_head_dim + w.dn_v_dim;
+  }
+  /* the widest matmul input: hidden, the attention output, an MLP, per-layer or DeltaNet width */
   w.max_k = s->hidden;
   if (w.q_dim > w.max_k) w.max_k = w.q_dim;
   if (w.inter > w.max_k) w.max_k = w.inter;
+  if (w.dn_v_dim > w.max_k) w.max_k = w.dn_v_dim;
   return w;
 }
 
@@ -136,6 +146,12 @@ int64_t ci_workspace_bytes(const ci_model_spec *s, int max_rows, int max_seqs) {
     bytes += n * (int64_t)s->top_k_experts * (int64_t)(sizeof(int32_t) + sizeof(float));
     bytes += n * (int64_t)(sizeof(int32_t) + sizeof(float)) + max_seqs * (int64_t)sizeof(int32_t);
   }
+  if (s->attn_output_gate)
+    bytes += n * f * ((int64_t)s->n_heads * w.max_head_dim) +
+             2 * n * s->n_heads * (int64_t)sizeof(int32_t);
+  if (s->n_deltanet_layers > 0)
+    bytes += n * f * (w.dn_channels + 2 * w.dn_v_dim + 2 * (int64_t)s->deltanet.n_v_heads) +
+             2 * max_seqs * (int64_t)sizeof(float *);
   bytes += 2 * 2 * n * (int64_t)sizeof(int32_t) + n * (int64_t)sizeof(int32_t);
   bytes += max_seqs * (int64_t)(3 * sizeof(int32_t) + sizeof(ci_paged_kv) + sizeof(void *));
   return bytes;
@@ -175,6 +191,25 @@ int ci_workspace_fit(ci_workspace *ws, const ci_model_spec *s, int max_rows, int
          (ws->route_w = malloc(n * k * sizeof(float))) &&
          (ws->rows = malloc(n * sizeof(int32_t))) && (ws->row_w = malloc(n * sizeof(float))) &&
          (ws->expert_seg = malloc((size_t)max_seqs * sizeof(int32_t)));
+  }
+  if (ok && s->attn_output_gate) {
+    const size_t heads = n * (size_t)s->n_heads;
+    ok = (ws->qg = be->ops->alloc(be, heads * (size_t)w.max_head_dim * f)) &&
+         (ws->head_rows = malloc(2 * heads * sizeof(int32_t)));
+    for (size_t i = 0; ok && i < heads; i++) { /* row i of [rows, Hq, 2D] as rows of D */
+      ws->head_rows[i] = (int32_t)(2 * i);
+      ws->head_rows[heads + i] = (int32_t)(2 * i + 1);
+    }
+  }
+  if (ok && s->n_deltanet_layers > 0) {
+    const size_t hv = (size_t)s->deltanet.n_v_heads;
+    ok = (ws->dn_qkv = be->ops->alloc(be, n * (size_t)w.dn_channels * f)) &&
+         (ws->dn_z = be->ops->alloc(be, n * (size_t)w.dn_v_dim * f)) &&
+         (ws->dn_b = be->ops->alloc(be, n * hv * f)) &&
+         (ws->dn_a = be->ops->alloc(be, n * hv * f)) &&
+         (ws->dn_out = be->ops->alloc(be, n * (size_t)w.dn_v_dim * f)) &&
+         (ws->dn_states = malloc((size_t)max_seqs * sizeof(float *))) &&
+         (ws->dn_checkpoints = malloc((size_t)max_seqs * sizeof(float *)));
   }
   const size_t seqs = (size_t)max_seqs;
   ok = ok && (ws->desc = be->ops->alloc(be, 2 * n * sizeof(int32_t))) &&

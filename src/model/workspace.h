@@ -30,6 +30,12 @@ typedef struct ci_workspace {
   float *moe_out;    /* (rows, hidden) weighted expert sum */
   float *moe_in;     /* (rows, hidden) gathered rows of one expert */
   float *moe_y;      /* (rows, hidden) one expert's output rows */
+  float *qg;         /* (rows, Hq * D) output gate of gated attention; NULL without */
+  float *dn_qkv;     /* (rows, C) DeltaNet in_proj_qkv output; NULL without DeltaNet layers */
+  float *dn_z;       /* (rows, Hv * Dv) */
+  float *dn_b;       /* (rows, Hv) */
+  float *dn_a;       /* (rows, Hv) */
+  float *dn_out;     /* (rows, Hv * Dv) */
   /* The step's description, host memory. */
   int32_t *desc;      /* (2 rows) the step descriptor in backend memory: ids, positions */
   int32_t *desc_host; /* (2 rows) its host copy, written by the step */
@@ -59,6 +65,10 @@ typedef struct ci_workspace {
   int32_t *lora_seg;     /* (lora_seqs) gathered rows of each sequence */
   int lora_rows, lora_seqs, lora_rank;
   int64_t lora_width;
+  /* Hybrid models, host memory. */
+  int32_t *head_rows; /* (2 rows Hq) D-wide rows of the gated q_proj output: queries, then gates */
+  float **dn_states;  /* (seqs) each sequence's state of one DeltaNet layer */
+  float **dn_checkpoints; /* (seqs) where a sequence in a speculative round keeps it per row */
 } ci_workspace;
 
 /* An empty workspace for `spec` on `be` (no buffers yet). NULL with ci_last_error. */

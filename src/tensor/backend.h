@@ -90,6 +90,36 @@ typedef struct {
   const int32_t *rows; /* [n] rows of each segment, in order, summing to the row count */
 } ci_row_segments;
 
+/* ==== Gated DeltaNet ==== */
+
+/* Arguments of one gated DeltaNet call (Qwen3.5 linear attention, docs/models.md §5.8) over the
+ * rows of a step: sequence i owns rows [first_row[i], first_row[i] + n_rows[i]) and carries its
+ * recurrent state in states[i]: the convolution tail [conv_kernel - 1, C] then the state
+ * [n_v_heads, k_head_dim, v_head_dim], f32, zero for a new sequence. C = 2 Hk Dk + Hv Dv. */
+typedef struct {
+  float *qkv;           /* [n_rows, C] in_proj_qkv output; used as scratch (overwritten) */
+  const float *z;       /* [n_rows, Hv Dv] in_proj_z output (the output gate) */
+  const float *b;       /* [n_rows, Hv] in_proj_b output (beta before the sigmoid) */
+  const float *a;       /* [n_rows, Hv] in_proj_a output (the decay input) */
+  float *out;           /* [n_rows, Hv Dv] gated RMSNorm of the recurrence output */
+  const float *conv_w;  /* [C, conv_kernel] depthwise causal convolution */
+  const float *a_log;   /* [Hv] */
+  const float *dt_bias; /* [Hv] */
+  const float *norm_w;  /* [Dv] plain RMSNorm weight of the output */
+  float norm_eps;
+  int n_k_heads, n_v_heads, k_head_dim, v_head_dim, conv_kernel;
+  int n_seqs;
+  const int32_t *first_row; /* [n_seqs] host memory */
+  const int32_t *n_rows;    /* [n_seqs] host memory */
+  float *const *states;     /* [n_seqs] host array of backend pointers */
+  /* NULL, or [n_seqs] entries, NULL for a sequence without: where to keep this layer's state
+   * after each of the sequence's rows (a speculative round): after row r at
+   * checkpoints[i] + r * checkpoint_stride, laid out as the state. Such a sequence's rows run
+   * the recurrent form one by one (the arithmetic of single-row steps). */
+  float *const *checkpoints;
+  int64_t checkpoint_stride; /* floats */
+} ci_deltanet_args;
+
 /* ==== The op table ==== */
 
 typedef struct ci_backend ci_backend;
@@ -190,6 +220,15 @@ typedef struct {
   /* Masked attention of every row of a step over its sequence's paged KV (see
    * ci_attention_args); each sequence's rows come out as a call for it alone gives them. */
   int (*attention)(ci_backend *be, const ci_attention_args *args);
+  /* x[i] *= sigmoid(gate[i]) (the output gate of Qwen3.5 attention). NULL where the backend
+   * does not run Qwen3.5 yet. */
+  void (*sigmoid_mul)(ci_backend *be, float *x, const float *gate, int64_t n);
+  /* The gated DeltaNet mixer of a step's rows (see ci_deltanet_args): causal convolution with
+   * each sequence's tail, SiLU, L2-normalised q and k, the gated delta rule (block-parallel over
+   * chunks of a sequence's rows; one recurrent step for a single row), then the gated RMSNorm.
+   * Each sequence's rows and state come out as a call for it alone gives them. NULL where the
+   * backend does not run Qwen3.5 yet. */
+  int (*gated_deltanet)(ci_backend *be, const ci_deltanet_args *args);
 } ci_backend_ops;
 
 struct ci_backend {

@@ -2,6 +2,7 @@
 #include "backend/cpu/cpu_backend.h"
 
 #include "base/error.h"
+#include "backend/cpu/deltanet.h"
 #include "backend/cpu/kv_kernels.h"
 #include "base/threadpool.h"
 
@@ -271,6 +272,11 @@ static void silu_mul_elements(void *ctx, int64_t begin, int64_t end) {
 static void cpu_silu_mul(ci_backend *be, float *gate, const float *up, int64_t n) {
   loop_args a = {.x = gate, .y = up};
   for_range(be, n, 16, silu_mul_elements, &a);
+}
+
+static void cpu_sigmoid_mul(ci_backend *be, float *x, const float *gate, int64_t n) {
+  (void)be;
+  for (int64_t i = 0; i < n; i++) x[i] *= 1.0f / (1.0f + expf(-gate[i]));
 }
 
 /* GELU with the tanh approximation, x^3 as a power (docs/models.md §3). */
@@ -564,6 +570,11 @@ static int cpu_attention(ci_backend *be, const ci_attention_args *args) {
   return CI_OK;
 }
 
+static int cpu_gated_deltanet(ci_backend *be, const ci_deltanet_args *args) {
+  cpu_backend *cpu = as_cpu(be);
+  return ci_cpu_gated_deltanet(cpu->pool, &cpu->scratch, cpu->vec, args);
+}
+
 /* ==== Life cycle ==== */
 
 static void cpu_destroy(ci_backend *be) {
@@ -607,6 +618,8 @@ static const ci_backend_ops cpu_ops = {
     .rope = cpu_rope,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
+    .sigmoid_mul = cpu_sigmoid_mul,
+    .gated_deltanet = cpu_gated_deltanet,
 };
 
 ci_backend *ci_cpu_backend_create(int n_threads) {
