@@ -186,7 +186,8 @@ async function run() {
     'the model panel shows /v1/models and /stats (id, architecture, context)');
 
   // 1. A streamed reply arrives in steps.
-  await setField(page, 'max_tokens', '48');
+  // (256 tokens: long enough that the reply streams over many frames however fast the model runs)
+  await setField(page, 'max_tokens', '256');
   await setField(page, 'ignore_eos', true);
   await setField(page, 'seed', '7');
   await setField(page, 'temperature', '0.4');
@@ -201,7 +202,7 @@ async function run() {
     }).observe(box, { childList: true, subtree: true, characterData: true, attributes: true });
   });
   const body1 = await sendPrompt(page, 'Write a Python function that returns the n-th Fibonacci number.');
-  check(body1.stream === true && body1.max_tokens === 48 && body1.seed === 7 && body1.temperature === 0.4 &&
+  check(body1.stream === true && body1.max_tokens === 256 && body1.seed === 7 && body1.temperature === 0.4 &&
     body1.ignore_eos === true, 'the request carries stream and the sampling settings');
   check(body1.kv && body1.kv.codec === 'affine' && body1.kv.bits === 8, 'the request carries the KV codec (kv: affine 8)');
   check(body1.messages.length === 1 && body1.messages[0].role === 'user', 'the request carries the conversation');
@@ -217,7 +218,7 @@ async function run() {
   check(streamingLengths.length >= 3, `the text grew in steps while streaming (${streamingLengths.length} distinct lengths: ${streamingLengths.slice(0, 8).join(', ')}…)`);
   check(streamingLengths.every((v, i) => i === 0 || v >= streamingLengths[i - 1]) &&
     streamingLengths[streamingLengths.length - 1] <= reply1.text.length, 'the streamed text only grew');
-  check(/TTFT \d+ ms/.test(reply1.meta) && /\d+(\.\d+)? tok\/s/.test(reply1.meta) && /48 tokens/.test(reply1.meta),
+  check(/TTFT \d+ ms/.test(reply1.meta) && /\d+(\.\d+)? tok\/s/.test(reply1.meta) && /256 tokens/.test(reply1.meta),
     `TTFT, tokens/s and the token count are shown (${reply1.meta})`);
   check(/kv affine:8/.test(reply1.meta), 'the reply shows the KV codec it used');
   const firstTitle = await page.$eval('#conversations li.active .title', (e) => e.textContent);
