@@ -36,16 +36,12 @@ void ci_cuda_embed(ci_cuda *cu, const void *table, int dtype, int64_t dim, const
   ci_cuda_check_launch(cu, "embed");
 }
 
-/* One block per row: each thread sums a strided slice in order, each warp reduces its threads by
- * a fixed shuffle tree, and thread 0 adds the warps' sums in order. */
-__global__ static void rmsnorm_kernel(float *out, const float *x, const float *w, int64_t dim,
-                                      float eps, float w_offset) {
+/* 1 / sqrt(mean + eps) of a row from each thread's partial sum of squares: each warp reduces its
+ * threads by a fixed shuffle tree, thread 0 adds the warps' sums in order; every thread gets the
+ * result. */
+__device__ static float block_inverse_rms(float sum, int64_t dim, float eps) {
   __shared__ float warp_sums[THREADS / 32];
   __shared__ float inv_shared;
-  const float *src = x + blockIdx.x * dim;
-  float *dst = out + blockIdx.x * dim;
-  float sum = 0.0f;
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) sum += src[i] * src[i];
   for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
   if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
   __syncthreads();
@@ -55,19 +51,27 @@ __global__ static void rmsnorm_kernel(float *out, const float *x, const float *w
     inv_shared = 1.0f / sqrtf(total / (float)dim + eps);
   }
   __syncthreads();
-  const float inv = inv_shared;
+  return inv_shared;
+}
+
+/* One block per row: each thread sums a strided slice in order, then block_inverse_rms. */
+__global__ static void rmsnorm_kernel(float *out, const float *x, const float *w, int64_t dim,
+                                      float eps, float w_offset) {
+  const float *src = x + blockIdx.x * dim;
+  float *dst = out + blockIdx.x * dim;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) sum += src[i] * src[i];
+  const float inv = block_inverse_rms(sum, dim, eps);
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
     dst[i] = w ? src[i] * inv * (w_offset + w[i]) : src[i] * inv;
 }
 
 /* The same for rows of dim % 4 == 0 up to 4 * THREADS * V wide: each thread loads its V float4s
  * of the row at once (one memory round trip, not one per element) and keeps them in registers;
- * the sum runs over a thread's values in order, then the same fixed trees. */
+ * the sum runs over a thread's values in order, then block_inverse_rms. */
 template <int V>
 __global__ static void rmsnorm_vec_kernel(float *out, const float *x, const float *w, int64_t dim,
                                           float eps, float w_offset) {
-  __shared__ float warp_sums[THREADS / 32];
-  __shared__ float inv_shared;
   const float4 *src = (const float4 *)(x + blockIdx.x * dim);
   float4 *dst = (float4 *)(out + blockIdx.x * dim);
   const int64_t n4 = dim / 4;
@@ -81,16 +85,7 @@ __global__ static void rmsnorm_vec_kernel(float *out, const float *x, const floa
 #pragma unroll
   for (int j = 0; j < V; j++)
     sum += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float total = 0.0f;
-    for (int i = 0; i < THREADS / 32; i++) total += warp_sums[i];
-    inv_shared = 1.0f / sqrtf(total / (float)dim + eps);
-  }
-  __syncthreads();
-  const float inv = inv_shared;
+  const float inv = block_inverse_rms(sum, dim, eps);
 #pragma unroll
   for (int j = 0; j < V; j++) {
     const int64_t i = threadIdx.x + (int64_t)j * THREADS;
