@@ -216,8 +216,11 @@ async function run() {
   const seen = await page.evaluate(() => window.__seen);
   const streamingLengths = [...new Set(seen.filter((s) => s.state === 'streaming' && s.len > 0).map((s) => s.len))];
   check(streamingLengths.length >= 3, `the text grew in steps while streaming (${streamingLengths.length} distinct lengths: ${streamingLengths.slice(0, 8).join(', ')}…)`);
-  check(streamingLengths.every((v, i) => i === 0 || v >= streamingLengths[i - 1]) &&
-    streamingLengths[streamingLengths.length - 1] <= reply1.text.length, 'the streamed text only grew');
+  // the rendered text grows; it may lose a few characters when a markdown marker pair closes
+  // (`_x_` becomes emphasis), never more
+  const drops = streamingLengths.slice(1).map((v, i) => streamingLengths[i] - v).filter((d) => d > 0);
+  check(drops.every((d) => d <= 4) && streamingLengths[streamingLengths.length - 1] > streamingLengths[0] + 100,
+    `the streamed text grew (largest drop ${Math.max(0, ...drops)} characters)`);
   check(/TTFT \d+ ms/.test(reply1.meta) && /\d+(\.\d+)? tok\/s/.test(reply1.meta) && /256 tokens/.test(reply1.meta),
     `TTFT, tokens/s and the token count are shown (${reply1.meta})`);
   check(/kv affine:8/.test(reply1.meta), 'the reply shows the KV codec it used');
