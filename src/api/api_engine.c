@@ -106,6 +106,16 @@ uint64_t cinfer_choice_seed(uint64_t seed, int index) {
   return ci_engine_choice_seed(seed, index);
 }
 
+/* What a job's KV state and prefix-cache key depend on, from resolved parameters: the codec plan
+ * and the LoRA adapter (a request takes its own reference to it). */
+static void job_state_from(ci_engine_job *job, const ci_api_resolved *r) {
+  job->kv_plan = r->kv_plan;
+  job->kv_target = r->kv_target;
+  job->kv_start = r->kv_start;
+  job->kv_protect = r->kv_protect;
+  job->lora = r->lora;
+}
+
 cinfer_status cinfer_engine_submit_n(cinfer_engine *engine, const int32_t *prompt, size_t n_prompt,
                                      const cinfer_params *params, int n, cinfer_request **out) {
   if (!out) return ci_api_fail(CINFER_INVALID_ARGUMENT, "cinfer_engine_submit: out is NULL");
@@ -163,12 +173,8 @@ cinfer_status cinfer_engine_submit_n(cinfer_engine *engine, const int32_t *promp
   job.max_tokens = r.max_tokens;
   job.sampling = r.sampling;
   job.eos = r.eos;
-  job.kv_plan = r.kv_plan;
-  job.kv_target = r.kv_target;
-  job.kv_start = r.kv_start;
-  job.kv_protect = r.kv_protect;
+  job_state_from(&job, &r);
   job.top_logprobs = params->top_logprobs;
-  job.lora = r.lora; /* the request takes its own reference */
   job.num_draft = params->grammar || params->json_schema ? -1 : params->num_draft;
   ci_engine_request *handles[CI_ENGINE_MAX_BATCH];
   const ci_engine_verdict verdict = ci_engine_submit_n(engine->engine, &job, n, handles);
@@ -372,10 +378,7 @@ cinfer_status cinfer_engine_cache_load(cinfer_engine *engine, const int32_t *pro
   ci_engine_job job = {0};
   job.prompt = prompt;
   job.n_prompt = (int)n_prompt;
-  job.kv_plan = r.kv_plan;
-  job.kv_target = r.kv_target;
-  job.kv_start = r.kv_start;
-  job.kv_protect = r.kv_protect;
+  job_state_from(&job, &r);
   for (size_t i = 0; i < n_prompt; i++)
     if (prompt[i] < 0 || prompt[i] >= engine->model->model->spec.vocab)
       return ci_api_fail(CINFER_INVALID_ARGUMENT,
