@@ -27,18 +27,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "serve_process.h"
+
 #define STARTER CI_FIXTURE_DIR "/../../models/starter"
 #define KEY "pc-key"
 
-typedef struct {
-  pid_t pid;
-  int port;
-} server;
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
+typedef serve_process server;
 
 /* One HTTP/1.1 request to 127.0.0.1:port; returns the status, *body gets the response body
  * (malloc'd). */
@@ -79,54 +73,17 @@ static int http(int port, const char *method, const char *path, const char *key,
   return status;
 }
 
-static int healthy(int port) {
-  char *body;
-  const int status = http(port, "GET", "/health", NULL, NULL, &body);
-  free(body);
-  return status == 200;
-}
-
-/* Starts cinfer serve with the given extra flags (NULL-terminated, at most 8). */
+/* Starts cinfer serve with the starter model and the given extra flags (NULL-terminated). */
 static int start_server(server *s, const char *const *extra) {
-  for (int attempt = 0; attempt < 5; attempt++) {
-    uint16_t r = 0;
-    if (getrandom(&r, sizeof r, 0) != sizeof r) r = (uint16_t)time(NULL);
-    s->port = 20000 + r % 30000;
-    char port[16];
-    snprintf(port, sizeof port, "%d", s->port);
-    s->pid = fork();
-    if (s->pid == 0) {
-      const char *argv[32] = {CI_CINFER_BIN, "serve",     "--model", STARTER,  "--port",
-                              port,          "--threads", "1",       "--quiet"};
-      int n = 9;
-      for (int i = 0; extra[i] && n < 30; i++) argv[n++] = extra[i];
-      argv[n] = NULL;
-      execv(CI_CINFER_BIN, (char *const *)argv);
-      _exit(127);
-    }
-    for (int i = 0; i < 600; i++) {
-      int status;
-      if (waitpid(s->pid, &status, WNOHANG) == s->pid) break;
-      if (healthy(s->port)) return 0;
-      sleep_ms(100);
-    }
-    kill(s->pid, SIGKILL);
-    waitpid(s->pid, NULL, 0);
-  }
-  return -1;
+  const char *flags[32] = {"--threads", "1", "--quiet"};
+  int n = 3;
+  for (int i = 0; extra[i] && n < 24; i++) flags[n++] = extra[i];
+  flags[n] = NULL;
+  return serve_start(s, STARTER, flags);
 }
 
 static int stop_server(server *s) {
-  kill(s->pid, SIGINT);
-  int status = 0;
-  for (int i = 0; i < 300; i++) {
-    if (waitpid(s->pid, &status, WNOHANG) == s->pid)
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    sleep_ms(100);
-  }
-  kill(s->pid, SIGKILL);
-  waitpid(s->pid, &status, 0);
-  return -1;
+  return serve_stop(s);
 }
 
 static const char PROMPT[] =

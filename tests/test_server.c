@@ -23,6 +23,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "serve_process.h"
+
 #define STARTER CI_FIXTURE_DIR "/../../models/starter"
 #define SCRIPTS CI_FIXTURE_DIR "/../server"
 
@@ -34,70 +36,18 @@
 #define LOAD_SECONDS "12"
 #endif
 
-typedef struct {
-  pid_t pid;
-  int port;
-} server;
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
-/* 1 when GET /health answers 200. */
-static int healthy(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  int ok = 0;
-  if (connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0) {
-    const char req[] = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-    char buf[256] = {0};
-    if (write(fd, req, sizeof req - 1) == (ssize_t)sizeof req - 1 &&
-        read(fd, buf, sizeof buf - 1) > 0)
-      ok = strstr(buf, " 200 ") != NULL;
-  }
-  close(fd);
-  return ok;
-}
+typedef serve_process server;
 
 static int start_server(server *s) {
-  for (int attempt = 0; attempt < 5; attempt++) {
-    uint16_t r = 0;
-    if (getrandom(&r, sizeof r, 0) != sizeof r) r = (uint16_t)time(NULL);
-    s->port = 20000 + r % 30000;
-    char port[16];
-    snprintf(port, sizeof port, "%d", s->port);
-    s->pid = fork();
-    if (s->pid == 0) {
-      execl(CI_CINFER_BIN, CI_CINFER_BIN, "serve", "--model", STARTER, "--port", port, "--api-key",
-            "test-key", "--batch", "8", "--max-queue", "256", "--threads", "1", "--cors",
-            "http://allowed.example", "--quiet", "--lookup-ngram", "3", (char *)NULL);
-      _exit(127);
-    }
-    for (int i = 0; i < 600; i++) { /* up to 60 s (ASan start-up) */
-      int status;
-      if (waitpid(s->pid, &status, WNOHANG) == s->pid) break; /* exited: port taken? retry */
-      if (healthy(s->port)) return 0;
-      sleep_ms(100);
-    }
-    kill(s->pid, SIGKILL);
-    waitpid(s->pid, NULL, 0);
-  }
-  return -1;
+  static const char *const flags[] = {
+      "--api-key", "test-key",       "--batch", "8",      "--max-queue",
+      "256",       "--threads",      "1",       "--cors", "http://allowed.example",
+      "--quiet",   "--lookup-ngram", "3",       NULL};
+  return serve_start(s, STARTER, flags);
 }
 
 static int stop_server(server *s) {
-  kill(s->pid, SIGINT);
-  int status = 0;
-  for (int i = 0; i < 300; i++) {
-    if (waitpid(s->pid, &status, WNOHANG) == s->pid)
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    sleep_ms(100);
-  }
-  kill(s->pid, SIGKILL);
-  waitpid(s->pid, &status, 0);
-  return -1;
+  return serve_stop(s);
 }
 
 /* Runs `node SCRIPTS/name port extra...`; returns its exit code. */

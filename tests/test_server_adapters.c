@@ -31,73 +31,27 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "serve_process.h"
+
 #define STARTER CI_FIXTURE_DIR "/../../models/starter"
 #define SCRIPTS CI_FIXTURE_DIR "/../server"
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
-/* 1 when GET /health answers 200. */
-static int healthy(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  int ok = 0;
-  if (connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0) {
-    const char req[] = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-    char buf[256] = {0};
-    if (write(fd, req, sizeof req - 1) == (ssize_t)sizeof req - 1 &&
-        read(fd, buf, sizeof buf - 1) > 0)
-      ok = strstr(buf, " 200 ") != NULL;
-  }
-  close(fd);
-  return ok;
-}
 
 /* Starts `cinfer serve` with the starter model, a random port and the extra arguments (NULL
  * terminated, at most 10); returns the pid and sets *port, or -1. */
 static pid_t start_server(int *port, const char *const *extra) {
-  for (int attempt = 0; attempt < 5; attempt++) {
-    uint16_t r = 0;
-    if (getrandom(&r, sizeof r, 0) != sizeof r) r = (uint16_t)time(NULL);
-    *port = 20000 + r % 30000;
-    char port_text[16];
-    snprintf(port_text, sizeof port_text, "%d", *port);
-    const pid_t pid = fork();
-    if (pid == 0) {
-      const char *argv[32] = {CI_CINFER_BIN, "serve",     "--model", STARTER,   "--port", port_text,
-                              "--quiet",     "--threads", "1",       "--batch", "8"};
-      int n = 11;
-      for (int i = 0; extra[i] && n < 30; i++) argv[n++] = extra[i];
-      argv[n] = NULL;
-      execv(CI_CINFER_BIN, (char *const *)argv);
-      _exit(127);
-    }
-    for (int i = 0; i < 600; i++) { /* up to 60 s (ASan start-up) */
-      int status;
-      if (waitpid(pid, &status, WNOHANG) == pid) break; /* exited: port taken? retry */
-      if (healthy(*port)) return pid;
-      sleep_ms(100);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-  }
-  return -1;
+  const char *flags[32] = {"--quiet", "--threads", "1", "--batch", "8"};
+  int n = 5;
+  for (int i = 0; extra[i] && n < 24; i++) flags[n++] = extra[i];
+  flags[n] = NULL;
+  serve_process s;
+  if (serve_start(&s, STARTER, flags)) return -1;
+  *port = s.port;
+  return s.pid;
 }
 
 static int stop_server(pid_t pid) {
-  kill(pid, SIGINT);
-  int status = 0;
-  for (int i = 0; i < 300; i++) {
-    if (waitpid(pid, &status, WNOHANG) == pid)
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    sleep_ms(100);
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, &status, 0);
-  return -1;
+  serve_process s = {.pid = pid};
+  return serve_stop(&s);
 }
 
 /* Runs `node SCRIPTS/adapters.mjs port mode root`; returns its exit code. */
