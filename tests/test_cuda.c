@@ -323,6 +323,227 @@ static void test_elementwise_ops(void **state) {
   cpu->ops->destroy(cpu);
 }
 
+/* ==== attention: kv_store + attention against the CPU, and rows independent of their call ==== */
+
+enum {
+  AT_SEQS = 2,
+  AT_BT = 16,
+  AT_HKV = 2,
+  AT_GROUP = 4,
+  AT_H = AT_HKV * AT_GROUP,
+  AT_TABLE = 256
+};
+
+/* One paged KV per sequence in one slab of `blocks` blocks (sequence i owns blocks i * per_seq
+ * onwards), on both backends. */
+typedef struct {
+  int D, per_seq;
+  size_t block_stride, k_bytes;
+  uint8_t *cpu_slab, *gpu_slab;
+  uint8_t **gpu_slab_table; /* device array holding gpu_slab */
+  int32_t cpu_tables[AT_SEQS][AT_TABLE];
+  int32_t *gpu_tables[AT_SEQS];
+  ci_paged_kv cpu_kv[AT_SEQS], gpu_kv[AT_SEQS];
+} at_cache;
+
+static void at_cache_init(at_cache *c, ci_backend *cu, int D, const int n_pos[AT_SEQS]) {
+  memset(c, 0, sizeof *c);
+  c->D = D;
+  c->per_seq = 0;
+  for (int i = 0; i < AT_SEQS; i++) {
+    int blocks = (n_pos[i] + AT_BT - 1) / AT_BT;
+    c->per_seq = blocks > c->per_seq ? blocks : c->per_seq;
+  }
+  assert_true(c->per_seq <= AT_TABLE);
+  const ci_kv_format fmt = ci_kv_format_plain(CI_KV_BF16);
+  c->k_bytes = (size_t)AT_HKV * AT_BT * ci_kv_row_bytes(&fmt, D, 0);
+  c->block_stride = 2 * c->k_bytes;
+  const size_t bytes = c->block_stride * AT_SEQS * c->per_seq;
+  c->cpu_slab = calloc(1, bytes);
+  c->gpu_slab = cu->ops->alloc(cu, bytes);
+  c->gpu_slab_table = cu->ops->alloc(cu, sizeof(uint8_t *));
+  cu->ops->upload(cu, c->gpu_slab_table, &c->gpu_slab, sizeof(uint8_t *));
+  for (int i = 0; i < AT_SEQS; i++) {
+    /* blocks in reverse order inside the sequence's range, so the table matters */
+    const int n_blocks = (n_pos[i] + AT_BT - 1) / AT_BT;
+    for (int b = 0; b < n_blocks; b++) c->cpu_tables[i][b] = i * c->per_seq + (n_blocks - 1 - b);
+    c->gpu_tables[i] = cu->ops->alloc(cu, AT_TABLE * sizeof(int32_t));
+    cu->ops->upload(cu, c->gpu_tables[i], c->cpu_tables[i], AT_TABLE * sizeof(int32_t));
+    ci_paged_kv kv = {.format = fmt,
+                      .block_tokens = AT_BT,
+                      .n_kv_heads = AT_HKV,
+                      .head_dim = D,
+                      .n_table_entries = n_blocks,
+                      .blocks_per_slab = AT_SEQS * c->per_seq,
+                      .block_stride = c->block_stride,
+                      .k_offset = 0,
+                      .v_offset = c->k_bytes,
+                      .k_row_bytes = ci_kv_row_bytes(&fmt, D, 0),
+                      .v_row_bytes = ci_kv_row_bytes(&fmt, D, 1)};
+    c->cpu_kv[i] = kv;
+    c->cpu_kv[i].block_table = c->cpu_tables[i];
+    c->cpu_kv[i].slabs = &c->cpu_slab;
+    c->gpu_kv[i] = kv;
+    c->gpu_kv[i].block_table = c->gpu_tables[i];
+    c->gpu_kv[i].slabs = c->gpu_slab_table;
+  }
+}
+
+static void at_cache_free(at_cache *c, ci_backend *cu) {
+  free(c->cpu_slab);
+  cu->ops->release(cu, c->gpu_slab);
+  cu->ops->release(cu, c->gpu_slab_table);
+  for (int i = 0; i < AT_SEQS; i++) cu->ops->release(cu, c->gpu_tables[i]);
+}
+
+/* Runs attention for rows [first[i], first[i] + count[i]) of each sequence (count 0: none) on
+ * the GPU; q holds every position of every sequence ([seq][pos][H][D], seq i at offset[i]).
+ * Writes the rows' outputs into out at the same layout. */
+static void at_run(ci_backend *be, at_cache *c, int gpu_side, const float *q_dev_or_host,
+                   float *out_dev_or_host, const int32_t *pos_dev_or_host,
+                   const int offset[AT_SEQS], const int first[AT_SEQS], const int count[AT_SEQS],
+                   int window, float softcap, float *q_scratch, float *out_scratch,
+                   int32_t *pos_scratch) {
+  /* gather the chosen rows into the scratch (step order), run, scatter back */
+  const int HD = AT_H * c->D;
+  int32_t first_row[AT_SEQS], n_rows[AT_SEQS], n_seqs = 0, rows = 0;
+  ci_paged_kv kv[AT_SEQS];
+  for (int i = 0; i < AT_SEQS; i++) {
+    if (!count[i]) continue;
+    first_row[n_seqs] = rows;
+    n_rows[n_seqs] = count[i];
+    kv[n_seqs] = gpu_side ? c->gpu_kv[i] : c->cpu_kv[i];
+    for (int r = 0; r < count[i]; r++) {
+      const size_t from = (size_t)(offset[i] + first[i] + r);
+      be->ops->copy_bytes(be, q_scratch + (size_t)(rows + r) * HD, q_dev_or_host + from * HD,
+                          (size_t)HD * sizeof(float));
+      be->ops->copy_bytes(be, pos_scratch + rows + r, pos_dev_or_host + from, sizeof(int32_t));
+    }
+    rows += count[i];
+    n_seqs++;
+  }
+  const ci_step_kv seqs = {.n_seqs = n_seqs, .first_row = first_row, .n_rows = n_rows, .kv = kv};
+  const ci_attention_args args = {.q = q_scratch,
+                                  .out = out_scratch,
+                                  .pos = pos_scratch,
+                                  .n_heads = AT_H,
+                                  .scale = 1.0f / sqrtf((float)c->D),
+                                  .softcap = softcap,
+                                  .window = window,
+                                  .seqs = &seqs};
+  assert_int_equal(be->ops->attention(be, &args), CI_OK);
+  rows = 0;
+  for (int i = 0; i < AT_SEQS; i++) {
+    if (!count[i]) continue;
+    for (int r = 0; r < count[i]; r++)
+      be->ops->copy_bytes(be, out_dev_or_host + (size_t)(offset[i] + first[i] + r) * HD,
+                          out_scratch + (size_t)(rows + r) * HD, (size_t)HD * sizeof(float));
+    rows += count[i];
+  }
+}
+
+static void check_attention(ci_backend *cpu, ci_backend *cu, int D, int window, float softcap) {
+  /* 2200 positions: the all-rows call has enough query tiles (141 x 2 KV heads) to walk the
+   * splits inside each block on a 132-SM H200; the short calls below run one block per split */
+  const int n_pos[AT_SEQS] = {2200, 45}, offset[AT_SEQS] = {0, 2200}, total = 2245;
+  const int HD = AT_H * D, KD = AT_HKV * D;
+  at_cache c;
+  at_cache_init(&c, cu, D, n_pos);
+  float *q = malloc((size_t)total * HD * 4), *k = malloc((size_t)total * KD * 4),
+        *v = malloc((size_t)total * KD * 4), *want = malloc((size_t)total * HD * 4),
+        *got = malloc((size_t)total * HD * 4), *got2 = malloc((size_t)total * HD * 4);
+  int32_t *pos = malloc((size_t)total * sizeof(int32_t));
+  for (size_t i = 0; i < (size_t)total * HD; i++) q[i] = frand() * 2;
+  for (size_t i = 0; i < (size_t)total * KD; i++) {
+    k[i] = frand() * 2;
+    v[i] = frand();
+  }
+  for (int i = 0; i < AT_SEQS; i++)
+    for (int p = 0; p < n_pos[i]; p++) pos[offset[i] + p] = p;
+  float *dq = to_device(cu, q, (size_t)total * HD), *dk = to_device(cu, k, (size_t)total * KD),
+        *dv = to_device(cu, v, (size_t)total * KD),
+        *dout = cu->ops->alloc(cu, (size_t)total * HD * 4),
+        *dq_s = cu->ops->alloc(cu, (size_t)total * HD * 4),
+        *dout_s = cu->ops->alloc(cu, (size_t)total * HD * 4);
+  int32_t *dpos = cu->ops->alloc(cu, (size_t)total * 4),
+          *dpos_s = cu->ops->alloc(cu, (size_t)total * 4);
+  cu->ops->upload(cu, dpos, pos, (size_t)total * 4);
+  float *hq_s = malloc((size_t)total * HD * 4), *hout_s = malloc((size_t)total * HD * 4);
+  int32_t *hpos_s = malloc((size_t)total * 4);
+  /* store every position's K and V (both sequences in one call) */
+  {
+    int32_t first_row[AT_SEQS] = {0, 2200}, n_rows[AT_SEQS] = {2200, 45};
+    const ci_step_kv cs = {
+        .n_seqs = AT_SEQS, .first_row = first_row, .n_rows = n_rows, .kv = c.cpu_kv};
+    const ci_step_kv gs = {
+        .n_seqs = AT_SEQS, .first_row = first_row, .n_rows = n_rows, .kv = c.gpu_kv};
+    assert_int_equal(cpu->ops->kv_store(cpu, &cs, k, v, pos), CI_OK);
+    assert_int_equal(cu->ops->kv_store(cu, &gs, dk, dv, dpos), CI_OK);
+  }
+  /* every row at once (prefill), against the CPU */
+  const int all_first[AT_SEQS] = {0, 0};
+  at_run(cpu, &c, 0, q, want, pos, offset, all_first, n_pos, window, softcap, hq_s, hout_s, hpos_s);
+  at_run(cu, &c, 1, dq, dout, dpos, offset, all_first, n_pos, window, softcap, dq_s, dout_s,
+         dpos_s);
+  from_device(cu, got, dout, (size_t)total * HD);
+  const float diff = max_abs_diff(want, got, (size_t)total * HD);
+  printf("  attention D %3d window %3d softcap %4.1f: max |dout| vs CPU %.2e\n", D, window, softcap,
+         diff);
+  assert_true(diff <= 2e-3f);
+  /* the same rows one at a time (decode), in chunks of 3 and 37 (prefill chunks, speculative
+   * verification) and mixed with the other sequence's rows: bit-identical */
+  const int chunks[] = {1, 3, 37};
+  for (int ci = 0; ci < 3; ci++) {
+    cu->ops->fill(cu, dout, NAN, (int64_t)total * HD);
+    const int chunk = chunks[ci];
+    int next[AT_SEQS] = {n_pos[0] - 260, n_pos[1] - 40}; /* the tail of each sequence */
+    while (next[0] < n_pos[0] || next[1] < n_pos[1]) {
+      int first[AT_SEQS], count[AT_SEQS];
+      for (int i = 0; i < AT_SEQS; i++) {
+        first[i] = next[i];
+        count[i] = n_pos[i] - next[i] < chunk ? n_pos[i] - next[i] : chunk;
+        next[i] += count[i];
+      }
+      at_run(cu, &c, 1, dq, dout, dpos, offset, first, count, window, softcap, dq_s, dout_s,
+             dpos_s);
+    }
+    from_device(cu, got2, dout, (size_t)total * HD);
+    for (int i = 0; i < AT_SEQS; i++) {
+      const int from = n_pos[i] - (i == 0 ? 260 : 40);
+      const size_t at = (size_t)(offset[i] + from) * HD, n = (size_t)(n_pos[i] - from) * HD;
+      if (memcmp(got + at, got2 + at, n * sizeof(float)))
+        fail_msg("attention D %d window %d: rows in chunks of %d differ from the prefill rows", D,
+                 window, chunk);
+    }
+  }
+  void *ptrs[] = {dq, dk, dv, dout, dq_s, dout_s, dpos, dpos_s};
+  for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) cu->ops->release(cu, ptrs[i]);
+  free(q);
+  free(k);
+  free(v);
+  free(want);
+  free(got);
+  free(got2);
+  free(pos);
+  free(hq_s);
+  free(hout_s);
+  free(hpos_s);
+  at_cache_free(&c, cu);
+}
+
+static void test_attention_ops(void **state) {
+  (void)state;
+  ci_backend *cpu = ci_cpu_backend_create(2), *cu = gpu();
+  const int dims[] = {64, 128, 256};
+  for (int d = 0; d < 3; d++) {
+    check_attention(cpu, cu, dims[d], 0, 0.0f);
+    check_attention(cpu, cu, dims[d], 300, 0.0f);
+    check_attention(cpu, cu, dims[d], 0, 30.0f);
+  }
+  cu->ops->destroy(cu);
+  cpu->ops->destroy(cpu);
+}
+
 /* ==== models: logits against transformers, batch invariance ==== */
 
 /* A KV cache as a device needs it: an arena reserved up front and the block tables' limits. */
@@ -493,7 +714,8 @@ int main(void) {
     return 1;
   }
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_elementwise_ops), cmocka_unit_test(test_matmul_ops),
-      cmocka_unit_test(test_matmul_batch_invariance), cmocka_unit_test(test_fixtures)};
+      cmocka_unit_test(test_elementwise_ops), cmocka_unit_test(test_attention_ops),
+      cmocka_unit_test(test_matmul_ops), cmocka_unit_test(test_matmul_batch_invariance),
+      cmocka_unit_test(test_fixtures)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,9 @@
  * codecs come with the GPU KV codecs). Sequences sharing a KV layout (codec, pool, layer offsets)
  * go in one launch; their block-table pointers and row ranges travel as kernel parameters.
  *
- * Attention runs one block of four warps per (query row, query head): each warp takes chunks of
+ * Attention over bf16 KV with head_dim 64 or 128 runs the tensor-core kernel of
+ * cuda_flash_attention.cu (the launch is planned here, per group). Other layouts run one block of
+ * four warps per (query row, query head): each warp takes chunks of
  * 32 keys in turn (one key per lane for the scores, then every lane's output dims over the
  * chunk's keys in order) with an online softmax in f32, and the warps merge in a fixed order, so
  * a row's result depends on its own sequence only (batch invariance). Sliding windows start at p -
@@ -100,19 +102,20 @@ __global__ static void kv_store_kernel(kv_layout L, const seq_group *g, const fl
   }
 }
 
-/* Copies the group to the device (the step's staging ring) and calls launch(layout, group on the
- * device, rows). */
+/* Copies the group to the device (the step's staging ring) and calls launch(layout, host group,
+ * group on the device). */
 template <typename Launch>
 static int stage_and_launch(ci_cuda *cu, const kv_layout &L, const seq_group &g, Launch launch) {
   const seq_group *device = (const seq_group *)ci_cuda_stage(cu, &g, sizeof g);
   if (!device) return CI_ERR;
-  return launch(L, device, g.total_rows);
+  return launch(L, g, device);
 }
 
 /* Calls launch(layout, group) for the sequences of `seqs`, grouped by layout, MAX_SEQS at a time
- * (rows of every sequence once). */
+ * (rows of every sequence once). With n_heads > 0 (attention) and a layout the tensor-core
+ * kernel runs, each sequence's rows are also cut into that kernel's query tiles. */
 template <typename Launch>
-static int for_each_group(ci_cuda *cu, const ci_step_kv *seqs, Launch launch) {
+static int for_each_group(ci_cuda *cu, const ci_step_kv *seqs, int n_heads, Launch launch) {
   int done[1024];
   if (seqs->n_seqs > 1024) return ci_fail("CUDA: more than 1024 sequences in one step");
   memset(done, 0, sizeof done);
@@ -122,6 +125,9 @@ static int for_each_group(ci_cuda *cu, const ci_step_kv *seqs, Launch launch) {
     if (layout_of(&seqs->kv[first], &L)) return CI_ERR;
     seq_group g;
     memset(&g, 0, sizeof g);
+    const int tile_positions = n_heads > 0 && ci_cuda_flash_supported(&L, n_heads)
+                                   ? ci_cuda_flash_positions_per_tile(&L, n_heads)
+                                   : 0;
     for (int i = first; i < seqs->n_seqs; i++) {
       if (done[i] || seqs->n_rows[i] <= 0) continue;
       kv_layout Li;
@@ -134,6 +140,10 @@ static int for_each_group(ci_cuda *cu, const ci_step_kv *seqs, Launch launch) {
       g.n_rows[g.n] = seqs->n_rows[i];
       g.row_start[g.n] = g.total_rows;
       g.total_rows += seqs->n_rows[i];
+      if (tile_positions) {
+        g.tile_start[g.n] = g.total_tiles;
+        g.total_tiles += (seqs->n_rows[i] + tile_positions - 1) / tile_positions;
+      }
       if (++g.n == MAX_SEQS) {
         if (stage_and_launch(cu, L, g, launch)) return CI_ERR;
         memset(&g, 0, sizeof g);
@@ -146,18 +156,19 @@ static int for_each_group(ci_cuda *cu, const ci_step_kv *seqs, Launch launch) {
 
 int ci_cuda_kv_store(ci_cuda *cu, const ci_step_kv *seqs, const float *k, const float *v,
                      const int32_t *pos) {
-  return for_each_group(cu, seqs, [&](const kv_layout &L, const seq_group *g, int rows) {
-    ci_cuda_cmd cmd;
-    memset(&cmd, 0, sizeof cmd);
-    cmd.kind = CMD_KV_STORE;
-    cmd.a.kv.layout = L;
-    cmd.a.kv.group = g;
-    cmd.a.kv.total_rows = rows;
-    cmd.a.kv.k = k;
-    cmd.a.kv.v = v;
-    cmd.a.kv.pos = pos;
-    return ci_cuda_emit(cu, &cmd);
-  });
+  return for_each_group(cu, seqs, 0,
+                        [&](const kv_layout &L, const seq_group &host, const seq_group *g) {
+                          ci_cuda_cmd cmd;
+                          memset(&cmd, 0, sizeof cmd);
+                          cmd.kind = CMD_KV_STORE;
+                          cmd.a.kv.layout = L;
+                          cmd.a.kv.group = g;
+                          cmd.a.kv.total_rows = host.total_rows;
+                          cmd.a.kv.k = k;
+                          cmd.a.kv.v = v;
+                          cmd.a.kv.pos = pos;
+                          return ci_cuda_emit(cu, &cmd);
+                        });
 }
 
 void ci_cuda_kv_store_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
@@ -285,19 +296,27 @@ int ci_cuda_attention(ci_cuda *cu, const ci_attention_args *args) {
   a.scale = args->scale;
   a.softcap = args->softcap;
   a.window = args->window;
-  return for_each_group(cu, args->seqs, [&](const kv_layout &L, const seq_group *g, int rows) {
-    if (a.n_heads % L.n_kv_heads != 0)
-      return ci_fail("attention: %d query heads do not group over %d KV heads", a.n_heads,
-                     L.n_kv_heads);
-    ci_cuda_cmd cmd;
-    memset(&cmd, 0, sizeof cmd);
-    cmd.kind = CMD_ATTENTION;
-    cmd.a.kv.layout = L;
-    cmd.a.kv.group = g;
-    cmd.a.kv.total_rows = rows;
-    cmd.a.kv.att = a;
-    return ci_cuda_emit(cu, &cmd);
-  });
+  return for_each_group(cu, args->seqs, a.n_heads,
+                        [&](const kv_layout &L, const seq_group &host, const seq_group *g) {
+                          if (a.n_heads % L.n_kv_heads != 0)
+                            return ci_fail(
+                                "attention: %d query heads do not group over %d KV heads",
+                                a.n_heads, L.n_kv_heads);
+                          ci_cuda_cmd cmd;
+                          memset(&cmd, 0, sizeof cmd);
+                          cmd.kind = CMD_ATTENTION;
+                          cmd.a.kv.layout = L;
+                          cmd.a.kv.group = g;
+                          cmd.a.kv.total_rows = host.total_rows;
+                          cmd.a.kv.att = a;
+                          if (host.total_tiles > 0) {
+                            cmd.a.kv.flash = 1;
+                            cmd.a.kv.total_tiles = host.total_tiles;
+                            ci_cuda_flash_plan(&L, &host, a.n_heads, cu->n_sms,
+                                               cu->input_planes == 2, &cmd.a.kv.plan);
+                          }
+                          return ci_cuda_emit(cu, &cmd);
+                        });
 }
 
 void ci_cuda_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {

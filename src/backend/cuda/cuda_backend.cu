@@ -120,7 +120,7 @@ static void cuda_destroy(ci_backend *be) {
   ci_cuda_blas_destroy(cu);
   for (int i = 0; i < cu->n_weights; i++) cudaFree(cu->weights[i]);
   free(cu->weights);
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < 3; i++)
     if (cu->scratch[i]) cudaFree(cu->scratch[i]);
   if (cu->ring.device) cudaFree(cu->ring.device);
   if (cu->ring.host) cudaFreeHost(cu->ring.host);
@@ -555,9 +555,12 @@ extern "C" ci_backend *ci_cuda_backend_create(int gpu, int n_threads) {
   *cu->error_flag = 0;
   cu->ring.bytes = RING_BYTES;
   cu->ring.device = (uint8_t *)ci_cuda_malloc(cu, RING_BYTES);
-  if (!cu->ring.device || ci_cuda_blas_create(cu) || ci_cuda_graphs_create(cu)) {
+  if (!cu->ring.device || ci_cuda_blas_create(cu) || ci_cuda_graphs_create(cu) ||
+      ci_cuda_flash_init(cu)) {
     cuda_destroy(&cu->base);
     return NULL;
   }
+  if (cudaDeviceGetAttribute(&cu->n_sms, cudaDevAttrMultiProcessorCount, gpu) != cudaSuccess)
+    cu->n_sms = 1;
   return &cu->base;
 }

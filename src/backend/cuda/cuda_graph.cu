@@ -131,6 +131,7 @@ int ci_cuda_execute(ci_cuda *cu, const ci_cuda_cmd *c) {
     ci_cuda_kv_store_launch(cu, c);
     return CI_OK;
   case CMD_ATTENTION:
+    if (c->a.kv.flash) return ci_cuda_flash_launch(cu, c);
     ci_cuda_attention_launch(cu, c);
     return CI_OK;
   }
@@ -184,8 +185,8 @@ static uint64_t hash_commands(const ci_cuda_cmd *cmds, int n) {
   return h ^ (uint64_t)n;
 }
 
-/* Grows the matmul scratch to what every recorded product needs, before a capture fixes the
- * addresses (a later growth drops the captured graphs). */
+/* Grows the matmul and attention scratch to what every recorded command needs, before a capture
+ * fixes the addresses (a later growth drops the captured graphs). */
 static int reserve_for(ci_cuda *cu) {
   ci_cuda_graphs *g = cu->graphs;
   size_t need[2] = {0, 0};
@@ -198,6 +199,13 @@ static int reserve_for(ci_cuda *cu) {
   }
   for (int s = 0; s < 2; s++)
     if (need[s] && !ci_cuda_scratch(cu, s, need[s])) return CI_ERR;
+  size_t attention = 0; /* per-split states of parallel attention launches */
+  for (int i = 0; i < g->n_cmds; i++) {
+    const ci_cuda_cmd *c = &g->cmds[i];
+    if (c->kind == CMD_ATTENTION && c->a.kv.flash && c->a.kv.plan.scratch_bytes > attention)
+      attention = c->a.kv.plan.scratch_bytes;
+  }
+  if (attention && !ci_cuda_scratch(cu, 2, attention)) return CI_ERR;
   return CI_OK;
 }
 

@@ -39,7 +39,19 @@ typedef struct {
   int32_t first_row[CI_CUDA_MAX_SEQS];
   int32_t n_rows[CI_CUDA_MAX_SEQS];
   int32_t row_start[CI_CUDA_MAX_SEQS];
+  int32_t tile_start[CI_CUDA_MAX_SEQS]; /* tensor-core attention: the sequence's first tile */
+  int total_tiles;
 } ci_cuda_seq_group;
+
+/* How one tensor-core attention launch runs (cuda_flash_attention.cu): `group` query heads per
+ * KV head; keys in `splits` fixed splits, walked in one block per tile (parallel 0) or one block
+ * per split plus a merge (parallel 1, which needs scratch_bytes of slot-2 scratch); exact: two
+ * bf16 planes for q and P. partial and state are filled in at launch. */
+typedef struct {
+  int group, splits, parallel, exact;
+  size_t scratch_bytes;
+  float *partial, *state;
+} ci_cuda_flash_params;
 
 typedef struct {
   const float *q;
@@ -129,6 +141,9 @@ typedef struct {
       const float *k, *v;
       const int32_t *pos;
       ci_cuda_attention_params att;
+      int flash;       /* 1: the tensor-core kernel (bf16 KV, head_dim 64/128) */
+      int total_tiles; /* flash: query tiles of the launch */
+      ci_cuda_flash_params plan;
     } kv;
   } a;
 } ci_cuda_cmd;
@@ -150,9 +165,11 @@ typedef struct {
   int64_t allocations; /* cudaMalloc calls so far */
   int *error_flag;     /* device int: kernels set it when they meet bad data */
   ci_cuda_ring ring;
-  /* scratch: [0] half-precision copies of matmul inputs, [1] f32 products of both planes */
-  void *scratch[2];
-  size_t scratch_bytes[2];
+  /* scratch: [0] half-precision copies of matmul inputs, [1] f32 products of both planes,
+   * [2] per-split attention states */
+  void *scratch[3];
+  size_t scratch_bytes[3];
+  int n_sms; /* streaming multiprocessors of the device */
   /* the matmul input last converted into scratch[0] (NULL: none valid); q/k/v and gate/up
    * products of one input convert it once */
   const float *converted_x;
@@ -250,6 +267,18 @@ int ci_cuda_kv_store(ci_cuda *cu, const ci_step_kv *seqs, const float *k, const 
 int ci_cuda_attention(ci_cuda *cu, const ci_attention_args *args);
 void ci_cuda_kv_store_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
 void ci_cuda_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
+/* ==== cuda_flash_attention.cu ==== */
+/* Raises the kernels' shared-memory limit (once, at backend creation). */
+int ci_cuda_flash_init(ci_cuda *cu);
+/* 1 when the tensor-core kernel runs this layout with n_heads query heads. */
+int ci_cuda_flash_supported(const ci_cuda_kv_layout *L, int n_heads);
+/* Query positions per tile (64 packed rows / the GQA group). */
+int ci_cuda_flash_positions_per_tile(const ci_cuda_kv_layout *L, int n_heads);
+/* Plans a launch over the host copy of its sequence group (tile_start and total_tiles set). */
+void ci_cuda_flash_plan(const ci_cuda_kv_layout *L, const ci_cuda_seq_group *host_group,
+                        int n_heads, int n_sms, int exact, ci_cuda_flash_params *f);
+int ci_cuda_flash_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
+
 int ci_cuda_kv_convert_block(ci_cuda *cu, const ci_paged_kv *src, int32_t src_block,
                              const ci_paged_kv *dst, int32_t dst_block, int live_tokens);
 

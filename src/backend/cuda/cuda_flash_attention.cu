@@ -1,0 +1,530 @@
+/* Tensor-core paged attention over bf16 KV (head_dim 64 or 128), for prefill and decode rows
+ * alike.
+ *
+ * A block of four warps takes up to 64 packed query rows of one sequence and one KV head: the
+ * query heads of the KV head's group (GQA) times consecutive positions, 16 packed rows per warp.
+ * It walks the keys in tiles of 64 (staged in shared memory), computes S = Q K^T and O += P V
+ * with mma.sync m16n8k16 (bf16 operands, f32 accumulation) and keeps an online softmax per row.
+ *
+ * Batch invariance: a row's result depends on its own query and keys only, never on which rows
+ * share its block or its launch. Keys are split at fixed absolute boundaries of SPLIT positions;
+ * within a split the tiles are fixed absolute ranges of 64 keys, visited in order, and a tile
+ * holding none of a row's keys leaves that row's state bit for bit unchanged; the splits' states
+ * are merged in split order by merge_state. A launch either walks every split of its rows in one
+ * block (prefill: the merged state is kept in shared memory) or gives each split its own block
+ * and merges the per-split states in a second kernel (decode: parallel over the keys) — both run
+ * the same arithmetic in the same order, so a row comes out the same either way, whether it is a
+ * decode row, a prefill row or a speculative verification row.
+ *
+ * Precision: with two input planes (exact) q and P enter the tensor cores as bf16 value plus
+ * bf16 remainder (about 16 mantissa bits, like the matmuls); with one plane as bf16. */
+#include "backend/cuda/cuda_internal.h"
+
+#include <string.h>
+
+enum { FA_WARPS = 4, FA_ROWS = 16 * FA_WARPS, FA_KEYS = 64, FA_SPLIT = 256 };
+
+typedef ci_cuda_kv_layout kv_layout;
+typedef ci_cuda_seq_group seq_group;
+typedef ci_cuda_attention_params attention_params;
+
+__device__ static inline const uint8_t *fa_row_address(const kv_layout &L, int value, int32_t block,
+                                                       int64_t slot, int head) {
+  return L.slabs[block / L.blocks_per_slab] +
+         (int64_t)(block % L.blocks_per_slab) * L.block_stride + (value ? L.v_offset : L.k_offset) +
+         ((int64_t)head * L.block_tokens + slot) * (value ? L.v_row_bytes : L.k_row_bytes);
+}
+
+__device__ static inline uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *(uint32_t *)&v;
+}
+
+/* The bf16 remainders x - bf16(x) of a pair, packed. */
+__device__ static inline uint32_t pack_bf16_rest(float lo, float hi) {
+  const float rl = lo - __bfloat162float(__float2bfloat16_rn(lo));
+  const float rh = hi - __bfloat162float(__float2bfloat16_rn(hi));
+  return pack_bf16(rl, rh);
+}
+
+__device__ static inline void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ static inline void ldmatrix_x4(uint32_t r[4], const void *smem) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+__device__ static inline void ldmatrix_x4_trans(uint32_t r[4], const void *smem) {
+  const unsigned address = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+/* Folds one split's softmax state (pm, pl, pacc) into the running total (tm, tl, tacc). A split
+ * with no key of the row (pl == 0) changes nothing; the first split with keys is copied. The
+ * explicit roundings keep the compiler from contracting differently at the two call sites. */
+__device__ static inline void merge_scalars(float &tm, float &tl, float pm, float pl, float &ct,
+                                            float &cp) {
+  if (pl == 0.0f) {
+    ct = 1.0f;
+    cp = 0.0f;
+    return;
+  }
+  if (tl == 0.0f) {
+    tm = pm;
+    tl = pl;
+    ct = 0.0f;
+    cp = 1.0f;
+    return;
+  }
+  const float m = fmaxf(tm, pm);
+  ct = __expf(tm - m);
+  cp = __expf(pm - m);
+  tl = __fadd_rn(__fmul_rn(tl, ct), __fmul_rn(pl, cp));
+  tm = m;
+}
+
+__device__ static inline float merge_value(float t, float p, float ct, float cp) {
+  if (cp == 0.0f) return t; /* nothing to add */
+  if (ct == 0.0f) return p; /* first split with keys */
+  return __fadd_rn(__fmul_rn(t, ct), __fmul_rn(p, cp));
+}
+
+/* The launch's sequence owning query tile x. */
+__device__ static inline int fa_seq_of_tile(const seq_group *g, int x) {
+  int s = 0;
+  while (s + 1 < g->n && g->tile_start[s + 1] <= x) s++;
+  return s;
+}
+
+struct fa_shared_tail {
+  const uint8_t *rows[2][2][FA_KEYS]; /* [stage][K, V][key of the tile]: row address or NULL */
+  int32_t pos[FA_ROWS];
+};
+
+/* Shared memory: two stages of K and V tiles [FA_KEYS][D + 8] bf16 (the next tile loads while
+ * the current one is used), then (walking every split) the merged state of each warp's rows per
+ * lane, then the tiles' row addresses and the block's positions. */
+template <int D> struct fa_smem {
+  static constexpr int STRIDE = D + 8; /* bf16 elements per staged key row (bank spread) */
+  static constexpr size_t STAGE_ELEMS = (size_t)2 * FA_KEYS * STRIDE;
+  static constexpr size_t KV_BYTES = 2 * STAGE_ELEMS * 2;
+  static constexpr int ACC_REGS = D / 8 * 4;
+  static constexpr size_t TOTAL_BYTES = (size_t)FA_WARPS * (ACC_REGS + 4) * 32 * 4;
+  static constexpr size_t BYTES = KV_BYTES + TOTAL_BYTES + sizeof(fa_shared_tail);
+};
+
+template <int D, bool EXACT>
+__global__ static void __launch_bounds__(FA_WARPS * 32)
+    flash_attention_kernel(kv_layout L, const seq_group *g, attention_params a,
+                           ci_cuda_flash_params f, int *error_flag) {
+  typedef fa_smem<D> SM;
+  extern __shared__ __align__(16) uint8_t smem[];
+  __nv_bfloat16 *stages = (__nv_bfloat16 *)smem; /* stage i: K at i * STAGE_ELEMS, V after it */
+  float *total = (float *)(smem + SM::KV_BYTES); /* [warp][ACC_REGS + 4][32] */
+  fa_shared_tail *tail = (fa_shared_tail *)(smem + SM::KV_BYTES + SM::TOTAL_BYTES);
+
+  const int G = f.group, QP = FA_ROWS / G; /* query heads per KV head; positions per block */
+  const int s = fa_seq_of_tile(g, blockIdx.x);
+  const int first_local = (blockIdx.x - g->tile_start[s]) * QP;
+  const int n_pos = min(QP, g->n_rows[s] - first_local);
+  const int step_row0 = g->first_row[s] + first_local;   /* the step's row of position 0 */
+  const int launch_row0 = g->row_start[s] + first_local; /* the launch's row of position 0 */
+  const int kv_head = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int gid = lane >> 2, tig = lane & 3;
+
+  if (threadIdx.x < QP)
+    tail->pos[threadIdx.x] = threadIdx.x < n_pos ? a.pos[step_row0 + threadIdx.x] : 0;
+  __syncthreads();
+  int64_t p_max = -1, lo_min = INT64_MAX;
+  for (int i = 0; i < n_pos; i++) {
+    const int64_t p = tail->pos[i];
+    const int64_t lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
+    p_max = p > p_max ? p : p_max;
+    lo_min = lo < lo_min ? lo : lo_min;
+  }
+  const int64_t split_lo = lo_min / FA_SPLIT, split_hi = p_max / FA_SPLIT;
+  int64_t first_split = split_lo, last_split = split_hi;
+  if (f.parallel) {
+    first_split = last_split = blockIdx.z;
+    if (first_split < split_lo || first_split > split_hi) return;
+  }
+
+  /* this lane's two packed rows: r = warp*16 + gid (A) and + 8 (B) */
+  int64_t row_p[2], row_lo[2];
+  int live[2], step_row[2], launch_row[2], head[2];
+  for (int h = 0; h < 2; h++) {
+    const int r = warp * 16 + gid + 8 * h, qi = r / G;
+    live[h] = qi < n_pos;
+    step_row[h] = step_row0 + qi;
+    launch_row[h] = launch_row0 + qi;
+    head[h] = kv_head * G + r % G;
+    row_p[h] = live[h] ? tail->pos[qi] : -1;
+    row_lo[h] = a.window > 0 && row_p[h] - a.window + 1 > 0 ? row_p[h] - a.window + 1 : 0;
+    if (!live[h]) row_lo[h] = INT64_MAX;
+  }
+  const int warp_live = warp * 16 < n_pos * G;
+
+  /* q as A fragments: k-step kk holds dims [16 kk, 16 kk + 16) */
+  uint32_t qa[D / 16][4], ql[EXACT ? D / 16 : 1][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk++) {
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        float2 x = make_float2(0.0f, 0.0f);
+        if (live[h])
+          x = *(const float2 *)(a.q + ((int64_t)step_row[h] * a.n_heads + head[h]) * D + 16 * kk +
+                                8 * half + 2 * tig);
+        qa[kk][2 * half + h] = pack_bf16(x.x, x.y);
+        if (EXACT) ql[EXACT ? kk : 0][2 * half + h] = pack_bf16_rest(x.x, x.y);
+      }
+    }
+  }
+
+  float acc[D / 8][4];
+  float m[2], l[2];
+  float *tot = total + (size_t)warp * (SM::ACC_REGS + 4) * 32;
+  if (!f.parallel) {
+    tot[(SM::ACC_REGS + 1) * 32 + lane] = 0.0f; /* tl of row A */
+    tot[(SM::ACC_REGS + 3) * 32 + lane] = 0.0f; /* tl of row B */
+  }
+  /* the tiles of this block: fixed absolute ranges of FA_KEYS keys, split boundaries among
+   * them; the keys outside [key_from, key_to] are staged as zeros */
+  const int64_t key_from =
+      f.parallel && first_split * FA_SPLIT > lo_min ? first_split * FA_SPLIT : lo_min;
+  const int64_t key_to = f.parallel && first_split * FA_SPLIT + FA_SPLIT - 1 < p_max
+                             ? first_split * FA_SPLIT + FA_SPLIT - 1
+                             : p_max;
+  const int64_t first_tile = key_from / FA_KEYS * FA_KEYS;
+  int bad_block = 0;
+  /* thread t looks up key t % FA_KEYS of a tile, K (t < FA_KEYS) or V */
+  auto find_rows = [&](int64_t tile0, int stage) {
+    const int key_in_tile = threadIdx.x % FA_KEYS, value = threadIdx.x / FA_KEYS;
+    const int64_t key = tile0 + key_in_tile;
+    const uint8_t *row = NULL;
+    if (key >= key_from && key <= key_to) {
+      const int64_t entry = key / L.block_tokens;
+      const int32_t block = entry < g->n_entries[s] ? g->table[s][entry] : -1;
+      if (block < 0)
+        bad_block = 1;
+      else
+        row = fa_row_address(L, value, block, key % L.block_tokens, kv_head);
+    }
+    tail->rows[stage][value][key_in_tile] = row;
+  };
+  constexpr int CHUNKS = D / 8; /* 16-byte chunks of a key row */
+  auto issue_copies = [&](int stage) {
+    __nv_bfloat16 *base = stages + stage * SM::STAGE_ELEMS;
+    for (int c = threadIdx.x; c < 2 * FA_KEYS * CHUNKS; c += FA_WARPS * 32) {
+      const int value = c / (FA_KEYS * CHUNKS);
+      const int key_in_tile = (c / CHUNKS) % FA_KEYS, chunk = c % CHUNKS;
+      const uint8_t *row = tail->rows[stage][value][key_in_tile];
+      const unsigned dst = (unsigned)__cvta_generic_to_shared(
+          base + (value * FA_KEYS + key_in_tile) * SM::STRIDE + 8 * chunk);
+      const void *src = row ? (const void *)(row + 16 * chunk) : (const void *)L.slabs;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                   "r"(row ? 16 : 0));
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
+  /* folds the finished split's state: to the merge kernel, or into the running total */
+  auto finish_split = [&](int64_t split) {
+    if (f.parallel) { /* this split's state goes to the merge kernel */
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        if (!live[h]) continue;
+        const int64_t slot = ((int64_t)launch_row[h] * a.n_heads + head[h]) * f.splits + split;
+        if (tig == 0) {
+          f.state[2 * slot] = m[h];
+          f.state[2 * slot + 1] = l[h];
+        }
+#pragma unroll
+        for (int i = 0; i < D / 8; i++)
+          *(float2 *)(f.partial + slot * D + 8 * i + 2 * tig) =
+              make_float2(acc[i][2 * h], acc[i][2 * h + 1]);
+      }
+    } else { /* merge into the running total in shared memory (each lane its own entries) */
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        float tm = tot[(SM::ACC_REGS + 2 * h) * 32 + lane];
+        float tl = tot[(SM::ACC_REGS + 2 * h + 1) * 32 + lane];
+        float ct, cp;
+        merge_scalars(tm, tl, m[h], l[h], ct, cp);
+        tot[(SM::ACC_REGS + 2 * h) * 32 + lane] = tm;
+        tot[(SM::ACC_REGS + 2 * h + 1) * 32 + lane] = tl;
+#pragma unroll
+        for (int i = 0; i < D / 8; i++)
+#pragma unroll
+          for (int c = 2 * h; c < 2 * h + 2; c++) {
+            float *t = &tot[(i * 4 + c) * 32 + lane];
+            *t = merge_value(*t, acc[i][c], ct, cp);
+          }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < D / 8; i++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) acc[i][c] = 0.0f;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.0f;
+  };
+  find_rows(first_tile, 0);
+  __syncthreads();
+  issue_copies(0);
+  int64_t current_split = first_tile / FA_SPLIT;
+#pragma unroll
+  for (int i = 0; i < D / 8; i++)
+#pragma unroll
+    for (int c = 0; c < 4; c++) acc[i][c] = 0.0f;
+  m[0] = m[1] = -INFINITY;
+  l[0] = l[1] = 0.0f;
+  int stage = 0;
+  for (int64_t tile0 = first_tile; tile0 <= key_to; tile0 += FA_KEYS, stage ^= 1) {
+    const int has_next = tile0 + FA_KEYS <= key_to;
+    if (has_next) find_rows(tile0 + FA_KEYS, stage ^ 1);
+    __syncthreads(); /* addresses visible; the other stage's previous tile is consumed */
+    if (has_next) {
+      issue_copies(stage ^ 1);
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    } else {
+      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    }
+    __syncthreads(); /* this tile has landed */
+    if (!warp_live) continue;
+    if (tile0 / FA_SPLIT != current_split) { /* a split boundary: fold the finished split */
+      finish_split(current_split);
+      current_split = tile0 / FA_SPLIT;
+    }
+    const __nv_bfloat16 *sk = stages + stage * SM::STAGE_ELEMS;
+    const __nv_bfloat16 *sv = sk + FA_KEYS * SM::STRIDE;
+
+    /* S = Q K^T for 64 keys: n-tile nt holds keys [8 nt, 8 nt + 8) */
+    float sc[FA_KEYS / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < FA_KEYS / 8; nt++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) sc[nt][c] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+#pragma unroll
+      for (int nt2 = 0; nt2 < FA_KEYS / 16; nt2++) {
+        const int mi = lane >> 3;
+        const int key_in_tile = nt2 * 16 + (lane & 7) + (mi >> 1) * 8;
+        uint32_t b[4];
+        ldmatrix_x4(b, sk + key_in_tile * SM::STRIDE + kk * 16 + (mi & 1) * 8);
+        mma_bf16(sc[2 * nt2], qa[kk], b[0], b[1]);
+        mma_bf16(sc[2 * nt2 + 1], qa[kk], b[2], b[3]);
+        if (EXACT) {
+          mma_bf16(sc[2 * nt2], ql[EXACT ? kk : 0], b[0], b[1]);
+          mma_bf16(sc[2 * nt2 + 1], ql[EXACT ? kk : 0], b[2], b[3]);
+        }
+      }
+    }
+    /* scale, softcap, mask; row maxima */
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < FA_KEYS / 8; nt++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        const int h = c >> 1;
+        const int64_t key = tile0 + nt * 8 + 2 * tig + (c & 1);
+        float score = sc[nt][c] * a.scale;
+        if (a.softcap != 0.0f) score = a.softcap * tanhf(score / a.softcap);
+        if (key < row_lo[h] || key > row_p[h]) score = -INFINITY;
+        sc[nt][c] = score;
+        tile_max[h] = fmaxf(tile_max[h], score);
+      }
+    float correction[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+      const float m_new = fmaxf(m[h], tile_max[h]);
+      if (tile_max[h] == -INFINITY) { /* no key of this row here: its state stays as it is */
+        correction[h] = 1.0f;
+        tile_max[h] = 0.0f; /* exponent base: every score is -inf, so every weight is 0 */
+      } else {
+        correction[h] = __expf(m[h] - m_new);
+        m[h] = m_new;
+        tile_max[h] = m_new;
+      }
+    }
+    float row_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int nt = 0; nt < FA_KEYS / 8; nt++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        const int h = c >> 1;
+        const float p = sc[nt][c] == -INFINITY ? 0.0f : __expf(sc[nt][c] - tile_max[h]);
+        sc[nt][c] = p;
+        row_sum[h] += p;
+      }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+      row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+      l[h] = __fadd_rn(__fmul_rn(l[h], correction[h]), row_sum[h]);
+    }
+#pragma unroll
+    for (int i = 0; i < D / 8; i++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) acc[i][c] = __fmul_rn(acc[i][c], correction[c >> 1]);
+        /* O += P V: k-step j covers keys [16 j, 16 j + 16), P from the score fragments */
+#pragma unroll
+    for (int j = 0; j < FA_KEYS / 16; j++) {
+      uint32_t pa[4] = {pack_bf16(sc[2 * j][0], sc[2 * j][1]),
+                        pack_bf16(sc[2 * j][2], sc[2 * j][3]),
+                        pack_bf16(sc[2 * j + 1][0], sc[2 * j + 1][1]),
+                        pack_bf16(sc[2 * j + 1][2], sc[2 * j + 1][3])};
+      uint32_t pl[4];
+      if (EXACT) {
+        pl[0] = pack_bf16_rest(sc[2 * j][0], sc[2 * j][1]);
+        pl[1] = pack_bf16_rest(sc[2 * j][2], sc[2 * j][3]);
+        pl[2] = pack_bf16_rest(sc[2 * j + 1][0], sc[2 * j + 1][1]);
+        pl[3] = pack_bf16_rest(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+      }
+#pragma unroll
+      for (int nd2 = 0; nd2 < D / 16; nd2++) {
+        const int mi = lane >> 3;
+        const int key_in_tile = 16 * j + (lane & 7) + (mi & 1) * 8;
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, sv + key_in_tile * SM::STRIDE + nd2 * 16 + (mi >> 1) * 8);
+        mma_bf16(acc[2 * nd2], pa, b[0], b[1]);
+        mma_bf16(acc[2 * nd2 + 1], pa, b[2], b[3]);
+        if (EXACT) {
+          mma_bf16(acc[2 * nd2], pl, b[0], b[1]);
+          mma_bf16(acc[2 * nd2 + 1], pl, b[2], b[3]);
+        }
+      }
+    }
+  }
+  if (warp_live) finish_split(current_split);
+  if (bad_block) *error_flag = 1;
+  if (f.parallel || !warp_live) return;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    if (!live[h]) continue;
+    const float tl = tot[(SM::ACC_REGS + 2 * h + 1) * 32 + lane];
+    float *out = a.out + ((int64_t)step_row[h] * a.n_heads + head[h]) * D;
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) {
+      const float v0 = tot[(i * 4 + 2 * h) * 32 + lane], v1 = tot[(i * 4 + 2 * h + 1) * 32 + lane];
+      *(float2 *)(out + 8 * i + 2 * tig) =
+          tl > 0.0f ? make_float2(__fdiv_rn(v0, tl), __fdiv_rn(v1, tl)) : make_float2(0.0f, 0.0f);
+    }
+  }
+}
+
+/* Merges the per-split states of each (row, head) of a parallel launch, in split order. */
+__global__ static void flash_merge_kernel(const seq_group *g, attention_params a,
+                                          ci_cuda_flash_params f, int D) {
+  int s = 0;
+  while (s + 1 < g->n && g->row_start[s + 1] <= (int)blockIdx.x) s++;
+  const int step_row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
+  const int h = blockIdx.y;
+  const int64_t p = a.pos[step_row];
+  const int64_t lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
+  const int64_t base = ((int64_t)blockIdx.x * a.n_heads + h) * f.splits;
+  float *out = a.out + ((int64_t)step_row * a.n_heads + h) * D;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float tm = 0.0f, tl = 0.0f, t = 0.0f;
+    for (int64_t split = lo / FA_SPLIT; split <= p / FA_SPLIT; split++) {
+      float ct, cp;
+      merge_scalars(tm, tl, f.state[2 * (base + split)], f.state[2 * (base + split) + 1], ct, cp);
+      t = merge_value(t, f.partial[(base + split) * D + d], ct, cp);
+    }
+    out[d] = tl > 0.0f ? __fdiv_rn(t, tl) : 0.0f;
+  }
+}
+
+int ci_cuda_flash_supported(const kv_layout *L, int n_heads) {
+  if (L->f32 || (L->head_dim != 64 && L->head_dim != 128)) return 0;
+  if (n_heads % L->n_kv_heads) return 0;
+  const int group = n_heads / L->n_kv_heads;
+  return group <= FA_ROWS && FA_ROWS % group == 0;
+}
+
+int ci_cuda_flash_positions_per_tile(const kv_layout *L, int n_heads) {
+  return FA_ROWS / (n_heads / L->n_kv_heads);
+}
+
+void ci_cuda_flash_plan(const kv_layout *L, const ci_cuda_seq_group *host_group, int n_heads,
+                        int n_sms, int exact, ci_cuda_flash_params *f) {
+  memset(f, 0, sizeof *f);
+  f->group = n_heads / L->n_kv_heads;
+  f->exact = exact;
+  const int total_rows = host_group->total_rows;
+  int64_t max_keys = 0;
+  for (int i = 0; i < host_group->n; i++) {
+    const int64_t keys = host_group->n_entries[i] * L->block_tokens;
+    max_keys = keys > max_keys ? keys : max_keys;
+  }
+  f->splits = (int)((max_keys + FA_SPLIT - 1) / FA_SPLIT);
+  if (f->splits < 1) f->splits = 1;
+  const int64_t blocks = (int64_t)host_group->total_tiles * L->n_kv_heads;
+  const size_t bytes = (size_t)total_rows * n_heads * f->splits * (L->head_dim + 2) * sizeof(float);
+  /* split the keys over blocks when one block per tile leaves most SMs idle */
+  f->parallel = f->splits > 1 && blocks < 2 * n_sms && bytes <= ((size_t)256 << 20);
+  f->scratch_bytes = f->parallel ? bytes : 0;
+}
+
+template <int D, bool EXACT> static cudaError_t set_smem_limit() {
+  return cudaFuncSetAttribute(flash_attention_kernel<D, EXACT>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fa_smem<D>::BYTES);
+}
+
+int ci_cuda_flash_init(ci_cuda *cu) {
+  cudaError_t err = set_smem_limit<64, false>();
+  if (err == cudaSuccess) err = set_smem_limit<64, true>();
+  if (err == cudaSuccess) err = set_smem_limit<128, false>();
+  if (err == cudaSuccess) err = set_smem_limit<128, true>();
+  return err == cudaSuccess ? CI_OK : ci_cuda_fail(cu, err, "flash attention setup");
+}
+
+template <int D, bool EXACT>
+static void launch_flash(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flash_params &f) {
+  static_assert(fa_smem<D>::BYTES <= 113 * 1024, "flash attention shared memory: two blocks per SM");
+  const kv_layout &L = cmd->a.kv.layout;
+  const dim3 grid((unsigned)cmd->a.kv.total_tiles, (unsigned)L.n_kv_heads,
+                  f.parallel ? (unsigned)f.splits : 1u);
+  flash_attention_kernel<D, EXACT><<<grid, FA_WARPS * 32, fa_smem<D>::BYTES, cu->stream>>>(
+      L, cmd->a.kv.group, cmd->a.kv.att, f, cu->error_flag);
+  if (f.parallel)
+    flash_merge_kernel<<<dim3((unsigned)cmd->a.kv.total_rows, (unsigned)cmd->a.kv.att.n_heads), D,
+                         0, cu->stream>>>(cmd->a.kv.group, cmd->a.kv.att, f, D);
+}
+
+int ci_cuda_flash_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
+  ci_cuda_flash_params f = cmd->a.kv.plan;
+  if (f.parallel) {
+    const size_t slots = (size_t)cmd->a.kv.total_rows * cmd->a.kv.att.n_heads * f.splits;
+    float *scratch = (float *)ci_cuda_scratch(cu, 2, f.scratch_bytes);
+    if (!scratch) return CI_ERR;
+    f.partial = scratch;
+    f.state = scratch + slots * cmd->a.kv.layout.head_dim;
+  }
+  const int exact = f.exact;
+  if (cmd->a.kv.layout.head_dim == 64) {
+    if (exact)
+      launch_flash<64, true>(cu, cmd, f);
+    else
+      launch_flash<64, false>(cu, cmd, f);
+  } else {
+    if (exact)
+      launch_flash<128, true>(cu, cmd, f);
+    else
+      launch_flash<128, false>(cu, cmd, f);
+  }
+  return ci_cuda_check_launch(cu, "flash attention");
+}
