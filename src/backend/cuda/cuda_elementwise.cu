@@ -71,7 +71,8 @@ __global__ static void rmsnorm_kernel(float *out, const float *x, const float *w
  * the sum runs over a thread's values in order, then block_inverse_rms. */
 template <int V>
 __global__ static void rmsnorm_vec_kernel(float *out, const float *x, const float *w, int64_t dim,
-                                          float eps, float w_offset) {
+                                          float eps, float w_offset, __nv_bfloat16 *hi,
+                                          __nv_bfloat16 *lo, const float *add) {
   const float4 *src = (const float4 *)(x + blockIdx.x * dim);
   float4 *dst = (float4 *)(out + blockIdx.x * dim);
   const int64_t n4 = dim / 4;
@@ -81,6 +82,11 @@ __global__ static void rmsnorm_vec_kernel(float *out, const float *x, const floa
   for (int j = 0; j < V; j++) {
     const int64_t i = threadIdx.x + (int64_t)j * THREADS;
     v[j] = i < n4 ? src[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (add && i < n4) { /* the residual add before the norm: x += add, as add_kernel does it */
+      const float4 a = ((const float4 *)(add + blockIdx.x * dim))[i];
+      v[j].x += a.x, v[j].y += a.y, v[j].z += a.z, v[j].w += a.w;
+      ((float4 *)(const_cast<float *>(x) + blockIdx.x * dim))[i] = v[j];
+    }
   }
 #pragma unroll
   for (int j = 0; j < V; j++)
@@ -99,26 +105,61 @@ __global__ static void rmsnorm_vec_kernel(float *out, const float *x, const floa
       r.x *= inv, r.y *= inv, r.z *= inv, r.w *= inv;
     }
     dst[i] = r;
+    if (hi) { /* the next matmul's input planes, as to_bf16_planes_kernel writes them */
+      const int64_t e = blockIdx.x * dim + 4 * i;
+      const float f[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+      for (int t = 0; t < 4; t++) {
+        const __nv_bfloat16 h = __float2bfloat16_rn(f[t]);
+        hi[e + t] = h;
+        if (lo) lo[e + t] = __float2bfloat16_rn(f[t] - __bfloat162float(h));
+      }
+    }
   }
 }
 
-void ci_cuda_rmsnorm(ci_cuda *cu, float *out, const float *x, const float *w, int64_t n_rows,
-                     int64_t dim, float eps, float w_offset) {
-  if (n_rows <= 0) return;
-  const int aligned = ((uintptr_t)out | (uintptr_t)x | (uintptr_t)w) % 16 == 0;
+/* Float4 blocks per thread of the register-resident norm kernel for these rows, or 0 where the
+ * element loop runs (unaligned, dim % 4 != 0, or wider than 8 float4s per thread). */
+static int64_t vector_blocks(const void *out, const void *x, const void *w, const void *add,
+                             int64_t dim) {
+  const int aligned = ((uintptr_t)out | (uintptr_t)x | (uintptr_t)w | (uintptr_t)add) % 16 == 0;
   const int64_t vectors = dim % 4 == 0 && aligned ? (dim / 4 + THREADS - 1) / THREADS : 0;
+  return vectors <= 8 ? vectors : 0;
+}
+
+int ci_cuda_add_rmsnorm_fusable(const float *out, const float *x, const float *w, const float *add,
+                                int64_t dim) {
+  return vector_blocks(out, x, w, add, dim) > 0;
+}
+
+int ci_cuda_rmsnorm(ci_cuda *cu, float *out, const float *x, const float *w, int64_t n_rows,
+                    int64_t dim, float eps, float w_offset, void *planes_dst, int planes,
+                    const float *add) {
+  if (n_rows <= 0) return 0;
+  __nv_bfloat16 *hi = (__nv_bfloat16 *)planes_dst;
+  __nv_bfloat16 *lo = hi && planes > 1 ? hi + n_rows * dim : NULL;
+  const int64_t vectors = vector_blocks(out, x, w, add, dim);
   const unsigned grid = (unsigned)n_rows;
+  if (add && !vectors) {
+    ci_cuda_fail(cu, cudaErrorInvalidValue, "add+rmsnorm on rows the fused kernel cannot take");
+    return 0;
+  }
   if (vectors == 1)
-    rmsnorm_vec_kernel<1><<<grid, THREADS, 0, cu->stream>>>(out, x, w, dim, eps, w_offset);
+    rmsnorm_vec_kernel<1>
+        <<<grid, THREADS, 0, cu->stream>>>(out, x, w, dim, eps, w_offset, hi, lo, add);
   else if (vectors == 2)
-    rmsnorm_vec_kernel<2><<<grid, THREADS, 0, cu->stream>>>(out, x, w, dim, eps, w_offset);
+    rmsnorm_vec_kernel<2>
+        <<<grid, THREADS, 0, cu->stream>>>(out, x, w, dim, eps, w_offset, hi, lo, add);
   else if (vectors >= 3 && vectors <= 4)
-    rmsnorm_vec_kernel<4><<<grid, THREADS, 0, cu->stream>>>(out, x, w, dim, eps, w_offset);
-  else if (vectors >= 5 && vectors <= 8)
-    rmsnorm_vec_kernel<8><<<grid, THREADS, 0, cu->stream>>>(out, x, w, dim, eps, w_offset);
+    rmsnorm_vec_kernel<4>
+        <<<grid, THREADS, 0, cu->stream>>>(out, x, w, dim, eps, w_offset, hi, lo, add);
+  else if (vectors >= 5)
+    rmsnorm_vec_kernel<8>
+        <<<grid, THREADS, 0, cu->stream>>>(out, x, w, dim, eps, w_offset, hi, lo, add);
   else
     rmsnorm_kernel<<<grid, THREADS, 0, cu->stream>>>(out, x, w, dim, eps, w_offset);
   ci_cuda_check_launch(cu, "rmsnorm");
+  return vectors > 0 && hi != NULL;
 }
 
 __global__ static void add_bias_kernel(float *x, const float *bias, int64_t rows, int64_t cols) {
@@ -141,17 +182,28 @@ void ci_cuda_add(ci_cuda *cu, float *x, const float *y, int64_t n) {
   ci_cuda_check_launch(cu, "add");
 }
 
-__global__ static void silu_mul_kernel(float *gate, const float *up, int64_t n) {
+__global__ static void silu_mul_kernel(float *gate, const float *up, int64_t n, __nv_bfloat16 *hi,
+                                       __nv_bfloat16 *lo) {
   FOR_EACH(i, n) {
     float g = gate[i];
-    gate[i] = g / (1.0f + expf(-g)) * up[i];
+    const float r = g / (1.0f + expf(-g)) * up[i];
+    gate[i] = r;
+    if (hi) { /* the next matmul's input planes, as to_bf16_planes_kernel writes them */
+      const __nv_bfloat16 h = __float2bfloat16_rn(r);
+      hi[i] = h;
+      if (lo) lo[i] = __float2bfloat16_rn(r - __bfloat162float(h));
+    }
   }
 }
 
-void ci_cuda_silu_mul(ci_cuda *cu, float *gate, const float *up, int64_t n) {
-  if (n <= 0) return;
-  silu_mul_kernel<<<blocks_for(n), THREADS, 0, cu->stream>>>(gate, up, n);
+int ci_cuda_silu_mul(ci_cuda *cu, float *gate, const float *up, int64_t n, void *planes_dst,
+                     int planes) {
+  if (n <= 0) return 0;
+  __nv_bfloat16 *hi = (__nv_bfloat16 *)planes_dst;
+  silu_mul_kernel<<<blocks_for(n), THREADS, 0, cu->stream>>>(gate, up, n, hi,
+                                                             hi && planes > 1 ? hi + n : NULL);
   ci_cuda_check_launch(cu, "silu_mul");
+  return hi != NULL;
 }
 
 __global__ static void gelu_tanh_mul_kernel(float *gate, const float *up, int64_t rows,

@@ -494,7 +494,8 @@ int ci_cuda_flash_init(ci_cuda *cu) {
 
 template <int D, bool EXACT>
 static void launch_flash(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flash_params &f) {
-  static_assert(fa_smem<D>::BYTES <= 113 * 1024, "flash attention shared memory: two blocks per SM");
+  static_assert(fa_smem<D>::BYTES <= 113 * 1024,
+                "flash attention shared memory: two blocks per SM");
   const kv_layout &L = cmd->a.kv.layout;
   const dim3 grid((unsigned)cmd->a.kv.total_tiles, (unsigned)L.n_kv_heads,
                   f.parallel ? (unsigned)f.splits : 1u);

@@ -68,6 +68,21 @@ void ci_cuda_set_graphs(ci_backend *be, int enabled) {
   if (cu->graphs) cu->graphs->enabled = enabled;
 }
 
+/* Where a producer of n floats may also write the bf16 input planes of the matmul that reads
+ * them next (the matmul input scratch, when it holds them), or NULL. */
+static void *planes_for(ci_cuda *cu, int64_t n) {
+  const size_t bytes = (size_t)cu->input_planes * (size_t)n * sizeof(uint16_t);
+  return cu->scratch[0] && bytes <= cu->scratch_bytes[0] ? cu->scratch[0] : NULL;
+}
+
+/* Records that the matmul input scratch holds x's bf16 planes (a bf16-weight matmul of x then
+ * skips its conversion; ci_cuda_matmul_launch checks pointer, size and kind). */
+static void mark_converted(ci_cuda *cu, const float *x, int64_t n) {
+  cu->converted_x = x;
+  cu->converted_n = n;
+  cu->converted_kind = CI_BF16 * 4 + cu->input_planes;
+}
+
 int ci_cuda_execute(ci_cuda *cu, const ci_cuda_cmd *c) {
   if (c->kind != CMD_MATMUL) cu->converted_x = NULL; /* any other op may rewrite an input */
   switch (c->kind) {
@@ -80,10 +95,15 @@ int ci_cuda_execute(ci_cuda *cu, const ci_cuda_cmd *c) {
     ci_cuda_embed(cu, c->a.embed.table, c->a.embed.dtype, c->a.embed.dim, c->a.embed.ids,
                   c->a.embed.n, c->a.embed.out);
     return CI_OK;
-  case CMD_RMSNORM:
-    ci_cuda_rmsnorm(cu, c->a.rmsnorm.out, c->a.rmsnorm.x, c->a.rmsnorm.w, c->a.rmsnorm.rows,
-                    c->a.rmsnorm.dim, c->a.rmsnorm.eps, c->a.rmsnorm.w_offset);
+  case CMD_RMSNORM: {
+    const int64_t n = c->a.rmsnorm.rows * c->a.rmsnorm.dim;
+    void *planes = planes_for(cu, n);
+    if (ci_cuda_rmsnorm(cu, c->a.rmsnorm.out, c->a.rmsnorm.x, c->a.rmsnorm.w, c->a.rmsnorm.rows,
+                        c->a.rmsnorm.dim, c->a.rmsnorm.eps, c->a.rmsnorm.w_offset, planes,
+                        cu->input_planes, NULL))
+      mark_converted(cu, c->a.rmsnorm.out, n);
     return CI_OK;
+  }
   case CMD_ADD_BIAS:
     ci_cuda_add_bias(cu, c->a.vec.x, c->a.vec.y, c->a.vec.rows, c->a.vec.cols);
     return CI_OK;
@@ -91,7 +111,9 @@ int ci_cuda_execute(ci_cuda *cu, const ci_cuda_cmd *c) {
     ci_cuda_add(cu, c->a.vec.x, c->a.vec.y, c->a.vec.n);
     return CI_OK;
   case CMD_SILU_MUL:
-    ci_cuda_silu_mul(cu, c->a.vec.x, c->a.vec.y, c->a.vec.n);
+    if (ci_cuda_silu_mul(cu, c->a.vec.x, c->a.vec.y, c->a.vec.n, planes_for(cu, c->a.vec.n),
+                         cu->input_planes))
+      mark_converted(cu, c->a.vec.x, c->a.vec.n);
     return CI_OK;
   case CMD_GELU_MUL:
     ci_cuda_gelu_tanh_mul(cu, c->a.vec.x, c->a.vec.y, c->a.vec.rows, c->a.vec.cols,
@@ -160,10 +182,35 @@ void ci_cuda_record_begin(ci_cuda *cu) {
   cu->converted_x = NULL;
 }
 
+/* 1 when cmds a, b are a residual add x += y and an RMSNorm of that x, which one kernel runs. */
+static int add_then_norm(const ci_cuda_cmd *a, const ci_cuda_cmd *b) {
+  return a->kind == CMD_ADD && b->kind == CMD_RMSNORM && b->a.rmsnorm.x == a->a.vec.x &&
+         b->a.rmsnorm.rows * b->a.rmsnorm.dim == a->a.vec.n && b->a.rmsnorm.rows > 0 &&
+         ci_cuda_add_rmsnorm_fusable(b->a.rmsnorm.out, b->a.rmsnorm.x, b->a.rmsnorm.w, a->a.vec.y,
+                                     b->a.rmsnorm.dim);
+}
+
+/* Runs the recorded commands in order, a residual add and the norm after it as one kernel (the
+ * same arithmetic as the two). */
 static int run_all(ci_cuda *cu) {
   ci_cuda_graphs *g = cu->graphs;
-  for (int i = 0; i < g->n_cmds; i++)
-    if (ci_cuda_execute(cu, &g->cmds[i])) return CI_ERR;
+  for (int i = 0; i < g->n_cmds; i++) {
+    const ci_cuda_cmd *c = &g->cmds[i];
+    if (i + 1 < g->n_cmds && add_then_norm(c, c + 1)) {
+      const ci_cuda_cmd *norm = c + 1;
+      const int64_t n = norm->a.rmsnorm.rows * norm->a.rmsnorm.dim;
+      cu->converted_x = NULL;
+      void *planes = planes_for(cu, n);
+      if (ci_cuda_rmsnorm(cu, norm->a.rmsnorm.out, norm->a.rmsnorm.x, norm->a.rmsnorm.w,
+                          norm->a.rmsnorm.rows, norm->a.rmsnorm.dim, norm->a.rmsnorm.eps,
+                          norm->a.rmsnorm.w_offset, planes, cu->input_planes, c->a.vec.y))
+        mark_converted(cu, norm->a.rmsnorm.out, n);
+      if (cu->sticky_error) return CI_ERR;
+      i++;
+      continue;
+    }
+    if (ci_cuda_execute(cu, c)) return CI_ERR;
+  }
   return CI_OK;
 }
 
@@ -176,12 +223,19 @@ int ci_cuda_record_flush(ci_cuda *cu) {
   return rc;
 }
 
-/* FNV-1a over the command list: equal hashes mean the same launches with the same arguments. */
+/* FNV-1a over the command list, eight bytes at a time: equal hashes mean the same launches with
+ * the same arguments. */
 static uint64_t hash_commands(const ci_cuda_cmd *cmds, int n) {
   uint64_t h = 1469598103934665603ull;
   const uint8_t *bytes = (const uint8_t *)cmds;
   const size_t len = (size_t)n * sizeof *cmds;
-  for (size_t i = 0; i < len; i++) h = (h ^ bytes[i]) * 1099511628211ull;
+  size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    uint64_t word;
+    memcpy(&word, bytes + i, 8);
+    h = (h ^ word) * 1099511628211ull;
+  }
+  for (; i < len; i++) h = (h ^ bytes[i]) * 1099511628211ull;
   return h ^ (uint64_t)n;
 }
 

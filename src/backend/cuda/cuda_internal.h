@@ -239,11 +239,21 @@ void ci_cuda_matmul_scratch(const ci_cuda *cu, int dtype, int64_t n, int64_t k, 
 /* ==== cuda_elementwise.cu ==== */
 void ci_cuda_embed(ci_cuda *cu, const void *table, int dtype, int64_t dim, const int32_t *ids,
                    int64_t n, float *out);
-void ci_cuda_rmsnorm(ci_cuda *cu, float *out, const float *x, const float *w, int64_t n_rows,
-                     int64_t dim, float eps, float w_offset);
+/* With planes_dst (may be NULL) the norm also writes the bf16 input planes of a following matmul
+ * (as ci_cuda_to_half writes them) where its kernel can; returns 1 when it did. With add (may be
+ * NULL; only where ci_cuda_add_rmsnorm_fusable) it first adds add into x, which it writes back. */
+int ci_cuda_rmsnorm(ci_cuda *cu, float *out, const float *x, const float *w, int64_t n_rows,
+                    int64_t dim, float eps, float w_offset, void *planes_dst, int planes,
+                    const float *add);
+/* 1 when ci_cuda_rmsnorm can run with `add` (x += add first, in the same kernel, bit for bit as
+ * ci_cuda_add then ci_cuda_rmsnorm). */
+int ci_cuda_add_rmsnorm_fusable(const float *out, const float *x, const float *w, const float *add,
+                                int64_t dim);
 void ci_cuda_add_bias(ci_cuda *cu, float *x, const float *bias, int64_t rows, int64_t cols);
 void ci_cuda_add(ci_cuda *cu, float *x, const float *y, int64_t n);
-void ci_cuda_silu_mul(ci_cuda *cu, float *gate, const float *up, int64_t n);
+/* planes_dst as for ci_cuda_rmsnorm (always written when given). */
+int ci_cuda_silu_mul(ci_cuda *cu, float *gate, const float *up, int64_t n, void *planes_dst,
+                     int planes);
 void ci_cuda_gelu_tanh_mul(ci_cuda *cu, float *gate, const float *up, int64_t rows, int64_t cols,
                            int64_t up_stride);
 void ci_cuda_scale(ci_cuda *cu, float *x, float s, int64_t n);
