@@ -73,10 +73,13 @@ for model in $MODELS; do
       --type bf16 2>"$out/convert.err"
     mv "$WORK/$model.partial.gguf" "$WORK/$model-bf16.gguf"
   fi
-  # 3. cinfer: prefill, batch-1 and batched decode in one process (the model loaded once).
+  # 3. cinfer: prefill, batch-1 and batched decode in one process (the model loaded once), with
+  # two input planes (exact) and one (fast).
   log "cinfer step_bench $model"
   build/step_bench "$dir" --device cuda --prompts 512,2048 --batches "$BATCHES" --gen "$GEN" \
-    --context "$CONTEXT" >"$out/cinfer.json" 2>"$out/cinfer.err"
+    --context "$CONTEXT" --planes 2 >"$out/cinfer.json" 2>"$out/cinfer.err"
+  build/step_bench "$dir" --device cuda --prompts 512,2048 --batches "$BATCHES" --gen "$GEN" \
+    --context "$CONTEXT" --planes 1 >"$out/cinfer-fast.json" 2>"$out/cinfer-fast.err"
   # 4. llama.cpp: llama-bench (prefill, batch-1 decode) and llama-batched-bench (aggregate).
   if [ -n "$LLAMA_BIN" ]; then
     log "llama-bench $model"

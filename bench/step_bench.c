@@ -6,7 +6,9 @@
  *
  * usage: step_bench MODEL_DIR [--device cpu|cuda] [--prompts 512,2048] [--batches 1,16,64]
  *                             [--gen N] [--context N] [--threads N] [--planes 1|2]
- *                             [--graphs 0|1]
+ *                             [--graphs 0|1] [--profile]
+ * --profile: marks the timed decode steps as the profiler's range (run under
+ *   `ncu --profile-from-start off`).
  * --planes: how the CUDA backend feeds activations to bf16 matmuls (cuda_backend.h). */
 #include "backend/cuda/cuda_backend.h"
 #include "base/error.h"
@@ -118,8 +120,17 @@ int main(int argc, char **argv) {
   }
   ci_device_options device = {.device = "auto", .gpu = 0, .n_threads = 0};
   int prompts[8] = {512, 2048}, n_prompts = 2, batches[16] = {1, 16, 64}, n_batches = 3;
-  int gen = 32, context = 128, planes = 2, graphs = 1;
-  for (int i = 2; i + 1 < argc; i += 2) {
+  int gen = 32, context = 128, planes = 2, graphs = 1, profile = 0;
+  for (int i = 2; i < argc; i += 2) {
+    if (!strcmp(argv[i], "--profile")) {
+      profile = 1;
+      i--; /* a flag without a value */
+      continue;
+    }
+    if (i + 1 >= argc) {
+      fprintf(stderr, "step_bench: %s needs a value\n", argv[i]);
+      return 2;
+    }
     if (!strcmp(argv[i], "--device"))
       device.device = argv[i + 1];
     else if (!strcmp(argv[i], "--prompts"))
@@ -229,6 +240,9 @@ int main(int argc, char **argv) {
       next[i] = token_at(i, context, vocab);
     }
     for (int w = 0; w < 2; w++) ci_model_forward_decode_batch(model, seqs, next, B, logits);
+#ifdef CINFER_CUDA
+    if (profile) ci_cuda_profile_range(1);
+#endif
     double t0 = ci_now_seconds();
     for (int step = 0; step < gen; step++) {
       if (ci_model_forward_decode_batch(model, seqs, next, B, logits)) {
@@ -238,6 +252,10 @@ int main(int argc, char **argv) {
       for (int i = 0; i < B; i++) next[i] = token_at(i, step, vocab);
     }
     double t = ci_now_seconds() - t0;
+#ifdef CINFER_CUDA
+    if (profile) ci_cuda_profile_range(0);
+#endif
+    (void)profile;
     const double matmuls = have_buffers ? weights_only_step(model, &buffers, B) : 0.0;
     printf("%s{\"batch\": %d, \"steps\": %d, \"seconds\": %.6f, \"step_ms\": %.3f, \"tok_s\": "
            "%.1f, \"weights_only_step_ms\": %.3f}",

@@ -65,11 +65,14 @@ __device__ static inline float load_kv(const kv_layout &L, const uint8_t *row, i
   return L.f32 ? ((const float *)row)[d] : __bfloat162float(((const __nv_bfloat16 *)row)[d]);
 }
 
-/* The launch's sequence of block x (a linear scan: at most MAX_SEQS entries). */
+/* The launch's sequence of block x: the sequences starting at or before row x, counted by one
+ * ballot per 32 sequences (every lane of the warp must call it). */
 __device__ static inline int seq_of(const seq_group *g, int x) {
-  int s = 0;
-  while (s + 1 < g->n && g->row_start[s + 1] <= x) s++;
-  return s;
+  static_assert(MAX_SEQS <= 64, "two ballots cover the sequences of a launch");
+  const int lane = threadIdx.x & 31;
+  const int a = lane < g->n && g->row_start[lane] <= x;
+  const int b = lane + 32 < g->n && g->row_start[lane + 32] <= x;
+  return __popc(__ballot_sync(0xffffffffu, a)) + __popc(__ballot_sync(0xffffffffu, b)) - 1;
 }
 
 /* ==== kv_store ==== */
@@ -111,6 +114,13 @@ static int stage_and_launch(ci_cuda *cu, const kv_layout &L, const seq_group &g,
   return launch(L, g, device);
 }
 
+/* The most rows any sequence of the step has. */
+static int max_rows_per_seq(const ci_step_kv *seqs) {
+  int most = 0;
+  for (int i = 0; i < seqs->n_seqs; i++) most = seqs->n_rows[i] > most ? seqs->n_rows[i] : most;
+  return most;
+}
+
 /* Calls launch(layout, group) for the sequences of `seqs`, grouped by layout, MAX_SEQS at a time
  * (rows of every sequence once). With n_heads > 0 (attention) and a layout the tensor-core
  * kernel runs, each sequence's rows are also cut into that kernel's query tiles. */
@@ -125,9 +135,11 @@ static int for_each_group(ci_cuda *cu, const ci_step_kv *seqs, int n_heads, Laun
     if (layout_of(&seqs->kv[first], &L)) return CI_ERR;
     seq_group g;
     memset(&g, 0, sizeof g);
-    const int tile_positions = n_heads > 0 && ci_cuda_flash_supported(&L, n_heads)
-                                   ? ci_cuda_flash_positions_per_tile(&L, n_heads)
-                                   : 0;
+    const int tile_positions =
+        n_heads > 0 && ci_cuda_flash_supported(&L, n_heads)
+            ? ci_cuda_flash_positions_per_tile(
+                  &L, n_heads, ci_cuda_flash_warps(n_heads, L.n_kv_heads, max_rows_per_seq(seqs)))
+            : 0;
     for (int i = first; i < seqs->n_seqs; i++) {
       if (done[i] || seqs->n_rows[i] <= 0) continue;
       kv_layout Li;
@@ -296,27 +308,29 @@ int ci_cuda_attention(ci_cuda *cu, const ci_attention_args *args) {
   a.scale = args->scale;
   a.softcap = args->softcap;
   a.window = args->window;
-  return for_each_group(cu, args->seqs, a.n_heads,
-                        [&](const kv_layout &L, const seq_group &host, const seq_group *g) {
-                          if (a.n_heads % L.n_kv_heads != 0)
-                            return ci_fail(
-                                "attention: %d query heads do not group over %d KV heads",
-                                a.n_heads, L.n_kv_heads);
-                          ci_cuda_cmd cmd;
-                          memset(&cmd, 0, sizeof cmd);
-                          cmd.kind = CMD_ATTENTION;
-                          cmd.a.kv.layout = L;
-                          cmd.a.kv.group = g;
-                          cmd.a.kv.total_rows = host.total_rows;
-                          cmd.a.kv.att = a;
-                          if (host.total_tiles > 0) {
-                            cmd.a.kv.flash = 1;
-                            cmd.a.kv.total_tiles = host.total_tiles;
-                            ci_cuda_flash_plan(&L, &host, a.n_heads, cu->n_sms,
-                                               cu->input_planes == 2, &cmd.a.kv.plan);
-                          }
-                          return ci_cuda_emit(cu, &cmd);
-                        });
+  return for_each_group(
+      cu, args->seqs, a.n_heads,
+      [&](const kv_layout &L, const seq_group &host, const seq_group *g) {
+        if (a.n_heads % L.n_kv_heads != 0)
+          return ci_fail("attention: %d query heads do not group over %d KV heads", a.n_heads,
+                         L.n_kv_heads);
+        ci_cuda_cmd cmd;
+        memset(&cmd, 0, sizeof cmd);
+        cmd.kind = CMD_ATTENTION;
+        cmd.a.kv.layout = L;
+        cmd.a.kv.group = g;
+        cmd.a.kv.total_rows = host.total_rows;
+        cmd.a.kv.att = a;
+        if (host.total_tiles > 0) {
+          cmd.a.kv.flash = 1;
+          cmd.a.kv.total_tiles = host.total_tiles;
+          ci_cuda_flash_plan(
+              &L, &host, a.n_heads,
+              ci_cuda_flash_warps(a.n_heads, L.n_kv_heads, max_rows_per_seq(args->seqs)), cu->n_sms,
+              cu->input_planes == 2, &cmd.a.kv.plan);
+        }
+        return ci_cuda_emit(cu, &cmd);
+      });
 }
 
 void ci_cuda_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {

@@ -6,6 +6,8 @@
  * MoE routing (whose expert choice the host schedules) and release wait for the GPU. */
 #include "backend/cuda/cuda_internal.h"
 
+#include <cuda_profiler_api.h>
+
 extern "C" {
 #include "backend/cpu/kernels.h"
 #include "tensor/dtype.h"
@@ -492,6 +494,13 @@ extern "C" int ci_cuda_device_count(void) {
     return 0;
   }
   return n;
+}
+
+extern "C" void ci_cuda_profile_range(int on) {
+  if (on)
+    cudaProfilerStart();
+  else
+    cudaProfilerStop();
 }
 
 extern "C" void ci_cuda_set_input_planes(ci_backend *be, int planes) {

@@ -28,6 +28,10 @@ void ci_cuda_set_input_planes(ci_backend *be, int planes);
  * same either way. */
 void ci_cuda_set_graphs(ci_backend *be, int enabled);
 
+/* Starts (on = 1) or stops the range a profiler started with --profile-from-start off records
+ * (cudaProfilerStart/Stop): benchmarks mark the steps worth profiling with it. */
+void ci_cuda_profile_range(int on);
+
 /* Bytes of memory free and in total on GPU `gpu`, without starting a backend. Returns CI_OK, or
  * CI_ERR naming why (no GPU, an ordinal out of range). */
 int ci_cuda_device_memory(int gpu, size_t *free_bytes, size_t *total_bytes);

@@ -22,7 +22,9 @@
 
 #include <string.h>
 
-enum { FA_WARPS = 4, FA_ROWS = 16 * FA_WARPS, FA_KEYS = 64, FA_SPLIT = 256 };
+/* FA_MAX_WARPS warps per block for prefill launches, one for decode launches (a row's arithmetic
+ * does not depend on the block's width); 16 packed query rows per warp. */
+enum { FA_MAX_WARPS = 4, FA_MAX_ROWS = 16 * FA_MAX_WARPS, FA_KEYS = 64, FA_SPLIT = 256 };
 
 typedef ci_cuda_kv_layout kv_layout;
 typedef ci_cuda_seq_group seq_group;
@@ -98,41 +100,52 @@ __device__ static inline float merge_value(float t, float p, float ct, float cp)
   return __fadd_rn(__fmul_rn(t, ct), __fmul_rn(p, cp));
 }
 
-/* The launch's sequence owning query tile x. */
+/* The launch's sequence owning query tile x: the number of sequences starting at or before x,
+ * counted by one ballot per 32 sequences (every lane of the warp must call it). */
 __device__ static inline int fa_seq_of_tile(const seq_group *g, int x) {
-  int s = 0;
-  while (s + 1 < g->n && g->tile_start[s + 1] <= x) s++;
-  return s;
+  static_assert(CI_CUDA_MAX_SEQS <= 64, "two ballots cover the sequences of a launch");
+  const int lane = threadIdx.x & 31;
+  const int a = lane < g->n && g->tile_start[lane] <= x;
+  const int b = lane + 32 < g->n && g->tile_start[lane + 32] <= x;
+  return __popc(__ballot_sync(0xffffffffu, a)) + __popc(__ballot_sync(0xffffffffu, b)) - 1;
+}
+
+/* The same for row x of the launch (row_start). */
+__device__ static inline int fa_seq_of_row(const seq_group *g, int x) {
+  const int lane = threadIdx.x & 31;
+  const int a = lane < g->n && g->row_start[lane] <= x;
+  const int b = lane + 32 < g->n && g->row_start[lane + 32] <= x;
+  return __popc(__ballot_sync(0xffffffffu, a)) + __popc(__ballot_sync(0xffffffffu, b)) - 1;
 }
 
 struct fa_shared_tail {
   const uint8_t *rows[2][2][FA_KEYS]; /* [stage][K, V][key of the tile]: row address or NULL */
-  int32_t pos[FA_ROWS];
+  int32_t pos[FA_MAX_ROWS];
 };
 
 /* Shared memory: two stages of K and V tiles [FA_KEYS][D + 8] bf16 (the next tile loads while
  * the current one is used), then (walking every split) the merged state of each warp's rows per
  * lane, then the tiles' row addresses and the block's positions. */
-template <int D> struct fa_smem {
+template <int D, int W> struct fa_smem {
   static constexpr int STRIDE = D + 8; /* bf16 elements per staged key row (bank spread) */
   static constexpr size_t STAGE_ELEMS = (size_t)2 * FA_KEYS * STRIDE;
   static constexpr size_t KV_BYTES = 2 * STAGE_ELEMS * 2;
   static constexpr int ACC_REGS = D / 8 * 4;
-  static constexpr size_t TOTAL_BYTES = (size_t)FA_WARPS * (ACC_REGS + 4) * 32 * 4;
+  static constexpr size_t TOTAL_BYTES = (size_t)W * (ACC_REGS + 4) * 32 * 4;
   static constexpr size_t BYTES = KV_BYTES + TOTAL_BYTES + sizeof(fa_shared_tail);
 };
 
-template <int D, bool EXACT>
-__global__ static void __launch_bounds__(FA_WARPS * 32)
+template <int D, bool EXACT, int W>
+__global__ static void __launch_bounds__(W * 32)
     flash_attention_kernel(kv_layout L, const seq_group *g, attention_params a,
                            ci_cuda_flash_params f, int *error_flag) {
-  typedef fa_smem<D> SM;
+  typedef fa_smem<D, W> SM;
   extern __shared__ __align__(16) uint8_t smem[];
   __nv_bfloat16 *stages = (__nv_bfloat16 *)smem; /* stage i: K at i * STAGE_ELEMS, V after it */
   float *total = (float *)(smem + SM::KV_BYTES); /* [warp][ACC_REGS + 4][32] */
   fa_shared_tail *tail = (fa_shared_tail *)(smem + SM::KV_BYTES + SM::TOTAL_BYTES);
 
-  const int G = f.group, QP = FA_ROWS / G; /* query heads per KV head; positions per block */
+  const int G = f.group, QP = 16 * W / G; /* query heads per KV head; positions per block */
   const int s = fa_seq_of_tile(g, blockIdx.x);
   const int first_local = (blockIdx.x - g->tile_start[s]) * QP;
   const int n_pos = min(QP, g->n_rows[s] - first_local);
@@ -210,23 +223,25 @@ __global__ static void __launch_bounds__(FA_WARPS * 32)
   int bad_block = 0;
   /* thread t looks up key t % FA_KEYS of a tile, K (t < FA_KEYS) or V */
   auto find_rows = [&](int64_t tile0, int stage) {
-    const int key_in_tile = threadIdx.x % FA_KEYS, value = threadIdx.x / FA_KEYS;
-    const int64_t key = tile0 + key_in_tile;
-    const uint8_t *row = NULL;
-    if (key >= key_from && key <= key_to) {
-      const int64_t entry = key / L.block_tokens;
-      const int32_t block = entry < g->n_entries[s] ? g->table[s][entry] : -1;
-      if (block < 0)
-        bad_block = 1;
-      else
-        row = fa_row_address(L, value, block, key % L.block_tokens, kv_head);
+    for (int t = threadIdx.x; t < 2 * FA_KEYS; t += W * 32) {
+      const int key_in_tile = t % FA_KEYS, value = t / FA_KEYS;
+      const int64_t key = tile0 + key_in_tile;
+      const uint8_t *row = NULL;
+      if (key >= key_from && key <= key_to) {
+        const int64_t entry = key / L.block_tokens;
+        const int32_t block = entry < g->n_entries[s] ? g->table[s][entry] : -1;
+        if (block < 0)
+          bad_block = 1;
+        else
+          row = fa_row_address(L, value, block, key % L.block_tokens, kv_head);
+      }
+      tail->rows[stage][value][key_in_tile] = row;
     }
-    tail->rows[stage][value][key_in_tile] = row;
   };
   constexpr int CHUNKS = D / 8; /* 16-byte chunks of a key row */
   auto issue_copies = [&](int stage) {
     __nv_bfloat16 *base = stages + stage * SM::STAGE_ELEMS;
-    for (int c = threadIdx.x; c < 2 * FA_KEYS * CHUNKS; c += FA_WARPS * 32) {
+    for (int c = threadIdx.x; c < 2 * FA_KEYS * CHUNKS; c += W * 32) {
       const int value = c / (FA_KEYS * CHUNKS);
       const int key_in_tile = (c / CHUNKS) % FA_KEYS, chunk = c % CHUNKS;
       const uint8_t *row = tail->rows[stage][value][key_in_tile];
@@ -429,8 +444,7 @@ __global__ static void __launch_bounds__(FA_WARPS * 32)
 /* Merges the per-split states of each (row, head) of a parallel launch, in split order. */
 __global__ static void flash_merge_kernel(const seq_group *g, attention_params a,
                                           ci_cuda_flash_params f, int D) {
-  int s = 0;
-  while (s + 1 < g->n && g->row_start[s + 1] <= (int)blockIdx.x) s++;
+  const int s = fa_seq_of_row(g, blockIdx.x);
   const int step_row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
   const int h = blockIdx.y;
   const int64_t p = a.pos[step_row];
@@ -452,17 +466,23 @@ int ci_cuda_flash_supported(const kv_layout *L, int n_heads) {
   if (L->f32 || (L->head_dim != 64 && L->head_dim != 128)) return 0;
   if (n_heads % L->n_kv_heads) return 0;
   const int group = n_heads / L->n_kv_heads;
-  return group <= FA_ROWS && FA_ROWS % group == 0;
+  return group <= 16 && 16 % group == 0;
 }
 
-int ci_cuda_flash_positions_per_tile(const kv_layout *L, int n_heads) {
-  return FA_ROWS / (n_heads / L->n_kv_heads);
+int ci_cuda_flash_warps(int n_heads, int n_kv_heads, int max_rows_per_seq) {
+  /* one warp (16 packed rows) when every sequence's rows fit it: decode and short drafts */
+  return max_rows_per_seq * (n_heads / n_kv_heads) <= 16 ? 1 : FA_MAX_WARPS;
+}
+
+int ci_cuda_flash_positions_per_tile(const kv_layout *L, int n_heads, int warps) {
+  return 16 * warps / (n_heads / L->n_kv_heads);
 }
 
 void ci_cuda_flash_plan(const kv_layout *L, const ci_cuda_seq_group *host_group, int n_heads,
-                        int n_sms, int exact, ci_cuda_flash_params *f) {
+                        int warps, int n_sms, int exact, ci_cuda_flash_params *f) {
   memset(f, 0, sizeof *f);
   f->group = n_heads / L->n_kv_heads;
+  f->warps = warps;
   f->exact = exact;
   const int total_rows = host_group->total_rows;
   int64_t max_keys = 0;
@@ -475,35 +495,49 @@ void ci_cuda_flash_plan(const kv_layout *L, const ci_cuda_seq_group *host_group,
   const int64_t blocks = (int64_t)host_group->total_tiles * L->n_kv_heads;
   const size_t bytes = (size_t)total_rows * n_heads * f->splits * (L->head_dim + 2) * sizeof(float);
   /* split the keys over blocks when one block per tile leaves most SMs idle */
-  f->parallel = f->splits > 1 && blocks < 2 * n_sms && bytes <= ((size_t)256 << 20);
+  f->parallel =
+      f->splits > 1 && blocks < (warps == 1 ? 8 : 2) * n_sms && bytes <= ((size_t)256 << 20);
   f->scratch_bytes = f->parallel ? bytes : 0;
 }
 
-template <int D, bool EXACT> static cudaError_t set_smem_limit() {
-  return cudaFuncSetAttribute(flash_attention_kernel<D, EXACT>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fa_smem<D>::BYTES);
+template <int D, bool EXACT, int W> static cudaError_t set_smem_limit() {
+  return cudaFuncSetAttribute(flash_attention_kernel<D, EXACT, W>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)fa_smem<D, W>::BYTES);
+}
+
+template <int D, bool EXACT> static cudaError_t set_smem_limits() {
+  cudaError_t err = set_smem_limit<D, EXACT, 1>();
+  return err == cudaSuccess ? set_smem_limit<D, EXACT, FA_MAX_WARPS>() : err;
 }
 
 int ci_cuda_flash_init(ci_cuda *cu) {
-  cudaError_t err = set_smem_limit<64, false>();
-  if (err == cudaSuccess) err = set_smem_limit<64, true>();
-  if (err == cudaSuccess) err = set_smem_limit<128, false>();
-  if (err == cudaSuccess) err = set_smem_limit<128, true>();
+  cudaError_t err = set_smem_limits<64, false>();
+  if (err == cudaSuccess) err = set_smem_limits<64, true>();
+  if (err == cudaSuccess) err = set_smem_limits<128, false>();
+  if (err == cudaSuccess) err = set_smem_limits<128, true>();
   return err == cudaSuccess ? CI_OK : ci_cuda_fail(cu, err, "flash attention setup");
 }
 
-template <int D, bool EXACT>
+template <int D, bool EXACT, int W>
 static void launch_flash(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flash_params &f) {
-  static_assert(fa_smem<D>::BYTES <= 113 * 1024,
-                "flash attention shared memory: two blocks per SM");
+  static_assert(fa_smem<D, W>::BYTES <= 113 * 1024, "flash attention shared memory: 2 blocks/SM");
   const kv_layout &L = cmd->a.kv.layout;
   const dim3 grid((unsigned)cmd->a.kv.total_tiles, (unsigned)L.n_kv_heads,
                   f.parallel ? (unsigned)f.splits : 1u);
-  flash_attention_kernel<D, EXACT><<<grid, FA_WARPS * 32, fa_smem<D>::BYTES, cu->stream>>>(
+  flash_attention_kernel<D, EXACT, W><<<grid, W * 32, fa_smem<D, W>::BYTES, cu->stream>>>(
       L, cmd->a.kv.group, cmd->a.kv.att, f, cu->error_flag);
   if (f.parallel)
     flash_merge_kernel<<<dim3((unsigned)cmd->a.kv.total_rows, (unsigned)cmd->a.kv.att.n_heads), D,
                          0, cu->stream>>>(cmd->a.kv.group, cmd->a.kv.att, f, D);
+}
+
+template <int D, bool EXACT>
+static void launch_width(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flash_params &f) {
+  if (f.warps == 1)
+    launch_flash<D, EXACT, 1>(cu, cmd, f);
+  else
+    launch_flash<D, EXACT, FA_MAX_WARPS>(cu, cmd, f);
 }
 
 int ci_cuda_flash_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
@@ -518,14 +552,14 @@ int ci_cuda_flash_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
   const int exact = f.exact;
   if (cmd->a.kv.layout.head_dim == 64) {
     if (exact)
-      launch_flash<64, true>(cu, cmd, f);
+      launch_width<64, true>(cu, cmd, f);
     else
-      launch_flash<64, false>(cu, cmd, f);
+      launch_width<64, false>(cu, cmd, f);
   } else {
     if (exact)
-      launch_flash<128, true>(cu, cmd, f);
+      launch_width<128, true>(cu, cmd, f);
     else
-      launch_flash<128, false>(cu, cmd, f);
+      launch_width<128, false>(cu, cmd, f);
   }
   return ci_cuda_check_launch(cu, "flash attention");
 }

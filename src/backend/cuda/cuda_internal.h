@@ -48,7 +48,7 @@ typedef struct {
  * per split plus a merge (parallel 1, which needs scratch_bytes of slot-2 scratch); exact: two
  * bf16 planes for q and P. partial and state are filled in at launch. */
 typedef struct {
-  int group, splits, parallel, exact;
+  int group, warps, splits, parallel, exact;
   size_t scratch_bytes;
   float *partial, *state;
 } ci_cuda_flash_params;
@@ -282,11 +282,13 @@ void ci_cuda_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
 int ci_cuda_flash_init(ci_cuda *cu);
 /* 1 when the tensor-core kernel runs this layout with n_heads query heads. */
 int ci_cuda_flash_supported(const ci_cuda_kv_layout *L, int n_heads);
-/* Query positions per tile (64 packed rows / the GQA group). */
-int ci_cuda_flash_positions_per_tile(const ci_cuda_kv_layout *L, int n_heads);
+/* Warps per block for a launch whose sequences have at most max_rows_per_seq rows. */
+int ci_cuda_flash_warps(int n_heads, int n_kv_heads, int max_rows_per_seq);
+/* Query positions per tile (16 packed rows per warp / the GQA group). */
+int ci_cuda_flash_positions_per_tile(const ci_cuda_kv_layout *L, int n_heads, int warps);
 /* Plans a launch over the host copy of its sequence group (tile_start and total_tiles set). */
 void ci_cuda_flash_plan(const ci_cuda_kv_layout *L, const ci_cuda_seq_group *host_group,
-                        int n_heads, int n_sms, int exact, ci_cuda_flash_params *f);
+                        int n_heads, int warps, int n_sms, int exact, ci_cuda_flash_params *f);
 int ci_cuda_flash_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
 
 int ci_cuda_kv_convert_block(ci_cuda *cu, const ci_paged_kv *src, int32_t src_block,
