@@ -193,6 +193,8 @@ static void test_qwen35_value_types(void **state) {
               "{\"days\":\"three\",\"ratio\":4,\"hot\":true}");
   expect_args(t, PARAM("hot", "FALSE") PARAM("opts", "{\"unit\": \"c\"}") PARAM("hours", "[9, 12]"),
               "{\"hot\":false,\"opts\":{\"unit\":\"c\"},\"hours\":[9,12]}");
+  expect_args(t, PARAM("ratio", "0x10") PARAM("days", "1e3") PARAM("maybe", "inf"),
+              "{\"ratio\":\"0x10\",\"days\":\"1e3\",\"maybe\":\"inf\"}");
   expect_args(t, PARAM("opts", "[1]") PARAM("hours", "not json") PARAM("hot", "maybe"),
               "{\"opts\":\"[1]\",\"hours\":\"not json\",\"hot\":\"maybe\"}");
   /* null in any case is null; a type list tries its non-null types */

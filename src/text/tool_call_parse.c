@@ -77,7 +77,8 @@ static json_t *typed_value(const char *type, const char *value) {
   if (starts(type, "num") || starts(type, "float")) {
     char *endp = NULL;
     const double x = *value ? strtod(value, &endp) : 0.0;
-    if (!*value || *endp || x != x || x - x != 0.0) return NULL; /* not a finite number */
+    /* a finite decimal number only (strtod would also take hex and inf/nan) */
+    if (!*value || *endp || strpbrk(value, "xX") || x != x || x - x != 0.0) return NULL;
     if (x == (double)(long long)x && x > -9.0e15 && x < 9.0e15) return json_integer((long long)x);
     return json_real(x);
   }
