@@ -122,9 +122,11 @@ static char *tokenizer_json(void) {
       json_array_append_new(
           added, json_pack("{s:i, s:s, s:b}", "id", i, "content", word, "special", i <= 3));
   }
+  /* words split on whitespace: the prompt's token count follows its words (count_tokens) */
   json_t *tok =
-      json_pack("{s:{s:s, s:s, s:o}, s:{s:s}, s:o}", "model", "type", "WordLevel", "unk_token",
-                "<unk>", "vocab", vocab, "decoder", "type", "Fuse", "added_tokens", added);
+      json_pack("{s:{s:s, s:s, s:o}, s:{s:s}, s:{s:s}, s:o}", "model", "type", "WordLevel",
+                "unk_token", "<unk>", "vocab", vocab, "pre_tokenizer", "type", "WhitespaceSplit",
+                "decoder", "type", "Fuse", "added_tokens", added);
   assert_non_null(tok);
   char *text = json_dumps(tok, JSON_COMPACT);
   json_decref(tok);
@@ -340,11 +342,39 @@ static void test_xml_tool_call(void **state) {
   json_decref(r);
 }
 
+/* Anthropic history: an assistant's thinking blocks become its reasoning_content, which the
+ * Qwen3.5 template renders inside <think> for a turn after the last user query (a tool loop). */
+static long long count_tokens(const fixture *f, const char *thinking_block) {
+  char req[2048];
+  snprintf(req, sizeof req,
+           "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"Weather?\"}, "
+           "{\"role\": \"assistant\", \"content\": [%s{\"type\": \"tool_use\", \"id\": \"t1\", "
+           "\"name\": \"get_weather\", \"input\": {\"city\": \"abc\"}}]}, {\"role\": \"user\", "
+           "\"content\": [{\"type\": \"tool_result\", \"tool_use_id\": \"t1\", \"content\": "
+           "\"sunny\"}]}], \"tools\": [{\"name\": \"get_weather\", \"input_schema\": {\"type\": "
+           "\"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}]}",
+           thinking_block);
+  json_t *r = request(f, "/v1/messages/count_tokens", req);
+  const long long n = json_integer_value(json_object_get(r, "input_tokens"));
+  json_decref(r);
+  return n;
+}
+
+static void test_anthropic_thinking_history(void **state) {
+  fixture *f = *state;
+  const long long without = count_tokens(f, "");
+  const long long with = count_tokens(
+      f, "{\"type\": \"thinking\", \"thinking\": \"three more words\", \"signature\": \"s\"}, ");
+  assert_true(without > 0);
+  assert_int_equal(with - without, 3);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_models_advertise_reasoning),
       cmocka_unit_test(test_thinking_on_and_off),
       cmocka_unit_test(test_xml_tool_call),
+      cmocka_unit_test(test_anthropic_thinking_history),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -78,11 +78,16 @@ static json_t *map_messages(const json_t *body, char **err) {
       return NULL;
     }
     json_t *calls = json_array();
+    ci_strbuf reasoning = {0}; /* an assistant's thinking blocks: its reasoning_content */
     size_t k;
     json_t *b;
     if (json_is_array(content)) json_array_foreach(content, k, b) {
         const char *type = json_string_value(json_object_get(b, "type"));
-        if (!strcmp(type, "tool_use")) {
+        const json_t *thought = json_object_get(b, "thinking");
+        if (!strcmp(type, "thinking") && !strcmp(role, "assistant") && json_is_string(thought)) {
+          if (reasoning.len) ci_strbuf_append(&reasoning, "\n", 1);
+          ci_strbuf_append(&reasoning, json_string_value(thought), json_string_length(thought));
+        } else if (!strcmp(type, "tool_use")) {
           json_t *input = json_object_get(b, "input");
           json_array_append_new(calls, json_pack("{s:O?, s:s, s:{s:O?, s:O}}", "id",
                                                  json_object_get(b, "id"), "type", "function",
@@ -94,6 +99,7 @@ static json_t *map_messages(const json_t *body, char **err) {
           if (rc && blocks_text(rc, &result, err)) {
             ci_strbuf_free(&result);
             ci_strbuf_free(&text);
+            ci_strbuf_free(&reasoning);
             json_decref(calls);
             json_decref(out);
             return NULL;
@@ -108,10 +114,14 @@ static json_t *map_messages(const json_t *body, char **err) {
       json_t *msg =
           json_pack("{s:s, s:s%}", "role", role, "content", text.data ? text.data : "", text.len);
       if (json_array_size(calls)) json_object_set(msg, "tool_calls", calls);
+      if (reasoning.len)
+        json_object_set_new(msg, "reasoning_content",
+                            json_stringn(reasoning.data ? reasoning.data : "", reasoning.len));
       json_array_append_new(out, msg);
     }
     json_decref(calls);
     ci_strbuf_free(&text);
+    ci_strbuf_free(&reasoning);
   }
   return out;
 }
