@@ -461,7 +461,9 @@ static void test_inline_cases(void **state) {
 /* ==== Goldens of the real templates ==== */
 
 /* Qwen3.5's template is not in an npm package: tests/golden/template/qwen35/chat_template.jinja
- * holds it (its README says where it came from). */
+ * holds it — llama.cpp's models/templates/Qwen3.5-4B.jinja as carried by the GitHub repository
+ * HermestoAizales/llama.cpp (commit 0834e65824bc), with the one line that copy had edited
+ * restored to the shipped Qwen/Qwen3.5 text (details in the README beside it). */
 static const char *const golden_templates[] = {"llama3", "qwen3", "gemma3", "qwen35"};
 enum { N_GOLDEN_TEMPLATES = sizeof golden_templates / sizeof golden_templates[0] };
 
