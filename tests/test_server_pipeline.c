@@ -4,7 +4,8 @@
  * at a time as the HTTP thread applies them. Checks Gemma channel reasoning and tool calls reach
  * reasoning / tool_calls (markup never in a content delta), finish reasons, reasoning_tokens,
  * tool_choice none, a call cut by max_tokens, <|tool_response> in the EOS set, and the timings
- * object. */
+ * object. A second group does the same for Qwen3.5: its real chat template (thinking on and off),
+ * think-tag reasoning and Qwen XML tool calls decoded as text. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -295,6 +296,177 @@ static void test_tool_prompt_injection(void **state) {
   json_decref(tools);
 }
 
+/* ==== Qwen3.5: the real chat template, think tags and Qwen XML tool calls as text ==== */
+
+enum {
+  Q_I = 1,
+  Q_THINK,
+  Q_NL,
+  Q_NL2,
+  Q_HELLO,
+  Q_WORLD,
+  Q_PARIS,
+  Q_FN,
+  Q_FN_END,
+  Q_CITY,
+  Q_PARAM_END,
+  Q_DAYS,
+  Q_3,
+  Q_THINK_OPEN = 20,
+  Q_THINK_CLOSE,
+  Q_CALL_OPEN,
+  Q_CALL_CLOSE,
+  Q_IM_END
+};
+
+/* Qwen's <think>, </think>, <tool_call>, </tool_call> are added tokens that are not special: they
+ * decode into the text, where the think-tag split and the text tool-call parser find them. */
+static const char qwen35_tokenizer_json[] =
+    "{\"model\": {\"type\": \"WordLevel\", \"unk_token\": \"<unk>\", \"vocab\": {\"<unk>\": 0, "
+    "\"I\": 1, \" think\": 2, \"\\n\": 3, \"\\n\\n\": 4, \"Hello\": 5, \" world\": 6, "
+    "\"Paris\": 7, \"<function=get_weather>\": 8, \"</function>\": 9, \"<parameter=city>\": 10, "
+    "\"</parameter>\": 11, \"<parameter=days>\": 12, \"3\": 13, \"<think>\": 20, "
+    "\"</think>\": 21, \"<tool_call>\": 22, \"</tool_call>\": 23, \"<|im_end|>\": 24}}, "
+    "\"decoder\": {\"type\": \"Fuse\"}, \"added_tokens\": ["
+    "{\"id\": 20, \"content\": \"<think>\", \"special\": false},"
+    "{\"id\": 21, \"content\": \"</think>\", \"special\": false},"
+    "{\"id\": 22, \"content\": \"<tool_call>\", \"special\": false},"
+    "{\"id\": 23, \"content\": \"</tool_call>\", \"special\": false},"
+    "{\"id\": 24, \"content\": \"<|im_end|>\", \"special\": true}]}";
+
+static int setup_qwen35(void **state) {
+  fixture *f = calloc(1, sizeof *f);
+  if (!f ||
+      cinfer_tokenizer_from_json(qwen35_tokenizer_json, strlen(qwen35_tokenizer_json), &f->tok) !=
+          CINFER_OK ||
+      cinfer_chat_template_load(CI_FIXTURE_DIR "/../golden/template/qwen35", &f->tmpl) !=
+          CINFER_OK ||
+      cinfer_chat_format_create(f->tok, f->tmpl, "qwen3_5_text", &f->format) != CINFER_OK)
+    return -1;
+  cinfer_params_init(&f->defaults, NULL);
+  f->server.o.tokenizer = f->tok;
+  f->server.o.chat_template = f->tmpl;
+  f->server.o.chat_format = f->format;
+  f->server.o.vocab = 25;
+  f->server.o.defaults = &f->defaults;
+  pthread_mutex_init(&f->server.metrics_mu, NULL);
+  ci_server_detect_formats(&f->server);
+  *state = f;
+  return 0;
+}
+
+static json_t *qwen35_weather_tools(void) {
+  return json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                    "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":"
+                    "\"string\"},\"days\":{\"type\":\"integer\"}}}}}]",
+                    0, NULL);
+}
+
+/* A Qwen3.5 job for one user message: the prompt rendered by the real template (tools declared,
+ * thinking as asked), the tools kept for parsing. */
+static void qwen35_job(fixture *f, int thinking, ci_srv_job *job) {
+  memset(job, 0, sizeof *job);
+  json_t *messages = json_loads("[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}]", 0, NULL);
+  json_t *tools = qwen35_weather_tools();
+  json_t *kwargs = json_pack("{s:b}", "enable_thinking", thinking);
+  char *err = NULL;
+  if (ci_srv_tokenize_chat(&f->server, messages, tools, kwargs, job, &err))
+    fail_msg("tokenize_chat: %s", err);
+  job->tools = tools; /* owned by the job */
+  json_decref(kwargs);
+  json_decref(messages);
+}
+
+/* Reasoning, then two calls: what Qwen3.5 writes with thinking on (the prompt opened <think>). */
+static const int32_t qwen35_calls[] = {
+    Q_I,  Q_THINK,  Q_NL, Q_THINK_CLOSE, Q_NL2, Q_CALL_OPEN, Q_NL, Q_FN,        Q_NL, Q_CITY,
+    Q_NL, Q_PARIS,  Q_NL, Q_PARAM_END,   Q_NL,  Q_DAYS,      Q_NL, Q_3,         Q_NL, Q_PARAM_END,
+    Q_NL, Q_FN_END, Q_NL, Q_CALL_CLOSE,  Q_NL,  Q_CALL_OPEN, Q_NL, Q_FN,        Q_NL, Q_CITY,
+    Q_NL, Q_HELLO,  Q_NL, Q_PARAM_END,   Q_NL,  Q_FN_END,    Q_NL, Q_CALL_CLOSE};
+enum { N_QWEN35_CALLS = sizeof qwen35_calls / sizeof qwen35_calls[0] };
+
+static void test_qwen35_reasoning_and_calls(void **state) {
+  fixture *f = *state;
+  assert_true(cinfer_chat_format_has_reasoning(f->format)); /* think tags */
+  assert_int_equal(f->server.n_chat_stop_ids, 0);           /* no Gemma call tokens */
+  ci_srv_job job;
+  qwen35_job(f, 1, &job);
+  /* the template opened <think>: the reply starts inside reasoning */
+  const char *tail = "<|im_start|>assistant\n<think>\n";
+  assert_true(job.rendered_len >= strlen(tail));
+  assert_memory_equal(job.rendered + job.rendered_len - strlen(tail), tail, strlen(tail));
+  assert_non_null(strstr(job.rendered, "<function=example_function_name>"));
+  ci_srv_gen g;
+  streamed out;
+  run(f, &job, qwen35_calls, N_QWEN35_CALLS, CINFER_FINISH_STOP, &g, &out);
+  assert_string_equal(out.reasoning, "I think\n");
+  assert_string_equal(g.reasoning.data, "I think\n");
+  /* only the newlines after </think> are content; no markup ever reaches a content delta */
+  assert_string_equal(out.content, "\n\n");
+  assert_null(strstr(out.content, "<"));
+  assert_int_equal(json_array_size(g.calls), 2);
+  assert_int_equal(out.calls, 2);
+  assert_string_equal(json_string_value(json_object_get(json_array_get(g.calls, 0), "name")),
+                      "get_weather");
+  assert_string_equal(json_string_value(json_object_get(json_array_get(g.calls, 0), "arguments")),
+                      "{\"city\":\"Paris\",\"days\":3}");
+  assert_string_equal(json_string_value(json_object_get(json_array_get(g.calls, 1), "arguments")),
+                      "{\"city\":\"Hello\"}");
+  assert_string_equal(g.finish, "tool_calls");
+  assert_int_equal(g.reasoning_tokens, 3); /* I think \n */
+  ci_srv_gen_free(&g);
+  /* cut by max_tokens inside the first call's second value: closed best effort */
+  run(f, &job, qwen35_calls, 18, CINFER_FINISH_LENGTH, &g, &out);
+  assert_int_equal(json_array_size(g.calls), 1);
+  assert_string_equal(json_string_value(json_object_get(json_array_get(g.calls, 0), "arguments")),
+                      "{\"city\":\"Paris\",\"days\":3}");
+  assert_string_equal(g.finish, "tool_calls");
+  ci_srv_gen_free(&g);
+  /* cut inside reasoning: what it holds is reasoning, nothing is content */
+  run(f, &job, qwen35_calls, 2, CINFER_FINISH_LENGTH, &g, &out);
+  assert_string_equal(out.reasoning, "I think");
+  assert_null(g.content.data);
+  assert_string_equal(g.finish, "length");
+  ci_srv_gen_free(&g);
+  ci_srv_job_free(&job);
+}
+
+static void test_qwen35_thinking_off(void **state) {
+  fixture *f = *state;
+  ci_srv_job job;
+  qwen35_job(f, 0, &job);
+  /* enable_thinking false: the template closed an empty think block, the reply is content */
+  const char *tail = "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+  assert_memory_equal(job.rendered + job.rendered_len - strlen(tail), tail, strlen(tail));
+  const int32_t answer[] = {Q_HELLO, Q_WORLD};
+  ci_srv_gen g;
+  streamed out;
+  run(f, &job, answer, 2, CINFER_FINISH_STOP, &g, &out);
+  assert_string_equal(out.content, "Hello world");
+  assert_string_equal(out.reasoning, "");
+  assert_int_equal(json_array_size(g.calls), 0);
+  assert_string_equal(g.finish, "stop");
+  ci_srv_gen_free(&g);
+  /* a call after the answer's text: the text is content, the call a call */
+  const int32_t text_then_call[] = {Q_HELLO,     Q_NL2,  Q_CALL_OPEN, Q_NL,    Q_FN,
+                                    Q_NL,        Q_CITY, Q_NL,        Q_PARIS, Q_NL,
+                                    Q_PARAM_END, Q_NL,   Q_FN_END,    Q_NL,    Q_CALL_CLOSE};
+  run(f, &job, text_then_call, sizeof text_then_call / sizeof text_then_call[0], CINFER_FINISH_STOP,
+      &g, &out);
+  assert_string_equal(out.content, "Hello\n\n");
+  assert_int_equal(json_array_size(g.calls), 1);
+  assert_string_equal(json_string_value(json_object_get(json_array_get(g.calls, 0), "arguments")),
+                      "{\"city\":\"Paris\"}");
+  ci_srv_gen_free(&g);
+  /* tool_choice none: nothing is parsed, the markup stays content */
+  job.tools_off = 1;
+  run(f, &job, text_then_call, 6, CINFER_FINISH_LENGTH, &g, &out);
+  assert_string_equal(out.content, "Hello\n\n<tool_call>\n<function=get_weather>\n");
+  assert_int_equal(json_array_size(g.calls), 0);
+  ci_srv_gen_free(&g);
+  ci_srv_job_free(&job);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_formats_detected),
@@ -305,5 +477,10 @@ int main(void) {
       cmocka_unit_test(test_timings),
       cmocka_unit_test(test_tool_prompt_injection),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  const struct CMUnitTest qwen35[] = {
+      cmocka_unit_test(test_qwen35_reasoning_and_calls),
+      cmocka_unit_test(test_qwen35_thinking_off),
+  };
+  const int failed = cmocka_run_group_tests(tests, setup, teardown);
+  return failed + cmocka_run_group_tests(qwen35, setup_qwen35, teardown);
 }

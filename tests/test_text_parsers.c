@@ -104,6 +104,175 @@ static void test_fail_soft(void **state) {
   json_decref(t);
 }
 
+/* ==== Qwen3.5 (Qwen XML calls as its chat template asks for them) ==== */
+
+static json_t *qwen35_tools(void) {
+  return json_loads(
+      "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":"
+      "\"object\",\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"},"
+      "\"ratio\":{\"type\":\"number\"},\"hot\":{\"type\":\"boolean\"},\"opts\":{\"type\":"
+      "\"object\"},\"hours\":{\"type\":\"array\"},\"maybe\":{\"type\":[\"integer\",\"null\"]},"
+      "\"any\":{\"description\":\"no type\"},\"code\":{\"type\":\"string\"}}}}},"
+      "{\"type\":\"function\",\"function\":{\"name\":\"get_time\",\"parameters\":{\"type\":"
+      "\"object\",\"properties\":{}}}}]",
+      0, NULL);
+}
+
+/* Streams text in pieces of `chunk` bytes through a parser. */
+static json_t *chunk_parse(const json_t *t, const char *text, size_t chunk, sink_buf *out) {
+  memset(out, 0, sizeof *out);
+  ci_tool_parser *p = ci_tool_parser_create(t);
+  assert_non_null(p);
+  json_t *calls = json_array();
+  const size_t n = strlen(text);
+  for (size_t i = 0; i < n; i += chunk)
+    ci_tool_parser_push(p, text + i, n - i < chunk ? n - i : chunk, calls, content_sink, out);
+  ci_tool_parser_finish(p, calls, content_sink, out);
+  ci_tool_parser_free(p);
+  return calls;
+}
+
+static const char *call_args(const json_t *calls, size_t i) {
+  return json_string_value(json_object_get(json_array_get(calls, i), "arguments"));
+}
+
+static const char *call_name(const json_t *calls, size_t i) {
+  return json_string_value(json_object_get(json_array_get(calls, i), "name"));
+}
+
+/* What a Qwen3.5 model writes after </think>: two calls, the second with a multi-line value. */
+static const char qwen35_reply[] =
+    "\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
+    "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n"
+    "<function=get_weather>\n<parameter=city>\nSan Jos\303\251\n</parameter>\n<parameter=code>\n"
+    "def f():\n    return 1\n\n</parameter>\n</function>\n</tool_call>\n";
+
+static void test_qwen35_calls_any_chunking(void **state) {
+  (void)state;
+  json_t *t = qwen35_tools();
+  const size_t n = strlen(qwen35_reply);
+  for (size_t chunk = 1; chunk <= n; chunk++) {
+    sink_buf out;
+    json_t *calls = chunk_parse(t, qwen35_reply, chunk, &out);
+    if (json_array_size(calls) != 2)
+      fail_msg("chunk %zu: %zu calls", chunk, json_array_size(calls));
+    assert_string_equal(call_name(calls, 0), "get_weather");
+    assert_string_equal(call_args(calls, 0), "{\"city\":\"New York\",\"days\":3}");
+    /* one newline either side belongs to the format; the value's own blank line stays */
+    assert_string_equal(call_args(calls, 1),
+                        "{\"city\":\"San Jos\303\251\",\"code\":\"def f():\\n    return 1\\n\"}");
+    /* the text before the first call is content; newlines between and after calls are not */
+    if (strcmp(out.text, "\n\n")) fail_msg("chunk %zu: content \"%s\"", chunk, out.text);
+    json_decref(calls);
+  }
+  json_decref(t);
+}
+
+static void expect_args(const json_t *t, const char *params, const char *want) {
+  char text[1024];
+  snprintf(text, sizeof text, "<tool_call>\n<function=get_weather>\n%s</function>\n</tool_call>",
+           params);
+  sink_buf out;
+  json_t *calls = chunk_parse(t, text, 7, &out);
+  if (json_array_size(calls) != 1) fail_msg("%s: no call (content \"%s\")", params, out.text);
+  if (strcmp(call_args(calls, 0), want))
+    fail_msg("%s: got %s, want %s", params, call_args(calls, 0), want);
+  assert_string_equal(out.text, "");
+  json_decref(calls);
+}
+
+#define PARAM(k, v) "<parameter=" k ">\n" v "\n</parameter>\n"
+
+static void test_qwen35_value_types(void **state) {
+  (void)state;
+  json_t *t = qwen35_tools();
+  /* declared types convert; text that does not fit its type stays a string */
+  expect_args(t, PARAM("city", "42") PARAM("days", "7") PARAM("ratio", "2.5"),
+              "{\"city\":\"42\",\"days\":7,\"ratio\":2.5}");
+  expect_args(t, PARAM("days", "three") PARAM("ratio", "4.0") PARAM("hot", "True"),
+              "{\"days\":\"three\",\"ratio\":4,\"hot\":true}");
+  expect_args(t, PARAM("hot", "FALSE") PARAM("opts", "{\"unit\": \"c\"}") PARAM("hours", "[9, 12]"),
+              "{\"hot\":false,\"opts\":{\"unit\":\"c\"},\"hours\":[9,12]}");
+  expect_args(t, PARAM("ratio", "0x10") PARAM("days", "1e3") PARAM("maybe", "inf"),
+              "{\"ratio\":\"0x10\",\"days\":\"1e3\",\"maybe\":\"inf\"}");
+  expect_args(t, PARAM("opts", "[1]") PARAM("hours", "not json") PARAM("hot", "maybe"),
+              "{\"opts\":\"[1]\",\"hours\":\"not json\",\"hot\":\"maybe\"}");
+  /* null in any case is null; a type list tries its non-null types */
+  expect_args(t, PARAM("city", "null") PARAM("maybe", "5") PARAM("days", "NULL"),
+              "{\"city\":null,\"maybe\":5,\"days\":null}");
+  /* no type, or a parameter the schema does not declare: the text as it is */
+  expect_args(t, PARAM("any", "5") PARAM("extra", "{\"a\": 1}"),
+              "{\"any\":\"5\",\"extra\":\"{\\\"a\\\": 1}\"}");
+  /* a missing </parameter> ends at the next <parameter= or at </function> */
+  expect_args(t, "<parameter=city>\nParis\n<parameter=days>\n3\n",
+              "{\"city\":\"Paris\",\"days\":3}");
+  /* no parameters: empty arguments; the tool without properties takes its text as strings */
+  sink_buf out;
+  json_t *calls =
+      chunk_parse(t, "<tool_call>\n<function=get_time>\n</function>\n</tool_call>Done.", 3, &out);
+  assert_int_equal(json_array_size(calls), 1);
+  assert_string_equal(call_name(calls, 0), "get_time");
+  assert_string_equal(call_args(calls, 0), "{}");
+  assert_string_equal(out.text, "Done."); /* text after a call is content */
+  json_decref(calls);
+  json_decref(t);
+}
+
+static void test_qwen35_malformed(void **state) {
+  (void)state;
+  json_t *t = qwen35_tools();
+  sink_buf out;
+  /* cut by max_tokens inside a value: closed best effort */
+  json_t *calls = chunk_parse(
+      t, "Let me look.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPar", 5, &out);
+  assert_int_equal(json_array_size(calls), 1);
+  assert_string_equal(call_args(calls, 0), "{\"city\":\"Par\"}");
+  assert_string_equal(out.text, "Let me look.\n");
+  json_decref(calls);
+  /* malformed or unknown: released as content, byte for byte */
+  const char *bad[] = {
+      "<tool_call>\n<function=>\n</function>\n</tool_call>",
+      "<tool_call>\n<function=rm_rf>\n<parameter=path>\n/\n</parameter>\n</function>\n</tool_call>",
+      "<tool_call>\n<function=get_weather\n</tool_call>",
+      "<tool_call>\nno function here\n</tool_call>",
+      "<tool_call>\n<function=get_weather>\n<parameter=city", /* cut inside a tag */
+      "<function=get_wea",
+      "a < b <tool_c",
+      "<tool_call><tool_call></tool_call>",
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    for (size_t chunk = 1; chunk <= 9; chunk += 4) {
+      calls = chunk_parse(t, bad[i], chunk, &out);
+      if (!strcmp(bad[i], "<tool_call>\n<function=get_weather>\n<parameter=city")) {
+        /* the function is complete: a call without arguments, the cut tag dropped */
+        assert_int_equal(json_array_size(calls), 1);
+        assert_string_equal(call_args(calls, 0), "{}");
+      } else {
+        if (json_array_size(calls)) fail_msg("%s: parsed as a call", bad[i]);
+        if (strcmp(out.text, bad[i])) fail_msg("%s: content \"%s\"", bad[i], out.text);
+      }
+      json_decref(calls);
+    }
+  }
+  /* arbitrary bytes around markers never crash and lose nothing when no call parses */
+  unsigned seed = 12345;
+  const char *pieces[] = {"<tool_call>", "</tool_call>", "<function=", "</function>",
+                          "<parameter=", "</parameter>", ">",          "\n",
+                          "x",           "get_weather",  "\303"};
+  for (int round = 0; round < 200; round++) {
+    char text[400] = "";
+    for (int k = 0; k < 20; k++) {
+      seed = seed * 1103515245u + 12345u;
+      strcat(text, pieces[(seed >> 16) % (sizeof pieces / sizeof pieces[0])]);
+    }
+    calls = chunk_parse(t, text, 1 + round % 6, &out);
+    if (!json_array_size(calls) && strcmp(out.text, text))
+      fail_msg("%s: content \"%s\"", text, out.text);
+    json_decref(calls);
+  }
+  json_decref(t);
+}
+
 static void test_reasoning_split(void **state) {
   (void)state;
   const char *text = "<think>plan it</think>The answer.";
@@ -344,9 +513,15 @@ static void test_gemma_router(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_hermes_json),  cmocka_unit_test(test_qwen_xml),
-      cmocka_unit_test(test_fail_soft),    cmocka_unit_test(test_reasoning_split),
-      cmocka_unit_test(test_gemma_values), cmocka_unit_test(test_gemma_segments),
+      cmocka_unit_test(test_hermes_json),
+      cmocka_unit_test(test_qwen_xml),
+      cmocka_unit_test(test_fail_soft),
+      cmocka_unit_test(test_reasoning_split),
+      cmocka_unit_test(test_qwen35_calls_any_chunking),
+      cmocka_unit_test(test_qwen35_value_types),
+      cmocka_unit_test(test_qwen35_malformed),
+      cmocka_unit_test(test_gemma_values),
+      cmocka_unit_test(test_gemma_segments),
       cmocka_unit_test(test_gemma_router),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

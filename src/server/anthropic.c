@@ -78,11 +78,16 @@ static json_t *map_messages(const json_t *body, char **err) {
       return NULL;
     }
     json_t *calls = json_array();
+    ci_strbuf reasoning = {0}; /* an assistant's thinking blocks: its reasoning_content */
     size_t k;
     json_t *b;
     if (json_is_array(content)) json_array_foreach(content, k, b) {
         const char *type = json_string_value(json_object_get(b, "type"));
-        if (!strcmp(type, "tool_use")) {
+        const json_t *thought = json_object_get(b, "thinking");
+        if (!strcmp(type, "thinking") && !strcmp(role, "assistant") && json_is_string(thought)) {
+          if (reasoning.len) ci_strbuf_append(&reasoning, "\n", 1);
+          ci_strbuf_append(&reasoning, json_string_value(thought), json_string_length(thought));
+        } else if (!strcmp(type, "tool_use")) {
           json_t *input = json_object_get(b, "input");
           json_array_append_new(calls, json_pack("{s:O?, s:s, s:{s:O?, s:O}}", "id",
                                                  json_object_get(b, "id"), "type", "function",
@@ -94,6 +99,7 @@ static json_t *map_messages(const json_t *body, char **err) {
           if (rc && blocks_text(rc, &result, err)) {
             ci_strbuf_free(&result);
             ci_strbuf_free(&text);
+            ci_strbuf_free(&reasoning);
             json_decref(calls);
             json_decref(out);
             return NULL;
@@ -108,10 +114,14 @@ static json_t *map_messages(const json_t *body, char **err) {
       json_t *msg =
           json_pack("{s:s, s:s%}", "role", role, "content", text.data ? text.data : "", text.len);
       if (json_array_size(calls)) json_object_set(msg, "tool_calls", calls);
+      if (reasoning.len)
+        json_object_set_new(msg, "reasoning_content",
+                            json_stringn(reasoning.data ? reasoning.data : "", reasoning.len));
       json_array_append_new(out, msg);
     }
     json_decref(calls);
     ci_strbuf_free(&text);
+    ci_strbuf_free(&reasoning);
   }
   return out;
 }
@@ -295,6 +305,21 @@ static int tool_choice(ci_server *s, const json_t *choice, const json_t *tools, 
   return rc;
 }
 
+/* Anthropic's `thinking` request field as the chat template's enable_thinking (docs/server.md
+ * "Anthropic messages"): {"type": "enabled", ...} turns it on, {"type": "disabled"} off; absent
+ * or null leaves the template's default. *kwargs gets a new object or stays NULL. Returns 0, or
+ * -1 with *err. */
+static int thinking_kwargs(const json_t *body, json_t **kwargs, char **err) {
+  *kwargs = NULL;
+  const json_t *thinking = json_object_get(body, "thinking");
+  if (!thinking || json_is_null(thinking)) return 0;
+  const char *type = json_string_value(json_object_get(thinking, "type"));
+  if (!type || (strcmp(type, "enabled") && strcmp(type, "disabled")))
+    return fail(err, "thinking.type must be \"enabled\" or \"disabled\"");
+  *kwargs = json_pack("{s:b}", "enable_thinking", !strcmp(type, "enabled"));
+  return *kwargs ? 0 : fail(err, "out of memory");
+}
+
 int ci_anthropic_messages(ci_server *s, json_t *body, json_t **out, ci_srv_stream **stream,
                           int client_fd) {
   char *err = NULL;
@@ -308,13 +333,15 @@ int ci_anthropic_messages(ci_server *s, json_t *body, json_t **out, ci_srv_strea
   const json_t *choice = json_object_get(body, "tool_choice");
   const char *choice_type = json_string_value(json_object_get(choice, "type"));
   const int tools_off = choice_type && !strcmp(choice_type, "none");
-  if (err || !(messages = map_messages(body, &err)) ||
+  json_t *kwargs = NULL;
+  if (err || thinking_kwargs(body, &kwargs, &err) || !(messages = map_messages(body, &err)) ||
       !(tools = map_tools(json_object_get(body, "tools"), &err)) ||
       ci_srv_parse_sampling(s, body, 1, &job, 0, &err) ||
       tool_choice(s, choice, tools, &job, &err) ||
       (job.tools_off = tools_off, job.continue_final |= ends_with_assistant_text(messages),
-       ci_srv_tokenize_chat(s, messages, tools_off ? NULL : tools, NULL, &job, &err))) {
+       ci_srv_tokenize_chat(s, messages, tools_off ? NULL : tools, kwargs, &job, &err))) {
     const char *code = job.err_code ? job.err_code : "invalid_value";
+    json_decref(kwargs);
     json_decref(messages);
     json_decref(tools);
     ci_srv_job_free(&job);
@@ -325,6 +352,7 @@ int ci_anthropic_messages(ci_server *s, json_t *body, json_t **out, ci_srv_strea
     free(err);
     return status;
   }
+  json_decref(kwargs);
   json_decref(messages);
   if (!tools_off && json_array_size(tools)) job.tools = json_incref(tools);
   json_decref(tools);
@@ -381,9 +409,11 @@ int ci_anthropic_count_tokens(ci_server *s, json_t *body, json_t **out) {
   const json_t *choice = json_object_get(body, "tool_choice");
   const char *choice_type = json_string_value(json_object_get(choice, "type"));
   const int tools_off = choice_type && !strcmp(choice_type, "none");
-  if (!(messages = map_messages(body, &err)) ||
+  json_t *kwargs = NULL;
+  if (thinking_kwargs(body, &kwargs, &err) || !(messages = map_messages(body, &err)) ||
       !(tools = map_tools(json_object_get(body, "tools"), &err)) ||
-      ci_srv_tokenize_chat(s, messages, tools_off ? NULL : tools, NULL, &job, &err)) {
+      ci_srv_tokenize_chat(s, messages, tools_off ? NULL : tools, kwargs, &job, &err)) {
+    json_decref(kwargs);
     json_decref(messages);
     json_decref(tools);
     ci_srv_job_free(&job);
@@ -394,6 +424,7 @@ int ci_anthropic_count_tokens(ci_server *s, json_t *body, json_t **out) {
     return status;
   }
   *out = json_pack("{s:i}", "input_tokens", job.n_prompt);
+  json_decref(kwargs);
   json_decref(messages);
   json_decref(tools);
   ci_srv_job_free(&job);

@@ -1,10 +1,11 @@
 /* Tool calls in generated text (docs/server.md "Output formats",
  * text tool-call parser): hermes JSON
- * `<tool_call>{"name":…,"arguments":…}</tool_call>` and Qwen XML
- * `<tool_call><function=NAME><parameter=KEY>VALUE</parameter></function></tool_call>` (wrapper
- * optional). Streamed content passes through until a marker; a suffix that could start a marker
- * is held back; each block is parsed when it closes and becomes a call, or (fail soft: malformed,
- * unknown tool) is released as content. */
+ * `<tool_call>{"name":…,"arguments":…}</tool_call>` and the Qwen XML format of Qwen3-Coder and
+ * Qwen3.5 `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n
+ * </tool_call>` (wrapper optional; values typed by the tool's schema as vLLM's qwen3_coder parser
+ * does). Streamed content passes through until a marker; a suffix that could start a marker is
+ * held back; each block is parsed when it closes and becomes a call, or (fail soft: malformed,
+ * unknown tool) is released as content. Whitespace between and after calls is not content. */
 #ifndef CI_TEXT_TOOL_CALL_PARSE_H
 #define CI_TEXT_TOOL_CALL_PARSE_H
 
