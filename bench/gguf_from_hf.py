@@ -564,7 +564,8 @@ def gemma4_plan(w, cfg, st, geo, tok_dir):
 
 def qwen35_plan(w, cfg, st, geo, tok_dir):
     """Qwen3_5TextModel (conversion/qwen.py): RMSNorm weights + 1 (Qwen3.5 scales by 1 + w)
-    except the DeltaNet output norm (linear_attn.norm, plain w); A_log -> -exp(A_log) (ssm_a);
+    except the DeltaNet output norm (linear_attn.norm, plain w), unless the folder is an MLX
+    conversion (conv1d stored [C, K, 1]), which has the +1 folded in already; A_log -> -exp(A_log) (ssm_a);
     dt_bias -> ssm_dt.bias; conv1d [C, 1, K] -> [C, K], kept f32; the full layers' q_proj keeps
     its per-head [query | gate] rows. When linear_num_value_heads > linear_num_key_heads the V
     heads are reordered from grouped by K head to tiled (rows of the V part of in_proj_qkv, of
@@ -628,6 +629,10 @@ def qwen35_plan(w, cfg, st, geo, tok_dir):
         grouped = arr.reshape(shape[:axis] + [nk, per_k, head] + shape[axis + 1:])
         return np.ascontiguousarray(np.swapaxes(grouped, axis, axis + 1)).reshape(shape)
 
+    # MLX conversions store conv1d as [C, K, 1] and fold the +1 into the norms already.
+    convs = [st.shape(n) for n in st.names() if n.endswith("conv1d.weight")]
+    norm_shift = 0.0 if any(c[-1] == 1 and c[1] != 1 for c in convs) else 1.0
+
     def transform(name, gname, shape):
         linear = ".linear_attn." in name
         if name.endswith(".A_log"):
@@ -635,14 +640,17 @@ def qwen35_plan(w, cfg, st, geo, tok_dir):
         if name.endswith(".dt_proj.bias"):
             return shape, False, lambda a: tiled(f32_vec(a), 0, 1)
         if name.endswith("conv1d.weight"):
-            qk = 2 * nk * dk
+            # [C, 1, K] as transformers stores it, [C, K, 1] as MLX does: both are [C, K].
+            qk, kernel = 2 * nk * dk, int(np.prod(shape[1:]))
+            if len(shape) != 3 or 1 not in shape[1:]:
+                raise SystemExit(f"{name}: unexpected conv1d shape {shape}")
 
             def conv(a):
-                a = to_f32(np.asarray(a)).reshape(shape[0], shape[-1])
+                a = to_f32(np.asarray(a)).reshape(shape[0], kernel)
                 return np.concatenate([a[:qk], tiled(a[qk:], 0, dv)])
-            return (shape[0], shape[-1]), False, conv
+            return (shape[0], kernel), False, conv
         if len(shape) == 1:
-            shift = 0.0 if name.endswith("linear_attn.norm.weight") else 1.0
+            shift = 0.0 if name.endswith("linear_attn.norm.weight") else norm_shift
             return shape, False, lambda a: f32_vec(a, shift)
         if linear and name.endswith("in_proj_qkv.weight"):
             qk = 2 * nk * dk
