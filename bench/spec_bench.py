@@ -10,14 +10,16 @@ models/starter/eval_ids.json, sent as token ids to /v1/completions with ignore_e
 prompts (docstring -> code requests through each server's chat template), greedy, at each
 concurrency level. Reports decode tok/s (at concurrency 1 the mean of the responses'
 `timings.predicted_per_second`; above it completion tokens per wall second), the acceptance rate
-(accepted / drafted from `timings`) and for cinfer the tokens per target forward (completion
-tokens / engine steps from /stats).
+(accepted / drafted from `timings`), for cinfer the tokens per target forward (completion
+tokens / engine steps from /stats), and the share of all CPUs other processes took during each
+set (each set first waits up to --idle-wait seconds for an idle machine; on a shared machine
+llama.cpp's thread pool slows down sharply when anything else runs).
 
 Usage: spec_bench.py [--cinfer build/cinfer] [--llama-dir DIR | --llama-server BIN]
                      [--out DIR] [--device cpu|cuda] [--threads 2] [--gen 64]
                      [--concurrency 1,4,16] [--prompts N] [--draft-max 5] [--draft-min 1]
                      [--lookup-ngram 3] [--gguf-type q8_0] [--engines cinfer,llama]
-                     [--report bench/spec.md]
+                     [--report bench/spec.md] [--idle-wait 30]
 
 Everything a run makes goes into --out (default bench/work/spec): the GGUFs (reused while newer
 than the model folders), each server's log, results.json (every row), commands.txt and
@@ -31,6 +33,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import signal
 import subprocess
 import sys
@@ -39,6 +42,8 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from isolated_run import HZ, NCPU, busy_seconds, wait_idle  # noqa: E402  (path set above)
 CHAT = [
     "Write a Python function `is_palindrome(s)` that returns True when s reads the same "
     "backwards, ignoring case and spaces.",
@@ -84,6 +89,12 @@ class Server:
         self.stop()
         sys.exit(f"{engine} server did not start (log: {log_path}): {' '.join(cmd)}")
 
+    def cpu_seconds(self):
+        """CPU seconds the server process has used so far."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / HZ
+
     def stop(self):
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
@@ -113,9 +124,18 @@ def request(server, kind, prompt, gen):
             "accepted": t.get("draft_accepted_n", t.get("draft_n_accepted", 0)), "text": text}
 
 
-def run_set(server, kind, prompts, gen, concurrency):
+def own_cpu():
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def run_set(server, kind, prompts, gen, concurrency, idle_wait):
+    """One set of requests; also the share of all CPUs that other processes (neither this
+    client nor the server) took meanwhile, after waiting up to idle_wait s for an idle machine."""
+    wait_idle(idle_wait)
     before = get(server.port, "/stats") if server.engine == "cinfer" else None
     results = []
+    cpu0 = busy_seconds() - server.cpu_seconds() - own_cpu()
     t0 = time.time()
     if concurrency == 1:
         for p in prompts:
@@ -142,12 +162,14 @@ def run_set(server, kind, prompts, gen, concurrency):
         if errors:
             raise errors[0]
     wall = time.time() - t0
+    others = (busy_seconds() - server.cpu_seconds() - own_cpu() - cpu0) / (wall * NCPU)
     tokens = sum(r["tokens"] for r in results)
     row = {"drafted": sum(r["drafted"] for r in results),
            "accepted": sum(r["accepted"] for r in results), "tokens": tokens,
            "rate": (sum(r["rate"] for r in results) / len(results) if concurrency == 1
                     else tokens / wall),
-           "texts": [r["text"] for r in results] if concurrency == 1 else []}
+           "texts": [r["text"] for r in results] if concurrency == 1 else [],
+           "others_cpu": max(0.0, others)}
     if before is not None:
         row["steps"] = get(server.port, "/stats")["batch"]["steps"] - before["batch"]["steps"]
     return row
@@ -209,6 +231,8 @@ def main():
                          "MLX q8 with group 64)")
     ap.add_argument("--engines", default="cinfer,llama")
     ap.add_argument("--report", help="markdown file to write the section into")
+    ap.add_argument("--idle-wait", type=float, default=30,
+                    help="seconds to wait for an idle machine before each set (0: none)")
     args = ap.parse_args()
 
     engines = args.engines.split(",")
@@ -265,7 +289,7 @@ def main():
                 try:
                     request(server, "code", code[0][:32], 8)  # warm-up
                     for kind, prompts in (("code", code), ("chat", chat)):
-                        r = run_set(server, kind, prompts, args.gen, conc)
+                        r = run_set(server, kind, prompts, args.gen, conc, args.idle_wait)
                         rows.append({"engine": engine, "drafter": name, "kind": kind,
                                      "concurrency": conc, **r})
                         print(engine, name, kind, conc,
@@ -308,8 +332,8 @@ def render(args, rows, levels):
              "",
              "| drafter | prompts | concurrency | cinfer tok/s | speed-up | acceptance | "
              "tokens per target forward | llama.cpp tok/s | speed-up | acceptance | "
-             "cinfer / llama.cpp |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "cinfer / llama.cpp | others' CPU (cinfer / llama.cpp) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in ("none", "lookup", "draft"):
         for kind in ("code", "chat"):
             for conc in levels:
@@ -317,9 +341,11 @@ def render(args, rows, levels):
                 per_fwd = (f"{c['tokens'] / c['steps']:.2f}"
                            if c and conc == 1 and c.get("steps") else "-")
                 ratio = f"{c['rate'] / lc['rate']:.2f}" if c and lc else "n/a"
+                others = " / ".join(f"{100 * r['others_cpu']:.0f}%" if r else "n/a"
+                                    for r in (c, lc))
                 lines.append("| " + " | ".join(
                     [NAMES[name], kind, str(conc)] + cells("cinfer", name, kind, conc)
-                    + [per_fwd] + cells("llama", name, kind, conc) + [ratio]) + " |")
+                    + [per_fwd] + cells("llama", name, kind, conc) + [ratio, others]) + " |")
     same = [(c, lc) for c in rows for lc in rows
             if c["engine"] == "cinfer" and lc["engine"] == "llama" and c["texts"]
             and (c["drafter"], c["kind"], c["concurrency"]) ==
