@@ -565,16 +565,16 @@ def gemma4_plan(w, cfg, st, geo, tok_dir):
 def qwen35_plan(w, cfg, st, geo, tok_dir):
     """Qwen3_5TextModel (conversion/qwen.py): RMSNorm weights + 1 (Qwen3.5 scales by 1 + w)
     except the DeltaNet output norm (linear_attn.norm, plain w), unless the folder is an MLX
-    conversion (conv1d stored [C, K, 1]), which has the +1 folded in already; A_log -> -exp(A_log) (ssm_a);
-    dt_bias -> ssm_dt.bias; conv1d [C, 1, K] -> [C, K], kept f32; the full layers' q_proj keeps
-    its per-head [query | gate] rows. When linear_num_value_heads > linear_num_key_heads the V
-    heads are reordered from grouped by K head to tiled (rows of the V part of in_proj_qkv, of
-    in_proj_z, in_proj_a/b, A_log, dt_bias, conv1d; columns of out_proj), as the converter's
-    _LinearAttentionVReorderBase does for ggml's broadcast. Metadata: ssm conv kernel / state
-    size (key head dim) / group count (K heads) / time-step rank (V heads) / inner size, the
-    layer kinds (full_attention_interval, or recurrent_layers when not periodic), RoPE dims =
-    head_dim x partial_rotary_factor and the M-RoPE sections (text positions make them
-    equivalent to NeoX RoPE)."""
+    conversion (conv1d stored [C, K, 1]), which has the +1 folded in already; A_log ->
+    -exp(A_log) (ssm_a); dt_bias -> ssm_dt.bias; conv1d -> [C, K], kept f32; the full layers'
+    q_proj keeps its per-head [query | gate] rows. When linear_num_value_heads >
+    linear_num_key_heads the V heads are reordered from grouped by K head to tiled (rows of the
+    V part of in_proj_qkv, of in_proj_z, in_proj_a/b, A_log, dt_bias, conv1d; columns of
+    out_proj), as the converter's _LinearAttentionVReorderBase does for ggml's broadcast.
+    Metadata: ssm conv kernel / state size (key head dim) / group count (K heads) / time-step
+    rank (V heads) / inner size, the layer kinds (full_attention_interval, or recurrent_layers
+    when not periodic), RoPE dims = head_dim x partial_rotary_factor and the M-RoPE sections
+    (text positions make them equivalent to NeoX RoPE)."""
     n_layer = geo["n_layer"]
     if cfg.get("attention_bias"):
         raise SystemExit("attention biases are not handled by this converter")
