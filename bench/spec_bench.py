@@ -19,7 +19,7 @@ Usage: spec_bench.py [--cinfer build/cinfer] [--llama-dir DIR | --llama-server B
                      [--out DIR] [--device cpu|cuda] [--threads 2] [--gen 64]
                      [--concurrency 1,4,16] [--prompts N] [--draft-max 5] [--draft-min 1]
                      [--lookup-ngram 3] [--gguf-type q8_0] [--engines cinfer,llama]
-                     [--report bench/spec.md] [--idle-wait 30]
+                     [--report bench/spec.md] [--idle-wait 30] [--target DIR] [--draft DIR]
 
 Everything a run makes goes into --out (default bench/work/spec): the GGUFs (reused while newer
 than the model folders), each server's log, results.json (every row), commands.txt and
@@ -230,6 +230,11 @@ def main():
                     help="llama.cpp's weights (q8_0: 8.5 bits per weight, as the starter's "
                          "MLX q8 with group 64)")
     ap.add_argument("--engines", default="cinfer,llama")
+    ap.add_argument("--target", default=os.path.join(ROOT, "models/starter"),
+                    help="the target model folder (e.g. a bf16 copy by tools/dequantize.py for a "
+                         "backend without MLX weights)")
+    ap.add_argument("--draft", default=os.path.join(ROOT, "models/starter-draft"),
+                    help="the draft model folder")
     ap.add_argument("--report", help="markdown file to write the section into")
     ap.add_argument("--idle-wait", type=float, default=30,
                     help="seconds to wait for an idle machine before each set (0: none)")
@@ -247,8 +252,8 @@ def main():
         print(f"spec_bench: {llama_server} not found: llama.cpp columns will read n/a",
               file=sys.stderr)
         engines.remove("llama")
-    target, draft = os.path.join(ROOT, "models/starter"), os.path.join(ROOT, "models/starter-draft")
-    with open(os.path.join(target, "eval_ids.json")) as f:
+    target, draft = os.path.abspath(args.target), os.path.abspath(args.draft)
+    with open(os.path.join(ROOT, "models/starter/eval_ids.json")) as f:
         code = [seq[:192] for seq in json.load(f)["sequences"]][:args.prompts]
     chat = CHAT[:args.prompts]
     spec = ["--draft-max", str(args.draft_max), "--draft-min", str(args.draft_min)]
@@ -257,10 +262,10 @@ def main():
                           ("lookup", ["--lookup-ngram", str(args.lookup_ngram)] + spec),
                           ("draft", ["--draft-model", draft] + spec)]}
     if "llama" in engines:
-        gguf_target = convert(args, args.llama_dir, target,
-                              os.path.join(args.out, f"starter-{args.gguf_type}.gguf"))
-        gguf_draft = convert(args, args.llama_dir, draft,
-                             os.path.join(args.out, f"starter-draft-{args.gguf_type}.gguf"))
+        gguf_target = convert(args, args.llama_dir, target, os.path.join(
+            args.out, f"{os.path.basename(target)}-{args.gguf_type}.gguf"))
+        gguf_draft = convert(args, args.llama_dir, draft, os.path.join(
+            args.out, f"{os.path.basename(draft)}-{args.gguf_type}.gguf"))
         configs["llama"] = [
             ("none", []),
             ("lookup", ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n",
