@@ -286,6 +286,17 @@ static int64_t block_bytes(const ci_engine *e, int g, const ci_kv_format *f) {
   return ci_kv_cache_block_cost(e->cache, g, f);
 }
 
+/* Bytes of the draft model's KV arena on a device: e->o.batch sequences of the whole context in
+ * bf16 with their recurrent states, plus a partly filled slab per layer group. */
+static int64_t draft_arena_bytes(const ci_engine *e) {
+  const ci_kv_cache *c = e->draft_cache;
+  const ci_kv_format bf16 = ci_kv_format_plain(CI_KV_BF16);
+  const int64_t blocks = (e->o.ctx_size + e->o.block_tokens - 1) / e->o.block_tokens;
+  int64_t per_seq = ci_kv_cache_state_bytes(c);
+  for (int g = 0; g < c->n_groups; g++) per_seq += blocks * ci_kv_cache_block_cost(c, g, &bf16);
+  return (int64_t)e->o.batch * per_seq + (int64_t)c->n_groups * ci_kv_cache_slab_bytes(c);
+}
+
 /* The peak KV bytes of a request of n tokens (prompt n_prompt) under its codec plan
  * (docs/kv-cache.md §10, docs/generation.md §9): layers convert to targets[layer] (NULL = no plan;
  * `uniform`: targets[0] for every layer but the first and last `protect`) once start tokens are
@@ -442,6 +453,11 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
   if (e->o.draft_model) {
     e->draft_cache = ci_model_kv_cache_create(e->o.draft_model, CI_KV_BF16, e->o.block_tokens, 0);
     if (!e->draft_cache || ci_kv_cache_set_limits(e->draft_cache, e->o.batch, e->o.ctx_size))
+      return engine_free_parts(e), ci_fail_context("draft model"), NULL;
+    /* a device backend takes KV memory only from an arena made up front: room for every
+     * sequence of the batch at the whole context in bf16, plus a partly filled slab per group */
+    if (!e->o.draft_model->be->host_visible &&
+        ci_kv_cache_set_arena(e->draft_cache, draft_arena_bytes(e)))
       return engine_free_parts(e), ci_fail_context("draft model"), NULL;
   }
   if (e->o.kv_budget_bytes < 0) {
