@@ -576,6 +576,83 @@ static void check_refusals(ci_model *m) {
   ci_kv_cache_free(plain);
 }
 
+/* With a budget, each sequence's recurrent state and its speculative checkpoints are runs of
+ * whole slabs of the KV arena: the arena's bytes taken grow by whole slabs per sequence, a state
+ * that finds no run free is refused naming the shortage, and everything goes back at free. */
+static void check_arena_states(ci_model *m) {
+  ci_kv_cache *probe = ci_model_kv_cache_create(m, CI_KV_BF16, 16, 0);
+  assert_non_null(probe);
+  const int64_t slab = ci_kv_cache_slab_bytes(probe), state = ci_spec_state_bytes(&m->spec);
+  const int64_t state_slabs = (state + slab - 1) / slab,
+                round_slabs = (5 * state + slab - 1) / slab;
+  /* without a budget: a backend allocation of the exact size, counted all the same */
+  ci_kv_seq *own = ci_kv_seq_create(probe);
+  assert_non_null(own);
+  assert_int_equal(ci_kv_cache_arena_bytes_taken(probe), 0);
+  assert_int_equal(ci_kv_cache_bytes_used(probe), state);
+  assert_int_equal(ci_kv_seq_reserve_checkpoints(own, 4), CI_OK);
+  assert_int_equal(ci_kv_cache_bytes_used(probe), 6 * state);
+  ci_kv_seq_free(own);
+  assert_int_equal(ci_kv_cache_bytes_used(probe), 0);
+  ci_kv_cache_free(probe);
+
+  /* room for two states and one sequence's checkpoints for rounds of 4 rows */
+  const int64_t slabs = 2 * state_slabs + round_slabs;
+  ci_kv_cache *cache = ci_model_kv_cache_create(m, CI_KV_BF16, 16, slabs * slab);
+  assert_non_null(cache);
+  assert_int_equal(ci_kv_cache_arena_bytes(cache), slabs * slab);
+  assert_int_equal(ci_kv_cache_state_cost(cache, 0), state_slabs * slab);
+  assert_int_equal(ci_kv_cache_state_cost(cache, 4), (state_slabs + round_slabs) * slab);
+  const uint8_t *base = ci_kv_cache_arena_base(cache);
+  assert_int_equal(ci_kv_cache_arena_bytes_taken(cache), 0);
+  ci_kv_seq *a = ci_kv_seq_create(cache);
+  assert_non_null(a);
+  assert_int_equal(ci_kv_cache_arena_bytes_taken(cache), state_slabs * slab);
+  assert_int_equal(ci_kv_cache_bytes_used(cache), state_slabs * slab);
+  assert_true((const uint8_t *)a->state >= base &&
+              (const uint8_t *)a->state + state <= base + slabs * slab);
+  for (int64_t i = 0; i < state / (int64_t)sizeof(float); i++) assert_true(a->state[i] == 0.0f);
+  ci_kv_seq *b = ci_kv_seq_create(cache);
+  assert_non_null(b);
+  assert_int_equal(ci_kv_cache_arena_bytes_taken(cache), 2 * state_slabs * slab);
+  assert_int_equal(ci_kv_seq_reserve_checkpoints(a, 4), CI_OK);
+  assert_int_equal(a->n_checkpoints, 5);
+  assert_int_equal(ci_kv_cache_arena_bytes_taken(cache), slabs * slab);
+  assert_int_equal(ci_kv_cache_bytes_used(cache), slabs * slab);
+  assert_true((const uint8_t *)a->checkpoints >= base &&
+              (const uint8_t *)a->checkpoints + 5 * state <= base + slabs * slab);
+  /* reserved once: a round of up to 4 rows takes nothing more */
+  assert_int_equal(ci_kv_seq_reserve_checkpoints(a, 3), CI_OK);
+  assert_int_equal(ci_kv_cache_arena_bytes_taken(cache), slabs * slab);
+  /* the budget is used up: another state, or B's checkpoints, are refused naming the reason */
+  assert_null(ci_kv_seq_create(cache));
+  assert_non_null(strstr(ci_last_error(), "recurrent state"));
+  assert_non_null(strstr(ci_last_error(), "consecutive free slabs"));
+  assert_int_equal(ci_kv_seq_reserve_checkpoints(b, 4), CI_ERR);
+  assert_non_null(strstr(ci_last_error(), "checkpoints"));
+  assert_int_equal(b->n_checkpoints, 0);
+  assert_int_equal(ci_kv_seq_round_open(b, 2), CI_ERR);
+  assert_int_equal(b->round_open, 0);
+  /* a round on A (state from the arena) still decodes: prefill, verify 3 rows, keep 1 */
+  int32_t ids[20];
+  prompt_ids(ids, 20, m->spec.vocab);
+  ci_kv_seq_free(b); /* its slabs hold A's blocks */
+  assert_int_equal(ci_kv_cache_arena_bytes_taken(cache), (state_slabs + round_slabs) * slab);
+  assert_int_equal(ci_model_forward(m, a, ids, 16, NULL, 0), CI_OK);
+  const int64_t allocations = cache->arena.allocations + m->be->ops->allocation_count(m->be);
+  ci_kv_seq_set_rollback_reserve(a, 3);
+  assert_int_equal(ci_kv_seq_round_open(a, 3), CI_OK);
+  assert_int_equal(ci_model_forward(m, a, ids + 16, 3, NULL, 0), CI_OK);
+  assert_int_equal(ci_kv_seq_round_close(a, 17), CI_OK);
+  /* the round allocated nothing: its checkpoints were reserved, its block came from the arena */
+  assert_int_equal(cache->arena.allocations + m->be->ops->allocation_count(m->be), allocations);
+  ci_kv_seq_free(a);
+  assert_int_equal(ci_kv_cache_arena_bytes_taken(cache), 0);
+  assert_int_equal(ci_kv_cache_bytes_used(cache), 0);
+  assert_int_equal(cache->arena.n_free, cache->arena.n_slabs);
+  ci_kv_cache_free(cache);
+}
+
 /* Runs a job to the end on `e`; returns the tokens (and their logprobs) and the DONE event. */
 static int run_job(ci_engine *e, const ci_engine_job *job, int32_t *tokens, float *logprobs,
                    ci_engine_event *done) {
@@ -676,6 +753,85 @@ static void check_speculation(ci_model *m) {
   assert_true(done.draft_tokens > 0);
   assert_memory_equal(got, ref, sizeof got);
   for (int t = 0; t < GEN; t++) assert_true(fabsf(got_lp[t] - ref_lp[t]) < 1e-4f);
+  /* a second request allocates nothing: its state and checkpoints are arena slabs taken at
+   * admission, and no speculative step allocates */
+  const int64_t allocations = m->be->ops->allocation_count(m->be);
+  assert_int_equal(run_job(e, &job, got, got_lp, &done), GEN);
+  assert_true(done.draft_tokens > 0);
+  assert_memory_equal(got, ref, sizeof got);
+  const int64_t more = m->be->ops->allocation_count(m->be) - allocations;
+  if (more != 0) fail_msg("%lld backend allocations in a speculative request", (long long)more);
+  /* admission counts the state and the checkpoints of rounds of draft_max + 1 rows beside the
+   * blocks (one group of full-attention layers here) */
+  ci_kv_cache *probe = ci_model_kv_cache_create(m, CI_KV_BF16, o.block_tokens, 0);
+  assert_non_null(probe);
+  assert_int_equal(probe->n_groups, 1);
+  const ci_kv_format bf16 = ci_kv_format_plain(CI_KV_BF16);
+  const int64_t blocks = (100 + o.block_tokens - 1) / o.block_tokens;
+  const int64_t block = ci_kv_cache_block_cost(probe, 0, &bf16);
+  assert_true(ci_kv_cache_state_cost(probe, 5) > ci_kv_cache_state_cost(probe, 0));
+  assert_int_equal(ci_engine_reservation_bytes(e, 100),
+                   blocks * block + ci_kv_cache_state_cost(probe, o.draft_max + 1));
+  ci_engine_free(e);
+  o.lookup_ngram = 0;
+  e = ci_engine_create(m, &o);
+  assert_non_null(e);
+  assert_int_equal(ci_engine_reservation_bytes(e, 100),
+                   blocks * block + ci_kv_cache_state_cost(probe, 0));
+  ci_engine_free(e);
+  ci_kv_cache_free(probe);
+}
+
+/* A budget of one speculating request's reservation (blocks, state, checkpoints): a second
+ * request waits in the queue until the first gives its slabs back, and both finish with the
+ * tokens of a solo run. */
+static void check_tight_budget(ci_model *m) {
+  enum { P = 40, GEN = 10 };
+  int32_t prompt[P], ref[GEN], got[GEN];
+  float lp[GEN];
+  for (int t = 0; t < P; t++) prompt[t] = (int32_t)(3 + t % 5);
+  ci_engine_job job;
+  memset(&job, 0, sizeof job);
+  job.prompt = prompt;
+  job.n_prompt = P;
+  job.max_tokens = GEN;
+  ci_sampler_params_default(&job.sampling);
+  job.sampling.temperature = 0;
+  ci_engine_options o;
+  ci_engine_options_default(&o);
+  o.ctx_size = 128;
+  o.prefix_cache_bytes = 0;
+  o.lookup_ngram = 2;
+  o.draft_max = 3;
+  ci_engine *probe = ci_engine_create(m, &o);
+  assert_non_null(probe);
+  o.kv_budget_bytes = ci_engine_reservation_bytes(probe, P + GEN);
+  ci_engine_free(probe);
+  ci_engine *e = ci_engine_create(m, &o);
+  assert_non_null(e);
+  ci_engine_event done;
+  assert_int_equal(run_job(e, &job, ref, lp, &done), GEN);
+  /* one token more than the budget holds is refused at submission */
+  ci_engine_job longer = job;
+  longer.max_tokens = GEN + 2 * o.block_tokens;
+  ci_engine_request *r[2];
+  assert_int_equal(ci_engine_submit(e, &longer, &r[0]), CI_ENGINE_OVER_BUDGET);
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(ci_engine_submit(e, &job, &r[i]), CI_ENGINE_SUBMITTED);
+  for (int i = 0; i < 2; i++) {
+    int n = 0;
+    ci_engine_event ev;
+    for (;;) {
+      assert_int_equal(ci_engine_request_next(r[i], &ev, 60.0), 1);
+      if (ev.kind != CI_ENGINE_EVENT_TOKEN) break;
+      if (n < GEN) got[n] = ev.token;
+      n++;
+    }
+    if (ev.kind != CI_ENGINE_EVENT_DONE) fail_msg("request %d: %s", i, ev.message);
+    assert_int_equal(n, GEN);
+    assert_memory_equal(got, ref, sizeof got);
+    ci_engine_request_release(r[i]);
+  }
   ci_engine_free(e);
 }
 
@@ -795,6 +951,8 @@ static void test_random_bf16(void **state) {
   check_rollback(r.model);
   check_prefix_cache(r.model);
   check_speculation(r.model);
+  check_arena_states(r.model);
+  check_tight_budget(r.model);
   check_choices(r.model);
   close_random(&r);
 }

@@ -10,6 +10,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "base/error.h"
+#include "kv/arena.h"
 #include "model/model.h"
 
 #include <stdio.h>
@@ -140,12 +141,57 @@ static void test_arena_fixed(void **state) {
   be->ops->destroy(be);
 }
 
+/* Runs of consecutive slabs (recurrent states): taken from the high end while single slabs come
+ * from the low end, refused by name when no run is long enough (even with enough slabs free in
+ * all), and given back whole. */
+static void test_arena_runs(void **state) {
+  (void)state;
+  ci_backend *be = ci_cpu_backend_create(1);
+  ci_kv_arena arena;
+  assert_int_equal(ci_kv_arena_init(&arena, be, 64, 8 * 64), CI_OK);
+  const int64_t allocations = be->ops->allocation_count(be);
+  uint8_t *single = ci_kv_arena_take(&arena);
+  assert_ptr_equal(single, arena.base);
+  uint8_t *high = ci_kv_arena_take_run(&arena, 3);
+  assert_ptr_equal(high, arena.base + 5 * 64);
+  uint8_t *middle = ci_kv_arena_take_run(&arena, 3);
+  assert_ptr_equal(middle, arena.base + 2 * 64);
+  assert_int_equal(ci_kv_arena_bytes_taken(&arena), 7 * 64);
+  assert_null(ci_kv_arena_take_run(&arena, 2));
+  assert_non_null(strstr(ci_last_error(), "consecutive"));
+  ci_kv_arena_give_run(&arena, high, 3);
+  assert_int_equal(ci_kv_arena_bytes_taken(&arena), 4 * 64);
+  assert_ptr_equal(ci_kv_arena_take_run(&arena, 2), arena.base + 6 * 64);
+  /* slabs 0, 1 and 5 free: three slabs, but no run of three */
+  ci_kv_arena_give(&arena, single);
+  assert_int_equal(arena.n_free, 3);
+  assert_null(ci_kv_arena_take_run(&arena, 3));
+  assert_non_null(strstr(ci_last_error(), "3 of 8 slabs free"));
+  assert_ptr_equal(ci_kv_arena_take_run(&arena, 2), arena.base);
+  ci_kv_arena_give_run(&arena, arena.base, 2);
+  ci_kv_arena_give_run(&arena, middle, 3);
+  ci_kv_arena_give_run(&arena, arena.base + 6 * 64, 2);
+  assert_int_equal(ci_kv_arena_bytes_taken(&arena), 0);
+  /* the whole arena is one run again, and none of this allocated */
+  assert_ptr_equal(ci_kv_arena_take_run(&arena, 8), arena.base);
+  assert_int_equal(be->ops->allocation_count(be), allocations);
+  ci_kv_arena_give_run(&arena, arena.base, 8);
+  ci_kv_arena_destroy(&arena);
+  /* an arena without a budget has no runs */
+  assert_int_equal(ci_kv_arena_init(&arena, be, 64, 0), CI_OK);
+  assert_null(ci_kv_arena_take_run(&arena, 1));
+  assert_non_null(strstr(ci_last_error(), "budget"));
+  ci_kv_arena_destroy(&arena);
+  be->ops->destroy(be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_steady_state_llama),
       cmocka_unit_test(test_steady_state_gemma4_moe),
       cmocka_unit_test(test_steady_state_gemma4_ple),
       cmocka_unit_test(test_arena_fixed),
+      cmocka_unit_test(test_arena_runs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

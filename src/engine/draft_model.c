@@ -29,6 +29,12 @@ int ci_draft_state_init(ci_draft_state *d, ci_model *model, ci_kv_cache *cache,
     return ci_fail_context("draft model");
   }
   ci_kv_seq_set_rollback_reserve(d->seq, max_draft);
+  /* a hybrid draft model's state checkpoints for its rounds of up to max_draft rows, now, so
+   * that drafting never allocates */
+  if (ci_kv_seq_reserve_checkpoints(d->seq, max_draft)) {
+    ci_draft_state_free(d);
+    return ci_fail_context("draft model");
+  }
   const size_t v = (size_t)d->vocab;
   d->logits = malloc(v * sizeof *d->logits);
   d->scratch = malloc(v * sizeof *d->scratch);

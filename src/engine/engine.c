@@ -304,7 +304,8 @@ static int64_t draft_arena_bytes(const ci_engine *e) {
  * after it, plus the transient of the one group being converted. Only immutable cache geometry is
  * read, so any thread may call it. */
 static int64_t plan_reservation(const ci_engine *e, const ci_kv_format *targets, int uniform,
-                                int protect, int64_t start, int64_t n_prompt, int64_t n) {
+                                int protect, int64_t start, int64_t n_prompt, int64_t n,
+                                int spec_max) {
   const ci_kv_cache *c = e->cache;
   const ci_kv_format base = ci_kv_format_plain(e->o.base);
   /* the conversion happens at the start, or after the first chunk when the start is 0 */
@@ -331,24 +332,35 @@ static int64_t plan_reservation(const ci_engine *e, const ci_kv_format *targets,
     const int64_t copy = target_block * peak_blocks(e, group, held_at_conversion);
     if (copy > transient) transient = copy;
   }
-  /* a hybrid model's recurrent state is held for the whole request */
-  return (before > after ? before : after) + transient + ci_kv_cache_state_bytes(c);
+  /* a hybrid model's recurrent state is held for the whole request, and so are its checkpoints
+   * when it speculates (rounds of up to spec_max + 1 rows), in whole slabs of the arena */
+  return (before > after ? before : after) + transient +
+         ci_kv_cache_state_cost(c, spec_max > 0 ? spec_max + 1 : 0);
 }
 
 int64_t ci_engine_reservation_bytes(const ci_engine *e, int64_t n) {
-  return plan_reservation(e, NULL, 0, 0, 0, n, n);
+  return plan_reservation(e, NULL, 0, 0, 0, n, n, e->speculates ? e->o.draft_max : 0);
+}
+
+/* The most drafts a request of this job proposes in a round; 0 when it never speculates (no
+ * drafter, num_draft < 0, or XTC, which makes the filtered distribution random). */
+static int job_spec_max(const ci_engine *e, const ci_engine_job *job) {
+  const ci_sampler_params *sp = job->sampler ? ci_sampler_get_params(job->sampler) : &job->sampling;
+  if (!e->speculates || job->num_draft < 0 || sp->xtc_probability != 0.0f) return 0;
+  return job->num_draft > 0 && job->num_draft < e->o.draft_max ? job->num_draft : e->o.draft_max;
 }
 
 /* The reservation of a job under its own codec plan. */
 static int64_t job_reservation(const ci_engine *e, const ci_engine_job *job, int64_t n) {
+  const int spec_max = job_spec_max(e, job);
   switch (job->kv_plan) {
   case CI_KV_PLAN_TARGET:
-    return plan_reservation(e, &job->kv_target, 1, job->kv_protect, job->kv_start, job->n_prompt,
-                            n);
+    return plan_reservation(e, &job->kv_target, 1, job->kv_protect, job->kv_start, job->n_prompt, n,
+                            spec_max);
   case CI_KV_PLAN_MODEL_CONFIG:
-    return plan_reservation(e, e->model->kv_config, 0, 0, 0, job->n_prompt, n);
+    return plan_reservation(e, e->model->kv_config, 0, 0, 0, job->n_prompt, n, spec_max);
   default:
-    return plan_reservation(e, NULL, 0, 0, 0, job->n_prompt, n);
+    return plan_reservation(e, NULL, 0, 0, 0, job->n_prompt, n, spec_max);
   }
 }
 
@@ -567,11 +579,8 @@ static ci_engine_request *request_new(ci_engine *e, const ci_engine_job *job, in
   r->reservation = reservation;
   r->group_size = 1;
   r->group_reservation = reservation;
-  /* XTC makes the filtered distribution random: such requests never speculate */
-  const ci_sampler_params *sp = ci_sampler_get_params(r->sampler);
-  if (e->speculates && job->num_draft >= 0 && sp->xtc_probability == 0.0f) {
-    r->spec_max =
-        job->num_draft > 0 && job->num_draft < e->o.draft_max ? job->num_draft : e->o.draft_max;
+  r->spec_max = job_spec_max(e, job);
+  if (r->spec_max > 0) {
     r->spec_len = r->spec_max;
     if (ci_spec_scratch_init(&r->spec_scratch, vocab)) {
       free(r->history);
@@ -974,6 +983,22 @@ static void finish_orphan_locked(ci_engine *e, ci_engine_request *r) {
   finish_locked(e, r, CI_FINISH_ABORT, message[0] ? message : NULL);
 }
 
+/* The KV sequence of an admitted request, with its recurrent state and, when it speculates, its
+ * state checkpoints (hybrid models: runs of arena slabs, taken here once so that no step
+ * allocates). When the arena has no run free for them, the blocks only the prefix cache holds go
+ * and it tries once more. NULL with ci_last_error. Caller holds e->mu. */
+static ci_kv_seq *request_sequence(ci_engine *e, const ci_engine_request *r) {
+  for (int attempt = 0;; attempt++) {
+    ci_kv_seq *seq = ci_kv_seq_create(e->cache);
+    if (seq && (r->spec_max == 0 || !ci_kv_seq_reserve_checkpoints(seq, r->spec_max + 1)))
+      return seq;
+    ci_kv_seq_free(seq);
+    /* free slabs scattered between the prefix cache's blocks may hold no run long enough */
+    if (attempt > 0 || !e->prefix || ci_kv_cache_state_bytes(e->cache) == 0) return NULL;
+    ci_prefix_cache_trim(e->prefix, 0);
+  }
+}
+
 /* Admission at a step boundary: FIFO, no overtaking; a cancelled queued request leaves.
  * Caller holds e->mu. */
 static void admit_locked(ci_engine *e) {
@@ -987,6 +1012,10 @@ static void admit_locked(ci_engine *e) {
       /* blocks only the prefix cache holds live inside the budget and give way to requests */
       if (e->prefix)
         ci_prefix_cache_trim(e->prefix, e->o.kv_budget_bytes - e->reserved - r->group_reservation);
+      /* a hybrid model's state needs consecutive free slabs: while other requests run, one that
+       * finds none waits at the head of the queue for them to give theirs back */
+      r->seq = request_sequence(e, r);
+      if (!r->seq && e->n_running > 0 && ci_kv_cache_state_bytes(e->cache) > 0) break;
     }
     e->queue_head = r->next;
     if (!e->queue_head) e->queue_tail = NULL;
@@ -1009,7 +1038,6 @@ static void admit_locked(ci_engine *e) {
       append_running_locked(e, r);
       continue;
     }
-    r->seq = ci_kv_seq_create(e->cache);
     int status = r->seq ? CI_OK : CI_ERR;
     if (!status)
       status = r->kv_plan == CI_KV_PLAN_TARGET
@@ -1208,6 +1236,7 @@ static void fork_choices(ci_engine *e, ci_engine_request *first, const float *ro
     if (r->fork_of != first || r->state != REQ_FORK_WAIT) continue;
     r->seq = ci_kv_seq_fork(first->seq);
     int status = r->seq ? CI_OK : CI_ERR;
+    if (!status && r->spec_max > 0) status = ci_kv_seq_reserve_checkpoints(r->seq, r->spec_max + 1);
     if (!status && r->spec_max > 0 && e->o.draft_model)
       status = ci_draft_state_init(&r->draft, e->o.draft_model, e->draft_cache,
                                    ci_sampler_get_params(r->sampler), ci_sampler_seed(r->sampler),

@@ -242,6 +242,9 @@ int64_t ci_kv_group_bytes_used(const ci_kv_cache *cache, int g) {
 
 int ci_kv_cache_set_state_bytes(ci_kv_cache *cache, int64_t bytes) {
   if (bytes < 0) return ci_fail("kv cache: negative state size");
+  if (bytes % (int64_t)sizeof(float))
+    return ci_fail("kv cache: a recurrent state of %lld bytes is not a whole number of floats",
+                   (long long)bytes);
   if (cache->n_live_seqs > 0)
     return ci_fail("kv cache: the recurrent state size is set before any sequence exists");
   cache->state_bytes = bytes;
@@ -252,8 +255,58 @@ int64_t ci_kv_cache_state_bytes(const ci_kv_cache *cache) {
   return cache->state_bytes;
 }
 
+/* Bytes that `bytes` of state memory take: whole slabs of an arena with a budget. */
+static int64_t state_footprint(const ci_kv_cache *cache, int64_t bytes) {
+  if (bytes <= 0) return 0;
+  if (!cache->arena.base) return bytes;
+  return ci_kv_arena_slabs_for(&cache->arena, bytes) * (int64_t)cache->arena.slab_bytes;
+}
+
+int64_t ci_kv_cache_state_cost(const ci_kv_cache *cache, int64_t max_round_rows) {
+  if (cache->state_bytes == 0) return 0;
+  /* whole slabs even before the cache has its budget (the engine sizes the budget from this) */
+  const ci_kv_arena *arena = &cache->arena;
+  int64_t slabs = ci_kv_arena_slabs_for(arena, cache->state_bytes);
+  if (max_round_rows > 0)
+    slabs += ci_kv_arena_slabs_for(arena, (max_round_rows + 1) * cache->state_bytes);
+  return slabs * (int64_t)arena->slab_bytes;
+}
+
+int64_t ci_kv_cache_arena_bytes_taken(const ci_kv_cache *cache) {
+  return ci_kv_arena_bytes_taken(&cache->arena);
+}
+
+/* Memory for `bytes` of state: a run of whole slabs (*slabs set) from an arena with a budget, else
+ * a backend allocation (*slabs 0). Counted in cache->state_held. NULL with ci_last_error. */
+static float *take_state_memory(ci_kv_cache *cache, int64_t bytes, int32_t *slabs) {
+  float *memory = NULL;
+  *slabs = 0;
+  if (cache->arena.base) {
+    const int64_t n = ci_kv_arena_slabs_for(&cache->arena, bytes);
+    if (n > INT32_MAX) return ci_fail("kv cache: a state of %lld bytes", (long long)bytes), NULL;
+    memory = (float *)ci_kv_arena_take_run(&cache->arena, (int32_t)n);
+    if (memory) *slabs = (int32_t)n;
+  } else {
+    memory = cache->be->ops->alloc_uninitialized(cache->be, (size_t)bytes);
+  }
+  if (memory) cache->state_held += state_footprint(cache, bytes);
+  return memory;
+}
+
+/* Gives back what take_state_memory took. */
+static void give_state_memory(ci_kv_cache *cache, float *memory, int64_t bytes, int32_t slabs) {
+  if (!memory) return;
+  if (slabs > 0) {
+    ci_kv_arena_give_run(&cache->arena, (uint8_t *)memory, slabs);
+    cache->state_held -= (int64_t)slabs * (int64_t)cache->arena.slab_bytes;
+  } else {
+    cache->be->ops->release(cache->be, memory);
+    cache->state_held -= bytes;
+  }
+}
+
 int64_t ci_kv_cache_bytes_used(const ci_kv_cache *cache) {
-  int64_t bytes = (int64_t)cache->n_live_seqs * cache->state_bytes;
+  int64_t bytes = cache->state_held;
   for (int g = 0; g < cache->n_groups; g++) bytes += ci_kv_group_bytes_used(cache, g);
   return bytes;
 }
@@ -292,13 +345,16 @@ ci_kv_seq *ci_kv_seq_create(ci_kv_cache *cache) {
       seq->tables[g].capacity = cache->max_table_entries;
     }
   }
-  if (cache->state_bytes > 0 &&
-      !(seq->state = cache->be->ops->alloc(cache->be, (size_t)cache->state_bytes))) {
-    if (seq->row >= 0) cache->row_taken[seq->row] = 0;
-    free(seq->tables);
-    free(seq);
-    ci_fail_context("kv sequence: recurrent state of %lld bytes", (long long)cache->state_bytes);
-    return NULL;
+  if (cache->state_bytes > 0) {
+    seq->state = take_state_memory(cache, cache->state_bytes, &seq->state_slabs);
+    if (!seq->state) {
+      if (seq->row >= 0) cache->row_taken[seq->row] = 0;
+      free(seq->tables);
+      free(seq);
+      ci_fail_context("kv sequence: recurrent state of %lld bytes", (long long)cache->state_bytes);
+      return NULL;
+    }
+    cache->be->ops->fill(cache->be, seq->state, 0.0f, cache->state_bytes / (int64_t)sizeof(float));
   }
   cache->n_live_seqs++;
   for (int g = 0; g < cache->n_groups; g++) seq->tables[g].pool = cache->groups[g].pools[0];
@@ -314,8 +370,9 @@ void ci_kv_seq_free(ci_kv_seq *seq) {
     if (seq->row < 0) free(table->entries);
   }
   if (seq->row >= 0) seq->cache->row_taken[seq->row] = 0;
-  if (seq->state) seq->cache->be->ops->release(seq->cache->be, seq->state);
-  if (seq->checkpoints) seq->cache->be->ops->release(seq->cache->be, seq->checkpoints);
+  give_state_memory(seq->cache, seq->state, seq->cache->state_bytes, seq->state_slabs);
+  give_state_memory(seq->cache, seq->checkpoints, seq->n_checkpoints * seq->cache->state_bytes,
+                    seq->checkpoint_slabs);
   seq->cache->n_live_seqs--;
   free(seq->tables);
   free(seq);
@@ -517,22 +574,24 @@ void ci_kv_seq_set_rollback_reserve(ci_kv_seq *seq, int64_t reserve) {
   seq->rollback_reserve = reserve > 0 ? reserve : 0;
 }
 
-/* A recurrent sequence's checkpoints for a round of n_rows rows: room for n_rows + 1 states, the
- * first one the state at the round start. */
-static int open_checkpoints(ci_kv_seq *seq, int64_t n_rows) {
+int ci_kv_seq_reserve_checkpoints(ci_kv_seq *seq, int64_t max_round_rows) {
   ci_kv_cache *cache = seq->cache;
-  ci_backend *be = cache->be;
-  const size_t bytes = (size_t)cache->state_bytes;
-  if (seq->n_checkpoints < n_rows + 1) {
-    if (seq->checkpoints) be->ops->release(be, seq->checkpoints);
-    seq->n_checkpoints = 0;
-    seq->checkpoints = be->ops->alloc_uninitialized(be, (size_t)(n_rows + 1) * bytes);
-    if (!seq->checkpoints)
-      return ci_fail_context("kv sequence: state checkpoints of a %lld-row round",
-                             (long long)n_rows);
-    seq->n_checkpoints = n_rows + 1;
-  }
-  be->ops->copy_bytes(be, seq->checkpoints, seq->state, bytes);
+  if (!seq->state || seq->n_checkpoints >= max_round_rows + 1) return CI_OK;
+  if (seq->round_open) return ci_fail("kv sequence: checkpoints are reserved outside a round");
+  if (max_round_rows < 1 || max_round_rows > INT32_MAX)
+    return ci_fail("kv sequence: checkpoints for rounds of %lld rows", (long long)max_round_rows);
+  /* the old ones go first, so that their slabs can be part of the new run */
+  give_state_memory(cache, seq->checkpoints, seq->n_checkpoints * cache->state_bytes,
+                    seq->checkpoint_slabs);
+  seq->checkpoints = NULL;
+  seq->n_checkpoints = 0;
+  seq->checkpoint_slabs = 0;
+  seq->checkpoints =
+      take_state_memory(cache, (max_round_rows + 1) * cache->state_bytes, &seq->checkpoint_slabs);
+  if (!seq->checkpoints)
+    return ci_fail_context("kv sequence: state checkpoints for speculative rounds of %lld rows",
+                           (long long)max_round_rows);
+  seq->n_checkpoints = max_round_rows + 1;
   return CI_OK;
 }
 
@@ -543,7 +602,12 @@ int ci_kv_seq_round_open(ci_kv_seq *seq, int64_t n_rows) {
     return ci_fail("kv sequence: a speculative round of %lld rows at position %lld would reach "
                    "the conversion start %lld",
                    (long long)n_rows, (long long)seq->n, (long long)seq->start);
-  if (seq->state && open_checkpoints(seq, n_rows)) return CI_ERR;
+  if (seq->state) {
+    if (ci_kv_seq_reserve_checkpoints(seq, n_rows)) return CI_ERR;
+    /* the first checkpoint: the state at the round start */
+    seq->cache->be->ops->copy_bytes(seq->cache->be, seq->checkpoints, seq->state,
+                                    (size_t)seq->cache->state_bytes);
+  }
   seq->round_open = 1;
   seq->round_start = seq->n;
   return CI_OK;
@@ -678,6 +742,11 @@ ci_kv_seq *ci_kv_seq_fork(const ci_kv_seq *src) {
   if (src->round_open) return ci_fail("kv fork: a speculative round is open"), NULL;
   ci_kv_seq *seq = ci_kv_seq_create(src->cache);
   if (!seq) return NULL;
+  /* the same room for speculative rounds as the source */
+  if (src->n_checkpoints > 1 && ci_kv_seq_reserve_checkpoints(seq, src->n_checkpoints - 1)) {
+    ci_kv_seq_free(seq);
+    return NULL;
+  }
   for (int g = 0; g < src->cache->n_groups; g++)
     if (table_reserve(&seq->tables[g], seq->row >= 0, src->tables[g].n_entries)) {
       ci_kv_seq_free(seq);

@@ -53,6 +53,8 @@ typedef struct {
   int *group_of_layer; /* [n_layers] */
   int *slot_of_layer;  /* [n_layers] index of the layer inside its group */
   int64_t state_bytes; /* recurrent state of each sequence (hybrid models), 0 for none */
+  int64_t state_held;  /* bytes the live sequences' states and checkpoints take (whole slabs of
+                          the arena with a budget) */
 } ci_kv_cache;
 
 /* One sequence's view of the cache: its length and one block table per group. Entry i of a
@@ -84,13 +86,18 @@ typedef struct {
   int64_t rollback_reserve; /* R: sliding groups keep every position >= n - W + 1 - R */
   int round_open;           /* a round is open: commits neither convert nor close it */
   int64_t round_start;      /* n when the open round began */
-  /* Recurrent state (hybrid models: cache->state_bytes of backend memory, zero at creation;
-   * the model's layers define its layout), NULL without one. */
+  /* Recurrent state (hybrid models: cache->state_bytes, zero at creation; the model's layers
+   * define its layout), NULL without one. With a budget it is a run of state_slabs slabs of the
+   * arena; without one (state_slabs 0) a backend allocation of its own. */
   float *state;
+  int32_t state_slabs;
   /* Its checkpoints during a speculative round: the state at the round start, then after each
-   * row of the round's step (written by the step), n_checkpoints states of room. */
+   * row of the round's step (written by the step), n_checkpoints states of room, reserved once
+   * (ci_kv_seq_reserve_checkpoints) and kept until the sequence goes; a run of checkpoint_slabs
+   * slabs of the arena, or a backend allocation where that is 0. */
   float *checkpoints;
   int64_t n_checkpoints;
+  int32_t checkpoint_slabs;
 } ci_kv_seq;
 
 /* One block of one group as a prefix-cache entry holds it: its pool (format) and id; id -1 when
@@ -132,16 +139,27 @@ int64_t ci_kv_cache_slab_bytes(const ci_kv_cache *cache);
 /* The pool of group g storing `format`, created on first use (blocks restored from a persisted
  * prefix cache go there). NULL with ci_last_error when out of memory. */
 ci_kv_pool *ci_kv_cache_pool(ci_kv_cache *cache, int g, const ci_kv_format *format);
-/* Gives every sequence of the cache a recurrent state of `bytes` (backend memory, zeroed, taken
- * with the sequence and freed with it) beside its KV blocks: the fixed per-sequence part of a
- * hybrid model's cache. Only before any sequence exists. Returns CI_OK or CI_ERR. With states,
- * a speculative round keeps a checkpoint of the state after each of its rows (the step writes
- * them), and closing it restores the one after the last kept row; a prefix attach needs the
- * state at the prefix end (ci_kv_seq_attach_with_state). */
+/* Gives every sequence of the cache a recurrent state of `bytes` (a whole number of floats,
+ * zeroed, taken with the sequence and freed with it) beside its KV blocks: the fixed
+ * per-sequence part of a hybrid model's cache. With a budget the state is a run of whole slabs
+ * of the arena (ci_kv_cache_state_cost), so blocks and states share the budget; without one it
+ * is a backend allocation of its own. Only before any sequence exists. Returns CI_OK or CI_ERR.
+ * With states, a speculative round keeps a checkpoint of the state after each of its rows (the
+ * step writes them), and closing it restores the one after the last kept row; a prefix attach
+ * needs the state at the prefix end (ci_kv_seq_attach_with_state). */
 int ci_kv_cache_set_state_bytes(ci_kv_cache *cache, int64_t bytes);
 
 /* Bytes of one sequence's recurrent state (0 without). */
 int64_t ci_kv_cache_state_bytes(const ci_kv_cache *cache);
+
+/* Bytes of memory a sequence's recurrent state takes, plus its checkpoints for speculative rounds
+ * of up to max_round_rows rows (0: a sequence that never speculates), in whole slabs of the arena
+ * each (as an arena with a budget hands them out); 0 for a model without states. Admission
+ * counts this beside the blocks. */
+int64_t ci_kv_cache_state_cost(const ci_kv_cache *cache, int64_t max_round_rows);
+
+/* Bytes of the arena's slabs taken (by pools and states); 0 without a budget. */
+int64_t ci_kv_cache_arena_bytes_taken(const ci_kv_cache *cache);
 
 /* Frees the cache; every sequence must have been freed first. */
 void ci_kv_cache_free(ci_kv_cache *cache);
@@ -150,7 +168,7 @@ void ci_kv_cache_free(ci_kv_cache *cache);
 int64_t ci_kv_cache_blocks_used(const ci_kv_cache *cache);
 
 /* Bytes of KV storage in use (blocks in use x bytes per block, K and V, every layer), plus the
- * recurrent states of the live sequences. */
+ * recurrent states and state checkpoints the live sequences hold (whole slabs with a budget). */
 int64_t ci_kv_cache_bytes_used(const ci_kv_cache *cache);
 
 /* Blocks and bytes of one storage format, summed over the layer groups that use it. */
@@ -166,7 +184,9 @@ int ci_kv_cache_usage_by_format(const ci_kv_cache *cache, ci_kv_format_usage *ou
 /* Bytes group g holds in use, over all its formats. */
 int64_t ci_kv_group_bytes_used(const ci_kv_cache *cache, int g);
 
-/* A new empty sequence in the base format. NULL with ci_last_error on failure. */
+/* A new empty sequence in the base format (with its recurrent state where the cache has states:
+ * refused, naming the shortage, when the arena has no run of slabs free for it). NULL with
+ * ci_last_error on failure. */
 ci_kv_seq *ci_kv_seq_create(ci_kv_cache *cache);
 
 /* Releases the sequence's blocks and frees it. NULL is a no-op. */
@@ -209,11 +229,19 @@ int ci_kv_seq_commit(ci_kv_seq *seq, int64_t n_new);
  * finds every key the next query needs. 0 (the default) keeps only the window. R >= 0. */
 void ci_kv_seq_set_rollback_reserve(ci_kv_seq *seq, int64_t reserve);
 
+/* Reserves a sequence's state checkpoints for speculative rounds of up to max_round_rows rows
+ * (max_round_rows + 1 states: from the arena with a budget), once, so that opening a round never
+ * allocates. A no-op without a recurrent state or when that much is already reserved. Not while
+ * a round is open. Returns CI_OK, or CI_ERR naming the shortage. */
+int ci_kv_seq_reserve_checkpoints(ci_kv_seq *seq, int64_t max_round_rows);
+
 /* Opens a speculative round before a step that appends n_rows rows whose last rows may be
  * rolled back: until the round closes no commit converts the sequence. Fails (the sequence
  * unchanged) when a round is already open, or when the rows would pass a pending conversion's
  * start (a round drafts at most S - n - 1 tokens: docs/kv-cache.md §5 "Exact crossing"); the
- * conversion at S then runs when the round closes, so no rollback ever crosses it. */
+ * conversion at S then runs when the round closes, so no rollback ever crosses it. A sequence
+ * with a recurrent state whose checkpoints were not reserved for n_rows rows reserves them here
+ * (ci_kv_seq_reserve_checkpoints; callers that must not allocate in a step reserve first). */
 int ci_kv_seq_round_open(ci_kv_seq *seq, int64_t n_rows);
 
 /* Closes the open round keeping n_keep positions (round start <= n_keep <= n, n - n_keep <= R):
@@ -241,7 +269,8 @@ int ci_kv_seq_attach(ci_kv_seq *seq, int64_t n_blocks, const ci_kv_block_ref *re
 
 /* A new sequence holding what `src` holds (docs/kv-cache.md §8 "fork"): the same length, codec
  * plan and conversion state, its block tables referencing the same blocks (each gains an owner;
- * nothing is copied) and a copy of its recurrent state (hybrid models). A write into a shared block
+ * nothing is copied) and a copy of its recurrent state (hybrid models), with as much room for state
+ * checkpoints reserved as `src` has. A write into a shared block
  * copies it first (ci_kv_seq_reserve), so the two sequences then diverge without touching each
  * other's KV: n > 1 choices of one prompt. Fails
  * (NULL with ci_last_error) while a speculative round is open, or when no sequence slot or
