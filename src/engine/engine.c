@@ -287,12 +287,13 @@ static int64_t block_bytes(const ci_engine *e, int g, const ci_kv_format *f) {
 }
 
 /* Bytes of the draft model's KV arena on a device: e->o.batch sequences of the whole context in
- * bf16 with their recurrent states, plus a partly filled slab per layer group. */
+ * bf16 with their recurrent states and checkpoints (rounds of up to draft_max rows), plus a
+ * partly filled slab per layer group. */
 static int64_t draft_arena_bytes(const ci_engine *e) {
   const ci_kv_cache *c = e->draft_cache;
   const ci_kv_format bf16 = ci_kv_format_plain(CI_KV_BF16);
   const int64_t blocks = (e->o.ctx_size + e->o.block_tokens - 1) / e->o.block_tokens;
-  int64_t per_seq = ci_kv_cache_state_bytes(c);
+  int64_t per_seq = ci_kv_cache_state_cost(c, e->o.draft_max);
   for (int g = 0; g < c->n_groups; g++) per_seq += blocks * ci_kv_cache_block_cost(c, g, &bf16);
   return (int64_t)e->o.batch * per_seq + (int64_t)c->n_groups * ci_kv_cache_slab_bytes(c);
 }
