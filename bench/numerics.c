@@ -160,10 +160,9 @@ static int32_t *read_ids(const char *dir, int *n) {
   return ids;
 }
 
-/* The weight dtype of a model, for the table: its head's element dtype and group. */
+/* The weight dtype of a model, for the table: its output head's element dtype and group. */
 static void weight_name(const ci_model *m, char *out, size_t size) {
-  const ci_tensor *w = &m->layers[0].w_down;
-  if (!w->data) w = &m->head;
+  const ci_tensor *w = &m->head;
   if (ci_dtype_is_affine(w->dtype))
     snprintf(out, size, "%s g%d", ci_dtype_get(w->dtype)->name, w->group_size);
   else

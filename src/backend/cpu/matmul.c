@@ -231,7 +231,8 @@ typedef struct {
 /* Prepares the activations of one part (rows [0, job->m) of job->x) for its kernel: int8 planes,
  * word-lane order and group sums for the affine row kernels, bf16 rows or panels for the fast
  * kernels, f32 panels for the panel kernels. In fast precision without the kernels made for it,
- * x is rounded (to bf16, or to one int8 plane per group) and the exact kernels run on it.
+ * x is rounded (to bf16, or to the grid of FAST_X_PLANES int8 planes per group) and the exact
+ * kernels run on it.
  * Returns CI_OK, or CI_ERR when scratch runs out. */
 static int prepare_part(ci_threadpool *pool, ci_arena *scratch, const matmul_plan *plan,
                         const ci_tensor *w, matmul_part *part) {
