@@ -42,7 +42,7 @@ typedef struct {
   const float *x_packed;      /* panel kernels: x in panels of gemm_mr rows, [m/mr][k][mr],
                                  natural column order, rows past m zero */
   const int8_t *x_planes;     /* int8 row kernels: x as planes, see CI_X_PLANE_BLOCK_Q8 */
-  int x_plane_count;          /* planes of x_planes in use: 3 (exact), or the first 2 or 1 */
+  int x_plane_count;          /* planes of x_planes in use: 3 (exact) or the first 2 (fast) */
   int64_t x_plane_stride;     /* bytes per x row of x_planes */
   const float *x_plane_units; /* [m, k/group]: the value of one unit of the planes */
   const uint16_t *x_bf16;     /* bf16-dot row kernels: x rounded to bf16, [m, k] */

@@ -24,6 +24,7 @@ enum { GEMV_ROW_UNIT = 16 };
  * nats and its perplexity by 0.5-1%, fifty times the bound fast precision keeps (1e-4, 0.1%);
  * two (16-bit fixed point per group) move it by 1e-7 and 0.002% (bench/numerics.md). */
 enum { FAST_X_PLANES = 2 };
+_Static_assert(FAST_X_PLANES == 2, "the VNNI row kernels are instantiated for 2 and 3 planes");
 
 /* The kernel table of an ISA. */
 static const ci_matmul_kernels *kernels_for(ci_isa isa) {

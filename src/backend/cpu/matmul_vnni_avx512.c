@@ -232,12 +232,12 @@ INLINE void gemv_int8_rows_planes(const ci_matmul_job *job, ci_weight_format f, 
   for (; r < row_end; r++) gemv_int8_row_block(job, sdt, r, 1, &kc);
 }
 
-/* gemv_int8_rows_planes for the job's plane count (1, 2 or 3), as a compile-time constant. */
+/* gemv_int8_rows_planes for the job's plane count (2 or 3), as a compile-time constant. (A
+ * one-plane instantiation is not built: fast precision uses two, see FAST_X_PLANES in matmul.c,
+ * and every instantiation multiplies this file's compile time.) */
 INLINE void gemv_int8_rows_group(const ci_matmul_job *job, ci_weight_format f, int group,
                                  int64_t row_begin, int64_t row_end) {
-  if (job->x_plane_count == 1)
-    gemv_int8_rows_planes(job, f, group, 1, row_begin, row_end);
-  else if (job->x_plane_count == 2)
+  if (job->x_plane_count == 2)
     gemv_int8_rows_planes(job, f, group, 2, row_begin, row_end);
   else
     gemv_int8_rows_planes(job, f, group, 3, row_begin, row_end);
