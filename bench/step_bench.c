@@ -6,10 +6,11 @@
  *
  * usage: step_bench MODEL_DIR [--device cpu|cuda] [--prompts 512,2048] [--batches 1,16,64]
  *                             [--gen N] [--context N] [--threads N] [--planes 1|2]
- *                             [--graphs 0|1] [--profile]
+ *                             [--graphs 0|1] [--precision fast|exact] [--profile]
+ * --planes: how the CUDA backend feeds activations to bf16 matmuls (cuda_backend.h).
+ * --precision: the matmul numerics (default exact; on CUDA, --planes decides).
  * --profile: marks the timed decode steps as the profiler's range (run under
- *   `ncu --profile-from-start off`).
- * --planes: how the CUDA backend feeds activations to bf16 matmuls (cuda_backend.h). */
+ *   `ncu --profile-from-start off`). */
 #include "backend/cuda/cuda_backend.h"
 #include "base/error.h"
 #include "base/timing.h"
@@ -115,7 +116,8 @@ static double weights_only_step(ci_model *model, const matmul_buffers *mb, int B
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: step_bench MODEL_DIR [--device cpu|cuda] [--prompts 512,2048] "
-                    "[--batches 1,16,64] [--gen N] [--context N] [--threads N]\n");
+                    "[--batches 1,16,64] [--gen N] [--context N] [--threads N] "
+                    "[--precision fast|exact]\n");
     return 2;
   }
   ci_device_options device = {.device = "auto", .gpu = 0, .n_threads = 0};
@@ -145,6 +147,10 @@ int main(int argc, char **argv) {
       device.n_threads = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--planes"))
       planes = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--precision") && !strcmp(argv[i + 1], "fast"))
+      device.precision = CI_PRECISION_FAST;
+    else if (!strcmp(argv[i], "--precision") && !strcmp(argv[i + 1], "exact"))
+      device.precision = CI_PRECISION_EXACT;
     else if (!strcmp(argv[i], "--graphs"))
       graphs = atoi(argv[i + 1]);
     else {

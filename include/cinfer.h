@@ -75,6 +75,15 @@ void cinfer_free(void *memory);
 
 typedef struct cinfer_model cinfer_model;
 
+/* The numerics of a model's matrix products. FAST (the default) runs activations in the precision
+ * of the weights' own arithmetic: bf16 weights and prompt processing multiply x rounded to bf16
+ * (bf16 products, f32 sums; AVX512-BF16 where the CPU has it), q8/q4 decoding multiplies x as one
+ * int8 value per element and group scale (VNNI). EXACT keeps f32 activations (three int8 planes
+ * for q8/q4): logits within ~1e-3 of transformers in f32, at up to twice the time. Either way a
+ * sequence's logits do not depend on the other sequences of a batch. On a GPU, FAST rounds matmul
+ * inputs to bf16 and EXACT splits them into two bf16 planes. */
+typedef enum { CINFER_PRECISION_FAST = 0, CINFER_PRECISION_EXACT = 1 } cinfer_precision;
+
 typedef struct {
   int n_threads;      /* CPU threads for the forward pass; 0 = every online CPU */
   const char *device; /* "cpu", "cuda", or NULL/"auto" = cuda when a GPU is visible, else cpu */
@@ -82,9 +91,10 @@ typedef struct {
   int mmap;           /* 1: run from the mapped weight files; 0 (default): on the CPU, read the
                          weights into memory advised for 2 MiB huge pages (faster decode: fewer
                          TLB misses); a GPU copies the weights to its memory either way */
+  cinfer_precision precision; /* matmul numerics (CINFER_PRECISION_FAST) */
 } cinfer_model_options;
 
-/* Fills the defaults (n_threads 0, device NULL = auto, gpu 0, mmap 0). */
+/* Fills the defaults (n_threads 0, device NULL = auto, gpu 0, mmap 0, precision fast). */
 void cinfer_model_options_init(cinfer_model_options *options);
 
 /* Loads a model folder (config.json + safetensors; a Hugging Face cache id such as

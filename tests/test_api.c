@@ -41,6 +41,7 @@ static cinfer_model *load(const char *dir) {
   cinfer_model_options options;
   cinfer_model_options_init(&options);
   options.n_threads = 2;
+  options.precision = CINFER_PRECISION_EXACT; /* compared with transformers in f32 */
   cinfer_model *model = NULL;
   assert_int_equal(cinfer_model_load(dir, &options, &model), CINFER_OK);
   assert_non_null(model);
@@ -371,7 +372,13 @@ static void test_device_options(void **state) {
   cinfer_model_options_init(&options);
   assert_null(options.device);
   assert_int_equal(options.gpu, 0);
+  assert_int_equal(options.precision, CINFER_PRECISION_FAST);
   cinfer_model *model = NULL;
+  options.precision = (cinfer_precision)7;
+  assert_int_equal(cinfer_model_load(LLAMA, &options, &model), CINFER_INVALID_ARGUMENT);
+  assert_null(model);
+  assert_non_null(strstr(cinfer_last_error(), "precision"));
+  options.precision = CINFER_PRECISION_EXACT;
   options.device = "gpu";
   assert_int_equal(cinfer_model_load(LLAMA, &options, &model), CINFER_ERROR);
   assert_null(model);

@@ -4,7 +4,8 @@
  * sliding-window, KV-sharing and MoE fixtures: decode rows batched together
  * (ci_model_forward_decode_batch), and mixed steps (ci_model_step) where a prefill chunk of one
  * sequence — long enough for the panel kernels, and converting its KV at the chunk boundary —
- * runs beside the decode rows of three others. */
+ * runs beside the decode rows of three others. Every check runs in both precisions (exact and
+ * fast). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -94,10 +95,10 @@ static void check_mixed_steps(const char *name, ci_model *model, ci_kv_cache *ca
   free(mixed_logits);
 }
 
-static void check_fixture(const char *name) {
+static void check_fixture_in(const char *name, ci_precision precision) {
   char dir[1024];
   snprintf(dir, sizeof dir, "%s/%s", CI_FIXTURE_DIR, name);
-  ci_backend *be = ci_cpu_backend_create(2);
+  ci_backend *be = ci_cpu_backend_create_with(2, precision);
   assert_non_null(be);
   ci_model *model = ci_model_load(dir, be);
   if (!model) fprintf(stderr, "%s: %s\n", dir, ci_last_error());
@@ -151,6 +152,12 @@ static void check_fixture(const char *name) {
   ci_kv_cache_free(cache);
   ci_model_free(model);
   be->ops->destroy(be);
+}
+
+/* Both precisions: batch invariance holds in each. */
+static void check_fixture(const char *name) {
+  check_fixture_in(name, CI_PRECISION_EXACT);
+  check_fixture_in(name, CI_PRECISION_FAST);
 }
 
 static void test_llama(void **state) {

@@ -40,7 +40,7 @@ static int check_fixture(const char *name) {
   assert_non_null(ids);
   snprintf(cmd, sizeof cmd,
            "%s generate --model %s --ids %s --temp 0 --ignore-eos --kv-codec f32 -n 16 "
-           "--threads 2 2>/dev/null",
+           "--threads 2 --precision exact 2>/dev/null",
            CI_CINFER_BIN, dir, ids);
   FILE *p = popen(cmd, "r");
   assert_non_null(p);

@@ -478,7 +478,7 @@ static void test_long_rows(void **state) {
 }
 
 /* A threaded matmul gives bit-identical results to a single-threaded one, for the row and
- * panel kernels of every ISA. */
+ * panel kernels of every ISA, in both precisions. */
 static void test_threaded_matches_single(void **state) {
   (void)state;
   test_rng rng = {7};
@@ -496,9 +496,14 @@ static void test_threaded_matches_single(void **state) {
         if (isa == CI_ISA_REF && m > 4) continue; /* slow and has a single path */
         float *x = make_x(&rng, m, k);
         float *y_single = make_y(m, n), *y_threaded = make_y(m, n);
-        assert_int_equal(ci_cpu_matmul(NULL, (ci_isa)isa, &w.t, x, m, y_single), CI_OK);
-        assert_int_equal(ci_cpu_matmul(pool, (ci_isa)isa, &w.t, x, m, y_threaded), CI_OK);
-        assert_memory_equal(y_single, y_threaded, (size_t)(m * n + GUARD) * sizeof(float));
+        for (int p = 0; p < 2; p++) {
+          const ci_precision precision = p ? CI_PRECISION_FAST : CI_PRECISION_EXACT;
+          assert_int_equal(
+              ci_cpu_matmul_with(NULL, (ci_isa)isa, precision, &w.t, x, m, y_single, 0), CI_OK);
+          assert_int_equal(
+              ci_cpu_matmul_with(pool, (ci_isa)isa, precision, &w.t, x, m, y_threaded, 0), CI_OK);
+          assert_memory_equal(y_single, y_threaded, (size_t)(m * n + GUARD) * sizeof(float));
+        }
         free(x);
         free(y_single);
         free(y_threaded);
@@ -510,7 +515,8 @@ static void test_threaded_matches_single(void **state) {
 }
 
 /* ci_cpu_matmul_rows: every row of a many-row call (threaded, below and above the panel
- * kernels' threshold) is bit-identical to a one-row call on that row alone. */
+ * kernels' threshold) is bit-identical to a one-row call on that row alone, in both
+ * precisions. */
 static void test_matmul_rows_batch_invariant(void **state) {
   (void)state;
   test_rng rng = {11};
@@ -532,6 +538,14 @@ static void test_matmul_rows_batch_invariant(void **state) {
           assert_int_equal(ci_cpu_matmul(pool, (ci_isa)isa, &w.t, x + i * k, 1, y_one), CI_OK);
           assert_memory_equal(y + i * n, y_one, (size_t)n * sizeof(float));
         }
+        assert_int_equal(ci_cpu_matmul_with(pool, (ci_isa)isa, CI_PRECISION_FAST, &w.t, x, m, y, 1),
+                         CI_OK);
+        for (int64_t i = 0; i < m; i++) {
+          assert_int_equal(ci_cpu_matmul_with(pool, (ci_isa)isa, CI_PRECISION_FAST, &w.t, x + i * k,
+                                              1, y_one, 0),
+                           CI_OK);
+          assert_memory_equal(y + i * n, y_one, (size_t)n * sizeof(float));
+        }
         free(x);
         free(y);
         free(y_one);
@@ -540,6 +554,65 @@ static void test_matmul_rows_batch_invariant(void **state) {
     }
   }
   ci_threadpool_free(pool);
+}
+
+/* Fast precision against the double product of the unrounded operands: bf16 products (x and,
+ * for quantized prefill, W rounded to bf16: at most 2^-8 relative each) and 16-bit x planes stay
+ * within 1e-2 of the sum of |terms|, and they do move the result (fast is not exact), for the row
+ * and panel kernels of every ISA and, on AVX-512, with and without the bf16 dot-product and VNNI
+ * kernels. */
+static void test_fast_matmul_error_bound(void **state) {
+  (void)state;
+  test_rng rng = {23};
+  const ci_dtype dtypes[] = {CI_BF16, CI_Q8, CI_Q4};
+  const char *const toggles[][2] = {{"1", "1"}, {"0", "1"}, {"1", "0"}}; /* CINFER_BF16, INT8 */
+  for (int isa = 0; isa < CI_ISA_COUNT; isa++) {
+    if (!ci_isa_supported((ci_isa)isa)) continue;
+    for (size_t t = 0; t < (isa == CI_ISA_AVX512 ? 3u : 1u); t++) {
+      setenv("CINFER_BF16", toggles[t][0], 1);
+      setenv("CINFER_INT8", toggles[t][1], 1);
+      for (size_t d = 0; d < sizeof dtypes / sizeof *dtypes; d++) {
+        const int64_t ks[] = {7, 101, 640};
+        for (size_t ki = 0; ki < 3; ki++) {
+          const int64_t n = 37, k = ks[ki];
+          if (dtypes[d] != CI_BF16 && k % 64) continue;
+          test_weight w = make_weight(&rng, dtypes[d], n, k, CI_BF16, 64);
+          const int64_t ms[] = {1, 3, 30, 131};
+          for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++) {
+            const int64_t m = ms[mi];
+            float *x = make_x(&rng, m, k);
+            double *want = malloc((size_t)(m * n) * sizeof *want);
+            double *abs_sum = malloc((size_t)(m * n) * sizeof *abs_sum);
+            naive_matmul(&w.t, x, m, want, abs_sum);
+            float *y = make_y(m, n), *y_exact = make_y(m, n);
+            assert_int_equal(
+                ci_cpu_matmul_with(NULL, (ci_isa)isa, CI_PRECISION_FAST, &w.t, x, m, y, 0), CI_OK);
+            assert_int_equal(ci_cpu_matmul(NULL, (ci_isa)isa, &w.t, x, m, y_exact), CI_OK);
+            check_guard(y, m, n);
+            int moved = 0;
+            for (int64_t i = 0; i < m * n; i++) {
+              if (!(fabs(y[i] - want[i]) <= 1e-2 * abs_sum[i] + 1e-30))
+                fail_msg("fast isa=%s bf16=%s int8=%s dtype=%s m=%lld k=%lld: y[%lld]=%.9g, "
+                         "want %.9g (sum of |terms| %.3g)",
+                         ci_isa_name((ci_isa)isa), toggles[t][0], toggles[t][1],
+                         ci_dtype_get(w.t.dtype)->name, (long long)m, (long long)k, (long long)i,
+                         y[i], want[i], abs_sum[i]);
+              moved |= y[i] != y_exact[i];
+            }
+            assert_true(moved);
+            free(x);
+            free(want);
+            free(abs_sum);
+            free(y);
+            free(y_exact);
+          }
+          free_weight(&w);
+        }
+      }
+    }
+  }
+  unsetenv("CINFER_BF16");
+  unsetenv("CINFER_INT8");
 }
 
 /* Bad arguments fail with a message instead of computing garbage. */
@@ -691,6 +764,7 @@ int main(void) {
       cmocka_unit_test(test_int8_planes_non_finite),
       cmocka_unit_test(test_threaded_matches_single),
       cmocka_unit_test(test_matmul_rows_batch_invariant),
+      cmocka_unit_test(test_fast_matmul_error_bound),
       cmocka_unit_test(test_matmul_rejects_bad_weights),
       cmocka_unit_test(test_vec_dot_axpy),
       cmocka_unit_test(test_vec_f32_to_bf16),

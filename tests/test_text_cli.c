@@ -291,6 +291,9 @@ static void test_errors_in_plain_words(void **state) {
       {"perplexity -m " STARTER " --ids-file /nonexistent/ids.json", 1,
        "cannot open /nonexistent/ids.json: No such file or directory"},
       {"generate -p hi", 2, "--model is required"},
+      {"generate -m " STARTER " -p hi --precision half", 2,
+       "--precision must be fast or exact, got 'half'"},
+      {"serve -m " STARTER " --precision bf16", 2, "--precision must be fast or exact, got 'bf16'"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char cmd[2048];

@@ -143,9 +143,10 @@ int ci_verb_bench(int argc, char **argv) {
     printf("{\"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f, \"ttft_ms\": %.3f, "
            "\"peak_rss_mb\": %.1f, \"weights_bytes\": %lld, \"prompt_tokens\": %lld, "
            "\"gen_tokens\": %lld, \"runs\": %lld, \"depth\": %lld, \"kv_codec\": \"%s\", "
-           "\"kv_bytes\": %lld}\n",
+           "\"kv_bytes\": %lld, \"precision\": \"%s\"}\n",
            p, d, f, rss_mb, (long long)weight_bytes, prompt_len, gen_len, runs, depth, kv_name,
-           (long long)kv_bytes);
+           (long long)kv_bytes,
+           model_options.precision == CINFER_PRECISION_EXACT ? "exact" : "fast");
   } else {
     printf("prefill %lld tok: %.1f tok/s (min %.1f, max %.1f) | decode %lld tok: %.2f tok/s "
            "(min %.2f, max %.2f) | ttft %.1f ms | weights/token %.1f MB | %.1f GB/s | peak %.0f "

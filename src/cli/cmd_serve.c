@@ -319,11 +319,12 @@ int ci_verb_serve(int argc, char **argv) {
   cinfer_engine_get_stats(engine, &engine_stats); /* the KV budget the engine resolved */
   fprintf(stderr,
           "cinfer ready http://%s:%lld/v1 model=%s ctx=%d kv=%s batch=%lld kv-budget=%.2fGB "
-          "prompt-cache=%.2fGB%s%s\n",
+          "prompt-cache=%.2fGB%s%s precision=%s\n",
           host, port, so.model_id, cinfer_engine_context_size(engine),
           kv_quantized ? kv_name : "bf16", batch, (double)engine_stats.kv_budget_bytes / 1e9,
           (double)engine_stats.prefix_cache_max_bytes / 1e9, eo.prompt_cache_dir ? " dir=" : "",
-          eo.prompt_cache_dir ? eo.prompt_cache_dir : "");
+          eo.prompt_cache_dir ? eo.prompt_cache_dir : "",
+          model_options.precision == CINFER_PRECISION_EXACT ? "exact" : "fast");
   fprintf(stderr,
           "try: curl http://%s:%lld/v1/chat/completions -H 'Content-Type: application/json'%s%s%s "
           "-d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":64}'\n",

@@ -1,4 +1,5 @@
-/* Loading a model for a verb: --threads, --device and --gpu into cinfer_model_options (--threads
+/* Loading a model for a verb: --threads, --device, --gpu, --mmap and --precision into
+ * cinfer_model_options (--threads
  * above the online CPUs is capped to them with a one-line warning), then cinfer_model_load with
  * its error printed as one line. */
 #include "cli/verbs.h"
@@ -22,6 +23,11 @@ static int read_options(const ci_flag *flags, int n_flags, const char *verb,
     fprintf(stderr, "cinfer %s: --device must be cpu, cuda or auto, got '%s'\n", verb, device);
     return 2;
   }
+  const char *precision = ci_args_get(flags, n_flags, "--precision");
+  if (precision && strcmp(precision, "fast") != 0 && strcmp(precision, "exact") != 0) {
+    fprintf(stderr, "cinfer %s: --precision must be fast or exact, got '%s'\n", verb, precision);
+    return 2;
+  }
   const long online = sysconf(_SC_NPROCESSORS_ONLN);
   if (online > 0 && threads > online) {
     if (warn)
@@ -34,6 +40,8 @@ static int read_options(const ci_flag *flags, int n_flags, const char *verb,
   options->device = device;
   options->gpu = (int)gpu;
   options->mmap = ci_args_get(flags, n_flags, "--mmap") != NULL;
+  options->precision =
+      precision && strcmp(precision, "exact") == 0 ? CINFER_PRECISION_EXACT : CINFER_PRECISION_FAST;
   return 0;
 }
 

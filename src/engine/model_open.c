@@ -1,5 +1,5 @@
-/* Opening and closing a model together with its CPU backend, and the model facts programs ask
- * for (see model_open.h). */
+/* Opening and closing a model together with its backend (created in the options' precision), and
+ * the model facts programs ask for (see model_open.h). */
 #include "engine/model_open.h"
 
 #include "backend/cpu/cpu_backend.h"
@@ -22,15 +22,18 @@ static ci_backend *backend_start(const ci_device_options *options) {
     return NULL;
   }
 #ifdef CINFER_CUDA
-  if (want_cuda || (is_auto && ci_cuda_device_count() > 0))
-    return ci_cuda_backend_create(options->gpu, options->n_threads);
+  if (want_cuda || (is_auto && ci_cuda_device_count() > 0)) {
+    ci_backend *be = ci_cuda_backend_create(options->gpu, options->n_threads);
+    if (be) ci_cuda_set_input_planes(be, options->precision == CI_PRECISION_FAST ? 1 : 2);
+    return be;
+  }
 #else
   if (want_cuda) {
     ci_fail("--device cuda: this build has no CUDA backend (nvcc was not found when it was built)");
     return NULL;
   }
 #endif
-  return ci_cpu_backend_create(options->n_threads);
+  return ci_cpu_backend_create_with(options->n_threads, options->precision);
 }
 
 int ci_model_gpu_visible(void) {

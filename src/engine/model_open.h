@@ -14,11 +14,13 @@
 
 /* Where a model runs: the device kind and, for a GPU, which one. */
 typedef struct {
-  const char *device; /* "cpu", "cuda", or NULL/"auto" = cuda when a GPU is visible, else cpu */
-  int gpu;            /* GPU ordinal for "cuda" (0) */
-  int n_threads;      /* CPU threads (0 = every online CPU); the CPU backend's pool, and the
-                         host-side work of a GPU backend */
-  int weights_mmap;   /* 1: map the weight files even on the CPU (see ci_model_load_in) */
+  const char *device;     /* "cpu", "cuda", or NULL/"auto" = cuda when a GPU is visible, else cpu */
+  int gpu;                /* GPU ordinal for "cuda" (0) */
+  int n_threads;          /* CPU threads (0 = every online CPU); the CPU backend's pool, and the
+                             host-side work of a GPU backend */
+  int weights_mmap;       /* 1: map the weight files even on the CPU (see ci_model_load_in) */
+  ci_precision precision; /* matmul numerics (CI_PRECISION_EXACT = 0: f32 activations); on a
+                             GPU, FAST rounds matmul inputs to bf16 (one input plane) */
 } ci_device_options;
 
 /* Resolves `model_arg` (a folder, or a Hugging Face cache id, io/model_path.h), starts a CPU

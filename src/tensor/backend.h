@@ -83,6 +83,12 @@ typedef struct {
   const ci_step_kv *seqs;
 } ci_attention_args;
 
+/* The numerics of a backend's matmuls. EXACT: f32 activations (the reference path, within 1e-3
+ * of transformers in f32). FAST: activations in the precision of the weights' own arithmetic --
+ * bf16 weights and quantized prefill take x rounded to bf16 (bf16 products, f32 accumulation),
+ * q8/q4 decode takes x as one int8 plane per group. Both keep batch invariance. */
+typedef enum { CI_PRECISION_EXACT = 0, CI_PRECISION_FAST = 1 } ci_precision;
+
 /* How the rows of a matmul split into independent segments (the sequences of a step): each
  * segment's rows of the result must be bit-identical to a matmul of that segment alone. */
 typedef struct {

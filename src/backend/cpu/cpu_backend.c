@@ -14,6 +14,7 @@ typedef struct {
   ci_backend base;
   ci_threadpool *pool;
   ci_isa isa;
+  ci_precision precision; /* of every matmul */
   const ci_cpu_vec_kernels *vec;
   ci_arena scratch;    /* buffers of the op running now (ops run one at a time) */
   int64_t allocations; /* alloc calls */
@@ -183,7 +184,8 @@ static void cpu_unpin_host(ci_backend *be, void *host) {
 static int cpu_matmul(ci_backend *be, const ci_tensor *w, const float *x, int64_t m, float *y,
                       const ci_row_segments *segments) {
   cpu_backend *cpu = as_cpu(be);
-  return ci_cpu_matmul_segments(cpu->pool, cpu->isa, &cpu->scratch, w, x, m, y, segments);
+  return ci_cpu_matmul_segments(cpu->pool, cpu->isa, cpu->precision, &cpu->scratch, w, x, m, y,
+                                segments);
 }
 
 /* Bits [c*b, c*b+b) of a row's LSB-first stream of u32 words (b divides 32). */
@@ -623,6 +625,18 @@ static const ci_backend_ops cpu_ops = {
 };
 
 ci_backend *ci_cpu_backend_create(int n_threads) {
+  return ci_cpu_backend_create_with(n_threads, CI_PRECISION_EXACT);
+}
+
+ci_precision ci_cpu_backend_precision(const ci_backend *be) {
+  return ((const cpu_backend *)be)->precision;
+}
+
+ci_backend *ci_cpu_backend_create_with(int n_threads, ci_precision precision) {
+  if (precision != CI_PRECISION_EXACT && precision != CI_PRECISION_FAST) {
+    ci_fail("unknown precision %d (expected fast or exact)", (int)precision);
+    return NULL;
+  }
   if (n_threads <= 0) n_threads = ci_cpu_count();
   cpu_backend *cpu = calloc(1, sizeof *cpu);
   if (!cpu) {
@@ -633,6 +647,7 @@ ci_backend *ci_cpu_backend_create(int n_threads) {
   cpu->base.host_visible = 1;
   ci_arena_init(&cpu->scratch);
   cpu->isa = ci_cpu_detect_isa();
+  cpu->precision = precision;
   cpu->vec = ci_cpu_vec_kernels_get(cpu->isa);
   cpu->pool = ci_threadpool_create(n_threads);
   if (!cpu->pool) {

@@ -1,8 +1,8 @@
 /* CPU feature detection: which kernel ISA this CPU and OS can run (and whether AVX-512 VNNI
- * integer dot products are there too), from CPUID and XGETBV, optionally lowered by the
- * CINFER_ISA / CINFER_INT8 environment variables. CPUID traps to the hypervisor in a virtual
- * machine (~14 us each on the KVM guests we run on), so the hardware answer is computed once,
- * under pthread_once, and cached; the environment is read on every call. */
+ * integer and AVX512_BF16 dot products are there too), from CPUID and XGETBV, optionally lowered
+ * by the CINFER_ISA / CINFER_INT8 / CINFER_BF16 environment variables. CPUID traps to the
+ * hypervisor in a virtual machine (~14 us each on the KVM guests we run on), so the hardware answer
+ * is computed once, under pthread_once, and cached; the environment is read on every call. */
 #include "backend/cpu/kernels_impl.h"
 
 #include <cpuid.h>
@@ -23,6 +23,8 @@ enum {
 };
 /* CPUID leaf 7 subleaf 0 ECX bits. */
 enum { ECX7_AVX512_VNNI = 1u << 11 };
+/* CPUID leaf 7 subleaf 1 EAX bits. */
+enum { EAX71_AVX512_BF16 = 1u << 5 };
 /* XCR0 state components the OS must save: SSE+AVX (bits 1,2), and opmask+ZMM (bits 5,6,7). */
 enum { XCR0_AVX_STATE = 0x6, XCR0_AVX512_STATE = 0xe0 };
 
@@ -37,12 +39,14 @@ static uint64_t read_xcr0(void) {
 typedef struct {
   ci_isa isa;
   int avx512_vnni; /* 1 when isa is AVX512 and AVX512_VNNI is there too */
+  int avx512_bf16; /* 1 when isa is AVX512 and AVX512_BF16 is there too */
 } hardware_features;
 
-/* The best ISA the hardware and OS support, ignoring the environment; sets *vnni when that
- * ISA is AVX512 and the CPU also has AVX512_VNNI. */
-static ci_isa detect_hardware_isa(int *vnni) {
+/* The best ISA the hardware and OS support, ignoring the environment; sets *vnni (*bf16) when
+ * that ISA is AVX512 and the CPU also has AVX512_VNNI (AVX512_BF16). */
+static ci_isa detect_hardware_isa(int *vnni, int *bf16) {
   *vnni = 0;
+  *bf16 = 0;
   unsigned eax, ebx, ecx, edx;
   if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return CI_ISA_REF;
   unsigned need1 = ECX1_FMA | ECX1_OSXSAVE | ECX1_AVX | ECX1_F16C;
@@ -55,6 +59,8 @@ static ci_isa detect_hardware_isa(int *vnni) {
   if ((ebx & need512) != need512) return CI_ISA_AVX2;
   if ((xcr0 & XCR0_AVX512_STATE) != XCR0_AVX512_STATE) return CI_ISA_AVX2;
   *vnni = (ecx & ECX7_AVX512_VNNI) != 0;
+  if (eax >= 1 && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx))
+    *bf16 = (eax & EAX71_AVX512_BF16) != 0;
   return CI_ISA_AVX512;
 }
 
@@ -65,7 +71,7 @@ static hardware_features hardware;
 
 /* pthread_once body: fills hardware. */
 static void compute_hardware(void) {
-  hardware.isa = detect_hardware_isa(&hardware.avx512_vnni);
+  hardware.isa = detect_hardware_isa(&hardware.avx512_vnni, &hardware.avx512_bf16);
 }
 
 /* The best ISA the hardware and OS support, computed once. */
@@ -105,5 +111,12 @@ int ci_cpu_int8_matmul_enabled(void) {
   pthread_once(&hardware_once, compute_hardware);
   if (!hardware.avx512_vnni) return 0;
   const char *requested = getenv("CINFER_INT8");
+  return !(requested && strcmp(requested, "0") == 0);
+}
+
+int ci_cpu_bf16_dot_enabled(void) {
+  pthread_once(&hardware_once, compute_hardware);
+  if (!hardware.avx512_bf16) return 0;
+  const char *requested = getenv("CINFER_BF16");
   return !(requested && strcmp(requested, "0") == 0);
 }

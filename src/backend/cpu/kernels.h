@@ -35,12 +35,18 @@ int ci_cpu_matmul(ci_threadpool *pool, ci_isa isa, const ci_tensor *w, const flo
 int ci_cpu_matmul_rows(ci_threadpool *pool, ci_isa isa, const ci_tensor *w, const float *x,
                        int64_t m, float *y);
 
-/* The matmul of a step: rows [0, m) split into `segments` (NULL or n = 0: one segment), each
- * computed exactly as a ci_cpu_matmul of that segment alone computes it (its kernel chosen by its
- * own row count), while the weights are read once for all of them. Buffers come from `scratch`
- * (reset by the call). */
-int ci_cpu_matmul_segments(ci_threadpool *pool, ci_isa isa, ci_arena *scratch, const ci_tensor *w,
-                           const float *x, int64_t m, float *y, const ci_row_segments *segments);
+/* ci_cpu_matmul (each_row 0) or ci_cpu_matmul_rows (each_row 1) in `precision` (those two are
+ * CI_PRECISION_EXACT). */
+int ci_cpu_matmul_with(ci_threadpool *pool, ci_isa isa, ci_precision precision, const ci_tensor *w,
+                       const float *x, int64_t m, float *y, int each_row);
+
+/* The matmul of a step in `precision`: rows [0, m) split into `segments` (NULL or n = 0: one
+ * segment), each computed exactly as a matmul of that segment alone computes it (its kernel
+ * chosen by its own row count), while the weights are read once for all of them. Buffers come
+ * from `scratch` (reset by the call). */
+int ci_cpu_matmul_segments(ci_threadpool *pool, ci_isa isa, ci_precision precision,
+                           ci_arena *scratch, const ci_tensor *w, const float *x, int64_t m,
+                           float *y, const ci_row_segments *segments);
 
 /* Vector loops over bf16 rows (KV cache rows), f32 accumulation. */
 typedef struct {

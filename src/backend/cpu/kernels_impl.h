@@ -42,12 +42,20 @@ typedef struct {
   const float *x_packed;      /* panel kernels: x in panels of gemm_mr rows, [m/mr][k][mr],
                                  natural column order, rows past m zero */
   const int8_t *x_planes;     /* int8 row kernels: x as planes, see CI_X_PLANE_BLOCK_Q8 */
+  int x_plane_count;          /* planes of x_planes in use: 3 (exact) or the first 2 (fast) */
   int64_t x_plane_stride;     /* bytes per x row of x_planes */
   const float *x_plane_units; /* [m, k/group]: the value of one unit of the planes */
+  const uint16_t *x_bf16;     /* bf16-dot row kernels: x rounded to bf16, [m, k] */
+  const uint32_t *x_pairs;    /* bf16-dot panel kernels: x rounded to bf16 in panels of gemm_mr
+                                 rows of column pairs, [m/mr][ceil(k/2)][mr] (low half: the even
+                                 column), rows past m and a last odd column's partner zero */
   float *y;                   /* [m, n] */
 } ci_matmul_job;
 
-/* Int8 x planes (the AVX-512 VNNI row kernels of the affine formats). Each group g of each x
+/* Int8 x planes (the AVX-512 VNNI row kernels of the affine formats). Fast precision writes and
+ * reads only the first two planes, x ~ u_g (256 h + m) (16-bit fixed point), or only the first,
+ * x ~ u_g h with u_g = max|x_g| / 127 (one int8 per element, as llama.cpp's Q8 activations),
+ * u_g scaled to match. Each group g of each x
  * row is written in 24-bit fixed point relative to its largest element, as three int8 planes:
  * x[c] ~ u_g * (65536 h[c] + 256 m[c] + l[c]) with u_g = max|x_g| / 127 / 65536 (0 for an
  * all-zero group; NaN when the group holds an Inf or NaN), h in [-127, 127], m and l in
@@ -91,7 +99,13 @@ typedef struct {
   /* Writes x [m, k] as int8 planes (row stride `stride` bytes, zero-padded, see
    * CI_X_PLANE_BLOCK_Q8) and their units [m, k/group] for `bits`-bit codes; with gemv_int8. */
   void (*quantize_x_planes)(int8_t *planes, float *units, const float *x, int64_t m, int64_t k,
-                            int group, int bits, int64_t stride);
+                            int group, int bits, int64_t stride, int n_planes);
+  /* Fast precision with bf16 dot products (AVX512_BF16 vdpbf16ps; NULL where absent, used when
+   * ci_cpu_bf16_dot_enabled()): row kernels reading x_bf16 (indexed by format, NULL for formats
+   * without one) and panel kernels reading x_pairs, which decode W to bf16 column pairs. Same
+   * gemm_mr, gemm_nr, gemm_min_m and scratch as the f32 panel kernels. */
+  const ci_matmul_rows_fn *gemv_bf16_dot;
+  const ci_matmul_rows_fn *gemm_bf16_dot;
 } ci_matmul_kernels;
 
 /* Each ISA's kernel tables: static and immutable, safe to share between threads. The SIMD
@@ -104,7 +118,15 @@ const ci_matmul_kernels *ci_matmul_kernels_avx512(void);
  * and their activation quantizer (see ci_matmul_kernels.quantize_x_planes). */
 extern const ci_matmul_rows_fn ci_matmul_gemv_int8_avx512_vnni[CI_WF_COUNT];
 void ci_quantize_x_planes_avx512(int8_t *planes, float *units, const float *x, int64_t m, int64_t k,
-                                 int group, int bits, int64_t stride);
+                                 int group, int bits, int64_t stride, int n_planes);
+
+/* The AVX512_BF16 kernels of fast precision (see ci_matmul_kernels.gemv_bf16_dot). */
+extern const ci_matmul_rows_fn ci_matmul_gemv_bf16_dot_avx512[CI_WF_COUNT];
+extern const ci_matmul_rows_fn ci_matmul_gemm_bf16_dot_avx512[CI_WF_COUNT];
+
+/* 1 when the CPU runs AVX-512 with AVX512_BF16 and the environment variable CINFER_BF16 is not
+ * "0": fast precision may then use the bf16 dot-product kernels. */
+int ci_cpu_bf16_dot_enabled(void);
 
 /* 1 when the CPU runs AVX-512 with AVX512_VNNI and the environment variable CINFER_INT8 is not
  * "0": the affine row kernels may then use int8 x planes. */

@@ -1,6 +1,7 @@
 /* Matmul dispatch: checks the weight, splits the activation rows into parts (a panel part per
  * segment large enough for the panel kernels, merged runs of row-kernel segments), prepares each
- * part's activations in scratch (group sums, word-lane order, int8 planes, GEMM panels), and
+ * part's activations in scratch for its precision (group sums, word-lane order, int8 planes,
+ * bf16 rows, GEMM panels of f32 or of bf16 pairs), and
  * splits the weight rows over the thread pool so that every part uses each chunk of the weights
  * while it is in cache. */
 #include "backend/cpu/kernels_impl.h"
@@ -9,6 +10,7 @@
 #include "base/error.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 /* Below this many multiply-adds per task, splitting the work costs more than it saves. */
@@ -17,6 +19,12 @@ enum { MIN_MACS_PER_TASK = 1 << 17 };
 enum { TASKS_PER_THREAD = 4 };
 /* Row chunks of the row kernels are multiples of this (their row blocks are 4). */
 enum { GEMV_ROW_UNIT = 16 };
+/* The int8 planes of x the affine row kernels multiply in fast precision (exact: 3). One plane
+ * (llama.cpp's Q8 activations) moved the starter model's held-out decode by a mean KL of 5e-3
+ * nats and its perplexity by 0.5-1%, fifty times the bound fast precision keeps (1e-4, 0.1%);
+ * two (16-bit fixed point per group) move it by 1e-7 and 0.002% (bench/numerics.md). */
+enum { FAST_X_PLANES = 2 };
+_Static_assert(FAST_X_PLANES == 2, "the VNNI row kernels are instantiated for 2 and 3 planes");
 
 /* The kernel table of an ISA. */
 static const ci_matmul_kernels *kernels_for(ci_isa isa) {
@@ -110,6 +118,60 @@ static void pack_x_panel(void *ctx, int task, int thread) {
   }
 }
 
+/* Pool task: packs panel `task` of x rounded to bf16 as column pairs (ci_matmul_job.x_pairs). */
+static void pack_x_pair_panel(void *ctx, int task, int thread) {
+  (void)thread;
+  const x_panel_packing *p = ctx;
+  const int64_t pairs = (p->k + 1) / 2;
+  uint32_t *panel = (uint32_t *)p->dst + (int64_t)task * pairs * p->mr;
+  for (int r = 0; r < p->mr; r++) {
+    int64_t row = (int64_t)task * p->mr + r;
+    const float *src = p->x + row * p->k;
+    for (int64_t c = 0; c < pairs; c++) {
+      uint32_t lo = 0, hi = 0;
+      if (row < p->m) {
+        lo = ci_f32_to_bf16(src[2 * c]);
+        hi = 2 * c + 1 < p->k ? ci_f32_to_bf16(src[2 * c + 1]) : 0;
+      }
+      panel[c * p->mr + r] = lo | hi << 16;
+    }
+  }
+}
+
+/* x [m, k] rounded to bf16 (round to nearest even), as bf16 or as f32 values. */
+static void round_rows_bf16(uint16_t *dst_bf16, float *dst_f32, const float *x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    const uint16_t h = ci_f32_to_bf16(x[i]);
+    if (dst_bf16) dst_bf16[i] = h;
+    if (dst_f32) dst_f32[i] = ci_bf16_to_f32(h);
+  }
+}
+
+/* dst = x with each group of each row rounded to n_planes int8 planes, u_g * round(x / u_g) with
+ * u_g = max|x_g| / 127 / 256^(n_planes-1) (the values the fast VNNI kernels multiply, for the
+ * kernels without them); a group holding Inf or NaN, or all zero, is copied as is. */
+static void round_groups_int8(float *dst, const float *x, int64_t m, int64_t k, int group,
+                              int n_planes) {
+  for (int64_t g0 = 0; g0 < m * k; g0 += group) {
+    const float *src = x + g0;
+    float max = 0.0f;
+    int finite = 1;
+    for (int j = 0; j < group; j++) {
+      finite &= isfinite(src[j]) != 0;
+      if (fabsf(src[j]) > max) max = fabsf(src[j]);
+    }
+    if (!finite || max == 0.0f) {
+      for (int j = 0; j < group; j++) dst[g0 + j] = src[j];
+      continue;
+    }
+    const double unit = (double)max / 127.0 /
+                        (n_planes == 1   ? 1.0
+                         : n_planes == 2 ? 256.0
+                                         : 65536.0);
+    for (int j = 0; j < group; j++) dst[g0 + j] = (float)(unit * rint(src[j] / unit));
+  }
+}
+
 /* Chooses the row chunk per task: a multiple of `unit`, about TASKS_PER_THREAD chunks per
  * thread, none smaller than MIN_MACS_PER_TASK of work. */
 static int64_t rows_per_task_for(int64_t n, int64_t macs_per_row, int n_threads, int64_t unit) {
@@ -159,14 +221,57 @@ static float *take_floats(ci_arena *scratch, size_t n) {
   return ci_arena_take(scratch, (n ? n : 1) * sizeof(float));
 }
 
+/* How a call computes: the kernels of its ISA and which fast-precision variants it uses. */
+typedef struct {
+  const ci_matmul_kernels *kernels;
+  int fast;     /* CI_PRECISION_FAST */
+  int int8;     /* the VNNI int8-plane row kernels (affine formats) */
+  int bf16_dot; /* the AVX512_BF16 kernels (fast only) */
+} matmul_plan;
+
 /* Prepares the activations of one part (rows [0, job->m) of job->x) for its kernel: int8 planes,
- * word-lane order and group sums for the affine row kernels, panels for the panel kernels.
+ * word-lane order and group sums for the affine row kernels, bf16 rows or panels for the fast
+ * kernels, f32 panels for the panel kernels. In fast precision without the kernels made for it,
+ * x is rounded (to bf16, or to the grid of FAST_X_PLANES int8 planes per group) and the exact
+ * kernels run on it.
  * Returns CI_OK, or CI_ERR when scratch runs out. */
-static int prepare_part(ci_threadpool *pool, ci_arena *scratch, const ci_matmul_kernels *kernels,
-                        const ci_tensor *w, matmul_part *part, int int8) {
+static int prepare_part(ci_threadpool *pool, ci_arena *scratch, const matmul_plan *plan,
+                        const ci_tensor *w, matmul_part *part) {
+  const ci_matmul_kernels *kernels = plan->kernels;
   ci_matmul_job *job = &part->job;
   const int64_t m = job->m, k = job->k;
   const int affine = ci_dtype_is_affine(w->dtype);
+  const int bf16_weight = w->dtype == CI_BF16;
+  if (plan->fast && (bf16_weight || (affine && part->panel))) {
+    /* bf16 products: the dot-product kernels, or the exact ones on x rounded to bf16 */
+    if (plan->bf16_dot && part->panel && kernels->gemm_bf16_dot[job->format]) {
+      const int mr = kernels->gemm_mr;
+      uint32_t *pairs =
+          ci_arena_take(scratch, (size_t)((m + mr - 1) / mr * mr * ((k + 1) / 2)) * 4 + 4);
+      if (!pairs) return CI_ERR;
+      x_panel_packing packing = {.dst = (float *)pairs, .x = job->x, .m = m, .k = k, .mr = mr};
+      const int n_panels = (int)((m + mr - 1) / mr);
+      if (pool)
+        ci_threadpool_run(pool, n_panels, pack_x_pair_panel, &packing);
+      else
+        for (int p = 0; p < n_panels; p++) pack_x_pair_panel(&packing, p, 0);
+      job->x_pairs = pairs;
+      part->fn = kernels->gemm_bf16_dot[job->format];
+      return CI_OK;
+    }
+    if (plan->bf16_dot && !part->panel && kernels->gemv_bf16_dot[job->format]) {
+      uint16_t *rounded = ci_arena_take(scratch, (size_t)(m * k) * 2 + 2);
+      if (!rounded) return CI_ERR;
+      round_rows_bf16(rounded, NULL, job->x, m * k);
+      job->x_bf16 = rounded;
+      part->fn = kernels->gemv_bf16_dot[job->format];
+      return CI_OK;
+    }
+    float *rounded = take_floats(scratch, (size_t)(m * k));
+    if (!rounded) return CI_ERR;
+    round_rows_bf16(NULL, rounded, job->x, m * k);
+    job->x = rounded;
+  }
   if (part->panel) {
     const int mr = kernels->gemm_mr;
     float *packed = take_floats(scratch, (size_t)((m + mr - 1) / mr * mr * k));
@@ -186,8 +291,9 @@ static int prepare_part(ci_threadpool *pool, ci_arena *scratch, const ci_matmul_
   const int64_t n_groups = k / job->group;
   float *group_sums = take_floats(scratch, (size_t)(m * n_groups));
   if (!group_sums) return CI_ERR;
+  /* the bias term meets the exact f32 group sums of x in both precisions */
   sum_groups(group_sums, job->x, m, k, job->group);
-  if (int8) {
+  if (plan->int8) {
     const int bits = ci_tensor_bits(w);
     const int64_t cols_per_block = bits == 8 ? 64 : 128;
     const int64_t stride = (k + cols_per_block - 1) / cols_per_block *
@@ -195,12 +301,23 @@ static int prepare_part(ci_threadpool *pool, ci_arena *scratch, const ci_matmul_
     int8_t *planes = ci_arena_take(scratch, (size_t)(m * stride)); /* stride: multiple of 64 */
     float *units = take_floats(scratch, (size_t)(m * n_groups));
     if (!planes || !units) return CI_ERR;
-    kernels->quantize_x_planes(planes, units, job->x, m, k, job->group, bits, stride);
+    job->x_plane_count = plan->fast ? FAST_X_PLANES : 3;
+    kernels->quantize_x_planes(planes, units, job->x, m, k, job->group, bits, stride,
+                               job->x_plane_count);
     job->x_planes = planes;
     job->x_plane_stride = stride;
     job->x_plane_units = units;
     part->fn = kernels->gemv_int8[job->format];
-  } else if (kernels->word_lanes) {
+    job->x_group_sums = group_sums;
+    return CI_OK;
+  }
+  if (plan->fast) {
+    float *rounded = take_floats(scratch, (size_t)(m * k));
+    if (!rounded) return CI_ERR;
+    round_groups_int8(rounded, job->x, m, k, job->group, FAST_X_PLANES);
+    job->x = rounded;
+  }
+  if (kernels->word_lanes) {
     float *lanes = take_floats(scratch, (size_t)(m * k));
     if (!lanes) return CI_ERR;
     to_word_lane_order(lanes, job->x, m, k, kernels->word_lanes, ci_tensor_bits(w));
@@ -219,8 +336,9 @@ static int64_t gcd64(int64_t a, int64_t b) {
   return a;
 }
 
-int ci_cpu_matmul_segments(ci_threadpool *pool, ci_isa isa, ci_arena *scratch, const ci_tensor *w,
-                           const float *x, int64_t m, float *y, const ci_row_segments *segments) {
+int ci_cpu_matmul_segments(ci_threadpool *pool, ci_isa isa, ci_precision precision,
+                           ci_arena *scratch, const ci_tensor *w, const float *x, int64_t m,
+                           float *y, const ci_row_segments *segments) {
   if (!w || (m > 0 && (!x || !y))) return ci_fail("matmul: NULL argument");
   if ((unsigned)isa >= CI_ISA_COUNT || !ci_isa_supported(isa))
     return ci_fail("matmul: ISA %s not supported on this CPU", ci_isa_name(isa));
@@ -228,6 +346,8 @@ int ci_cpu_matmul_segments(ci_threadpool *pool, ci_isa isa, ci_arena *scratch, c
   ci_weight_format format = CI_WF_F32;
   if (check_weight(w, &n, &k, &format) != CI_OK) return CI_ERR;
   if (m < 0) return ci_fail("matmul: negative row count");
+  if (precision != CI_PRECISION_EXACT && precision != CI_PRECISION_FAST)
+    return ci_fail("matmul: unknown precision %d", (int)precision);
   const int n_segments = segments && segments->n > 0 ? segments->n : 1;
   if (segments && segments->n > 0) {
     int64_t total = 0;
@@ -242,8 +362,14 @@ int ci_cpu_matmul_segments(ci_threadpool *pool, ci_isa isa, ci_arena *scratch, c
 
   const ci_matmul_kernels *kernels = kernels_for(isa);
   const int affine = ci_dtype_is_affine(w->dtype);
-  const int int8 = affine && kernels->gemv_int8 && kernels->gemv_int8[format] &&
-                   kernels->quantize_x_planes && ci_cpu_int8_matmul_enabled();
+  const matmul_plan plan = {
+      .kernels = kernels,
+      .fast = precision == CI_PRECISION_FAST,
+      .int8 = affine && kernels->gemv_int8 && kernels->gemv_int8[format] &&
+              kernels->quantize_x_planes && ci_cpu_int8_matmul_enabled(),
+      .bf16_dot = precision == CI_PRECISION_FAST && kernels->gemv_bf16_dot &&
+                  kernels->gemm_bf16_dot && ci_cpu_bf16_dot_enabled(),
+  };
   const ci_matmul_job base = {
       .format = format,
       .n = n,
@@ -277,7 +403,7 @@ int ci_cpu_matmul_segments(ci_threadpool *pool, ci_isa isa, ci_arena *scratch, c
     row += rows;
   }
   for (int p = 0; p < n_parts; p++) {
-    if (prepare_part(pool, scratch, kernels, w, &parts[p], int8))
+    if (prepare_part(pool, scratch, &plan, w, &parts[p]))
       return ci_fail("matmul: out of memory preparing activations (m=%lld, k=%lld)", (long long)m,
                      (long long)k);
   }
@@ -307,9 +433,8 @@ int ci_cpu_matmul_segments(ci_threadpool *pool, ci_isa isa, ci_arena *scratch, c
   return CI_OK;
 }
 
-/* Runs a matmul with a scratch arena of its own. */
-static int matmul_with_own_scratch(ci_threadpool *pool, ci_isa isa, const ci_tensor *w,
-                                   const float *x, int64_t m, float *y, int each_row) {
+int ci_cpu_matmul_with(ci_threadpool *pool, ci_isa isa, ci_precision precision, const ci_tensor *w,
+                       const float *x, int64_t m, float *y, int each_row) {
   ci_arena scratch;
   ci_arena_init(&scratch);
   int32_t *ones = NULL;
@@ -320,7 +445,7 @@ static int matmul_with_own_scratch(ci_threadpool *pool, ci_isa isa, const ci_ten
     for (int64_t i = 0; i < m; i++) ones[i] = 1;
     segments = (ci_row_segments){.n = (int)m, .rows = ones};
   }
-  const int status = ci_cpu_matmul_segments(pool, isa, &scratch, w, x, m, y, &segments);
+  const int status = ci_cpu_matmul_segments(pool, isa, precision, &scratch, w, x, m, y, &segments);
   free(ones);
   ci_arena_free(&scratch);
   return status;
@@ -328,10 +453,10 @@ static int matmul_with_own_scratch(ci_threadpool *pool, ci_isa isa, const ci_ten
 
 int ci_cpu_matmul(ci_threadpool *pool, ci_isa isa, const ci_tensor *w, const float *x, int64_t m,
                   float *y) {
-  return matmul_with_own_scratch(pool, isa, w, x, m, y, 0);
+  return ci_cpu_matmul_with(pool, isa, CI_PRECISION_EXACT, w, x, m, y, 0);
 }
 
 int ci_cpu_matmul_rows(ci_threadpool *pool, ci_isa isa, const ci_tensor *w, const float *x,
                        int64_t m, float *y) {
-  return matmul_with_own_scratch(pool, isa, w, x, m, y, 1);
+  return ci_cpu_matmul_with(pool, isa, CI_PRECISION_EXACT, w, x, m, y, 1);
 }

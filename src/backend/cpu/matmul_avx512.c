@@ -3,7 +3,7 @@
  * 16 code words side by side, see affine_block_dot); panel kernels (large m) decode 32 weight
  * rows x 512 columns into an f32 panel and run a 12x32 register-tiled outer-product loop over
  * it. Every kernel is one always-inline template instantiated per weight format. */
-#include "backend/cpu/kernels_impl.h"
+#include "backend/cpu/avx512_decode.h"
 
 #include <immintrin.h>
 
@@ -24,53 +24,6 @@ enum {
   FLOAT_PREFETCH_BYTES = 32768,
   AFFINE_PREFETCH_BYTES = 32768,
 };
-
-/* ==== Loading and decoding weights ==== */
-
-/* f32 value i of a scale/bias array of dtype sdt. */
-INLINE float load_scale(ci_dtype sdt, const void *p, int64_t i) {
-  switch (sdt) {
-  case CI_F16:
-    return _cvtsh_ss(((const uint16_t *)p)[i]);
-  case CI_BF16:
-    return ci_bf16_to_f32(((const uint16_t *)p)[i]);
-  default:
-    return ((const float *)p)[i];
-  }
-}
-
-/* Widens 16 bf16 values to f32. */
-INLINE __m512 bf16x16_to_f32(__m256i h) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-/* Elements [i, i+16) of a float-format array as f32; lanes outside `mask` read as 0. */
-INLINE __m512 load_float16(ci_dtype dt, const void *base, int64_t i, __mmask16 mask) {
-  switch (dt) {
-  case CI_F16:
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, (const uint16_t *)base + i));
-  case CI_BF16:
-    return bf16x16_to_f32(_mm256_maskz_loadu_epi16(mask, (const uint16_t *)base + i));
-  default:
-    return _mm512_maskz_loadu_ps(mask, (const float *)base + i);
-  }
-}
-
-/* 16 8-bit codes as f32. */
-INLINE __m512 q8_codes(const uint8_t *p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
-}
-
-/* 16 consecutive 4-bit codes (8 bytes) as f32: each lane picks its word, shifts its nibble
- * down and masks it. */
-INLINE __m512 q4_codes(const uint8_t *p) {
-  const __m512i word_of_lane = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  const __m512i shift_of_lane =
-      _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
-  __m512i words = _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i *)p));
-  __m512i codes = _mm512_srlv_epi32(_mm512_permutexvar_epi32(word_of_lane, words), shift_of_lane);
-  return _mm512_cvtepi32_ps(_mm512_and_si512(codes, _mm512_set1_epi32(15)));
-}
 
 /* ==== Row kernels (small m) ==== */
 
@@ -332,58 +285,6 @@ INLINE void gemv_rows(const ci_matmul_job *job, ci_weight_format f, int64_t row_
 
 /* ==== Panel kernels (large m) ==== */
 
-/* Transposes a 16x16 block held as 16 row vectors, in place. */
-INLINE void transpose16x16(__m512 v[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 8; i++) {
-    t[2 * i] = _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; i++) {
-    v[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    v[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    v[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    v[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  /* v[4a+b] now holds, in 128-bit lane l, column 4l+b of rows 4a..4a+3. */
-  for (int a = 0; a < 2; a++)
-    for (int b = 0; b < 4; b++) {
-      t[8 * a + b] = _mm512_shuffle_f32x4(v[8 * a + b], v[8 * a + 4 + b], 0x88);
-      t[8 * a + 4 + b] = _mm512_shuffle_f32x4(v[8 * a + b], v[8 * a + 4 + b], 0xdd);
-    }
-  /* t[8a+b]: lanes (l0 rows 8a.., l2 rows 8a.., l0 rows 8a+4.., l2 rows 8a+4..) of column
-   * b, ... ; combine the two row halves. */
-  for (int b = 0; b < 4; b++) {
-    v[b] = _mm512_shuffle_f32x4(t[b], t[8 + b], 0x88);
-    v[8 + b] = _mm512_shuffle_f32x4(t[b], t[8 + b], 0xdd);
-    v[4 + b] = _mm512_shuffle_f32x4(t[4 + b], t[12 + b], 0x88);
-    v[12 + b] = _mm512_shuffle_f32x4(t[4 + b], t[12 + b], 0xdd);
-  }
-}
-
-/* Decodes W[rows, c:c+16) of 16 rows (row indices clamped to < n) into 16 vectors, columns in
- * natural order. Columns >= k read 0. */
-INLINE void decode_16x16(const ci_matmul_job *job, ci_weight_format f, int64_t row, int64_t c,
-                         __m512 v[16]) {
-  ci_dtype dt = ci_weight_format_dtype(f), sdt = ci_weight_format_scale_dtype(f);
-  const int64_t k = job->k;
-  for (int j = 0; j < 16; j++) {
-    int64_t r = row + j < job->n ? row + j : job->n - 1;
-    if (!ci_dtype_is_affine(dt)) {
-      __mmask16 mask = k - c >= VW ? 0xffff : (__mmask16)((1u << (k - c)) - 1);
-      v[j] = load_float16(dt, job->w, r * k + c, mask);
-      continue;
-    }
-    int group_shift = __builtin_ctz((unsigned)job->group);
-    int64_t n_groups = k >> group_shift, g = c >> group_shift;
-    __m512 scale = _mm512_set1_ps(load_scale(sdt, job->scales, r * n_groups + g));
-    __m512 bias = _mm512_set1_ps(load_scale(sdt, job->biases, r * n_groups + g));
-    const uint8_t *codes = (const uint8_t *)job->w + r * (k * (dt == CI_Q8 ? 8 : 4) / 8);
-    __m512 q = dt == CI_Q8 ? q8_codes(codes + c) : q4_codes(codes + c / 2);
-    v[j] = _mm512_fmadd_ps(q, scale, bias);
-  }
-}
-
 /* Decodes W[row:row+32, c0:c0+kc) into panel[kc][32] (f32, column-major per 32 rows). */
 INLINE void pack_panel(const ci_matmul_job *job, ci_weight_format f, int64_t row, int64_t c0,
                        int64_t kc, float *panel) {
@@ -525,6 +426,8 @@ const ci_matmul_kernels *ci_matmul_kernels_avx512(void) {
       .word_lanes = VW,
       .gemv_int8 = ci_matmul_gemv_int8_avx512_vnni,
       .quantize_x_planes = ci_quantize_x_planes_avx512,
+      .gemv_bf16_dot = ci_matmul_gemv_bf16_dot_avx512,
+      .gemm_bf16_dot = ci_matmul_gemm_bf16_dot_avx512,
   };
   return &kernels;
 }

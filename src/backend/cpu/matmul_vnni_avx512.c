@@ -1,5 +1,6 @@
 /* AVX-512 VNNI row kernels for the affine formats (small m): x arrives as three int8 planes
- * per group (24-bit fixed point, x ~ u_g * (65536 h + 256 m + l), see CI_X_PLANE_BLOCK_Q8), so
+ * per group (24-bit fixed point, x ~ u_g * (65536 h + 256 m + l), see CI_X_PLANE_BLOCK_Q8), or
+ * in fast precision as the first two (16-bit) or only the first (8-bit), so
  * the code-times-x sums of a group are exact integer dot products (vpdpbusd: u8 codes x s8
  * planes, 4 products per int32 lane); per group and weight row only the combination of the
  * three sums, a conversion to f32 and one FMA with s_g * u_g remain, and the biases meet the
@@ -25,6 +26,7 @@ enum {
 typedef struct {
   __m512i lane_group;   /* int32 lane -> group within a super block, when it spans several */
   int bits;             /* 8 or 4 */
+  int n_planes;         /* x planes read: 3 (exact), 2 or 1 (fast) */
   int group_shift;      /* log2(group size) */
   int cols_per_block;   /* columns per 64 bytes of codes: 64 or 128 */
   int blocks_per_super; /* code blocks per super block (one group, or one block) */
@@ -36,9 +38,10 @@ typedef struct {
 
 /* The constants of a job with `bits`-bit codes and groups of `group` (both compile-time
  * constants after inlining, so the block loops unroll fully). */
-INLINE int8_consts make_consts(const ci_matmul_job *job, int bits, int group) {
+INLINE int8_consts make_consts(const ci_matmul_job *job, int bits, int group, int n_planes) {
   int8_consts kc;
   kc.bits = bits;
+  kc.n_planes = n_planes;
   kc.group_shift = group == 32 ? 5 : group == 64 ? 6 : 7;
   kc.cols_per_block = bits == 8 ? 64 : 128;
   kc.blocks_per_super = group > kc.cols_per_block ? group / kc.cols_per_block : 1;
@@ -136,7 +139,7 @@ INLINE void super_block(const int8_consts *kc, const uint8_t *const w[ROW_BLOCK]
 #pragma GCC unroll 2
         for (int i = 0; i < xb; i++)
 #pragma GCC unroll 3
-          for (int p3 = 0; p3 < 3; p3++)
+          for (int p3 = 0; p3 < kc->n_planes; p3++)
             acc[i][p3] = _mm512_dpbusd_epi32(
                 acc[i][p3], codes[q],
                 _mm512_load_si512(block + i * plane_stride + p3 * plane_bytes + 64 * q));
@@ -144,7 +147,11 @@ INLINE void super_block(const int8_consts *kc, const uint8_t *const w[ROW_BLOCK]
 #pragma GCC unroll 2
     for (int i = 0; i < xb; i++) {
       __m512 dot;
-      if (kc->bits == 4) {
+      if (kc->n_planes == 1) {
+        dot = _mm512_cvtepi32_ps(acc[i][0]);
+      } else if (kc->n_planes == 2) {
+        dot = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(acc[i][0], 8), acc[i][1]));
+      } else if (kc->bits == 4) {
         /* |sum| <= 8 * 15 * 128 per lane, so 65536 h + 256 m + l fits in int32 */
         __m512i hm = _mm512_add_epi32(_mm512_slli_epi32(acc[i][0], 8), acc[i][1]);
         dot = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(hm, 8), acc[i][2]));
@@ -215,13 +222,25 @@ INLINE void gemv_int8_row_block(const ci_matmul_job *job, ci_dtype sdt, int64_t 
 
 /* Weight rows [row_begin, row_end) in blocks of ROW_BLOCK, the leftover rows one by one, for
  * a compile-time format and group size. */
-INLINE void gemv_int8_rows_group(const ci_matmul_job *job, ci_weight_format f, int group,
-                                 int64_t row_begin, int64_t row_end) {
+INLINE void gemv_int8_rows_planes(const ci_matmul_job *job, ci_weight_format f, int group,
+                                  int n_planes, int64_t row_begin, int64_t row_end) {
   ci_dtype sdt = ci_weight_format_scale_dtype(f);
-  const int8_consts kc = make_consts(job, ci_weight_format_dtype(f) == CI_Q8 ? 8 : 4, group);
+  const int8_consts kc =
+      make_consts(job, ci_weight_format_dtype(f) == CI_Q8 ? 8 : 4, group, n_planes);
   int64_t r = row_begin;
   for (; r + ROW_BLOCK <= row_end; r += ROW_BLOCK) gemv_int8_row_block(job, sdt, r, ROW_BLOCK, &kc);
   for (; r < row_end; r++) gemv_int8_row_block(job, sdt, r, 1, &kc);
+}
+
+/* gemv_int8_rows_planes for the job's plane count (2 or 3), as a compile-time constant. (A
+ * one-plane instantiation is not built: fast precision uses two, see FAST_X_PLANES in matmul.c,
+ * and every instantiation multiplies this file's compile time.) */
+INLINE void gemv_int8_rows_group(const ci_matmul_job *job, ci_weight_format f, int group,
+                                 int64_t row_begin, int64_t row_end) {
+  if (job->x_plane_count == 2)
+    gemv_int8_rows_planes(job, f, group, 2, row_begin, row_end);
+  else
+    gemv_int8_rows_planes(job, f, group, 3, row_begin, row_end);
 }
 
 /* Row kernel template: one instantiation per group size (32, 64 or 128, checked by the
@@ -266,9 +285,26 @@ INLINE void split16(__m512 x, __m512 inv, __m128i out[3]) {
   out[2] = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(l));
 }
 
-/* Writes one group (columns c0..c0+group of the row whose planes start at row_planes) and
- * returns its unit: 0 for an all-zero group, NaN for one holding Inf or NaN (planes 0). */
-INLINE float quantize_group(const float *x, int group, int64_t c0, int bits, int8_t *row_planes) {
+/* The h plane alone of 16 values: round(x * inv), |x * inv| <= 127. */
+INLINE __m128i round16(__m512 x, __m512 inv) {
+  enum { nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC };
+  return _mm512_cvtepi32_epi8(
+      _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(x, inv), nearest)));
+}
+
+/* The n_planes (1, 2 or 3) planes of 16 values. */
+INLINE void planes16(__m512 x, __m512 inv, int n_planes, __m128i out[3]) {
+  if (n_planes == 1)
+    out[0] = round16(x, inv);
+  else
+    split16(x, inv, out); /* 2 planes: h and m of the three, l dropped */
+}
+
+/* Writes one group (columns c0..c0+group of the row whose planes start at row_planes) in
+ * n_planes planes and returns its unit: 0 for an all-zero group, NaN for one holding Inf or NaN
+ * (planes 0). */
+INLINE float quantize_group(const float *x, int group, int64_t c0, int bits, int8_t *row_planes,
+                            int n_planes) {
   __m512 max = _mm512_setzero_ps();
   __mmask16 finite = 0xffff;
   for (int j = 0; j < group; j += VW) {
@@ -290,8 +326,9 @@ INLINE float quantize_group(const float *x, int group, int64_t c0, int bits, int
       int64_t c = c0 + j;
       int8_t *at = row_planes + c / 64 * block_bytes + c % 64;
       __m128i out[3];
-      split16(_mm512_mul_ps(_mm512_loadu_ps(x + j), prev), inv, out);
-      for (int p = 0; p < 3; p++) _mm_storeu_si128((__m128i *)(at + p * plane_bytes), out[p]);
+      planes16(_mm512_mul_ps(_mm512_loadu_ps(x + j), prev), inv, n_planes, out);
+      for (int p = 0; p < n_planes; p++)
+        _mm_storeu_si128((__m128i *)(at + p * plane_bytes), out[p]);
     }
   } else {
     const __m512i even =
@@ -303,27 +340,33 @@ INLINE float quantize_group(const float *x, int group, int64_t c0, int bits, int
       __m512 a = _mm512_mul_ps(_mm512_loadu_ps(x + j), prev);
       __m512 b = _mm512_mul_ps(_mm512_loadu_ps(x + j + VW), prev);
       __m128i lo[3], hi[3];
-      split16(_mm512_permutex2var_ps(a, even, b), inv, lo);
-      split16(_mm512_permutex2var_ps(a, odd, b), inv, hi);
-      for (int p = 0; p < 3; p++) {
+      planes16(_mm512_permutex2var_ps(a, even, b), inv, n_planes, lo);
+      planes16(_mm512_permutex2var_ps(a, odd, b), inv, n_planes, hi);
+      for (int p = 0; p < n_planes; p++) {
         _mm_storeu_si128((__m128i *)(at + p * plane_bytes), lo[p]);
         _mm_storeu_si128((__m128i *)(at + p * plane_bytes + 64), hi[p]);
       }
     }
   }
-  /* x ~ (h + m/256 + l/65536) / (inv_s * pre) */
-  return (float)(1.0 / ((double)inv_s * pre * 65536.0));
+  /* x ~ (h + m/256 + l/65536) / (inv_s * pre), or h / (inv_s * pre) */
+  return (float)(1.0 / ((double)inv_s * pre *
+                        (n_planes == 1   ? 1.0
+                         : n_planes == 2 ? 256.0
+                                         : 65536.0)));
 }
 
 /* The AVX-512 quantizer of ci_matmul_kernels.quantize_x_planes (uses no VNNI itself). */
 void ci_quantize_x_planes_avx512(int8_t *planes, float *units, const float *x, int64_t m, int64_t k,
-                                 int group, int bits, int64_t stride) {
+                                 int group, int bits, int64_t stride, int n_planes) {
   int64_t n_groups = k / group;
   for (int64_t i = 0; i < m; i++) {
     int8_t *row = planes + i * stride;
     __builtin_memset(row, 0, (size_t)stride); /* padding, and groups left 0 */
     for (int64_t g = 0; g < n_groups; g++)
-      units[i * n_groups + g] = quantize_group(x + i * k + g * group, group, g * group, bits, row);
+      units[i * n_groups + g] =
+          n_planes == 1   ? quantize_group(x + i * k + g * group, group, g * group, bits, row, 1)
+          : n_planes == 2 ? quantize_group(x + i * k + g * group, group, g * group, bits, row, 2)
+                          : quantize_group(x + i * k + g * group, group, g * group, bits, row, 3);
   }
 }
 

@@ -1,0 +1,214 @@
+/* AVX512_BF16 matmul kernels of fast precision: bf16 products with f32 accumulation through
+ * vdpbf16ps (two products of bf16 pairs added to each f32 lane, exactly). Row kernels (small m,
+ * bf16 weights) read x rounded to bf16 and stream 4 weight rows at a time against up to 4 x
+ * rows; panel kernels (large m, every weight format) decode 32 weight rows x 512 columns into a
+ * panel of bf16 column pairs (quantized weights dequantized to f32, then rounded to bf16) and run
+ * a 12x32 register-tiled loop over it, one vdpbf16ps per pair of columns where the f32 panel
+ * kernels need two FMAs. Each x row's sum runs in one fixed order whatever the other rows are
+ * (batch invariance). Called only when ci_cpu_bf16_dot_enabled(). */
+#include "backend/cpu/avx512_decode.h"
+
+#define INLINE CI_AVX512_INLINE
+
+enum {
+  VW = 16,       /* f32 lanes per vector; a vector holds 32 bf16 */
+  ROW_BLOCK = 4, /* weight rows per row-kernel block */
+  X_BLOCK = 4,   /* x rows per row-kernel block */
+  GEMM_MR = 12,  /* x rows per register tile: as the f32 panel kernels (x_pairs layout) */
+  GEMM_NR = 32,  /* weight rows per panel */
+  GEMM_KC = 512, /* columns per panel (256 pairs) */
+  PREFETCH_BYTES = 32768,
+};
+
+/* 32 bf16 as the operand type of vdpbf16ps. */
+INLINE __m512bh as_bh(__m512i v) {
+  return (__m512bh)v;
+}
+
+/* ==== Row kernels (bf16 weights, small m) ==== */
+
+/* y[i0:i0+xb, r:r+rb] = x_bf16 rows . W rows, 32 columns per vdpbf16ps; rb and xb are
+ * compile-time constants after inlining. */
+INLINE void gemv_block(const ci_matmul_job *job, int64_t r, int rb, int64_t i0, int xb) {
+  const int64_t k = job->k;
+  const uint16_t *x = job->x_bf16 + i0 * k;
+  const uint16_t *w = (const uint16_t *)job->w;
+  __m512 acc[ROW_BLOCK][X_BLOCK];
+  for (int j = 0; j < rb; j++)
+    for (int i = 0; i < xb; i++) acc[j][i] = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + 2 * VW <= k; c += 2 * VW) {
+    __m512i wv[ROW_BLOCK];
+    for (int j = 0; j < rb; j++) {
+      const uint16_t *p = w + (r + j) * k + c;
+      _mm_prefetch((const char *)p + PREFETCH_BYTES, _MM_HINT_T1);
+      wv[j] = _mm512_loadu_si512(p);
+    }
+    for (int i = 0; i < xb; i++) {
+      const __m512i xv = _mm512_loadu_si512(x + i * k + c);
+      for (int j = 0; j < rb; j++) acc[j][i] = _mm512_dpbf16_ps(acc[j][i], as_bh(wv[j]), as_bh(xv));
+    }
+  }
+  if (c < k) {
+    const __mmask32 tail = (__mmask32)((1ull << (k - c)) - 1);
+    __m512i wv[ROW_BLOCK];
+    for (int j = 0; j < rb; j++) wv[j] = _mm512_maskz_loadu_epi16(tail, w + (r + j) * k + c);
+    for (int i = 0; i < xb; i++) {
+      const __m512i xv = _mm512_maskz_loadu_epi16(tail, x + i * k + c);
+      for (int j = 0; j < rb; j++) acc[j][i] = _mm512_dpbf16_ps(acc[j][i], as_bh(wv[j]), as_bh(xv));
+    }
+  }
+  for (int i = 0; i < xb; i++)
+    for (int j = 0; j < rb; j++)
+      job->y[(i0 + i) * job->n + r + j] = _mm512_reduce_add_ps(acc[j][i]);
+}
+
+/* All x rows against weight rows [r, r+rb), x rows in blocks of X_BLOCK. */
+INLINE void gemv_row_block(const ci_matmul_job *job, int64_t r, int rb) {
+  int64_t i = 0;
+  for (; i + X_BLOCK <= job->m; i += X_BLOCK) gemv_block(job, r, rb, i, X_BLOCK);
+  switch (job->m - i) {
+  case 3:
+    gemv_block(job, r, rb, i, 3);
+    break;
+  case 2:
+    gemv_block(job, r, rb, i, 2);
+    break;
+  case 1:
+    gemv_block(job, r, rb, i, 1);
+    break;
+  default:
+    break;
+  }
+}
+
+/* Row kernel of bf16 weights: rows in blocks of ROW_BLOCK, the leftover rows one by one. */
+static void gemv_bf16(const ci_matmul_job *job, int64_t row_begin, int64_t row_end,
+                      float *scratch) {
+  (void)scratch;
+  int64_t r = row_begin;
+  for (; r + ROW_BLOCK <= row_end; r += ROW_BLOCK) gemv_row_block(job, r, ROW_BLOCK);
+  for (; r < row_end; r++) gemv_row_block(job, r, 1);
+}
+
+/* ==== Panel kernels (every format, large m) ==== */
+
+/* Pairs (v[2t], v[2t+1]) of 16 f32 rows-vectors rounded to bf16, as 16 words each: low half the
+ * even column. */
+INLINE __m512i bf16_pair(__m512 even, __m512 odd) {
+  const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(even));
+  const __m512i hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(odd));
+  return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+}
+
+/* Decodes W[row:row+32, c0:c0+kc) into panel[ceil(kc/2)][32] bf16 column pairs (columns past
+ * k are 0). */
+INLINE void pack_pair_panel(const ci_matmul_job *job, ci_weight_format f, int64_t row, int64_t c0,
+                            int64_t kc, uint32_t *panel) {
+  for (int64_t c = 0; c < kc; c += VW)
+    for (int half = 0; half < 2; half++) {
+      __m512 v[16];
+      decode_16x16(job, f, row + 16 * half, c0 + c, v);
+      transpose16x16(v); /* v[t]: column c0+c+t of the 16 rows */
+      for (int t = 0; t < 8; t++)
+        _mm512_store_si512(panel + (c / 2 + t) * GEMM_NR + 16 * half,
+                           bf16_pair(v[2 * t], v[2 * t + 1]));
+    }
+}
+
+/* y[i0:i0+rows, col:col+cols] (+)= x pairs . panel pairs over `pairs` column pairs, cols <= 32,
+ * rows <= MR a compile-time constant. Accumulates into y when `accumulate`, else overwrites. */
+INLINE void gemm_tile_rows(int64_t pairs, const uint32_t *x_panel, const uint32_t *panel, float *y,
+                           int64_t ldy, int rows, int cols, int accumulate) {
+  __m512 acc[GEMM_MR][2];
+  for (int i = 0; i < rows; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; p++) {
+    const __m512i w0 = _mm512_load_si512(panel + p * GEMM_NR);
+    const __m512i w1 = _mm512_load_si512(panel + p * GEMM_NR + VW);
+    for (int i = 0; i < rows; i++) {
+      const __m512i xv = _mm512_set1_epi32((int)x_panel[p * GEMM_MR + i]);
+      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], as_bh(w0), as_bh(xv));
+      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], as_bh(w1), as_bh(xv));
+    }
+  }
+  __mmask16 mask0 = cols >= VW ? 0xffff : (__mmask16)((1u << cols) - 1);
+  __mmask16 mask1 = cols >= 2 * VW ? 0xffff : (__mmask16)((1u << (cols > VW ? cols - VW : 0)) - 1);
+  for (int i = 0; i < rows; i++) {
+    float *out = y + i * ldy;
+    if (accumulate) {
+      acc[i][0] = _mm512_add_ps(acc[i][0], _mm512_maskz_loadu_ps(mask0, out));
+      acc[i][1] = _mm512_add_ps(acc[i][1], _mm512_maskz_loadu_ps(mask1, out + VW));
+    }
+    _mm512_mask_storeu_ps(out, mask0, acc[i][0]);
+    _mm512_mask_storeu_ps(out + VW, mask1, acc[i][1]);
+  }
+}
+
+/* gemm_tile_rows for any rows in 1..MR: one instantiation per row count. */
+static void gemm_tile(int64_t pairs, const uint32_t *x_panel, const uint32_t *panel, float *y,
+                      int64_t ldy, int rows, int cols, int accumulate) {
+  switch (rows) {
+#define TILE_CASE(n)                                                                               \
+  case n:                                                                                          \
+    gemm_tile_rows(pairs, x_panel, panel, y, ldy, n, cols, accumulate);                            \
+    break;
+    TILE_CASE(1)
+    TILE_CASE(2)
+    TILE_CASE(3)
+    TILE_CASE(4)
+    TILE_CASE(5)
+    TILE_CASE(6)
+    TILE_CASE(7)
+    TILE_CASE(8)
+    TILE_CASE(9)
+    TILE_CASE(10)
+    TILE_CASE(11)
+#undef TILE_CASE
+  default:
+    gemm_tile_rows(pairs, x_panel, panel, y, ldy, GEMM_MR, cols, accumulate);
+    break;
+  }
+}
+
+/* Panel kernel template: for each block of GEMM_KC columns, decode each 32-row panel of the
+ * chunk once into bf16 pairs and multiply it by every 12-row tile of x. */
+INLINE void gemm_rows(const ci_matmul_job *job, ci_weight_format f, int64_t row_begin,
+                      int64_t row_end, float *scratch) {
+  const int64_t k = job->k, m = job->m, x_pairs = (k + 1) / 2;
+  uint32_t *panel = (uint32_t *)scratch;
+  for (int64_t c0 = 0; c0 < k; c0 += GEMM_KC) {
+    const int64_t kc = k - c0 < GEMM_KC ? k - c0 : GEMM_KC;
+    const int64_t pairs = (kc + 1) / 2;
+    for (int64_t row = row_begin; row < row_end; row += GEMM_NR) {
+      const int cols = row_end - row < GEMM_NR ? (int)(row_end - row) : GEMM_NR;
+      pack_pair_panel(job, f, row, c0, kc, panel);
+      for (int64_t i0 = 0; i0 < m; i0 += GEMM_MR) {
+        const uint32_t *x_panel = job->x_pairs + i0 * x_pairs + c0 / 2 * GEMM_MR;
+        const int rows = m - i0 < GEMM_MR ? (int)(m - i0) : GEMM_MR;
+        gemm_tile(pairs, x_panel, panel, job->y + i0 * job->n + row, job->n, rows, cols, c0 > 0);
+      }
+    }
+  }
+}
+
+#define DEFINE_GEMM(suffix, format)                                                                \
+  static void gemm_##suffix(const ci_matmul_job *job, int64_t row_begin, int64_t row_end,          \
+                            float *scratch) {                                                      \
+    gemm_rows(job, format, row_begin, row_end, scratch);                                           \
+  }
+
+DEFINE_GEMM(bf16, CI_WF_BF16)
+DEFINE_GEMM(q8_f32, CI_WF_Q8_F32)
+DEFINE_GEMM(q8_f16, CI_WF_Q8_F16)
+DEFINE_GEMM(q8_bf16, CI_WF_Q8_BF16)
+DEFINE_GEMM(q4_f32, CI_WF_Q4_F32)
+DEFINE_GEMM(q4_f16, CI_WF_Q4_F16)
+DEFINE_GEMM(q4_bf16, CI_WF_Q4_BF16)
+
+const ci_matmul_rows_fn ci_matmul_gemv_bf16_dot_avx512[CI_WF_COUNT] = {[CI_WF_BF16] = gemv_bf16};
+
+const ci_matmul_rows_fn ci_matmul_gemm_bf16_dot_avx512[CI_WF_COUNT] = {
+    [CI_WF_BF16] = gemm_bf16,       [CI_WF_Q8_F32] = gemm_q8_f32, [CI_WF_Q8_F16] = gemm_q8_f16,
+    [CI_WF_Q8_BF16] = gemm_q8_bf16, [CI_WF_Q4_F32] = gemm_q4_f32, [CI_WF_Q4_F16] = gemm_q4_f16,
+    [CI_WF_Q4_BF16] = gemm_q4_bf16,
+};
