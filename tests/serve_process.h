@@ -1,6 +1,7 @@
 /* Tests that run `cinfer serve` as a child process: start it on a random loopback port with the
- * starter model (or another) and the test's flags, wait until GET /health answers 200, stop it
- * with SIGINT and return its exit status. Header-only, shared by the server tests. */
+ * starter model (or another) and the test's flags, wait until GET /health answers 200, send it
+ * plain HTTP/1.1 requests, stop it with SIGINT and return its exit status. Header-only, shared by
+ * the server tests. */
 #ifndef CI_TESTS_SERVE_PROCESS_H
 #define CI_TESTS_SERVE_PROCESS_H
 
@@ -8,6 +9,7 @@
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -40,6 +42,51 @@ static inline int serve_healthy(int port) {
   }
   close(fd);
   return ok;
+}
+
+/* One HTTP/1.1 request to 127.0.0.1:port (Authorization: Bearer key when key is not NULL, a JSON
+ * body when json is not NULL); returns the status (-1 when nothing answered) and *body gets the
+ * response body (malloc'd; NULL when nothing answered or out of memory). */
+static inline int serve_http(int port, const char *method, const char *path, const char *key,
+                             const char *json, char **body) {
+  *body = NULL;
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  if (connect(fd, (struct sockaddr *)&addr, sizeof addr)) {
+    close(fd);
+    return -1;
+  }
+  char head[512];
+  const size_t n = json ? strlen(json) : 0;
+  snprintf(head, sizeof head,
+           "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+           "Content-Length: %zu\r\n%s%s%s\r\n",
+           method, path, n, key ? "Authorization: Bearer " : "", key ? key : "", key ? "\r\n" : "");
+  if (write(fd, head, strlen(head)) < 0 || (n && write(fd, json, n) < 0)) {
+    close(fd);
+    return -1;
+  }
+  size_t len = 0, cap = 1 << 16;
+  char *buf = malloc(cap);
+  ssize_t got = 0;
+  while (buf && (got = read(fd, buf + len, cap - len - 1)) > 0) {
+    len += (size_t)got;
+    if (len + 1 == cap) {
+      char *bigger = realloc(buf, cap *= 2);
+      if (!bigger) free(buf);
+      buf = bigger;
+    }
+  }
+  close(fd);
+  if (!buf) return -1;
+  buf[len] = '\0';
+  int status = -1;
+  sscanf(buf, "HTTP/1.%*d %d", &status);
+  const char *start = strstr(buf, "\r\n\r\n");
+  *body = strdup(start ? start + 4 : "");
+  free(buf);
+  return status;
 }
 
 /* Starts `cinfer serve --model MODEL --port P FLAGS...` (flags NULL-terminated, at most 24) on a

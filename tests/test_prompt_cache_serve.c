@@ -34,45 +34,6 @@
 
 typedef serve_process server;
 
-/* One HTTP/1.1 request to 127.0.0.1:port; returns the status, *body gets the response body
- * (malloc'd). */
-static int http(int port, const char *method, const char *path, const char *key, const char *json,
-                char **body) {
-  *body = NULL;
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  if (connect(fd, (struct sockaddr *)&addr, sizeof addr)) {
-    close(fd);
-    return -1;
-  }
-  char head[512];
-  const size_t n = json ? strlen(json) : 0;
-  snprintf(head, sizeof head,
-           "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
-           "Content-Length: %zu\r\n%s%s%s\r\n",
-           method, path, n, key ? "Authorization: Bearer " : "", key ? key : "", key ? "\r\n" : "");
-  if (write(fd, head, strlen(head)) < 0 || (n && write(fd, json, n) < 0)) {
-    close(fd);
-    return -1;
-  }
-  size_t len = 0, cap = 1 << 16;
-  char *buf = malloc(cap);
-  ssize_t got;
-  while ((got = read(fd, buf + len, cap - len - 1)) > 0) {
-    len += (size_t)got;
-    if (len + 1 == cap) buf = realloc(buf, cap *= 2);
-  }
-  close(fd);
-  buf[len] = '\0';
-  int status = -1;
-  sscanf(buf, "HTTP/1.%*d %d", &status);
-  const char *start = strstr(buf, "\r\n\r\n");
-  *body = strdup(start ? start + 4 : "");
-  free(buf);
-  return status;
-}
-
 /* Starts cinfer serve with the starter model and the given extra flags (NULL-terminated). */
 static int start_server(server *s, const char *const *extra) {
   const char *flags[32] = {"--threads", "1", "--quiet"};
@@ -101,7 +62,7 @@ static void complete(int port, completion *c) {
   snprintf(req, sizeof req,
            "{\"prompt\": \"%s\", \"max_tokens\": 8, \"temperature\": 0, \"logprobs\": 5}", PROMPT);
   char *body;
-  assert_int_equal(http(port, "POST", "/v1/completions", KEY, req, &body), 200);
+  assert_int_equal(serve_http(port, "POST", "/v1/completions", KEY, req, &body), 200);
   json_t *j = json_loads(body, 0, NULL);
   assert_non_null(j);
   const json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
@@ -122,7 +83,7 @@ static void completion_free(completion *c) {
 static int post(int port, const char *path, const char *key, const char *json, const char *field,
                 long long *value) {
   char *body;
-  const int status = http(port, "POST", path, key, json, &body);
+  const int status = serve_http(port, "POST", path, key, json, &body);
   json_t *j = json_loads(body, 0, NULL);
   if (field && value) *value = json_integer_value(json_object_get(j, field));
   if (status != 200) fprintf(stderr, "%s -> %d %s\n", path, status, body);
@@ -198,7 +159,7 @@ static void test_restart_through_the_server(void **state) {
   assert_string_equal(restored.text, fresh.text);
   assert_string_equal(restored.logprobs, hit.logprobs); /* bit-identical, as printed */
   char *stats;
-  assert_int_equal(http(b.port, "GET", "/stats", KEY, NULL, &stats), 200);
+  assert_int_equal(serve_http(b.port, "GET", "/stats", KEY, NULL, &stats), 200);
   assert_non_null(strstr(stats, "\"prompt_cache\""));
   free(stats);
   assert_int_equal(stop_server(&b), 0);

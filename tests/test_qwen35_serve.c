@@ -35,49 +35,6 @@ typedef struct {
   serve_process server;
 } fixture;
 
-/* One HTTP/1.1 request to 127.0.0.1:port; returns the status, *body gets the response body
- * (malloc'd). */
-static int http(int port, const char *method, const char *path, const char *json, char **body) {
-  *body = NULL;
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  if (connect(fd, (struct sockaddr *)&addr, sizeof addr)) {
-    close(fd);
-    return -1;
-  }
-  char head[256];
-  const size_t n = json ? strlen(json) : 0;
-  snprintf(head, sizeof head,
-           "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
-           "Content-Length: %zu\r\n\r\n",
-           method, path, n);
-  if (write(fd, head, strlen(head)) < 0 || (n && write(fd, json, n) < 0)) {
-    close(fd);
-    return -1;
-  }
-  size_t len = 0, cap = 1 << 16;
-  char *buf = malloc(cap);
-  assert_non_null(buf);
-  ssize_t got;
-  while ((got = read(fd, buf + len, cap - len - 1)) > 0) {
-    len += (size_t)got;
-    if (len + 1 == cap) {
-      char *bigger = realloc(buf, cap *= 2);
-      assert_non_null(bigger);
-      buf = bigger;
-    }
-  }
-  close(fd);
-  buf[len] = '\0';
-  int status = -1;
-  sscanf(buf, "HTTP/1.%*d %d", &status);
-  const char *start = strstr(buf, "\r\n\r\n");
-  *body = strdup(start ? start + 4 : "");
-  free(buf);
-  return status;
-}
-
 static void write_file(const char *dir, const char *name, const char *text, size_t len) {
   char path[256];
   snprintf(path, sizeof path, "%s/%s", dir, name);
@@ -178,7 +135,7 @@ static int teardown(void **state) {
 /* Sends json (NULL: a GET) and returns the parsed 200 response. */
 static json_t *request(const fixture *f, const char *path, const char *json) {
   char *body;
-  const int status = http(f->server.port, json ? "POST" : "GET", path, json, &body);
+  const int status = serve_http(f->server.port, json ? "POST" : "GET", path, NULL, json, &body);
   if (status != 200) fail_msg("%s -> %d %s", path, status, body ? body : "");
   json_t *j = json_loads(body, 0, NULL);
   if (!j) fail_msg("%s: not JSON: %s", path, body);
@@ -236,11 +193,12 @@ static void test_thinking_on_and_off(void **state) {
   json_decref(r);
   /* an unknown thinking type is a 400 naming the field */
   char *body;
-  assert_int_equal(http(f->server.port, "POST", "/v1/messages",
-                        "{\"model\": \"m\", \"max_tokens\": 4, \"messages\": [{\"role\": "
-                        "\"user\", \"content\": \"Hi\"}], \"thinking\": {\"type\": \"maybe\"}}",
-                        &body),
-                   400);
+  assert_int_equal(
+      serve_http(f->server.port, "POST", "/v1/messages", NULL,
+                 "{\"model\": \"m\", \"max_tokens\": 4, \"messages\": [{\"role\": "
+                 "\"user\", \"content\": \"Hi\"}], \"thinking\": {\"type\": \"maybe\"}}",
+                 &body),
+      400);
   assert_non_null(strstr(body, "thinking.type"));
   free(body);
   /* thinking off: the template closes an empty think block, the reply is content */
@@ -298,7 +256,8 @@ static void test_xml_tool_call(void **state) {
       ", \"max_tokens\": 40, \"temperature\": 0, \"stream\": true, "
       "\"chat_template_kwargs\": {\"enable_thinking\": false}}";
   char *body;
-  assert_int_equal(http(f->server.port, "POST", "/v1/chat/completions", stream_req, &body), 200);
+  assert_int_equal(
+      serve_http(f->server.port, "POST", "/v1/chat/completions", NULL, stream_req, &body), 200);
   int saw_call = 0, saw_finish = 0;
   for (char *line = strtok(body, "\n"); line; line = strtok(NULL, "\n")) {
     if (strncmp(line, "data: {", 7)) continue;
