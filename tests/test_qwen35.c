@@ -838,7 +838,8 @@ static void check_tight_budget(ci_model *m) {
 /* The engine's prefix cache on a hybrid model: a repeated prompt resumes from the snapshot at
  * its last prefill-chunk boundary (96 of 100 tokens: the same chunks as without the cache, so
  * the same logprobs bit for bit), and the next turn of a conversation from the snapshot the
- * first request left while decoding (112); both give the tokens of an engine without cache. */
+ * first request left while decoding (112); both give the tokens of an engine without cache. The
+ * snapshots are arena slabs: the next turn makes no backend allocation. */
 static void check_prefix_cache(ci_model *m) {
   enum { P = 100, GEN = 14, MORE = 20, NEXT = P + GEN + MORE };
   int32_t prompt[NEXT], ref[2][GEN], got[GEN];
@@ -880,7 +881,11 @@ static void check_prefix_cache(ci_model *m) {
   assert_int_equal(done.cached_tokens, 96);
   assert_memory_equal(got, ref[0], sizeof got);
   assert_memory_equal(got_lp, ref_lp[0], sizeof got_lp);
+  /* the next turn takes new snapshots (at its chunk ends and while decoding) and allocates
+   * nothing: they are arena slabs like the sequences' states */
+  const int64_t allocations = m->be->ops->allocation_count(m->be);
   assert_int_equal(run_job(e, &next, got, got_lp, &done), GEN);
+  assert_int_equal(m->be->ops->allocation_count(m->be), allocations);
   assert_int_equal(done.cached_tokens, 112);
   assert_memory_equal(got, ref[1], sizeof got);
   for (int t = 0; t < GEN; t++) assert_true(fabsf(got_lp[t] - ref_lp[1][t]) < 1e-4f);

@@ -21,8 +21,9 @@ typedef struct node {
   ci_kv_block_ref *refs; /* [n_groups]; id -1 = not held */
   struct node *bucket_next;
   struct node *lru_prev, *lru_next; /* lru_prev toward the least recently used */
-  float *state;    /* hybrid models: the recurrent state at the end of this block, or NULL */
-  int state_moved; /* the snapshot was taken while decoding (the next one replaces it) */
+  float *state;        /* hybrid models: the recurrent state at the end of this block, or NULL */
+  int32_t state_slabs; /* the arena slabs it takes (0: a backend allocation) */
+  int state_moved;     /* the snapshot was taken while decoding (the next one replaces it) */
 } node;
 
 struct ci_prefix_cache {
@@ -143,14 +144,15 @@ static void touch(ci_prefix_cache *pc, node *x) {
 /* Drops x's state snapshot. */
 static void drop_state(ci_prefix_cache *pc, node *x) {
   if (!x->state) return;
-  pc->kv->be->ops->release(pc->kv->be, x->state);
+  ci_kv_cache_state_give(pc->kv, x->state, x->state_slabs);
   x->state = NULL;
+  x->state_slabs = 0;
   pc->n_states--;
 }
 
 /* Bytes that releasing x's blocks (and state snapshot) would free now. */
 static int64_t node_free_bytes(const ci_prefix_cache *pc, const node *x, int n_groups) {
-  int64_t bytes = x->state ? pc->kv->state_bytes : 0;
+  int64_t bytes = x->state ? ci_kv_cache_state_footprint(pc->kv) : 0;
   for (int g = 0; g < n_groups; g++)
     if (x->refs[g].id >= 0 && ci_kv_pool_refcount(x->refs[g].pool, x->refs[g].id) == 1)
       bytes += ci_kv_pool_block_bytes(x->refs[g].pool);
@@ -408,8 +410,13 @@ int ci_prefix_cache_snapshot(ci_prefix_cache *pc, uint64_t key, const int32_t *t
   }
   if (x->state) return CI_OK;
   ci_backend *be = pc->kv->be;
-  x->state = be->ops->alloc_uninitialized(be, (size_t)pc->kv->state_bytes);
-  if (!x->state) return CI_ERR;
+  /* from the KV arena like the sequences' states; with no run free the block stays without a
+   * snapshot (a later request re-runs that part of the prompt) */
+  x->state = ci_kv_cache_state_take(pc->kv, &x->state_slabs);
+  if (!x->state) {
+    x->state_slabs = 0;
+    return CI_OK;
+  }
   be->ops->copy_bytes(be, x->state, seq->state, (size_t)pc->kv->state_bytes);
   x->state_moved = moving;
   pc->n_states++;

@@ -71,8 +71,9 @@ int ci_prefix_cache_insert(ci_prefix_cache *pc, uint64_t key, const int32_t *tok
  * state with the last one, so that a prefix ending there can be attached. `moving`: taken while
  * decoding; such a snapshot is dropped when the same chain gets the next one further on, so a
  * decoding sequence leaves one behind it (those taken at prefill chunk ends stay). Snapshots
- * count in the cache's bytes and go with their block's node. Returns CI_OK, or CI_ERR when out of
- * memory (nothing stored). */
+ * count in the cache's bytes and go with their block's node. They are taken like the sequences'
+ * states (ci_kv_cache_state_take: arena slabs with a budget, so a step never allocates); with
+ * no room the block stays without one (nothing stored). Returns CI_OK. */
 int ci_prefix_cache_snapshot(ci_prefix_cache *pc, uint64_t key, const int32_t *tokens,
                              const ci_kv_seq *seq, int moving);
 

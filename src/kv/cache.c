@@ -305,6 +305,20 @@ static void give_state_memory(ci_kv_cache *cache, float *memory, int64_t bytes, 
   }
 }
 
+float *ci_kv_cache_state_take(ci_kv_cache *cache, int32_t *slabs) {
+  *slabs = 0;
+  if (cache->state_bytes <= 0) return ci_fail("kv cache: this model has no recurrent state"), NULL;
+  return take_state_memory(cache, cache->state_bytes, slabs);
+}
+
+void ci_kv_cache_state_give(ci_kv_cache *cache, float *state, int32_t slabs) {
+  give_state_memory(cache, state, cache->state_bytes, slabs);
+}
+
+int64_t ci_kv_cache_state_footprint(const ci_kv_cache *cache) {
+  return state_footprint(cache, cache->state_bytes);
+}
+
 int64_t ci_kv_cache_bytes_used(const ci_kv_cache *cache) {
   int64_t bytes = cache->state_held;
   for (int g = 0; g < cache->n_groups; g++) bytes += ci_kv_group_bytes_used(cache, g);

@@ -158,6 +158,16 @@ int64_t ci_kv_cache_state_bytes(const ci_kv_cache *cache);
  * counts this beside the blocks. */
 int64_t ci_kv_cache_state_cost(const ci_kv_cache *cache, int64_t max_round_rows);
 
+/* One more state-sized buffer (a prefix-cache snapshot of a sequence's state): a run of whole
+ * arena slabs with a budget (*slabs set; counted in bytes used), else a backend allocation (*slabs
+ * 0). Its contents are undefined. NULL with ci_last_error when the arena has no such run. Give it
+ * back with ci_kv_cache_state_give. */
+float *ci_kv_cache_state_take(ci_kv_cache *cache, int32_t *slabs);
+void ci_kv_cache_state_give(ci_kv_cache *cache, float *state, int32_t slabs);
+
+/* Bytes one such buffer takes (whole slabs with a budget). */
+int64_t ci_kv_cache_state_footprint(const ci_kv_cache *cache);
+
 /* Bytes of the arena's slabs taken (by pools and states); 0 without a budget. */
 int64_t ci_kv_cache_arena_bytes_taken(const ci_kv_cache *cache);
 
