@@ -721,6 +721,18 @@ static void check_rollback(ci_model *m) {
   free(b);
 }
 
+/* A greedy engine job of the n-token prompt for max_tokens tokens. */
+static ci_engine_job greedy_job(const int32_t *prompt, int n, int max_tokens) {
+  ci_engine_job job;
+  memset(&job, 0, sizeof job);
+  job.prompt = prompt;
+  job.n_prompt = n;
+  job.max_tokens = max_tokens;
+  ci_sampler_params_default(&job.sampling);
+  job.sampling.temperature = 0;
+  return job;
+}
+
 /* Speculative decoding by prompt lookup in the engine gives the tokens of plain decoding, with
  * drafts accepted. */
 static void check_speculation(ci_model *m) {
@@ -728,13 +740,7 @@ static void check_speculation(ci_model *m) {
   int32_t prompt[P], ref[GEN], got[GEN];
   float ref_lp[GEN], got_lp[GEN];
   for (int t = 0; t < P; t++) prompt[t] = (int32_t)(3 + t % 6); /* repetitive: drafts exist */
-  ci_engine_job job;
-  memset(&job, 0, sizeof job);
-  job.prompt = prompt;
-  job.n_prompt = P;
-  job.max_tokens = GEN;
-  ci_sampler_params_default(&job.sampling);
-  job.sampling.temperature = 0;
+  ci_engine_job job = greedy_job(prompt, P, GEN);
   ci_engine_options o;
   ci_engine_options_default(&o);
   o.ctx_size = 256;
@@ -790,13 +796,7 @@ static void check_tight_budget(ci_model *m) {
   int32_t prompt[P], ref[GEN], got[GEN];
   float lp[GEN];
   for (int t = 0; t < P; t++) prompt[t] = (int32_t)(3 + t % 5);
-  ci_engine_job job;
-  memset(&job, 0, sizeof job);
-  job.prompt = prompt;
-  job.n_prompt = P;
-  job.max_tokens = GEN;
-  ci_sampler_params_default(&job.sampling);
-  job.sampling.temperature = 0;
+  ci_engine_job job = greedy_job(prompt, P, GEN);
   ci_engine_options o;
   ci_engine_options_default(&o);
   o.ctx_size = 128;
@@ -845,13 +845,7 @@ static void check_prefix_cache(ci_model *m) {
   int32_t prompt[NEXT], ref[2][GEN], got[GEN];
   float ref_lp[2][GEN], got_lp[GEN];
   prompt_ids(prompt, P, m->spec.vocab);
-  ci_engine_job job;
-  memset(&job, 0, sizeof job);
-  job.prompt = prompt;
-  job.n_prompt = P;
-  job.max_tokens = GEN;
-  ci_sampler_params_default(&job.sampling);
-  job.sampling.temperature = 0;
+  ci_engine_job job = greedy_job(prompt, P, GEN);
   ci_engine_options o;
   ci_engine_options_default(&o);
   o.prefill_chunk = 32;

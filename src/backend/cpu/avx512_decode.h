@@ -6,22 +6,11 @@
 #define CI_BACKEND_CPU_AVX512_DECODE_H
 
 #include "backend/cpu/kernels_impl.h"
+#include "backend/cpu/scale_load.h"
 
 #include <immintrin.h>
 
 #define CI_AVX512_INLINE static inline __attribute__((always_inline))
-
-/* f32 value i of a scale/bias array of dtype sdt. */
-CI_AVX512_INLINE float load_scale(ci_dtype sdt, const void *p, int64_t i) {
-  switch (sdt) {
-  case CI_F16:
-    return _cvtsh_ss(((const uint16_t *)p)[i]);
-  case CI_BF16:
-    return ci_bf16_to_f32(((const uint16_t *)p)[i]);
-  default:
-    return ((const float *)p)[i];
-  }
-}
 
 /* Widens 16 bf16 values to f32. */
 CI_AVX512_INLINE __m512 bf16x16_to_f32(__m256i h) {

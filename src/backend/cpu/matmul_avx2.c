@@ -5,6 +5,7 @@
  * register-tiled outer-product loop over it. Every kernel is one always-inline template
  * instantiated per weight format. */
 #include "backend/cpu/kernels_impl.h"
+#include "backend/cpu/scale_load.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -25,18 +26,6 @@ enum {
 };
 
 /* ==== Loading and decoding weights ==== */
-
-/* f32 value i of a scale/bias array of dtype sdt. */
-INLINE float load_scale(ci_dtype sdt, const void *p, int64_t i) {
-  switch (sdt) {
-  case CI_F16:
-    return _cvtsh_ss(((const uint16_t *)p)[i]);
-  case CI_BF16:
-    return ci_bf16_to_f32(((const uint16_t *)p)[i]);
-  default:
-    return ((const float *)p)[i];
-  }
-}
 
 /* Widens 8 bf16 values to f32. */
 INLINE __m256 bf16x8_to_f32(__m128i h) {
