@@ -565,7 +565,7 @@ extern "C" ci_backend *ci_cuda_backend_create(int gpu, int n_threads) {
   cu->ring.bytes = RING_BYTES;
   cu->ring.device = (uint8_t *)ci_cuda_malloc(cu, RING_BYTES);
   if (!cu->ring.device || ci_cuda_blas_create(cu) || ci_cuda_graphs_create(cu) ||
-      ci_cuda_flash_init(cu)) {
+      ci_cuda_flash_init(cu) || ci_cuda_gemv_init(cu)) {
     cuda_destroy(&cu->base);
     return NULL;
   }

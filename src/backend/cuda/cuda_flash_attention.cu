@@ -19,6 +19,7 @@
  * Precision: with two input planes (exact) q and P enter the tensor cores as bf16 value plus
  * bf16 remainder (about 16 mantissa bits, like the matmuls); with one plane as bf16. */
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_mma.cuh"
 
 #include <string.h>
 
@@ -47,27 +48,6 @@ __device__ static inline uint32_t pack_bf16_rest(float lo, float hi) {
   const float rl = lo - __bfloat162float(__float2bfloat16_rn(lo));
   const float rh = hi - __bfloat162float(__float2bfloat16_rn(hi));
   return pack_bf16(rl, rh);
-}
-
-__device__ static inline void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ static inline void ldmatrix_x4(uint32_t r[4], const void *smem) {
-  const unsigned address = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-}
-
-__device__ static inline void ldmatrix_x4_trans(uint32_t r[4], const void *smem) {
-  const unsigned address = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
 }
 
 /* Folds one split's softmax state (pm, pl, pacc) into the running total (tm, tl, tacc). A split
@@ -221,20 +201,32 @@ __global__ static void __launch_bounds__(W * 32)
                              : p_max;
   const int64_t first_tile = key_from / FA_KEYS * FA_KEYS;
   int bad_block = 0;
-  /* thread t looks up key t % FA_KEYS of a tile, K (t < FA_KEYS) or V */
+  /* thread t looks up key t % FA_KEYS of a tile, K (t < FA_KEYS) or V: every block-table entry
+   * first (independent loads, in flight together), then the row addresses */
+  const int32_t *const table = g->table[s];
+  const int64_t n_entries = g->n_entries[s];
   auto find_rows = [&](int64_t tile0, int stage) {
-    for (int t = threadIdx.x; t < 2 * FA_KEYS; t += W * 32) {
+    constexpr int PER_THREAD = (2 * FA_KEYS + W * 32 - 1) / (W * 32);
+    int32_t block[PER_THREAD];
+#pragma unroll
+    for (int i = 0; i < PER_THREAD; i++) {
+      const int t = threadIdx.x + i * W * 32;
+      const int64_t key = tile0 + t % FA_KEYS;
+      const int64_t entry = key / L.block_tokens;
+      block[i] = t < 2 * FA_KEYS && key >= key_from && key <= key_to
+                     ? (entry < n_entries ? __ldg(table + entry) : -1)
+                     : INT32_MIN; /* no key of the rows */
+    }
+#pragma unroll
+    for (int i = 0; i < PER_THREAD; i++) {
+      const int t = threadIdx.x + i * W * 32;
+      if (t >= 2 * FA_KEYS) continue;
       const int key_in_tile = t % FA_KEYS, value = t / FA_KEYS;
-      const int64_t key = tile0 + key_in_tile;
       const uint8_t *row = NULL;
-      if (key >= key_from && key <= key_to) {
-        const int64_t entry = key / L.block_tokens;
-        const int32_t block = entry < g->n_entries[s] ? g->table[s][entry] : -1;
-        if (block < 0)
-          bad_block = 1;
-        else
-          row = fa_row_address(L, value, block, key % L.block_tokens, kv_head);
-      }
+      if (block[i] != INT32_MIN && block[i] < 0)
+        bad_block = 1;
+      else if (block[i] >= 0)
+        row = fa_row_address(L, value, block[i], (tile0 + key_in_tile) % L.block_tokens, kv_head);
       tail->rows[stage][value][key_in_tile] = row;
     }
   };

@@ -190,8 +190,37 @@ static int add_then_norm(const ci_cuda_cmd *a, const ci_cuda_cmd *b) {
                                      b->a.rmsnorm.dim);
 }
 
+/* 1 when matmul command b multiplies the same input as a (a's output is not that input), so the
+ * two can run as parts of one launch. */
+static int same_input_matmul(const ci_cuda_cmd *a, const ci_cuda_cmd *b) {
+  return a->kind == CMD_MATMUL && b->kind == CMD_MATMUL && b->a.matmul.x == a->a.matmul.x &&
+         b->a.matmul.m == a->a.matmul.m && b->a.matmul.k == a->a.matmul.k &&
+         b->a.matmul.dtype == a->a.matmul.dtype && (const float *)a->a.matmul.y != a->a.matmul.x &&
+         (const float *)b->a.matmul.y != b->a.matmul.x;
+}
+
+/* Runs matmul commands [c, c + parts) of one input as one launch. */
+static int run_matmuls(ci_cuda *cu, const ci_cuda_cmd *c, int parts) {
+  const void *w[CI_CUDA_GEMV_MAX_PARTS];
+  int64_t n[CI_CUDA_GEMV_MAX_PARTS];
+  float *y[CI_CUDA_GEMV_MAX_PARTS];
+  for (int p = 0; p < parts; p++) {
+    size_t need[2];
+    ci_cuda_matmul_scratch(cu, c[p].a.matmul.dtype, c[p].a.matmul.n, c[p].a.matmul.k,
+                           c[p].a.matmul.m, need);
+    for (int s = 0; s < 2; s++)
+      if (need[s] && !ci_cuda_scratch(cu, s, need[s])) return CI_ERR;
+    w[p] = c[p].a.matmul.w;
+    n[p] = c[p].a.matmul.n;
+    y[p] = c[p].a.matmul.y;
+  }
+  return ci_cuda_matmul_launch_parts(cu, parts, w, c->a.matmul.dtype, n, c->a.matmul.k,
+                                     c->a.matmul.x, c->a.matmul.m, y);
+}
+
 /* Runs the recorded commands in order, a residual add and the norm after it as one kernel (the
- * same arithmetic as the two). */
+ * same arithmetic as the two), and consecutive matmuls of one input (q, k, v; gate, up) as one
+ * launch (each row's arithmetic unchanged). */
 static int run_all(ci_cuda *cu) {
   ci_cuda_graphs *g = cu->graphs;
   for (int i = 0; i < g->n_cmds; i++) {
@@ -207,6 +236,16 @@ static int run_all(ci_cuda *cu) {
         mark_converted(cu, norm->a.rmsnorm.out, n);
       if (cu->sticky_error) return CI_ERR;
       i++;
+      continue;
+    }
+    if (c->kind == CMD_MATMUL) {
+      int parts = 1;
+      while (parts < CI_CUDA_GEMV_MAX_PARTS && i + parts < g->n_cmds &&
+             same_input_matmul(c, c + parts))
+        parts++;
+      if (run_matmuls(cu, c, parts)) return CI_ERR;
+      if (cu->sticky_error) return CI_ERR;
+      i += parts - 1;
       continue;
     }
     if (ci_cuda_execute(cu, c)) return CI_ERR;

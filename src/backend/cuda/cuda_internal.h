@@ -169,7 +169,8 @@ typedef struct {
    * [2] per-split attention states */
   void *scratch[3];
   size_t scratch_bytes[3];
-  int n_sms; /* streaming multiprocessors of the device */
+  int n_sms;       /* streaming multiprocessors of the device */
+  int smem_per_sm; /* shared memory bytes per SM */
   /* the matmul input last converted into scratch[0] (NULL: none valid); q/k/v and gate/up
    * products of one input convert it once */
   const float *converted_x;
@@ -232,6 +233,11 @@ void ci_cuda_blas_destroy(ci_cuda *cu);
 /* Launches y = x W^T (cuBLASLt); the scratch it needs must already be reserved. */
 int ci_cuda_matmul_launch(ci_cuda *cu, const void *w, int dtype, int64_t n, int64_t k,
                           const float *x, int64_t m, float *y);
+/* The same for `parts` matrices that multiply one input x (y[p] = x w[p]^T): small batches run as
+ * one launch of the small-batch kernel. */
+int ci_cuda_matmul_launch_parts(ci_cuda *cu, int parts, const void *const *w, int dtype,
+                                const int64_t *n, int64_t k, const float *x, int64_t m,
+                                float *const *y);
 /* Scratch bytes (slots 0 and 1) a matmul of this shape needs. */
 void ci_cuda_matmul_scratch(const ci_cuda *cu, int dtype, int64_t n, int64_t k, int64_t m,
                             size_t need[2]);
@@ -280,6 +286,16 @@ void ci_cuda_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
 /* ==== cuda_flash_attention.cu ==== */
 /* Raises the kernels' shared-memory limit (once, at backend creation). */
 int ci_cuda_flash_init(ci_cuda *cu);
+
+/* cuda_gemv.cu: the small-batch bf16 matmul, bit-identical to cuBLASLt's rows. fits: whether it
+ * takes this product (bf16 weights, planes * m <= 8 input rows, n % 8 == 0, k % 16 == 0). launch:
+ * y[p] = x @ w[p]^T for `parts` (1..CI_CUDA_GEMV_MAX_PARTS) matrices of n[p] rows sharing the
+ * input x, which holds `planes` bf16 planes of m rows each. */
+enum { CI_CUDA_GEMV_MAX_PARTS = 3 };
+int ci_cuda_gemv_init(ci_cuda *cu);
+int ci_cuda_gemv_fits(int dtype, int64_t n, int64_t k, int64_t m, int planes);
+void ci_cuda_gemv_launch(ci_cuda *cu, int parts, const void *const *w, const int64_t *n,
+                         float *const *y, int64_t k, const void *x, int64_t m, int planes);
 /* 1 when the tensor-core kernel runs this layout with n_heads query heads. */
 int ci_cuda_flash_supported(const ci_cuda_kv_layout *L, int n_heads);
 /* Warps per block for a launch whose sequences have at most max_rows_per_seq rows. */

@@ -2,7 +2,9 @@
  * weights. x is f32 in the workspace; for half-precision weights it is rounded to the weight's
  * type first (one conversion kernel), and the product accumulates in f32. cuBLASLt runs with no
  * workspace, so it never splits K across blocks: a row's result is the same for every m, which
- * keeps batched rows bit-identical to solo ones (tested on the GPU). Plans (layouts and the
+ * keeps batched rows bit-identical to solo ones (tested on the GPU). Up to 16 input rows of bf16
+ * weights go to the small-batch kernel of cuda_gemv.cu instead, which computes the same bits at
+ * the bandwidth limit. Plans (layouts and the
  * chosen algorithm) are cached per shape; cuBLASLt itself is opened at run time, so programs that
  * never start a GPU never load it. */
 #include "backend/cuda/cuda_internal.h"
@@ -175,13 +177,31 @@ void ci_cuda_matmul_scratch(const ci_cuda *cu, int dtype, int64_t n, int64_t k, 
                             size_t need[2]) {
   const int planes = dtype == CI_F32 ? 1 : cu->input_planes;
   need[0] = dtype == CI_F32 ? 0 : (size_t)planes * m * k * sizeof(uint16_t);
-  need[1] = planes == 2 ? (size_t)2 * m * n * sizeof(float) : 0;
+  need[1] = planes == 2 && !ci_cuda_gemv_fits(dtype, n, k, m, planes)
+                ? (size_t)2 * m * n * sizeof(float)
+                : 0;
 }
 
-int ci_cuda_matmul_launch(ci_cuda *cu, const void *w, int dtype, int64_t n, int64_t k,
-                          const float *x, int64_t m, float *y) {
+/* y = x W^T with cuBLASLt, x already in the weight's type (planes of m rows). */
+static int blas_launch(ci_cuda *cu, const void *w, int dtype, int64_t n, int64_t k,
+                       const void *input, int64_t m, int planes, float *y) {
+  float *out = planes == 2 ? (float *)cu->scratch[1] : y; /* rows [0, m): values, then remainders */
+  plan *p = plan_get(cu, n, k, planes * m, dtype);
+  if (!p) return CI_ERR;
+  const float one = 1.0f, zero = 0.0f;
+  cublasStatus_t st = cu->blas->matmul(cu->blas->handle, p->desc, &one, w, p->a, input, p->b, &zero,
+                                       out, p->c, out, p->c, &p->algo, NULL, 0, cu->stream);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    return ci_fail("cuBLASLt: matmul %lld x %lld x %lld failed (status %d)", (long long)m,
+                   (long long)n, (long long)k, (int)st);
+  if (planes == 2) ci_cuda_sum(cu, y, out, out + m * n, m * n);
+  return CI_OK;
+}
+
+int ci_cuda_matmul_launch_parts(ci_cuda *cu, int parts, const void *const *w, int dtype,
+                                const int64_t *n, int64_t k, const float *x, int64_t m,
+                                float *const *y) {
   const void *input = x;
-  float *out = y;
   const int planes = dtype == CI_F32 ? 1 : cu->input_planes;
   if (dtype != CI_F32) {
     const int kind = dtype * 4 + planes;
@@ -193,15 +213,18 @@ int ci_cuda_matmul_launch(ci_cuda *cu, const void *w, int dtype, int64_t n, int6
     }
     input = cu->scratch[0];
   }
-  if (planes == 2) out = (float *)cu->scratch[1]; /* rows [0, m): values, [m, 2m): remainders */
-  plan *p = plan_get(cu, n, k, planes * m, dtype);
-  if (!p) return CI_ERR;
-  const float one = 1.0f, zero = 0.0f;
-  cublasStatus_t st = cu->blas->matmul(cu->blas->handle, p->desc, &one, w, p->a, input, p->b, &zero,
-                                       out, p->c, out, p->c, &p->algo, NULL, 0, cu->stream);
-  if (st != CUBLAS_STATUS_SUCCESS)
-    return ci_fail("cuBLASLt: matmul %lld x %lld x %lld failed (status %d)", (long long)m,
-                   (long long)n, (long long)k, (int)st);
-  if (planes == 2) ci_cuda_sum(cu, y, out, out + m * n, m * n);
+  int small = parts <= CI_CUDA_GEMV_MAX_PARTS;
+  for (int p = 0; p < parts; p++) small &= ci_cuda_gemv_fits(dtype, n[p], k, m, planes);
+  if (small) {
+    ci_cuda_gemv_launch(cu, parts, w, n, y, k, input, m, planes);
+    return CI_OK;
+  }
+  for (int p = 0; p < parts; p++)
+    if (blas_launch(cu, w[p], dtype, n[p], k, input, m, planes, y[p])) return CI_ERR;
   return CI_OK;
+}
+
+int ci_cuda_matmul_launch(ci_cuda *cu, const void *w, int dtype, int64_t n, int64_t k,
+                          const float *x, int64_t m, float *y) {
+  return ci_cuda_matmul_launch_parts(cu, 1, &w, dtype, &n, k, x, m, &y);
 }
