@@ -122,7 +122,7 @@ static void cuda_destroy(ci_backend *be) {
   ci_cuda_blas_destroy(cu);
   for (int i = 0; i < cu->n_weights; i++) cudaFree(cu->weights[i]);
   free(cu->weights);
-  for (int i = 0; i < 3; i++)
+  for (int i = 0; i < CI_CUDA_SCRATCH_SLOTS; i++)
     if (cu->scratch[i]) cudaFree(cu->scratch[i]);
   if (cu->ring.device) cudaFree(cu->ring.device);
   if (cu->ring.host) cudaFreeHost(cu->ring.host);
@@ -198,9 +198,7 @@ static int cuda_reserve_scratch(ci_backend *be, int64_t max_rows, int64_t max_k,
 /* Copies a weight's arrays to the device; the backend owns the copies until destroy. */
 static int cuda_prepare_weight(ci_backend *be, ci_tensor *t) {
   ci_cuda *cu = ci_as_cuda(be);
-  if (ci_dtype_is_affine(t->dtype))
-    return ci_fail("the CUDA backend does not run MLX %d-bit weights yet (use --device cpu)",
-                   ci_tensor_bits(t));
+  if (ci_dtype_is_affine(t->dtype)) return ci_cuda_affine_upload(cu, t);
   if (t->dtype != CI_F32 && t->dtype != CI_F16 && t->dtype != CI_BF16)
     return ci_fail("the CUDA backend cannot run %s weights", ci_dtype_get(t->dtype)->name);
   size_t bytes = ci_dtype_bytes(t->dtype, (size_t)ci_tensor_numel(t));
@@ -273,17 +271,28 @@ static int cuda_step_end(ci_backend *be, float *host_logits, const float *logits
 
 /* ==== Ops ==== */
 
+/* The device description of a prepared weight. */
+static ci_cuda_weight device_weight(const ci_tensor *t) {
+  ci_cuda_weight w;
+  memset(&w, 0, sizeof w);
+  w.data = t->data;
+  w.dtype = (int)t->dtype;
+  if (ci_dtype_is_affine(t->dtype)) {
+    w.pairs = t->scales; /* packed by ci_cuda_affine_upload */
+    w.group_size = t->group_size;
+    w.f16_pairs = t->scale_dtype == CI_F16;
+  }
+  return w;
+}
+
 static int cuda_matmul(ci_backend *be, const ci_tensor *w, const float *x, int64_t m, float *y,
                        const ci_row_segments *segments) {
-  (void)segments; /* cuBLASLt without workspace computes every row alike for any m */
+  (void)segments; /* every path computes a row alike for any m (cuda_gemv.cu) */
   if (m <= 0) return CI_OK;
-  if (ci_dtype_is_affine(w->dtype))
-    return ci_fail("the CUDA backend does not run MLX %d-bit weights yet", ci_tensor_bits(w));
   ci_cuda_cmd cmd;
   memset(&cmd, 0, sizeof cmd);
   cmd.kind = CMD_MATMUL;
-  cmd.a.matmul.w = w->data;
-  cmd.a.matmul.dtype = (int)w->dtype;
+  cmd.a.matmul.w = device_weight(w);
   cmd.a.matmul.n = w->shape[w->ndim - 2];
   cmd.a.matmul.k = w->shape[w->ndim - 1];
   cmd.a.matmul.m = m;
@@ -295,13 +304,10 @@ static int cuda_matmul(ci_backend *be, const ci_tensor *w, const float *x, int64
 static int cuda_embed(ci_backend *be, const ci_tensor *table, const int32_t *ids, int64_t n,
                       float *out) {
   if (n <= 0) return CI_OK;
-  if (ci_dtype_is_affine(table->dtype))
-    return ci_fail("the CUDA backend does not run quantized embeddings yet");
   ci_cuda_cmd cmd;
   memset(&cmd, 0, sizeof cmd);
   cmd.kind = CMD_EMBED;
-  cmd.a.embed.table = table->data;
-  cmd.a.embed.dtype = (int)table->dtype;
+  cmd.a.embed.table = device_weight(table);
   cmd.a.embed.dim = table->shape[1];
   cmd.a.embed.ids = ids;
   cmd.a.embed.n = n;

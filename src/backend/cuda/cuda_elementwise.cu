@@ -88,6 +88,13 @@ __global__ static void rmsnorm_vec_kernel(float *out, const float *x, const floa
       ((float4 *)(const_cast<float *>(x) + blockIdx.x * dim))[i] = v[j];
     }
   }
+  /* the norm weights load while the sum is reduced */
+  float4 gw[V];
+#pragma unroll
+  for (int j = 0; j < V; j++) {
+    const int64_t i = threadIdx.x + (int64_t)j * THREADS;
+    gw[j] = w && i < n4 ? ((const float4 *)w)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
 #pragma unroll
   for (int j = 0; j < V; j++)
     sum += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
@@ -98,7 +105,7 @@ __global__ static void rmsnorm_vec_kernel(float *out, const float *x, const floa
     if (i >= n4) break;
     float4 r = v[j];
     if (w) {
-      const float4 g = ((const float4 *)w)[i];
+      const float4 g = gw[j];
       r.x = r.x * inv * (w_offset + g.x), r.y = r.y * inv * (w_offset + g.y);
       r.z = r.z * inv * (w_offset + g.z), r.w = r.w * inv * (w_offset + g.w);
     } else {

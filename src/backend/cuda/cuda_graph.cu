@@ -92,8 +92,12 @@ int ci_cuda_execute(ci_cuda *cu, const ci_cuda_cmd *c) {
     return err == cudaSuccess ? CI_OK : ci_cuda_fail(cu, err, "copy");
   }
   case CMD_EMBED:
-    ci_cuda_embed(cu, c->a.embed.table, c->a.embed.dtype, c->a.embed.dim, c->a.embed.ids,
-                  c->a.embed.n, c->a.embed.out);
+    if (ci_dtype_is_affine((ci_dtype)c->a.embed.table.dtype))
+      ci_cuda_affine_embed(cu, &c->a.embed.table, c->a.embed.dim, c->a.embed.ids, c->a.embed.n,
+                           c->a.embed.out);
+    else
+      ci_cuda_embed(cu, c->a.embed.table.data, c->a.embed.table.dtype, c->a.embed.dim,
+                    c->a.embed.ids, c->a.embed.n, c->a.embed.out);
     return CI_OK;
   case CMD_RMSNORM: {
     const int64_t n = c->a.rmsnorm.rows * c->a.rmsnorm.dim;
@@ -140,15 +144,8 @@ int ci_cuda_execute(ci_cuda *cu, const ci_cuda_cmd *c) {
     ci_cuda_rope(cu, c->a.rope.x, c->a.rope.n_rows, c->a.rope.n_heads, c->a.rope.pos,
                  &c->a.rope.rope);
     return CI_OK;
-  case CMD_MATMUL: {
-    size_t need[2];
-    ci_cuda_matmul_scratch(cu, c->a.matmul.dtype, c->a.matmul.n, c->a.matmul.k, c->a.matmul.m,
-                           need);
-    for (int s = 0; s < 2; s++)
-      if (need[s] && !ci_cuda_scratch(cu, s, need[s])) return CI_ERR;
-    return ci_cuda_matmul_launch(cu, c->a.matmul.w, c->a.matmul.dtype, c->a.matmul.n, c->a.matmul.k,
-                                 c->a.matmul.x, c->a.matmul.m, c->a.matmul.y);
-  }
+  case CMD_MATMUL:
+    return ci_cuda_matmul_run(cu, c, 1);
   case CMD_KV_STORE:
     ci_cuda_kv_store_launch(cu, c);
     return CI_OK;
@@ -195,27 +192,9 @@ static int add_then_norm(const ci_cuda_cmd *a, const ci_cuda_cmd *b) {
 static int same_input_matmul(const ci_cuda_cmd *a, const ci_cuda_cmd *b) {
   return a->kind == CMD_MATMUL && b->kind == CMD_MATMUL && b->a.matmul.x == a->a.matmul.x &&
          b->a.matmul.m == a->a.matmul.m && b->a.matmul.k == a->a.matmul.k &&
-         b->a.matmul.dtype == a->a.matmul.dtype && (const float *)a->a.matmul.y != a->a.matmul.x &&
+         b->a.matmul.w.dtype == a->a.matmul.w.dtype &&
+         (const float *)a->a.matmul.y != a->a.matmul.x &&
          (const float *)b->a.matmul.y != b->a.matmul.x;
-}
-
-/* Runs matmul commands [c, c + parts) of one input as one launch. */
-static int run_matmuls(ci_cuda *cu, const ci_cuda_cmd *c, int parts) {
-  const void *w[CI_CUDA_GEMV_MAX_PARTS];
-  int64_t n[CI_CUDA_GEMV_MAX_PARTS];
-  float *y[CI_CUDA_GEMV_MAX_PARTS];
-  for (int p = 0; p < parts; p++) {
-    size_t need[2];
-    ci_cuda_matmul_scratch(cu, c[p].a.matmul.dtype, c[p].a.matmul.n, c[p].a.matmul.k,
-                           c[p].a.matmul.m, need);
-    for (int s = 0; s < 2; s++)
-      if (need[s] && !ci_cuda_scratch(cu, s, need[s])) return CI_ERR;
-    w[p] = c[p].a.matmul.w;
-    n[p] = c[p].a.matmul.n;
-    y[p] = c[p].a.matmul.y;
-  }
-  return ci_cuda_matmul_launch_parts(cu, parts, w, c->a.matmul.dtype, n, c->a.matmul.k,
-                                     c->a.matmul.x, c->a.matmul.m, y);
 }
 
 /* Runs the recorded commands in order, a residual add and the norm after it as one kernel (the
@@ -243,7 +222,7 @@ static int run_all(ci_cuda *cu) {
       while (parts < CI_CUDA_GEMV_MAX_PARTS && i + parts < g->n_cmds &&
              same_input_matmul(c, c + parts))
         parts++;
-      if (run_matmuls(cu, c, parts)) return CI_ERR;
+      if (ci_cuda_matmul_run(cu, c, parts)) return CI_ERR;
       if (cu->sticky_error) return CI_ERR;
       i += parts - 1;
       continue;
@@ -282,15 +261,15 @@ static uint64_t hash_commands(const ci_cuda_cmd *cmds, int n) {
  * fixes the addresses (a later growth drops the captured graphs). */
 static int reserve_for(ci_cuda *cu) {
   ci_cuda_graphs *g = cu->graphs;
-  size_t need[2] = {0, 0};
+  size_t need[CI_CUDA_SCRATCH_SLOTS] = {0};
   for (int i = 0; i < g->n_cmds; i++) {
     const ci_cuda_cmd *c = &g->cmds[i];
     if (c->kind != CMD_MATMUL) continue;
-    size_t n[2];
-    ci_cuda_matmul_scratch(cu, c->a.matmul.dtype, c->a.matmul.n, c->a.matmul.k, c->a.matmul.m, n);
-    for (int s = 0; s < 2; s++) need[s] = n[s] > need[s] ? n[s] : need[s];
+    size_t n[CI_CUDA_SCRATCH_SLOTS];
+    ci_cuda_matmul_scratch(cu, c, n);
+    for (int s = 0; s < CI_CUDA_SCRATCH_SLOTS; s++) need[s] = n[s] > need[s] ? n[s] : need[s];
   }
-  for (int s = 0; s < 2; s++)
+  for (int s = 0; s < CI_CUDA_SCRATCH_SLOTS; s++)
     if (need[s] && !ci_cuda_scratch(cu, s, need[s])) return CI_ERR;
   size_t attention = 0; /* per-split states of parallel attention launches */
   for (int i = 0; i < g->n_cmds; i++) {

@@ -27,7 +27,7 @@ typedef struct {
   int f32; /* 1: f32 rows, 0: bf16 rows */
 } ci_cuda_kv_layout;
 
-enum { CI_CUDA_MAX_SEQS = 64 };
+enum { CI_CUDA_MAX_SEQS = 64, CI_CUDA_SCRATCH_SLOTS = 4 };
 
 /* The sequences of one KV launch, in device memory (staged per step): rows
  * [first_row, first_row + n_rows) of the step; row_start is the launch's running row count. */
@@ -62,6 +62,16 @@ typedef struct {
   int window;
 } ci_cuda_attention_params;
 
+/* A weight matrix on the device: bf16/f16/f32 rows, or MLX affine codes with their (scale, bias)
+ * pairs packed by ci_cuda_affine_upload (see cuda_affine.cuh). */
+typedef struct {
+  const void *data;
+  const void *pairs; /* affine only */
+  int dtype;         /* ci_dtype */
+  int group_size;    /* affine only */
+  int f16_pairs;     /* affine only: 1 when the pairs are f16, 0 when bf16 */
+} ci_cuda_weight;
+
 /* One unit of GPU work of a step. Ops build commands; outside a recorded step a command runs at
  * once, inside one it is appended to the step's list, which runs (or replays as a CUDA graph) at
  * step end. Commands hold every argument by value, so equal lists launch equal work. */
@@ -94,8 +104,7 @@ typedef struct {
       int kind; /* cudaMemcpyKind */
     } memcpy;
     struct {
-      const void *table;
-      int dtype;
+      ci_cuda_weight table;
       int64_t dim;
       const int32_t *ids;
       int64_t n;
@@ -128,8 +137,7 @@ typedef struct {
       ci_rope rope;
     } rope;
     struct {
-      const void *w;
-      int dtype;
+      ci_cuda_weight w;
       int64_t n, k, m;
       const float *x;
       float *y;
@@ -166,9 +174,9 @@ typedef struct {
   int *error_flag;     /* device int: kernels set it when they meet bad data */
   ci_cuda_ring ring;
   /* scratch: [0] half-precision copies of matmul inputs, [1] f32 products of both planes,
-   * [2] per-split attention states */
-  void *scratch[3];
-  size_t scratch_bytes[3];
+   * [2] per-split attention states, [3] dequantised slices of affine weights */
+  void *scratch[CI_CUDA_SCRATCH_SLOTS];
+  size_t scratch_bytes[CI_CUDA_SCRATCH_SLOTS];
   int n_sms;       /* streaming multiprocessors of the device */
   int smem_per_sm; /* shared memory bytes per SM */
   /* the matmul input last converted into scratch[0] (NULL: none valid); q/k/v and gate/up
@@ -230,17 +238,25 @@ void *ci_cuda_scratch(ci_cuda *cu, int slot, size_t bytes);
 /* ==== cuda_matmul.cu ==== */
 int ci_cuda_blas_create(ci_cuda *cu);
 void ci_cuda_blas_destroy(ci_cuda *cu);
-/* Launches y = x W^T (cuBLASLt); the scratch it needs must already be reserved. */
-int ci_cuda_matmul_launch(ci_cuda *cu, const void *w, int dtype, int64_t n, int64_t k,
-                          const float *x, int64_t m, float *y);
-/* The same for `parts` matrices that multiply one input x (y[p] = x w[p]^T): small batches run as
- * one launch of the small-batch kernel. */
-int ci_cuda_matmul_launch_parts(ci_cuda *cu, int parts, const void *const *w, int dtype,
-                                const int64_t *n, int64_t k, const float *x, int64_t m,
-                                float *const *y);
-/* Scratch bytes (slots 0 and 1) a matmul of this shape needs. */
-void ci_cuda_matmul_scratch(const ci_cuda *cu, int dtype, int64_t n, int64_t k, int64_t m,
-                            size_t need[2]);
+/* Runs matmul commands [c, c + parts), which multiply the same input (one command: any), y = x
+ * W^T each: small batches as one launch of the small-batch kernel (cuda_gemv.cu), others in
+ * cuBLASLt (affine weights dequantised to bf16 slices first). Reserves the scratch they need. */
+int ci_cuda_matmul_run(ci_cuda *cu, const ci_cuda_cmd *c, int parts);
+/* Scratch bytes per slot that matmul command c needs. */
+void ci_cuda_matmul_scratch(const ci_cuda *cu, const ci_cuda_cmd *c,
+                            size_t need[CI_CUDA_SCRATCH_SLOTS]);
+
+/* ==== cuda_affine.cu ==== */
+/* Copies affine weight t to the device (codes as they are, (scale, bias) pairs packed) and points
+ * t->data at the codes and t->scales at the pairs (t->biases becomes NULL). */
+int ci_cuda_affine_upload(ci_cuda *cu, ci_tensor *t);
+/* Rows [row0, row0 + rows) of affine weight w ([n, k]) as bf16 into dst ([rows][k]), each weight
+ * as every other path computes it (ci_affine_dequant8). */
+void ci_cuda_affine_dequant(ci_cuda *cu, const ci_cuda_weight *w, int64_t row0, int64_t rows,
+                            int64_t k, void *dst);
+/* Embedding rows of an affine table: out[i] = scale * q + bias in f32, as the CPU computes it. */
+void ci_cuda_affine_embed(ci_cuda *cu, const ci_cuda_weight *table, int64_t dim, const int32_t *ids,
+                          int64_t n, float *out);
 
 /* ==== cuda_elementwise.cu ==== */
 void ci_cuda_embed(ci_cuda *cu, const void *table, int dtype, int64_t dim, const int32_t *ids,
@@ -287,14 +303,15 @@ void ci_cuda_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
 /* Raises the kernels' shared-memory limit (once, at backend creation). */
 int ci_cuda_flash_init(ci_cuda *cu);
 
-/* cuda_gemv.cu: the small-batch bf16 matmul, bit-identical to cuBLASLt's rows. fits: whether it
- * takes this product (bf16 weights, planes * m <= 8 input rows, n % 8 == 0, k % 16 == 0). launch:
- * y[p] = x @ w[p]^T for `parts` (1..CI_CUDA_GEMV_MAX_PARTS) matrices of n[p] rows sharing the
- * input x, which holds `planes` bf16 planes of m rows each. */
+/* cuda_gemv.cu: the small-batch matmul (bf16 or affine weights), bit-identical to cuBLASLt's rows.
+ * fits: whether it takes this product (planes * m <= 8 input rows, n % 16 == 0, k % 16 == 0, or
+ * k % 32 == 0 for affine weights). launch: y[p] = x @ w[p]^T for `parts`
+ * (1..CI_CUDA_GEMV_MAX_PARTS) matrices of one type and n[p] rows sharing the input x, which holds
+ * `planes` bf16 planes of m rows each. */
 enum { CI_CUDA_GEMV_MAX_PARTS = 3 };
 int ci_cuda_gemv_init(ci_cuda *cu);
 int ci_cuda_gemv_fits(int dtype, int64_t n, int64_t k, int64_t m, int planes);
-void ci_cuda_gemv_launch(ci_cuda *cu, int parts, const void *const *w, const int64_t *n,
+void ci_cuda_gemv_launch(ci_cuda *cu, int parts, const ci_cuda_weight *w, const int64_t *n,
                          float *const *y, int64_t k, const void *x, int64_t m, int planes);
 /* 1 when the tensor-core kernel runs this layout with n_heads query heads. */
 int ci_cuda_flash_supported(const ci_cuda_kv_layout *L, int n_heads);

@@ -18,7 +18,7 @@
 enum { PLAN_CACHE = 1024 };
 
 typedef struct {
-  int64_t n, k, m;
+  int64_t n, k, m, ldc;
   int dtype;
   int valid;
   cublasLtMatmulDesc_t desc;
@@ -127,12 +127,13 @@ static cudaDataType_t cuda_type(int dtype) {
 
 /* Column-major view: C[N, m] = op(A)[N, K] . B[K, m] with A = W stored [N][K] (K x N col-major,
  * transposed), B = x stored [m][K] (K x m), C = y stored [m][N] (N x m). */
-static plan *plan_get(ci_cuda *cu, int64_t n, int64_t k, int64_t m, int dtype) {
+static plan *plan_get(ci_cuda *cu, int64_t n, int64_t k, int64_t m, int64_t ldc, int dtype) {
   ci_cuda_blas *b = cu->blas;
-  unsigned h = (unsigned)((n * 31 + k) * 131 + m * 7 + dtype) % PLAN_CACHE;
+  unsigned h = (unsigned)(((n * 31 + k) * 131 + m * 7 + dtype) * 17 + ldc) % PLAN_CACHE;
   for (int probe = 0; probe < 8; probe++) {
     plan *p = &b->plans[(h + probe) % PLAN_CACHE];
-    if (p->valid && p->n == n && p->k == k && p->m == m && p->dtype == dtype) return p;
+    if (p->valid && p->n == n && p->k == k && p->m == m && p->ldc == ldc && p->dtype == dtype)
+      return p;
   }
   plan *p = NULL;
   for (int probe = 0; probe < 8 && !p; probe++)
@@ -152,7 +153,7 @@ static plan *plan_get(ci_cuda *cu, int64_t n, int64_t k, int64_t m, int dtype) {
   int ok = b->layout_create(&p->a, t, (uint64_t)k, (uint64_t)n, k) == CUBLAS_STATUS_SUCCESS;
   ok = ok && b->layout_create(&p->b, t, (uint64_t)k, (uint64_t)m, k) == CUBLAS_STATUS_SUCCESS;
   ok = ok &&
-       b->layout_create(&p->c, CUDA_R_32F, (uint64_t)n, (uint64_t)m, n) == CUBLAS_STATUS_SUCCESS;
+       b->layout_create(&p->c, CUDA_R_32F, (uint64_t)n, (uint64_t)m, ldc) == CUBLAS_STATUS_SUCCESS;
   cublasLtMatmulHeuristicResult_t result;
   int found = 0;
   if (ok && b->heuristic(b->handle, p->desc, p->a, p->b, p->c, p->c, b->pref, 1, &result, &found) !=
@@ -169,44 +170,92 @@ static plan *plan_get(ci_cuda *cu, int64_t n, int64_t k, int64_t m, int dtype) {
   p->n = n;
   p->k = k;
   p->m = m;
+  p->ldc = ldc;
   p->dtype = dtype;
   return p;
 }
 
-void ci_cuda_matmul_scratch(const ci_cuda *cu, int dtype, int64_t n, int64_t k, int64_t m,
-                            size_t need[2]) {
-  const int planes = dtype == CI_F32 ? 1 : cu->input_planes;
-  need[0] = dtype == CI_F32 ? 0 : (size_t)planes * m * k * sizeof(uint16_t);
-  need[1] = planes == 2 && !ci_cuda_gemv_fits(dtype, n, k, m, planes)
-                ? (size_t)2 * m * n * sizeof(float)
+enum { DEQUANT_SLICE_BYTES = 64 << 20 };
+
+/* Rows of an affine weight dequantised per cuBLASLt call: whole multiples of 16, at most
+ * DEQUANT_SLICE_BYTES of bf16. */
+static int64_t dequant_slice_rows(int64_t n, int64_t k) {
+  int64_t rows = DEQUANT_SLICE_BYTES / (k * 2) / 16 * 16;
+  if (rows < 16) rows = 16;
+  return rows < n ? rows : n;
+}
+
+static int is_half(int dtype) {
+  return dtype == CI_BF16 || dtype == CI_F16 || ci_dtype_is_affine((ci_dtype)dtype);
+}
+
+void ci_cuda_matmul_scratch(const ci_cuda *cu, const ci_cuda_cmd *c,
+                            size_t need[CI_CUDA_SCRATCH_SLOTS]) {
+  const int dtype = c->a.matmul.w.dtype;
+  const int64_t n = c->a.matmul.n, k = c->a.matmul.k, m = c->a.matmul.m;
+  const int planes = is_half(dtype) ? cu->input_planes : 1;
+  const int small = ci_cuda_gemv_fits(dtype, n, k, m, planes);
+  for (int s = 0; s < CI_CUDA_SCRATCH_SLOTS; s++) need[s] = 0;
+  need[0] = is_half(dtype) ? (size_t)planes * m * k * sizeof(uint16_t) : 0;
+  need[1] = planes == 2 && !small ? (size_t)2 * m * n * sizeof(float) : 0;
+  need[3] = ci_dtype_is_affine((ci_dtype)dtype) && !small
+                ? (size_t)dequant_slice_rows(n, k) * k * sizeof(uint16_t)
                 : 0;
 }
 
-/* y = x W^T with cuBLASLt, x already in the weight's type (planes of m rows). */
+/* out[., ldc] = input W^T with cuBLASLt for an n-row W in a half type or f32 (input already in
+ * W's type, planes * m rows). */
 static int blas_launch(ci_cuda *cu, const void *w, int dtype, int64_t n, int64_t k,
-                       const void *input, int64_t m, int planes, float *y) {
-  float *out = planes == 2 ? (float *)cu->scratch[1] : y; /* rows [0, m): values, then remainders */
-  plan *p = plan_get(cu, n, k, planes * m, dtype);
+                       const void *input, int64_t rows, float *out, int64_t ldc) {
+  plan *p = plan_get(cu, n, k, rows, ldc, dtype);
   if (!p) return CI_ERR;
   const float one = 1.0f, zero = 0.0f;
   cublasStatus_t st = cu->blas->matmul(cu->blas->handle, p->desc, &one, w, p->a, input, p->b, &zero,
                                        out, p->c, out, p->c, &p->algo, NULL, 0, cu->stream);
   if (st != CUBLAS_STATUS_SUCCESS)
-    return ci_fail("cuBLASLt: matmul %lld x %lld x %lld failed (status %d)", (long long)m,
+    return ci_fail("cuBLASLt: matmul %lld x %lld x %lld failed (status %d)", (long long)rows,
                    (long long)n, (long long)k, (int)st);
+  return CI_OK;
+}
+
+/* One matrix in cuBLASLt: affine weights slice by slice through their bf16 dequantisation; with
+ * two planes the products of both land in scratch[1] and are summed. */
+static int blas_matmul(ci_cuda *cu, const ci_cuda_weight *w, int64_t n, int64_t k,
+                       const void *input, int64_t m, int planes, float *y) {
+  float *out = planes == 2 ? (float *)cu->scratch[1] : y; /* rows [0, m): values, then remainders */
+  if (ci_dtype_is_affine((ci_dtype)w->dtype)) {
+    const int64_t slice = dequant_slice_rows(n, k);
+    for (int64_t r0 = 0; r0 < n; r0 += slice) {
+      const int64_t rows = n - r0 < slice ? n - r0 : slice;
+      ci_cuda_affine_dequant(cu, w, r0, rows, k, cu->scratch[3]);
+      if (blas_launch(cu, cu->scratch[3], CI_BF16, rows, k, input, planes * m, out + r0, n))
+        return CI_ERR;
+    }
+  } else if (blas_launch(cu, w->data, w->dtype, n, k, input, planes * m, out, n)) {
+    return CI_ERR;
+  }
   if (planes == 2) ci_cuda_sum(cu, y, out, out + m * n, m * n);
   return CI_OK;
 }
 
-int ci_cuda_matmul_launch_parts(ci_cuda *cu, int parts, const void *const *w, int dtype,
-                                const int64_t *n, int64_t k, const float *x, int64_t m,
-                                float *const *y) {
+int ci_cuda_matmul_run(ci_cuda *cu, const ci_cuda_cmd *c, int parts) {
+  const ci_cuda_weight *w0 = &c->a.matmul.w;
+  const int64_t k = c->a.matmul.k, m = c->a.matmul.m;
+  const float *x = c->a.matmul.x;
+  if (m <= 0) return CI_OK;
+  for (int p = 0; p < parts; p++) {
+    size_t need[CI_CUDA_SCRATCH_SLOTS];
+    ci_cuda_matmul_scratch(cu, &c[p], need);
+    for (int s = 0; s < CI_CUDA_SCRATCH_SLOTS; s++)
+      if (need[s] && !ci_cuda_scratch(cu, s, need[s])) return CI_ERR;
+  }
   const void *input = x;
-  const int planes = dtype == CI_F32 ? 1 : cu->input_planes;
-  if (dtype != CI_F32) {
-    const int kind = dtype * 4 + planes;
+  const int planes = is_half(w0->dtype) ? cu->input_planes : 1;
+  if (is_half(w0->dtype)) { /* affine weights multiply bf16 inputs */
+    const int bf16 = w0->dtype != CI_F16;
+    const int kind = (bf16 ? CI_BF16 : CI_F16) * 4 + planes;
     if (cu->converted_x != x || cu->converted_n != m * k || cu->converted_kind != kind) {
-      ci_cuda_to_half(cu, cu->scratch[0], x, m * k, dtype == CI_BF16, planes);
+      ci_cuda_to_half(cu, cu->scratch[0], x, m * k, bf16, planes);
       cu->converted_x = x;
       cu->converted_n = m * k;
       cu->converted_kind = kind;
@@ -214,17 +263,24 @@ int ci_cuda_matmul_launch_parts(ci_cuda *cu, int parts, const void *const *w, in
     input = cu->scratch[0];
   }
   int small = parts <= CI_CUDA_GEMV_MAX_PARTS;
-  for (int p = 0; p < parts; p++) small &= ci_cuda_gemv_fits(dtype, n[p], k, m, planes);
+  for (int p = 0; p < parts; p++)
+    small &= c[p].a.matmul.w.dtype == w0->dtype && c[p].a.matmul.w.group_size == w0->group_size &&
+             c[p].a.matmul.w.f16_pairs == w0->f16_pairs &&
+             ci_cuda_gemv_fits(w0->dtype, c[p].a.matmul.n, k, m, planes);
   if (small) {
+    ci_cuda_weight w[CI_CUDA_GEMV_MAX_PARTS];
+    int64_t n[CI_CUDA_GEMV_MAX_PARTS];
+    float *y[CI_CUDA_GEMV_MAX_PARTS];
+    for (int p = 0; p < parts; p++) {
+      w[p] = c[p].a.matmul.w;
+      n[p] = c[p].a.matmul.n;
+      y[p] = c[p].a.matmul.y;
+    }
     ci_cuda_gemv_launch(cu, parts, w, n, y, k, input, m, planes);
     return CI_OK;
   }
   for (int p = 0; p < parts; p++)
-    if (blas_launch(cu, w[p], dtype, n[p], k, input, m, planes, y[p])) return CI_ERR;
+    if (blas_matmul(cu, &c[p].a.matmul.w, c[p].a.matmul.n, k, input, m, planes, c[p].a.matmul.y))
+      return CI_ERR;
   return CI_OK;
-}
-
-int ci_cuda_matmul_launch(ci_cuda *cu, const void *w, int dtype, int64_t n, int64_t k,
-                          const float *x, int64_t m, float *y) {
-  return ci_cuda_matmul_launch_parts(cu, 1, &w, dtype, &n, k, x, m, &y);
 }

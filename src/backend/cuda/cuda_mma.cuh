@@ -49,6 +49,12 @@ __device__ static inline void cp_async16_cached(void *smem, const void *global) 
   asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global));
 }
 
+/* 8 bytes global -> shared, through L1. */
+__device__ static inline void cp_async8_cached(void *smem, const void *global) {
+  const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(global));
+}
+
 __device__ static inline void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
 }
