@@ -12,7 +12,8 @@
  *      dimension) and runs the gated delta rule over the sequence's rows one by one —
  *      S <- gamma S;  S <- S + k (beta (v - k S));  y = q S — the reductions over the key
  *      dimension in a fixed order (each thread over its rows, then the four warps in order);
- *      beta = sigmoid(b) and gamma = exp(-exp(A_log) softplus(a + dt_bias)) per row;
+ *      beta = sigmoid(b) and gamma = exp(-exp(A_log) softplus(a + dt_bias)) per row; the next
+ *      row's inputs load into registers while a row computes;
  *   4. norm: one warp per (row, value head): the gated RMSNorm y rsqrt(mean(y^2) + eps) w silu(z).
  * Prefill runs the same recurrent form sequentially over a sequence's rows (parallel over value
  * heads and columns), not the CPU's block-parallel chunked form: the same function of the inputs,
@@ -144,19 +145,39 @@ __global__ static void __launch_bounds__(WARPS * 32)
     const int d = warp * R + i;
     st[i] = col && d < Dk ? S[(int64_t)d * Dv + j] : 0.0f;
   }
-  for (int i = threadIdx.x; i < WARPS * R; i += blockDim.x) sq[i] = sk[i] = 0.0f;
   const float A = expf(a_log[hv]), bias = dt_bias[hv];
+  /* row t + 1's inputs load into registers while row t computes: thread x holds q and k
+   * elements x + l WARPS 32 (l < LOADS), its column's v, and the head's b and a */
+  constexpr int LOADS = (WARPS * R + WARPS * 32 - 1) / (WARPS * 32);
+  float nq[LOADS], nk[LOADS], nv = 0.0f, nb = 0.0f, na = 0.0f;
+  auto load_row = [&](int64_t row) {
+    const float *q = qkv + row * C + (int64_t)hk * Dk, *k = q + Kd;
+#pragma unroll
+    for (int l = 0; l < LOADS; l++) {
+      const int i = threadIdx.x + l * WARPS * 32;
+      nq[l] = i < Dk ? q[i] : 0.0f;
+      nk[l] = i < Dk ? k[i] : 0.0f;
+    }
+    nv = col ? qkv[row * C + 2 * Kd + (int64_t)hv * Dv + j] : 0.0f;
+    nb = b[row * Hv + hv];
+    na = a[row * Hv + hv];
+  };
+  load_row(s.first_row);
   for (int t = 0; t < s.n_rows; t++) {
     const int64_t row = (int64_t)s.first_row + t;
-    const float *q = qkv + row * C + (int64_t)hk * Dk, *k = q + Kd;
     __syncthreads(); /* the previous row's readers of sq, sk are done */
-    for (int i = threadIdx.x; i < Dk; i += blockDim.x) {
-      sq[i] = q[i];
-      sk[i] = k[i];
+#pragma unroll
+    for (int l = 0; l < LOADS; l++) {
+      const int i = threadIdx.x + l * WARPS * 32;
+      if (i < WARPS * R) { /* rows past Dk hold the zeros load_row gave them */
+        sq[i] = nq[l];
+        sk[i] = nk[l];
+      }
     }
-    const float beta = 1.0f / (1.0f + expf(-b[row * Hv + hv]));
-    const float gamma = expf(-A * dn_softplus(a[row * Hv + hv] + bias));
-    const float v = col ? qkv[row * C + 2 * Kd + (int64_t)hv * Dv + j] : 0.0f;
+    const float beta = 1.0f / (1.0f + expf(-nb));
+    const float gamma = expf(-A * dn_softplus(na + bias));
+    const float v = nv;
+    if (t + 1 < s.n_rows) load_row(row + 1);
     __syncthreads();
     float m = 0.0f; /* (k S)[j] over this warp's rows */
 #pragma unroll
