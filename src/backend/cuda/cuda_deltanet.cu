@@ -19,7 +19,7 @@
  * heads and columns), not the CPU's block-parallel chunked form: the same function of the inputs,
  * with exactly the arithmetic of single-row decode steps, so a prompt fed in any chunking gives
  * bit-identical states. The per-sequence table (state, checkpoints, rows) goes through the
- * staging ring; nothing is allocated and nothing waits for the host. */
+ * staging ring; no device memory is allocated and nothing waits for the host. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <stdlib.h>
