@@ -1,6 +1,7 @@
 /* The CUDA backend's op table: device memory, the step (descriptor upload, logits download,
  * errors raised during the step), weights copied to the device at load, and the dispatch of
- * each op to its kernels (cuda_elementwise.cu, cuda_matmul.cu, cuda_attention.cu).
+ * each op to its kernels (cuda_elementwise.cu, cuda_matmul.cu, cuda_attention.cu,
+ * cuda_deltanet.cu).
  *
  * Every op enqueues work on one stream and returns without waiting; only download, step_end,
  * MoE routing (whose expert choice the host schedules) and release wait for the GPU. */
@@ -452,6 +453,14 @@ static int cuda_attention(ci_backend *be, const ci_attention_args *args) {
   return ci_cuda_attention(ci_as_cuda(be), args);
 }
 
+static void cuda_sigmoid_mul(ci_backend *be, float *x, const float *gate, int64_t n) {
+  ci_cuda_sigmoid_mul(ci_as_cuda(be), x, gate, n);
+}
+
+static int cuda_gated_deltanet(ci_backend *be, const ci_deltanet_args *args) {
+  return ci_cuda_gated_deltanet(ci_as_cuda(be), args);
+}
+
 static ci_backend_ops make_ops(void) {
   ci_backend_ops ops;
   memset(&ops, 0, sizeof ops);
@@ -488,6 +497,8 @@ static ci_backend_ops make_ops(void) {
   ops.kv_store = cuda_kv_store;
   ops.kv_convert_block = cuda_kv_convert_block;
   ops.attention = cuda_attention;
+  ops.sigmoid_mul = cuda_sigmoid_mul;
+  ops.gated_deltanet = cuda_gated_deltanet;
   return ops;
 }
 

@@ -153,6 +153,11 @@ int ci_cuda_execute(ci_cuda *cu, const ci_cuda_cmd *c) {
     if (c->a.kv.flash) return ci_cuda_flash_launch(cu, c);
     ci_cuda_attention_launch(cu, c);
     return CI_OK;
+  case CMD_SIGMOID_MUL:
+    ci_cuda_sigmoid_mul_launch(cu, c->a.vec.x, c->a.vec.y, c->a.vec.n);
+    return CI_OK;
+  case CMD_DELTANET:
+    return ci_cuda_deltanet_launch(cu, c);
   }
   return ci_fail("CUDA: unknown command %d", (int)c->kind);
 }

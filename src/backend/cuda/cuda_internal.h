@@ -91,8 +91,25 @@ typedef enum {
   CMD_ROPE,
   CMD_MATMUL,
   CMD_KV_STORE,
-  CMD_ATTENTION
+  CMD_ATTENTION,
+  CMD_SIGMOID_MUL,
+  CMD_DELTANET
 } ci_cuda_cmd_kind;
+
+/* A gated DeltaNet launch (cuda_deltanet.cu): ci_deltanet_args with the per-sequence arrays as
+ * one staged device table (seqs) of n_seqs entries over total_rows rows. */
+typedef struct {
+  float *qkv;
+  const float *z, *b, *a;
+  float *out;
+  const float *conv_w, *a_log, *dt_bias, *norm_w;
+  float norm_eps;
+  int n_k_heads, n_v_heads, k_head_dim, v_head_dim, conv_kernel;
+  int n_seqs;
+  int64_t total_rows;
+  const void *seqs;
+  int64_t checkpoint_stride;
+} ci_cuda_deltanet_params;
 
 typedef struct {
   ci_cuda_cmd_kind kind;
@@ -153,6 +170,7 @@ typedef struct {
       int total_tiles; /* flash: query tiles of the launch */
       ci_cuda_flash_params plan;
     } kv;
+    ci_cuda_deltanet_params deltanet;
   } a;
 } ci_cuda_cmd;
 
@@ -323,6 +341,14 @@ int ci_cuda_flash_positions_per_tile(const ci_cuda_kv_layout *L, int n_heads, in
 void ci_cuda_flash_plan(const ci_cuda_kv_layout *L, const ci_cuda_seq_group *host_group,
                         int n_heads, int warps, int n_sms, int exact, ci_cuda_flash_params *f);
 int ci_cuda_flash_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
+
+/* ==== cuda_deltanet.cu ==== */
+/* Emits x[i] *= sigmoid(gate[i]). */
+void ci_cuda_sigmoid_mul(ci_cuda *cu, float *x, const float *gate, int64_t n);
+void ci_cuda_sigmoid_mul_launch(ci_cuda *cu, float *x, const float *gate, int64_t n);
+/* Checks the arguments, stages the sequence table and emits the command. */
+int ci_cuda_gated_deltanet(ci_cuda *cu, const ci_deltanet_args *args);
+int ci_cuda_deltanet_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
 
 int ci_cuda_kv_convert_block(ci_cuda *cu, const ci_paged_kv *src, int32_t src_block,
                              const ci_paged_kv *dst, int32_t dst_block, int live_tokens);
