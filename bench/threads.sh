@@ -10,7 +10,8 @@
 # Environment: WORK (default /tmp/cinfer-threads), THREADS ("1 2 4 8 16"), CONFIG (model
 # config, default bench/configs/llama-3.2-1b.json), DTYPES ("bf16:bf16 q4:q4_0", cinfer
 # dtype:GGUF type), PROMPT (512), GEN (32), RUNS (2), PRECISION (fast), LLAMA_CPP_SRC,
-# LLAMA_CMAKE_FLAGS (replaces the ISA flags chosen from /proc/cpuinfo), JOBS (build jobs),
+# LLAMA_CMAKE_FLAGS (replaces the ISA flags chosen from /proc/cpuinfo), LLAMA_BENCH (a built
+# llama-bench to use instead of building one), JOBS (build jobs),
 # BENCH_REPORT (bench/threads.md), PY (a python3 with numpy, for the GGUF conversion).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,9 +46,10 @@ if [ ! -x build/cinfer ]; then
   make build JOBS="$JOBS" >"$RESULTS/cinfer-build.log" 2>&1
 fi
 
-# 2. llama.cpp for the CPU, outside the repository.
+# 2. llama.cpp for the CPU, outside the repository (LLAMA_BENCH: a llama-bench already built
+# from LLAMA_CPP_SRC, which then only lends its gguf-py).
 LLAMA_DIR=""
-LLAMA_BENCH=""
+LLAMA_BENCH=${LLAMA_BENCH:-}
 if [ -e "$LLAMA_CPP_SRC" ]; then
   if [ -d "$LLAMA_CPP_SRC" ]; then
     LLAMA_DIR=$(cd "$LLAMA_CPP_SRC" && pwd)
@@ -67,7 +69,7 @@ if [ -e "$LLAMA_CPP_SRC" ]; then
       LLAMA_CMAKE_FLAGS="-DGGML_NATIVE=ON"
     fi
   fi
-  LLAMA_BENCH=$LLAMA_DIR/build-cpu/bin/llama-bench
+  [ -n "$LLAMA_BENCH" ] || LLAMA_BENCH=$LLAMA_DIR/build-cpu/bin/llama-bench
   if [ ! -x "$LLAMA_BENCH" ]; then
     log "building llama.cpp (CPU, AMX off) in $LLAMA_DIR/build-cpu"
     # shellcheck disable=SC2086  # the flags are words
@@ -79,6 +81,7 @@ if [ -e "$LLAMA_CPP_SRC" ]; then
     cmake --build "$LLAMA_DIR/build-cpu" -j"$JOBS" --target llama-bench >>"$RESULTS/llama-build.log" 2>&1
   fi
 else
+  LLAMA_BENCH=""
   log "no llama.cpp sources at $LLAMA_CPP_SRC: measuring cinfer only"
 fi
 

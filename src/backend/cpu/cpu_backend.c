@@ -164,15 +164,17 @@ static int64_t attention_thread_floats(int group, int head_dim, int block_tokens
 }
 
 /* The most scratch a step of max_rows rows can take: the larger of a matmul's preparation (one
- * of panels, word lanes or int8 planes for every row, with group sums and units, and the
- * per-thread panel scratch) and attention's partials of every row and head with its per-thread
- * buffers. A step that needs more still runs: the arena grows once, and the count shows it. */
+ * of panels, word lanes or int8 planes for every row, with group sums and units, the per-thread
+ * panel scratch and the descriptors of every segment) and attention's partials of every row and
+ * head with its per-thread buffers. A step that needs more still runs: the arena grows once, and
+ * the count shows it. */
 static int cpu_reserve_scratch(ci_backend *be, int64_t max_rows, int64_t max_k, int max_heads,
                                int max_head_dim) {
   cpu_backend *cpu = as_cpu(be);
   const int64_t threads = ci_threadpool_size(cpu->pool);
   const int64_t rows = max_rows + 64; /* panel padding */
-  const int64_t matmul = rows * max_k + rows * max_k / 8 + threads * 512 * 32 + 4096;
+  /* (256 floats per row: the per-segment descriptors of up to CI_MATMUL_MAX_WEIGHTS weights) */
+  const int64_t matmul = rows * max_k + rows * max_k / 8 + threads * 512 * 32 + 4096 + rows * 256;
   const int64_t d = max_head_dim + 2;
   const int64_t attention = (rows * max_heads + 4 * threads * max_heads) * d +
                             threads * attention_thread_floats(max_heads, max_head_dim, 64) + 4096;

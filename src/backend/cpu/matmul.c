@@ -194,6 +194,10 @@ typedef struct {
   int panel; /* 1: panel kernel, 0: row kernel */
 } matmul_part;
 
+/* cpu_reserve_scratch sets aside 256 floats per row for a call's descriptors */
+_Static_assert(CI_MATMUL_MAX_WEIGHTS * sizeof(matmul_part) + sizeof(int64_t) <= 256 * sizeof(float),
+               "the scratch reserved per segment holds the parts of every weight");
+
 /* Per-call state shared by the tasks of one matmul: every task runs every part of its weight
  * over its chunk of that weight's rows, so the chunk is read from memory once for all of them.
  * Weight i's tasks are [first_task[i], first_task[i + 1]). */
