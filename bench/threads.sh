@@ -139,6 +139,29 @@ for pair in $DTYPES; do
   done
 done
 
+# 5. The thread pool alone (build/pool_bench: one job of near-empty tasks, back to back and after
+# 20 us of serial work) at each thread count with the default spin and a 1 ms spin, and cinfer's
+# last dtype at the most threads with the 1 ms spin (CINFER_POOL_SPIN_US).
+if [ ! -x build/pool_bench ]; then
+  make build JOBS="$JOBS" >>"$RESULTS/cinfer-build.log" 2>&1 || true
+fi
+rm -f "$RESULTS"/pool-*.json
+if [ -x build/pool_bench ]; then
+  for t in $THREADS; do
+    for spin in 20 1000; do
+      CINFER_POOL_SPIN_US=$spin build/pool_bench --threads "$t" --jobs 1000 \
+        >"$RESULTS/pool-$t-$spin.json" 2>/dev/null || true
+    done
+  done
+fi
+last=${DTYPES##* }
+last=${last%%:*}
+max_t=${THREADS##* }
+log "cinfer $last, $max_t threads, CINFER_POOL_SPIN_US=1000"
+CINFER_POOL_SPIN_US=1000 build/cinfer bench --model "$WORK/$name-$last" -p "$PROMPT" -n "$GEN" \
+  --runs "$RUNS" --threads "$max_t" --precision "$PRECISION" --json \
+  >"$RESULTS/cinfer-spin1000-$last-$max_t.json" 2>/dev/null || true
+
 "$PY" bench/threads_report.py --results "$RESULTS" --config "$CONFIG" --dtypes "$DTYPES" \
   --threads "$THREADS" --prompt "$PROMPT" --gen "$GEN" --runs "$RUNS" --precision "$PRECISION" \
   --seconds $(($(date +%s) - start)) >"$REPORT"
