@@ -9,7 +9,7 @@ DEFAULT_MODEL ?= models/starter
 RUN_PROMPT ?= Write a Python function that returns the n-th Fibonacci number.
 FUZZ_SECONDS ?= 30
 
-.PHONY: all deps npm-deps build install test test-release test-asan test-cuda bench-cuda run bench fuzz clean
+.PHONY: all deps npm-deps build install test test-release test-asan test-cuda bench-cuda bench-threads run bench fuzz clean
 
 # Libraries unpacked from a carried bundle (scripts/bundle-deps.sh) on a machine without a
 # package registry; empty elsewhere. Expanded when a recipe runs, after `deps` unpacked them.
@@ -53,6 +53,10 @@ test-cuda: build
 
 bench-cuda: build
 	$(LOCAL_ENV) bench/cuda.sh
+
+# Thread scaling beside llama.cpp at 1-16 threads (bench/threads.md; CPU only, no network).
+bench-threads: build
+	$(LOCAL_ENV) bench/threads.sh
 
 run: build
 	@echo "cinfer: serving $(DEFAULT_MODEL) (ctrl-C stops). One-shot answers instead:"

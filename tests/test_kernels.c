@@ -556,6 +556,77 @@ static void test_matmul_rows_batch_invariant(void **state) {
   ci_threadpool_free(pool);
 }
 
+/* ci_cpu_matmul_segments_multi: three weights of different row counts on the same x, in one
+ * threaded call with two segments (a panel one and a row one), give each weight's output bit for
+ * bit as a call of that weight alone, in both precisions; weights of different layouts are
+ * refused by name. */
+static void test_matmul_multi_matches_single(void **state) {
+  (void)state;
+  test_rng rng = {19};
+  ci_threadpool *pool = ci_threadpool_create(3);
+  assert_non_null(pool);
+  ci_arena scratch;
+  ci_arena_init(&scratch);
+  const ci_dtype dtypes[] = {CI_F32, CI_BF16, CI_Q8, CI_Q4};
+  for (int isa = 0; isa < CI_ISA_COUNT; isa++) {
+    if (!ci_isa_supported((ci_isa)isa)) continue;
+    for (size_t d = 0; d < sizeof dtypes / sizeof *dtypes; d++) {
+      const int64_t k = 256, ns[3] = {320, 64, 72};
+      test_weight w[3];
+      const ci_tensor *ws[3];
+      for (int i = 0; i < 3; i++) {
+        w[i] = make_weight(&rng, dtypes[d], ns[i], k, CI_BF16, 64);
+        ws[i] = &w[i].t;
+      }
+      const int64_t ms[] = {1, 3, 40};
+      for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++) {
+        const int64_t m = ms[mi];
+        int seg_rows[2] = {(int)(m > 1 ? m - 1 : m), 1};
+        const ci_row_segments segs = {.n = m > 1 ? 2 : 1, .rows = seg_rows};
+        float *x = make_x(&rng, m, k);
+        for (int p = 0; p < 2; p++) {
+          const ci_precision precision = p ? CI_PRECISION_FAST : CI_PRECISION_EXACT;
+          float *ys[3], *one[3];
+          for (int i = 0; i < 3; i++) {
+            ys[i] = make_y(m, ns[i]);
+            one[i] = make_y(m, ns[i]);
+            assert_int_equal(ci_cpu_matmul_segments(pool, (ci_isa)isa, precision, &scratch, ws[i],
+                                                    x, m, one[i], &segs),
+                             CI_OK);
+          }
+          assert_int_equal(ci_cpu_matmul_segments_multi(pool, (ci_isa)isa, precision, &scratch, ws,
+                                                        3, x, m, ys, &segs),
+                           CI_OK);
+          for (int i = 0; i < 3; i++) {
+            assert_memory_equal(ys[i], one[i], (size_t)(m * ns[i] + GUARD) * sizeof(float));
+            free(ys[i]);
+            free(one[i]);
+          }
+        }
+        free(x);
+      }
+      for (int i = 0; i < 3; i++) free_weight(&w[i]);
+    }
+  }
+  /* a bf16 and an f32 weight cannot share one prepared x */
+  test_weight a = make_weight(&rng, CI_BF16, 8, 64, CI_BF16, 64);
+  test_weight b = make_weight(&rng, CI_F32, 8, 64, CI_BF16, 64);
+  const ci_tensor *mixed[2] = {&a.t, &b.t};
+  float *x = make_x(&rng, 1, 64), *y0 = make_y(1, 8), *y1 = make_y(1, 8);
+  float *ys[2] = {y0, y1};
+  assert_int_equal(ci_cpu_matmul_segments_multi(pool, CI_ISA_REF, CI_PRECISION_EXACT, &scratch,
+                                                mixed, 2, x, 1, ys, NULL),
+                   CI_ERR);
+  assert_non_null(strstr(ci_last_error(), "differ"));
+  free(x);
+  free(y0);
+  free(y1);
+  free_weight(&a);
+  free_weight(&b);
+  ci_arena_free(&scratch);
+  ci_threadpool_free(pool);
+}
+
 /* Fast precision against the double product of the unrounded operands: bf16 products (x and,
  * for quantized prefill, W rounded to bf16: at most 2^-8 relative each) and 16-bit x planes stay
  * within 1e-2 of the sum of |terms|, and they do move the result (fast is not exact), for the row
@@ -754,6 +825,82 @@ static void test_vec_f32_to_bf16(void **state) {
   free(dst);
 }
 
+/* The gated activations in double precision, as docs/models.md §3 defines them. */
+static double silu_exact(double g) {
+  return g / (1.0 + exp(-g));
+}
+
+/* 0.5 g (1 + tanh(u)) written as g sigmoid(2u), which keeps its digits where 1 + tanh(u)
+ * cancels (g < -5 or so) even in double. */
+static double gelu_tanh_exact(double g) {
+  return g / (1.0 + exp(-2.0 * 0.7978845608028654 * (g + 0.044715 * g * g * g)));
+}
+
+/* silu_mul and gelu_tanh_mul of every supported ISA give the reference's bits for every element
+ * wherever a call starts and ends (so a split of the rows over threads cannot change them), and
+ * the reference stays within a few f32 roundings of the definition, over [-100, 100] and the far
+ * tails. */
+static void test_vec_gated_activations(void **state) {
+  (void)state;
+  test_rng rng = {17};
+  enum { COUNT = 4099 };
+  float *g = malloc(COUNT * sizeof *g), *up = malloc(COUNT * sizeof *up);
+  float *want = malloc(COUNT * sizeof *want), *got = malloc((COUNT + 1) * sizeof *got);
+  assert_non_null(g);
+  assert_non_null(up);
+  assert_non_null(want);
+  assert_non_null(got);
+  static const float specials[] = {0.0f,  -0.0f,  1e-30f, -1e-30f, 1e-7f, 87.0f,  -87.0f,
+                                   88.5f, -88.5f, 200.0f, -200.0f, 1e30f, -1e30f, 3.0f};
+  const size_t n_specials = sizeof specials / sizeof *specials;
+  for (size_t i = 0; i < COUNT; i++) {
+    g[i] = i < n_specials ? specials[i]
+           : i % 3 == 0   ? rng_uniform(&rng, -100, 100)
+                          : rng_uniform(&rng, -8, 8);
+    up[i] = rng_uniform(&rng, -2, 2);
+  }
+  const ci_cpu_vec_kernels *ref = ci_cpu_vec_kernels_get(CI_ISA_REF);
+  for (int act = 0; act < 2; act++) {
+    memcpy(want, g, COUNT * sizeof *g);
+    (act ? ref->gelu_tanh_mul : ref->silu_mul)(want, up, COUNT);
+    for (size_t i = 0; i < COUNT; i++) {
+      const double exact = (act ? gelu_tanh_exact(g[i]) : silu_exact(g[i])) * up[i];
+      /* a few roundings, plus those of GELU's argument, which exp amplifies by its size; tiny
+       * results are off by at most |g| / 2^127 (exp's clamp) */
+      const double arg = act ? 1.6 * fabs(g[i] + 0.044715 * g[i] * g[i] * g[i]) : 0.0;
+      const double tol =
+          (6.0 + 4.0 * arg) * 1.2e-7 * fabs(exact) + fabs((double)g[i] * up[i]) * 1e-38 + 1e-37;
+      if (!(fabs(want[i] - exact) <= tol)) {
+        print_error("%s(%g) * %g = %.9g, expected %.9g\n", act ? "gelu_tanh" : "silu", g[i], up[i],
+                    want[i], exact);
+        fail();
+      }
+    }
+    for (int isa = 0; isa < CI_ISA_COUNT; isa++) {
+      if (!ci_isa_supported((ci_isa)isa)) continue;
+      const ci_cpu_vec_kernels *vk = ci_cpu_vec_kernels_get((ci_isa)isa);
+      /* pieces of every length up to 40 from varying starts, then the whole array */
+      for (int64_t start = 0, n = 0; start < COUNT; start += n, n = (n + 1) % 41) {
+        const int64_t len = start + n <= COUNT ? n : COUNT - start;
+        memcpy(got + start, g + start, (size_t)len * sizeof *got);
+        got[start + len] = -777.0f;
+        (act ? vk->gelu_tanh_mul : vk->silu_mul)(got + start, up + start, len);
+        assert_true(got[start + len] == -777.0f); /* untouched past n */
+      }
+      for (size_t i = 0; i < COUNT; i++)
+        if (memcmp(&got[i], &want[i], sizeof *got)) {
+          print_error("%s %s(%g): %.9g, reference %.9g\n", ci_isa_name((ci_isa)isa),
+                      act ? "gelu_tanh" : "silu", g[i], got[i], want[i]);
+          fail();
+        }
+    }
+  }
+  free(g);
+  free(up);
+  free(want);
+  free(got);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_isa_detection),
@@ -764,10 +911,12 @@ int main(void) {
       cmocka_unit_test(test_int8_planes_non_finite),
       cmocka_unit_test(test_threaded_matches_single),
       cmocka_unit_test(test_matmul_rows_batch_invariant),
+      cmocka_unit_test(test_matmul_multi_matches_single),
       cmocka_unit_test(test_fast_matmul_error_bound),
       cmocka_unit_test(test_matmul_rejects_bad_weights),
       cmocka_unit_test(test_vec_dot_axpy),
       cmocka_unit_test(test_vec_f32_to_bf16),
+      cmocka_unit_test(test_vec_gated_activations),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,14 +1,26 @@
-/* Thread pool: workers spin briefly, then sleep on a condition variable, waiting for the next
- * job generation; tasks are handed out through an atomic counter. Short spins keep the many
- * small per-layer jobs of a decode step cheap to dispatch. */
+/* Thread pool: workers spin for a while (about a millisecond, by the clock), then sleep on a
+ * condition variable, waiting for the next job generation; tasks are handed out through an
+ * atomic counter. Posting a job and waiting for its end touch the lock only when some thread
+ * sleeps (a count of sleepers and a flag of the waiting caller, each checked after the other
+ * side's store, both sequentially consistent), so a job between busy threads costs a few atomic
+ * operations: the many per-layer jobs of a decode step stay cheap. */
 #include "base/threadpool.h"
 
 #include "base/error.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#else
+#define CPU_RELAX() ((void)0)
+#endif
 
 struct ci_threadpool {
   int n_threads;
@@ -24,12 +36,56 @@ struct ci_threadpool {
   atomic_int busy_workers;
   atomic_uint generation;
   atomic_int stopping;
+  atomic_int sleepers;       /* workers asleep on `wake` (or about to be) */
+  atomic_int caller_waiting; /* the caller sleeps on `done` */
+  int64_t spin_ns;           /* how long a thread waits awake before it sleeps */
 };
 
 typedef struct {
   ci_threadpool *pool;
   int index;
 } worker_arg;
+
+/* How long a thread spins before it sleeps (DEFAULT_SPIN_US, or CINFER_POOL_SPIN_US): on a
+ * machine of its own, a longer wait than the serial stretches between the jobs of a step keeps
+ * workers awake; on a machine shared with other busy processes, sleeping soon gives the core to
+ * a descheduled thread of the same job, so the default is short. */
+enum {
+  DEFAULT_SPIN_US = 20,  /* the whole wait before sleeping */
+  PAUSE_NS = 50000,      /* of which the first part spins on pause, the rest yields */
+  MAX_SPIN_US = 1000000, /* the most CINFER_POOL_SPIN_US may ask */
+  SPIN_CHECK_EVERY = 64
+};
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* A bounded wait loop: pause instructions for the first PAUSE_NS, then sched_yield (so that a
+ * thread of the same job that the OS has descheduled on a busy machine gets the core) until
+ * the pool's spin_ns, then spin_more returns 0 and the caller sleeps. */
+typedef struct {
+  int64_t start, limit;
+  int iterations;
+} spinner;
+
+static int spin_more(spinner *s) {
+  s->iterations++;
+  if (s->start == 0 || s->iterations % SPIN_CHECK_EVERY == 0) {
+    const int64_t t = now_ns();
+    if (s->start == 0) s->start = t;
+    if (t - s->start > s->limit) return 0;
+    if (t - s->start > PAUSE_NS) {
+      s->iterations = SPIN_CHECK_EVERY - 1; /* check the clock after every yield */
+      sched_yield();
+      return 1;
+    }
+  }
+  CPU_RELAX();
+  return 1;
+}
 
 static void run_tasks(ci_threadpool *pool, int thread) {
   for (;;) {
@@ -39,7 +95,16 @@ static void run_tasks(ci_threadpool *pool, int thread) {
   }
 }
 
-enum { SPIN_ITERATIONS = 20000 };
+/* Spins (spin_more) until the generation differs from `seen` or stopping is set; returns the
+ * last generation read. */
+static unsigned spin_for_job(ci_threadpool *pool, unsigned seen) {
+  spinner s = {0, pool->spin_ns, 0};
+  for (;;) {
+    unsigned gen = atomic_load_explicit(&pool->generation, memory_order_acquire);
+    if (gen != seen || atomic_load_explicit(&pool->stopping, memory_order_relaxed)) return gen;
+    if (!spin_more(&s)) return gen;
+  }
+}
 
 static void *worker_main(void *p) {
   worker_arg arg = *(worker_arg *)p;
@@ -47,21 +112,19 @@ static void *worker_main(void *p) {
   ci_threadpool *pool = arg.pool;
   unsigned seen = 0;
   for (;;) {
-    unsigned gen = atomic_load_explicit(&pool->generation, memory_order_acquire);
-    for (int spin = 0; gen == seen && spin < SPIN_ITERATIONS; spin++) {
-      if (atomic_load_explicit(&pool->stopping, memory_order_relaxed)) return NULL;
-      gen = atomic_load_explicit(&pool->generation, memory_order_acquire);
-    }
-    if (gen == seen) {
+    unsigned gen = spin_for_job(pool, seen);
+    if (gen == seen && !atomic_load(&pool->stopping)) {
       pthread_mutex_lock(&pool->lock);
+      atomic_fetch_add(&pool->sleepers, 1);
       while ((gen = atomic_load(&pool->generation)) == seen && !atomic_load(&pool->stopping))
         pthread_cond_wait(&pool->wake, &pool->lock);
+      atomic_fetch_sub(&pool->sleepers, 1);
       pthread_mutex_unlock(&pool->lock);
     }
     if (atomic_load(&pool->stopping)) return NULL;
     seen = gen;
     run_tasks(pool, arg.index);
-    if (atomic_fetch_sub_explicit(&pool->busy_workers, 1, memory_order_acq_rel) == 1) {
+    if (atomic_fetch_sub(&pool->busy_workers, 1) == 1 && atomic_load(&pool->caller_waiting)) {
       pthread_mutex_lock(&pool->lock);
       pthread_cond_signal(&pool->done);
       pthread_mutex_unlock(&pool->lock);
@@ -80,6 +143,19 @@ ci_threadpool *ci_threadpool_create(int n_threads) {
     return NULL;
   }
   pool->n_threads = n_threads;
+  pool->spin_ns = (int64_t)DEFAULT_SPIN_US * 1000;
+  const char *spin = getenv("CINFER_POOL_SPIN_US");
+  if (spin && *spin) {
+    char *end = NULL;
+    const long us = strtol(spin, &end, 10);
+    if (*end != '\0' || us < 0 || us > MAX_SPIN_US) {
+      free(pool);
+      ci_fail("CINFER_POOL_SPIN_US must be a whole number of microseconds in [0, %d], got '%s'",
+              MAX_SPIN_US, spin);
+      return NULL;
+    }
+    pool->spin_ns = (int64_t)us * 1000;
+  }
   pthread_mutex_init(&pool->lock, NULL);
   pthread_cond_init(&pool->wake, NULL);
   pthread_cond_init(&pool->done, NULL);
@@ -132,16 +208,26 @@ void ci_threadpool_run(ci_threadpool *pool, int n_tasks, ci_task_fn fn, void *ct
   pool->n_tasks = n_tasks;
   atomic_store(&pool->next_task, 0);
   atomic_store(&pool->busy_workers, pool->n_threads - 1);
-  pthread_mutex_lock(&pool->lock);
-  atomic_fetch_add_explicit(&pool->generation, 1, memory_order_release);
-  pthread_cond_broadcast(&pool->wake);
-  pthread_mutex_unlock(&pool->lock);
+  /* a worker counts itself a sleeper, under the lock, before it reads the generation for the
+   * last time: either it sees this job, or this load sees it and the broadcast wakes it */
+  atomic_fetch_add(&pool->generation, 1);
+  if (atomic_load(&pool->sleepers) > 0) {
+    pthread_mutex_lock(&pool->lock);
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->lock);
+  }
   run_tasks(pool, 0);
-  for (int spin = 0; spin < SPIN_ITERATIONS * 10; spin++)
-    if (atomic_load_explicit(&pool->busy_workers, memory_order_acquire) == 0) return;
-  pthread_mutex_lock(&pool->lock);
-  while (atomic_load(&pool->busy_workers) != 0) pthread_cond_wait(&pool->done, &pool->lock);
-  pthread_mutex_unlock(&pool->lock);
+  spinner s = {0, pool->spin_ns, 0};
+  while (atomic_load_explicit(&pool->busy_workers, memory_order_acquire) != 0) {
+    if (spin_more(&s)) continue;
+    /* the same handshake the other way: the last worker reads the flag after its decrement */
+    pthread_mutex_lock(&pool->lock);
+    atomic_store(&pool->caller_waiting, 1);
+    while (atomic_load(&pool->busy_workers) != 0) pthread_cond_wait(&pool->done, &pool->lock);
+    atomic_store(&pool->caller_waiting, 0);
+    pthread_mutex_unlock(&pool->lock);
+    return;
+  }
 }
 
 int ci_cpu_count(void) {

@@ -44,6 +44,28 @@ static int linear_at(ci_backend *be, const step_rows *sr, int li, ci_lora_target
   return ci_lora_apply(be, sr->ws, &sr->lora, li, target, x, w->shape[1], y, w->shape[0]);
 }
 
+/* linear_at() of n_weights (2 or 3) adaptable layers of layer li on the same x, in one backend
+ * dispatch where the backend has one and the weights share a layout and no adapter applies;
+ * else one linear_at() each. */
+static int linear_multi_at(ci_backend *be, const step_rows *sr, int li,
+                           const ci_lora_target *targets, const ci_tensor *const *ws,
+                           const float *const *biases, int n_weights, const float *x, int n,
+                           float *const *ys) {
+  int fuse = be->ops->matmul_multi != NULL && sr->lora.n_seqs == 0;
+  for (int i = 1; i < n_weights && fuse; i++)
+    fuse = ws[i]->dtype == ws[0]->dtype && ws[i]->shape[1] == ws[0]->shape[1] &&
+           ws[i]->group_size == ws[0]->group_size && ws[i]->scale_dtype == ws[0]->scale_dtype;
+  if (!fuse) {
+    for (int i = 0; i < n_weights; i++)
+      if (linear_at(be, sr, li, targets[i], ws[i], biases[i], x, n, ys[i])) return CI_ERR;
+    return CI_OK;
+  }
+  if (be->ops->matmul_multi(be, ws, n_weights, x, n, ys, &sr->segments)) return CI_ERR;
+  for (int i = 0; i < n_weights; i++)
+    if (biases[i]) be->ops->add_bias(be, ys[i], biases[i], n, ws[i]->shape[0]);
+  return CI_OK;
+}
+
 /* RMSNorm over rows of width dim with the model's epsilon and weight offset. */
 static void norm(const ci_model *m, float *out, const float *x, const float *w, int64_t rows,
                  int64_t dim) {
@@ -69,9 +91,11 @@ static int dense_mlp(ci_model *m, const step_rows *sr, int li, const float *a, i
   ci_backend *be = m->be;
   const ci_layer_weights *L = &m->layers[li];
   const int64_t inter = m->spec.layers[li].intermediate;
-  if (linear_at(be, sr, li, CI_LORA_GATE, &L->w_gate, L->b_gate, a, n, act->gate) ||
-      linear_at(be, sr, li, CI_LORA_UP, &L->w_up, L->b_up, a, n, act->up))
-    return CI_ERR;
+  const ci_lora_target targets[2] = {CI_LORA_GATE, CI_LORA_UP};
+  const ci_tensor *const ws[2] = {&L->w_gate, &L->w_up};
+  const float *const biases[2] = {L->b_gate, L->b_up};
+  float *const ys[2] = {act->gate, act->up};
+  if (linear_multi_at(be, sr, li, targets, ws, biases, 2, a, n, ys)) return CI_ERR;
   if (m->spec.act == CI_ACT_GELU_TANH)
     be->ops->gelu_tanh_mul(be, act->gate, act->up, n, inter, inter);
   else
@@ -139,7 +163,17 @@ static int attention_block(ci_model *m, const step_rows *sr, int li, int n, ci_w
   const int owner = ls->cache_layer == li;
 
   norm(m, act->a, act->x, L->attn_norm, n, s->hidden);
-  if (linear_at(be, sr, li, CI_LORA_Q, &L->wq, L->bq, act->a, n, act->q)) return CI_ERR;
+  /* q, k and v in one dispatch when this layer writes its own K and V */
+  const int fused_qkv = owner && !ls->k_eq_v;
+  if (fused_qkv) {
+    const ci_lora_target targets[3] = {CI_LORA_Q, CI_LORA_K, CI_LORA_V};
+    const ci_tensor *const ws[3] = {&L->wq, &L->wk, &L->wv};
+    const float *const biases[3] = {L->bq, L->bk, L->bv};
+    float *const ys[3] = {act->q, act->k, act->v};
+    if (linear_multi_at(be, sr, li, targets, ws, biases, 3, act->a, n, ys)) return CI_ERR;
+  } else if (linear_at(be, sr, li, CI_LORA_Q, &L->wq, L->bq, act->a, n, act->q)) {
+    return CI_ERR;
+  }
   if (s->attn_output_gate) {
     /* q_proj gave [rows, Hq, 2D]: per head its query, then its output gate (docs/models.md
      * §5.8); as rows of D, queries are the even rows and gates the odd ones */
@@ -152,11 +186,10 @@ static int attention_block(ci_model *m, const step_rows *sr, int li, int n, ci_w
   if (s->qk_norm) norm(m, act->q, act->q, L->q_norm, (int64_t)n * Hq, D);
   be->ops->rope(be, act->q, n, Hq, act->pos, rope);
   if (owner) {
-    if (linear_at(be, sr, li, CI_LORA_K, &L->wk, L->bk, act->a, n, act->k)) return CI_ERR;
+    if (!fused_qkv && linear_at(be, sr, li, CI_LORA_K, &L->wk, L->bk, act->a, n, act->k))
+      return CI_ERR;
     if (ls->k_eq_v)
       be->ops->copy(be, act->v, act->k, (int64_t)n * Hkv * D); /* V is K before its norm */
-    else if (linear_at(be, sr, li, CI_LORA_V, &L->wv, L->bv, act->a, n, act->v))
-      return CI_ERR;
     if (s->qk_norm) norm(m, act->k, act->k, L->k_norm, (int64_t)n * Hkv, D);
     if (s->v_norm)
       be->ops->rmsnorm(be, act->v, act->v, NULL, (int64_t)n * Hkv, D, s->norm_eps, 0.0f);

@@ -178,6 +178,11 @@ typedef struct {
    * compute them, while the weights are read once for all rows. */
   int (*matmul)(ci_backend *be, const ci_tensor *w, const float *x, int64_t m, float *y,
                 const ci_row_segments *segments);
+  /* Optional (NULL: the caller runs matmul per weight): ys[i] = x @ ws[i]^T for n_weights
+   * (2..4) weights of one dtype, width and grouping on the same x (q|k|v, gate|up), each row
+   * exactly as matmul computes it, in one dispatch. */
+  int (*matmul_multi)(ci_backend *be, const ci_tensor *const *ws, int n_weights, const float *x,
+                      int64_t m, float *const *ys, const ci_row_segments *segments);
   /* out[n, dim] = rows ids of an embedding table (dequantized); ids already range-checked. */
   int (*embed)(ci_backend *be, const ci_tensor *table, const int32_t *ids, int64_t n, float *out);
   /* out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * (w_offset + w); w NULL means no scale.

@@ -10,9 +10,26 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The cos/sin of one step's rows for one RoPE table, kept while the same rows come back: every
+ * layer of a step rotates q and k at the same positions, so the sines are taken once per step
+ * rather than twice per layer. Keyed by content (the frequencies and the positions), so a hit
+ * gives exactly the values a fresh computation gives. */
+typedef struct rope_table {
+  int64_t n_rows, capacity_rows;
+  int half, capacity_half;
+  float inv_freq[CI_MAX_HEAD_DIM / 2];
+  int32_t *pos;     /* [capacity_rows] */
+  float *cos, *sin; /* [capacity_rows][half] */
+  int64_t last_use;
+} rope_table;
+
+enum { ROPE_TABLES = 2 }; /* Gemma: one for sliding and one for global layers */
+
 typedef struct {
   ci_backend base;
   ci_threadpool *pool;
+  rope_table ropes[ROPE_TABLES];
+  int64_t rope_uses;
   ci_isa isa;
   ci_precision precision; /* of every matmul */
   const ci_cpu_vec_kernels *vec;
@@ -75,6 +92,10 @@ typedef struct {
   const int32_t *pos;
   const ci_rope *rope;
   int n_heads;
+  const ci_cpu_vec_kernels *vec;
+  const ci_tensor *table;
+  const int32_t *ids;
+  const struct rope_table *table_rope;
 } loop_args;
 
 /* ==== Memory ==== */
@@ -143,15 +164,17 @@ static int64_t attention_thread_floats(int group, int head_dim, int block_tokens
 }
 
 /* The most scratch a step of max_rows rows can take: the larger of a matmul's preparation (one
- * of panels, word lanes or int8 planes for every row, with group sums and units, and the
- * per-thread panel scratch) and attention's partials of every row and head with its per-thread
- * buffers. A step that needs more still runs: the arena grows once, and the count shows it. */
+ * of panels, word lanes or int8 planes for every row, with group sums and units, the per-thread
+ * panel scratch and the descriptors of every segment) and attention's partials of every row and
+ * head with its per-thread buffers. A step that needs more still runs: the arena grows once, and
+ * the count shows it. */
 static int cpu_reserve_scratch(ci_backend *be, int64_t max_rows, int64_t max_k, int max_heads,
                                int max_head_dim) {
   cpu_backend *cpu = as_cpu(be);
   const int64_t threads = ci_threadpool_size(cpu->pool);
   const int64_t rows = max_rows + 64; /* panel padding */
-  const int64_t matmul = rows * max_k + rows * max_k / 8 + threads * 512 * 32 + 4096;
+  /* (256 floats per row: the per-segment descriptors of up to CI_MATMUL_MAX_WEIGHTS weights) */
+  const int64_t matmul = rows * max_k + rows * max_k / 8 + threads * 512 * 32 + 4096 + rows * 256;
   const int64_t d = max_head_dim + 2;
   const int64_t attention = (rows * max_heads + 4 * threads * max_heads) * d +
                             threads * attention_thread_floats(max_heads, max_head_dim, 64) + 4096;
@@ -188,17 +211,28 @@ static int cpu_matmul(ci_backend *be, const ci_tensor *w, const float *x, int64_
                                 segments);
 }
 
+static int cpu_matmul_multi(ci_backend *be, const ci_tensor *const *ws, int n_weights,
+                            const float *x, int64_t m, float *const *ys,
+                            const ci_row_segments *segments) {
+  cpu_backend *cpu = as_cpu(be);
+  return ci_cpu_matmul_segments_multi(cpu->pool, cpu->isa, cpu->precision, &cpu->scratch, ws,
+                                      n_weights, x, m, ys, segments);
+}
+
 /* Bits [c*b, c*b+b) of a row's LSB-first stream of u32 words (b divides 32). */
 static inline unsigned affine_code(const uint32_t *row, int64_t c, int bits) {
   int64_t bit = c * bits;
   return (row[bit >> 5] >> (bit & 31)) & ((1u << bits) - 1u);
 }
 
-static int cpu_embed(ci_backend *be, const ci_tensor *table, const int32_t *ids, int64_t n,
-                     float *out) {
-  (void)be;
+/* Rows [begin, end) of an embedding lookup. */
+static void embed_rows(void *ctx, int64_t begin, int64_t end) {
+  const loop_args *a = ctx;
+  const ci_tensor *table = a->table;
+  const int32_t *ids = a->ids;
+  float *out = a->out;
   const int64_t dim = table->shape[1];
-  for (int64_t r = 0; r < n; r++) {
+  for (int64_t r = begin; r < end; r++) {
     float *dst = out + r * dim;
     int64_t id = ids[r];
     if (ci_dtype_is_affine(table->dtype)) {
@@ -216,6 +250,12 @@ static int cpu_embed(ci_backend *be, const ci_tensor *table, const int32_t *ids,
         dst[c] = ci_float_at(table->dtype, table->data, (size_t)(id * dim + c));
     }
   }
+}
+
+static int cpu_embed(ci_backend *be, const ci_tensor *table, const int32_t *ids, int64_t n,
+                     float *out) {
+  loop_args a = {.out = out, .table = table, .ids = ids};
+  for_range(be, n, 4 * table->shape[1], embed_rows, &a);
   return CI_OK;
 }
 
@@ -263,41 +303,39 @@ static void cpu_add(ci_backend *be, float *x, const float *y, int64_t n) {
   for_range(be, n, 1, add_elements, &a);
 }
 
+/* The gated activations run the vector kernels of activation.h: each element is computed the
+ * same way wherever a task's range starts or ends. */
 static void silu_mul_elements(void *ctx, int64_t begin, int64_t end) {
   const loop_args *a = ctx;
-  for (int64_t i = begin; i < end; i++) {
-    float g = a->x[i];
-    a->x[i] = g / (1.0f + expf(-g)) * a->y[i];
-  }
+  a->vec->silu_mul(a->x + begin, a->y + begin, end - begin);
 }
 
 static void cpu_silu_mul(ci_backend *be, float *gate, const float *up, int64_t n) {
-  loop_args a = {.x = gate, .y = up};
-  for_range(be, n, 16, silu_mul_elements, &a);
+  loop_args a = {.x = gate, .y = up, .vec = as_cpu(be)->vec};
+  for_range(be, n, 4, silu_mul_elements, &a);
+}
+
+static void sigmoid_mul_elements(void *ctx, int64_t begin, int64_t end) {
+  const loop_args *a = ctx;
+  for (int64_t i = begin; i < end; i++) a->x[i] *= 1.0f / (1.0f + expf(-a->y[i]));
 }
 
 static void cpu_sigmoid_mul(ci_backend *be, float *x, const float *gate, int64_t n) {
-  (void)be;
-  for (int64_t i = 0; i < n; i++) x[i] *= 1.0f / (1.0f + expf(-gate[i]));
+  loop_args a = {.x = x, .y = gate};
+  for_range(be, n, 16, sigmoid_mul_elements, &a);
 }
 
-/* GELU with the tanh approximation, x^3 as a power (docs/models.md §3). */
-static inline float gelu_tanh(float x) {
-  const float sqrt_2_over_pi = 0.7978845608028654f;
-  return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * (x + 0.044715f * powf(x, 3.0f))));
-}
-
+/* GELU with the tanh approximation (docs/models.md §3), as x * sigmoid(2u) (activation.h). */
 static void gelu_mul_rows(void *ctx, int64_t begin, int64_t end) {
   const loop_args *a = ctx;
   for (int64_t r = begin; r < end; r++)
-    for (int64_t c = 0; c < a->dim; c++)
-      a->x[r * a->dim + c] = gelu_tanh(a->x[r * a->dim + c]) * a->y[r * a->stride + c];
+    a->vec->gelu_tanh_mul(a->x + r * a->dim, a->y + r * a->stride, a->dim);
 }
 
 static void cpu_gelu_tanh_mul(ci_backend *be, float *gate, const float *up, int64_t rows,
                               int64_t cols, int64_t up_stride) {
-  loop_args a = {.x = gate, .y = up, .dim = cols, .stride = up_stride};
-  for_range(be, rows, 32 * cols, gelu_mul_rows, &a);
+  loop_args a = {.x = gate, .y = up, .dim = cols, .stride = up_stride, .vec = as_cpu(be)->vec};
+  for_range(be, rows, 4 * cols, gelu_mul_rows, &a);
 }
 
 static void scale_elements(void *ctx, int64_t begin, int64_t end) {
@@ -325,11 +363,17 @@ static void cpu_copy(ci_backend *be, float *dst, const float *src, int64_t n) {
   memmove(dst, src, (size_t)n * sizeof *dst);
 }
 
+static void gather_rows_range(void *ctx, int64_t begin, int64_t end) {
+  const loop_args *a = ctx;
+  for (int64_t i = begin; i < end; i++)
+    memcpy(a->out + i * a->dim, a->src + (int64_t)a->ids[i] * a->dim,
+           (size_t)a->dim * sizeof(float));
+}
+
 static void cpu_gather_rows(ci_backend *be, float *dst, const float *src, const int32_t *rows,
                             int64_t m, int64_t dim) {
-  (void)be;
-  for (int64_t i = 0; i < m; i++)
-    memcpy(dst + i * dim, src + (int64_t)rows[i] * dim, (size_t)dim * sizeof *dst);
+  loop_args a = {.out = dst, .src = src, .ids = rows, .dim = dim};
+  for_range(be, m, dim, gather_rows_range, &a);
 }
 
 static void cpu_scatter_add_rows(ci_backend *be, float *dst, const float *src, const int32_t *rows,
@@ -344,16 +388,76 @@ static void cpu_scatter_add_rows(ci_backend *be, float *dst, const float *src, c
 
 /* ==== RoPE ==== */
 
+/* Rows [begin, end) of a table: cos and sin of pos * inv_freq, as the rotation used them. */
+static void rope_table_rows(void *ctx, int64_t begin, int64_t end) {
+  const rope_table *t = ctx;
+  for (int64_t r = begin; r < end; r++)
+    for (int j = 0; j < t->half; j++) {
+      const float angle = (float)t->pos[r] * t->inv_freq[j];
+      t->cos[r * t->half + j] = cosf(angle);
+      t->sin[r * t->half + j] = sinf(angle);
+    }
+}
+
+/* The table of `rope` at the n_rows positions `pos`: a kept one when frequencies and positions
+ * match, else the least recently used one refilled. NULL when out of memory. */
+static const rope_table *rope_table_for(ci_backend *be, const ci_rope *rope, const int32_t *pos,
+                                        int64_t n_rows) {
+  cpu_backend *cpu = as_cpu(be);
+  const int half = rope->rot_dim / 2;
+  if (n_rows < 1 || half < 1) return NULL;
+  rope_table *victim = &cpu->ropes[0];
+  for (int i = 0; i < ROPE_TABLES; i++) {
+    rope_table *t = &cpu->ropes[i];
+    if (t->half == half && t->n_rows == n_rows &&
+        !memcmp(t->inv_freq, rope->inv_freq, (size_t)half * sizeof(float)) &&
+        !memcmp(t->pos, pos, (size_t)n_rows * sizeof *pos)) {
+      t->last_use = ++cpu->rope_uses;
+      return t;
+    }
+    if (t->last_use < victim->last_use) victim = t;
+  }
+  rope_table *t = victim;
+  if (n_rows > t->capacity_rows || half > t->capacity_half) {
+    const int64_t rows = n_rows > t->capacity_rows ? n_rows : t->capacity_rows;
+    const int cols = half > t->capacity_half ? half : t->capacity_half;
+    free(t->pos);
+    free(t->cos);
+    free(t->sin);
+    t->pos = malloc((size_t)rows * sizeof *t->pos);
+    t->cos = malloc((size_t)(rows * cols) * sizeof(float));
+    t->sin = malloc((size_t)(rows * cols) * sizeof(float));
+    t->capacity_rows = t->pos && t->cos && t->sin ? rows : 0;
+    t->capacity_half = t->capacity_rows ? cols : 0;
+    t->n_rows = 0;
+    if (!t->capacity_rows) return NULL;
+  }
+  t->half = half;
+  t->n_rows = n_rows;
+  memcpy(t->inv_freq, rope->inv_freq, (size_t)half * sizeof(float));
+  memcpy(t->pos, pos, (size_t)n_rows * sizeof *pos);
+  t->last_use = ++cpu->rope_uses;
+  for_range(be, n_rows, 40 * (int64_t)half, rope_table_rows, t);
+  return t;
+}
+
 static void rope_rows(void *ctx, int64_t begin, int64_t end) {
   const loop_args *a = ctx;
   const ci_rope *rope = a->rope;
   const int half = rope->rot_dim / 2;
-  float cos_table[CI_MAX_HEAD_DIM / 2], sin_table[CI_MAX_HEAD_DIM / 2];
+  const rope_table *t = a->table_rope;
+  float cos_row[CI_MAX_HEAD_DIM / 2], sin_row[CI_MAX_HEAD_DIM / 2];
   for (int64_t r = begin; r < end; r++) {
-    for (int j = 0; j < half; j++) {
-      float angle = (float)a->pos[r] * rope->inv_freq[j];
-      cos_table[j] = cosf(angle);
-      sin_table[j] = sinf(angle);
+    const float *cos_table = cos_row, *sin_table = sin_row;
+    if (t) {
+      cos_table = t->cos + r * half;
+      sin_table = t->sin + r * half;
+    } else {
+      for (int j = 0; j < half; j++) {
+        float angle = (float)a->pos[r] * rope->inv_freq[j];
+        cos_row[j] = cosf(angle);
+        sin_row[j] = sinf(angle);
+      }
     }
     for (int h = 0; h < a->n_heads; h++) {
       float *v = a->x + (r * a->n_heads + h) * rope->head_dim;
@@ -370,23 +474,49 @@ static void rope_rows(void *ctx, int64_t begin, int64_t end) {
   }
 }
 
+/* Rotates with the step's table (the sines computed by the row when its memory is short). */
 static void cpu_rope(ci_backend *be, float *x, int64_t n_rows, int n_heads, const int32_t *pos,
                      const ci_rope *rope) {
-  loop_args a = {.x = x, .pos = pos, .rope = rope, .n_heads = n_heads};
-  for_range(be, n_rows, 40 * (rope->rot_dim / 2) + 4 * (int64_t)n_heads * rope->head_dim, rope_rows,
-            &a);
+  loop_args a = {.x = x,
+                 .pos = pos,
+                 .rope = rope,
+                 .n_heads = n_heads,
+                 .table_rope = rope_table_for(be, rope, pos, n_rows)};
+  for_range(be, n_rows,
+            (a.table_rope ? 0 : 40 * (rope->rot_dim / 2)) + 4 * (int64_t)n_heads * rope->head_dim,
+            rope_rows, &a);
 }
 
 /* ==== Paged KV ==== */
+
+/* One sequence's KV write, its rows split over the pool (positions checked beforehand). */
+typedef struct {
+  ci_isa isa;
+  const ci_paged_kv *kv;
+  const float *k, *v;
+  const int32_t *pos;
+} kv_store_job;
+
+static void kv_store_rows(void *ctx, int64_t begin, int64_t end) {
+  const kv_store_job *job = ctx;
+  const int64_t width = (int64_t)job->kv->n_kv_heads * job->kv->head_dim;
+  (void)ci_cpu_kv_store(job->isa, job->kv, job->k + begin * width, job->v + begin * width,
+                        job->pos + begin, (int)(end - begin));
+}
 
 static int cpu_kv_store(ci_backend *be, const ci_step_kv *seqs, const float *k, const float *v,
                         const int32_t *pos) {
   for (int i = 0; i < seqs->n_seqs; i++) {
     const ci_paged_kv *kv = &seqs->kv[i];
     const int64_t width = (int64_t)kv->n_kv_heads * kv->head_dim, r0 = seqs->first_row[i];
-    if (ci_cpu_kv_store(as_cpu(be)->isa, kv, k + r0 * width, v + r0 * width, pos + r0,
-                        seqs->n_rows[i]))
-      return CI_ERR;
+    for (int r = 0; r < seqs->n_rows[i]; r++) {
+      const int32_t p = pos[r0 + r];
+      if (p < 0 || p / kv->block_tokens >= kv->n_table_entries ||
+          kv->block_table[p / kv->block_tokens] < 0)
+        return ci_fail("kv_store: position %d has no block", p);
+    }
+    kv_store_job job = {as_cpu(be)->isa, kv, k + r0 * width, v + r0 * width, pos + r0};
+    for_range(be, seqs->n_rows[i], 8 * width, kv_store_rows, &job);
   }
   return CI_OK;
 }
@@ -583,6 +713,11 @@ static void cpu_destroy(ci_backend *be) {
   cpu_backend *cpu = as_cpu(be);
   ci_threadpool_free(cpu->pool);
   ci_arena_free(&cpu->scratch);
+  for (int i = 0; i < ROPE_TABLES; i++) {
+    free(cpu->ropes[i].pos);
+    free(cpu->ropes[i].cos);
+    free(cpu->ropes[i].sin);
+  }
   free(cpu);
 }
 
@@ -602,6 +737,7 @@ static const ci_backend_ops cpu_ops = {
     .allocation_count = cpu_allocation_count,
     .reserve_scratch = cpu_reserve_scratch,
     .matmul = cpu_matmul,
+    .matmul_multi = cpu_matmul_multi,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .add_bias = cpu_add_bias,

@@ -48,7 +48,19 @@ int ci_cpu_matmul_segments(ci_threadpool *pool, ci_isa isa, ci_precision precisi
                            ci_arena *scratch, const ci_tensor *w, const float *x, int64_t m,
                            float *y, const ci_row_segments *segments);
 
-/* Vector loops over bf16 rows (KV cache rows), f32 accumulation. */
+/* The most weights of one ci_cpu_matmul_segments_multi call. */
+#define CI_MATMUL_MAX_WEIGHTS 4
+
+/* ci_cpu_matmul_segments of n_weights weights on the same x in one call: ys[i] = x @ ws[i]^T,
+ * each exactly as a call of that weight alone computes it, with x prepared once and the rows of
+ * every weight split over one pool job (fewer, larger jobs per layer: q|k|v, gate|up). The
+ * weights must share dtype, width (K) and grouping; their row counts may differ. */
+int ci_cpu_matmul_segments_multi(ci_threadpool *pool, ci_isa isa, ci_precision precision,
+                                 ci_arena *scratch, const ci_tensor *const *ws, int n_weights,
+                                 const float *x, int64_t m, float *const *ys,
+                                 const ci_row_segments *segments);
+
+/* Vector loops over bf16 rows (KV cache rows), f32 accumulation, and the gated activations. */
 typedef struct {
   /* sum_i x[i] * bf16(a[i]) */
   float (*dot_bf16)(const float *x, const uint16_t *a, int64_t n);
@@ -62,6 +74,10 @@ typedef struct {
   void (*axpy_f32)(float *y, float alpha, const float *a, int64_t n);
   /* dst[i] = bf16(a[i]) widened to f32 */
   void (*bf16_to_f32)(float *dst, const uint16_t *a, int64_t n);
+  /* g[i] = silu(g[i]) * up[i] (activation.h: the same bits on every ISA) */
+  void (*silu_mul)(float *g, const float *up, int64_t n);
+  /* g[i] = gelu_tanh(g[i]) * up[i] (activation.h) */
+  void (*gelu_tanh_mul)(float *g, const float *up, int64_t n);
 } ci_cpu_vec_kernels;
 
 /* The vector kernels for `isa` (must be supported). */

@@ -194,26 +194,35 @@ typedef struct {
   int panel; /* 1: panel kernel, 0: row kernel */
 } matmul_part;
 
-/* Per-call state shared by the tasks of one matmul: every task runs every part over its chunk
- * of weight rows, so the chunk is read from memory once for all of them. */
+/* cpu_reserve_scratch sets aside 256 floats per row for a call's descriptors */
+_Static_assert(CI_MATMUL_MAX_WEIGHTS * sizeof(matmul_part) + sizeof(int64_t) <= 256 * sizeof(float),
+               "the scratch reserved per segment holds the parts of every weight");
+
+/* Per-call state shared by the tasks of one matmul: every task runs every part of its weight
+ * over its chunk of that weight's rows, so the chunk is read from memory once for all of them.
+ * Weight i's tasks are [first_task[i], first_task[i + 1]). */
 typedef struct {
-  const matmul_part *parts;
+  const matmul_part *parts; /* [n_weights][n_parts] */
   int n_parts;
-  int64_t n;
-  int64_t rows_per_task;
-  float *scratch;        /* n_threads * scratch_stride floats */
-  size_t scratch_stride; /* floats per thread, a multiple of 16 */
+  int n_weights;
+  const int64_t *n;             /* [n_weights] */
+  const int64_t *rows_per_task; /* [n_weights] */
+  const int *first_task;        /* [n_weights + 1] */
+  float *scratch;               /* n_threads * scratch_stride floats */
+  size_t scratch_stride;        /* floats per thread, a multiple of 16 */
 } matmul_tasks;
 
-/* Pool task: one chunk of output columns (weight rows) for every part. */
+/* Pool task: one chunk of output columns (weight rows) of one weight for every part. */
 static void run_matmul_task(void *ctx, int task, int thread) {
   const matmul_tasks *tasks = ctx;
-  int64_t begin = (int64_t)task * tasks->rows_per_task;
-  int64_t end = begin + tasks->rows_per_task;
-  if (end > tasks->n) end = tasks->n;
+  int i = 0;
+  while (task >= tasks->first_task[i + 1]) i++;
+  int64_t begin = (int64_t)(task - tasks->first_task[i]) * tasks->rows_per_task[i];
+  int64_t end = begin + tasks->rows_per_task[i];
+  if (end > tasks->n[i]) end = tasks->n[i];
   float *scratch = tasks->scratch ? tasks->scratch + (size_t)thread * tasks->scratch_stride : NULL;
-  for (int p = 0; p < tasks->n_parts; p++)
-    tasks->parts[p].fn(&tasks->parts[p].job, begin, end, scratch);
+  const matmul_part *parts = tasks->parts + (size_t)i * tasks->n_parts;
+  for (int p = 0; p < tasks->n_parts; p++) parts[p].fn(&parts[p].job, begin, end, scratch);
 }
 
 /* n floats (at least one) from the scratch arena, or NULL. */
@@ -336,15 +345,38 @@ static int64_t gcd64(int64_t a, int64_t b) {
   return a;
 }
 
-int ci_cpu_matmul_segments(ci_threadpool *pool, ci_isa isa, ci_precision precision,
-                           ci_arena *scratch, const ci_tensor *w, const float *x, int64_t m,
-                           float *y, const ci_row_segments *segments) {
-  if (!w || (m > 0 && (!x || !y))) return ci_fail("matmul: NULL argument");
+/* Weights i > 0 of a multi-weight call must share weight 0's layout: then x, prepared once,
+ * serves them all. */
+static int same_layout(const ci_tensor *a, const ci_tensor *b) {
+  return a->dtype == b->dtype && a->shape[1] == b->shape[1] &&
+         (!ci_dtype_is_affine(a->dtype) ||
+          (a->group_size == b->group_size && a->scale_dtype == b->scale_dtype));
+}
+
+int ci_cpu_matmul_segments_multi(ci_threadpool *pool, ci_isa isa, ci_precision precision,
+                                 ci_arena *scratch, const ci_tensor *const *ws, int n_weights,
+                                 const float *x, int64_t m, float *const *ys,
+                                 const ci_row_segments *segments) {
+  if (!ws || !ys || n_weights < 1 || n_weights > CI_MATMUL_MAX_WEIGHTS)
+    return ci_fail("matmul: %d weights (1 to %d)", n_weights, CI_MATMUL_MAX_WEIGHTS);
+  for (int i = 0; i < n_weights; i++)
+    if (!ws[i] || (m > 0 && (!x || !ys[i]))) return ci_fail("matmul: NULL argument");
   if ((unsigned)isa >= CI_ISA_COUNT || !ci_isa_supported(isa))
     return ci_fail("matmul: ISA %s not supported on this CPU", ci_isa_name(isa));
-  int64_t n = 0, k = 0;
+  int64_t ns[CI_MATMUL_MAX_WEIGHTS], k = 0;
   ci_weight_format format = CI_WF_F32;
-  if (check_weight(w, &n, &k, &format) != CI_OK) return CI_ERR;
+  for (int i = 0; i < n_weights; i++) {
+    int64_t ki = 0;
+    ci_weight_format fi = CI_WF_F32;
+    if (check_weight(ws[i], &ns[i], &ki, &fi) != CI_OK) return CI_ERR;
+    if (i == 0) {
+      k = ki;
+      format = fi;
+    } else if (!same_layout(ws[0], ws[i])) {
+      return ci_fail("matmul: the weights of one call differ in dtype, width or grouping");
+    }
+  }
+  const ci_tensor *w = ws[0];
   if (m < 0) return ci_fail("matmul: negative row count");
   if (precision != CI_PRECISION_EXACT && precision != CI_PRECISION_FAST)
     return ci_fail("matmul: unknown precision %d", (int)precision);
@@ -358,7 +390,7 @@ int ci_cpu_matmul_segments(ci_threadpool *pool, ci_isa isa, ci_precision precisi
     if (total != m)
       return ci_fail("matmul: segments cover %lld of %lld rows", (long long)total, (long long)m);
   }
-  if (m == 0 || n == 0) return CI_OK;
+  if (m == 0) return CI_OK;
 
   const ci_matmul_kernels *kernels = kernels_for(isa);
   const int affine = ci_dtype_is_affine(w->dtype);
@@ -372,7 +404,7 @@ int ci_cpu_matmul_segments(ci_threadpool *pool, ci_isa isa, ci_precision precisi
   };
   const ci_matmul_job base = {
       .format = format,
-      .n = n,
+      .n = ns[0],
       .k = k,
       .w = w->data,
       .scales = w->scales,
@@ -380,8 +412,10 @@ int ci_cpu_matmul_segments(ci_threadpool *pool, ci_isa isa, ci_precision precisi
       .group = affine ? w->group_size : 0,
   };
   ci_arena_reset(scratch);
-  matmul_part *parts = ci_arena_take(scratch, (size_t)n_segments * sizeof *parts);
-  if (!parts) return CI_ERR;
+  matmul_part *parts =
+      ci_arena_take(scratch, (size_t)n_weights * (size_t)n_segments * sizeof *parts);
+  int64_t *part_row = ci_arena_take(scratch, (size_t)n_segments * sizeof *part_row);
+  if (!parts || !part_row) return CI_ERR;
   int n_parts = 0, any_panel = 0, any_rows = 0;
   int64_t row = 0;
   for (int s = 0; s < n_segments; s++) {
@@ -395,7 +429,8 @@ int ci_cpu_matmul_segments(ci_threadpool *pool, ci_isa isa, ci_precision precisi
       parts[n_parts] = (matmul_part){.job = base, .panel = panel};
       parts[n_parts].job.m = rows;
       parts[n_parts].job.x = x + row * k;
-      parts[n_parts].job.y = y + row * n;
+      parts[n_parts].job.y = ys[0] + row * ns[0];
+      part_row[n_parts] = row;
       n_parts++;
     }
     any_panel |= panel;
@@ -407,6 +442,17 @@ int ci_cpu_matmul_segments(ci_threadpool *pool, ci_isa isa, ci_precision precisi
       return ci_fail("matmul: out of memory preparing activations (m=%lld, k=%lld)", (long long)m,
                      (long long)k);
   }
+  /* the other weights: the same prepared x and kernels, their own rows and outputs */
+  for (int i = 1; i < n_weights; i++)
+    for (int p = 0; p < n_parts; p++) {
+      matmul_part *part = &parts[(size_t)i * n_parts + p];
+      *part = parts[p];
+      part->job.n = ns[i];
+      part->job.w = ws[i]->data;
+      part->job.scales = ws[i]->scales;
+      part->job.biases = ws[i]->biases;
+      part->job.y = ys[i] + part_row[p] * ns[i];
+    }
   int n_threads = pool ? ci_threadpool_size(pool) : 1;
   size_t scratch_stride = any_panel ? (kernels->scratch_floats + 15) & ~(size_t)15 : 0;
   float *thread_scratch = NULL;
@@ -417,20 +463,35 @@ int ci_cpu_matmul_segments(ci_threadpool *pool, ci_isa isa, ci_precision precisi
   /* chunks of weight rows: whole row blocks of every kernel in use */
   int64_t unit = any_panel ? kernels->gemm_nr : GEMV_ROW_UNIT;
   if (any_panel && any_rows) unit = unit / gcd64(unit, GEMV_ROW_UNIT) * GEMV_ROW_UNIT;
+  int64_t rows_per_task[CI_MATMUL_MAX_WEIGHTS];
+  int first_task[CI_MATMUL_MAX_WEIGHTS + 1] = {0};
+  for (int i = 0; i < n_weights; i++) {
+    rows_per_task[i] = rows_per_task_for(ns[i], m * k, n_threads, unit);
+    first_task[i + 1] =
+        first_task[i] + (ns[i] > 0 ? (int)((ns[i] + rows_per_task[i] - 1) / rows_per_task[i]) : 0);
+  }
   matmul_tasks tasks = {
       .parts = parts,
       .n_parts = n_parts,
-      .n = n,
-      .rows_per_task = rows_per_task_for(n, m * k, n_threads, unit),
+      .n_weights = n_weights,
+      .n = ns,
+      .rows_per_task = rows_per_task,
+      .first_task = first_task,
       .scratch = thread_scratch,
       .scratch_stride = scratch_stride,
   };
-  int n_tasks = (int)((n + tasks.rows_per_task - 1) / tasks.rows_per_task);
+  const int n_tasks = first_task[n_weights];
   if (pool && n_tasks > 1)
     ci_threadpool_run(pool, n_tasks, run_matmul_task, &tasks);
   else
     for (int t = 0; t < n_tasks; t++) run_matmul_task(&tasks, t, 0);
   return CI_OK;
+}
+
+int ci_cpu_matmul_segments(ci_threadpool *pool, ci_isa isa, ci_precision precision,
+                           ci_arena *scratch, const ci_tensor *w, const float *x, int64_t m,
+                           float *y, const ci_row_segments *segments) {
+  return ci_cpu_matmul_segments_multi(pool, isa, precision, scratch, &w, 1, x, m, &y, segments);
 }
 
 int ci_cpu_matmul_with(ci_threadpool *pool, ci_isa isa, ci_precision precision, const ci_tensor *w,

@@ -1,4 +1,6 @@
-/* AVX2 vector loops over bf16 rows (KV cache rows): 8 lanes per step, scalar tails. */
+/* AVX2 vector loops over bf16 rows (KV cache rows): 8 lanes per step, scalar tails; and the
+ * gated activations of activation.h on 8 lanes. */
+#include "backend/cpu/activation.h"
 #include "backend/cpu/kernels_impl.h"
 
 #include <immintrin.h>
@@ -102,8 +104,74 @@ static void bf16_to_f32_avx2(float *dst, const uint16_t *a, int64_t n) {
   for (; i < n; i++) dst[i] = ci_bf16_to_f32(a[i]);
 }
 
+/* 1 + exp(x) on 8 lanes, operation for operation as ci_one_plus_exp (activation.h). */
+static inline __m256 one_plus_exp_mm256(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(CI_EXP_MIN)), _mm256_set1_ps(CI_EXP_MAX));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(CI_EXP_LOG2E)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-CI_EXP_LN2_HI), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-CI_EXP_LN2_LO), r);
+  __m256 p = _mm256_set1_ps(CI_EXP_P0);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P5));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+  p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
+  const __m256i bits =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_fmadd_ps(p, _mm256_castsi256_ps(bits), _mm256_set1_ps(1.0f));
+}
+
+static inline __m256 silu_mul_mm256(__m256 g, __m256 up) {
+  return _mm256_mul_ps(
+      _mm256_div_ps(g, one_plus_exp_mm256(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)))), up);
+}
+
+static inline __m256 gelu_tanh_mul_mm256(__m256 g, __m256 up) {
+  const __m256 inner =
+      _mm256_fmadd_ps(_mm256_set1_ps(CI_GELU_A), _mm256_mul_ps(_mm256_mul_ps(g, g), g), g);
+  const __m256 u = _mm256_mul_ps(_mm256_set1_ps(CI_GELU_C), inner);
+  const __m256 den = one_plus_exp_mm256(_mm256_mul_ps(_mm256_set1_ps(-2.0f), u));
+  return _mm256_mul_ps(_mm256_div_ps(g, den), up);
+}
+
+/* g[i] = silu(g[i]) * up[i]; the tail goes through the same lanes. */
+static void silu_mul_avx2(float *g, const float *up, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(g + i, silu_mul_mm256(_mm256_loadu_ps(g + i), _mm256_loadu_ps(up + i)));
+  if (i < n) {
+    float gt[8] = {0}, ut[8] = {0};
+    for (int64_t j = i; j < n; j++) {
+      gt[j - i] = g[j];
+      ut[j - i] = up[j];
+    }
+    _mm256_storeu_ps(gt, silu_mul_mm256(_mm256_loadu_ps(gt), _mm256_loadu_ps(ut)));
+    for (int64_t j = i; j < n; j++) g[j] = gt[j - i];
+  }
+}
+
+/* g[i] = gelu_tanh(g[i]) * up[i]; the tail goes through the same lanes. */
+static void gelu_tanh_mul_avx2(float *g, const float *up, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(g + i, gelu_tanh_mul_mm256(_mm256_loadu_ps(g + i), _mm256_loadu_ps(up + i)));
+  if (i < n) {
+    float gt[8] = {0}, ut[8] = {0};
+    for (int64_t j = i; j < n; j++) {
+      gt[j - i] = g[j];
+      ut[j - i] = up[j];
+    }
+    _mm256_storeu_ps(gt, gelu_tanh_mul_mm256(_mm256_loadu_ps(gt), _mm256_loadu_ps(ut)));
+    for (int64_t j = i; j < n; j++) g[j] = gt[j - i];
+  }
+}
+
 const ci_cpu_vec_kernels *ci_vec_kernels_avx2(void) {
-  static const ci_cpu_vec_kernels kernels = {dot_bf16_avx2, axpy_bf16_avx2, f32_to_bf16_avx2,
-                                             dot_f32_avx2,  axpy_f32_avx2,  bf16_to_f32_avx2};
+  static const ci_cpu_vec_kernels kernels = {dot_bf16_avx2, axpy_bf16_avx2,    f32_to_bf16_avx2,
+                                             dot_f32_avx2,  axpy_f32_avx2,     bf16_to_f32_avx2,
+                                             silu_mul_avx2, gelu_tanh_mul_avx2};
   return &kernels;
 }

@@ -1,6 +1,8 @@
-/* AVX-512 vector loops over bf16 rows (KV cache rows): 16 lanes per step, masked tails.
+/* AVX-512 vector loops over bf16 rows (KV cache rows): 16 lanes per step, masked tails; and the
+ * gated activations of activation.h on 16 lanes.
  * Uses AVX-512F/BW only (no AVX512-BF16: its conversion flushes denormals, which would break
  * bit-exactness with ci_f32_to_bf16). */
+#include "backend/cpu/activation.h"
 #include "backend/cpu/kernels_impl.h"
 
 #include <immintrin.h>
@@ -108,8 +110,64 @@ static void bf16_to_f32_avx512(float *dst, const uint16_t *a, int64_t n) {
   }
 }
 
+/* 1 + exp(x) on 16 lanes, operation for operation as ci_one_plus_exp (activation.h). */
+static inline __m512 one_plus_exp_mm512(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(CI_EXP_MIN)), _mm512_set1_ps(CI_EXP_MAX));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(CI_EXP_LOG2E)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-CI_EXP_LN2_HI), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-CI_EXP_LN2_LO), r);
+  __m512 p = _mm512_set1_ps(CI_EXP_P0);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CI_EXP_P1));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CI_EXP_P2));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CI_EXP_P3));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CI_EXP_P4));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CI_EXP_P5));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+  p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+  const __m512i bits =
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_fmadd_ps(p, _mm512_castsi512_ps(bits), _mm512_set1_ps(1.0f));
+}
+
+static inline __m512 silu_mul_mm512(__m512 g, __m512 up) {
+  return _mm512_mul_ps(
+      _mm512_div_ps(g, one_plus_exp_mm512(_mm512_castsi512_ps(_mm512_xor_si512(
+                           _mm512_castps_si512(g), _mm512_set1_epi32(INT32_MIN))))),
+      up);
+}
+
+static inline __m512 gelu_tanh_mul_mm512(__m512 g, __m512 up) {
+  const __m512 inner =
+      _mm512_fmadd_ps(_mm512_set1_ps(CI_GELU_A), _mm512_mul_ps(_mm512_mul_ps(g, g), g), g);
+  const __m512 u = _mm512_mul_ps(_mm512_set1_ps(CI_GELU_C), inner);
+  const __m512 den = one_plus_exp_mm512(_mm512_mul_ps(_mm512_set1_ps(-2.0f), u));
+  return _mm512_mul_ps(_mm512_div_ps(g, den), up);
+}
+
+/* g[i] = silu(g[i]) * up[i], the tail masked. */
+static void silu_mul_avx512(float *g, const float *up, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 mask = n - i >= 16 ? 0xffff : first_lanes(n - i);
+    _mm512_mask_storeu_ps(
+        g + i, mask,
+        silu_mul_mm512(_mm512_maskz_loadu_ps(mask, g + i), _mm512_maskz_loadu_ps(mask, up + i)));
+  }
+}
+
+/* g[i] = gelu_tanh(g[i]) * up[i], the tail masked. */
+static void gelu_tanh_mul_avx512(float *g, const float *up, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 mask = n - i >= 16 ? 0xffff : first_lanes(n - i);
+    _mm512_mask_storeu_ps(g + i, mask,
+                          gelu_tanh_mul_mm512(_mm512_maskz_loadu_ps(mask, g + i),
+                                              _mm512_maskz_loadu_ps(mask, up + i)));
+  }
+}
+
 const ci_cpu_vec_kernels *ci_vec_kernels_avx512(void) {
-  static const ci_cpu_vec_kernels kernels = {dot_bf16_avx512, axpy_bf16_avx512, f32_to_bf16_avx512,
-                                             dot_f32_avx512,  axpy_f32_avx512,  bf16_to_f32_avx512};
+  static const ci_cpu_vec_kernels kernels = {
+      dot_bf16_avx512, axpy_bf16_avx512,   f32_to_bf16_avx512, dot_f32_avx512,
+      axpy_f32_avx512, bf16_to_f32_avx512, silu_mul_avx512,    gelu_tanh_mul_avx512};
   return &kernels;
 }

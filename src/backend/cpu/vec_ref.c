@@ -1,5 +1,6 @@
-/* Reference vector loops over bf16 rows (KV cache rows) in plain C: the definition the SIMD
- * versions are tested against. */
+/* Reference vector loops over bf16 rows (KV cache rows) and the gated activations in plain C:
+ * the definition the SIMD versions are tested against. */
+#include "backend/cpu/activation.h"
 #include "backend/cpu/kernels_impl.h"
 
 /* sum_i x[i] * bf16(a[i]), accumulated in order. */
@@ -34,9 +35,18 @@ static void bf16_to_f32_ref(float *dst, const uint16_t *a, int64_t n) {
   for (int64_t i = 0; i < n; i++) dst[i] = ci_bf16_to_f32(a[i]);
 }
 
+static void silu_mul_ref(float *g, const float *up, int64_t n) {
+  for (int64_t i = 0; i < n; i++) g[i] = ci_silu_mul_one(g[i], up[i]);
+}
+
+static void gelu_tanh_mul_ref(float *g, const float *up, int64_t n) {
+  for (int64_t i = 0; i < n; i++) g[i] = ci_gelu_tanh_mul_one(g[i], up[i]);
+}
+
 const ci_cpu_vec_kernels *ci_vec_kernels_ref(void) {
-  static const ci_cpu_vec_kernels kernels = {dot_bf16_ref, axpy_bf16_ref, f32_to_bf16_ref,
-                                             dot_f32_ref,  axpy_f32_ref,  bf16_to_f32_ref};
+  static const ci_cpu_vec_kernels kernels = {dot_bf16_ref, axpy_bf16_ref,    f32_to_bf16_ref,
+                                             dot_f32_ref,  axpy_f32_ref,     bf16_to_f32_ref,
+                                             silu_mul_ref, gelu_tanh_mul_ref};
   return &kernels;
 }
 
