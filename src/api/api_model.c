@@ -66,7 +66,7 @@ cinfer_status cinfer_model_load(const char *path, const cinfer_model_options *op
   m->model = m->dir ? ci_model_open_on(m->dir, &device) : NULL;
   const int is_auto = !options->device || !strcmp(options->device, "auto");
   if (!m->model && m->dir && is_auto && ci_model_gpu_visible()) {
-    /* auto: a model the GPU cannot run yet (quantized weights) runs on the CPU instead; the
+    /* auto: a model the GPU cannot run yet (f32 affine scales, ...) runs on the CPU instead; the
      * reason is kept for cinfer_model_device_note, so the fallback is never silent */
     snprintf(m->device_note, sizeof m->device_note, "the GPU cannot run this model: %s",
              ci_last_error());
