@@ -405,6 +405,20 @@ static void test_forced_xml_tool_call(void **state) {
       assert_string_equal(check_typed_call(r, name, sizeof name), names[i]);
       json_decref(r);
     }
+  /* thinking on (the template opens <think>): the answer may reason first, closes </think>
+   * (favoured here by logit_bias), then makes the call, which is parsed as a call */
+  snprintf(req, sizeof req,
+           "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather?\"}], " TYPED_TOOLS
+           ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
+           "\"get_weather\"}}, \"max_tokens\": 60, \"temperature\": 0, \"logit_bias\": "
+           "{\"%d\": 100}}",
+           V_THINK_CLOSE);
+  json_t *thinking = request(f, "/v1/chat/completions", req);
+  assert_string_equal(check_typed_call(thinking, name, sizeof name), "get_weather");
+  const json_t *tm = first_message(thinking);
+  const char *tr = json_string_value(json_object_get(tm, "reasoning_content"));
+  assert_true(!tr || !strchr(tr, '<'));
+  json_decref(thinking);
   /* Anthropic tool_choice {"type": "tool"} goes the same way */
   const char anthropic_req[] =
       "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"Time?\"}], "

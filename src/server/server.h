@@ -284,6 +284,11 @@ int ci_srv_parse_tool_choice(ci_server *s, const json_t *tools, const json_t *ch
  * the tool's parameters schema types it. NULL with *err (a 400: a schema it cannot write). */
 char *ci_srv_xml_tool_grammar(const json_t *tools, const json_t *named, char **err);
 
+/* After ci_srv_tokenize_chat: a forced tool call (ci_srv_parse_tool_choice) whose prompt ends
+ * inside an open <think> (Qwen3.5 with thinking on) lets the answer reason first — text without
+ * '<', then </think> — before the call. Returns 0, or -1 with *err. */
+int ci_srv_forced_call_after_thinking(ci_server *s, ci_srv_job *job, char **err);
+
 /* messages for a chat template that does not render `tools`: a generic tool-use system prompt
  * (the tools as JSON and the hermes call format) merged into the first system message or put
  * before the messages, and assistant tool calls written out as hermes text (a template without

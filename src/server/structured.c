@@ -9,6 +9,7 @@
 #include "server/server.h"
 
 #include "base/error.h"
+#include "text/reasoning_split.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -205,6 +206,23 @@ int ci_srv_parse_tool_choice(ci_server *s, const json_t *tools, const json_t *ch
   if (check_grammar(job, "tools", err)) return -1;
   job->forced_tool_call = 1;
   return 0;
+}
+
+int ci_srv_forced_call_after_thinking(ci_server *s, ci_srv_job *job, char **err) {
+  if (!job->forced_tool_call || !job->rendered ||
+      !cinfer_chat_format_has_reasoning(s->o.chat_format) ||
+      !ci_reasoning_prompt_open(job->rendered, job->rendered_len))
+    return 0;
+  /* the answer starts inside the template's open <think>: reasoning (text without '<'), its
+   * </think>, then the call */
+  static const char rule[] = "after-thinking ::= [^<]* \"</think>\" [ \\n]* tool-call\n";
+  const size_t len = strlen(job->grammar);
+  char *text = realloc(job->grammar, len + sizeof rule);
+  if (!text) return fail(err, "out of memory");
+  memcpy(text + len, rule, sizeof rule);
+  job->grammar = text;
+  job->grammar_root = "after-thinking";
+  return check_grammar(job, "tools", err);
 }
 
 /* The hermes text of an assistant message's tool calls. */
