@@ -737,6 +737,12 @@ const cinfer_chat_format *cinfer_model_chat_format(const cinfer_model *model);
  * or a named function. */
 int cinfer_chat_format_xml_tool_calls(const cinfer_chat_format *format);
 
+/* 1 when an answer to `prompt` (a rendered chat prompt) starts inside reasoning: the format has
+ * think tags and the prompt's last <think> is not closed (a template that opens it, as Qwen3.5's
+ * does with thinking on). */
+int cinfer_chat_format_reasoning_open(const cinfer_chat_format *format, const char *prompt,
+                                      size_t len);
+
 /* 1 when answers of this format can carry reasoning apart from content. */
 int cinfer_chat_format_has_reasoning(const cinfer_chat_format *format);
 

@@ -932,6 +932,10 @@ static void test_chat_output(void **state) {
   /* Qwen XML tool calls: only a template that teaches <function=...> with <parameter=...> */
   assert_false(cinfer_chat_format_xml_tool_calls(format));
   assert_false(cinfer_chat_format_xml_tool_calls(NULL));
+  assert_true(cinfer_chat_format_reasoning_open(format, "a<think>\nb", 10));
+  assert_false(cinfer_chat_format_reasoning_open(format, "a<think>b</think>", 17));
+  assert_false(cinfer_chat_format_reasoning_open(format, "plain", 5));
+  assert_false(cinfer_chat_format_reasoning_open(NULL, "<think>", 7));
   const char *const templates[] = {"{{ '<function=' }}", "{{ '<function=x>\n<parameter=y>' }}"};
   for (int i = 0; i < 2; i++) {
     cinfer_chat_template *t = NULL;

@@ -59,6 +59,11 @@ int cinfer_chat_format_xml_tool_calls(const cinfer_chat_format *format) {
   return format && format->xml_calls;
 }
 
+int cinfer_chat_format_reasoning_open(const cinfer_chat_format *format, const char *prompt,
+                                      size_t len) {
+  return format && format->think_format && prompt && ci_reasoning_prompt_open(prompt, len);
+}
+
 int cinfer_chat_format_has_reasoning(const cinfer_chat_format *format) {
   return format && (format->think_format || format->gemma_channels);
 }

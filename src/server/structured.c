@@ -9,7 +9,6 @@
 #include "server/server.h"
 
 #include "base/error.h"
-#include "text/reasoning_split.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -209,9 +208,8 @@ int ci_srv_parse_tool_choice(ci_server *s, const json_t *tools, const json_t *ch
 }
 
 int ci_srv_forced_call_after_thinking(ci_server *s, ci_srv_job *job, char **err) {
-  if (!job->forced_tool_call || !job->rendered ||
-      !cinfer_chat_format_has_reasoning(s->o.chat_format) ||
-      !ci_reasoning_prompt_open(job->rendered, job->rendered_len))
+  if (!job->forced_tool_call ||
+      !cinfer_chat_format_reasoning_open(s->o.chat_format, job->rendered, job->rendered_len))
     return 0;
   /* the answer starts inside the template's open <think>: reasoning (text without '<'), its
    * </think>, then the call */
