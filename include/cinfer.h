@@ -731,6 +731,18 @@ void cinfer_chat_format_free(cinfer_chat_format *format);
 /* The model's format (owned by the model), or NULL when its folder has no tokenizer.json. */
 const cinfer_chat_format *cinfer_model_chat_format(const cinfer_model *model);
 
+/* 1 when the model's chat template asks for tool calls in the Qwen XML format (Qwen3.5,
+ * Qwen3-Coder: <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n
+ * </tool_call>) rather than hermes JSON; the server forces that form for tool_choice "required"
+ * or a named function. */
+int cinfer_chat_format_xml_tool_calls(const cinfer_chat_format *format);
+
+/* 1 when an answer to `prompt` (a rendered chat prompt) starts inside reasoning: the format has
+ * think tags and the prompt's last <think> is not closed (a template that opens it, as Qwen3.5's
+ * does with thinking on). */
+int cinfer_chat_format_reasoning_open(const cinfer_chat_format *format, const char *prompt,
+                                      size_t len);
+
 /* 1 when answers of this format can carry reasoning apart from content. */
 int cinfer_chat_format_has_reasoning(const cinfer_chat_format *format);
 
@@ -905,6 +917,8 @@ typedef struct {
   int kv_group_size;    /* affine: 32|64|128 (0 = 64) */
   const char *device;   /* "cpu" (NULL); "cuda" is refused until GPU memory can be read */
   int64_t memory_bytes; /* > 0: use this as the memory available instead of measuring it */
+  int draft_max;        /* > 0: requests speculate with rounds of up to draft_max drafts (a hybrid
+                           model then holds state checkpoints); 0: no speculation (0..32) */
 } cinfer_fit_options;
 
 typedef struct {
@@ -913,7 +927,10 @@ typedef struct {
   int64_t context_limit; /* the model's context length */
   int batch;
   int64_t weights_bytes;      /* tensor bytes of the safetensors files (from their headers) */
-  int64_t kv_bytes;           /* KV cache of batch sequences of `context` tokens */
+  int64_t kv_bytes;           /* KV cache of batch sequences of `context` tokens: what the
+                                 engine's admission reserves for them (blocks at their peak, a
+                                 quantized codec's first chunk in bf16 until it converts, and
+                                 state_bytes per sequence) */
   int64_t kv_bytes_per_token; /* one token of one sequence over every layer (full attention) */
   int64_t workspace_bytes;    /* activations of one prefill step (2048 rows) and the logits */
   int64_t total_bytes;        /* weights + kv + workspace */
@@ -921,6 +938,10 @@ typedef struct {
   int64_t memory_total;       /* MemTotal (or the cgroup limit) */
   int fits;                   /* total_bytes <= memory_available */
   int64_t max_context;        /* the largest context <= context_limit that fits; 0 if none */
+  int64_t state_bytes; /* per sequence, in kv_bytes: a hybrid model's (Qwen3.5) recurrent state
+                          and, with draft_max, its speculative checkpoints, in whole KV-arena
+                          slabs; 0 for other models */
+  int draft_max;       /* the options' draft_max */
 } cinfer_fit_result;
 
 /* Fills the defaults (context 0, batch 1, bf16, cpu, measured memory). */

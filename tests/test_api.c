@@ -929,6 +929,23 @@ static void test_chat_output(void **state) {
   assert_int_equal(cinfer_chat_format_create(tok, NULL, "qwen3", &format), CINFER_OK);
   assert_true(cinfer_chat_format_has_reasoning(format));
   assert_int_equal(cinfer_chat_format_stop_tokens(format, NULL, 0), 0);
+  /* Qwen XML tool calls: only a template that teaches <function=...> with <parameter=...> */
+  assert_false(cinfer_chat_format_xml_tool_calls(format));
+  assert_false(cinfer_chat_format_xml_tool_calls(NULL));
+  assert_true(cinfer_chat_format_reasoning_open(format, "a<think>\nb", 10));
+  assert_false(cinfer_chat_format_reasoning_open(format, "a<think>b</think>", 17));
+  assert_false(cinfer_chat_format_reasoning_open(format, "plain", 5));
+  assert_false(cinfer_chat_format_reasoning_open(NULL, "<think>", 7));
+  const char *const templates[] = {"{{ '<function=' }}", "{{ '<function=x>\n<parameter=y>' }}"};
+  for (int i = 0; i < 2; i++) {
+    cinfer_chat_template *t = NULL;
+    cinfer_chat_format *xml = NULL;
+    assert_int_equal(cinfer_chat_template_from_source(templates[i], NULL, NULL, &t), CINFER_OK);
+    assert_int_equal(cinfer_chat_format_create(tok, t, "qwen3_5_text", &xml), CINFER_OK);
+    assert_int_equal(cinfer_chat_format_xml_tool_calls(xml), i);
+    cinfer_chat_format_free(xml);
+    cinfer_chat_template_free(t);
+  }
 
   cinfer_chat_output_options options = {0};
   options.tools_json = "[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]";

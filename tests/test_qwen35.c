@@ -10,7 +10,8 @@
  * recurrent state cannot follow (a prefix attach without a state, a cache without states) is
  * refused with a message; a speculative round rolls the state back to its last kept row, and
  * speculative decoding gives the tokens of plain decoding; the engine's prefix cache resumes a
- * hybrid model from its state snapshots with the tokens of a run without the cache. */
+ * hybrid model from its state snapshots with the tokens of a run without the cache; `cinfer fit`
+ * reports the bytes admission reserves for a hybrid request. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -940,6 +941,45 @@ static void check_choices(ci_model *m) {
   ci_engine_free(e);
 }
 
+/* `cinfer fit` counts what admission reserves for a hybrid request: cinfer_fit's KV figure for
+ * one sequence equals the engine's reservation, with and without speculation (the state, and
+ * the checkpoints of rounds of draft_max + 1 rows, in whole arena slabs), and its state figure is
+ * that part; batch sequences hold batch times as much. */
+static void check_fit(const random_model *r) {
+  enum { N = 100, DRAFT = 4 };
+  ci_engine_options o;
+  ci_engine_options_default(&o);
+  o.ctx_size = 256;
+  o.prefix_cache_bytes = 0;
+  ci_kv_cache *probe = ci_model_kv_cache_create(r->model, CI_KV_BF16, o.block_tokens, 0);
+  assert_non_null(probe);
+  for (int speculates = 0; speculates <= 1; speculates++) {
+    o.lookup_ngram = speculates ? 2 : 0;
+    o.draft_max = DRAFT;
+    ci_engine *e = ci_engine_create(r->model, &o);
+    assert_non_null(e);
+    cinfer_fit_options fo;
+    cinfer_fit_options_init(&fo);
+    fo.context = N;
+    fo.memory_bytes = 1LL << 30;
+    fo.draft_max = speculates ? DRAFT : 0;
+    cinfer_fit_result fit;
+    if (cinfer_fit(r->dir, &fo, &fit) != CINFER_OK) fail_msg("fit: %s", cinfer_last_error());
+    const int64_t reserved = ci_engine_reservation_bytes(e, N);
+    printf("  fit %s speculation: kv %lld (state %lld), admission reserves %lld\n",
+           speculates ? "with" : "without", (long long)fit.kv_bytes, (long long)fit.state_bytes,
+           (long long)reserved);
+    assert_int_equal(fit.kv_bytes, reserved);
+    assert_int_equal(fit.state_bytes, ci_kv_cache_state_cost(probe, speculates ? DRAFT + 1 : 0));
+    assert_true(fit.state_bytes > 0 && fit.state_bytes % ci_kv_cache_slab_bytes(probe) == 0);
+    fo.batch = 3;
+    assert_int_equal(cinfer_fit(r->dir, &fo, &fit), CINFER_OK);
+    assert_int_equal(fit.kv_bytes, 3 * reserved);
+    ci_engine_free(e);
+  }
+  ci_kv_cache_free(probe);
+}
+
 static void test_random_bf16(void **state) {
   (void)state;
   random_model r;
@@ -953,6 +993,7 @@ static void test_random_bf16(void **state) {
   check_arena_states(r.model);
   check_tight_budget(r.model);
   check_choices(r.model);
+  check_fit(&r);
   close_random(&r);
 }
 

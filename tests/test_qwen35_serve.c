@@ -5,7 +5,9 @@
  * opens <think>) and </think> banned by logit_bias, the whole reply is reasoning (OpenAI
  * reasoning_content, an Anthropic thinking block); with thinking off it is content; a GBNF
  * grammar makes the model write one Qwen XML call, which comes back as tool_calls (streamed and
- * not) with arguments typed by the tool's schema and no markup in the content. */
+ * not) with arguments typed by the tool's schema and no markup in the content; tool_choice
+ * "required" or a named function forces one call in that XML format, its values of the schema's
+ * types. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -56,12 +58,35 @@ static char *read_file(const char *path, size_t *len) {
 }
 
 /* The test vocabulary (256 ids, the fixture's vocab_size): the special and Qwen marker tokens,
- * the pieces of a get_weather call, lowercase letters, and filler words. */
+ * the pieces of get_weather and get_time calls, digits, lowercase letters, and filler words. */
 static char *tokenizer_json(void) {
-  static const char *const words[] = {
-      "<unk>",       "<|endoftext|>",    "<|im_end|>",   "<|im_start|>", "<think>",
-      "</think>",    "<tool_call>",      "</tool_call>", "\n",           "<function=get_weather>",
-      "</function>", "<parameter=city>", "</parameter>"};
+  static const char *const words[] = {"<unk>",
+                                      "<|endoftext|>",
+                                      "<|im_end|>",
+                                      "<|im_start|>",
+                                      "<think>",
+                                      "</think>",
+                                      "<tool_call>",
+                                      "</tool_call>",
+                                      "\n",
+                                      "<function=get_weather>",
+                                      "</function>",
+                                      "<parameter=city>",
+                                      "</parameter>",
+                                      "<function=get_time>",
+                                      "<parameter=days>",
+                                      "<parameter=metric>",
+                                      "<parameter=zone>",
+                                      "0",
+                                      "1",
+                                      "2",
+                                      "3",
+                                      "4",
+                                      "5",
+                                      "6",
+                                      "7",
+                                      "8",
+                                      "9"};
   enum { N_WORDS = sizeof words / sizeof words[0] };
   json_t *vocab = json_object(), *added = json_array();
   assert_non_null(vocab);
@@ -301,6 +326,128 @@ static void test_xml_tool_call(void **state) {
   json_decref(r);
 }
 
+/* Two tools whose parameters are typed: an enum, an integer, an optional boolean, a short
+ * string. */
+#define TYPED_TOOLS                                                                                \
+  "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "                \
+  "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", "      \
+  "\"enum\": [\"rome\", \"oslo\"]}, \"days\": {\"type\": \"integer\"}, \"metric\": {\"type\": "    \
+  "\"boolean\"}}, \"required\": [\"days\", \"city\"]}}}, {\"type\": \"function\", \"function\": "  \
+  "{\"name\": \"get_time\", \"parameters\": {\"type\": \"object\", \"properties\": {\"zone\": "    \
+  "{\"type\": \"string\", \"minLength\": 1, \"maxLength\": 4}}, \"required\": [\"zone\"]}}}]"
+
+/* The one tool call of a chat answer, checked against TYPED_TOOLS' schemas; returns its name. */
+static const char *check_typed_call(const json_t *r, char *name, size_t name_size) {
+  const json_t *choice = json_array_get(json_object_get(r, "choices"), 0);
+  const json_t *m = json_object_get(choice, "message");
+  const json_t *calls = json_object_get(m, "tool_calls");
+  if (json_array_size(calls) != 1) {
+    char *dump = json_dumps(r, JSON_COMPACT);
+    fail_msg("not one tool call: %s", dump);
+  }
+  assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")), "tool_calls");
+  const json_t *fn = json_object_get(json_array_get(calls, 0), "function");
+  snprintf(name, name_size, "%s", json_string_value(json_object_get(fn, "name")));
+  json_t *args = json_loads(json_string_value(json_object_get(fn, "arguments")), 0, NULL);
+  assert_non_null(args);
+  printf("  forced call %s(%s)\n", name, json_string_value(json_object_get(fn, "arguments")));
+  if (!strcmp(name, "get_weather")) {
+    const char *city = json_string_value(json_object_get(args, "city"));
+    assert_non_null(city);
+    assert_true(!strcmp(city, "rome") || !strcmp(city, "oslo"));
+    assert_true(json_is_integer(json_object_get(args, "days")));
+    const json_t *metric = json_object_get(args, "metric");
+    assert_true(!metric || json_is_boolean(metric));
+    assert_int_equal(json_object_size(args), 2 + (metric != NULL));
+  } else {
+    assert_string_equal(name, "get_time");
+    const char *zone = json_string_value(json_object_get(args, "zone"));
+    assert_non_null(zone);
+    assert_true(strlen(zone) >= 1 && strlen(zone) <= 4);
+    assert_null(strchr(zone, '<'));
+    assert_int_equal(json_object_size(args), 1);
+  }
+  const char *content = json_string_value(json_object_get(m, "content"));
+  assert_true(!content || !strchr(content, '<'));
+  json_decref(args);
+  return name;
+}
+
+/* tool_choice "required" and a named function constrain the random model to one call in
+ * Qwen3.5's own XML format (the template's), which the server parses back with arguments of the
+ * schema's types; several seeds, so that different calls and values come out. */
+static void test_forced_xml_tool_call(void **state) {
+  fixture *f = *state;
+  char req[2048], name[64];
+  int saw[2] = {0, 0};
+  for (int seed = 1; seed <= 6; seed++) {
+    snprintf(req, sizeof req,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather?\"}], " TYPED_TOOLS
+             ", \"tool_choice\": \"required\", \"max_tokens\": 60, \"temperature\": 1.5, "
+             "\"seed\": %d, \"chat_template_kwargs\": {\"enable_thinking\": false}}",
+             seed);
+    json_t *r = request(f, "/v1/chat/completions", req);
+    saw[!strcmp(check_typed_call(r, name, sizeof name), "get_time")]++;
+    json_decref(r);
+  }
+  printf("  required: %d get_weather, %d get_time\n", saw[0], saw[1]);
+  /* a named function: always that one */
+  const char *const names[] = {"get_time", "get_weather"};
+  for (int i = 0; i < 2; i++)
+    for (int seed = 1; seed <= 2; seed++) {
+      snprintf(req, sizeof req,
+               "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather?\"}], " TYPED_TOOLS
+               ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"%s\"}}, "
+               "\"max_tokens\": 60, \"temperature\": 1.5, \"seed\": %d, "
+               "\"chat_template_kwargs\": {\"enable_thinking\": false}}",
+               names[i], seed);
+      json_t *r = request(f, "/v1/chat/completions", req);
+      assert_string_equal(check_typed_call(r, name, sizeof name), names[i]);
+      json_decref(r);
+    }
+  /* thinking on (the template opens <think>): the answer may reason first, closes </think>
+   * (favoured here by logit_bias), then makes the call, which is parsed as a call */
+  snprintf(req, sizeof req,
+           "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather?\"}], " TYPED_TOOLS
+           ", \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
+           "\"get_weather\"}}, \"max_tokens\": 60, \"temperature\": 0, \"logit_bias\": "
+           "{\"%d\": 100}}",
+           V_THINK_CLOSE);
+  json_t *thinking = request(f, "/v1/chat/completions", req);
+  assert_string_equal(check_typed_call(thinking, name, sizeof name), "get_weather");
+  const json_t *tm = first_message(thinking);
+  const char *tr = json_string_value(json_object_get(tm, "reasoning_content"));
+  assert_true(!tr || !strchr(tr, '<'));
+  json_decref(thinking);
+  /* Anthropic tool_choice {"type": "tool"} goes the same way */
+  const char anthropic_req[] =
+      "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"Time?\"}], "
+      "\"tools\": [{\"name\": \"get_time\", \"input_schema\": {\"type\": \"object\", "
+      "\"properties\": {\"zone\": {\"type\": \"string\", \"maxLength\": 3}}, \"required\": "
+      "[\"zone\"]}}], \"tool_choice\": {\"type\": \"tool\", \"name\": \"get_time\"}, "
+      "\"max_tokens\": 40, \"temperature\": 0, \"thinking\": {\"type\": \"disabled\"}}";
+  json_t *r = request(f, "/v1/messages", anthropic_req);
+  assert_string_equal(json_string_value(json_object_get(r, "stop_reason")), "tool_use");
+  const json_t *blocks = json_object_get(r, "content");
+  const json_t *use = json_array_get(blocks, json_array_size(blocks) - 1);
+  assert_string_equal(json_string_value(json_object_get(use, "name")), "get_time");
+  const char *zone = json_string_value(json_object_get(json_object_get(use, "input"), "zone"));
+  assert_non_null(zone);
+  assert_true(strlen(zone) <= 3);
+  json_decref(r);
+  /* a parameter type the XML form cannot write is a 400 naming it */
+  char *body;
+  assert_int_equal(serve_http(f->server.port, "POST", "/v1/chat/completions", NULL,
+                              "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                              "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": "
+                              "\"f\", \"parameters\": {\"type\": \"object\", \"properties\": "
+                              "{\"a\": {\"type\": \"date\"}}}}}], \"tool_choice\": \"required\"}",
+                              &body),
+                   400);
+  assert_non_null(strstr(body, "\\\"date\\\""));
+  free(body);
+}
+
 /* Anthropic history: an assistant's thinking blocks become its reasoning_content, which the
  * Qwen3.5 template renders inside <think> for a turn after the last user query (a tool loop). */
 static long long count_tokens(const fixture *f, const char *thinking_block) {
@@ -333,6 +480,7 @@ int main(void) {
       cmocka_unit_test(test_models_advertise_reasoning),
       cmocka_unit_test(test_thinking_on_and_off),
       cmocka_unit_test(test_xml_tool_call),
+      cmocka_unit_test(test_forced_xml_tool_call),
       cmocka_unit_test(test_anthropic_thinking_history),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -27,6 +27,9 @@ void ci_api_chat_format_detect(cinfer_chat_format *f, const ci_tokenizer *tok,
                       ci_gemma_markers_have_channels(&f->gemma);
   f->gemma_calls =
       architecture && !strncmp(architecture, "gemma4", 6) && ci_gemma_markers_have_calls(&f->gemma);
+  /* a template that teaches <function=NAME> with <parameter=KEY> (Qwen3.5, Qwen3-Coder) */
+  f->xml_calls = chat_template && ci_chat_template_mentions(chat_template, "<function=") &&
+                 ci_chat_template_mentions(chat_template, "<parameter=");
 }
 
 cinfer_status cinfer_chat_format_create(const cinfer_tokenizer *tokenizer,
@@ -50,6 +53,15 @@ void cinfer_chat_format_free(cinfer_chat_format *format) {
 
 const cinfer_chat_format *cinfer_model_chat_format(const cinfer_model *model) {
   return model && model->tokenizer ? &model->chat_format : NULL;
+}
+
+int cinfer_chat_format_xml_tool_calls(const cinfer_chat_format *format) {
+  return format && format->xml_calls;
+}
+
+int cinfer_chat_format_reasoning_open(const cinfer_chat_format *format, const char *prompt,
+                                      size_t len) {
+  return format && format->think_format && prompt && ci_reasoning_prompt_open(prompt, len);
 }
 
 int cinfer_chat_format_has_reasoning(const cinfer_chat_format *format) {

@@ -34,6 +34,7 @@ struct cinfer_chat_format {
   ci_gemma_markers gemma; /* Gemma 4 marker ids (-1 where absent) */
   int gemma_channels;     /* gemma-channel reasoning */
   int gemma_calls;        /* Gemma 4 tool-call tokens */
+  int xml_calls;          /* the template asks for Qwen XML calls (<function=...><parameter=...>) */
 };
 
 /* Detects the conventions (chat_template and architecture may be NULL). */

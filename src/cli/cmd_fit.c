@@ -12,7 +12,7 @@
 
 static const char usage[] =
     "usage: cinfer fit MODEL [--ctx N] [--kv-codec LIST] [--batch N] [--device cpu]\n"
-    "                  [--memory SIZE] [--json] [--pull]\n"
+    "                  [--memory SIZE] [--draft-max N] [--json] [--pull]\n"
     "  Estimates the memory MODEL (a folder or a Hugging Face cache id) needs: weights (from the\n"
     "  safetensors headers), KV cache and workspace, against this machine's memory, and the\n"
     "  largest context that fits, for each KV codec.\n"
@@ -24,6 +24,8 @@ static const char usage[] =
     "  --device D       cpu (GPU memory is not read yet)\n"
     "  --memory SIZE    check against SIZE bytes (K, M, G, T suffixes: powers of 1024) instead\n"
     "                   of the memory available now\n"
+    "  --draft-max N    requests speculate with up to N drafts a round (a hybrid model such as\n"
+    "                   Qwen3.5 then holds state checkpoints; 0: no speculation, the default)\n"
     "  --json           one JSON object per codec, one per line\n"
     "  --pull           pull MODEL from the Hub first when it is not in the cache\n";
 
@@ -96,13 +98,14 @@ static long long parse_size(const char *s) {
 
 static void print_json(const cinfer_fit_result *r) {
   json_t *o = json_pack(
-      "{s:s, s:I, s:I, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:I}", "kv_codec", r->kv_codec,
-      "context", (json_int_t)r->context, "context_limit", (json_int_t)r->context_limit, "batch",
-      r->batch, "weights_bytes", (json_int_t)r->weights_bytes, "kv_bytes", (json_int_t)r->kv_bytes,
-      "kv_bytes_per_token", (json_int_t)r->kv_bytes_per_token, "workspace_bytes",
-      (json_int_t)r->workspace_bytes, "total_bytes", (json_int_t)r->total_bytes, "memory_available",
-      (json_int_t)r->memory_available, "memory_total", (json_int_t)r->memory_total, "fits", r->fits,
-      "max_context", (json_int_t)r->max_context);
+      "{s:s, s:I, s:I, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:I, s:I, s:i}", "kv_codec",
+      r->kv_codec, "context", (json_int_t)r->context, "context_limit", (json_int_t)r->context_limit,
+      "batch", r->batch, "weights_bytes", (json_int_t)r->weights_bytes, "kv_bytes",
+      (json_int_t)r->kv_bytes, "kv_bytes_per_token", (json_int_t)r->kv_bytes_per_token,
+      "workspace_bytes", (json_int_t)r->workspace_bytes, "total_bytes", (json_int_t)r->total_bytes,
+      "memory_available", (json_int_t)r->memory_available, "memory_total",
+      (json_int_t)r->memory_total, "fits", r->fits, "max_context", (json_int_t)r->max_context,
+      "state_bytes", (json_int_t)r->state_bytes, "draft_max", r->draft_max);
   char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
   if (text) printf("%s\n", text);
   free(text);
@@ -120,8 +123,15 @@ static void print_header(const char *model, const cinfer_fit_result *r, int meas
     printf("memory   %s available of %s (cpu)\n", avail, total);
   else
     printf("memory   %s (--memory)\n", avail);
-  printf("needs    weights %s + workspace %s + KV cache for %d x %lld tokens:\n\n", weights, ws,
+  printf("needs    weights %s + workspace %s + KV cache for %d x %lld tokens", weights, ws,
          r->batch, (long long)r->context);
+  if (r->state_bytes > 0) {
+    char state[32];
+    ci_cli_format_bytes(r->state_bytes, state, sizeof state);
+    printf(",\n         each with %s of recurrent state%s", state,
+           r->draft_max > 0 ? " and speculative checkpoints" : "");
+  }
+  printf(":\n\n");
   printf("%-14s %10s %10s %10s  %-4s %12s\n", "KV CODEC", "KV/TOKEN", "KV", "TOTAL", "FITS",
          "MAX CONTEXT");
 }
@@ -136,10 +146,10 @@ static void print_row(const cinfer_fit_result *r) {
 }
 
 int ci_verb_fit(int argc, char **argv) {
-  ci_flag flags[] = {{"--ctx", "-c", 1, NULL},    {"--kv-codec", NULL, 1, NULL},
-                     {"--batch", NULL, 1, NULL},  {"--device", NULL, 1, NULL},
-                     {"--memory", NULL, 1, NULL}, {"--json", NULL, 0, NULL},
-                     {"--pull", NULL, 0, NULL},   {"--help", "-h", 0, NULL}};
+  ci_flag flags[] = {
+      {"--ctx", "-c", 1, NULL},    {"--kv-codec", NULL, 1, NULL}, {"--batch", NULL, 1, NULL},
+      {"--device", NULL, 1, NULL}, {"--memory", NULL, 1, NULL},   {"--json", NULL, 0, NULL},
+      {"--pull", NULL, 0, NULL},   {"--help", "-h", 0, NULL},     {"--draft-max", NULL, 1, NULL}};
   const int nf = (int)(sizeof flags / sizeof flags[0]);
   const char *model = NULL;
   int rc = ci_cli_args_positional(argc, argv, flags, nf, "fit", &model);
@@ -154,10 +164,12 @@ int ci_verb_fit(int argc, char **argv) {
   }
   cinfer_fit_options o;
   cinfer_fit_options_init(&o);
-  long long ctx, batch;
+  long long ctx, batch, draft_max;
   if (ci_args_int(flags, nf, "--ctx", 0, 1, 1LL << 40, &ctx) ||
-      ci_args_int(flags, nf, "--batch", 1, 1, 4096, &batch))
+      ci_args_int(flags, nf, "--batch", 1, 1, 4096, &batch) ||
+      ci_args_int(flags, nf, "--draft-max", 0, 0, 32, &draft_max))
     return 2;
+  o.draft_max = (int)draft_max;
   o.context = ctx;
   o.batch = (int)batch;
   o.device = ci_args_get(flags, nf, "--device");

@@ -17,6 +17,7 @@
 #include "engine/lookup.h"
 #include "engine/prefix_cache.h"
 #include "engine/prompt_cache.h"
+#include "kv/reservation.h"
 #include "sample/logprobs.h"
 #include "sample/spec_verify.h"
 
@@ -263,29 +264,6 @@ static int64_t chunk_rows(const ci_engine *e, int64_t left, int64_t limit) {
 
 /* ==== Memory contract ==== */
 
-/* Blocks group g holds at its peak for a sequence of n tokens (docs/kv-cache.md §10): every block
- * of a full group; a sliding group at most the window plus one prefill chunk, plus one block of
- * alignment. */
-static int64_t peak_blocks(const ci_engine *e, const ci_kv_group *group, int64_t n) {
-  const int64_t T = e->cache->block_tokens;
-  int64_t blocks = (n + T - 1) / T;
-  if (group->window > 0) {
-    /* a speculative round appends up to draft_max + 1 rows and keeps draft_max positions more
-     * (the rollback reserve, docs/kv-cache.md §4) */
-    const int64_t reserve = e->speculates ? e->o.draft_max : 0;
-    const int64_t chunk = chunk_cap(e) > reserve + 1 ? chunk_cap(e) : reserve + 1;
-    const int64_t held = (group->window - 1 + chunk + reserve + T - 1) / T + 1;
-    if (blocks > held) blocks = held;
-  }
-  return blocks;
-}
-
-/* Arena bytes one block of group g in format f takes (K and V of every layer of the group, with
- * its share of the slab's unused tail). */
-static int64_t block_bytes(const ci_engine *e, int g, const ci_kv_format *f) {
-  return ci_kv_cache_block_cost(e->cache, g, f);
-}
-
 /* Bytes of the draft model's KV arena on a device: e->o.batch sequences of the whole context in
  * bf16 with their recurrent states and checkpoints (rounds of up to draft_max rows), plus a
  * partly filled slab per layer group. */
@@ -299,44 +277,24 @@ static int64_t draft_arena_bytes(const ci_engine *e) {
 }
 
 /* The peak KV bytes of a request of n tokens (prompt n_prompt) under its codec plan
- * (docs/kv-cache.md §10, docs/generation.md §9): layers convert to targets[layer] (NULL = no plan;
- * `uniform`: targets[0] for every layer but the first and last `protect`) once start tokens are
- * stored, so the peak is the larger of the base-format part before conversion and the target part
- * after it, plus the transient of the one group being converted. Only immutable cache geometry is
- * read, so any thread may call it. */
+ * (docs/kv-cache.md §10, docs/generation.md §9; kv/reservation.h, the formula `cinfer fit` uses
+ * too): layers convert to targets[layer] (NULL = no plan; `uniform`: targets[0] for every layer
+ * but the first and last `protect`) once start tokens are stored. Only immutable cache geometry
+ * is read, so any thread may call it. */
 static int64_t plan_reservation(const ci_engine *e, const ci_kv_format *targets, int uniform,
                                 int protect, int64_t start, int64_t n_prompt, int64_t n,
                                 int spec_max) {
-  const ci_kv_cache *c = e->cache;
-  const ci_kv_format base = ci_kv_format_plain(e->o.base);
-  /* the conversion happens at the start, or after the first chunk when the start is 0 */
-  const int64_t first_chunk = chunk_rows(e, n_prompt, INT64_MAX);
-  const int64_t at = start > first_chunk ? start : first_chunk;
-  const int converts = targets && start <= n;
-  const int64_t held_at_conversion = at < n ? at : n;
-  int64_t before = 0, after = 0, transient = 0;
-  for (int g = 0; g < c->n_groups; g++) {
-    const ci_kv_group *group = &c->groups[g];
-    const int layer = group->layers[0];
-    const int kept = uniform && ci_kv_layer_protected(layer, c->n_layers, protect);
-    const ci_kv_format *target = !targets || kept ? &base : &targets[uniform ? 0 : layer];
-    const int group_converts = converts && !ci_kv_format_equal(target, &base);
-    const int64_t base_block = block_bytes(e, g, &base);
-    if (!group_converts) {
-      before += base_block * peak_blocks(e, group, converts ? held_at_conversion : n);
-      after += base_block * peak_blocks(e, group, n);
-      continue;
-    }
-    const int64_t target_block = block_bytes(e, g, target);
-    before += base_block * peak_blocks(e, group, held_at_conversion);
-    after += target_block * peak_blocks(e, group, n);
-    const int64_t copy = target_block * peak_blocks(e, group, held_at_conversion);
-    if (copy > transient) transient = copy;
-  }
-  /* a hybrid model's recurrent state is held for the whole request, and so are its checkpoints
-   * when it speculates (rounds of up to spec_max + 1 rows), in whole slabs of the arena */
-  return (before > after ? before : after) + transient +
-         ci_kv_cache_state_cost(c, spec_max > 0 ? spec_max + 1 : 0);
+  const ci_kv_request_shape shape = {.base = ci_kv_format_plain(e->o.base),
+                                     .targets = targets,
+                                     .uniform = uniform,
+                                     .protect = protect,
+                                     .start = start,
+                                     .n_prompt = n_prompt,
+                                     .n = n,
+                                     .chunk_cap = chunk_cap(e),
+                                     .rollback_reserve = e->speculates ? e->o.draft_max : 0,
+                                     .spec_max = spec_max};
+  return ci_kv_request_reservation(e->cache, &shape);
 }
 
 int64_t ci_engine_reservation_bytes(const ci_engine *e, int64_t n) {

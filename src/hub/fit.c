@@ -1,16 +1,19 @@
 /* `cinfer fit`: the memory a model needs at a context length and KV codec — weights (tensor
  * bytes of its safetensors headers), KV cache (the paged cache's blocks, cache layer by layer, in
- * the codec's row format) and the step workspace — against the device's memory, and the largest
+ * the codec's row format, with a hybrid model's recurrent state: what engine admission reserves
+ * for a request) and the step workspace — against the device's memory, and the largest
  * context that fits. Reads config.json and the safetensors headers only (the weights are mapped,
  * never read). The public cinfer_fit of include/cinfer.h. */
 #include "cinfer.h"
 
+#include "backend/cpu/cpu_backend.h"
 #include "base/error.h"
 #include "engine/model_open.h"
 #include "hub/memory.h"
 #include "io/model_path.h"
 #include "io/safetensors.h"
 #include "kv/pool.h"
+#include "kv/reservation.h"
 #include "model/spec.h"
 #include "model/workspace.h"
 #include "tensor/kv_format.h"
@@ -20,31 +23,11 @@
 #include <string.h>
 
 /* Tokens per KV block and rows per prefill step, as the engine and sessions use them. */
-enum { BLOCK_TOKENS = 16, PREFILL_CHUNK = 2048, MAX_BATCH = 4096 };
+enum { BLOCK_TOKENS = 16, PREFILL_CHUNK = 2048, MAX_BATCH = 4096, MAX_DRAFT = 32 };
 
 void cinfer_fit_options_init(cinfer_fit_options *o) {
   memset(o, 0, sizeof *o);
   o->batch = 1;
-}
-
-/* KV bytes of one sequence of n tokens: each cache layer holds ceil(n / T) blocks of T rows per
- * KV head (a sliding layer at most its window plus one prefill chunk, as the engine's memory
- * contract counts it), a block costing ci_kv_block_stride bytes in format f; a hybrid model adds
- * its fixed recurrent state. */
-static int64_t kv_bytes_for(const ci_model_spec *spec, const ci_kv_format *f, int64_t n) {
-  int64_t bytes = ci_spec_state_bytes(spec);
-  for (int l = 0; l < spec->n_cache_layers; l++) {
-    const ci_layer_spec *layer = ci_spec_cache_layer(spec, l);
-    int64_t blocks = (n + BLOCK_TOKENS - 1) / BLOCK_TOKENS;
-    if (layer->kind == CI_ATTN_SLIDING && layer->window > 0) {
-      const int64_t held =
-          ((int64_t)layer->window - 1 + PREFILL_CHUNK + BLOCK_TOKENS - 1) / BLOCK_TOKENS + 1;
-      if (blocks > held) blocks = held;
-    }
-    bytes += blocks *
-             (int64_t)ci_kv_block_stride(f, BLOCK_TOKENS, 1, layer->n_kv_heads, layer->head_dim);
-  }
-  return bytes;
 }
 
 /* Workspace of steps over `batch` sequences of up to n tokens: one prefill step's activations
@@ -58,13 +41,32 @@ static int64_t workspace_bytes_for(const ci_model_spec *spec, int batch, int64_t
 
 typedef struct {
   const ci_model_spec *spec;
+  const ci_kv_cache *cache; /* the model's cache geometry (no arena) */
   ci_kv_format format;
   int batch;
+  int draft_max; /* drafts per speculative round; 0 without speculation */
   int64_t weights;
 } fit_model;
 
+/* What engine admission reserves for one request of n tokens (prompt n) in the codec: a
+ * quantized codec is a plan from bf16 converting after the first prefill chunk, as the engine
+ * runs a request with that kv_codec; plus a hybrid model's recurrent state and, with speculation,
+ * its checkpoints, in whole arena slabs (kv/reservation.h). */
+static int64_t request_bytes(const fit_model *m, int64_t n) {
+  const int quantized = ci_kv_format_is_quantized(&m->format);
+  const ci_kv_request_shape shape = {.base = quantized ? ci_kv_format_plain(CI_KV_BF16) : m->format,
+                                     .targets = quantized ? &m->format : NULL,
+                                     .uniform = quantized,
+                                     .n_prompt = n,
+                                     .n = n,
+                                     .chunk_cap = PREFILL_CHUNK,
+                                     .rollback_reserve = m->draft_max,
+                                     .spec_max = m->draft_max};
+  return ci_kv_request_reservation(m->cache, &shape);
+}
+
 static int64_t total_for(const fit_model *m, int64_t n, int64_t *kv, int64_t *ws) {
-  *kv = (int64_t)m->batch * kv_bytes_for(m->spec, &m->format, n);
+  *kv = (int64_t)m->batch * request_bytes(m, n);
   *ws = workspace_bytes_for(m->spec, m->batch, n);
   return m->weights + *kv + *ws;
 }
@@ -90,7 +92,10 @@ cinfer_status cinfer_fit(const char *model, const cinfer_fit_options *options,
   if (o->context < 0)
     return ci_fail("context must be >= 1 (got %lld)", (long long)o->context),
            CINFER_INVALID_ARGUMENT;
-  fit_model m = {.batch = o->batch};
+  if (o->draft_max < 0 || o->draft_max > MAX_DRAFT)
+    return ci_fail("draft_max must be in 0..%d (got %d)", MAX_DRAFT, o->draft_max),
+           CINFER_INVALID_ARGUMENT;
+  fit_model m = {.batch = o->batch, .draft_max = o->draft_max};
   cinfer_status st = format_of(o, &m.format);
   if (st != CINFER_OK) return st;
 
@@ -107,6 +112,8 @@ cinfer_status cinfer_fit(const char *model, const cinfer_fit_options *options,
     return CINFER_ERROR;
   }
   m.spec = &spec;
+  ci_backend *be = NULL;
+  ci_kv_cache *cache = NULL;
   st = CINFER_INVALID_ARGUMENT;
   for (int l = 0; l < spec.n_cache_layers; l++)
     if (ci_kv_format_check(&m.format, ci_spec_cache_layer(&spec, l)->head_dim)) goto done;
@@ -115,6 +122,13 @@ cinfer_status cinfer_fit(const char *model, const cinfer_fit_options *options,
   if (!weights) goto done;
   m.weights = (int64_t)ci_weights_total_bytes(weights);
   ci_weights_free(weights);
+  /* the cache's geometry (layer groups, slab size, state size) as the engine builds it; a
+   * one-thread CPU backend holds its small per-layer tables, no arena is allocated */
+  if (!(be = ci_cpu_backend_create(1))) goto done;
+  const ci_model geometry = {.spec = spec, .be = be};
+  const ci_kv_codec base = ci_kv_format_is_quantized(&m.format) ? CI_KV_BF16 : m.format.codec;
+  if (!(cache = ci_model_kv_cache_create(&geometry, base, BLOCK_TOKENS, 0))) goto done;
+  m.cache = cache;
 
   result->context_limit = spec.max_position;
   result->context = o->context ? o->context : spec.max_position;
@@ -128,8 +142,9 @@ cinfer_status cinfer_fit(const char *model, const cinfer_fit_options *options,
   result->batch = o->batch;
   result->weights_bytes = m.weights;
   /* per token over every cache layer, as a sequence of full-attention layers stores it */
-  const ci_model per_token_model = {.spec = spec};
-  result->kv_bytes_per_token = ci_model_kv_bytes_per_token(&per_token_model, &m.format);
+  result->kv_bytes_per_token = ci_model_kv_bytes_per_token(&geometry, &m.format);
+  result->draft_max = m.draft_max;
+  result->state_bytes = ci_kv_cache_state_cost(cache, m.draft_max > 0 ? m.draft_max + 1 : 0);
   result->total_bytes = total_for(&m, result->context, &result->kv_bytes, &result->workspace_bytes);
   result->memory_available = available;
   result->memory_total = total_memory;
@@ -146,6 +161,8 @@ cinfer_status cinfer_fit(const char *model, const cinfer_fit_options *options,
   result->max_context = lo;
   st = CINFER_OK;
 done:
+  ci_kv_cache_free(cache);
+  if (be) be->ops->destroy(be);
   ci_model_spec_free(&spec);
   free(dir);
   return st;

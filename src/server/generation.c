@@ -355,7 +355,7 @@ int ci_srv_tokenize_chat(ci_server *s, json_t *messages, json_t *tools, const js
   }
   job->prompt = ids;
   job->n_prompt = (int)n;
-  return 0;
+  return ci_srv_forced_call_after_thinking(s, job, err);
 }
 
 /* ==== Submission ==== */

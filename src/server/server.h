@@ -269,12 +269,25 @@ int ci_srv_parse_adapter(ci_server *s, const json_t *body, ci_srv_job *job, char
 int ci_srv_parse_structured(ci_server *s, const json_t *body, ci_srv_job *job, char **err);
 
 /* tool_choice (OpenAI chat): none and auto change nothing here; "required" or {"type":
- * "function", "function": {"name": N}} set job->grammar to one hermes tool call
- * (<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>) of the tools (or of N), the
- * arguments constrained to the tool's parameters schema. An unknown string, an unknown name,
- * "required" without tools or a request that already has a grammar fills *err (a 400). */
+ * "function", "function": {"name": N}} set job->grammar to one tool call of the tools (or of N)
+ * in the model's format: Qwen XML (ci_srv_xml_tool_grammar) when its chat template asks for it
+ * (cinfer_chat_format_xml_tool_calls), else hermes (<tool_call>\n{"name": ..., "arguments":
+ * {...}}\n</tool_call>), the arguments constrained to the tool's parameters schema. An unknown
+ * string, an unknown name, "required" without tools or a request that already has a grammar fills
+ * *err (a 400). */
 int ci_srv_parse_tool_choice(ci_server *s, const json_t *tools, const json_t *choice,
                              ci_srv_job *job, char **err);
+
+/* xml_tool_grammar.c: GBNF (start rule "tool-call") of one Qwen XML tool call
+ * (<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...</function>\n</tool_call>)
+ * of the OpenAI-shaped tools, or of `named` alone (an element of tools), each value written as
+ * the tool's parameters schema types it. NULL with *err (a 400: a schema it cannot write). */
+char *ci_srv_xml_tool_grammar(const json_t *tools, const json_t *named, char **err);
+
+/* After ci_srv_tokenize_chat: a forced tool call (ci_srv_parse_tool_choice) whose prompt ends
+ * inside an open <think> (Qwen3.5 with thinking on) lets the answer reason first — text without
+ * '<', then </think> — before the call. Returns 0, or -1 with *err. */
+int ci_srv_forced_call_after_thinking(ci_server *s, ci_srv_job *job, char **err);
 
 /* messages for a chat template that does not render `tools`: a generic tool-use system prompt
  * (the tools as JSON and the hermes call format) merged into the first system message or put

@@ -1,6 +1,7 @@
 /* Structured output on the server's generation routes (docs/server.md "Structured output"):
- * tool_choice "required" or a named function (the output constrained to one hermes tool call of
- * the allowed tools, its arguments to the tool's parameters schema), OpenAI's response_format
+ * tool_choice "required" or a named function (the output constrained to one tool call of the
+ * allowed tools, hermes JSON or the Qwen XML format as the model's template asks, its arguments
+ * to the tool's parameters schema), OpenAI's response_format
  * ({"type": "text"}, {"type": "json_object"} with llama-server's optional "schema", {"type":
  * "json_schema", "json_schema": {"name", "schema", "strict"}}) and the `grammar` (GBNF) and
  * `json_schema` extensions, compiled into the job's grammar. The server's token bytes for the mask
@@ -158,6 +159,14 @@ int ci_srv_parse_tool_choice(ci_server *s, const json_t *tools, const json_t *ch
   if (job->grammar)
     return fail(err, "tool_choice required or a named function cannot be combined with "
                      "response_format, grammar or json_schema");
+  if (cinfer_chat_format_xml_tool_calls(s->o.chat_format)) {
+    /* Qwen3.5, Qwen3-Coder: the call in the XML format its template teaches the model */
+    if (!(job->grammar = ci_srv_xml_tool_grammar(tools, named, err))) return -1;
+    job->grammar_root = "tool-call";
+    if (check_grammar(job, "tools", err)) return -1;
+    job->forced_tool_call = 1;
+    return 0;
+  }
   /* the call is constrained to a hermes tool call of one of the tools (or the named one):
    * <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call> */
   json_t *any_of = json_array();
@@ -196,6 +205,22 @@ int ci_srv_parse_tool_choice(ci_server *s, const json_t *tools, const json_t *ch
   if (check_grammar(job, "tools", err)) return -1;
   job->forced_tool_call = 1;
   return 0;
+}
+
+int ci_srv_forced_call_after_thinking(ci_server *s, ci_srv_job *job, char **err) {
+  if (!job->forced_tool_call ||
+      !cinfer_chat_format_reasoning_open(s->o.chat_format, job->rendered, job->rendered_len))
+    return 0;
+  /* the answer starts inside the template's open <think>: reasoning (text without '<'), its
+   * </think>, then the call */
+  static const char rule[] = "after-thinking ::= [^<]* \"</think>\" [ \\n]* tool-call\n";
+  const size_t len = strlen(job->grammar);
+  char *text = realloc(job->grammar, len + sizeof rule);
+  if (!text) return fail(err, "out of memory");
+  memcpy(text + len, rule, sizeof rule);
+  job->grammar = text;
+  job->grammar_root = "after-thinking";
+  return check_grammar(job, "tools", err);
 }
 
 /* The hermes text of an assistant message's tool calls. */
