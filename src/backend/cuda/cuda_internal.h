@@ -24,7 +24,10 @@ typedef struct {
   int64_t block_stride, k_offset, v_offset, k_row_bytes, v_row_bytes;
   int32_t blocks_per_slab;
   int block_tokens, n_kv_heads, head_dim;
-  int f32; /* 1: f32 rows, 0: bf16 rows */
+  int f32;   /* 1: f32 rows */
+  int codec; /* ci_kv_codec of the rows */
+  int k_bits, v_bits, group;
+  const float *signs; /* [head_dim] TurboQuant sign vector (turbo, turbo-v; else NULL) */
 } ci_cuda_kv_layout;
 
 enum { CI_CUDA_MAX_SEQS = 64 };
@@ -277,6 +280,8 @@ int ci_cuda_kv_store(ci_cuda *cu, const ci_step_kv *seqs, const float *k, const 
 int ci_cuda_attention(ci_cuda *cu, const ci_attention_args *args);
 void ci_cuda_kv_store_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
 void ci_cuda_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
+/* ==== cuda_kv_attention.cu: attention over quantized KV rows (CUDA cores) ==== */
+void ci_cuda_kv_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
 /* ==== cuda_flash_attention.cu ==== */
 /* Raises the kernels' shared-memory limit (once, at backend creation). */
 int ci_cuda_flash_init(ci_cuda *cu);

@@ -1,0 +1,235 @@
+/* Attention over quantized KV rows on CUDA cores (affine, TurboQuant, turbo-v; docs/kv-cache.md
+ * §2), read in place: no decoded copy of the cache. The launch shape and the online softmax are
+ * those of cuda_attention.cu's kernel: one block of four warps per (query row, query head), each
+ * warp taking chunks of 32 keys in turn (lane j scores key j of the chunk, then every lane
+ * accumulates its output dims over the chunk's keys in order), the warps merged in a fixed order,
+ * so a row's result depends on its own sequence only (batch invariance, every launch mode).
+ *
+ * Per codec, the work that does not depend on the key is done once per (row, head):
+ *   - affine K (s_G code + b_G): q's group sums, so a score is sum_G (s_G <q_G, code_G> + b_G
+ *     sum(q_G));
+ *   - turbo-v K ((code + zp_G) sc_G): likewise sum_G sc_G (<q_G, code_G> + zp_G sum(q_G));
+ *   - TurboQuant K (ν c[code] in the rotated basis): q rotated once (q̃ = H (s ⊙ q)), a score is
+ *     ν <q̃, c[code]>;
+ *   - rotated V (TurboQuant, turbo-v): the output accumulates in the rotated basis and is
+ *     un-rotated once after the merge (o = s ⊙ H õ).
+ * The codebooks live in shared memory. Sliding windows and logit softcaps as in
+ * cuda_attention.cu. */
+#include "backend/cuda/cuda_kv_codec.cuh"
+
+enum { WARPS = 4, MAX_D = CI_CUDA_KV_MAX_D, MAX_GROUPS = MAX_D / 32 };
+
+typedef ci_cuda_kv_layout kv_layout;
+typedef ci_cuda_seq_group seq_group;
+typedef ci_cuda_attention_params attention_params;
+
+/* In place x <- H_D x over shared memory with every thread of the block (ci_fwht's butterflies:
+ * each element sees the same operations in the same order as the sequential transform). */
+__device__ static void shared_fwht(float *x, int D) {
+  for (int len = 1; len < D; len <<= 1) {
+    for (int t = threadIdx.x; t < D / 2; t += blockDim.x) {
+      const int i = (t / len) * (len << 1) + t % len;
+      const float a = x[i], b = x[i + len];
+      x[i] = __fadd_rn(a, b);
+      x[i + len] = __fsub_rn(a, b);
+    }
+    __syncthreads();
+  }
+  const float scale = 1.0f / sqrtf((float)D);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) x[d] = __fmul_rn(x[d], scale);
+  __syncthreads();
+}
+
+/* <q, K row> for the codec (q rotated for TurboQuant); qsum: q's group sums. */
+template <int CODEC>
+__device__ static inline float score_row(const kv_layout &L, const uint8_t *kr, const float *q,
+                                         const float *qsum, const float *centroids) {
+  const int D = L.head_dim, bits = L.k_bits;
+  const uint8_t *tail = kr + D * bits / 8;
+  if (CODEC == CI_KV_TURBO) {
+    float dot = 0.0f;
+    for (int d = 0; d < D; d++) dot += q[d] * centroids[ci_kv_dev_code(kr, d, bits)];
+    return ci_kv_dev_f16(tail) * dot;
+  }
+  const int group = CODEC == CI_KV_AFFINE ? L.group : CI_CUDA_TURBO_V_GROUP;
+  const int groups = D / group;
+  float score = 0.0f;
+  for (int g = 0; g < groups; g++) {
+    float dot = 0.0f;
+    if (bits == 8) {
+      for (int d = g * group; d < (g + 1) * group; d++)
+        dot += q[d] * (CODEC == CI_KV_TURBO_V ? (float)(int8_t)kr[d] : (float)kr[d]);
+    } else {
+      for (int d = g * group; d < (g + 1) * group; d++)
+        dot += q[d] * (float)ci_kv_dev_code(kr, d, bits);
+    }
+    if (CODEC == CI_KV_AFFINE) {
+      const float s = ci_kv_dev_bf16(tail + 2 * g), b = ci_kv_dev_bf16(tail + 2 * (groups + g));
+      score += s * dot + b * qsum[g];
+    } else {
+      const float sc = ci_kv_dev_f16(tail + 2 * g), zp = ci_kv_dev_f16(tail + 2 * (groups + g));
+      score += sc * (dot + zp * qsum[g]);
+    }
+  }
+  return score;
+}
+
+/* Element d of a V row in the accumulation basis (rotated for TurboQuant and turbo-v). */
+template <int CODEC>
+__device__ static inline float value_at(const kv_layout &L, const uint8_t *vr, int d,
+                                        const float *centroids) {
+  const int D = L.head_dim, bits = L.v_bits;
+  const uint8_t *tail = vr + D * bits / 8;
+  const unsigned code = ci_kv_dev_code(vr, d, bits);
+  if (CODEC == CI_KV_AFFINE) {
+    const int g = d / L.group, groups = D / L.group;
+    return ci_kv_dev_bf16(tail + 2 * g) * (float)code + ci_kv_dev_bf16(tail + 2 * (groups + g));
+  }
+  if (CODEC == CI_KV_TURBO) return ci_kv_dev_f16(tail) * centroids[code];
+  return centroids[code] * ci_kv_dev_f16(tail + 2 * (d / CI_CUDA_TURBO_V_GROUP));
+}
+
+template <int PER_LANE, int CODEC>
+__global__ static void __launch_bounds__(WARPS * 32)
+    kv_attention_kernel(kv_layout L, const seq_group *g, attention_params a, int *error_flag) {
+  constexpr bool rotate_q = CODEC == CI_KV_TURBO;
+  constexpr bool rotated_v = CODEC == CI_KV_TURBO || CODEC == CI_KV_TURBO_V;
+  __shared__ float merge_m[WARPS], merge_l[WARPS];
+  __shared__ float merge_acc[WARPS][MAX_D];
+  __shared__ float q_shared[MAX_D], out_shared[MAX_D];
+  __shared__ float qsum[MAX_GROUPS];
+  __shared__ float k_centroids[16], v_centroids[16];
+  const int s = ci_kv_dev_seq_of(g, blockIdx.x);
+  const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
+  const int h = blockIdx.y;
+  const int D = L.head_dim;
+  const int kv_head = h / (a.n_heads / L.n_kv_heads);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t p = a.pos[row];
+  const int64_t lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
+  const float *q = a.q + ((int64_t)row * a.n_heads + h) * D;
+  for (int d = threadIdx.x; d < D; d += blockDim.x)
+    q_shared[d] = rotate_q ? __fmul_rn(L.signs[d], q[d]) : q[d];
+  if (threadIdx.x < 16) {
+    k_centroids[threadIdx.x] = L.k_bits <= 4 ? ci_kv_centroids[L.k_bits][threadIdx.x] : 0.0f;
+    v_centroids[threadIdx.x] = L.v_bits <= 4 ? ci_kv_centroids[L.v_bits][threadIdx.x] : 0.0f;
+  }
+  __syncthreads();
+  if (rotate_q) shared_fwht(q_shared, D);
+  if (!rotate_q) {
+    const int group = CODEC == CI_KV_AFFINE ? L.group : CI_CUDA_TURBO_V_GROUP;
+    for (int gi = threadIdx.x; gi < D / group; gi += blockDim.x) {
+      float sum = 0.0f;
+      for (int d = gi * group; d < (gi + 1) * group; d++) sum += q_shared[d];
+      qsum[gi] = sum;
+    }
+    __syncthreads();
+  }
+  float acc[PER_LANE];
+#pragma unroll
+  for (int i = 0; i < PER_LANE; i++) acc[i] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t first = lo + (int64_t)warp * 32; first <= p; first += (int64_t)WARPS * 32) {
+    const int64_t key = first + lane;
+    float score = -INFINITY;
+    const uint8_t *vr = NULL;
+    if (key <= p) {
+      const int64_t entry = key / L.block_tokens;
+      const int32_t block = entry < g->n_entries[s] ? g->table[s][entry] : -1;
+      if (block < 0) {
+        *error_flag = 1;
+      } else {
+        const uint8_t *kr = ci_kv_dev_row(L, 0, block, key % L.block_tokens, kv_head);
+        vr = ci_kv_dev_row(L, 1, block, key % L.block_tokens, kv_head);
+        score = score_row<CODEC>(L, kr, q_shared, qsum, k_centroids) * a.scale;
+        if (a.softcap != 0.0f) score = a.softcap * tanhf(score / a.softcap);
+      }
+    }
+    float chunk_max = score;
+    for (int off = 16; off > 0; off >>= 1)
+      chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, off));
+    if (chunk_max == -INFINITY) continue; /* no live key in this chunk */
+    const float m_new = fmaxf(m, chunk_max);
+    const float correction = expf(m - m_new);
+    const float weight = vr ? expf(score - m_new) : 0.0f;
+    float weight_sum = weight;
+    for (int off = 16; off > 0; off >>= 1)
+      weight_sum += __shfl_xor_sync(0xffffffffu, weight_sum, off);
+    l = l * correction + weight_sum;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; i++) acc[i] *= correction;
+    for (int j = 0; j < 32; j++) {
+      const float wj = __shfl_sync(0xffffffffu, weight, j);
+      const uint8_t *vj = (const uint8_t *)__shfl_sync(0xffffffffu, (unsigned long long)vr, j);
+      if (!vj) continue;
+#pragma unroll
+      for (int i = 0; i < PER_LANE; i++) {
+        const int d = lane + 32 * i;
+        if (d < D) acc[i] += wj * value_at<CODEC>(L, vj, d, v_centroids);
+      }
+    }
+    m = m_new;
+  }
+  if (lane == 0) {
+    merge_m[warp] = m;
+    merge_l[warp] = l;
+  }
+#pragma unroll
+  for (int i = 0; i < PER_LANE; i++) {
+    const int d = lane + 32 * i;
+    if (d < D) merge_acc[warp][d] = acc[i];
+  }
+  __syncthreads();
+  float total_m = -INFINITY;
+  for (int w = 0; w < WARPS; w++) total_m = fmaxf(total_m, merge_m[w]);
+  float total_l = 0.0f;
+  for (int w = 0; w < WARPS; w++)
+    if (merge_l[w] > 0.0f) total_l += merge_l[w] * expf(merge_m[w] - total_m);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float sum = 0.0f;
+    for (int w = 0; w < WARPS; w++)
+      if (merge_l[w] > 0.0f) sum += merge_acc[w][d] * expf(merge_m[w] - total_m);
+    out_shared[d] = total_l > 0.0f ? sum / total_l : 0.0f;
+  }
+  __syncthreads();
+  if (rotated_v) shared_fwht(out_shared, D);
+  float *out = a.out + ((int64_t)row * a.n_heads + h) * D;
+  for (int d = threadIdx.x; d < D; d += blockDim.x)
+    out[d] = rotated_v ? __fmul_rn(L.signs[d], out_shared[d]) : out_shared[d];
+}
+
+template <int CODEC> static void launch_codec(ci_cuda *cu, const ci_cuda_cmd *cmd) {
+  const kv_layout &L = cmd->a.kv.layout;
+  const attention_params &a = cmd->a.kv.att;
+  const seq_group *g = cmd->a.kv.group;
+  const dim3 grid((unsigned)cmd->a.kv.total_rows, (unsigned)a.n_heads);
+  const int per_lane = (L.head_dim + 31) / 32;
+  if (per_lane <= 1)
+    kv_attention_kernel<1, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+  else if (per_lane <= 2)
+    kv_attention_kernel<2, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+  else if (per_lane <= 4)
+    kv_attention_kernel<4, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+  else if (per_lane <= 8)
+    kv_attention_kernel<8, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+  else
+    kv_attention_kernel<16, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+}
+
+void ci_cuda_kv_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
+  switch (cmd->a.kv.layout.codec) {
+  case CI_KV_AFFINE:
+    launch_codec<CI_KV_AFFINE>(cu, cmd);
+    break;
+  case CI_KV_TURBO:
+    launch_codec<CI_KV_TURBO>(cu, cmd);
+    break;
+  case CI_KV_TURBO_V:
+    launch_codec<CI_KV_TURBO_V>(cu, cmd);
+    break;
+  default:
+    ci_fail("CUDA attention: KV codec %d has no quantized kernel", cmd->a.kv.layout.codec);
+    return;
+  }
+  ci_cuda_check_launch(cu, "quantized KV attention");
+}
