@@ -360,17 +360,16 @@ int ci_cuda_attention(ci_cuda *cu, const ci_attention_args *args) {
               &L, &host, a.n_heads,
               ci_cuda_flash_warps(a.n_heads, L.n_kv_heads, max_rows_per_seq(args->seqs)), cu->n_sms,
               cu->input_planes == 2, &cmd.a.kv.plan);
+        } else if (L.codec != CI_KV_BF16 && L.codec != CI_KV_F32) {
+          ci_cuda_kv_attention_plan(&L, &host, a.n_heads, cu->n_sms, &cmd.a.kv.plan);
         }
         return ci_cuda_emit(cu, &cmd);
       });
 }
 
-void ci_cuda_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
+int ci_cuda_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
   const kv_layout &L = cmd->a.kv.layout;
-  if (L.codec != CI_KV_BF16 && L.codec != CI_KV_F32) {
-    ci_cuda_kv_attention_launch(cu, cmd);
-    return;
-  }
+  if (L.codec != CI_KV_BF16 && L.codec != CI_KV_F32) return ci_cuda_kv_attention_launch(cu, cmd);
   const attention_params &a = cmd->a.kv.att;
   const seq_group *g = cmd->a.kv.group;
   dim3 grid((unsigned)cmd->a.kv.total_rows, (unsigned)a.n_heads);
@@ -385,7 +384,7 @@ void ci_cuda_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
     attention_kernel<8><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
   else
     attention_kernel<16><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
-  ci_cuda_check_launch(cu, "attention");
+  return ci_cuda_check_launch(cu, "attention");
 }
 
 /* ==== conversion ==== */

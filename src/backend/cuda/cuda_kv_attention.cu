@@ -17,7 +17,9 @@
  * cuda_attention.cu. */
 #include "backend/cuda/cuda_kv_codec.cuh"
 
-enum { WARPS = 4, MAX_D = CI_CUDA_KV_MAX_D, MAX_GROUPS = MAX_D / 32 };
+#include <string.h>
+
+enum { WARPS = 4, MAX_D = CI_CUDA_KV_MAX_D, MAX_GROUPS = MAX_D / 32, KV_SPLIT = 512 };
 
 typedef ci_cuda_kv_layout kv_layout;
 typedef ci_cuda_seq_group seq_group;
@@ -89,11 +91,42 @@ __device__ static inline float value_at(const kv_layout &L, const uint8_t *vr, i
   return centroids[code] * ci_kv_dev_f16(tail + 2 * (d / CI_CUDA_TURBO_V_GROUP));
 }
 
+/* Folds a split's state (sm, sl, so) into the running state (rm, rl, ro): the one merge rule of
+ * both launch modes, every operation rounded explicitly so the two kernels agree bit for bit. A
+ * split without keys (sl == 0) leaves the state unchanged. */
+__device__ static inline void merge_split(float &rm, float &rl, float &ro, float sm, float sl,
+                                          float so) {
+  if (!(sl > 0.0f)) return;
+  if (!(rl > 0.0f)) {
+    rm = sm, rl = sl, ro = so;
+    return;
+  }
+  const float m = fmaxf(rm, sm);
+  const float a = expf(__fsub_rn(rm, m)), b = expf(__fsub_rn(sm, m));
+  rl = __fadd_rn(__fmul_rn(rl, a), __fmul_rn(sl, b));
+  ro = __fadd_rn(__fmul_rn(ro, a), __fmul_rn(so, b));
+  rm = m;
+}
+
+/* out[d] = o[d] in the model basis (un-rotated through shared memory for rotated V). */
+template <int CODEC>
+__device__ static inline void write_output(const kv_layout &L, float *o_shared, float *out) {
+  constexpr bool rotated_v = CODEC == CI_KV_TURBO || CODEC == CI_KV_TURBO_V;
+  const int D = L.head_dim;
+  if (rotated_v) shared_fwht(o_shared, D);
+  for (int d = threadIdx.x; d < D; d += blockDim.x)
+    out[d] = rotated_v ? __fmul_rn(L.signs[d], o_shared[d]) : o_shared[d];
+}
+
+/* Keys are split at fixed absolute boundaries of KV_SPLIT positions. Within a split the warps
+ * take chunks of 32 keys in turn and merge in warp order; the splits then merge in split order
+ * (merge_split), either inside the block (parallel 0: one block walks every split of its row) or
+ * in kv_merge_kernel (parallel 1: one block per split), with the same arithmetic either way. */
 template <int PER_LANE, int CODEC>
 __global__ static void __launch_bounds__(WARPS * 32)
-    kv_attention_kernel(kv_layout L, const seq_group *g, attention_params a, int *error_flag) {
+    kv_attention_kernel(kv_layout L, const seq_group *g, attention_params a, ci_cuda_flash_params f,
+                        int *error_flag) {
   constexpr bool rotate_q = CODEC == CI_KV_TURBO;
-  constexpr bool rotated_v = CODEC == CI_KV_TURBO || CODEC == CI_KV_TURBO_V;
   __shared__ float merge_m[WARPS], merge_l[WARPS];
   __shared__ float merge_acc[WARPS][MAX_D];
   __shared__ float q_shared[MAX_D], out_shared[MAX_D];
@@ -107,6 +140,12 @@ __global__ static void __launch_bounds__(WARPS * 32)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t p = a.pos[row];
   const int64_t lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
+  int64_t first_split = lo / KV_SPLIT, last_split = p / KV_SPLIT;
+  if (f.parallel) {
+    if ((int64_t)blockIdx.z < first_split || (int64_t)blockIdx.z > last_split)
+      return; /* no key of this row in the split: the merge skips it */
+    first_split = last_split = blockIdx.z;
+  }
   const float *q = a.q + ((int64_t)row * a.n_heads + h) * D;
   for (int d = threadIdx.x; d < D; d += blockDim.x)
     q_shared[d] = rotate_q ? __fmul_rn(L.signs[d], q[d]) : q[d];
@@ -125,111 +164,198 @@ __global__ static void __launch_bounds__(WARPS * 32)
     }
     __syncthreads();
   }
-  float acc[PER_LANE];
+  /* the running state over splits (in-block mode); every thread holds rm, rl alike and the
+   * output dims d = threadIdx.x + k * blockDim.x of ro */
+  constexpr int OUT_PER_THREAD = (MAX_D + WARPS * 32 - 1) / (WARPS * 32);
+  float rm = -INFINITY, rl = 0.0f, ro[OUT_PER_THREAD];
 #pragma unroll
-  for (int i = 0; i < PER_LANE; i++) acc[i] = 0.0f;
-  float m = -INFINITY, l = 0.0f;
-  for (int64_t first = lo + (int64_t)warp * 32; first <= p; first += (int64_t)WARPS * 32) {
-    const int64_t key = first + lane;
-    float score = -INFINITY;
-    const uint8_t *vr = NULL;
-    if (key <= p) {
-      const int64_t entry = key / L.block_tokens;
-      const int32_t block = entry < g->n_entries[s] ? g->table[s][entry] : -1;
-      if (block < 0) {
-        *error_flag = 1;
-      } else {
-        const uint8_t *kr = ci_kv_dev_row(L, 0, block, key % L.block_tokens, kv_head);
-        vr = ci_kv_dev_row(L, 1, block, key % L.block_tokens, kv_head);
-        score = score_row<CODEC>(L, kr, q_shared, qsum, k_centroids) * a.scale;
-        if (a.softcap != 0.0f) score = a.softcap * tanhf(score / a.softcap);
+  for (int k = 0; k < OUT_PER_THREAD; k++) ro[k] = 0.0f;
+  for (int64_t split = first_split; split <= last_split; split++) {
+    const int64_t k_lo = split * KV_SPLIT > lo ? split * KV_SPLIT : lo;
+    const int64_t k_hi = (split + 1) * KV_SPLIT - 1 < p ? (split + 1) * KV_SPLIT - 1 : p;
+    float acc[PER_LANE];
+#pragma unroll
+    for (int i = 0; i < PER_LANE; i++) acc[i] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t first = k_lo + (int64_t)warp * 32; first <= k_hi; first += (int64_t)WARPS * 32) {
+      const int64_t key = first + lane;
+      float score = -INFINITY;
+      const uint8_t *vr = NULL;
+      if (key <= k_hi) {
+        const int64_t entry = key / L.block_tokens;
+        const int32_t block = entry < g->n_entries[s] ? g->table[s][entry] : -1;
+        if (block < 0) {
+          *error_flag = 1;
+        } else {
+          const uint8_t *kr = ci_kv_dev_row(L, 0, block, key % L.block_tokens, kv_head);
+          vr = ci_kv_dev_row(L, 1, block, key % L.block_tokens, kv_head);
+          score = score_row<CODEC>(L, kr, q_shared, qsum, k_centroids) * a.scale;
+          if (a.softcap != 0.0f) score = a.softcap * tanhf(score / a.softcap);
+        }
       }
-    }
-    float chunk_max = score;
-    for (int off = 16; off > 0; off >>= 1)
-      chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, off));
-    if (chunk_max == -INFINITY) continue; /* no live key in this chunk */
-    const float m_new = fmaxf(m, chunk_max);
-    const float correction = expf(m - m_new);
-    const float weight = vr ? expf(score - m_new) : 0.0f;
-    float weight_sum = weight;
-    for (int off = 16; off > 0; off >>= 1)
-      weight_sum += __shfl_xor_sync(0xffffffffu, weight_sum, off);
-    l = l * correction + weight_sum;
+      float chunk_max = score;
+      for (int off = 16; off > 0; off >>= 1)
+        chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, off));
+      if (chunk_max == -INFINITY) continue; /* no live key in this chunk */
+      const float m_new = fmaxf(m, chunk_max);
+      const float correction = expf(m - m_new);
+      const float weight = vr ? expf(score - m_new) : 0.0f;
+      float weight_sum = weight;
+      for (int off = 16; off > 0; off >>= 1)
+        weight_sum += __shfl_xor_sync(0xffffffffu, weight_sum, off);
+      l = l * correction + weight_sum;
 #pragma unroll
-    for (int i = 0; i < PER_LANE; i++) acc[i] *= correction;
-    for (int j = 0; j < 32; j++) {
-      const float wj = __shfl_sync(0xffffffffu, weight, j);
-      const uint8_t *vj = (const uint8_t *)__shfl_sync(0xffffffffu, (unsigned long long)vr, j);
-      if (!vj) continue;
+      for (int i = 0; i < PER_LANE; i++) acc[i] *= correction;
+      for (int j = 0; j < 32; j++) {
+        const float wj = __shfl_sync(0xffffffffu, weight, j);
+        const uint8_t *vj = (const uint8_t *)__shfl_sync(0xffffffffu, (unsigned long long)vr, j);
+        if (!vj) continue;
 #pragma unroll
-      for (int i = 0; i < PER_LANE; i++) {
-        const int d = lane + 32 * i;
-        if (d < D) acc[i] += wj * value_at<CODEC>(L, vj, d, v_centroids);
+        for (int i = 0; i < PER_LANE; i++) {
+          const int d = lane + 32 * i;
+          if (d < D) acc[i] += wj * value_at<CODEC>(L, vj, d, v_centroids);
+        }
       }
+      m = m_new;
     }
-    m = m_new;
-  }
-  if (lane == 0) {
-    merge_m[warp] = m;
-    merge_l[warp] = l;
-  }
+    if (lane == 0) {
+      merge_m[warp] = m;
+      merge_l[warp] = l;
+    }
 #pragma unroll
-  for (int i = 0; i < PER_LANE; i++) {
-    const int d = lane + 32 * i;
-    if (d < D) merge_acc[warp][d] = acc[i];
-  }
-  __syncthreads();
-  float total_m = -INFINITY;
-  for (int w = 0; w < WARPS; w++) total_m = fmaxf(total_m, merge_m[w]);
-  float total_l = 0.0f;
-  for (int w = 0; w < WARPS; w++)
-    if (merge_l[w] > 0.0f) total_l += merge_l[w] * expf(merge_m[w] - total_m);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float sum = 0.0f;
+    for (int i = 0; i < PER_LANE; i++) {
+      const int d = lane + 32 * i;
+      if (d < D) merge_acc[warp][d] = acc[i];
+    }
+    __syncthreads();
+    /* the split's state: its warps merged in order */
+    float sm = -INFINITY;
+    for (int w = 0; w < WARPS; w++) sm = fmaxf(sm, merge_m[w]);
+    float sl = 0.0f;
     for (int w = 0; w < WARPS; w++)
-      if (merge_l[w] > 0.0f) sum += merge_acc[w][d] * expf(merge_m[w] - total_m);
-    out_shared[d] = total_l > 0.0f ? sum / total_l : 0.0f;
+      if (merge_l[w] > 0.0f) sl += merge_l[w] * expf(merge_m[w] - sm);
+    const int64_t slot = ((int64_t)blockIdx.x * a.n_heads + h) * f.splits + split;
+    if (f.parallel && threadIdx.x == 0) {
+      f.state[2 * slot] = sm;
+      f.state[2 * slot + 1] = sl;
+    }
+#pragma unroll
+    for (int k = 0; k < OUT_PER_THREAD; k++) {
+      const int d = threadIdx.x + k * WARPS * 32;
+      if (d >= D) continue;
+      float so = 0.0f;
+      for (int w = 0; w < WARPS; w++)
+        if (merge_l[w] > 0.0f) so += merge_acc[w][d] * expf(merge_m[w] - sm);
+      if (f.parallel) {
+        f.partial[slot * D + d] = so;
+      } else {
+        float m_copy = rm, l_copy = rl;
+        merge_split(m_copy, l_copy, ro[k], sm, sl, so);
+      }
+    }
+    if (!f.parallel) {
+      float unused = 0.0f;
+      merge_split(rm, rl, unused, sm, sl, 0.0f);
+    }
+    __syncthreads(); /* merge_* are reused by the next split */
+  }
+  if (f.parallel) return;
+#pragma unroll
+  for (int k = 0; k < OUT_PER_THREAD; k++) {
+    const int d = threadIdx.x + k * WARPS * 32;
+    if (d < D) out_shared[d] = rl > 0.0f ? __fdiv_rn(ro[k], rl) : 0.0f;
   }
   __syncthreads();
-  if (rotated_v) shared_fwht(out_shared, D);
-  float *out = a.out + ((int64_t)row * a.n_heads + h) * D;
-  for (int d = threadIdx.x; d < D; d += blockDim.x)
-    out[d] = rotated_v ? __fmul_rn(L.signs[d], out_shared[d]) : out_shared[d];
+  write_output<CODEC>(L, out_shared, a.out + ((int64_t)row * a.n_heads + h) * D);
 }
 
-template <int CODEC> static void launch_codec(ci_cuda *cu, const ci_cuda_cmd *cmd) {
+/* Parallel mode: merges the per-split states of each (row, query head) in split order. */
+template <int CODEC>
+__global__ static void __launch_bounds__(WARPS * 32)
+    kv_merge_kernel(kv_layout L, const seq_group *g, attention_params a, ci_cuda_flash_params f) {
+  __shared__ float out_shared[MAX_D];
+  const int s = ci_kv_dev_seq_of(g, blockIdx.x);
+  const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
+  const int h = blockIdx.y, D = L.head_dim;
+  const int64_t p = a.pos[row];
+  const int64_t lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
+  const int64_t base = ((int64_t)blockIdx.x * a.n_heads + h) * f.splits;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float rm = -INFINITY, rl = 0.0f, ro = 0.0f;
+    for (int64_t split = lo / KV_SPLIT; split <= p / KV_SPLIT; split++)
+      merge_split(rm, rl, ro, f.state[2 * (base + split)], f.state[2 * (base + split) + 1],
+                  f.partial[(base + split) * D + d]);
+    out_shared[d] = rl > 0.0f ? __fdiv_rn(ro, rl) : 0.0f;
+  }
+  __syncthreads();
+  write_output<CODEC>(L, out_shared, a.out + ((int64_t)row * a.n_heads + h) * D);
+}
+
+template <int CODEC>
+static void launch_codec(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flash_params &f) {
   const kv_layout &L = cmd->a.kv.layout;
   const attention_params &a = cmd->a.kv.att;
   const seq_group *g = cmd->a.kv.group;
-  const dim3 grid((unsigned)cmd->a.kv.total_rows, (unsigned)a.n_heads);
+  const dim3 grid((unsigned)cmd->a.kv.total_rows, (unsigned)a.n_heads,
+                  f.parallel ? (unsigned)f.splits : 1u);
   const int per_lane = (L.head_dim + 31) / 32;
+  int *flag = cu->error_flag;
   if (per_lane <= 1)
-    kv_attention_kernel<1, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+    kv_attention_kernel<1, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, f, flag);
   else if (per_lane <= 2)
-    kv_attention_kernel<2, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+    kv_attention_kernel<2, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, f, flag);
   else if (per_lane <= 4)
-    kv_attention_kernel<4, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+    kv_attention_kernel<4, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, f, flag);
   else if (per_lane <= 8)
-    kv_attention_kernel<8, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+    kv_attention_kernel<8, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, f, flag);
   else
-    kv_attention_kernel<16, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+    kv_attention_kernel<16, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, f, flag);
+  if (f.parallel)
+    kv_merge_kernel<CODEC>
+        <<<dim3((unsigned)cmd->a.kv.total_rows, (unsigned)a.n_heads), WARPS * 32, 0, cu->stream>>>(
+            L, g, a, f);
 }
 
-void ci_cuda_kv_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
+void ci_cuda_kv_attention_plan(const kv_layout *L, const seq_group *host_group, int n_heads,
+                               int n_sms, ci_cuda_flash_params *f) {
+  memset(f, 0, sizeof *f);
+  int64_t max_keys = 0;
+  for (int i = 0; i < host_group->n; i++) {
+    const int64_t keys = host_group->n_entries[i] * L->block_tokens;
+    max_keys = keys > max_keys ? keys : max_keys;
+  }
+  f->splits = (int)((max_keys + KV_SPLIT - 1) / KV_SPLIT);
+  if (f->splits < 1) f->splits = 1;
+  const int64_t blocks = (int64_t)host_group->total_rows * n_heads;
+  const size_t bytes =
+      (size_t)host_group->total_rows * n_heads * f->splits * (L->head_dim + 2) * sizeof(float);
+  /* one block per split when one block per (row, head) leaves SMs idle (decode, short chunks) */
+  f->parallel = f->splits > 1 && blocks < 8 * n_sms && bytes <= ((size_t)256 << 20);
+  f->scratch_bytes = f->parallel ? bytes : 0;
+}
+
+int ci_cuda_kv_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
+  ci_cuda_flash_params f = cmd->a.kv.plan;
+  if (f.splits < 1) return ci_fail("CUDA attention: a quantized KV launch without a plan");
+  if (f.parallel) {
+    const size_t slots = (size_t)cmd->a.kv.total_rows * cmd->a.kv.att.n_heads * f.splits;
+    float *scratch = (float *)ci_cuda_scratch(cu, 2, f.scratch_bytes);
+    if (!scratch) return CI_ERR;
+    f.partial = scratch;
+    f.state = scratch + slots * cmd->a.kv.layout.head_dim;
+  }
   switch (cmd->a.kv.layout.codec) {
   case CI_KV_AFFINE:
-    launch_codec<CI_KV_AFFINE>(cu, cmd);
+    launch_codec<CI_KV_AFFINE>(cu, cmd, f);
     break;
   case CI_KV_TURBO:
-    launch_codec<CI_KV_TURBO>(cu, cmd);
+    launch_codec<CI_KV_TURBO>(cu, cmd, f);
     break;
   case CI_KV_TURBO_V:
-    launch_codec<CI_KV_TURBO_V>(cu, cmd);
+    launch_codec<CI_KV_TURBO_V>(cu, cmd, f);
     break;
   default:
-    ci_fail("CUDA attention: KV codec %d has no quantized kernel", cmd->a.kv.layout.codec);
-    return;
+    return ci_fail("CUDA attention: KV codec %d has no quantized kernel", cmd->a.kv.layout.codec);
   }
-  ci_cuda_check_launch(cu, "quantized KV attention");
+  return ci_cuda_check_launch(cu, "quantized KV attention");
 }
