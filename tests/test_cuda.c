@@ -14,7 +14,8 @@
  *   - logits of every float-weight fixture against transformers' (tests/fixtures), fed whole and
  *     in chunks of 1 and 3, within CUDA_TOLERANCE and with the same argmax everywhere;
  *   - batched decode steps (replayed as CUDA graphs) bit-identical to solo ones run op by op,
- *     at batch sizes 1..64, and no allocation in steady-state decode steps.
+ *     at batch sizes 1..64 with bf16 and TurboQuant sequences mixed, and no allocation in
+ *     steady-state decode steps.
  * Tolerance: the GPU multiplies half-precision weights on tensor cores, so each f32 activation
  * goes in as two bf16 planes (value and remainder: about 16 of f32's 24 mantissa bits) where the
  * CPU keeps all 24; against transformers in f32 that stays within F32_KV_TOLERANCE (measured
@@ -847,10 +848,13 @@ static float run_chunks(ci_model *model, ci_kv_codec codec, const int32_t *ids, 
   return diff;
 }
 
-/* Decode steps of n_seq sequences batched equal their solo runs bit for bit; steady-state
- * batched steps allocate nothing. */
+/* Decode steps of n_seq sequences batched equal their solo runs bit for bit, every other
+ * sequence in TurboQuant KV (mixed codecs in one batch); steady-state batched steps allocate
+ * nothing. */
 static void check_batch_invariance(ci_model *model, const char *name, int n_seq) {
   const int V = model->spec.vocab, steps = 4;
+  ci_kv_format turbo;
+  assert_int_equal(ci_kv_format_parse("turbo", 4, 3, 0, &turbo), CI_OK);
   ci_kv_cache *cache = new_cache(model, CI_KV_BF16);
   ci_kv_seq **solo = calloc((size_t)n_seq, sizeof *solo),
             **batch = calloc((size_t)n_seq, sizeof *batch);
@@ -863,6 +867,10 @@ static void check_batch_invariance(ci_model *model, const char *name, int n_seq)
     int32_t prompt[64];
     const int n = 5 + (i * 7) % 40;
     for (int t = 0; t < n; t++) prompt[t] = (int32_t)((t * 29 + i * 13 + 1) % V);
+    if (i % 2) { /* every other sequence in TurboQuant: codecs mixed in one batch */
+      assert_int_equal(ci_kv_seq_set_plan(solo[i], &turbo, 0), CI_OK);
+      assert_int_equal(ci_kv_seq_set_plan(batch[i], &turbo, 0), CI_OK);
+    }
     assert_int_equal(ci_model_forward(model, solo[i], prompt, n, NULL, 0), CI_OK);
     assert_int_equal(ci_model_forward(model, batch[i], prompt, n, NULL, 0), CI_OK);
     next[i] = (int32_t)((i * 7 + 3) % V);
@@ -886,8 +894,8 @@ static void check_batch_invariance(ci_model *model, const char *name, int n_seq)
     }
   }
   const int64_t extra = model->be->ops->allocation_count(model->be) - allocations;
-  printf("  %-14s batch %3d: bit-identical to solo over %d greedy steps; %lld allocations in "
-         "the last steps\n",
+  printf("  %-14s batch %3d (bf16 and turbo:4,3 KV mixed): bit-identical to solo over %d greedy "
+         "steps; %lld allocations in the last steps\n",
          name, n_seq, steps, (long long)extra);
   assert_int_equal(extra, 0);
   for (int i = 0; i < n_seq; i++) {
