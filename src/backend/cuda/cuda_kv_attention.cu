@@ -19,7 +19,7 @@
 
 #include <string.h>
 
-enum { WARPS = 4, MAX_D = CI_CUDA_KV_MAX_D, MAX_GROUPS = MAX_D / 32, KV_SPLIT = 512 };
+enum { WARPS = 4, MAX_D = CI_CUDA_KV_MAX_D, MAX_GROUPS = MAX_D / 32, KV_SPLIT = 256 };
 
 typedef ci_cuda_kv_layout kv_layout;
 typedef ci_cuda_seq_group seq_group;
@@ -42,38 +42,59 @@ __device__ static void shared_fwht(float *x, int D) {
   __syncthreads();
 }
 
-/* <q, K row> for the codec (q rotated for TurboQuant); qsum: q's group sums. */
-template <int CODEC>
-__device__ static inline float score_row(const kv_layout &L, const uint8_t *kr, const float *q,
-                                         const float *qsum, const float *centroids) {
+/* scores[g] = <q_g, K row> for the block's nh query heads (q rotated for TurboQuant; q_g at
+ * q + g * MAX_D, its group sums at qsum + g * MAX_GROUPS): each code is read and decoded once and
+ * used by every head; each head's sum runs in the same order whatever the other heads. */
+template <int CODEC, int GB>
+__device__ static inline void score_rows(const kv_layout &L, const uint8_t *kr, const float *q,
+                                         const float *qsum, const float *centroids, int nh,
+                                         float *scores) {
   const int D = L.head_dim, bits = L.k_bits;
   const uint8_t *tail = kr + D * bits / 8;
+  float dot[GB];
   if (CODEC == CI_KV_TURBO) {
-    float dot = 0.0f;
-    for (int d = 0; d < D; d++) dot += q[d] * centroids[ci_kv_dev_code(kr, d, bits)];
-    return ci_kv_dev_f16(tail) * dot;
+#pragma unroll
+    for (int g = 0; g < GB; g++) dot[g] = 0.0f;
+    for (int d = 0; d < D; d++) {
+      const float c = centroids[ci_kv_dev_code(kr, d, bits)];
+#pragma unroll
+      for (int g = 0; g < GB; g++)
+        if (g < nh) dot[g] += q[g * MAX_D + d] * c;
+    }
+    const float nu = ci_kv_dev_f16(tail);
+#pragma unroll
+    for (int g = 0; g < GB; g++) scores[g] = nu * dot[g];
+    return;
   }
   const int group = CODEC == CI_KV_AFFINE ? L.group : CI_CUDA_TURBO_V_GROUP;
   const int groups = D / group;
-  float score = 0.0f;
-  for (int g = 0; g < groups; g++) {
-    float dot = 0.0f;
-    if (bits == 8) {
-      for (int d = g * group; d < (g + 1) * group; d++)
-        dot += q[d] * (CODEC == CI_KV_TURBO_V ? (float)(int8_t)kr[d] : (float)kr[d]);
-    } else {
-      for (int d = g * group; d < (g + 1) * group; d++)
-        dot += q[d] * (float)ci_kv_dev_code(kr, d, bits);
+#pragma unroll
+  for (int g = 0; g < GB; g++) scores[g] = 0.0f;
+  for (int gi = 0; gi < groups; gi++) {
+#pragma unroll
+    for (int g = 0; g < GB; g++) dot[g] = 0.0f;
+    for (int d = gi * group; d < (gi + 1) * group; d++) {
+      float x;
+      if (bits == 8)
+        x = CODEC == CI_KV_TURBO_V ? (float)(int8_t)kr[d] : (float)kr[d];
+      else
+        x = (float)ci_kv_dev_code(kr, d, bits);
+#pragma unroll
+      for (int g = 0; g < GB; g++)
+        if (g < nh) dot[g] += q[g * MAX_D + d] * x;
     }
     if (CODEC == CI_KV_AFFINE) {
-      const float s = ci_kv_dev_bf16(tail + 2 * g), b = ci_kv_dev_bf16(tail + 2 * (groups + g));
-      score += s * dot + b * qsum[g];
+      const float sv = ci_kv_dev_bf16(tail + 2 * gi), b = ci_kv_dev_bf16(tail + 2 * (groups + gi));
+#pragma unroll
+      for (int g = 0; g < GB; g++)
+        if (g < nh) scores[g] += sv * dot[g] + b * qsum[g * MAX_GROUPS + gi];
     } else {
-      const float sc = ci_kv_dev_f16(tail + 2 * g), zp = ci_kv_dev_f16(tail + 2 * (groups + g));
-      score += sc * (dot + zp * qsum[g]);
+      const float sc = ci_kv_dev_f16(tail + 2 * gi), zp = ci_kv_dev_f16(tail + 2 * (groups + gi));
+#pragma unroll
+      for (int g = 0; g < GB; g++)
+        if (g < nh) scores[g] += sc * (dot[g] + zp * qsum[g * MAX_GROUPS + gi]);
     }
   }
-  return score;
 }
 
 /* Element d of a V row in the accumulation basis (rotated for TurboQuant and turbo-v). */
@@ -118,25 +139,38 @@ __device__ static inline void write_output(const kv_layout &L, float *o_shared, 
     out[d] = rotated_v ? __fmul_rn(L.signs[d], o_shared[d]) : o_shared[d];
 }
 
-/* Keys are split at fixed absolute boundaries of KV_SPLIT positions. Within a split the warps
- * take chunks of 32 keys in turn and merge in warp order; the splits then merge in split order
- * (merge_split), either inside the block (parallel 0: one block walks every split of its row) or
- * in kv_merge_kernel (parallel 1: one block per split), with the same arithmetic either way. */
+/* Query heads one block takes (of one KV head's GQA group) for PER_LANE output dims per lane:
+ * the accumulators of every head stay in registers. */
+__host__ __device__ constexpr int heads_per_block(int per_lane) {
+  return per_lane <= 4 ? 8 : per_lane <= 8 ? 4 : 2;
+}
+
+/* One block per (query row, KV head, chunk of up to GB query heads of its group[, split]).
+ * Keys are split at fixed absolute boundaries of KV_SPLIT positions. Within a split the warps
+ * take chunks of 32 keys in turn (lane j decodes key j's K row once for every head of the block,
+ * then every lane decodes its output dims of the chunk's V rows once for every head) and merge in
+ * warp order; the splits then merge in split order (merge_split), either inside the block
+ * (parallel 0: one block walks every split of its row) or in kv_merge_kernel (parallel 1: one
+ * block per split), with the same arithmetic either way. A head's arithmetic never depends on
+ * the other heads of its block. */
 template <int PER_LANE, int CODEC>
 __global__ static void __launch_bounds__(WARPS * 32)
     kv_attention_kernel(kv_layout L, const seq_group *g, attention_params a, ci_cuda_flash_params f,
                         int *error_flag) {
+  constexpr int GB = heads_per_block(PER_LANE);
   constexpr bool rotate_q = CODEC == CI_KV_TURBO;
+  constexpr int OUT_PER_THREAD = (PER_LANE * 32 + WARPS * 32 - 1) / (WARPS * 32);
   __shared__ float merge_m[WARPS], merge_l[WARPS];
   __shared__ float merge_acc[WARPS][MAX_D];
-  __shared__ float q_shared[MAX_D], out_shared[MAX_D];
-  __shared__ float qsum[MAX_GROUPS];
+  __shared__ float q_shared[GB * MAX_D], out_shared[MAX_D];
+  __shared__ float qsum[GB * MAX_GROUPS];
   __shared__ float k_centroids[16], v_centroids[16];
   const int s = ci_kv_dev_seq_of(g, blockIdx.x);
   const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
-  const int h = blockIdx.y;
   const int D = L.head_dim;
-  const int kv_head = h / (a.n_heads / L.n_kv_heads);
+  const int G = a.n_heads / L.n_kv_heads, chunks = (G + GB - 1) / GB;
+  const int kv_head = blockIdx.y / chunks, h0 = kv_head * G + (blockIdx.y % chunks) * GB;
+  const int nh = G - (blockIdx.y % chunks) * GB < GB ? G - (blockIdx.y % chunks) * GB : GB;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t p = a.pos[row];
   const int64_t lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
@@ -146,40 +180,52 @@ __global__ static void __launch_bounds__(WARPS * 32)
       return; /* no key of this row in the split: the merge skips it */
     first_split = last_split = blockIdx.z;
   }
-  const float *q = a.q + ((int64_t)row * a.n_heads + h) * D;
-  for (int d = threadIdx.x; d < D; d += blockDim.x)
-    q_shared[d] = rotate_q ? __fmul_rn(L.signs[d], q[d]) : q[d];
+  for (int i = threadIdx.x; i < nh * D; i += blockDim.x) {
+    const int hg = i / D, d = i % D;
+    const float x = a.q[((int64_t)row * a.n_heads + h0 + hg) * D + d];
+    q_shared[hg * MAX_D + d] = rotate_q ? __fmul_rn(L.signs[d], x) : x;
+  }
   if (threadIdx.x < 16) {
     k_centroids[threadIdx.x] = L.k_bits <= 4 ? ci_kv_centroids[L.k_bits][threadIdx.x] : 0.0f;
     v_centroids[threadIdx.x] = L.v_bits <= 4 ? ci_kv_centroids[L.v_bits][threadIdx.x] : 0.0f;
   }
   __syncthreads();
-  if (rotate_q) shared_fwht(q_shared, D);
-  if (!rotate_q) {
+  if (rotate_q) {
+    for (int hg = 0; hg < nh; hg++) shared_fwht(q_shared + hg * MAX_D, D);
+  } else {
     const int group = CODEC == CI_KV_AFFINE ? L.group : CI_CUDA_TURBO_V_GROUP;
-    for (int gi = threadIdx.x; gi < D / group; gi += blockDim.x) {
+    for (int i = threadIdx.x; i < nh * (D / group); i += blockDim.x) {
+      const int hg = i / (D / group), gi = i % (D / group);
       float sum = 0.0f;
-      for (int d = gi * group; d < (gi + 1) * group; d++) sum += q_shared[d];
-      qsum[gi] = sum;
+      for (int d = gi * group; d < (gi + 1) * group; d++) sum += q_shared[hg * MAX_D + d];
+      qsum[hg * MAX_GROUPS + gi] = sum;
     }
     __syncthreads();
   }
-  /* the running state over splits (in-block mode); every thread holds rm, rl alike and the
-   * output dims d = threadIdx.x + k * blockDim.x of ro */
-  constexpr int OUT_PER_THREAD = (MAX_D + WARPS * 32 - 1) / (WARPS * 32);
-  float rm = -INFINITY, rl = 0.0f, ro[OUT_PER_THREAD];
+  /* the running state of each head over splits (in-block mode): every thread holds rm, rl alike
+   * and the output dims d = threadIdx.x + k * blockDim.x of ro */
+  float rm[GB], rl[GB], ro[GB][OUT_PER_THREAD];
 #pragma unroll
-  for (int k = 0; k < OUT_PER_THREAD; k++) ro[k] = 0.0f;
+  for (int hg = 0; hg < GB; hg++) {
+    rm[hg] = -INFINITY, rl[hg] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < OUT_PER_THREAD; k++) ro[hg][k] = 0.0f;
+  }
   for (int64_t split = first_split; split <= last_split; split++) {
     const int64_t k_lo = split * KV_SPLIT > lo ? split * KV_SPLIT : lo;
     const int64_t k_hi = (split + 1) * KV_SPLIT - 1 < p ? (split + 1) * KV_SPLIT - 1 : p;
-    float acc[PER_LANE];
+    float acc[GB][PER_LANE], m[GB], l[GB];
 #pragma unroll
-    for (int i = 0; i < PER_LANE; i++) acc[i] = 0.0f;
-    float m = -INFINITY, l = 0.0f;
+    for (int hg = 0; hg < GB; hg++) {
+      m[hg] = -INFINITY, l[hg] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < PER_LANE; i++) acc[hg][i] = 0.0f;
+    }
     for (int64_t first = k_lo + (int64_t)warp * 32; first <= k_hi; first += (int64_t)WARPS * 32) {
       const int64_t key = first + lane;
-      float score = -INFINITY;
+      float score[GB];
+#pragma unroll
+      for (int hg = 0; hg < GB; hg++) score[hg] = 0.0f;
       const uint8_t *vr = NULL;
       if (key <= k_hi) {
         const int64_t entry = key / L.block_tokens;
@@ -187,86 +233,108 @@ __global__ static void __launch_bounds__(WARPS * 32)
         if (block < 0) {
           *error_flag = 1;
         } else {
-          const uint8_t *kr = ci_kv_dev_row(L, 0, block, key % L.block_tokens, kv_head);
           vr = ci_kv_dev_row(L, 1, block, key % L.block_tokens, kv_head);
-          score = score_row<CODEC>(L, kr, q_shared, qsum, k_centroids) * a.scale;
-          if (a.softcap != 0.0f) score = a.softcap * tanhf(score / a.softcap);
+          score_rows<CODEC, GB>(L, ci_kv_dev_row(L, 0, block, key % L.block_tokens, kv_head),
+                                q_shared, qsum, k_centroids, nh, score);
         }
       }
-      float chunk_max = score;
-      for (int off = 16; off > 0; off >>= 1)
-        chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, off));
-      if (chunk_max == -INFINITY) continue; /* no live key in this chunk */
-      const float m_new = fmaxf(m, chunk_max);
-      const float correction = expf(m - m_new);
-      const float weight = vr ? expf(score - m_new) : 0.0f;
-      float weight_sum = weight;
-      for (int off = 16; off > 0; off >>= 1)
-        weight_sum += __shfl_xor_sync(0xffffffffu, weight_sum, off);
-      l = l * correction + weight_sum;
+      if (!__any_sync(0xffffffffu, vr != NULL)) continue; /* no live key in this chunk */
+      float weight[GB];
 #pragma unroll
-      for (int i = 0; i < PER_LANE; i++) acc[i] *= correction;
+      for (int hg = 0; hg < GB; hg++) {
+        float sc = -INFINITY;
+        if (vr) {
+          sc = score[hg] * a.scale;
+          if (a.softcap != 0.0f) sc = a.softcap * tanhf(sc / a.softcap);
+        }
+        float chunk_max = sc;
+        for (int off = 16; off > 0; off >>= 1)
+          chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, off));
+        const float m_new = fmaxf(m[hg], chunk_max);
+        const float correction = expf(m[hg] - m_new);
+        weight[hg] = vr ? expf(sc - m_new) : 0.0f;
+        float weight_sum = weight[hg];
+        for (int off = 16; off > 0; off >>= 1)
+          weight_sum += __shfl_xor_sync(0xffffffffu, weight_sum, off);
+        l[hg] = l[hg] * correction + weight_sum;
+#pragma unroll
+        for (int i = 0; i < PER_LANE; i++) acc[hg][i] *= correction;
+        m[hg] = m_new;
+      }
       for (int j = 0; j < 32; j++) {
-        const float wj = __shfl_sync(0xffffffffu, weight, j);
         const uint8_t *vj = (const uint8_t *)__shfl_sync(0xffffffffu, (unsigned long long)vr, j);
+        float wj[GB];
+#pragma unroll
+        for (int hg = 0; hg < GB; hg++) wj[hg] = __shfl_sync(0xffffffffu, weight[hg], j);
         if (!vj) continue;
 #pragma unroll
         for (int i = 0; i < PER_LANE; i++) {
           const int d = lane + 32 * i;
-          if (d < D) acc[i] += wj * value_at<CODEC>(L, vj, d, v_centroids);
+          if (d >= D) continue;
+          const float v = value_at<CODEC>(L, vj, d, v_centroids);
+#pragma unroll
+          for (int hg = 0; hg < GB; hg++) acc[hg][i] += wj[hg] * v;
         }
       }
-      m = m_new;
     }
-    if (lane == 0) {
-      merge_m[warp] = m;
-      merge_l[warp] = l;
-    }
+    /* each head's split state: its warps merged in order */
 #pragma unroll
-    for (int i = 0; i < PER_LANE; i++) {
-      const int d = lane + 32 * i;
-      if (d < D) merge_acc[warp][d] = acc[i];
-    }
-    __syncthreads();
-    /* the split's state: its warps merged in order */
-    float sm = -INFINITY;
-    for (int w = 0; w < WARPS; w++) sm = fmaxf(sm, merge_m[w]);
-    float sl = 0.0f;
-    for (int w = 0; w < WARPS; w++)
-      if (merge_l[w] > 0.0f) sl += merge_l[w] * expf(merge_m[w] - sm);
-    const int64_t slot = ((int64_t)blockIdx.x * a.n_heads + h) * f.splits + split;
-    if (f.parallel && threadIdx.x == 0) {
-      f.state[2 * slot] = sm;
-      f.state[2 * slot + 1] = sl;
-    }
-#pragma unroll
-    for (int k = 0; k < OUT_PER_THREAD; k++) {
-      const int d = threadIdx.x + k * WARPS * 32;
-      if (d >= D) continue;
-      float so = 0.0f;
-      for (int w = 0; w < WARPS; w++)
-        if (merge_l[w] > 0.0f) so += merge_acc[w][d] * expf(merge_m[w] - sm);
-      if (f.parallel) {
-        f.partial[slot * D + d] = so;
-      } else {
-        float m_copy = rm, l_copy = rl;
-        merge_split(m_copy, l_copy, ro[k], sm, sl, so);
+    for (int hg = 0; hg < GB; hg++) {
+      if (hg >= nh) break;
+      if (lane == 0) {
+        merge_m[warp] = m[hg];
+        merge_l[warp] = l[hg];
       }
+#pragma unroll
+      for (int i = 0; i < PER_LANE; i++) {
+        const int d = lane + 32 * i;
+        if (d < D) merge_acc[warp][d] = acc[hg][i];
+      }
+      __syncthreads();
+      float sm = -INFINITY;
+      for (int w = 0; w < WARPS; w++) sm = fmaxf(sm, merge_m[w]);
+      float sl = 0.0f;
+      for (int w = 0; w < WARPS; w++)
+        if (merge_l[w] > 0.0f) sl += merge_l[w] * expf(merge_m[w] - sm);
+      const int64_t slot = ((int64_t)blockIdx.x * a.n_heads + h0 + hg) * f.splits + split;
+      if (f.parallel && threadIdx.x == 0) {
+        f.state[2 * slot] = sm;
+        f.state[2 * slot + 1] = sl;
+      }
+#pragma unroll
+      for (int k = 0; k < OUT_PER_THREAD; k++) {
+        const int d = threadIdx.x + k * WARPS * 32;
+        if (d >= D) continue;
+        float so = 0.0f;
+        for (int w = 0; w < WARPS; w++)
+          if (merge_l[w] > 0.0f) so += merge_acc[w][d] * expf(merge_m[w] - sm);
+        if (f.parallel) {
+          f.partial[slot * D + d] = so;
+        } else {
+          float m_copy = rm[hg], l_copy = rl[hg];
+          merge_split(m_copy, l_copy, ro[hg][k], sm, sl, so);
+        }
+      }
+      if (!f.parallel) {
+        float unused = 0.0f;
+        merge_split(rm[hg], rl[hg], unused, sm, sl, 0.0f);
+      }
+      __syncthreads(); /* merge_* are reused by the next head and split */
     }
-    if (!f.parallel) {
-      float unused = 0.0f;
-      merge_split(rm, rl, unused, sm, sl, 0.0f);
-    }
-    __syncthreads(); /* merge_* are reused by the next split */
   }
   if (f.parallel) return;
 #pragma unroll
-  for (int k = 0; k < OUT_PER_THREAD; k++) {
-    const int d = threadIdx.x + k * WARPS * 32;
-    if (d < D) out_shared[d] = rl > 0.0f ? __fdiv_rn(ro[k], rl) : 0.0f;
+  for (int hg = 0; hg < GB; hg++) {
+    if (hg >= nh) break;
+#pragma unroll
+    for (int k = 0; k < OUT_PER_THREAD; k++) {
+      const int d = threadIdx.x + k * WARPS * 32;
+      if (d < D) out_shared[d] = rl[hg] > 0.0f ? __fdiv_rn(ro[hg][k], rl[hg]) : 0.0f;
+    }
+    __syncthreads();
+    write_output<CODEC>(L, out_shared, a.out + ((int64_t)row * a.n_heads + h0 + hg) * D);
+    __syncthreads(); /* out_shared is reused by the next head */
   }
-  __syncthreads();
-  write_output<CODEC>(L, out_shared, a.out + ((int64_t)row * a.n_heads + h) * D);
 }
 
 /* Parallel mode: merges the per-split states of each (row, query head) in split order. */
@@ -291,14 +359,21 @@ __global__ static void __launch_bounds__(WARPS * 32)
   write_output<CODEC>(L, out_shared, a.out + ((int64_t)row * a.n_heads + h) * D);
 }
 
+/* PER_LANE of the kernel that runs head_dim D. */
+static int lane_dims(int D) {
+  const int per_lane = (D + 31) / 32;
+  return per_lane <= 1 ? 1 : per_lane <= 2 ? 2 : per_lane <= 4 ? 4 : per_lane <= 8 ? 8 : 16;
+}
+
 template <int CODEC>
 static void launch_codec(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flash_params &f) {
   const kv_layout &L = cmd->a.kv.layout;
   const attention_params &a = cmd->a.kv.att;
   const seq_group *g = cmd->a.kv.group;
-  const dim3 grid((unsigned)cmd->a.kv.total_rows, (unsigned)a.n_heads,
-                  f.parallel ? (unsigned)f.splits : 1u);
   const int per_lane = (L.head_dim + 31) / 32;
+  const int G = a.n_heads / L.n_kv_heads, gb = heads_per_block(lane_dims(L.head_dim));
+  const dim3 grid((unsigned)cmd->a.kv.total_rows, (unsigned)(L.n_kv_heads * ((G + gb - 1) / gb)),
+                  f.parallel ? (unsigned)f.splits : 1u);
   int *flag = cu->error_flag;
   if (per_lane <= 1)
     kv_attention_kernel<1, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, f, flag);
@@ -326,7 +401,8 @@ void ci_cuda_kv_attention_plan(const kv_layout *L, const seq_group *host_group, 
   }
   f->splits = (int)((max_keys + KV_SPLIT - 1) / KV_SPLIT);
   if (f->splits < 1) f->splits = 1;
-  const int64_t blocks = (int64_t)host_group->total_rows * n_heads;
+  const int G = n_heads / L->n_kv_heads, gb = heads_per_block(lane_dims(L->head_dim));
+  const int64_t blocks = (int64_t)host_group->total_rows * L->n_kv_heads * ((G + gb - 1) / gb);
   const size_t bytes =
       (size_t)host_group->total_rows * n_heads * f->splits * (L->head_dim + 2) * sizeof(float);
   /* one block per split when one block per (row, head) leaves SMs idle (decode, short chunks) */
