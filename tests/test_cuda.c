@@ -503,7 +503,10 @@ static void check_attention(ci_backend *cpu, ci_backend *cu, int D, int window, 
   ci_kv_format_name(fmt, name, sizeof name);
   /* 2200 positions: the all-rows call has enough query tiles (141 x 2 KV heads) to walk the
    * splits inside each block on a 132-SM H200; the short calls below run one block per split */
-  const int n_pos[AT_SEQS] = {2200, 45}, offset[AT_SEQS] = {0, 2200}, total = 2245;
+  /* quantized KV: 600 positions give the all-rows call enough blocks to walk its splits of 256
+   * keys inside each block, while the short calls run one block per split */
+  const int long_seq = ci_kv_format_is_quantized(fmt) ? 600 : 2200;
+  const int n_pos[AT_SEQS] = {long_seq, 45}, offset[AT_SEQS] = {0, long_seq}, total = long_seq + 45;
   const int HD = AT_H * D, KD = AT_HKV * D;
   at_cache c;
   at_cache_init(&c, cu, D, n_pos, fmt);
@@ -530,7 +533,7 @@ static void check_attention(ci_backend *cpu, ci_backend *cu, int D, int window, 
   int32_t *hpos_s = malloc((size_t)total * 4);
   /* store every position's K and V (both sequences in one call) */
   {
-    int32_t first_row[AT_SEQS] = {0, 2200}, n_rows[AT_SEQS] = {2200, 45};
+    int32_t first_row[AT_SEQS] = {0, long_seq}, n_rows[AT_SEQS] = {long_seq, 45};
     const ci_step_kv cs = {
         .n_seqs = AT_SEQS, .first_row = first_row, .n_rows = n_rows, .kv = c.cpu_kv};
     const ci_step_kv gs = {
