@@ -444,3 +444,40 @@ int ci_cuda_kv_convert_block(ci_cuda *cu, const ci_paged_kv *src, int32_t src_bl
   }
   return ci_cuda_check_launch(cu, "kv_convert_block");
 }
+
+/* ==== the codec on the host (tests without a GPU) ==== */
+
+static int host_layout(const ci_kv_format *f, const float *signs, int head_dim, kv_layout *L) {
+  if (head_dim < 1 || head_dim > MAX_D)
+    return ci_fail("the CUDA KV codec runs head_dim 1..%d (got %d)", MAX_D, head_dim);
+  if (ci_kv_format_check(f, head_dim)) return CI_ERR;
+  if ((f->codec == CI_KV_TURBO || f->codec == CI_KV_TURBO_V) && !signs)
+    return ci_fail("a TurboQuant row needs its sign vector");
+  memset(L, 0, sizeof *L);
+  L->head_dim = head_dim;
+  L->f32 = f->codec == CI_KV_F32;
+  L->codec = (int)f->codec;
+  L->k_bits = f->k_bits;
+  L->v_bits = f->v_bits;
+  L->group = f->group_size;
+  L->signs = signs;
+  return CI_OK;
+}
+
+extern "C" int ci_cuda_kv_encode_row_host(const ci_kv_format *f, int value, const float *signs,
+                                          const float *x, int head_dim, void *row) {
+  kv_layout L;
+  memset(&L, 0, sizeof L);
+  if (host_layout(f, signs, head_dim, &L)) return CI_ERR;
+  ci_kv_dev_encode_row(L, value, x, (uint8_t *)row);
+  return CI_OK;
+}
+
+extern "C" int ci_cuda_kv_decode_row_host(const ci_kv_format *f, int value, const float *signs,
+                                          const void *row, int head_dim, float *x) {
+  kv_layout L;
+  memset(&L, 0, sizeof L);
+  if (host_layout(f, signs, head_dim, &L)) return CI_ERR;
+  ci_kv_dev_decode_row(L, value, (const uint8_t *)row, x);
+  return CI_OK;
+}

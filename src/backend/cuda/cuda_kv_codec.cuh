@@ -13,24 +13,74 @@ extern "C" {
 #include "tensor/kv_format.h"
 }
 
+#include <math.h>
+#include <string.h>
+
 enum { CI_CUDA_KV_MAX_D = 512, CI_CUDA_TURBO_V_GROUP = 32 };
+
+/* Functions marked CI_KV_HD also compile for the host (ci_cuda_kv_encode_row_host), where the
+ * explicitly rounded operations are plain ones (the host compiler contracts nothing on the
+ * baseline x86-64 ISA), so tests without a GPU check the same codec code against the CPU's. */
+#define CI_KV_HD __host__ __device__
+#ifdef __CUDA_ARCH__
+#define CI_KV_FADD(a, b) __fadd_rn(a, b)
+#define CI_KV_FSUB(a, b) __fsub_rn(a, b)
+#define CI_KV_FMUL(a, b) __fmul_rn(a, b)
+#define CI_KV_FDIV(a, b) __fdiv_rn(a, b)
+#define CI_KV_DADD(a, b) __dadd_rn(a, b)
+#define CI_KV_DMUL(a, b) __dmul_rn(a, b)
+#define CI_KV_DDIV(a, b) __ddiv_rn(a, b)
+#else
+#define CI_KV_FADD(a, b) ((float)(a) + (float)(b))
+#define CI_KV_FSUB(a, b) ((float)(a) - (float)(b))
+#define CI_KV_FMUL(a, b) ((float)(a) * (float)(b))
+#define CI_KV_FDIV(a, b) ((float)(a) / (float)(b))
+#define CI_KV_DADD(a, b) ((double)(a) + (double)(b))
+#define CI_KV_DMUL(a, b) ((double)(a) * (double)(b))
+#define CI_KV_DDIV(a, b) ((double)(a) / (double)(b))
+#endif
 
 /* The Lloyd-Max codebooks for N(0,1) (src/tensor/turbo_quant.c, the same literals), indexed by
  * bits (2..4); unused entries are 0. */
-static __constant__ const float ci_kv_centroids[5][16] = {
-    {0},
-    {0},
-    {-1.510418f, -0.452780f, 0.452780f, 1.510418f},
-    {-2.151946f, -1.343909f, -0.756005f, -0.245094f, 0.245094f, 0.756005f, 1.343909f, 2.151946f},
-    {-2.732590f, -2.069017f, -1.618046f, -1.256231f, -0.942340f, -0.656759f, -0.388048f, -0.128395f,
-     0.128395f, 0.388048f, 0.656759f, 0.942340f, 1.256231f, 1.618046f, 2.069017f, 2.732590f}};
-static __constant__ const float ci_kv_thresholds[5][15] = {
-    {0},
-    {0},
-    {-0.981599f, 0.0f, 0.981599f},
-    {-1.747927f, -1.049957f, -0.500550f, 0.0f, 0.500550f, 1.049957f, 1.747927f},
-    {-2.400803f, -1.843532f, -1.437139f, -1.099286f, -0.799550f, -0.522404f, -0.258222f, 0.0f,
-     0.258222f, 0.522404f, 0.799550f, 1.099286f, 1.437139f, 1.843532f, 2.400803f}};
+#define CI_KV_CENTROIDS                                                                            \
+  {                                                                                                \
+    {0}, {0}, {-1.510418f, -0.452780f, 0.452780f, 1.510418f},                                      \
+        {-2.151946f, -1.343909f, -0.756005f, -0.245094f,                                           \
+         0.245094f,  0.756005f,  1.343909f,  2.151946f},                                           \
+    {                                                                                              \
+      -2.732590f, -2.069017f, -1.618046f, -1.256231f, -0.942340f, -0.656759f, -0.388048f,          \
+          -0.128395f, 0.128395f, 0.388048f, 0.656759f, 0.942340f, 1.256231f, 1.618046f, 2.069017f, \
+          2.732590f                                                                                \
+    }                                                                                              \
+  }
+#define CI_KV_THRESHOLDS                                                                           \
+  {                                                                                                \
+    {0}, {0}, {-0.981599f, 0.0f, 0.981599f},                                                       \
+        {-1.747927f, -1.049957f, -0.500550f, 0.0f, 0.500550f, 1.049957f, 1.747927f}, {             \
+      -2.400803f, -1.843532f, -1.437139f, -1.099286f, -0.799550f, -0.522404f, -0.258222f, 0.0f,    \
+          0.258222f, 0.522404f, 0.799550f, 1.099286f, 1.437139f, 1.843532f, 2.400803f              \
+    }                                                                                              \
+  }
+static __constant__ const float ci_kv_centroids[5][16] = CI_KV_CENTROIDS;
+static __constant__ const float ci_kv_thresholds[5][15] = CI_KV_THRESHOLDS;
+static const float ci_kv_centroids_host[5][16] = CI_KV_CENTROIDS;
+static const float ci_kv_thresholds_host[5][15] = CI_KV_THRESHOLDS;
+
+CI_KV_HD static inline const float *ci_kv_codebook(int bits) {
+#ifdef __CUDA_ARCH__
+  return ci_kv_centroids[bits];
+#else
+  return ci_kv_centroids_host[bits];
+#endif
+}
+
+CI_KV_HD static inline const float *ci_kv_codebook_thresholds(int bits) {
+#ifdef __CUDA_ARCH__
+  return ci_kv_thresholds[bits];
+#else
+  return ci_kv_thresholds_host[bits];
+#endif
+}
 
 /* ==== Addressing ==== */
 
@@ -54,7 +104,7 @@ __device__ static inline int ci_kv_dev_seq_of(const ci_cuda_seq_group *g, int x)
 /* ==== Scalars ==== */
 
 /* Code i of an LSB-first bit stream of `bits`-bit codes (ci_kv_code_at). */
-__device__ static inline unsigned ci_kv_dev_code(const uint8_t *codes, int i, int bits) {
+CI_KV_HD static inline unsigned ci_kv_dev_code(const uint8_t *codes, int i, int bits) {
   if (bits == 8) return codes[i];
   if (bits == 4) return (codes[i >> 1] >> ((i & 1) * 4)) & 15u;
   if (bits == 2) return (codes[i >> 2] >> ((i & 3) * 2)) & 3u;
@@ -63,34 +113,42 @@ __device__ static inline unsigned ci_kv_dev_code(const uint8_t *codes, int i, in
   return (word >> (bit & 7)) & ((1u << bits) - 1);
 }
 
-__device__ static inline float ci_kv_dev_bf16(const uint8_t *p) {
-  return __uint_as_float((unsigned)(p[0] | (p[1] << 8)) << 16);
+CI_KV_HD static inline float ci_kv_dev_bf16(const uint8_t *p) {
+  const uint32_t u = (uint32_t)(p[0] | (p[1] << 8)) << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
 }
 
-__device__ static inline float ci_kv_dev_f16(const uint8_t *p) {
+CI_KV_HD static inline float ci_kv_dev_f16(const uint8_t *p) {
   return __half2float(__ushort_as_half((unsigned short)(p[0] | (p[1] << 8))));
 }
 
-__device__ static inline void ci_kv_dev_put16(uint8_t *p, unsigned short v) {
+CI_KV_HD static inline void ci_kv_dev_put16(uint8_t *p, unsigned short v) {
   p[0] = (uint8_t)(v & 0xff);
   p[1] = (uint8_t)(v >> 8);
 }
 
-/* f32 -> bf16 bits, round to nearest even (ci_f32_to_bf16 for every non-NaN value). */
-__device__ static inline void ci_kv_dev_put_bf16(uint8_t *p, float v) {
-  ci_kv_dev_put16(p, __bfloat16_as_ushort(__float2bfloat16_rn(v)));
+/* f32 -> bf16 bits, round to nearest even, NaN quieted (ci_f32_to_bf16's rule). */
+CI_KV_HD static inline void ci_kv_dev_put_bf16(uint8_t *p, float v) {
+  uint32_t u;
+  memcpy(&u, &v, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    ci_kv_dev_put16(p, (unsigned short)((u >> 16) | 0x40));
+  else
+    ci_kv_dev_put16(p, (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16));
 }
 
 /* f32 -> f16 bits, round to nearest even, saturating at ±65504 (ci_f32_to_f16_saturate). */
-__device__ static inline void ci_kv_dev_put_f16(uint8_t *p, float v) {
+CI_KV_HD static inline void ci_kv_dev_put_f16(uint8_t *p, float v) {
   if (v > 65504.0f) v = 65504.0f;
   if (v < -65504.0f) v = -65504.0f;
   ci_kv_dev_put16(p, __half_as_ushort(__float2half_rn(v)));
 }
 
 /* Number of thresholds strictly below u (ci_lloyd_max_code). */
-__device__ static inline uint8_t ci_kv_dev_lloyd_code(float u, int bits) {
-  const float *t = ci_kv_thresholds[bits];
+CI_KV_HD static inline uint8_t ci_kv_dev_lloyd_code(float u, int bits) {
+  const float *t = ci_kv_codebook_thresholds(bits);
   int lo = 0, hi = (1 << bits) - 1;
   while (lo < hi) {
     const int mid = (lo + hi) / 2;
@@ -103,7 +161,7 @@ __device__ static inline uint8_t ci_kv_dev_lloyd_code(float u, int bits) {
 }
 
 /* ci_affine_code: clamp(rint(x), 0, n), NaN -> 0. */
-__device__ static inline uint8_t ci_kv_dev_affine_code(float x, float n) {
+CI_KV_HD static inline uint8_t ci_kv_dev_affine_code(float x, float n) {
   if (!(x >= -1.0f)) x = -1.0f;
   if (x > n + 1.0f) x = n + 1.0f;
   float q = rintf(x);
@@ -113,20 +171,20 @@ __device__ static inline uint8_t ci_kv_dev_affine_code(float x, float n) {
 }
 
 /* In place x <- H_D x, sequentially (ci_fwht). */
-__device__ static inline void ci_kv_dev_fwht(float *x, int D) {
+CI_KV_HD static inline void ci_kv_dev_fwht(float *x, int D) {
   for (int len = 1; len < D; len <<= 1)
     for (int i = 0; i < D; i += len << 1)
       for (int j = i; j < i + len; j++) {
         const float a = x[j], b = x[j + len];
-        x[j] = __fadd_rn(a, b);
-        x[j + len] = __fsub_rn(a, b);
+        x[j] = CI_KV_FADD(a, b);
+        x[j + len] = CI_KV_FSUB(a, b);
       }
   const float scale = 1.0f / sqrtf((float)D);
-  for (int i = 0; i < D; i++) x[i] = __fmul_rn(x[i], scale);
+  for (int i = 0; i < D; i++) x[i] = CI_KV_FMUL(x[i], scale);
 }
 
 /* Packs n codes of `bits` LSB-first into out (n * bits / 8 bytes). */
-__device__ static inline void ci_kv_dev_pack(const uint8_t *codes, int n, int bits, uint8_t *out) {
+CI_KV_HD static inline void ci_kv_dev_pack(const uint8_t *codes, int n, int bits, uint8_t *out) {
   const int bytes = n * bits / 8;
   for (int i = 0; i < bytes; i++) out[i] = 0;
   for (int i = 0; i < n; i++) {
@@ -140,8 +198,8 @@ __device__ static inline void ci_kv_dev_pack(const uint8_t *codes, int n, int bi
 /* ==== Row encoders (one thread per row) ==== */
 
 /* MLX affine per group: codes | bf16 scales | bf16 biases (ci_affine_quantize_group). */
-__device__ static void ci_kv_dev_affine_encode(const float *x, int D, int bits, int group,
-                                               uint8_t *row) {
+CI_KV_HD static inline void ci_kv_dev_affine_encode(const float *x, int D, int bits, int group,
+                                                    uint8_t *row) {
   uint8_t codes[CI_CUDA_KV_MAX_D];
   const int groups = D / group;
   const float n = (float)((1 << bits) - 1);
@@ -153,7 +211,7 @@ __device__ static void ci_kv_dev_affine_encode(const float *x, int D, int bits, 
       if (w[i] < lo) lo = w[i];
       if (w[i] > hi) hi = w[i];
     }
-    float s = __fdiv_rn(__fsub_rn(hi, lo), n);
+    float s = CI_KV_FDIV(CI_KV_FSUB(hi, lo), n);
     if (s < 1e-7f) s = 1e-7f;
     float edge;
     if (fabsf(lo) > fabsf(hi)) {
@@ -162,14 +220,14 @@ __device__ static void ci_kv_dev_affine_encode(const float *x, int D, int bits, 
       edge = hi;
       s = -s;
     }
-    const float q0 = rintf(__fdiv_rn(edge, s));
+    const float q0 = rintf(CI_KV_FDIV(edge, s));
     float b = 0.0f;
     if (q0 != 0.0f) {
-      s = __fdiv_rn(edge, q0);
+      s = CI_KV_FDIV(edge, q0);
       b = edge;
     }
     for (int i = 0; i < group; i++)
-      codes[g * group + i] = ci_kv_dev_affine_code(__fdiv_rn(__fsub_rn(w[i], b), s), n);
+      codes[g * group + i] = ci_kv_dev_affine_code(CI_KV_FDIV(CI_KV_FSUB(w[i], b), s), n);
     ci_kv_dev_put_bf16(scales + 2 * g, s);
     ci_kv_dev_put_bf16(biases + 2 * g, b);
   }
@@ -177,34 +235,35 @@ __device__ static void ci_kv_dev_affine_encode(const float *x, int D, int bits, 
 }
 
 /* TurboQuant: codes of the rotated, renormalised vector | fp16 ν. */
-__device__ static void ci_kv_dev_turbo_encode(const float *x, int D, int bits, const float *signs,
-                                              uint8_t *row) {
+CI_KV_HD static inline void ci_kv_dev_turbo_encode(const float *x, int D, int bits,
+                                                   const float *signs, uint8_t *row) {
   float y[CI_CUDA_KV_MAX_D];
   uint8_t codes[CI_CUDA_KV_MAX_D];
   double norm2 = 0.0;
-  for (int i = 0; i < D; i++) norm2 = __dadd_rn(norm2, __dmul_rn((double)x[i], (double)x[i]));
+  for (int i = 0; i < D; i++) norm2 = CI_KV_DADD(norm2, CI_KV_DMUL((double)x[i], (double)x[i]));
   const float gamma = (float)sqrt(norm2);
   float nu = 0.0f;
   if (gamma == 0.0f) {
     for (int i = 0; i < D; i++) codes[i] = (uint8_t)(1 << (bits - 1));
   } else {
-    for (int i = 0; i < D; i++) y[i] = __fmul_rn(signs[i], x[i]);
+    for (int i = 0; i < D; i++) y[i] = CI_KV_FMUL(signs[i], x[i]);
     ci_kv_dev_fwht(y, D);
-    const float unit = __fdiv_rn(sqrtf((float)D), gamma);
-    const float *c = ci_kv_centroids[bits];
+    const float unit = CI_KV_FDIV(sqrtf((float)D), gamma);
+    const float *c = ci_kv_codebook(bits);
     double decoded2 = 0.0;
     for (int i = 0; i < D; i++) {
-      codes[i] = ci_kv_dev_lloyd_code(__fmul_rn(y[i], unit), bits);
-      decoded2 = __dadd_rn(decoded2, __dmul_rn((double)c[codes[i]], (double)c[codes[i]]));
+      codes[i] = ci_kv_dev_lloyd_code(CI_KV_FMUL(y[i], unit), bits);
+      decoded2 = CI_KV_DADD(decoded2, CI_KV_DMUL((double)c[codes[i]], (double)c[codes[i]]));
     }
-    nu = (float)__ddiv_rn((double)gamma, sqrt(decoded2));
+    nu = (float)CI_KV_DDIV((double)gamma, sqrt(decoded2));
   }
   ci_kv_dev_pack(codes, D, bits, row);
   ci_kv_dev_put_f16(row + D * bits / 8, nu);
 }
 
 /* turbo-v K: asymmetric affine per 32-group: codes | fp16 sc | fp16 zp. */
-__device__ static void ci_kv_dev_turbo_v_key_encode(const float *x, int D, int bits, uint8_t *row) {
+CI_KV_HD static inline void ci_kv_dev_turbo_v_key_encode(const float *x, int D, int bits,
+                                                         uint8_t *row) {
   uint8_t codes[CI_CUDA_KV_MAX_D];
   const int G = CI_CUDA_TURBO_V_GROUP, groups = D / G;
   uint8_t *sc_out = row + D * bits / 8, *zp_out = sc_out + 2 * groups;
@@ -224,17 +283,17 @@ __device__ static void ci_kv_dev_turbo_v_key_encode(const float *x, int D, int b
     float sc, zp;
     int qmin, qmax;
     if (bits == 8) {
-      sc = __fdiv_rn(__fsub_rn(hi, lo), 254.0f);
-      zp = rintf(__fdiv_rn(__fadd_rn(hi, lo), __fmul_rn(2.0f, __fadd_rn(sc, 1e-8f))));
+      sc = CI_KV_FDIV(CI_KV_FSUB(hi, lo), 254.0f);
+      zp = rintf(CI_KV_FDIV(CI_KV_FADD(hi, lo), CI_KV_FMUL(2.0f, CI_KV_FADD(sc, 1e-8f))));
       qmin = -127, qmax = 127;
     } else {
       qmax = (1 << bits) - 1;
       qmin = 0;
-      sc = __fdiv_rn(__fsub_rn(hi, lo), (float)qmax);
-      zp = rintf(__fdiv_rn(lo, __fadd_rn(sc, 1e-8f)));
+      sc = CI_KV_FDIV(CI_KV_FSUB(hi, lo), (float)qmax);
+      zp = rintf(CI_KV_FDIV(lo, CI_KV_FADD(sc, 1e-8f)));
     }
     for (int i = 0; i < G; i++) {
-      float q = rintf(__fsub_rn(__fdiv_rn(v[i], __fadd_rn(sc, 1e-8f)), zp));
+      float q = rintf(CI_KV_FSUB(CI_KV_FDIV(v[i], CI_KV_FADD(sc, 1e-8f)), zp));
       if (q < (float)qmin) q = (float)qmin;
       if (q > (float)qmax) q = (float)qmax;
       codes[g * G + i] = (uint8_t)(int8_t)(int)q;
@@ -246,21 +305,21 @@ __device__ static void ci_kv_dev_turbo_v_key_encode(const float *x, int D, int b
 }
 
 /* turbo-v V: rotated, per 32-group RMS-normalised Lloyd-Max codes | fp16 r per group. */
-__device__ static void ci_kv_dev_turbo_v_value_encode(const float *x, int D, int bits,
-                                                      const float *signs, uint8_t *row) {
+CI_KV_HD static inline void ci_kv_dev_turbo_v_value_encode(const float *x, int D, int bits,
+                                                           const float *signs, uint8_t *row) {
   float y[CI_CUDA_KV_MAX_D];
   uint8_t codes[CI_CUDA_KV_MAX_D];
   const int G = CI_CUDA_TURBO_V_GROUP;
-  for (int i = 0; i < D; i++) y[i] = __fmul_rn(signs[i], x[i]);
+  for (int i = 0; i < D; i++) y[i] = CI_KV_FMUL(signs[i], x[i]);
   ci_kv_dev_fwht(y, D);
   uint8_t *r_out = row + D * bits / 8;
   for (int g = 0; g < D / G; g++) {
     const float *v = y + g * G;
     float sum = 0.0f;
-    for (int i = 0; i < G; i++) sum = __fadd_rn(sum, __fmul_rn(v[i], v[i]));
-    const float r = sqrtf(__fdiv_rn(sum, (float)G));
+    for (int i = 0; i < G; i++) sum = CI_KV_FADD(sum, CI_KV_FMUL(v[i], v[i]));
+    const float r = sqrtf(CI_KV_FDIV(sum, (float)G));
     for (int i = 0; i < G; i++)
-      codes[g * G + i] = ci_kv_dev_lloyd_code(__fdiv_rn(v[i], __fadd_rn(r, 1e-8f)), bits);
+      codes[g * G + i] = ci_kv_dev_lloyd_code(CI_KV_FDIV(v[i], CI_KV_FADD(r, 1e-8f)), bits);
     ci_kv_dev_put_f16(r_out + 2 * g, r);
   }
   ci_kv_dev_pack(codes, D, bits, row);
@@ -268,8 +327,8 @@ __device__ static void ci_kv_dev_turbo_v_value_encode(const float *x, int D, int
 
 /* Encodes x[0..D) as a K (value 0) or V (value 1) row of the layout's codec
  * (ci_kv_encode_row). */
-__device__ static void ci_kv_dev_encode_row(const ci_cuda_kv_layout &L, int value, const float *x,
-                                            uint8_t *row) {
+CI_KV_HD static inline void ci_kv_dev_encode_row(const ci_cuda_kv_layout &L, int value,
+                                                 const float *x, uint8_t *row) {
   const int D = L.head_dim, bits = value ? L.v_bits : L.k_bits;
   switch (L.codec) {
   case CI_KV_F32:
@@ -293,8 +352,8 @@ __device__ static void ci_kv_dev_encode_row(const ci_cuda_kv_layout &L, int valu
 }
 
 /* Decodes a row back to x[0..D) in the model basis (ci_kv_decode_row). */
-__device__ static void ci_kv_dev_decode_row(const ci_cuda_kv_layout &L, int value,
-                                            const uint8_t *row, float *x) {
+CI_KV_HD static inline void ci_kv_dev_decode_row(const ci_cuda_kv_layout &L, int value,
+                                                 const uint8_t *row, float *x) {
   const int D = L.head_dim, bits = value ? L.v_bits : L.k_bits;
   const int G = CI_CUDA_TURBO_V_GROUP;
   switch (L.codec) {
@@ -307,26 +366,26 @@ __device__ static void ci_kv_dev_decode_row(const ci_cuda_kv_layout &L, int valu
     for (int g = 0; g < groups; g++) {
       const float s = ci_kv_dev_bf16(scales + 2 * g), b = ci_kv_dev_bf16(biases + 2 * g);
       for (int i = g * L.group; i < (g + 1) * L.group; i++)
-        x[i] = __fadd_rn(__fmul_rn(s, (float)ci_kv_dev_code(row, i, bits)), b);
+        x[i] = CI_KV_FADD(CI_KV_FMUL(s, (float)ci_kv_dev_code(row, i, bits)), b);
     }
     break;
   }
   case CI_KV_TURBO: {
-    const float *c = ci_kv_centroids[bits];
+    const float *c = ci_kv_codebook(bits);
     const float nu = ci_kv_dev_f16(row + D * bits / 8);
-    for (int i = 0; i < D; i++) x[i] = __fmul_rn(nu, c[ci_kv_dev_code(row, i, bits)]);
+    for (int i = 0; i < D; i++) x[i] = CI_KV_FMUL(nu, c[ci_kv_dev_code(row, i, bits)]);
     ci_kv_dev_fwht(x, D);
-    for (int i = 0; i < D; i++) x[i] = __fmul_rn(x[i], L.signs[i]);
+    for (int i = 0; i < D; i++) x[i] = CI_KV_FMUL(x[i], L.signs[i]);
     break;
   }
   case CI_KV_TURBO_V:
     if (value) {
-      const float *c = ci_kv_centroids[bits];
+      const float *c = ci_kv_codebook(bits);
       const uint8_t *r_in = row + D * bits / 8;
       for (int i = 0; i < D; i++)
-        x[i] = __fmul_rn(c[ci_kv_dev_code(row, i, bits)], ci_kv_dev_f16(r_in + 2 * (i / G)));
+        x[i] = CI_KV_FMUL(c[ci_kv_dev_code(row, i, bits)], ci_kv_dev_f16(r_in + 2 * (i / G)));
       ci_kv_dev_fwht(x, D);
-      for (int i = 0; i < D; i++) x[i] = __fmul_rn(x[i], L.signs[i]);
+      for (int i = 0; i < D; i++) x[i] = CI_KV_FMUL(x[i], L.signs[i]);
     } else {
       const int groups = D / G;
       const uint8_t *sc_in = row + D * bits / 8, *zp_in = sc_in + 2 * groups;
@@ -335,7 +394,7 @@ __device__ static void ci_kv_dev_decode_row(const ci_cuda_kv_layout &L, int valu
         for (int i = g * G; i < (g + 1) * G; i++) {
           const unsigned code = ci_kv_dev_code(row, i, bits);
           const float idx = bits == 8 ? (float)(int8_t)(uint8_t)code : (float)code;
-          x[i] = __fmul_rn(__fadd_rn(idx, zp), sc);
+          x[i] = CI_KV_FMUL(CI_KV_FADD(idx, zp), sc);
         }
       }
     }
