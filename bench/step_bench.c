@@ -6,9 +6,14 @@
  *
  * usage: step_bench MODEL_DIR [--device cpu|cuda] [--prompts 512,2048] [--batches 1,16,64]
  *                             [--gen N] [--context N] [--threads N] [--planes 1|2]
- *                             [--graphs 0|1] [--precision fast|exact] [--profile]
+ *                             [--graphs 0|1] [--precision fast|exact] [--kv CODEC] [--profile]
  * --planes: how the CUDA backend feeds activations to bf16 matmuls (cuda_backend.h).
  * --precision: the matmul numerics (default exact; on CUDA, --planes decides).
+ * --kv: the decode sequences' KV codec, as `cinfer fit --kv-codec` spells one: bf16 (default),
+ *   affine:BITS[:GROUP], turbo:BITS[:VBITS], turbo-v:KBITS:VBITS. Each decode sequence stores its
+ *   --context prompt in bf16 and converts before the timed steps (the warm-up steps convert), so
+ *   the timed steps read and write only the codec's blocks: `--batches 1 --context 16384 --kv
+ *   turbo:4` is the depth benchmark. Prefill always stores bf16.
  * --profile: marks the timed decode steps as the profiler's range (run under
  *   `ncu --profile-from-start off`). */
 #include "backend/cuda/cuda_backend.h"
@@ -113,16 +118,43 @@ static double weights_only_step(ci_model *model, const matmul_buffers *mb, int B
   return best;
 }
 
+/* Parses "codec[:a[:b]]" (a: bits; b: the group size for affine, the V bits otherwise). Returns 0,
+ * or -1 with ci_last_error. */
+static int parse_kv(const char *text, ci_kv_format *out) {
+  char buf[64];
+  if (strlen(text) >= sizeof buf) return ci_fail("--kv %s: too long", text);
+  strcpy(buf, text);
+  char *a = strchr(buf, ':'), *b = NULL;
+  if (a) {
+    *a++ = '\0';
+    b = strchr(a, ':');
+    if (b) *b++ = '\0';
+  }
+  int v[2] = {0, 0};
+  const char *parts[2] = {a, b};
+  for (int i = 0; i < 2; i++) {
+    if (!parts[i]) continue;
+    char *end;
+    const long x = strtol(parts[i], &end, 10);
+    if (end == parts[i] || *end || x < 1 || x > 1024)
+      return ci_fail("--kv %s: bad number '%s'", text, parts[i]);
+    v[i] = (int)x;
+  }
+  const int affine = !strcmp(buf, "affine");
+  return ci_kv_format_parse(buf, v[0], affine ? 0 : v[1], affine ? v[1] : 0, out);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: step_bench MODEL_DIR [--device cpu|cuda] [--prompts 512,2048] "
                     "[--batches 1,16,64] [--gen N] [--context N] [--threads N] "
-                    "[--precision fast|exact]\n");
+                    "[--precision fast|exact] [--kv CODEC]\n");
     return 2;
   }
   ci_device_options device = {.device = "auto", .gpu = 0, .n_threads = 0};
   int prompts[8] = {512, 2048}, n_prompts = 2, batches[16] = {1, 16, 64}, n_batches = 3;
   int gen = 32, context = 128, planes = 2, graphs = 1, profile = 0;
+  ci_kv_format kv = ci_kv_format_plain(CI_KV_BF16);
   for (int i = 2; i < argc; i += 2) {
     if (!strcmp(argv[i], "--profile")) {
       profile = 1;
@@ -153,10 +185,19 @@ int main(int argc, char **argv) {
       device.precision = CI_PRECISION_EXACT;
     else if (!strcmp(argv[i], "--graphs"))
       graphs = atoi(argv[i + 1]);
-    else {
+    else if (!strcmp(argv[i], "--kv")) {
+      if (parse_kv(argv[i + 1], &kv)) {
+        fprintf(stderr, "step_bench: %s\n", ci_last_error());
+        return 2;
+      }
+    } else {
       fprintf(stderr, "step_bench: unknown option %s\n", argv[i]);
       return 2;
     }
+  }
+  if (context < 1 || context > 65536) {
+    fprintf(stderr, "step_bench: --context %d is outside 1..65536\n", context);
+    return 2;
   }
   ci_model *model = ci_model_open_on(argv[1], &device);
   if (!model) {
@@ -171,10 +212,12 @@ int main(int argc, char **argv) {
   }
 #endif
   const int vocab = model->spec.vocab;
+  char kv_name[32];
+  ci_kv_format_name(&kv, kv_name, sizeof kv_name);
   printf("{\"model\": \"%s\", \"backend\": \"%s\", \"input_planes\": %d, \"graphs\": %d, "
-         ""
-         "\"weight_bytes_per_token\": %lld",
-         argv[1], be->ops->name, planes, graphs, (long long)ci_model_weight_bytes_per_token(model));
+         "\"kv\": \"%s\", \"context\": %d, \"weight_bytes_per_token\": %lld",
+         argv[1], be->ops->name, planes, graphs, kv_name, context,
+         (long long)ci_model_weight_bytes_per_token(model));
   double bandwidth = be->host_visible ? 0.0 : measure_bandwidth(be, (size_t)2 << 30);
   printf(", \"bandwidth_bytes_per_s\": %.4g", bandwidth);
   /* the KV every measurement needs at once: the largest batch's contexts, or the longest prompt */
@@ -239,7 +282,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < B; i++) {
       seqs[i] = ci_kv_seq_create(cache);
       for (int t = 0; t < context; t++) ids[t] = token_at(i, t, vocab);
-      if (!seqs[i] || ci_model_forward(model, seqs[i], ids, context, NULL, 0)) {
+      if (!seqs[i] || (kv.codec != CI_KV_BF16 && ci_kv_seq_set_plan(seqs[i], &kv, 0)) ||
+          ci_model_forward(model, seqs[i], ids, context, NULL, 0)) {
         fprintf(stderr, "step_bench: context of sequence %d: %s\n", i, ci_last_error());
         return 1;
       }

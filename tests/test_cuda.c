@@ -5,13 +5,20 @@
  *     softcaps, several sequences mixing prefill and decode rows, bf16 and f32 KV; the gated
  *     DeltaNet of sequences of 1, 3 and 37 rows with states and speculative checkpoints, and
  *     its rows and states bit-identical alone, batched and in chunks of 1 and 5);
+ *   - every quantized KV codec (affine 8/4, TurboQuant 2-4 bits with separate K and V bits,
+ *     turbo-v): kv_store's bytes identical to the CPU's, attention within ATTENTION_TOLERANCE of
+ *     the CPU and its rows bit-identical in every launch mode, kv_convert_block byte-identical to
+ *     the CPU's (bf16 -> codec, codec -> itself, codec -> bf16), sequences of different codecs in
+ *     one call bit-identical to each alone, and each codec's KL against bf16 KV on two fixtures no
+ *     worse than the CPU's (KL_SLACK, KL_FLOOR);
  *   - matmul rows bit-identical for every batch size (row r of an m-row product equals the
  *     1-row product of that row) on the shapes of the Llama-3.2-1B geometry;
  *   - logits of every float-weight fixture against transformers' (tests/fixtures), fed whole and
  *     in chunks of 1 and 3, within CUDA_TOLERANCE and with the same argmax everywhere (the
  *     Qwen3.5 hybrid too, whose greedy continuation must also equal transformers');
  *   - batched decode steps (replayed as CUDA graphs) bit-identical to solo ones run op by op,
- *     at batch sizes 1..64, and no allocation in steady-state decode steps.
+ *     at batch sizes 1..64 with bf16 and TurboQuant sequences mixed, and no allocation in
+ *     steady-state decode steps.
  * Tolerance: the GPU multiplies half-precision weights on tensor cores, so each f32 activation
  * goes in as two bf16 planes (value and remainder: about 16 of f32's 24 mantissa bits) where the
  * CPU keeps all 24; against transformers in f32 that stays within F32_KV_TOLERANCE (measured
@@ -36,6 +43,8 @@
 #include "model/model.h"
 #include "fixture_files.h"
 #include "tensor/dtype.h"
+#include "tensor/kv_format.h"
+#include "tensor/turbo_quant.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -43,7 +52,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const float F32_KV_TOLERANCE = 5e-3f, BF16_KV_TOLERANCE = 6e-2f, QUANTIZED_TOLERANCE = 1.5e-1f;
+static const float F32_KV_TOLERANCE = 5e-3f, BF16_KV_TOLERANCE = 6e-2f,
+                   QUANTIZED_TOLERANCE = 1.5e-1f;
+/* kv_store + attention against the CPU backend on random data, every codec: both read the same
+ * stored bytes, so only the f32 summation order differs (and, for affine and turbo-v K, the
+ * group-sum form of the bias term). */
+static const float ATTENTION_TOLERANCE = 2e-3f;
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static float frand(void) { /* [-1, 1) */
@@ -429,41 +443,50 @@ enum {
 };
 
 /* One paged KV per sequence in one slab of `blocks` blocks (sequence i owns blocks i * per_seq
- * onwards), on both backends. */
+ * onwards, stored in fmt[i]), on both backends. */
 typedef struct {
   int D, per_seq;
   size_t block_stride, k_bytes;
   uint8_t *cpu_slab, *gpu_slab;
   uint8_t **gpu_slab_table; /* device array holding gpu_slab */
+  float *cpu_signs, *gpu_signs;
   int32_t cpu_tables[AT_SEQS][AT_TABLE];
   int32_t *gpu_tables[AT_SEQS];
   ci_paged_kv cpu_kv[AT_SEQS], gpu_kv[AT_SEQS];
 } at_cache;
 
-static void at_cache_init(at_cache *c, ci_backend *cu, int D, const int n_pos[AT_SEQS]) {
+static void at_cache_init_formats(at_cache *c, ci_backend *cu, int D, const int n_pos[AT_SEQS],
+                                  const ci_kv_format fmt[AT_SEQS]) {
   memset(c, 0, sizeof *c);
   c->D = D;
   c->per_seq = 0;
+  size_t k_row = 0, v_row = 0;
   for (int i = 0; i < AT_SEQS; i++) {
     int blocks = (n_pos[i] + AT_BT - 1) / AT_BT;
     c->per_seq = blocks > c->per_seq ? blocks : c->per_seq;
+    assert_int_equal(ci_kv_format_check(&fmt[i], D), CI_OK);
+    if (ci_kv_row_bytes(&fmt[i], D, 0) > k_row) k_row = ci_kv_row_bytes(&fmt[i], D, 0);
+    if (ci_kv_row_bytes(&fmt[i], D, 1) > v_row) v_row = ci_kv_row_bytes(&fmt[i], D, 1);
   }
   assert_true(c->per_seq <= AT_TABLE);
-  const ci_kv_format fmt = ci_kv_format_plain(CI_KV_BF16);
-  c->k_bytes = (size_t)AT_HKV * AT_BT * ci_kv_row_bytes(&fmt, D, 0);
-  c->block_stride = 2 * c->k_bytes;
+  c->k_bytes = (size_t)AT_HKV * AT_BT * k_row;
+  c->block_stride = c->k_bytes + (size_t)AT_HKV * AT_BT * v_row;
   const size_t bytes = c->block_stride * AT_SEQS * c->per_seq;
   c->cpu_slab = calloc(1, bytes);
   c->gpu_slab = cu->ops->alloc(cu, bytes);
   c->gpu_slab_table = cu->ops->alloc(cu, sizeof(uint8_t *));
   cu->ops->upload(cu, c->gpu_slab_table, &c->gpu_slab, sizeof(uint8_t *));
+  c->cpu_signs = malloc((size_t)D * sizeof(float));
+  assert_non_null(c->cpu_signs);
+  ci_turbo_signs(3, D, c->cpu_signs);
+  c->gpu_signs = to_device(cu, c->cpu_signs, (size_t)D);
   for (int i = 0; i < AT_SEQS; i++) {
     /* blocks in reverse order inside the sequence's range, so the table matters */
     const int n_blocks = (n_pos[i] + AT_BT - 1) / AT_BT;
     for (int b = 0; b < n_blocks; b++) c->cpu_tables[i][b] = i * c->per_seq + (n_blocks - 1 - b);
     c->gpu_tables[i] = cu->ops->alloc(cu, AT_TABLE * sizeof(int32_t));
     cu->ops->upload(cu, c->gpu_tables[i], c->cpu_tables[i], AT_TABLE * sizeof(int32_t));
-    ci_paged_kv kv = {.format = fmt,
+    ci_paged_kv kv = {.format = fmt[i],
                       .block_tokens = AT_BT,
                       .n_kv_heads = AT_HKV,
                       .head_dim = D,
@@ -472,22 +495,55 @@ static void at_cache_init(at_cache *c, ci_backend *cu, int D, const int n_pos[AT
                       .block_stride = c->block_stride,
                       .k_offset = 0,
                       .v_offset = c->k_bytes,
-                      .k_row_bytes = ci_kv_row_bytes(&fmt, D, 0),
-                      .v_row_bytes = ci_kv_row_bytes(&fmt, D, 1)};
+                      .k_row_bytes = ci_kv_row_bytes(&fmt[i], D, 0),
+                      .v_row_bytes = ci_kv_row_bytes(&fmt[i], D, 1)};
     c->cpu_kv[i] = kv;
     c->cpu_kv[i].block_table = c->cpu_tables[i];
     c->cpu_kv[i].slabs = &c->cpu_slab;
+    c->cpu_kv[i].signs = c->cpu_signs;
     c->gpu_kv[i] = kv;
     c->gpu_kv[i].block_table = c->gpu_tables[i];
     c->gpu_kv[i].slabs = c->gpu_slab_table;
+    c->gpu_kv[i].signs = c->gpu_signs;
   }
+}
+
+static void at_cache_init(at_cache *c, ci_backend *cu, int D, const int n_pos[AT_SEQS],
+                          const ci_kv_format *fmt) {
+  const ci_kv_format both[AT_SEQS] = {*fmt, *fmt};
+  at_cache_init_formats(c, cu, D, n_pos, both);
 }
 
 static void at_cache_free(at_cache *c, ci_backend *cu) {
   free(c->cpu_slab);
+  free(c->cpu_signs);
   cu->ops->release(cu, c->gpu_slab);
   cu->ops->release(cu, c->gpu_slab_table);
+  cu->ops->release(cu, c->gpu_signs);
   for (int i = 0; i < AT_SEQS; i++) cu->ops->release(cu, c->gpu_tables[i]);
+}
+
+/* Bytes of the stored rows of positions [0, n_pos[i]) of every sequence that differ between the
+ * GPU's slab and the CPU's (both K and V, every head). */
+static size_t at_row_bytes_differing(ci_backend *cu, const at_cache *c, const int n_pos[AT_SEQS]) {
+  const size_t bytes = c->block_stride * AT_SEQS * c->per_seq;
+  uint8_t *host = malloc(bytes);
+  assert_non_null(host);
+  cu->ops->download(cu, host, c->gpu_slab, bytes);
+  size_t differing = 0;
+  for (int i = 0; i < AT_SEQS; i++) {
+    ci_paged_kv view = c->cpu_kv[i];
+    for (int p = 0; p < n_pos[i]; p++)
+      for (int h = 0; h < AT_HKV; h++)
+        for (int value = 0; value < 2; value++) {
+          const uint8_t *want = ci_kv_row_at(&view, value, p, h);
+          const uint8_t *got = host + (want - c->cpu_slab);
+          const size_t n = value ? view.v_row_bytes : view.k_row_bytes;
+          for (size_t b = 0; b < n; b++) differing += want[b] != got[b];
+        }
+  }
+  free(host);
+  return differing;
 }
 
 /* Runs attention for rows [first[i], first[i] + count[i]) of each sequence (count 0: none) on
@@ -536,13 +592,19 @@ static void at_run(ci_backend *be, at_cache *c, int gpu_side, const float *q_dev
   }
 }
 
-static void check_attention(ci_backend *cpu, ci_backend *cu, int D, int window, float softcap) {
+static void check_attention(ci_backend *cpu, ci_backend *cu, int D, int window, float softcap,
+                            const ci_kv_format *fmt) {
+  char name[32];
+  ci_kv_format_name(fmt, name, sizeof name);
   /* 2200 positions: the all-rows call has enough query tiles (141 x 2 KV heads) to walk the
    * splits inside each block on a 132-SM H200; the short calls below run one block per split */
-  const int n_pos[AT_SEQS] = {2200, 45}, offset[AT_SEQS] = {0, 2200}, total = 2245;
+  /* quantized KV: 600 positions give the all-rows call enough blocks to walk its splits of 256
+   * keys inside each block, while the short calls run one block per split */
+  const int long_seq = ci_kv_format_is_quantized(fmt) ? 600 : 2200;
+  const int n_pos[AT_SEQS] = {long_seq, 45}, offset[AT_SEQS] = {0, long_seq}, total = long_seq + 45;
   const int HD = AT_H * D, KD = AT_HKV * D;
   at_cache c;
-  at_cache_init(&c, cu, D, n_pos);
+  at_cache_init(&c, cu, D, n_pos, fmt);
   float *q = malloc((size_t)total * HD * 4), *k = malloc((size_t)total * KD * 4),
         *v = malloc((size_t)total * KD * 4), *want = malloc((size_t)total * HD * 4),
         *got = malloc((size_t)total * HD * 4), *got2 = malloc((size_t)total * HD * 4);
@@ -566,7 +628,7 @@ static void check_attention(ci_backend *cpu, ci_backend *cu, int D, int window, 
   int32_t *hpos_s = malloc((size_t)total * 4);
   /* store every position's K and V (both sequences in one call) */
   {
-    int32_t first_row[AT_SEQS] = {0, 2200}, n_rows[AT_SEQS] = {2200, 45};
+    int32_t first_row[AT_SEQS] = {0, long_seq}, n_rows[AT_SEQS] = {long_seq, 45};
     const ci_step_kv cs = {
         .n_seqs = AT_SEQS, .first_row = first_row, .n_rows = n_rows, .kv = c.cpu_kv};
     const ci_step_kv gs = {
@@ -574,6 +636,10 @@ static void check_attention(ci_backend *cpu, ci_backend *cu, int D, int window, 
     assert_int_equal(cpu->ops->kv_store(cpu, &cs, k, v, pos), CI_OK);
     assert_int_equal(cu->ops->kv_store(cu, &gs, dk, dv, dpos), CI_OK);
   }
+  /* the GPU encodes every codec's rows byte for byte as the CPU */
+  const size_t differing = at_row_bytes_differing(cu, &c, n_pos);
+  if (differing)
+    fail_msg("kv_store %s D %d: %zu stored bytes differ from the CPU's", name, D, differing);
   /* every row at once (prefill), against the CPU */
   const int all_first[AT_SEQS] = {0, 0};
   at_run(cpu, &c, 0, q, want, pos, offset, all_first, n_pos, window, softcap, hq_s, hout_s, hpos_s);
@@ -581,9 +647,9 @@ static void check_attention(ci_backend *cpu, ci_backend *cu, int D, int window, 
          dpos_s);
   from_device(cu, got, dout, (size_t)total * HD);
   const float diff = max_abs_diff(want, got, (size_t)total * HD);
-  printf("  attention D %3d window %3d softcap %4.1f: max |dout| vs CPU %.2e\n", D, window, softcap,
-         diff);
-  assert_true(diff <= 2e-3f);
+  printf("  attention %-12s D %3d window %3d softcap %4.1f: max |dout| vs CPU %.2e\n", name, D,
+         window, softcap, diff);
+  assert_true(diff <= ATTENTION_TOLERANCE);
   /* the same rows one at a time (decode), in chunks of 3 and 37 (prefill chunks, speculative
    * verification) and mixed with the other sequence's rows: bit-identical */
   const int chunks[] = {1, 3, 37};
@@ -606,8 +672,8 @@ static void check_attention(ci_backend *cpu, ci_backend *cu, int D, int window, 
       const int from = n_pos[i] - (i == 0 ? 260 : 40);
       const size_t at = (size_t)(offset[i] + from) * HD, n = (size_t)(n_pos[i] - from) * HD;
       if (memcmp(got + at, got2 + at, n * sizeof(float)))
-        fail_msg("attention D %d window %d: rows in chunks of %d differ from the prefill rows", D,
-                 window, chunk);
+        fail_msg("attention %s D %d window %d: rows in chunks of %d differ from the prefill rows",
+                 name, D, window, chunk);
     }
   }
   void *ptrs[] = {dq, dk, dv, dout, dq_s, dout_s, dpos, dpos_s};
@@ -625,14 +691,210 @@ static void check_attention(ci_backend *cpu, ci_backend *cu, int D, int window, 
   at_cache_free(&c, cu);
 }
 
+/* The quantized KV formats the GPU runs (every codec; bits and groups that head_dim D allows). */
+static int quantized_formats(int D, ci_kv_format out[16]) {
+  static const struct {
+    const char *codec;
+    int bits, value_bits, group;
+  } all[] = {{"affine", 8, 0, 64}, {"affine", 4, 0, 32}, {"affine", 4, 0, 128},
+             {"turbo", 4, 4, 0},   {"turbo", 4, 3, 0},   {"turbo", 3, 2, 0},
+             {"turbo", 2, 4, 0},   {"turbo-v", 8, 3, 0}, {"turbo-v", 4, 2, 0},
+             {"turbo-v", 8, 4, 0}};
+  int n = 0;
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+    ci_kv_format f;
+    if (ci_kv_format_parse(all[i].codec, all[i].bits, all[i].value_bits, all[i].group, &f))
+      fail_msg("%s", ci_last_error());
+    if (ci_kv_format_check(&f, D) == CI_OK) out[n++] = f;
+  }
+  return n;
+}
+
 static void test_attention_ops(void **state) {
   (void)state;
   ci_backend *cpu = ci_cpu_backend_create(2), *cu = gpu();
   const int dims[] = {64, 128, 256};
+  const ci_kv_format bf16 = ci_kv_format_plain(CI_KV_BF16);
   for (int d = 0; d < 3; d++) {
-    check_attention(cpu, cu, dims[d], 0, 0.0f);
-    check_attention(cpu, cu, dims[d], 300, 0.0f);
-    check_attention(cpu, cu, dims[d], 0, 30.0f);
+    check_attention(cpu, cu, dims[d], 0, 0.0f, &bf16);
+    check_attention(cpu, cu, dims[d], 300, 0.0f, &bf16);
+    check_attention(cpu, cu, dims[d], 0, 30.0f, &bf16);
+  }
+  cu->ops->destroy(cu);
+  cpu->ops->destroy(cpu);
+}
+
+/* kv_store + attention for every quantized codec against the CPU: the stored bytes identical,
+ * the outputs within ATTENTION_TOLERANCE (the rows decode to the same values on both; only the
+ * summation order and the group-sum form of the affine bias differ), and rows bit-identical in
+ * every launch mode (prefill, decode, chunks, mixed with the other sequence). */
+static void test_quantized_attention(void **state) {
+  (void)state;
+  ci_backend *cpu = ci_cpu_backend_create(2), *cu = gpu();
+  const int dims[] = {32, 64, 128, 256};
+  for (int d = 0; d < 4; d++) {
+    ci_kv_format formats[16];
+    const int n = quantized_formats(dims[d], formats);
+    for (int f = 0; f < n; f++) check_attention(cpu, cu, dims[d], 0, 0.0f, &formats[f]);
+  }
+  ci_kv_format turbo;
+  assert_int_equal(ci_kv_format_parse("turbo", 4, 3, 0, &turbo), CI_OK);
+  check_attention(cpu, cu, 128, 300, 0.0f, &turbo);
+  check_attention(cpu, cu, 128, 0, 30.0f, &turbo);
+  ci_kv_format affine;
+  assert_int_equal(ci_kv_format_parse("affine", 4, 0, 64, &affine), CI_OK);
+  check_attention(cpu, cu, 128, 300, 30.0f, &affine);
+  cu->ops->destroy(cu);
+  cpu->ops->destroy(cpu);
+}
+
+/* Stores n_pos random positions per sequence in c on both backends (same values). */
+static void at_fill(ci_backend *cpu, ci_backend *cu, at_cache *c, const int n_pos[AT_SEQS]) {
+  const int KD = AT_HKV * c->D, total = n_pos[0] + n_pos[1];
+  float *k = malloc((size_t)total * KD * 4), *v = malloc((size_t)total * KD * 4);
+  int32_t pos[2 * AT_TABLE * AT_BT];
+  assert_true(total <= 2 * AT_TABLE * AT_BT);
+  for (size_t i = 0; i < (size_t)total * KD; i++) {
+    k[i] = frand() * 2 + 0.25f;
+    v[i] = frand();
+  }
+  for (int i = 0, r = 0; i < AT_SEQS; i++)
+    for (int p = 0; p < n_pos[i]; p++) pos[r++] = p;
+  float *dk = to_device(cu, k, (size_t)total * KD), *dv = to_device(cu, v, (size_t)total * KD);
+  int32_t *dpos = cu->ops->alloc(cu, (size_t)total * 4);
+  cu->ops->upload(cu, dpos, pos, (size_t)total * 4);
+  int32_t first_row[AT_SEQS] = {0, n_pos[0]}, n_rows[AT_SEQS] = {n_pos[0], n_pos[1]};
+  const ci_step_kv cs = {
+      .n_seqs = AT_SEQS, .first_row = first_row, .n_rows = n_rows, .kv = c->cpu_kv};
+  const ci_step_kv gs = {
+      .n_seqs = AT_SEQS, .first_row = first_row, .n_rows = n_rows, .kv = c->gpu_kv};
+  assert_int_equal(cpu->ops->kv_store(cpu, &cs, k, v, pos), CI_OK);
+  assert_int_equal(cu->ops->kv_store(cu, &gs, dk, dv, dpos), CI_OK);
+  cu->ops->release(cu, dk);
+  cu->ops->release(cu, dv);
+  cu->ops->release(cu, dpos);
+  free(k);
+  free(v);
+}
+
+/* Converts every block of both sequences of `from` into `to` (same geometry) on both backends. */
+static void at_convert(ci_backend *cpu, ci_backend *cu, const at_cache *from, const at_cache *to,
+                       const int n_pos[AT_SEQS]) {
+  for (int i = 0; i < AT_SEQS; i++)
+    for (int b = 0; b * AT_BT < n_pos[i]; b++) {
+      const int live = n_pos[i] - b * AT_BT < AT_BT ? n_pos[i] - b * AT_BT : AT_BT;
+      assert_int_equal(cpu->ops->kv_convert_block(cpu, &from->cpu_kv[i], from->cpu_tables[i][b],
+                                                  &to->cpu_kv[i], to->cpu_tables[i][b], live),
+                       CI_OK);
+      assert_int_equal(cu->ops->kv_convert_block(cu, &from->gpu_kv[i], from->cpu_tables[i][b],
+                                                 &to->gpu_kv[i], to->cpu_tables[i][b], live),
+                       CI_OK);
+    }
+}
+
+/* kv_convert_block on the GPU byte-identical to the CPU's: bf16 -> every codec (delayed
+ * conversion, partial last blocks included), codec -> itself (copy-on-write) and codec -> bf16. */
+static void test_kv_convert(void **state) {
+  (void)state;
+  ci_backend *cpu = ci_cpu_backend_create(2), *cu = gpu();
+  const int n_pos[AT_SEQS] = {45, 16};
+  const int dims[] = {32, 64, 128};
+  const ci_kv_format bf16 = ci_kv_format_plain(CI_KV_BF16);
+  for (int d = 0; d < 3; d++) {
+    const int D = dims[d];
+    ci_kv_format formats[16];
+    const int n = quantized_formats(D, formats);
+    at_cache base;
+    at_cache_init(&base, cu, D, n_pos, &bf16);
+    at_fill(cpu, cu, &base, n_pos);
+    assert_int_equal(at_row_bytes_differing(cu, &base, n_pos), 0);
+    for (int f = 0; f < n; f++) {
+      char name[32];
+      ci_kv_format_name(&formats[f], name, sizeof name);
+      at_cache q, copy, back;
+      at_cache_init(&q, cu, D, n_pos, &formats[f]);
+      at_cache_init(&copy, cu, D, n_pos, &formats[f]);
+      at_cache_init(&back, cu, D, n_pos, &bf16);
+      at_convert(cpu, cu, &base, &q, n_pos);
+      at_convert(cpu, cu, &q, &copy, n_pos);
+      at_convert(cpu, cu, &q, &back, n_pos);
+      const size_t to_codec = at_row_bytes_differing(cu, &q, n_pos),
+                   to_itself = at_row_bytes_differing(cu, &copy, n_pos),
+                   to_bf16 = at_row_bytes_differing(cu, &back, n_pos);
+      printf("  kv_convert_block D %3d bf16 -> %-12s: %zu bytes differ from the CPU; -> itself "
+             "%zu; -> bf16 %zu\n",
+             D, name, to_codec, to_itself, to_bf16);
+      if (to_codec || to_itself || to_bf16)
+        fail_msg("kv_convert_block %s D %d differs from the CPU", name, D);
+      at_cache_free(&q, cu);
+      at_cache_free(&copy, cu);
+      at_cache_free(&back, cu);
+    }
+    at_cache_free(&base, cu);
+  }
+  cu->ops->destroy(cu);
+  cpu->ops->destroy(cpu);
+}
+
+/* Sequences of different codecs in one attention call: each one's rows bit-identical to a call
+ * of that sequence alone. */
+static void check_mixed(ci_backend *cpu, ci_backend *cu, int D, const ci_kv_format fmt[AT_SEQS]) {
+  const int n_pos[AT_SEQS] = {300, 77}, offset[AT_SEQS] = {0, 300}, total = 377;
+  const int HD = AT_H * D;
+  at_cache c;
+  at_cache_init_formats(&c, cu, D, n_pos, fmt);
+  at_fill(cpu, cu, &c, n_pos);
+  float *q = malloc((size_t)total * HD * 4), *together = malloc((size_t)total * HD * 4),
+        *alone = malloc((size_t)total * HD * 4);
+  int32_t pos[377];
+  for (size_t i = 0; i < (size_t)total * HD; i++) q[i] = frand() * 2;
+  for (int i = 0; i < AT_SEQS; i++)
+    for (int p = 0; p < n_pos[i]; p++) pos[offset[i] + p] = p;
+  float *dq = to_device(cu, q, (size_t)total * HD),
+        *dout = cu->ops->alloc(cu, (size_t)total * HD * 4),
+        *dq_s = cu->ops->alloc(cu, (size_t)total * HD * 4),
+        *dout_s = cu->ops->alloc(cu, (size_t)total * HD * 4);
+  int32_t *dpos = cu->ops->alloc(cu, (size_t)total * 4),
+          *dpos_s = cu->ops->alloc(cu, (size_t)total * 4);
+  cu->ops->upload(cu, dpos, pos, (size_t)total * 4);
+  const int first[AT_SEQS] = {0, 0}, none[AT_SEQS] = {0, 0};
+  /* both sequences, every row, one call; then the last rows of both as one decode step */
+  at_run(cu, &c, 1, dq, dout, dpos, offset, first, n_pos, 0, 0.0f, dq_s, dout_s, dpos_s);
+  from_device(cu, together, dout, (size_t)total * HD);
+  for (int i = 0; i < AT_SEQS; i++) {
+    int count[AT_SEQS];
+    memcpy(count, none, sizeof count);
+    count[i] = n_pos[i];
+    cu->ops->fill(cu, dout, NAN, (int64_t)total * HD);
+    at_run(cu, &c, 1, dq, dout, dpos, offset, first, count, 0, 0.0f, dq_s, dout_s, dpos_s);
+    from_device(cu, alone, dout, (size_t)total * HD);
+    const size_t at = (size_t)offset[i] * HD, n = (size_t)n_pos[i] * HD;
+    char name[32];
+    ci_kv_format_name(&fmt[i], name, sizeof name);
+    if (memcmp(together + at, alone + at, n * sizeof(float)))
+      fail_msg("mixed codecs D %d: the %s sequence's rows differ from its solo call", D, name);
+    printf("  mixed codecs D %3d: %-12s rows bit-identical to its solo call\n", D, name);
+  }
+  void *ptrs[] = {dq, dout, dq_s, dout_s, dpos, dpos_s};
+  for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) cu->ops->release(cu, ptrs[i]);
+  free(q);
+  free(together);
+  free(alone);
+  at_cache_free(&c, cu);
+}
+
+static void test_mixed_codecs(void **state) {
+  (void)state;
+  ci_backend *cpu = ci_cpu_backend_create(2), *cu = gpu();
+  ci_kv_format turbo, affine, turbo_v;
+  assert_int_equal(ci_kv_format_parse("turbo", 4, 3, 0, &turbo), CI_OK);
+  assert_int_equal(ci_kv_format_parse("affine", 8, 0, 64, &affine), CI_OK);
+  assert_int_equal(ci_kv_format_parse("turbo-v", 8, 3, 0, &turbo_v), CI_OK);
+  const ci_kv_format bf16 = ci_kv_format_plain(CI_KV_BF16);
+  const ci_kv_format pairs[][AT_SEQS] = {{turbo, affine}, {bf16, turbo_v}, {affine, bf16}};
+  for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+    check_mixed(cpu, cu, 128, pairs[i]);
+    check_mixed(cpu, cu, 64, pairs[i]);
   }
   cu->ops->destroy(cu);
   cpu->ops->destroy(cpu);
@@ -958,10 +1220,13 @@ static float run_chunks(ci_model *model, ci_kv_codec codec, const int32_t *ids, 
   return diff;
 }
 
-/* Decode steps of n_seq sequences batched equal their solo runs bit for bit; steady-state
- * batched steps allocate nothing. */
+/* Decode steps of n_seq sequences batched equal their solo runs bit for bit, every other
+ * sequence in TurboQuant KV (mixed codecs in one batch); steady-state batched steps allocate
+ * nothing. */
 static void check_batch_invariance(ci_model *model, const char *name, int n_seq) {
   const int V = model->spec.vocab, steps = 4;
+  ci_kv_format turbo;
+  assert_int_equal(ci_kv_format_parse("turbo", 4, 3, 0, &turbo), CI_OK);
   ci_kv_cache *cache = new_cache(model, CI_KV_BF16);
   ci_kv_seq **solo = calloc((size_t)n_seq, sizeof *solo),
             **batch = calloc((size_t)n_seq, sizeof *batch);
@@ -974,6 +1239,10 @@ static void check_batch_invariance(ci_model *model, const char *name, int n_seq)
     int32_t prompt[64];
     const int n = 5 + (i * 7) % 40;
     for (int t = 0; t < n; t++) prompt[t] = (int32_t)((t * 29 + i * 13 + 1) % V);
+    if (i % 2) { /* every other sequence in TurboQuant: codecs mixed in one batch */
+      assert_int_equal(ci_kv_seq_set_plan(solo[i], &turbo, 0), CI_OK);
+      assert_int_equal(ci_kv_seq_set_plan(batch[i], &turbo, 0), CI_OK);
+    }
     assert_int_equal(ci_model_forward(model, solo[i], prompt, n, NULL, 0), CI_OK);
     assert_int_equal(ci_model_forward(model, batch[i], prompt, n, NULL, 0), CI_OK);
     next[i] = (int32_t)((i * 7 + 3) % V);
@@ -997,8 +1266,8 @@ static void check_batch_invariance(ci_model *model, const char *name, int n_seq)
     }
   }
   const int64_t extra = model->be->ops->allocation_count(model->be) - allocations;
-  printf("  %-14s batch %3d: bit-identical to solo over %d greedy steps; %lld allocations in "
-         "the last steps\n",
+  printf("  %-14s batch %3d (bf16 and turbo:4,3 KV mixed): bit-identical to solo over %d greedy "
+         "steps; %lld allocations in the last steps\n",
          name, n_seq, steps, (long long)extra);
   assert_int_equal(extra, 0);
   for (int i = 0; i < n_seq; i++) {
@@ -1117,17 +1386,114 @@ static void test_fixtures(void **state) {
   assert_int_equal(failures, 0);
 }
 
+/* ==== KV codecs on a model: KL against bf16 KV no worse than the CPU's ==== */
+
+/* Logits of every position of ids fed one token per step, the sequence converting to fmt after
+ * its first token (NULL: bf16 throughout). */
+static void codec_logits(ci_model *model, const ci_kv_format *fmt, const int32_t *ids, int n,
+                         float *logits) {
+  const int V = model->spec.vocab;
+  ci_kv_cache *cache = new_cache(model, CI_KV_BF16);
+  ci_kv_seq *seq = ci_kv_seq_create(cache);
+  if (!seq) fail_msg("kv sequence: %s", ci_last_error());
+  if (fmt && ci_kv_seq_set_plan(seq, fmt, 0)) fail_msg("kv plan: %s", ci_last_error());
+  for (int t = 0; t < n; t++)
+    if (ci_model_forward(model, seq, ids + t, 1, logits + (size_t)t * V, 1))
+      fail_msg("forward: %s", ci_last_error());
+  ci_kv_seq_free(seq);
+  assert_int_equal(ci_kv_cache_blocks_used(cache), 0);
+  ci_kv_cache_free(cache);
+}
+
+/* Mean over positions of KL(softmax(p) || softmax(q)), in nats. */
+static double mean_kl(const float *p, const float *q, int n, int V) {
+  double total = 0.0;
+  for (int t = 0; t < n; t++) {
+    const float *a = p + (size_t)t * V, *b = q + (size_t)t * V;
+    double ma = a[0], mb = b[0], za = 0.0, zb = 0.0, kl = 0.0;
+    for (int v = 1; v < V; v++) {
+      if (a[v] > ma) ma = a[v];
+      if (b[v] > mb) mb = b[v];
+    }
+    for (int v = 0; v < V; v++) {
+      za += exp(a[v] - ma);
+      zb += exp(b[v] - mb);
+    }
+    for (int v = 0; v < V; v++) {
+      const double la = a[v] - ma - log(za), lb = b[v] - mb - log(zb);
+      kl += exp(la) * (la - lb);
+    }
+    total += kl;
+  }
+  return total / n;
+}
+
+/* Each quantized codec's KL against bf16 KV on the GPU is no worse than on the CPU. Both engines
+ * store the same codes for the same K and V, but their K and V differ in the last bits (the GPU's
+ * matmul inputs carry ~16 mantissa bits), so a few codes near a rounding boundary land on the
+ * other side: the GPU's KL may exceed the CPU's by KL_SLACK relative plus KL_FLOOR absolute. */
+static const double KL_SLACK = 0.25, KL_FLOOR = 1e-4;
+
+static void test_codec_kl(void **state) {
+  (void)state;
+  const char *fixtures[] = {"qwen3", "mistral"};
+  static const struct {
+    const char *codec;
+    int bits, value_bits, group;
+  } codecs[] = {{"affine", 8, 0, 32}, {"affine", 4, 0, 32}, {"turbo", 4, 4, 0},
+                {"turbo", 4, 3, 0},   {"turbo", 3, 3, 0},   {"turbo-v", 8, 3, 0}};
+  ci_backend *cpu = ci_cpu_backend_create(2), *cu = gpu();
+  for (size_t fi = 0; fi < sizeof fixtures / sizeof fixtures[0]; fi++) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/%s", CI_FIXTURE_DIR, fixtures[fi]);
+    ci_model *on_cpu = ci_model_load(dir, cpu), *on_gpu = ci_model_load(dir, cu);
+    if (!on_cpu || !on_gpu) fail_msg("load %s: %s", dir, ci_last_error());
+    int n;
+    int32_t *ids = fixture_read_ids(dir, &n);
+    const int V = on_cpu->spec.vocab;
+    float *cpu_ref = malloc((size_t)n * V * 4), *gpu_ref = malloc((size_t)n * V * 4),
+          *cpu_q = malloc((size_t)n * V * 4), *gpu_q = malloc((size_t)n * V * 4);
+    codec_logits(on_cpu, NULL, ids, n, cpu_ref);
+    codec_logits(on_gpu, NULL, ids, n, gpu_ref);
+    for (size_t c = 0; c < sizeof codecs / sizeof codecs[0]; c++) {
+      ci_kv_format f;
+      assert_int_equal(ci_kv_format_parse(codecs[c].codec, codecs[c].bits, codecs[c].value_bits,
+                                          codecs[c].group, &f),
+                       CI_OK);
+      char name[32];
+      ci_kv_format_name(&f, name, sizeof name);
+      codec_logits(on_cpu, &f, ids, n, cpu_q);
+      codec_logits(on_gpu, &f, ids, n, gpu_q);
+      const double kl_cpu = mean_kl(cpu_ref, cpu_q, n, V), kl_gpu = mean_kl(gpu_ref, gpu_q, n, V);
+      printf("  %-8s kv %-12s: KL vs bf16 KV %.3e on the GPU, %.3e on the CPU\n", fixtures[fi],
+             name, kl_gpu, kl_cpu);
+      if (!(kl_gpu <= kl_cpu * (1.0 + KL_SLACK) + KL_FLOOR))
+        fail_msg("%s kv %s: KL on the GPU %.3e is worse than the CPU's %.3e", fixtures[fi], name,
+                 kl_gpu, kl_cpu);
+    }
+    free(cpu_ref);
+    free(gpu_ref);
+    free(cpu_q);
+    free(gpu_q);
+    free(ids);
+    ci_model_free(on_cpu);
+    ci_model_free(on_gpu);
+  }
+  cu->ops->destroy(cu);
+  cpu->ops->destroy(cpu);
+}
+
 int main(void) {
   if (ci_cuda_device_count() < 1) {
     fprintf(stderr, "test_cuda: no CUDA GPU visible (run it on a GPU machine)\n");
     return 1;
   }
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_elementwise_ops),
-                                     cmocka_unit_test(test_attention_ops),
-                                     cmocka_unit_test(test_deltanet_ops),
-                                     cmocka_unit_test(test_matmul_ops),
-                                     cmocka_unit_test(test_affine_matmul_ops),
-                                     cmocka_unit_test(test_matmul_batch_invariance),
-                                     cmocka_unit_test(test_fixtures)};
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_elementwise_ops),   cmocka_unit_test(test_attention_ops),
+      cmocka_unit_test(test_deltanet_ops),      cmocka_unit_test(test_quantized_attention),
+      cmocka_unit_test(test_kv_convert),        cmocka_unit_test(test_mixed_codecs),
+      cmocka_unit_test(test_codec_kl),          cmocka_unit_test(test_matmul_ops),
+      cmocka_unit_test(test_affine_matmul_ops), cmocka_unit_test(test_matmul_batch_invariance),
+      cmocka_unit_test(test_fixtures)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

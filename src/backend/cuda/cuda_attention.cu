@@ -1,37 +1,46 @@
 /* The CUDA backend's paged KV: kv_store writes a step's K and V rows into each sequence's
- * blocks, attention reads them back through the block table. bf16 and f32 KV (the quantized
- * codecs come with the GPU KV codecs). Sequences sharing a KV layout (codec, pool, layer offsets)
- * go in one launch; their block-table pointers and row ranges travel as kernel parameters.
+ * blocks, attention reads them back through the block table, kv_convert_block re-encodes a block
+ * (delayed conversion, copy-on-write). Every KV codec: bf16 and f32 rows are written and read
+ * here; quantized rows (affine, TurboQuant, turbo-v) are encoded here with the CPU's exact rule
+ * (cuda_kv_codec.cuh) and attended by cuda_kv_attention.cu. Sequences sharing a KV layout (codec,
+ * pool, layer offsets) go in one launch; their block-table pointers and row ranges travel as
+ * kernel parameters, so a batch mixing codecs runs one launch per codec.
  *
  * Attention over bf16 KV with head_dim 64 or 128 runs the tensor-core kernel of
- * cuda_flash_attention.cu (the launch is planned here, per group). Other layouts run one block of
- * four warps per (query row, query head): each warp takes chunks of
+ * cuda_flash_attention.cu (the launch is planned here, per group). Other bf16/f32 layouts run one
+ * block of four warps per (query row, query head): each warp takes chunks of
  * 32 keys in turn (one key per lane for the scores, then every lane's output dims over the
  * chunk's keys in order) with an online softmax in f32, and the warps merge in a fixed order, so
  * a row's result depends on its own sequence only (batch invariance). Sliding windows start at p -
  * W + 1; logit softcaps apply to the scaled score before the softmax. */
-#include "backend/cuda/cuda_internal.h"
-
-extern "C" {
-#include "tensor/kv_format.h"
-}
+#include "backend/cuda/cuda_kv_codec.cuh"
 
 #include <string.h>
 
-enum { MAX_SEQS = CI_CUDA_MAX_SEQS, WARPS = 4, MAX_D = 512 };
+enum { MAX_SEQS = CI_CUDA_MAX_SEQS, WARPS = 4, MAX_D = CI_CUDA_KV_MAX_D };
 
 typedef ci_cuda_kv_layout kv_layout;
 typedef ci_cuda_seq_group seq_group;
 typedef ci_cuda_attention_params attention_params;
 
 static int layout_of(const ci_paged_kv *kv, kv_layout *out) {
-  if (kv->format.codec != CI_KV_BF16 && kv->format.codec != CI_KV_F32) {
-    char name[64];
-    ci_kv_format_name(&kv->format, name, sizeof name);
-    return ci_fail("the CUDA backend does not run the %s KV codec yet (use --kv-codec bf16 or "
-                   "--device cpu)",
-                   name);
-  }
+  if (kv->format.codec < 0 || kv->format.codec >= CI_KV_CODEC_COUNT)
+    return ci_fail("the CUDA backend: unknown KV codec %d", (int)kv->format.codec);
+  const int D = kv->head_dim, codec = (int)kv->format.codec;
+  const int grouped = codec == CI_KV_AFFINE || codec == CI_KV_TURBO_V;
+  const int rotated = codec == CI_KV_TURBO || codec == CI_KV_TURBO_V;
+  /* the cache checked the format; a bad one here (a hand-built view) is named, never run */
+  if ((grouped && (kv->format.group_size <= 0 || D % kv->format.group_size)) ||
+      (rotated && (D < 2 || (D & (D - 1)))) ||
+      (ci_kv_format_is_quantized(&kv->format) && ci_kv_row_bytes(&kv->format, D, 0) == 0))
+    return ci_kv_format_check(&kv->format, D) ? CI_ERR
+                                              : ci_fail("the CUDA backend: a malformed KV format");
+  if (kv->k_row_bytes != ci_kv_row_bytes(&kv->format, D, 0) ||
+      kv->v_row_bytes != ci_kv_row_bytes(&kv->format, D, 1))
+    return ci_fail("the CUDA backend: KV rows of %zu/%zu bytes do not match their codec",
+                   kv->k_row_bytes, kv->v_row_bytes);
+  if (rotated && !kv->signs)
+    return ci_fail("the CUDA backend: a TurboQuant KV layer without its sign vector");
   if (kv->head_dim > MAX_D)
     return ci_fail("the CUDA backend supports head_dim up to %d (this model: %d)", MAX_D,
                    kv->head_dim);
@@ -47,6 +56,11 @@ static int layout_of(const ci_paged_kv *kv, kv_layout *out) {
   out->n_kv_heads = kv->n_kv_heads;
   out->head_dim = kv->head_dim;
   out->f32 = kv->format.codec == CI_KV_F32;
+  out->codec = (int)kv->format.codec;
+  out->k_bits = kv->format.k_bits;
+  out->v_bits = kv->format.v_bits;
+  out->group = kv->format.group_size;
+  out->signs = rotated ? kv->signs : NULL;
   return CI_OK;
 }
 
@@ -56,23 +70,15 @@ static int layout_equal(const kv_layout *a, const kv_layout *b) {
 
 __device__ static inline uint8_t *row_address(const kv_layout &L, int value, int32_t block,
                                               int64_t slot, int head) {
-  return L.slabs[block / L.blocks_per_slab] +
-         (int64_t)(block % L.blocks_per_slab) * L.block_stride + (value ? L.v_offset : L.k_offset) +
-         ((int64_t)head * L.block_tokens + slot) * (value ? L.v_row_bytes : L.k_row_bytes);
+  return ci_kv_dev_row(L, value, block, slot, head);
 }
 
 __device__ static inline float load_kv(const kv_layout &L, const uint8_t *row, int d) {
   return L.f32 ? ((const float *)row)[d] : __bfloat162float(((const __nv_bfloat16 *)row)[d]);
 }
 
-/* The launch's sequence of block x: the sequences starting at or before row x, counted by one
- * ballot per 32 sequences (every lane of the warp must call it). */
 __device__ static inline int seq_of(const seq_group *g, int x) {
-  static_assert(MAX_SEQS <= 64, "two ballots cover the sequences of a launch");
-  const int lane = threadIdx.x & 31;
-  const int a = lane < g->n && g->row_start[lane] <= x;
-  const int b = lane + 32 < g->n && g->row_start[lane + 32] <= x;
-  return __popc(__ballot_sync(0xffffffffu, a)) + __popc(__ballot_sync(0xffffffffu, b)) - 1;
+  return ci_kv_dev_seq_of(g, x);
 }
 
 /* ==== kv_store ==== */
@@ -103,6 +109,27 @@ __global__ static void kv_store_kernel(kv_layout L, const seq_group *g, const fl
       ((__nv_bfloat16 *)vr)[d] = __float2bfloat16_rn(vs[d]);
     }
   }
+}
+
+/* Quantized rows: one block of two warps per (row, KV head); lane 0 of warp 0 encodes the K
+ * row, lane 0 of warp 1 the V row, each with the CPU's sequential rule (cuda_kv_codec.cuh). */
+__global__ static void kv_store_quant_kernel(kv_layout L, const seq_group *g, const float *k,
+                                             const float *v, const int32_t *pos, int *error_flag) {
+  const int s = seq_of(g, blockIdx.x);
+  const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
+  const int h = blockIdx.y;
+  if (threadIdx.x % 32 != 0) return;
+  const int value = threadIdx.x / 32;
+  const int width = L.n_kv_heads * L.head_dim;
+  const int64_t p = pos[row];
+  const int64_t entry = p / L.block_tokens;
+  const int32_t block = p >= 0 && entry < g->n_entries[s] ? g->table[s][entry] : -1;
+  if (block < 0) {
+    *error_flag = 1;
+    return;
+  }
+  const float *x = (value ? v : k) + (int64_t)row * width + (int64_t)h * L.head_dim;
+  ci_kv_dev_encode_row(L, value, x, row_address(L, value, block, p % L.block_tokens, h));
 }
 
 /* Copies the group to the device (the step's staging ring) and calls launch(layout, host group,
@@ -185,8 +212,13 @@ int ci_cuda_kv_store(ci_cuda *cu, const ci_step_kv *seqs, const float *k, const 
 
 void ci_cuda_kv_store_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
   const dim3 grid((unsigned)cmd->a.kv.total_rows, (unsigned)cmd->a.kv.layout.n_kv_heads);
-  kv_store_kernel<<<grid, 128, 0, cu->stream>>>(cmd->a.kv.layout, cmd->a.kv.group, cmd->a.kv.k,
-                                                cmd->a.kv.v, cmd->a.kv.pos, cu->error_flag);
+  const int codec = cmd->a.kv.layout.codec;
+  if (codec == CI_KV_BF16 || codec == CI_KV_F32)
+    kv_store_kernel<<<grid, 128, 0, cu->stream>>>(cmd->a.kv.layout, cmd->a.kv.group, cmd->a.kv.k,
+                                                  cmd->a.kv.v, cmd->a.kv.pos, cu->error_flag);
+  else
+    kv_store_quant_kernel<<<grid, 64, 0, cu->stream>>>(
+        cmd->a.kv.layout, cmd->a.kv.group, cmd->a.kv.k, cmd->a.kv.v, cmd->a.kv.pos, cu->error_flag);
   ci_cuda_check_launch(cu, "kv_store");
 }
 
@@ -328,13 +360,16 @@ int ci_cuda_attention(ci_cuda *cu, const ci_attention_args *args) {
               &L, &host, a.n_heads,
               ci_cuda_flash_warps(a.n_heads, L.n_kv_heads, max_rows_per_seq(args->seqs)), cu->n_sms,
               cu->input_planes == 2, &cmd.a.kv.plan);
+        } else if (L.codec != CI_KV_BF16 && L.codec != CI_KV_F32) {
+          ci_cuda_kv_attention_plan(&L, &host, a.n_heads, cu->n_sms, &cmd.a.kv.plan);
         }
         return ci_cuda_emit(cu, &cmd);
       });
 }
 
-void ci_cuda_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
+int ci_cuda_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
   const kv_layout &L = cmd->a.kv.layout;
+  if (L.codec != CI_KV_BF16 && L.codec != CI_KV_F32) return ci_cuda_kv_attention_launch(cu, cmd);
   const attention_params &a = cmd->a.kv.att;
   const seq_group *g = cmd->a.kv.group;
   dim3 grid((unsigned)cmd->a.kv.total_rows, (unsigned)a.n_heads);
@@ -349,7 +384,7 @@ void ci_cuda_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
     attention_kernel<8><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
   else
     attention_kernel<16><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
-  ci_cuda_check_launch(cu, "attention");
+  return ci_cuda_check_launch(cu, "attention");
 }
 
 /* ==== conversion ==== */
@@ -373,6 +408,21 @@ __global__ static void convert_block_kernel(kv_layout from, int32_t from_block, 
   }
 }
 
+/* Any codec on either side: one thread per stored row decodes it to f32 and encodes it again,
+ * as the CPU does (cuda_kv_codec.cuh), so the block is byte-identical to the CPU's. */
+__global__ static void convert_rows_kernel(kv_layout from, int32_t from_block, kv_layout to,
+                                           int32_t to_block, int live_tokens) {
+  const int64_t n = (int64_t)from.n_kv_heads * live_tokens * 2;
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int t = (int)(i % live_tokens);
+  const int h = (int)(i / live_tokens % from.n_kv_heads);
+  const int value = (int)(i / live_tokens / from.n_kv_heads);
+  float x[MAX_D];
+  ci_kv_dev_decode_row(from, value, row_address(from, value, from_block, t, h), x);
+  ci_kv_dev_encode_row(to, value, x, row_address(to, value, to_block, t, h));
+}
+
 int ci_cuda_kv_convert_block(ci_cuda *cu, const ci_paged_kv *src, int32_t src_block,
                              const ci_paged_kv *dst, int32_t dst_block, int live_tokens) {
   kv_layout from, to;
@@ -380,6 +430,54 @@ int ci_cuda_kv_convert_block(ci_cuda *cu, const ci_paged_kv *src, int32_t src_bl
   if (from.head_dim != to.head_dim || from.n_kv_heads != to.n_kv_heads)
     return ci_fail("kv conversion: mismatched geometry");
   if (live_tokens <= 0) return CI_OK;
-  convert_block_kernel<<<64, 256, 0, cu->stream>>>(from, src_block, to, dst_block, live_tokens);
+  if (live_tokens > from.block_tokens || live_tokens > to.block_tokens)
+    return ci_fail("kv conversion: %d live tokens in a block of %d", live_tokens,
+                   from.block_tokens < to.block_tokens ? from.block_tokens : to.block_tokens);
+  const int plain = (from.codec == CI_KV_BF16 || from.codec == CI_KV_F32) &&
+                    (to.codec == CI_KV_BF16 || to.codec == CI_KV_F32);
+  if (plain) {
+    convert_block_kernel<<<64, 256, 0, cu->stream>>>(from, src_block, to, dst_block, live_tokens);
+  } else {
+    const int64_t rows = (int64_t)from.n_kv_heads * live_tokens * 2;
+    convert_rows_kernel<<<(unsigned)((rows + 63) / 64), 64, 0, cu->stream>>>(
+        from, src_block, to, dst_block, live_tokens);
+  }
   return ci_cuda_check_launch(cu, "kv_convert_block");
+}
+
+/* ==== the codec on the host (tests without a GPU) ==== */
+
+static int host_layout(const ci_kv_format *f, const float *signs, int head_dim, kv_layout *L) {
+  if (head_dim < 1 || head_dim > MAX_D)
+    return ci_fail("the CUDA KV codec runs head_dim 1..%d (got %d)", MAX_D, head_dim);
+  if (ci_kv_format_check(f, head_dim)) return CI_ERR;
+  if ((f->codec == CI_KV_TURBO || f->codec == CI_KV_TURBO_V) && !signs)
+    return ci_fail("a TurboQuant row needs its sign vector");
+  memset(L, 0, sizeof *L);
+  L->head_dim = head_dim;
+  L->f32 = f->codec == CI_KV_F32;
+  L->codec = (int)f->codec;
+  L->k_bits = f->k_bits;
+  L->v_bits = f->v_bits;
+  L->group = f->group_size;
+  L->signs = signs;
+  return CI_OK;
+}
+
+extern "C" int ci_cuda_kv_encode_row_host(const ci_kv_format *f, int value, const float *signs,
+                                          const float *x, int head_dim, void *row) {
+  kv_layout L;
+  memset(&L, 0, sizeof L);
+  if (host_layout(f, signs, head_dim, &L)) return CI_ERR;
+  ci_kv_dev_encode_row(L, value, x, (uint8_t *)row);
+  return CI_OK;
+}
+
+extern "C" int ci_cuda_kv_decode_row_host(const ci_kv_format *f, int value, const float *signs,
+                                          const void *row, int head_dim, float *x) {
+  kv_layout L;
+  memset(&L, 0, sizeof L);
+  if (host_layout(f, signs, head_dim, &L)) return CI_ERR;
+  ci_kv_dev_decode_row(L, value, (const uint8_t *)row, x);
+  return CI_OK;
 }

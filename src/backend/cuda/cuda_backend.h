@@ -1,5 +1,5 @@
 /* The CUDA backend: implements the op table of tensor/backend.h on one NVIDIA GPU (bf16, f16
- * and f32 weights; bf16 and f32 KV). Built only when nvcc is present (CINFER_CUDA). */
+ * and f32 weights; every KV codec). Built only when nvcc is present (CINFER_CUDA). */
 #ifndef CI_BACKEND_CUDA_CUDA_BACKEND_H
 #define CI_BACKEND_CUDA_CUDA_BACKEND_H
 
@@ -38,6 +38,15 @@ int ci_cuda_device_memory(int gpu, size_t *free_bytes, size_t *total_bytes);
 
 /* Bytes of device memory free and in total on the backend's GPU. */
 int ci_cuda_memory_info(ci_backend *be, size_t *free_bytes, size_t *total_bytes);
+
+/* The GPU's KV row encoder and decoder (kv_store, kv_convert_block) run on the host: the same
+ * codec code the kernels compile, for tests on machines without a GPU (the kernels differ only in
+ * rounding each operation explicitly). Arguments as ci_kv_encode_row / ci_kv_decode_row; D at
+ * most 512. Returns CI_OK, or CI_ERR naming a format or D the GPU does not run. */
+int ci_cuda_kv_encode_row_host(const ci_kv_format *f, int value, const float *signs, const float *x,
+                               int head_dim, void *row);
+int ci_cuda_kv_decode_row_host(const ci_kv_format *f, int value, const float *signs,
+                               const void *row, int head_dim, float *x);
 
 #ifdef __cplusplus
 }

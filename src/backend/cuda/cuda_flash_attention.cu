@@ -455,7 +455,7 @@ __global__ static void flash_merge_kernel(const seq_group *g, attention_params a
 }
 
 int ci_cuda_flash_supported(const kv_layout *L, int n_heads) {
-  if (L->f32 || (L->head_dim != 64 && L->head_dim != 128)) return 0;
+  if (L->codec != CI_KV_BF16 || (L->head_dim != 64 && L->head_dim != 128)) return 0;
   if (n_heads % L->n_kv_heads) return 0;
   const int group = n_heads / L->n_kv_heads;
   return group <= 16 && 16 % group == 0;

@@ -151,8 +151,7 @@ int ci_cuda_execute(ci_cuda *cu, const ci_cuda_cmd *c) {
     return CI_OK;
   case CMD_ATTENTION:
     if (c->a.kv.flash) return ci_cuda_flash_launch(cu, c);
-    ci_cuda_attention_launch(cu, c);
-    return CI_OK;
+    return ci_cuda_attention_launch(cu, c);
   case CMD_SIGMOID_MUL:
     ci_cuda_sigmoid_mul_launch(cu, c->a.vec.x, c->a.vec.y, c->a.vec.n);
     return CI_OK;
@@ -279,7 +278,7 @@ static int reserve_for(ci_cuda *cu) {
   size_t attention = 0; /* per-split states of parallel attention launches */
   for (int i = 0; i < g->n_cmds; i++) {
     const ci_cuda_cmd *c = &g->cmds[i];
-    if (c->kind == CMD_ATTENTION && c->a.kv.flash && c->a.kv.plan.scratch_bytes > attention)
+    if (c->kind == CMD_ATTENTION && c->a.kv.plan.scratch_bytes > attention)
       attention = c->a.kv.plan.scratch_bytes;
   }
   if (attention && !ci_cuda_scratch(cu, 2, attention)) return CI_ERR;

@@ -24,7 +24,10 @@ typedef struct {
   int64_t block_stride, k_offset, v_offset, k_row_bytes, v_row_bytes;
   int32_t blocks_per_slab;
   int block_tokens, n_kv_heads, head_dim;
-  int f32; /* 1: f32 rows, 0: bf16 rows */
+  int f32;   /* 1: f32 rows */
+  int codec; /* ci_kv_codec of the rows */
+  int k_bits, v_bits, group;
+  const float *signs; /* [head_dim] TurboQuant sign vector (turbo, turbo-v; else NULL) */
 } ci_cuda_kv_layout;
 
 enum { CI_CUDA_MAX_SEQS = 64, CI_CUDA_SCRATCH_SLOTS = 4 };
@@ -166,9 +169,9 @@ typedef struct {
       const float *k, *v;
       const int32_t *pos;
       ci_cuda_attention_params att;
-      int flash;       /* 1: the tensor-core kernel (bf16 KV, head_dim 64/128) */
-      int total_tiles; /* flash: query tiles of the launch */
-      ci_cuda_flash_params plan;
+      int flash;                 /* 1: the tensor-core kernel (bf16 KV, head_dim 64/128) */
+      int total_tiles;           /* flash: query tiles of the launch */
+      ci_cuda_flash_params plan; /* flash, and quantized KV (splits, parallel, scratch_bytes) */
     } kv;
     ci_cuda_deltanet_params deltanet;
   } a;
@@ -316,7 +319,13 @@ int ci_cuda_kv_store(ci_cuda *cu, const ci_step_kv *seqs, const float *k, const 
                      const int32_t *pos);
 int ci_cuda_attention(ci_cuda *cu, const ci_attention_args *args);
 void ci_cuda_kv_store_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
-void ci_cuda_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
+int ci_cuda_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
+/* ==== cuda_kv_attention.cu: attention over quantized KV rows (CUDA cores) ==== */
+/* Plans a launch over the host copy of its sequence group: fixed key splits, walked in one block
+ * per (row, head) or one block per split plus a merge (needs scratch_bytes of slot-2 scratch). */
+void ci_cuda_kv_attention_plan(const ci_cuda_kv_layout *L, const ci_cuda_seq_group *host_group,
+                               int n_heads, int n_sms, ci_cuda_flash_params *f);
+int ci_cuda_kv_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
 /* ==== cuda_flash_attention.cu ==== */
 /* Raises the kernels' shared-memory limit (once, at backend creation). */
 int ci_cuda_flash_init(ci_cuda *cu);

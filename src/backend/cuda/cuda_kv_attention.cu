@@ -1,0 +1,437 @@
+/* Attention over quantized KV rows on CUDA cores (affine, TurboQuant, turbo-v; docs/kv-cache.md
+ * §2), read in place: no decoded copy of the cache. The launch shape and the online softmax are
+ * those of cuda_attention.cu's kernel: one block of four warps per (query row, query head), each
+ * warp taking chunks of 32 keys in turn (lane j scores key j of the chunk, then every lane
+ * accumulates its output dims over the chunk's keys in order), the warps merged in a fixed order,
+ * so a row's result depends on its own sequence only (batch invariance, every launch mode).
+ *
+ * Per codec, the work that does not depend on the key is done once per (row, head):
+ *   - affine K (s_G code + b_G): q's group sums, so a score is sum_G (s_G <q_G, code_G> + b_G
+ *     sum(q_G));
+ *   - turbo-v K ((code + zp_G) sc_G): likewise sum_G sc_G (<q_G, code_G> + zp_G sum(q_G));
+ *   - TurboQuant K (ν c[code] in the rotated basis): q rotated once (q̃ = H (s ⊙ q)), a score is
+ *     ν <q̃, c[code]>;
+ *   - rotated V (TurboQuant, turbo-v): the output accumulates in the rotated basis and is
+ *     un-rotated once after the merge (o = s ⊙ H õ).
+ * The codebooks live in shared memory. Sliding windows and logit softcaps as in
+ * cuda_attention.cu. */
+#include "backend/cuda/cuda_kv_codec.cuh"
+
+#include <string.h>
+
+enum { WARPS = 4, MAX_D = CI_CUDA_KV_MAX_D, MAX_GROUPS = MAX_D / 32, KV_SPLIT = 256 };
+
+typedef ci_cuda_kv_layout kv_layout;
+typedef ci_cuda_seq_group seq_group;
+typedef ci_cuda_attention_params attention_params;
+
+/* In place x <- H_D x over shared memory with every thread of the block (ci_fwht's butterflies:
+ * each element sees the same operations in the same order as the sequential transform). */
+__device__ static void shared_fwht(float *x, int D) {
+  for (int len = 1; len < D; len <<= 1) {
+    for (int t = threadIdx.x; t < D / 2; t += blockDim.x) {
+      const int i = (t / len) * (len << 1) + t % len;
+      const float a = x[i], b = x[i + len];
+      x[i] = __fadd_rn(a, b);
+      x[i + len] = __fsub_rn(a, b);
+    }
+    __syncthreads();
+  }
+  const float scale = 1.0f / sqrtf((float)D);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) x[d] = __fmul_rn(x[d], scale);
+  __syncthreads();
+}
+
+/* scores[g] = <q_g, K row> for the block's nh query heads (q rotated for TurboQuant; q_g at
+ * q + g * MAX_D, its group sums at qsum + g * MAX_GROUPS): each code is read and decoded once and
+ * used by every head; each head's sum runs in the same order whatever the other heads. */
+template <int CODEC, int GB>
+__device__ static inline void score_rows(const kv_layout &L, const uint8_t *kr, const float *q,
+                                         const float *qsum, const float *centroids, int nh,
+                                         float *scores) {
+  const int D = L.head_dim, bits = L.k_bits;
+  const uint8_t *tail = kr + D * bits / 8;
+  float dot[GB];
+  if (CODEC == CI_KV_TURBO) {
+#pragma unroll
+    for (int g = 0; g < GB; g++) dot[g] = 0.0f;
+    for (int d = 0; d < D; d++) {
+      const float c = centroids[ci_kv_dev_code(kr, d, bits)];
+#pragma unroll
+      for (int g = 0; g < GB; g++)
+        if (g < nh) dot[g] += q[g * MAX_D + d] * c;
+    }
+    const float nu = ci_kv_dev_f16(tail);
+#pragma unroll
+    for (int g = 0; g < GB; g++) scores[g] = nu * dot[g];
+    return;
+  }
+  const int group = CODEC == CI_KV_AFFINE ? L.group : CI_CUDA_TURBO_V_GROUP;
+  const int groups = D / group;
+#pragma unroll
+  for (int g = 0; g < GB; g++) scores[g] = 0.0f;
+  for (int gi = 0; gi < groups; gi++) {
+#pragma unroll
+    for (int g = 0; g < GB; g++) dot[g] = 0.0f;
+    for (int d = gi * group; d < (gi + 1) * group; d++) {
+      float x;
+      if (bits == 8)
+        x = CODEC == CI_KV_TURBO_V ? (float)(int8_t)kr[d] : (float)kr[d];
+      else
+        x = (float)ci_kv_dev_code(kr, d, bits);
+#pragma unroll
+      for (int g = 0; g < GB; g++)
+        if (g < nh) dot[g] += q[g * MAX_D + d] * x;
+    }
+    if (CODEC == CI_KV_AFFINE) {
+      const float sv = ci_kv_dev_bf16(tail + 2 * gi), b = ci_kv_dev_bf16(tail + 2 * (groups + gi));
+#pragma unroll
+      for (int g = 0; g < GB; g++)
+        if (g < nh) scores[g] += sv * dot[g] + b * qsum[g * MAX_GROUPS + gi];
+    } else {
+      const float sc = ci_kv_dev_f16(tail + 2 * gi), zp = ci_kv_dev_f16(tail + 2 * (groups + gi));
+#pragma unroll
+      for (int g = 0; g < GB; g++)
+        if (g < nh) scores[g] += sc * (dot[g] + zp * qsum[g * MAX_GROUPS + gi]);
+    }
+  }
+}
+
+/* Element d of a V row in the accumulation basis (rotated for TurboQuant and turbo-v). */
+template <int CODEC>
+__device__ static inline float value_at(const kv_layout &L, const uint8_t *vr, int d,
+                                        const float *centroids) {
+  const int D = L.head_dim, bits = L.v_bits;
+  const uint8_t *tail = vr + D * bits / 8;
+  const unsigned code = ci_kv_dev_code(vr, d, bits);
+  if (CODEC == CI_KV_AFFINE) {
+    const int g = d / L.group, groups = D / L.group;
+    return ci_kv_dev_bf16(tail + 2 * g) * (float)code + ci_kv_dev_bf16(tail + 2 * (groups + g));
+  }
+  if (CODEC == CI_KV_TURBO) return ci_kv_dev_f16(tail) * centroids[code];
+  return centroids[code] * ci_kv_dev_f16(tail + 2 * (d / CI_CUDA_TURBO_V_GROUP));
+}
+
+/* Folds a split's state (sm, sl, so) into the running state (rm, rl, ro): the one merge rule of
+ * both launch modes, every operation rounded explicitly so the two kernels agree bit for bit. A
+ * split without keys (sl == 0) leaves the state unchanged. */
+__device__ static inline void merge_split(float &rm, float &rl, float &ro, float sm, float sl,
+                                          float so) {
+  if (!(sl > 0.0f)) return;
+  if (!(rl > 0.0f)) {
+    rm = sm, rl = sl, ro = so;
+    return;
+  }
+  const float m = fmaxf(rm, sm);
+  const float a = expf(__fsub_rn(rm, m)), b = expf(__fsub_rn(sm, m));
+  rl = __fadd_rn(__fmul_rn(rl, a), __fmul_rn(sl, b));
+  ro = __fadd_rn(__fmul_rn(ro, a), __fmul_rn(so, b));
+  rm = m;
+}
+
+/* out[d] = o[d] in the model basis (un-rotated through shared memory for rotated V). */
+template <int CODEC>
+__device__ static inline void write_output(const kv_layout &L, float *o_shared, float *out) {
+  constexpr bool rotated_v = CODEC == CI_KV_TURBO || CODEC == CI_KV_TURBO_V;
+  const int D = L.head_dim;
+  if (rotated_v) shared_fwht(o_shared, D);
+  for (int d = threadIdx.x; d < D; d += blockDim.x)
+    out[d] = rotated_v ? __fmul_rn(L.signs[d], o_shared[d]) : o_shared[d];
+}
+
+/* Query heads one block takes (of one KV head's GQA group) for PER_LANE output dims per lane:
+ * the accumulators of every head stay in registers. */
+__host__ __device__ constexpr int heads_per_block(int per_lane) {
+  return per_lane <= 4 ? 8 : per_lane <= 8 ? 4 : 2;
+}
+
+/* One block per (query row, KV head, chunk of up to GB query heads of its group[, split]).
+ * Keys are split at fixed absolute boundaries of KV_SPLIT positions. Within a split the warps
+ * take chunks of 32 keys in turn (lane j decodes key j's K row once for every head of the block,
+ * then every lane decodes its output dims of the chunk's V rows once for every head) and merge in
+ * warp order; the splits then merge in split order (merge_split), either inside the block
+ * (parallel 0: one block walks every split of its row) or in kv_merge_kernel (parallel 1: one
+ * block per split), with the same arithmetic either way. A head's arithmetic never depends on
+ * the other heads of its block. */
+template <int PER_LANE, int CODEC>
+__global__ static void __launch_bounds__(WARPS * 32)
+    kv_attention_kernel(kv_layout L, const seq_group *g, attention_params a, ci_cuda_flash_params f,
+                        int *error_flag) {
+  constexpr int GB = heads_per_block(PER_LANE);
+  constexpr bool rotate_q = CODEC == CI_KV_TURBO;
+  constexpr int OUT_PER_THREAD = (PER_LANE * 32 + WARPS * 32 - 1) / (WARPS * 32);
+  __shared__ float merge_m[WARPS], merge_l[WARPS];
+  __shared__ float merge_acc[WARPS][MAX_D];
+  __shared__ float q_shared[GB * MAX_D], out_shared[MAX_D];
+  __shared__ float qsum[GB * MAX_GROUPS];
+  __shared__ float k_centroids[16], v_centroids[16];
+  const int s = ci_kv_dev_seq_of(g, blockIdx.x);
+  const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
+  const int D = L.head_dim;
+  const int G = a.n_heads / L.n_kv_heads, chunks = (G + GB - 1) / GB;
+  const int kv_head = blockIdx.y / chunks, h0 = kv_head * G + (blockIdx.y % chunks) * GB;
+  const int nh = G - (blockIdx.y % chunks) * GB < GB ? G - (blockIdx.y % chunks) * GB : GB;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t p = a.pos[row];
+  const int64_t lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
+  int64_t first_split = lo / KV_SPLIT, last_split = p / KV_SPLIT;
+  if (f.parallel) {
+    if ((int64_t)blockIdx.z < first_split || (int64_t)blockIdx.z > last_split)
+      return; /* no key of this row in the split: the merge skips it */
+    first_split = last_split = blockIdx.z;
+  }
+  for (int i = threadIdx.x; i < nh * D; i += blockDim.x) {
+    const int hg = i / D, d = i % D;
+    const float x = a.q[((int64_t)row * a.n_heads + h0 + hg) * D + d];
+    q_shared[hg * MAX_D + d] = rotate_q ? __fmul_rn(L.signs[d], x) : x;
+  }
+  if (threadIdx.x < 16) {
+    k_centroids[threadIdx.x] = L.k_bits <= 4 ? ci_kv_centroids[L.k_bits][threadIdx.x] : 0.0f;
+    v_centroids[threadIdx.x] = L.v_bits <= 4 ? ci_kv_centroids[L.v_bits][threadIdx.x] : 0.0f;
+  }
+  __syncthreads();
+  if (rotate_q) {
+    for (int hg = 0; hg < nh; hg++) shared_fwht(q_shared + hg * MAX_D, D);
+  } else {
+    const int group = CODEC == CI_KV_AFFINE ? L.group : CI_CUDA_TURBO_V_GROUP;
+    for (int i = threadIdx.x; i < nh * (D / group); i += blockDim.x) {
+      const int hg = i / (D / group), gi = i % (D / group);
+      float sum = 0.0f;
+      for (int d = gi * group; d < (gi + 1) * group; d++) sum += q_shared[hg * MAX_D + d];
+      qsum[hg * MAX_GROUPS + gi] = sum;
+    }
+    __syncthreads();
+  }
+  /* the running state of each head over splits (in-block mode): every thread holds rm, rl alike
+   * and the output dims d = threadIdx.x + k * blockDim.x of ro */
+  float rm[GB], rl[GB], ro[GB][OUT_PER_THREAD];
+#pragma unroll
+  for (int hg = 0; hg < GB; hg++) {
+    rm[hg] = -INFINITY, rl[hg] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < OUT_PER_THREAD; k++) ro[hg][k] = 0.0f;
+  }
+  for (int64_t split = first_split; split <= last_split; split++) {
+    const int64_t k_lo = split * KV_SPLIT > lo ? split * KV_SPLIT : lo;
+    const int64_t k_hi = (split + 1) * KV_SPLIT - 1 < p ? (split + 1) * KV_SPLIT - 1 : p;
+    float acc[GB][PER_LANE], m[GB], l[GB];
+#pragma unroll
+    for (int hg = 0; hg < GB; hg++) {
+      m[hg] = -INFINITY, l[hg] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < PER_LANE; i++) acc[hg][i] = 0.0f;
+    }
+    for (int64_t first = k_lo + (int64_t)warp * 32; first <= k_hi; first += (int64_t)WARPS * 32) {
+      const int64_t key = first + lane;
+      float score[GB];
+#pragma unroll
+      for (int hg = 0; hg < GB; hg++) score[hg] = 0.0f;
+      const uint8_t *vr = NULL;
+      if (key <= k_hi) {
+        const int64_t entry = key / L.block_tokens;
+        const int32_t block = entry < g->n_entries[s] ? g->table[s][entry] : -1;
+        if (block < 0) {
+          *error_flag = 1;
+        } else {
+          vr = ci_kv_dev_row(L, 1, block, key % L.block_tokens, kv_head);
+          score_rows<CODEC, GB>(L, ci_kv_dev_row(L, 0, block, key % L.block_tokens, kv_head),
+                                q_shared, qsum, k_centroids, nh, score);
+        }
+      }
+      if (!__any_sync(0xffffffffu, vr != NULL)) continue; /* no live key in this chunk */
+      float weight[GB];
+#pragma unroll
+      for (int hg = 0; hg < GB; hg++) {
+        float sc = -INFINITY;
+        if (vr) {
+          sc = score[hg] * a.scale;
+          if (a.softcap != 0.0f) sc = a.softcap * tanhf(sc / a.softcap);
+        }
+        float chunk_max = sc;
+        for (int off = 16; off > 0; off >>= 1)
+          chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, off));
+        const float m_new = fmaxf(m[hg], chunk_max);
+        const float correction = expf(m[hg] - m_new);
+        weight[hg] = vr ? expf(sc - m_new) : 0.0f;
+        float weight_sum = weight[hg];
+        for (int off = 16; off > 0; off >>= 1)
+          weight_sum += __shfl_xor_sync(0xffffffffu, weight_sum, off);
+        l[hg] = l[hg] * correction + weight_sum;
+#pragma unroll
+        for (int i = 0; i < PER_LANE; i++) acc[hg][i] *= correction;
+        m[hg] = m_new;
+      }
+      for (int j = 0; j < 32; j++) {
+        const uint8_t *vj = (const uint8_t *)__shfl_sync(0xffffffffu, (unsigned long long)vr, j);
+        float wj[GB];
+#pragma unroll
+        for (int hg = 0; hg < GB; hg++) wj[hg] = __shfl_sync(0xffffffffu, weight[hg], j);
+        if (!vj) continue;
+#pragma unroll
+        for (int i = 0; i < PER_LANE; i++) {
+          const int d = lane + 32 * i;
+          if (d >= D) continue;
+          const float v = value_at<CODEC>(L, vj, d, v_centroids);
+#pragma unroll
+          for (int hg = 0; hg < GB; hg++) acc[hg][i] += wj[hg] * v;
+        }
+      }
+    }
+    /* each head's split state: its warps merged in order */
+#pragma unroll
+    for (int hg = 0; hg < GB; hg++) {
+      if (hg >= nh) break;
+      if (lane == 0) {
+        merge_m[warp] = m[hg];
+        merge_l[warp] = l[hg];
+      }
+#pragma unroll
+      for (int i = 0; i < PER_LANE; i++) {
+        const int d = lane + 32 * i;
+        if (d < D) merge_acc[warp][d] = acc[hg][i];
+      }
+      __syncthreads();
+      float sm = -INFINITY;
+      for (int w = 0; w < WARPS; w++) sm = fmaxf(sm, merge_m[w]);
+      float sl = 0.0f;
+      for (int w = 0; w < WARPS; w++)
+        if (merge_l[w] > 0.0f) sl += merge_l[w] * expf(merge_m[w] - sm);
+      const int64_t slot = ((int64_t)blockIdx.x * a.n_heads + h0 + hg) * f.splits + split;
+      if (f.parallel && threadIdx.x == 0) {
+        f.state[2 * slot] = sm;
+        f.state[2 * slot + 1] = sl;
+      }
+#pragma unroll
+      for (int k = 0; k < OUT_PER_THREAD; k++) {
+        const int d = threadIdx.x + k * WARPS * 32;
+        if (d >= D) continue;
+        float so = 0.0f;
+        for (int w = 0; w < WARPS; w++)
+          if (merge_l[w] > 0.0f) so += merge_acc[w][d] * expf(merge_m[w] - sm);
+        if (f.parallel) {
+          f.partial[slot * D + d] = so;
+        } else {
+          float m_copy = rm[hg], l_copy = rl[hg];
+          merge_split(m_copy, l_copy, ro[hg][k], sm, sl, so);
+        }
+      }
+      if (!f.parallel) {
+        float unused = 0.0f;
+        merge_split(rm[hg], rl[hg], unused, sm, sl, 0.0f);
+      }
+      __syncthreads(); /* merge_* are reused by the next head and split */
+    }
+  }
+  if (f.parallel) return;
+#pragma unroll
+  for (int hg = 0; hg < GB; hg++) {
+    if (hg >= nh) break;
+#pragma unroll
+    for (int k = 0; k < OUT_PER_THREAD; k++) {
+      const int d = threadIdx.x + k * WARPS * 32;
+      if (d < D) out_shared[d] = rl[hg] > 0.0f ? __fdiv_rn(ro[hg][k], rl[hg]) : 0.0f;
+    }
+    __syncthreads();
+    write_output<CODEC>(L, out_shared, a.out + ((int64_t)row * a.n_heads + h0 + hg) * D);
+    __syncthreads(); /* out_shared is reused by the next head */
+  }
+}
+
+/* Parallel mode: merges the per-split states of each (row, query head) in split order. */
+template <int CODEC>
+__global__ static void __launch_bounds__(WARPS * 32)
+    kv_merge_kernel(kv_layout L, const seq_group *g, attention_params a, ci_cuda_flash_params f) {
+  __shared__ float out_shared[MAX_D];
+  const int s = ci_kv_dev_seq_of(g, blockIdx.x);
+  const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
+  const int h = blockIdx.y, D = L.head_dim;
+  const int64_t p = a.pos[row];
+  const int64_t lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
+  const int64_t base = ((int64_t)blockIdx.x * a.n_heads + h) * f.splits;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float rm = -INFINITY, rl = 0.0f, ro = 0.0f;
+    for (int64_t split = lo / KV_SPLIT; split <= p / KV_SPLIT; split++)
+      merge_split(rm, rl, ro, f.state[2 * (base + split)], f.state[2 * (base + split) + 1],
+                  f.partial[(base + split) * D + d]);
+    out_shared[d] = rl > 0.0f ? __fdiv_rn(ro, rl) : 0.0f;
+  }
+  __syncthreads();
+  write_output<CODEC>(L, out_shared, a.out + ((int64_t)row * a.n_heads + h) * D);
+}
+
+/* PER_LANE of the kernel that runs head_dim D. */
+static int lane_dims(int D) {
+  const int per_lane = (D + 31) / 32;
+  return per_lane <= 1 ? 1 : per_lane <= 2 ? 2 : per_lane <= 4 ? 4 : per_lane <= 8 ? 8 : 16;
+}
+
+template <int CODEC>
+static void launch_codec(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flash_params &f) {
+  const kv_layout &L = cmd->a.kv.layout;
+  const attention_params &a = cmd->a.kv.att;
+  const seq_group *g = cmd->a.kv.group;
+  const int per_lane = (L.head_dim + 31) / 32;
+  const int G = a.n_heads / L.n_kv_heads, gb = heads_per_block(lane_dims(L.head_dim));
+  const dim3 grid((unsigned)cmd->a.kv.total_rows, (unsigned)(L.n_kv_heads * ((G + gb - 1) / gb)),
+                  f.parallel ? (unsigned)f.splits : 1u);
+  int *flag = cu->error_flag;
+  if (per_lane <= 1)
+    kv_attention_kernel<1, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, f, flag);
+  else if (per_lane <= 2)
+    kv_attention_kernel<2, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, f, flag);
+  else if (per_lane <= 4)
+    kv_attention_kernel<4, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, f, flag);
+  else if (per_lane <= 8)
+    kv_attention_kernel<8, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, f, flag);
+  else
+    kv_attention_kernel<16, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, f, flag);
+  if (f.parallel)
+    kv_merge_kernel<CODEC>
+        <<<dim3((unsigned)cmd->a.kv.total_rows, (unsigned)a.n_heads), WARPS * 32, 0, cu->stream>>>(
+            L, g, a, f);
+}
+
+void ci_cuda_kv_attention_plan(const kv_layout *L, const seq_group *host_group, int n_heads,
+                               int n_sms, ci_cuda_flash_params *f) {
+  memset(f, 0, sizeof *f);
+  int64_t max_keys = 0;
+  for (int i = 0; i < host_group->n; i++) {
+    const int64_t keys = host_group->n_entries[i] * L->block_tokens;
+    max_keys = keys > max_keys ? keys : max_keys;
+  }
+  f->splits = (int)((max_keys + KV_SPLIT - 1) / KV_SPLIT);
+  if (f->splits < 1) f->splits = 1;
+  const int G = n_heads / L->n_kv_heads, gb = heads_per_block(lane_dims(L->head_dim));
+  const int64_t blocks = (int64_t)host_group->total_rows * L->n_kv_heads * ((G + gb - 1) / gb);
+  const size_t bytes =
+      (size_t)host_group->total_rows * n_heads * f->splits * (L->head_dim + 2) * sizeof(float);
+  /* one block per split when one block per (row, head) leaves SMs idle (decode, short chunks) */
+  f->parallel = f->splits > 1 && blocks < 8 * n_sms && bytes <= ((size_t)256 << 20);
+  f->scratch_bytes = f->parallel ? bytes : 0;
+}
+
+int ci_cuda_kv_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
+  ci_cuda_flash_params f = cmd->a.kv.plan;
+  if (f.splits < 1) return ci_fail("CUDA attention: a quantized KV launch without a plan");
+  if (f.parallel) {
+    const size_t slots = (size_t)cmd->a.kv.total_rows * cmd->a.kv.att.n_heads * f.splits;
+    float *scratch = (float *)ci_cuda_scratch(cu, 2, f.scratch_bytes);
+    if (!scratch) return CI_ERR;
+    f.partial = scratch;
+    f.state = scratch + slots * cmd->a.kv.layout.head_dim;
+  }
+  switch (cmd->a.kv.layout.codec) {
+  case CI_KV_AFFINE:
+    launch_codec<CI_KV_AFFINE>(cu, cmd, f);
+    break;
+  case CI_KV_TURBO:
+    launch_codec<CI_KV_TURBO>(cu, cmd, f);
+    break;
+  case CI_KV_TURBO_V:
+    launch_codec<CI_KV_TURBO_V>(cu, cmd, f);
+    break;
+  default:
+    return ci_fail("CUDA attention: KV codec %d has no quantized kernel", cmd->a.kv.layout.codec);
+  }
+  return ci_cuda_check_launch(cu, "quantized KV attention");
+}

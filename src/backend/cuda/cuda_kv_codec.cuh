@@ -1,0 +1,407 @@
+/* How the CUDA kernels address, encode and decode stored KV rows (docs/kv-cache.md §2): the row
+ * address of (block, slot, head), the launch's sequence of a block, and for every codec the
+ * single-thread row encoder and decoder. The encoders and decoders repeat the CPU reference
+ * (src/tensor/kv_format.c) operation for operation with explicitly rounded multiplies and adds
+ * (no fused multiply-add), so a row the GPU writes is byte-identical to the CPU's, and block files
+ * and prefix-cache blocks move between the backends unchanged. */
+#ifndef CI_BACKEND_CUDA_CUDA_KV_CODEC_CUH
+#define CI_BACKEND_CUDA_CUDA_KV_CODEC_CUH
+
+#include "backend/cuda/cuda_internal.h"
+
+extern "C" {
+#include "tensor/kv_format.h"
+}
+
+#include <math.h>
+#include <string.h>
+
+enum { CI_CUDA_KV_MAX_D = 512, CI_CUDA_TURBO_V_GROUP = 32 };
+
+/* Functions marked CI_KV_HD also compile for the host (ci_cuda_kv_encode_row_host), where the
+ * explicitly rounded operations are plain ones (the host compiler contracts nothing on the
+ * baseline x86-64 ISA), so tests without a GPU check the same codec code against the CPU's. */
+#define CI_KV_HD __host__ __device__
+#ifdef __CUDA_ARCH__
+#define CI_KV_FADD(a, b) __fadd_rn(a, b)
+#define CI_KV_FSUB(a, b) __fsub_rn(a, b)
+#define CI_KV_FMUL(a, b) __fmul_rn(a, b)
+#define CI_KV_FDIV(a, b) __fdiv_rn(a, b)
+#define CI_KV_DADD(a, b) __dadd_rn(a, b)
+#define CI_KV_DMUL(a, b) __dmul_rn(a, b)
+#define CI_KV_DDIV(a, b) __ddiv_rn(a, b)
+#else
+#define CI_KV_FADD(a, b) ((float)(a) + (float)(b))
+#define CI_KV_FSUB(a, b) ((float)(a) - (float)(b))
+#define CI_KV_FMUL(a, b) ((float)(a) * (float)(b))
+#define CI_KV_FDIV(a, b) ((float)(a) / (float)(b))
+#define CI_KV_DADD(a, b) ((double)(a) + (double)(b))
+#define CI_KV_DMUL(a, b) ((double)(a) * (double)(b))
+#define CI_KV_DDIV(a, b) ((double)(a) / (double)(b))
+#endif
+
+/* The Lloyd-Max codebooks for N(0,1) (src/tensor/turbo_quant.c, the same literals), indexed by
+ * bits (2..4); unused entries are 0. */
+#define CI_KV_CENTROIDS                                                                            \
+  {                                                                                                \
+    {0}, {0}, {-1.510418f, -0.452780f, 0.452780f, 1.510418f},                                      \
+        {-2.151946f, -1.343909f, -0.756005f, -0.245094f,                                           \
+         0.245094f,  0.756005f,  1.343909f,  2.151946f},                                           \
+    {                                                                                              \
+      -2.732590f, -2.069017f, -1.618046f, -1.256231f, -0.942340f, -0.656759f, -0.388048f,          \
+          -0.128395f, 0.128395f, 0.388048f, 0.656759f, 0.942340f, 1.256231f, 1.618046f, 2.069017f, \
+          2.732590f                                                                                \
+    }                                                                                              \
+  }
+#define CI_KV_THRESHOLDS                                                                           \
+  {                                                                                                \
+    {0}, {0}, {-0.981599f, 0.0f, 0.981599f},                                                       \
+        {-1.747927f, -1.049957f, -0.500550f, 0.0f, 0.500550f, 1.049957f, 1.747927f}, {             \
+      -2.400803f, -1.843532f, -1.437139f, -1.099286f, -0.799550f, -0.522404f, -0.258222f, 0.0f,    \
+          0.258222f, 0.522404f, 0.799550f, 1.099286f, 1.437139f, 1.843532f, 2.400803f              \
+    }                                                                                              \
+  }
+static __constant__ const float ci_kv_centroids[5][16] = CI_KV_CENTROIDS;
+static __constant__ const float ci_kv_thresholds[5][15] = CI_KV_THRESHOLDS;
+static const float ci_kv_centroids_host[5][16] = CI_KV_CENTROIDS;
+static const float ci_kv_thresholds_host[5][15] = CI_KV_THRESHOLDS;
+
+CI_KV_HD static inline const float *ci_kv_codebook(int bits) {
+#ifdef __CUDA_ARCH__
+  return ci_kv_centroids[bits];
+#else
+  return ci_kv_centroids_host[bits];
+#endif
+}
+
+CI_KV_HD static inline const float *ci_kv_codebook_thresholds(int bits) {
+#ifdef __CUDA_ARCH__
+  return ci_kv_thresholds[bits];
+#else
+  return ci_kv_thresholds_host[bits];
+#endif
+}
+
+/* ==== Addressing ==== */
+
+__device__ static inline uint8_t *ci_kv_dev_row(const ci_cuda_kv_layout &L, int value,
+                                                int32_t block, int64_t slot, int head) {
+  return L.slabs[block / L.blocks_per_slab] +
+         (int64_t)(block % L.blocks_per_slab) * L.block_stride + (value ? L.v_offset : L.k_offset) +
+         ((int64_t)head * L.block_tokens + slot) * (value ? L.v_row_bytes : L.k_row_bytes);
+}
+
+/* The launch's sequence of block x: the sequences starting at or before row x, counted by one
+ * ballot per 32 sequences (every lane of the warp must call it). */
+__device__ static inline int ci_kv_dev_seq_of(const ci_cuda_seq_group *g, int x) {
+  static_assert(CI_CUDA_MAX_SEQS <= 64, "two ballots cover the sequences of a launch");
+  const int lane = threadIdx.x & 31;
+  const int a = lane < g->n && g->row_start[lane] <= x;
+  const int b = lane + 32 < g->n && g->row_start[lane + 32] <= x;
+  return __popc(__ballot_sync(0xffffffffu, a)) + __popc(__ballot_sync(0xffffffffu, b)) - 1;
+}
+
+/* ==== Scalars ==== */
+
+/* Code i of an LSB-first bit stream of `bits`-bit codes (ci_kv_code_at). */
+CI_KV_HD static inline unsigned ci_kv_dev_code(const uint8_t *codes, int i, int bits) {
+  if (bits == 8) return codes[i];
+  if (bits == 4) return (codes[i >> 1] >> ((i & 1) * 4)) & 15u;
+  if (bits == 2) return (codes[i >> 2] >> ((i & 3) * 2)) & 3u;
+  const unsigned bit = (unsigned)i * (unsigned)bits;
+  const unsigned word = codes[bit >> 3] | ((unsigned)codes[(bit >> 3) + 1] << 8);
+  return (word >> (bit & 7)) & ((1u << bits) - 1);
+}
+
+CI_KV_HD static inline float ci_kv_dev_bf16(const uint8_t *p) {
+  const uint32_t u = (uint32_t)(p[0] | (p[1] << 8)) << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+CI_KV_HD static inline float ci_kv_dev_f16(const uint8_t *p) {
+  return __half2float(__ushort_as_half((unsigned short)(p[0] | (p[1] << 8))));
+}
+
+CI_KV_HD static inline void ci_kv_dev_put16(uint8_t *p, unsigned short v) {
+  p[0] = (uint8_t)(v & 0xff);
+  p[1] = (uint8_t)(v >> 8);
+}
+
+/* f32 -> bf16 bits, round to nearest even, NaN quieted (ci_f32_to_bf16's rule). */
+CI_KV_HD static inline void ci_kv_dev_put_bf16(uint8_t *p, float v) {
+  uint32_t u;
+  memcpy(&u, &v, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    ci_kv_dev_put16(p, (unsigned short)((u >> 16) | 0x40));
+  else
+    ci_kv_dev_put16(p, (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16));
+}
+
+/* f32 -> f16 bits, round to nearest even, saturating at ±65504 (ci_f32_to_f16_saturate). */
+CI_KV_HD static inline void ci_kv_dev_put_f16(uint8_t *p, float v) {
+  if (v > 65504.0f) v = 65504.0f;
+  if (v < -65504.0f) v = -65504.0f;
+  ci_kv_dev_put16(p, __half_as_ushort(__float2half_rn(v)));
+}
+
+/* Number of thresholds strictly below u (ci_lloyd_max_code). */
+CI_KV_HD static inline uint8_t ci_kv_dev_lloyd_code(float u, int bits) {
+  const float *t = ci_kv_codebook_thresholds(bits);
+  int lo = 0, hi = (1 << bits) - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (t[mid] < u)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return (uint8_t)lo;
+}
+
+/* ci_affine_code: clamp(rint(x), 0, n), NaN -> 0. */
+CI_KV_HD static inline uint8_t ci_kv_dev_affine_code(float x, float n) {
+  if (!(x >= -1.0f)) x = -1.0f;
+  if (x > n + 1.0f) x = n + 1.0f;
+  float q = rintf(x);
+  if (q < 0.0f) q = 0.0f;
+  if (q > n) q = n;
+  return (uint8_t)q;
+}
+
+/* In place x <- H_D x, sequentially (ci_fwht). */
+CI_KV_HD static inline void ci_kv_dev_fwht(float *x, int D) {
+  for (int len = 1; len < D; len <<= 1)
+    for (int i = 0; i < D; i += len << 1)
+      for (int j = i; j < i + len; j++) {
+        const float a = x[j], b = x[j + len];
+        x[j] = CI_KV_FADD(a, b);
+        x[j + len] = CI_KV_FSUB(a, b);
+      }
+  const float scale = 1.0f / sqrtf((float)D);
+  for (int i = 0; i < D; i++) x[i] = CI_KV_FMUL(x[i], scale);
+}
+
+/* Packs n codes of `bits` LSB-first into out (n * bits / 8 bytes). */
+CI_KV_HD static inline void ci_kv_dev_pack(const uint8_t *codes, int n, int bits, uint8_t *out) {
+  const int bytes = n * bits / 8;
+  for (int i = 0; i < bytes; i++) out[i] = 0;
+  for (int i = 0; i < n; i++) {
+    const unsigned bit = (unsigned)i * (unsigned)bits;
+    const unsigned v = (unsigned)codes[i] << (bit & 7);
+    out[bit >> 3] |= (uint8_t)v;
+    if ((bit & 7) + (unsigned)bits > 8) out[(bit >> 3) + 1] |= (uint8_t)(v >> 8);
+  }
+}
+
+/* ==== Row encoders (one thread per row) ==== */
+
+/* MLX affine per group: codes | bf16 scales | bf16 biases (ci_affine_quantize_group). */
+CI_KV_HD static inline void ci_kv_dev_affine_encode(const float *x, int D, int bits, int group,
+                                                    uint8_t *row) {
+  uint8_t codes[CI_CUDA_KV_MAX_D];
+  const int groups = D / group;
+  const float n = (float)((1 << bits) - 1);
+  uint8_t *scales = row + D * bits / 8, *biases = scales + 2 * groups;
+  for (int g = 0; g < groups; g++) {
+    const float *w = x + g * group;
+    float lo = w[0], hi = w[0];
+    for (int i = 1; i < group; i++) {
+      if (w[i] < lo) lo = w[i];
+      if (w[i] > hi) hi = w[i];
+    }
+    float s = CI_KV_FDIV(CI_KV_FSUB(hi, lo), n);
+    if (s < 1e-7f) s = 1e-7f;
+    float edge;
+    if (fabsf(lo) > fabsf(hi)) {
+      edge = lo;
+    } else {
+      edge = hi;
+      s = -s;
+    }
+    const float q0 = rintf(CI_KV_FDIV(edge, s));
+    float b = 0.0f;
+    if (q0 != 0.0f) {
+      s = CI_KV_FDIV(edge, q0);
+      b = edge;
+    }
+    for (int i = 0; i < group; i++)
+      codes[g * group + i] = ci_kv_dev_affine_code(CI_KV_FDIV(CI_KV_FSUB(w[i], b), s), n);
+    ci_kv_dev_put_bf16(scales + 2 * g, s);
+    ci_kv_dev_put_bf16(biases + 2 * g, b);
+  }
+  ci_kv_dev_pack(codes, D, bits, row);
+}
+
+/* TurboQuant: codes of the rotated, renormalised vector | fp16 ν. */
+CI_KV_HD static inline void ci_kv_dev_turbo_encode(const float *x, int D, int bits,
+                                                   const float *signs, uint8_t *row) {
+  float y[CI_CUDA_KV_MAX_D];
+  uint8_t codes[CI_CUDA_KV_MAX_D];
+  double norm2 = 0.0;
+  for (int i = 0; i < D; i++) norm2 = CI_KV_DADD(norm2, CI_KV_DMUL((double)x[i], (double)x[i]));
+  const float gamma = (float)sqrt(norm2);
+  float nu = 0.0f;
+  if (gamma == 0.0f) {
+    for (int i = 0; i < D; i++) codes[i] = (uint8_t)(1 << (bits - 1));
+  } else {
+    for (int i = 0; i < D; i++) y[i] = CI_KV_FMUL(signs[i], x[i]);
+    ci_kv_dev_fwht(y, D);
+    const float unit = CI_KV_FDIV(sqrtf((float)D), gamma);
+    const float *c = ci_kv_codebook(bits);
+    double decoded2 = 0.0;
+    for (int i = 0; i < D; i++) {
+      codes[i] = ci_kv_dev_lloyd_code(CI_KV_FMUL(y[i], unit), bits);
+      decoded2 = CI_KV_DADD(decoded2, CI_KV_DMUL((double)c[codes[i]], (double)c[codes[i]]));
+    }
+    nu = (float)CI_KV_DDIV((double)gamma, sqrt(decoded2));
+  }
+  ci_kv_dev_pack(codes, D, bits, row);
+  ci_kv_dev_put_f16(row + D * bits / 8, nu);
+}
+
+/* turbo-v K: asymmetric affine per 32-group: codes | fp16 sc | fp16 zp. */
+CI_KV_HD static inline void ci_kv_dev_turbo_v_key_encode(const float *x, int D, int bits,
+                                                         uint8_t *row) {
+  uint8_t codes[CI_CUDA_KV_MAX_D];
+  const int G = CI_CUDA_TURBO_V_GROUP, groups = D / G;
+  uint8_t *sc_out = row + D * bits / 8, *zp_out = sc_out + 2 * groups;
+  for (int g = 0; g < groups; g++) {
+    const float *v = x + g * G;
+    float lo = v[0], hi = v[0];
+    for (int i = 1; i < G; i++) {
+      if (v[i] < lo) lo = v[i];
+      if (v[i] > hi) hi = v[i];
+    }
+    if (lo == hi) {
+      if (lo > 0)
+        lo = 0;
+      else
+        hi = 0;
+    }
+    float sc, zp;
+    int qmin, qmax;
+    if (bits == 8) {
+      sc = CI_KV_FDIV(CI_KV_FSUB(hi, lo), 254.0f);
+      zp = rintf(CI_KV_FDIV(CI_KV_FADD(hi, lo), CI_KV_FMUL(2.0f, CI_KV_FADD(sc, 1e-8f))));
+      qmin = -127, qmax = 127;
+    } else {
+      qmax = (1 << bits) - 1;
+      qmin = 0;
+      sc = CI_KV_FDIV(CI_KV_FSUB(hi, lo), (float)qmax);
+      zp = rintf(CI_KV_FDIV(lo, CI_KV_FADD(sc, 1e-8f)));
+    }
+    for (int i = 0; i < G; i++) {
+      float q = rintf(CI_KV_FSUB(CI_KV_FDIV(v[i], CI_KV_FADD(sc, 1e-8f)), zp));
+      if (q < (float)qmin) q = (float)qmin;
+      if (q > (float)qmax) q = (float)qmax;
+      codes[g * G + i] = (uint8_t)(int8_t)(int)q;
+    }
+    ci_kv_dev_put_f16(sc_out + 2 * g, sc);
+    ci_kv_dev_put_f16(zp_out + 2 * g, zp);
+  }
+  ci_kv_dev_pack(codes, D, bits, row);
+}
+
+/* turbo-v V: rotated, per 32-group RMS-normalised Lloyd-Max codes | fp16 r per group. */
+CI_KV_HD static inline void ci_kv_dev_turbo_v_value_encode(const float *x, int D, int bits,
+                                                           const float *signs, uint8_t *row) {
+  float y[CI_CUDA_KV_MAX_D];
+  uint8_t codes[CI_CUDA_KV_MAX_D];
+  const int G = CI_CUDA_TURBO_V_GROUP;
+  for (int i = 0; i < D; i++) y[i] = CI_KV_FMUL(signs[i], x[i]);
+  ci_kv_dev_fwht(y, D);
+  uint8_t *r_out = row + D * bits / 8;
+  for (int g = 0; g < D / G; g++) {
+    const float *v = y + g * G;
+    float sum = 0.0f;
+    for (int i = 0; i < G; i++) sum = CI_KV_FADD(sum, CI_KV_FMUL(v[i], v[i]));
+    const float r = sqrtf(CI_KV_FDIV(sum, (float)G));
+    for (int i = 0; i < G; i++)
+      codes[g * G + i] = ci_kv_dev_lloyd_code(CI_KV_FDIV(v[i], CI_KV_FADD(r, 1e-8f)), bits);
+    ci_kv_dev_put_f16(r_out + 2 * g, r);
+  }
+  ci_kv_dev_pack(codes, D, bits, row);
+}
+
+/* Encodes x[0..D) as a K (value 0) or V (value 1) row of the layout's codec
+ * (ci_kv_encode_row). */
+CI_KV_HD static inline void ci_kv_dev_encode_row(const ci_cuda_kv_layout &L, int value,
+                                                 const float *x, uint8_t *row) {
+  const int D = L.head_dim, bits = value ? L.v_bits : L.k_bits;
+  switch (L.codec) {
+  case CI_KV_F32:
+    for (int i = 0; i < D; i++) ((float *)row)[i] = x[i];
+    break;
+  case CI_KV_AFFINE:
+    ci_kv_dev_affine_encode(x, D, bits, L.group, row);
+    break;
+  case CI_KV_TURBO:
+    ci_kv_dev_turbo_encode(x, D, bits, L.signs, row);
+    break;
+  case CI_KV_TURBO_V:
+    if (value)
+      ci_kv_dev_turbo_v_value_encode(x, D, bits, L.signs, row);
+    else
+      ci_kv_dev_turbo_v_key_encode(x, D, bits, row);
+    break;
+  default: /* bf16 */
+    for (int i = 0; i < D; i++) ci_kv_dev_put_bf16(row + 2 * i, x[i]);
+  }
+}
+
+/* Decodes a row back to x[0..D) in the model basis (ci_kv_decode_row). */
+CI_KV_HD static inline void ci_kv_dev_decode_row(const ci_cuda_kv_layout &L, int value,
+                                                 const uint8_t *row, float *x) {
+  const int D = L.head_dim, bits = value ? L.v_bits : L.k_bits;
+  const int G = CI_CUDA_TURBO_V_GROUP;
+  switch (L.codec) {
+  case CI_KV_F32:
+    for (int i = 0; i < D; i++) x[i] = ((const float *)row)[i];
+    break;
+  case CI_KV_AFFINE: {
+    const int groups = D / L.group;
+    const uint8_t *scales = row + D * bits / 8, *biases = scales + 2 * groups;
+    for (int g = 0; g < groups; g++) {
+      const float s = ci_kv_dev_bf16(scales + 2 * g), b = ci_kv_dev_bf16(biases + 2 * g);
+      for (int i = g * L.group; i < (g + 1) * L.group; i++)
+        x[i] = CI_KV_FADD(CI_KV_FMUL(s, (float)ci_kv_dev_code(row, i, bits)), b);
+    }
+    break;
+  }
+  case CI_KV_TURBO: {
+    const float *c = ci_kv_codebook(bits);
+    const float nu = ci_kv_dev_f16(row + D * bits / 8);
+    for (int i = 0; i < D; i++) x[i] = CI_KV_FMUL(nu, c[ci_kv_dev_code(row, i, bits)]);
+    ci_kv_dev_fwht(x, D);
+    for (int i = 0; i < D; i++) x[i] = CI_KV_FMUL(x[i], L.signs[i]);
+    break;
+  }
+  case CI_KV_TURBO_V:
+    if (value) {
+      const float *c = ci_kv_codebook(bits);
+      const uint8_t *r_in = row + D * bits / 8;
+      for (int i = 0; i < D; i++)
+        x[i] = CI_KV_FMUL(c[ci_kv_dev_code(row, i, bits)], ci_kv_dev_f16(r_in + 2 * (i / G)));
+      ci_kv_dev_fwht(x, D);
+      for (int i = 0; i < D; i++) x[i] = CI_KV_FMUL(x[i], L.signs[i]);
+    } else {
+      const int groups = D / G;
+      const uint8_t *sc_in = row + D * bits / 8, *zp_in = sc_in + 2 * groups;
+      for (int g = 0; g < groups; g++) {
+        const float sc = ci_kv_dev_f16(sc_in + 2 * g), zp = ci_kv_dev_f16(zp_in + 2 * g);
+        for (int i = g * G; i < (g + 1) * G; i++) {
+          const unsigned code = ci_kv_dev_code(row, i, bits);
+          const float idx = bits == 8 ? (float)(int8_t)(uint8_t)code : (float)code;
+          x[i] = CI_KV_FMUL(CI_KV_FADD(idx, zp), sc);
+        }
+      }
+    }
+    break;
+  default: /* bf16 */
+    for (int i = 0; i < D; i++) x[i] = ci_kv_dev_bf16(row + 2 * i);
+  }
+}
+
+#endif
