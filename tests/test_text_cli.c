@@ -350,6 +350,8 @@ static void test_errors_in_plain_words(void **state) {
       {"generate -m " STARTER " -p hi --draft-model " CI_FIXTURE_DIR "/llama", 1,
        "a draft model must share the model's tokenizer"},
       {"chat -m " STARTER " --draft-model /nonexistent/draft", 1, "/nonexistent/draft"},
+      {"serve -m " STARTER " --spec-max-batch -1", 2,
+       "--spec-max-batch must be an integer in [0, 512], got '-1'"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char cmd[2048];
