@@ -138,10 +138,15 @@ int ci_draft_batch_init(ci_draft_batch *b, ci_model *model, int max_seqs, int ma
     ci_draft_batch_free(b);
     return ci_fail_context("draft model");
   }
+  /* a failure only makes the download slower */
+  b->logits_pinned = model->be->ops->pin_host(model->be, b->logits,
+                                              (size_t)max_seqs * (size_t)model->spec.vocab *
+                                                  sizeof *b->logits) == CI_OK;
   return CI_OK;
 }
 
 void ci_draft_batch_free(ci_draft_batch *b) {
+  if (b->logits_pinned) b->model->be->ops->unpin_host(b->model->be, b->logits);
   ci_workspace_free(b->ws);
   free(b->step);
   free(b->live);

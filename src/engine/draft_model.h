@@ -47,7 +47,8 @@ typedef struct {
   ci_draft_state **live; /* [max_seqs] */
   float *logits;         /* [max_seqs][vocab] */
   int max_seqs;
-  int max_catch_up; /* rows of a sequence's catch-up in the batched step; more run alone first */
+  int max_catch_up;  /* rows of a sequence's catch-up in the batched step; more run alone first */
+  int logits_pinned; /* logits registered with the backend (a device writes them directly) */
 } ci_draft_batch;
 
 /* A draft state for one request: a new sequence in `cache` (the draft model's) with a rollback
