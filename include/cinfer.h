@@ -202,6 +202,9 @@ typedef struct {
                         tokens per step, verified in one forward; 0 = off */
   int draft_max;     /* 0 = 5; at most 32 */
   int draft_min;     /* 0 = 1; the adaptive draft length never drops below it */
+  cinfer_model *draft_model; /* a draft model sharing the model's tokenizer (borrowed; it must
+                                outlive the session): drafts instead of prompt lookup, from its
+                                own KV cache and its own sampling distribution; NULL = none */
   /* Structured output (docs/generation.md §4.2): the generated text is constrained to a grammar;
    * every token it does not allow next is masked before sampling, EOS only once the text is
    * complete. At most one of: grammar, GBNF text (llama.cpp's format, start rule "root"); or
@@ -358,7 +361,10 @@ typedef struct {
   cinfer_model *draft_model; /* a draft model sharing the model's tokenizer (borrowed; it must
                                 outlive the engine): drafts instead of prompt lookup (NULL) */
   int draft_max;             /* drafts per round at most, 1..32 (5) */
-  int draft_min; /* the adaptive draft length never drops below this, 1..draft_max (1) */
+  int draft_min;      /* the adaptive draft length never drops below this, 1..draft_max (1) */
+  int spec_max_batch; /* a step with more decoding sequences than this never speculates; 0 = no
+                         cap: each step speculates only when the engine's measured step times and
+                         acceptance say it pays (0) */
   /* Prompt cache on disk (docs/kv-cache.md "Prompt cache on disk"): the prefix cache's KV
    * blocks are written to this directory (created if missing) as they fill, by a writer thread
    * that never holds up a step, and read back when a request's prompt starts with them, also
@@ -474,7 +480,10 @@ typedef struct {
   int64_t requests_finished, requests_cancelled, requests_failed;
   int64_t prompt_tokens, cached_tokens, generated_tokens, steps, step_rows;
   int64_t prefix_hits, prefix_misses;
-  int64_t spec_draft_tokens, spec_accepted_tokens;    /* speculative decoding: drafted, accepted */
+  int64_t spec_draft_tokens, spec_accepted_tokens; /* speculative decoding: drafted, accepted */
+  int64_t spec_steps, spec_declined_steps; /* steps that verified drafts; steps with drafts the
+                                              policy kept plain (it did not pay, or the cap) */
+  int64_t spec_draft_steps;                /* draft-model steps (each drafts every sequence) */
   int64_t prefix_cache_bytes, prefix_cache_max_bytes; /* bytes only the prefix cache holds; cap */
   int64_t prefix_cache_blocks, prefix_cache_entries;
   int64_t prefill_tokens; /* prompt tokens forwarded (not read from the prefix cache, and a

@@ -4,7 +4,11 @@
  * and batched with requests that do not speculate; the rejection-sampling rule keeps the target's
  * distribution exactly (chi-square against the analytic distribution and against plain
  * sampling, with every sampler option that shapes it); prompt lookup proposes what followed
- * the latest earlier match. */
+ * the latest earlier match. A draft model drafts every speculating sequence of a step together
+ * (one draft-model step per drafted position) with the drafts of each alone; the speculation
+ * policy decides from measured step times (unit-tested on synthetic ones) and never changes
+ * greedy output, forced on, off, or capped by spec_max_batch. Sessions (generate, chat)
+ * speculate by prompt lookup or with a draft model with the tokens of plain decoding. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +21,7 @@
 #include "base/error.h"
 #include "engine/engine.h"
 #include "engine/lookup.h"
+#include "engine/spec_policy.h"
 #include "sample/spec_verify.h"
 
 #include <math.h>
@@ -128,7 +133,8 @@ static int collect(ci_engine_request *r, int32_t *out, float *lps, ci_engine_eve
   }
 }
 
-static ci_engine *make_engine(fixture *f, int batch, int lookup, ci_model *draft) {
+static ci_engine *make_engine_with(fixture *f, int batch, int lookup, ci_model *draft, int policy,
+                                   int max_batch) {
   ci_engine_options o;
   ci_engine_options_default(&o);
   o.batch = batch;
@@ -139,9 +145,15 @@ static ci_engine *make_engine(fixture *f, int batch, int lookup, ci_model *draft
   o.draft_model = draft;
   o.draft_max = 4;
   o.draft_min = 1;
+  o.spec_policy = policy;
+  o.spec_max_batch = max_batch;
   ci_engine *e = ci_engine_create(f->model, &o);
   assert_non_null(e);
   return e;
+}
+
+static ci_engine *make_engine(fixture *f, int batch, int lookup, ci_model *draft) {
+  return make_engine_with(f, batch, lookup, draft, CI_ENGINE_SPEC_AUTO, 0);
 }
 
 enum { N_PLANS = 5 };
@@ -254,6 +266,207 @@ static void test_draft_model_sampling(void **state) {
   assert_non_null(strstr(ci_last_error(), "draft model"));
   ci_model_free(other);
   be->ops->destroy(be);
+}
+
+/* ==== Batched drafting ==== */
+
+enum { N_BATCHED = 4 };
+
+/* Runs jobs[0..n) on `e` all at once (n_choices > 1: n_choices choices of jobs[0]) and checks
+ * each request's tokens and logprobs against want. Returns the drafted tokens. */
+static int64_t run_all(ci_engine *e, ci_engine_job *jobs, int n, int n_choices,
+                       int32_t want[][MAX_GEN], float want_lp[][MAX_GEN], const int *n_want) {
+  ci_engine_request *reqs[N_BATCHED];
+  if (n_choices > 1)
+    assert_int_equal(ci_engine_submit_n(e, &jobs[0], n_choices, reqs), CI_ENGINE_SUBMITTED);
+  else
+    for (int i = 0; i < n; i++)
+      assert_int_equal(ci_engine_submit(e, &jobs[i], &reqs[i]), CI_ENGINE_SUBMITTED);
+  const int count = n_choices > 1 ? n_choices : n;
+  int64_t drafted = 0;
+  for (int i = 0; i < count; i++) {
+    const int w = n_choices > 1 ? 0 : i;
+    int32_t got[MAX_GEN];
+    float got_lp[MAX_GEN];
+    ci_engine_event done;
+    const int got_n = collect(reqs[i], got, got_lp, &done);
+    ci_engine_request_release(reqs[i]);
+    assert_int_equal(got_n, n_want[w]);
+    assert_memory_equal(got, want[w], (size_t)got_n * sizeof(int32_t));
+    assert_memory_equal(got_lp, want_lp[w], (size_t)got_n * sizeof(float));
+    drafted += done.draft_tokens;
+  }
+  return drafted;
+}
+
+/* Several requests drafting with a draft model at once get the tokens of each alone; alone, a
+ * round of k drafts takes k draft-model steps; together, fewer steps than drafts; n choices of
+ * one prompt (identical sequences, so identical draft lengths) take exactly the steps of one. */
+static void test_draft_batched(void **state) {
+  fixture *f = *state;
+  int32_t prompts[N_BATCHED][64], want[N_BATCHED][MAX_GEN];
+  float want_lp[N_BATCHED][MAX_GEN];
+  int n_want[N_BATCHED];
+  ci_engine_job jobs[N_BATCHED];
+  int64_t first_drafted = 0, first_steps = 0;
+  ci_engine *solo = make_engine_with(f, 1, 0, f->draft, CI_ENGINE_SPEC_ALWAYS, 0);
+  for (int i = 0; i < N_BATCHED; i++) {
+    make_job(i, &plans[0], prompts[i], 0, &jobs[i]);
+    ci_engine_request *r;
+    assert_int_equal(ci_engine_submit(solo, &jobs[i], &r), CI_ENGINE_SUBMITTED);
+    ci_engine_event done;
+    n_want[i] = collect(r, want[i], want_lp[i], &done);
+    ci_engine_request_release(r);
+    if (i == 0) {
+      ci_engine_stats st;
+      ci_engine_get_stats(solo, &st);
+      first_drafted = done.draft_tokens;
+      first_steps = st.spec_draft_steps;
+    }
+  }
+  ci_engine_stats st;
+  ci_engine_get_stats(solo, &st);
+  assert_true(st.spec_draft_tokens > 0);
+  assert_int_equal(st.spec_draft_steps, st.spec_draft_tokens); /* k steps for k drafts */
+  assert_int_equal(first_steps, first_drafted);
+  assert_int_equal(st.spec_declined_steps, 0);
+  ci_engine_free(solo);
+
+  ci_engine *batched = make_engine_with(f, N_BATCHED, 0, f->draft, CI_ENGINE_SPEC_ALWAYS, 0);
+  const int64_t drafted = run_all(batched, jobs, N_BATCHED, 1, want, want_lp, n_want);
+  ci_engine_get_stats(batched, &st);
+  assert_int_equal(st.spec_draft_tokens, drafted);
+  assert_true(st.spec_draft_steps < drafted);
+  fprintf(stderr, "batched drafting: %lld drafts in %lld draft-model steps\n", (long long)drafted,
+          (long long)st.spec_draft_steps);
+  ci_engine_free(batched);
+
+  batched = make_engine_with(f, N_BATCHED, 0, f->draft, CI_ENGINE_SPEC_ALWAYS, 0);
+  const int64_t choices_drafted = run_all(batched, jobs, 1, N_BATCHED, want, want_lp, n_want);
+  ci_engine_get_stats(batched, &st);
+  assert_int_equal(choices_drafted, N_BATCHED * first_drafted);
+  assert_int_equal(st.spec_draft_steps, first_steps);
+  ci_engine_free(batched);
+}
+
+/* ==== The speculation policy ==== */
+
+/* The decision on synthetic timings: compute-bound steps (time grows with rows) do not pay at a
+ * large batch, memory-bound ones (time flat) do; unmeasured buckets are explored first; a long
+ * run of plain steps is broken to re-measure; the step-time estimate interpolates. */
+static void test_policy_decision(void **state) {
+  (void)state;
+  assert_true(fabs(ci_spec_policy_expected_tokens(0.5, 2) - 1.75) < 1e-12);
+  assert_true(fabs(ci_spec_policy_expected_tokens(0.0, 4) - 1.0) < 1e-12);
+  assert_true(fabs(ci_spec_policy_expected_tokens(1.0, 4) - 5.0) < 1e-12);
+  assert_int_equal(ci_spec_policy_bucket(1), 0);
+  assert_int_equal(ci_spec_policy_bucket(2), 1);
+  assert_int_equal(ci_spec_policy_bucket(4), 2);
+  assert_int_equal(ci_spec_policy_bucket(5), 3);
+  assert_int_equal(ci_spec_policy_bucket(1 << 30), CI_SPEC_POLICY_BUCKETS - 1);
+  const int k8[8] = {4, 4, 4, 4, 4, 4, 4, 4};
+  ci_spec_policy p;
+  ci_spec_policy_init(&p);
+  assert_true(ci_spec_policy_step_ms(&p, 8) < 0);
+  /* nothing measured: the speculative bucket is explored first, then the plain one */
+  assert_int_equal(ci_spec_policy_decide(&p, 8, 8, k8, NULL, 8, 0), 1);
+  for (int i = 0; i < CI_SPEC_POLICY_MIN_SAMPLES; i++) ci_spec_policy_observe_step(&p, 40, 40.0);
+  assert_int_equal(ci_spec_policy_decide(&p, 8, 8, k8, NULL, 8, 0), 0);
+  /* compute-bound: 1 ms a row. 8 plain rows: 8 tokens in 8 ms; 40 rows: 8 x 1.94 in 40 ms */
+  for (int i = 0; i < CI_SPEC_POLICY_MIN_SAMPLES; i++) ci_spec_policy_observe_step(&p, 8, 8.0);
+  for (int i = 0; i < 20; i++) ci_spec_policy_observe_accept(&p, 4, 2);
+  assert_true(fabs(p.accept - 0.5) < 1e-9);
+  assert_true(fabs(ci_spec_policy_step_ms(&p, 24) - 24.0) < 1e-9); /* interpolated */
+  assert_true(fabs(ci_spec_policy_step_ms(&p, 80) - 80.0) < 1e-9); /* proportional beyond */
+  assert_true(fabs(ci_spec_policy_step_ms(&p, 2) - 8.0) < 1e-9);   /* no cheaper below */
+  assert_int_equal(ci_spec_policy_decide(&p, 8, 8, k8, NULL, 8, 0), 0);
+  /* every draft accepted is break-even there (40 tokens in 40 ms): a tie stays plain; at a
+   * fixed cost of 4 ms a step on top (12 and 44 ms), it pays */
+  const double sure[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  assert_int_equal(ci_spec_policy_decide(&p, 8, 8, k8, sure, 8, 0), 0);
+  ci_spec_policy q;
+  ci_spec_policy_init(&q);
+  for (int i = 0; i < CI_SPEC_POLICY_MIN_SAMPLES; i++) {
+    ci_spec_policy_observe_step(&q, 8, 12.0);
+    ci_spec_policy_observe_step(&q, 40, 44.0);
+  }
+  assert_int_equal(ci_spec_policy_decide(&q, 8, 8, k8, sure, 8, 0), 1);
+  assert_int_equal(ci_spec_policy_decide(&q, 8, 8, k8, NULL, 8, 0), 0);
+  /* a long run of plain steps is broken by one speculative step */
+  int spec = 0;
+  for (int i = 0; i < CI_SPEC_POLICY_REPROBE + 1; i++)
+    spec += ci_spec_policy_decide(&p, 8, 8, k8, NULL, 8, 0);
+  assert_int_equal(spec, 1);
+  /* memory-bound: a step takes 10 ms whatever its rows: speculation pays */
+  ci_spec_policy_init(&p);
+  for (int i = 0; i < 50; i++) {
+    ci_spec_policy_observe_step(&p, 8, 10.0);
+    ci_spec_policy_observe_step(&p, 40, 10.0);
+  }
+  assert_int_equal(ci_spec_policy_decide(&p, 8, 8, k8, NULL, 8, 0), 1);
+  /* ... unless the draft model's 4 steps cost more than the tokens they add: 15.5 tokens in
+   * 10 + 4 x 8 ms against 8 in 10 ms */
+  for (int i = 0; i < 10; i++) ci_spec_policy_observe_draft(&p, 4, 32.0);
+  assert_true(fabs(p.draft_ms - 8.0) < 1e-9);
+  assert_int_equal(ci_spec_policy_decide(&p, 8, 8, k8, NULL, 8, 4), 0);
+  /* nothing to draft: plain */
+  assert_int_equal(ci_spec_policy_decide(&p, 8, 8, k8, NULL, 0, 0), 0);
+}
+
+/* Greedy output is the same whatever the policy decides: forced on, forced off, measured, or
+ * capped by spec_max_batch (a step of more decoding sequences stays plain); the engine counts
+ * the steps that speculated and those that did not. */
+static void test_policy_greedy(void **state) {
+  fixture *f = *state;
+  int32_t prompts[N_BATCHED][64], want[N_BATCHED][MAX_GEN];
+  float want_lp[N_BATCHED][MAX_GEN];
+  int n_want[N_BATCHED];
+  ci_engine_job jobs[N_BATCHED];
+  ci_engine *plain = make_engine(f, 1, 0, NULL);
+  for (int i = 0; i < N_BATCHED; i++) {
+    make_job(i, &plans[i], prompts[i], 0, &jobs[i]);
+    ci_engine_request *r;
+    assert_int_equal(ci_engine_submit(plain, &jobs[i], &r), CI_ENGINE_SUBMITTED);
+    ci_engine_event done;
+    n_want[i] = collect(r, want[i], want_lp[i], &done);
+    ci_engine_request_release(r);
+  }
+  ci_engine_free(plain);
+  for (int drafter = 0; drafter < 2; drafter++) {
+    ci_model *draft = drafter ? f->draft : NULL;
+    const int lookup = drafter ? 0 : 3;
+    static const int policies[] = {CI_ENGINE_SPEC_ALWAYS, CI_ENGINE_SPEC_NEVER,
+                                   CI_ENGINE_SPEC_AUTO};
+    for (int p = 0; p < 3; p++) {
+      ci_engine *e = make_engine_with(f, N_BATCHED, lookup, draft, policies[p], 0);
+      const int64_t drafted = run_all(e, jobs, N_BATCHED, 1, want, want_lp, n_want);
+      ci_engine_stats st;
+      ci_engine_get_stats(e, &st);
+      if (policies[p] == CI_ENGINE_SPEC_NEVER) {
+        assert_int_equal(drafted, 0);
+        assert_int_equal(st.spec_steps, 0);
+        assert_true(st.spec_declined_steps > 0);
+        assert_int_equal(st.spec_draft_steps, 0);
+      } else {
+        assert_true(drafted > 0);
+        assert_true(st.spec_steps > 0);
+      }
+      if (policies[p] == CI_ENGINE_SPEC_ALWAYS) assert_int_equal(st.spec_declined_steps, 0);
+      fprintf(stderr, "%s, policy %d: %lld steps speculated, %lld declined\n",
+              drafter ? "draft model" : "prompt lookup", policies[p], (long long)st.spec_steps,
+              (long long)st.spec_declined_steps);
+      ci_engine_free(e);
+    }
+    /* spec_max_batch 1: three choices decoding together never speculate; one alone does */
+    ci_engine *e = make_engine_with(f, N_BATCHED, lookup, draft, CI_ENGINE_SPEC_ALWAYS, 1);
+    assert_int_equal(run_all(e, jobs, 1, 3, want, want_lp, n_want), 0);
+    ci_engine_stats st;
+    ci_engine_get_stats(e, &st);
+    assert_int_equal(st.spec_steps, 0);
+    assert_true(st.spec_declined_steps > 0);
+    assert_true(run_all(e, jobs, 1, 1, want, want_lp, n_want) > 0);
+    ci_engine_free(e);
+  }
 }
 
 /* ==== Sampling: the distribution of a verified position ==== */
@@ -515,8 +728,9 @@ static void test_engine_sampled_distribution(void **state) {
   be->ops->destroy(be);
 }
 
-/* Sessions (generate, chat): the same tokens and logprobs with and without prompt lookup, over
- * two turns where the first is cut short while a round's tokens are still queued. */
+/* Sessions (generate, chat): the same tokens and logprobs with and without prompt lookup or a
+ * draft model, over two turns where the first is cut short while a round's tokens are still
+ * queued, then again after a reset. */
 typedef struct {
   int32_t ids[128];
   float lps[128];
@@ -540,12 +754,14 @@ static void session_turn(cinfer_session *s, session_run *out, int limit) {
   out->drafted += tm.draft_tokens;
 }
 
-static session_run run_session(cinfer_model *model, int lookup, const char *codec, int64_t start) {
+static session_run run_session(cinfer_model *model, int lookup, cinfer_model *draft,
+                               const char *codec, int64_t start) {
   cinfer_params p;
   cinfer_params_init(&p, model);
   p.temperature = 0;
   p.max_tokens = 30;
   p.lookup_ngram = lookup;
+  p.draft_model = draft;
   p.draft_max = 4;
   p.kv_codec = codec;
   p.kv_start = start;
@@ -558,27 +774,80 @@ static session_run run_session(cinfer_model *model, int lookup, const char *code
   session_turn(s, &r, 7); /* stops mid-round: the rest of the round is dropped */
   assert_int_equal(cinfer_session_feed(s, prompt + 3, 6, NULL, 0), CINFER_OK);
   session_turn(s, &r, 100);
+  /* after a reset the draft starts over with the sequence */
+  assert_int_equal(cinfer_session_reset(s), CINFER_OK);
+  assert_int_equal(cinfer_session_feed(s, prompt + 2, 9, NULL, 0), CINFER_OK);
+  session_turn(s, &r, 100);
   cinfer_session_free(s);
   return r;
 }
 
 static void test_session_identical(void **state) {
   (void)state;
-  cinfer_model *model = NULL;
+  cinfer_model *model = NULL, *draft = NULL;
   assert_int_equal(cinfer_model_load(STARTER, NULL, &model), CINFER_OK);
+  assert_int_equal(cinfer_model_load(STARTER_DRAFT, NULL, &draft), CINFER_OK);
   static const struct {
     const char *codec;
     int64_t start;
   } plans2[] = {{"bf16", 0}, {"affine", 0}, {"turbo", 56}};
   for (size_t c = 0; c < sizeof plans2 / sizeof plans2[0]; c++) {
-    const session_run plain = run_session(model, 0, plans2[c].codec, plans2[c].start);
-    const session_run spec = run_session(model, 3, plans2[c].codec, plans2[c].start);
-    assert_int_equal(spec.n, plain.n);
-    assert_memory_equal(spec.ids, plain.ids, (size_t)plain.n * sizeof(int32_t));
-    assert_memory_equal(spec.lps, plain.lps, (size_t)plain.n * sizeof(float));
+    const session_run plain = run_session(model, 0, NULL, plans2[c].codec, plans2[c].start);
     assert_int_equal(plain.drafted, 0);
-    assert_true(spec.drafted > 0);
+    for (int drafter = 0; drafter < 2; drafter++) {
+      const session_run spec = run_session(model, drafter ? 0 : 3, drafter ? draft : NULL,
+                                           plans2[c].codec, plans2[c].start);
+      assert_int_equal(spec.n, plain.n);
+      assert_memory_equal(spec.ids, plain.ids, (size_t)plain.n * sizeof(int32_t));
+      assert_memory_equal(spec.lps, plain.lps, (size_t)plain.n * sizeof(float));
+      assert_true(spec.drafted > 0);
+    }
   }
+  cinfer_model_free(draft);
+  cinfer_model_free(model);
+}
+
+/* A sampled session with a draft model speculates (q-based acceptance) and a seeded one gives
+ * the same tokens each run; a draft model of another vocabulary is refused by name. */
+static void test_session_draft_model_sampled(void **state) {
+  (void)state;
+  cinfer_model *model = NULL, *draft = NULL, *other = NULL;
+  assert_int_equal(cinfer_model_load(STARTER, NULL, &model), CINFER_OK);
+  assert_int_equal(cinfer_model_load(STARTER_DRAFT, NULL, &draft), CINFER_OK);
+  int32_t prompt[64];
+  const int n = make_prompt(2, prompt);
+  session_run runs[2];
+  for (int run = 0; run < 2; run++) {
+    cinfer_params p;
+    cinfer_params_init(&p, model);
+    p.temperature = 0.8f;
+    p.top_k = 20;
+    p.seed = 42;
+    p.has_seed = 1;
+    p.max_tokens = 40;
+    p.ignore_eos = 1;
+    p.draft_model = draft;
+    cinfer_session *s = NULL;
+    assert_int_equal(cinfer_session_create(model, &p, &s), CINFER_OK);
+    assert_int_equal(cinfer_session_feed(s, prompt, (size_t)n, NULL, 0), CINFER_OK);
+    memset(&runs[run], 0, sizeof runs[run]);
+    session_turn(s, &runs[run], 100);
+    assert_int_equal(runs[run].n, 40);
+    assert_true(runs[run].drafted > 0);
+    cinfer_session_free(s);
+  }
+  assert_memory_equal(runs[0].ids, runs[1].ids, sizeof runs[0].ids);
+  assert_int_equal(cinfer_model_load(CI_FIXTURE_DIR "/llama", NULL, &other), CINFER_OK);
+  assert_int_not_equal(cinfer_model_vocab_size(other), cinfer_model_vocab_size(model));
+  cinfer_params p;
+  cinfer_params_init(&p, model);
+  p.draft_model = other;
+  cinfer_session *s = NULL;
+  assert_int_equal(cinfer_session_create(model, &p, &s), CINFER_INVALID_ARGUMENT);
+  assert_null(s);
+  assert_non_null(strstr(cinfer_last_error(), "draft model"));
+  cinfer_model_free(other);
+  cinfer_model_free(draft);
   cinfer_model_free(model);
 }
 
@@ -590,7 +859,11 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_greedy_identical_lookup, setup, teardown),
       cmocka_unit_test_setup_teardown(test_greedy_identical_draft_model, setup, teardown),
       cmocka_unit_test_setup_teardown(test_draft_model_sampling, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_draft_batched, setup, teardown),
+      cmocka_unit_test(test_policy_decision),
+      cmocka_unit_test_setup_teardown(test_policy_greedy, setup, teardown),
       cmocka_unit_test(test_session_identical),
+      cmocka_unit_test(test_session_draft_model_sampled),
       cmocka_unit_test(test_engine_sampled_distribution),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #define STARTER CI_FIXTURE_DIR "/../../models/starter"
+#define STARTER_DRAFT CI_FIXTURE_DIR "/../../models/starter-draft"
 
 /* Runs a shell command; returns its stdout (malloc'd) and exit status. */
 static char *run(const char *cmd, int *status) {
@@ -83,6 +84,56 @@ static void test_generate_text(void **state) {
   check_json_text("--prompt 'def add(a, b):'");
   check_json_text("--chat --prompt 'Write a Python function that returns the maximum of a list.'");
   check_json_text("--chat --system 'You write Python.' --prompt 'Sort a list of numbers.'");
+}
+
+/* The "ids" of a `generate --json` run with these flags (greedy, 48 tokens), as a JSON string
+ * (malloc'd); *drafted gets its stats' draft_tokens. */
+static char *generate_ids(const char *extra, long long *drafted) {
+  char cmd[2048];
+  int status;
+  snprintf(cmd, sizeof cmd,
+           "%s generate --model %s --prompt 'def fib(n):\n    if n < 2:\n        return n\n' "
+           "--temp 0 -n 48 --ignore-eos --json --threads 2 %s 2>/dev/null",
+           CI_CINFER_BIN, STARTER, extra);
+  char *out = run(cmd, &status);
+  assert_int_equal(status, 0);
+  json_error_t err;
+  json_t *root = json_loads(out, 0, &err);
+  assert_non_null(root);
+  assert_int_equal(json_array_size(json_object_get(root, "ids")), 48);
+  char *ids = json_dumps(json_object_get(root, "ids"), JSON_COMPACT);
+  *drafted = json_integer_value(json_object_get(json_object_get(root, "stats"), "draft_tokens"));
+  json_decref(root);
+  free(out);
+  return ids;
+}
+
+/* --draft-model (generate and chat): the same greedy tokens as without it, with drafts made. */
+static void test_draft_model(void **state) {
+  (void)state;
+  long long drafted = -1;
+  char *plain = generate_ids("", &drafted);
+  assert_int_equal(drafted, 0);
+  char *spec =
+      generate_ids("--draft-model " STARTER_DRAFT " --draft-max 4 --draft-min 2", &drafted);
+  assert_true(drafted > 0);
+  assert_string_equal(spec, plain);
+  free(spec);
+  free(plain);
+  char cmd[2048];
+  int status;
+  const char *chat = "printf 'Write a function that adds two numbers.\n' | %s chat --model %s "
+                     "--temp 0 -n 40 --threads 2 %s 2>/dev/null";
+  snprintf(cmd, sizeof cmd, chat, CI_CINFER_BIN, STARTER, "");
+  char *chat_plain = run(cmd, &status);
+  assert_int_equal(status, 0);
+  snprintf(cmd, sizeof cmd, chat, CI_CINFER_BIN, STARTER, "--draft-model " STARTER_DRAFT);
+  char *chat_spec = run(cmd, &status);
+  assert_int_equal(status, 0);
+  assert_true(strlen(chat_plain) > 0);
+  assert_string_equal(chat_spec, chat_plain);
+  free(chat_plain);
+  free(chat_spec);
 }
 
 /* A stop string cuts the streamed text before it. */
@@ -294,6 +345,13 @@ static void test_errors_in_plain_words(void **state) {
       {"generate -m " STARTER " -p hi --precision half", 2,
        "--precision must be fast or exact, got 'half'"},
       {"serve -m " STARTER " --precision bf16", 2, "--precision must be fast or exact, got 'bf16'"},
+      {"generate -m " STARTER " -p hi --draft-min 4 --draft-max 2", 2,
+       "--draft-min 4 is over --draft-max 2"},
+      {"generate -m " STARTER " -p hi --draft-model " CI_FIXTURE_DIR "/llama", 1,
+       "a draft model must share the model's tokenizer"},
+      {"chat -m " STARTER " --draft-model /nonexistent/draft", 1, "/nonexistent/draft"},
+      {"serve -m " STARTER " --spec-max-batch -1", 2,
+       "--spec-max-batch must be an integer in [0, 512], got '-1'"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char cmd[2048];
@@ -370,6 +428,7 @@ static void test_chat_multiline_and_truncation(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_generate_text),
+      cmocka_unit_test(test_draft_model),
       cmocka_unit_test(test_chat_template_file),
       cmocka_unit_test(test_stop_string),
       cmocka_unit_test(test_chat_repl),

@@ -69,6 +69,7 @@ cinfer_status cinfer_engine_create(cinfer_model *model, const cinfer_engine_opti
   o.draft_model = options->draft_model ? options->draft_model->model : NULL;
   o.draft_max = options->draft_max;
   o.draft_min = options->draft_min;
+  o.spec_max_batch = options->spec_max_batch;
   o.prompt_cache_dir = options->prompt_cache_dir;
   o.prompt_cache_queue_bytes = options->prompt_cache_queue_bytes;
   o.prompt_cache_warn = options->prompt_cache_warn;
@@ -324,6 +325,9 @@ cinfer_status cinfer_engine_get_stats(cinfer_engine *engine, cinfer_engine_stats
   stats->prefix_misses = st.prefix_misses;
   stats->spec_draft_tokens = st.spec_draft_tokens;
   stats->spec_accepted_tokens = st.spec_accepted_tokens;
+  stats->spec_steps = st.spec_steps;
+  stats->spec_declined_steps = st.spec_declined_steps;
+  stats->spec_draft_steps = st.spec_draft_steps;
   stats->prefix_cache_bytes = st.prefix_cache_bytes;
   stats->prefix_cache_max_bytes = st.prefix_cache_max_bytes;
   stats->prefix_cache_blocks = st.prefix_cache_blocks;

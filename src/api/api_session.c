@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "base/timing.h"
+#include "engine/draft_model.h"
 #include "engine/finish_rule.h"
 #include "engine/lookup.h"
 #include "engine/session.h"
@@ -17,7 +18,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { DEFAULT_PREFILL_CHUNK = 2048, DEFAULT_DRAFT_MAX = 5, MAX_DRAFT = 32 };
+enum {
+  DEFAULT_PREFILL_CHUNK = 2048,
+  DEFAULT_DRAFT_MAX = 5,
+  MAX_DRAFT = 32,
+  DRAFT_BLOCK_TOKENS = 16
+};
 
 struct cinfer_session {
   cinfer_model *model; /* not owned */
@@ -50,10 +56,14 @@ struct cinfer_session {
   int turn_prompt_tokens;
   double turn_start, prefill_seconds, first_token_at, last_token_at;
   const float *lp; /* lp of the token sampled last (the sampler's, or a queued token's copy) */
-  /* Speculative decoding by prompt lookup (docs/generation.md §6): a round's emitted tokens wait
-   * in spec_queue and come out one per step while the KV round stays open; it closes when the
-   * queue drains, or earlier on a feed (keeping what was handed out). */
+  /* Speculative decoding (docs/generation.md §6), by prompt lookup or a draft model: a round's
+   * emitted tokens wait in spec_queue and come out one per step while the KV round stays open;
+   * it closes when the queue drains, or earlier on a feed (keeping what was handed out). */
   int lookup_ngram, spec_max, spec_min, spec_len;
+  ci_model *draft_model;    /* borrowed (params.draft_model); NULL = prompt lookup */
+  ci_kv_cache *draft_cache; /* owned: the draft model's KV (bf16) */
+  ci_draft_state draft;     /* its sequence (a prefix of tokens), sampler and q rows */
+  int64_t spec_draft_keep;  /* positions the draft keeps when the open round closes */
   ci_spec_scratch spec_scratch;
   float *spec_rows; /* [(spec_max + 1) * vocab] the verify rows' logits */
   float *spec_lp;   /* [(spec_max + 1) * vocab] lp of each queued token */
@@ -63,6 +73,18 @@ struct cinfer_session {
   int64_t spec_kv0;   /* KV positions before the open round */
   int turn_drafted, turn_accepted;
 };
+
+/* Gives the session a draft model: its KV cache and a draft state seeded with the session's
+ * seed (drawn from the sampler's own, so that a seeded session drafts the same way each run). */
+static cinfer_status draft_open(cinfer_session *s, ci_model *draft) {
+  s->draft_model = draft;
+  s->draft_cache = ci_model_kv_cache_create(draft, CI_KV_BF16, DRAFT_BLOCK_TOKENS, 0);
+  if (!s->draft_cache) return ci_api_fail(CINFER_ERROR, "draft model: %s", ci_last_error());
+  if (ci_draft_state_init(&s->draft, draft, s->draft_cache, &s->params.sampling,
+                          ci_sampler_seed(s->sampler), s->spec_max))
+    return ci_api_fail(CINFER_ERROR, "%s", ci_last_error());
+  return CINFER_OK;
+}
 
 /* A sampler for the session's parameters with `seed` (keeps the drawn seed across resets). */
 static ci_sampler *new_sampler(const cinfer_session *s, const uint64_t *seed) {
@@ -115,8 +137,18 @@ cinfer_status cinfer_session_create(cinfer_model *model, const cinfer_params *pa
   s->sampler = s->seq ? new_sampler(s, NULL) : NULL;
   s->logits = malloc((size_t)s->vocab * sizeof *s->logits);
   s->scratch = malloc((size_t)s->vocab * sizeof *s->scratch);
+  if (params->draft_model &&
+      ci_model_vocab_size(params->draft_model->model) != ci_model_vocab_size(model->model)) {
+    ci_api_fail(CINFER_INVALID_ARGUMENT,
+                "the draft model has %d tokens in its vocabulary, the model %d (a draft model "
+                "must share the model's tokenizer)",
+                ci_model_vocab_size(params->draft_model->model), ci_model_vocab_size(model->model));
+    cinfer_session_free(s);
+    return CINFER_INVALID_ARGUMENT;
+  }
   /* XTC makes the filtered distribution random: such sessions never speculate */
-  if (params->lookup_ngram > 0 && s->params.sampling.xtc_probability == 0.0f && s->seq) {
+  if ((params->lookup_ngram > 0 || params->draft_model) &&
+      s->params.sampling.xtc_probability == 0.0f && s->seq && s->sampler) {
     s->lookup_ngram = params->lookup_ngram;
     s->spec_max = params->draft_max > 0 ? params->draft_max : DEFAULT_DRAFT_MAX;
     s->spec_min = params->draft_min > 0 ? params->draft_min : 1;
@@ -131,6 +163,10 @@ cinfer_status cinfer_session_create(cinfer_model *model, const cinfer_params *pa
       return CINFER_ERROR;
     }
     ci_kv_seq_set_rollback_reserve(ci_session_kv_seq(s->seq), s->spec_max);
+    if (params->draft_model && draft_open(s, params->draft_model->model) != CINFER_OK) {
+      cinfer_session_free(s);
+      return CINFER_ERROR;
+    }
   }
   if (!s->seq || !s->sampler || !s->logits || !s->scratch) {
     if (s->seq && s->sampler) ci_fail("out of memory for a session");
@@ -155,7 +191,19 @@ void cinfer_session_free(cinfer_session *session) {
   free(session->spec_rows);
   free(session->spec_lp);
   ci_spec_scratch_free(&session->spec_scratch);
+  ci_draft_state_free(&session->draft);
+  ci_kv_cache_free(session->draft_cache);
   free(session);
+}
+
+/* Closes the draft model's open round (if any): it keeps what it drafted from and the accepted
+ * drafts it has seen, never more than the tokens handed out so far (its positions stay a prefix
+ * of tokens). */
+static cinfer_status draft_close(cinfer_session *s) {
+  if (!s->draft_model || !s->draft.seq) return CINFER_OK;
+  const int64_t keep =
+      s->spec_draft_keep < (int64_t)s->n_tokens ? s->spec_draft_keep : (int64_t)s->n_tokens;
+  return ci_draft_state_keep(&s->draft, keep) ? CINFER_ERROR : CINFER_OK;
 }
 
 /* Closes an open speculative round keeping what was handed out: the KV keeps the round's first
@@ -167,8 +215,9 @@ static cinfer_status spec_close(cinfer_session *s) {
   s->spec_n_queue = s->spec_popped = 0;
   s->n_run = s->spec_n_run0 + (size_t)kept;
   s->has_logits = 0;
-  if (seq && ci_kv_seq_round_close(seq, s->spec_kv0 + kept)) return CINFER_ERROR;
-  return CINFER_OK;
+  cinfer_status status = draft_close(s);
+  if (seq && ci_kv_seq_round_close(seq, s->spec_kv0 + kept)) status = CINFER_ERROR;
+  return status;
 }
 
 /* Makes room for `room` tokens in all. */
@@ -282,10 +331,10 @@ static cinfer_status finish(cinfer_session *s, cinfer_finish reason, int32_t *to
 }
 
 /* One speculative round after a pending sampled token x (tokens[n_tokens - 1], not yet in the
- * KV): prompt lookup drafts d_1 .. d_k from the tokens so far, [x, d_1 .. d_k] run in one forward
- * inside an open KV round, and verification (greedy match or rejection sampling, spec_verify.h)
- * fills spec_queue with the accepted drafts and the next token, cut at a finishing token. No
- * draft (or no room): the queue stays empty and the step decodes one token as usual. */
+ * KV): prompt lookup or the draft model drafts d_1 .. d_k from the tokens so far, [x, d_1 .. d_k]
+ * run in one forward inside an open KV round, and verification (greedy match or rejection sampling,
+ * spec_verify.h) fills spec_queue with the accepted drafts and the next token, cut at a finishing
+ * token. No draft (or no room): the queue stays empty and the step decodes one token as usual. */
 static cinfer_status spec_round(cinfer_session *s) {
   ci_kv_seq *seq = ci_session_kv_seq(s->seq);
   if (!seq) return CINFER_OK;
@@ -301,22 +350,36 @@ static cinfer_status spec_round(cinfer_session *s) {
    * position is the tokens plus the drafts before it */
   if (reserve_tokens(s, s->n_tokens + (size_t)k) != CINFER_OK) return CINFER_ERROR;
   int32_t *drafts = s->tokens + s->n_tokens;
-  const int n_drafts =
-      ci_lookup_draft(s->tokens, (int64_t)s->n_tokens, s->lookup_ngram, 1, (int)k, drafts);
+  const uint64_t base = ci_sampler_index(s->sampler);
+  int n_drafts;
+  if (s->draft_model) {
+    n_drafts = ci_draft_propose(&s->draft, s->tokens, (int64_t)s->n_tokens, (int)k, base, drafts);
+    s->spec_draft_keep = (int64_t)s->n_tokens; /* until verification says more */
+    if (n_drafts < 0) {
+      ci_api_fail(CINFER_ERROR, "speculative drafting: %s", ci_last_error());
+      draft_close(s);
+      return CINFER_ERROR;
+    }
+  } else
+    n_drafts = ci_lookup_draft(s->tokens, (int64_t)s->n_tokens, s->lookup_ngram, 1, (int)k, drafts);
   if (n_drafts == 0) return CINFER_OK;
   s->spec_kv0 = seq->n;
   s->spec_n_run0 = s->n_run;
-  if (ci_kv_seq_round_open(seq, n_drafts + 1)) return CINFER_ERROR;
+  if (ci_kv_seq_round_open(seq, n_drafts + 1)) {
+    draft_close(s);
+    return CINFER_ERROR;
+  }
   s->spec_n_queue = 1; /* the round is open: spec_close closes it on any exit below */
   s->spec_popped = 0;
   if (ci_session_feed(s->seq, s->tokens + s->n_tokens - 1, n_drafts + 1, s->spec_rows,
                       n_drafts + 1)) {
     s->spec_n_queue = 0;
     ci_kv_seq_round_close(seq, seq->n);
+    draft_close(s);
     s->has_logits = 0;
     return CINFER_ERROR;
   }
-  const uint64_t base = ci_sampler_index(s->sampler);
+  const float *q = s->draft_model ? s->draft.q : NULL;
   const size_t v = (size_t)s->vocab;
   int m = 0, accepted = 0;
   for (int j = 0; j <= n_drafts; j++) {
@@ -325,7 +388,7 @@ static cinfer_status spec_round(cinfer_session *s) {
     int32_t t;
     if (j < n_drafts)
       t = ci_spec_verify(s->sampler, &s->spec_scratch, row, s->tokens, s->n_tokens + (size_t)j,
-                         base + (uint64_t)j, drafts[j], NULL, &ok);
+                         base + (uint64_t)j, drafts[j], q ? q + (size_t)j * v : NULL, &ok);
     else
       t = ci_sampler_sample_at(s->sampler, row, s->tokens, s->n_tokens + (size_t)j,
                                base + (uint64_t)j);
@@ -347,6 +410,8 @@ static cinfer_status spec_round(cinfer_session *s) {
   s->has_logits = 0;
   s->turn_drafted += n_drafts;
   s->turn_accepted += accepted;
+  /* the draft keeps the context it drafted from and the accepted drafts it has seen */
+  s->spec_draft_keep = (int64_t)s->n_tokens + (accepted < n_drafts - 1 ? accepted : n_drafts - 1);
   /* adapt: all accepted -> one more next time; else the accepted length plus one */
   if (accepted == n_drafts)
     s->spec_len = s->spec_len < s->spec_max ? s->spec_len + 1 : s->spec_max;
@@ -489,6 +554,12 @@ cinfer_status cinfer_session_reset(cinfer_session *session) {
   if (ci_session_reset(session->seq)) return CINFER_ERROR;
   if (session->spec_max > 0)
     ci_kv_seq_set_rollback_reserve(ci_session_kv_seq(session->seq), session->spec_max);
+  if (session->draft_model) { /* a new draft sequence, seeded as the new sampler */
+    ci_draft_state_free(&session->draft);
+    if (ci_draft_state_init(&session->draft, session->draft_model, session->draft_cache,
+                            &session->params.sampling, seed, session->spec_max))
+      return ci_api_fail(CINFER_ERROR, "%s", ci_last_error());
+  }
   return CINFER_OK;
 }
 

@@ -29,8 +29,7 @@ static const char usage[] =
     "[--min-p P]\n"
     "                   [--repeat-penalty R] [--presence-penalty P] [--frequency-penalty F] "
     "[--seed S]\n"
-    "                   [--lookup-ngram N] [--draft-max 5] [--draft-min 1] [--adapter "
-    "DIR]\n" CI_CLI_MODEL_USAGE CI_CLI_KV_USAGE
+    "                   [--adapter DIR]\n" CI_CLI_MODEL_USAGE CI_CLI_KV_USAGE CI_CLI_SPEC_USAGE
     "Type a message and press enter (/help lists the commands). --adapter DIR\n"
     "applies a LoRA adapter (a PEFT or mlx-lm folder).\n";
 
@@ -151,6 +150,7 @@ int ci_verb_chat(int argc, char **argv) {
     return 2;
   cinfer_model *model = NULL;
   cinfer_adapter *adapter = NULL;
+  cinfer_model *draft = NULL;
   int rc = ci_cli_model_load(flags, nf, "chat", model_arg, &model);
   if (rc) return rc;
   rc = 1;
@@ -183,6 +183,8 @@ int ci_verb_chat(int argc, char **argv) {
   if (!cinfer_model_max_new_tokens(model)) params.max_tokens = CHAT_DEFAULT_MAX_TOKENS;
   ci_cli_sampling_flags(flags, nf, "chat", &params);
   ci_cli_spec_flags(flags, nf, "chat", &params);
+  if (ci_cli_draft_model_load(flags, nf, "chat", model, &draft)) goto done;
+  params.draft_model = draft;
   ci_cli_kv_flags(flags, nf, "chat", &params, NULL, 0, NULL);
   params.max_tokens_explicit = 0;
   params.context_size = (int)ctx_size;
@@ -290,6 +292,7 @@ done:
   cinfer_session_free(session);
   cinfer_chat_template_free(own_template);
   cinfer_adapter_free(adapter);
+  cinfer_model_free(draft);
   cinfer_model_free(model);
   return rc;
 }

@@ -28,14 +28,14 @@ static const char usage[] =
     "                       [--top-k K] [--min-p P] [--repeat-penalty R] [--presence-penalty P]\n"
     "                       [--frequency-penalty F] [--seed S] [--prefill-chunk N]\n"
     "                       [-c|--ctx-size N] [--ignore-eos] [--json]\n"
-    "                       [--lookup-ngram N] [--draft-max 5] [--draft-min 1] [--adapter "
-    "DIR]\n" CI_CLI_MODEL_USAGE CI_CLI_KV_USAGE
+    "                       [--adapter DIR]\n" CI_CLI_MODEL_USAGE CI_CLI_KV_USAGE CI_CLI_SPEC_USAGE
     "Sampling defaults come from the model's generation_config.json, else temperature 0.7 and\n"
     "every filter off; --temp 0 is greedy. A text prompt streams the generated text (--chat\n"
     "wraps it in the model's chat template); an --ids prompt prints the generated ids (EOS not\n"
     "printed). Stats go to stderr; --json prints {ids, text?, finish_reason, stats} instead.\n"
-    "--lookup-ngram N speculates by prompt lookup (docs/generation.md §6): the same output\n"
-    "(greedy: token for token), fewer forward passes on repetitive text.\n"
+    "--lookup-ngram N speculates by prompt lookup, --draft-model DIR with a smaller model sharing\n"
+    "the tokenizer (docs/generation.md §6): the same output (greedy: token for token), fewer\n"
+    "forward passes of the model.\n"
     "--prompt-file - reads the prompt from standard input. --adapter DIR applies a LoRA adapter\n"
     "(a PEFT or mlx-lm folder) beside the model's weights.\n";
 
@@ -273,6 +273,7 @@ int ci_verb_generate(int argc, char **argv) {
 
   cinfer_model *model = NULL;
   cinfer_adapter *adapter = NULL;
+  cinfer_model *draft = NULL;
   int rc = ci_cli_model_load(flags, nf, "generate", model_arg, &model);
   if (rc) {
     free(prompt);
@@ -298,6 +299,8 @@ int ci_verb_generate(int argc, char **argv) {
   ci_cli_kv_flags(flags, nf, "generate", &params, NULL, 0, NULL);
   ci_cli_sampling_flags(flags, nf, "generate", &params);
   ci_cli_spec_flags(flags, nf, "generate", &params);
+  if (ci_cli_draft_model_load(flags, nf, "generate", model, &draft)) goto done;
+  params.draft_model = draft;
   params.prefill_chunk = (int)prefill_chunk;
   params.context_size = (int)ctx_size;
   params.ignore_eos = ci_args_get(flags, nf, "--ignore-eos") != NULL;
@@ -343,6 +346,7 @@ done:
   else
     free(prompt);
   cinfer_adapter_free(adapter);
+  cinfer_model_free(draft);
   cinfer_model_free(model);
   return rc;
 }

@@ -5,6 +5,7 @@
 #include "cli/args.h"
 #include "cli/kv_flags.h"
 #include "cli/sampling_flags.h"
+#include "cli/spec_flags.h"
 #include "cli/verbs.h"
 #include "server/server.h"
 
@@ -25,6 +26,7 @@ static const char usage[] =
     "                    [--chat-template FILE] [--log-format text|json] [-q|--quiet]\n"
     "                    [--idle-timeout S] [--max-connections N]\n"
     "                    [--lookup-ngram N | --draft-model DIR] [--draft-max N] [--draft-min N]\n"
+    "                    [--spec-max-batch N]\n"
     "                    [--adapter [NAME=]DIR ...] [--adapter-dir DIR]\n"
     "                    [sampling defaults: --temp ...]\n" CI_CLI_MODEL_USAGE CI_CLI_KV_USAGE
     "Serves the OpenAI (/v1/chat/completions, /v1/completions, /v1/models) and Anthropic\n"
@@ -45,7 +47,10 @@ static const char usage[] =
     "of the prompt and the text so far propose up to --draft-max tokens (5) per round, verified\n"
     "in one step; the draft length adapts between --draft-min (1) and --draft-max);\n"
     "--draft-model DIR drafts with a smaller model sharing the tokenizer instead. A request may\n"
-    "lower its draft length or turn it off with \"num_draft\" or \"speculative\".\n"
+    "lower its draft length or turn it off with \"num_draft\" or \"speculative\". A step "
+    "speculates\n"
+    "only when the measured step times and acceptance say it pays; --spec-max-batch N never\n"
+    "speculates in a step of more than N decoding requests (0, the default: no cap).\n"
     "--adapter mounts a LoRA adapter folder (PEFT or mlx-lm; repeatable; named by its folder or\n"
     "NAME=); a request picks one with \"adapter\": NAME or \"model\": \"MODEL:NAME\".\n"
     "--adapter-dir DIR lets GET/POST /v1/adapters and DELETE /v1/adapters/{id} mount and unmount\n"
@@ -80,10 +85,8 @@ int ci_verb_serve(int argc, char **argv) {
                      {"--idle-timeout", NULL, 1, NULL},
                      {"--max-connections", NULL, 1, NULL},
                      {"--chat-template", NULL, 1, NULL},
-                     {"--lookup-ngram", NULL, 1, NULL},
-                     {"--draft-model", "--model-draft", 1, NULL},
-                     {"--draft-max", "--num-draft", 1, NULL},
-                     {"--draft-min", NULL, 1, NULL},
+                     CI_CLI_SPEC_FLAGS,
+                     {"--spec-max-batch", NULL, 1, NULL},
                      {"--adapter", NULL, 2, NULL},
                      {"--adapter-dir", NULL, 1, NULL},
                      {"--help", "-h", 0, NULL},
@@ -109,8 +112,8 @@ int ci_verb_serve(int argc, char **argv) {
   }
   cinfer_model_options model_options;
   long long port, batch, batch_tokens, max_queue, ctx_size, prefill_chunk, max_body, idle_timeout,
-      max_connections;
-  long long lookup_ngram, draft_max, draft_min;
+      max_connections, spec_max_batch;
+  ci_cli_spec spec;
   if (ci_cli_sampling_flags(flags, nf, "serve", &defaults) ||
       ci_cli_model_options(flags, nf, "serve", &model_options) ||
       ci_args_int(flags, nf, "--port", 8080, 0, 65535, &port) ||
@@ -122,15 +125,9 @@ int ci_verb_serve(int argc, char **argv) {
       ci_args_int(flags, nf, "--max-body", 16, 1, 4096, &max_body) ||
       ci_args_int(flags, nf, "--idle-timeout", 30, 1, 86400, &idle_timeout) ||
       ci_args_int(flags, nf, "--max-connections", 4096, 1, 1 << 16, &max_connections) ||
-      ci_args_int(flags, nf, "--lookup-ngram", 0, 0, 64, &lookup_ngram) ||
-      ci_args_int(flags, nf, "--draft-max", 5, 1, 32, &draft_max) ||
-      ci_args_int(flags, nf, "--draft-min", 1, 1, 32, &draft_min))
+      ci_args_int(flags, nf, "--spec-max-batch", 0, 0, 512, &spec_max_batch) ||
+      ci_cli_spec_parse(flags, nf, "serve", &spec))
     return 2;
-  if (draft_min > draft_max) {
-    fprintf(stderr, "cinfer serve: --draft-min %lld is over --draft-max %lld\n", draft_min,
-            draft_max);
-    return 2;
-  }
   const char *log_format = ci_args_get(flags, nf, "--log-format");
   if (log_format && strcmp(log_format, "text") && strcmp(log_format, "json")) {
     fprintf(stderr, "cinfer serve: --log-format must be text or json (got '%s')\n", log_format);
@@ -201,21 +198,12 @@ int ci_verb_serve(int argc, char **argv) {
   eo.batch_tokens = (int)batch_tokens;
   eo.prefill_chunk = (int)prefill_chunk;
   eo.max_queue = (int)max_queue;
-  eo.lookup_ngram = (int)lookup_ngram;
-  eo.draft_max = (int)draft_max;
-  eo.draft_min = (int)draft_min;
-  const char *draft_arg = ci_args_get(flags, nf, "--draft-model");
-  if (draft_arg) {
-    if (ci_cli_model_load(flags, nf, "serve", draft_arg, &draft)) goto done;
-    if (cinfer_model_vocab_size(draft) != cinfer_model_vocab_size(model)) {
-      fprintf(stderr,
-              "cinfer serve: the draft model %s has %d tokens, the model %d: a draft model must "
-              "share the model's tokenizer\n",
-              draft_arg, cinfer_model_vocab_size(draft), cinfer_model_vocab_size(model));
-      goto done;
-    }
-    eo.draft_model = draft;
-  }
+  eo.lookup_ngram = spec.lookup_ngram;
+  eo.draft_max = spec.draft_max;
+  eo.draft_min = spec.draft_min;
+  eo.spec_max_batch = (int)spec_max_batch;
+  if (ci_cli_draft_model_load(flags, nf, "serve", model, &draft)) goto done;
+  eo.draft_model = draft;
   eo.context_size = (int)ctx_size;
   /* a plain --kv-codec (bf16, f32) is what every sequence stores; a quantized one is each
      request's plan from bf16 */

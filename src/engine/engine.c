@@ -15,6 +15,7 @@
 #include "engine/draft_model.h"
 #include "engine/finish_rule.h"
 #include "engine/lookup.h"
+#include "engine/spec_policy.h"
 #include "engine/prefix_cache.h"
 #include "engine/prompt_cache.h"
 #include "kv/reservation.h"
@@ -112,6 +113,13 @@ struct ci_engine {
   float *fork_logits;     /* [vocab]: a copy of a prefill's last row for each forked choice */
   int logits_pinned;      /* logits registered with the backend (pin_host) */
   ci_step_seq *step_seqs; /* [batch] the sequences of a step */
+  /* speculation: the policy's measurements, and a step's drafting (engine thread) */
+  ci_spec_policy policy;
+  ci_draft_batch draft_batch;    /* with a draft model */
+  ci_draft_state **draft_states; /* [batch] the proposals of a step */
+  int *spec_k;                   /* [batch] a step's planned draft lengths ... */
+  double *spec_accept;           /* [batch] ... and the expected acceptance of each */
+  int *spec_entry;               /* [batch] ... and the entry of each */
   pthread_t thread;
   pthread_mutex_t mu; /* queue, running list, refs, cancel flags, stats */
   pthread_cond_t cv;
@@ -362,6 +370,11 @@ static void engine_free_parts(ci_engine *e) {
   free(e->logits);
   free(e->fork_logits);
   free(e->step_seqs);
+  ci_draft_batch_free(&e->draft_batch);
+  free(e->draft_states);
+  free(e->spec_k);
+  free(e->spec_accept);
+  free(e->spec_entry);
   free(e);
 }
 
@@ -379,10 +392,11 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
            NULL;
   }
   if (e->o.lookup_ngram < 0 || e->o.draft_max < 1 || e->o.draft_max > CI_ENGINE_MAX_DRAFT ||
-      e->o.draft_min < 1 || e->o.draft_min > e->o.draft_max) {
+      e->o.draft_min < 1 || e->o.draft_min > e->o.draft_max || e->o.spec_max_batch < 0 ||
+      e->o.spec_policy < CI_ENGINE_SPEC_AUTO || e->o.spec_policy > CI_ENGINE_SPEC_NEVER) {
     free(e);
-    return ci_fail("engine: lookup n-gram must be >= 0, draft max 1..%d and draft min "
-                   "1..draft max",
+    return ci_fail("engine: lookup n-gram must be >= 0, draft max 1..%d, draft min "
+                   "1..draft max, spec max batch >= 0 and the spec policy auto, always or never",
                    CI_ENGINE_MAX_DRAFT),
            NULL;
   }
@@ -405,7 +419,13 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
       malloc((size_t)e->o.batch * decode_rows * (size_t)model->spec.vocab * sizeof *e->logits);
   e->step_seqs = malloc((size_t)e->o.batch * sizeof *e->step_seqs);
   e->fork_logits = malloc((size_t)model->spec.vocab * sizeof *e->fork_logits);
-  if (!e->logits || !e->step_seqs || !e->fork_logits)
+  e->draft_states = malloc((size_t)e->o.batch * sizeof *e->draft_states);
+  e->spec_k = malloc((size_t)e->o.batch * sizeof *e->spec_k);
+  e->spec_accept = malloc((size_t)e->o.batch * sizeof *e->spec_accept);
+  e->spec_entry = malloc((size_t)e->o.batch * sizeof *e->spec_entry);
+  ci_spec_policy_init(&e->policy);
+  if (!e->logits || !e->step_seqs || !e->fork_logits || !e->draft_states || !e->spec_k ||
+      !e->spec_accept || !e->spec_entry)
     return engine_free_parts(e), ci_fail("engine: out of memory"), NULL;
   /* a device writes the logits of each step straight into this buffer when it is pinned; a
    * failure only makes the download slower */
@@ -430,6 +450,10 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
     if (!e->o.draft_model->be->host_visible &&
         ci_kv_cache_set_arena(e->draft_cache, draft_arena_bytes(e)))
       return engine_free_parts(e), ci_fail_context("draft model"), NULL;
+    /* a sequence's catch-up is at most 1 + draft_max rows after a round; more (its prompt, or
+     * tokens decoded without speculating) runs alone first */
+    if (ci_draft_batch_init(&e->draft_batch, e->o.draft_model, e->o.batch, 1 + e->o.draft_max))
+      return engine_free_parts(e), NULL;
   }
   if (e->o.kv_budget_bytes < 0) {
     /* unbounded: KV memory is taken as sequences grow (never refused by admission) */
@@ -1120,13 +1144,59 @@ static int plan_round(const ci_engine *e, ci_engine_request *r) {
   if (!e->o.draft_model)
     return ci_lookup_draft(r->history, r->n_history, e->o.lookup_ngram, 1, (int)k,
                            r->history + r->n_history);
-  const int got = ci_draft_propose(&r->draft, r->history, r->n_history, (int)k,
-                                   ci_sampler_index(r->sampler), r->history + r->n_history);
-  if (got < 0) {
+  /* the draft model drafts later, for every sequence of the step at once (draft_step) */
+  if (ci_draft_begin(&r->draft, r->history, r->n_history, (int)k, ci_sampler_index(r->sampler))) {
     snprintf(r->spec_error, sizeof r->spec_error, "%s", ci_last_error());
     return 0;
   }
-  return got;
+  return (int)k;
+}
+
+/* The draft model drafts the planned rounds of entries spec_entry[0..n) together (one
+ * draft-model step per drafted position, ci_draft_batch_run). On failure every one of them
+ * fails at the step (its draft sequence is in no defined state). */
+static void draft_step(ci_engine *e, step_entry *entries, int n) {
+  for (int i = 0; i < n; i++) e->draft_states[i] = &entries[e->spec_entry[i]].r->draft;
+  const double t0 = ci_now_seconds();
+  int steps = 0;
+  if (ci_draft_batch_run(&e->draft_batch, e->draft_states, n, &steps)) {
+    for (int i = 0; i < n; i++) {
+      ci_engine_request *r = entries[e->spec_entry[i]].r;
+      snprintf(r->spec_error, sizeof r->spec_error, "%s", ci_last_error());
+    }
+    return;
+  }
+  ci_spec_policy_observe_draft(&e->policy, steps, (ci_now_seconds() - t0) * 1e3);
+  pthread_mutex_lock(&e->mu);
+  e->stats.spec_draft_steps += steps;
+  pthread_mutex_unlock(&e->mu);
+}
+
+/* Whether the step speculates, for entries[0..n) of which spec_entry[0..n_spec) planned drafts
+ * (spec_k): the policy (engine/spec_policy.h), the spec_max_batch cap, or a forced choice. */
+static int step_speculates(ci_engine *e, const step_entry *entries, int n, int n_decode,
+                           int n_spec) {
+  if (n_spec == 0) return 0;
+  if (e->o.spec_policy == CI_ENGINE_SPEC_NEVER ||
+      (e->o.spec_max_batch > 0 && n_decode > e->o.spec_max_batch))
+    return 0;
+  if (e->o.spec_policy == CI_ENGINE_SPEC_ALWAYS) return 1;
+  /* a request that has not drafted yet has no acceptance of its own: its first round is measured */
+  for (int i = 0; i < n_spec; i++)
+    if (entries[e->spec_entry[i]].r->spec_drafted == 0) {
+      e->policy.plain_run = 0;
+      return 1;
+    }
+  int base_rows = 0, draft_steps = 0;
+  for (int i = 0; i < n; i++) base_rows += entries[i].r->state == REQ_DECODE ? 1 : entries[i].rows;
+  for (int i = 0; i < n_spec; i++) {
+    const ci_engine_request *r = entries[e->spec_entry[i]].r;
+    /* the request's own acceptance, starting from the running rate of all requests */
+    e->spec_accept[i] = (r->spec_accepted + 4.0 * e->policy.accept) / (r->spec_drafted + 4.0);
+    if (e->o.draft_model && e->spec_k[i] > draft_steps) draft_steps = e->spec_k[i];
+  }
+  return ci_spec_policy_decide(&e->policy, base_rows, n_decode, e->spec_k, e->spec_accept, n_spec,
+                               draft_steps);
 }
 
 /* Verifies a round of rows = 1 + k rows (logits of x, d_1 .. d_k) and emits the accepted drafts
@@ -1165,6 +1235,7 @@ static int verify_round(ci_engine *e, ci_engine_request *r, float *logits, int r
   }
   r->spec_drafted += k;
   r->spec_accepted += accepted;
+  ci_spec_policy_observe_accept(&e->policy, k, accepted);
   /* counted before the request's final event can be read */
   pthread_mutex_lock(&e->mu);
   e->stats.spec_draft_tokens += k;
@@ -1219,13 +1290,18 @@ static void fork_choices(ci_engine *e, ci_engine_request *first, const float *ro
  * token budget. A chunk never shrinks to fit the budget (that would make results depend on the
  * batch): it waits, unless it is the step's first prefill. Returns the number of entries. */
 static int compose_step(ci_engine *e, step_entry *entries) {
-  int n = 0, budget = e->o.batch_tokens, prefills = 0;
+  int n = 0, budget = e->o.batch_tokens, prefills = 0, n_spec = 0;
   for (ci_engine_request *r = e->running; r && n < e->o.batch; r = r->next)
     if (r->state == REQ_DECODE) {
-      const int rows = 1 + plan_round(e, r);
-      entries[n++] = (step_entry){r, rows};
-      budget -= rows;
+      const int k = plan_round(e, r);
+      if (k > 0) {
+        e->spec_k[n_spec] = k;
+        e->spec_entry[n_spec++] = n;
+      }
+      entries[n++] = (step_entry){r, 1 + k};
+      budget -= 1 + k;
     }
+  const int n_decode = n;
   for (ci_engine_request *r = e->running; r && n < e->o.batch; r = r->next) {
     if (r->state != REQ_PREFILL) continue;
     const int64_t chunk =
@@ -1235,6 +1311,20 @@ static int compose_step(ci_engine *e, step_entry *entries) {
     budget -= (int)chunk;
     prefills++;
   }
+  /* the policy only changes draft lengths (to 0): the step's tokens stay the same */
+  const int speculate = step_speculates(e, entries, n, n_decode, n_spec);
+  if (n_spec > 0) {
+    pthread_mutex_lock(&e->mu);
+    if (speculate)
+      e->stats.spec_steps++;
+    else
+      e->stats.spec_declined_steps++;
+    pthread_mutex_unlock(&e->mu);
+  }
+  if (!speculate)
+    for (int i = 0; i < n_spec; i++) entries[e->spec_entry[i]].rows = 1;
+  else if (e->o.draft_model)
+    draft_step(e, entries, n_spec);
   return n;
 }
 
@@ -1278,7 +1368,11 @@ static void engine_step(ci_engine *e) {
                                              : 0};
     rows += entries[i].rows;
   }
-  if (ci_model_step(e->model, e->ws, e->step_seqs, n, e->logits)) {
+  const double t0 = ci_now_seconds();
+  const int step_status = ci_model_step(e->model, e->ws, e->step_seqs, n, e->logits);
+  if (!step_status)
+    ci_spec_policy_observe_step(&e->policy, (int)rows, (ci_now_seconds() - t0) * 1e3);
+  if (step_status) {
     for (int i = 0; i < n; i++) end_in_step(e, entries[i].r, CI_ERR, 0, CI_FINISH_STOP);
   } else {
     float *row = e->logits;

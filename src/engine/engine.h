@@ -50,6 +50,11 @@ typedef struct {
   ci_model *draft_model;
   int draft_max; /* 1..CI_ENGINE_MAX_DRAFT (5) */
   int draft_min; /* 1..draft_max (1) */
+  /* Whether a step speculates (engine/spec_policy.h): CI_ENGINE_SPEC_AUTO decides per step from
+   * measured step times and acceptance; ALWAYS and NEVER force it (tests, benchmarks). A step
+   * with more decoding sequences than spec_max_batch (> 0) never speculates (0 = no cap). */
+  int spec_policy;
+  int spec_max_batch;
   /* Prompt cache on disk (engine/prompt_cache.h; needs the prefix cache): the prefix cache's
    * blocks are written to this directory as they fill and read back at admission, so a restarted
    * engine reuses them. NULL = off. */
@@ -61,6 +66,7 @@ typedef struct {
 } ci_engine_options;
 
 enum { CI_ENGINE_MAX_DRAFT = 32 };
+enum { CI_ENGINE_SPEC_AUTO = 0, CI_ENGINE_SPEC_ALWAYS = 1, CI_ENGINE_SPEC_NEVER = 2 };
 
 /* One job: a tokenized prompt and how to continue it. The prompt is copied by submit. */
 typedef struct {
@@ -142,7 +148,11 @@ typedef struct {
   int64_t prompt_tokens, cached_tokens, generated_tokens, steps, step_rows;
   int64_t prefill_tokens; /* prompt tokens forwarded (not from the prefix cache nor a fork) */
   int64_t prefix_hits, prefix_misses;
-  int64_t spec_draft_tokens, spec_accepted_tokens;    /* speculative decoding, all requests */
+  int64_t spec_draft_tokens, spec_accepted_tokens; /* speculative decoding, all requests */
+  int64_t spec_steps;                              /* steps that verified drafts */
+  int64_t spec_declined_steps; /* steps with drafts to verify that the policy (or the
+                                  spec_max_batch cap) kept plain */
+  int64_t spec_draft_steps;    /* draft-model steps (each covers every sequence drafting) */
   int64_t prefix_cache_bytes, prefix_cache_max_bytes; /* bytes only the cache holds; its cap */
   int64_t prefix_cache_blocks, prefix_cache_entries;  /* blocks it references; chain nodes */
   /* prompt cache on disk (all 0 when off) */

@@ -45,6 +45,9 @@ char *ci_server_metrics_text(ci_server *s) {
       {"cinfer_prefix_cache_misses_total", "counter", st.prefix_misses},
       {"cinfer_spec_draft_tokens_total", "counter", st.spec_draft_tokens},
       {"cinfer_spec_accepted_tokens_total", "counter", st.spec_accepted_tokens},
+      {"cinfer_spec_steps_total", "counter", st.spec_steps},
+      {"cinfer_spec_declined_steps_total", "counter", st.spec_declined_steps},
+      {"cinfer_spec_draft_steps_total", "counter", st.spec_draft_steps},
       {"cinfer_requests_cancelled_total", "counter", st.requests_cancelled},
       {"cinfer_requests_failed_total", "counter", st.requests_failed},
       {"cinfer_engine_steps_total", "counter", st.steps},
@@ -143,9 +146,11 @@ json_t *ci_server_stats_json(ci_server *s) {
                         json_integer((json_int_t)st.prefill_tokens));
   if (stats)
     json_object_set_new(stats, "speculative",
-                        json_pack("{s:I, s:I, s:f}", "draft_tokens",
+                        json_pack("{s:I, s:I, s:f, s:I, s:I, s:I}", "draft_tokens",
                                   (json_int_t)st.spec_draft_tokens, "accepted_tokens",
                                   (json_int_t)st.spec_accepted_tokens, "acceptance_rate",
-                                  acceptance));
+                                  acceptance, "steps", (json_int_t)st.spec_steps, "declined_steps",
+                                  (json_int_t)st.spec_declined_steps, "draft_steps",
+                                  (json_int_t)st.spec_draft_steps));
   return stats;
 }

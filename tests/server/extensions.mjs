@@ -144,12 +144,17 @@ for (const bad of [{ speculative: 'yes' }, { speculative: { gamma: 2 } }, { num_
 const stats = await (await fetch(`${base}/stats`, { headers: auth })).json();
 check(stats.speculative && stats.speculative.draft_tokens > 0 && stats.speculative.acceptance_rate >= 0 &&
   stats.speculative.acceptance_rate <= 1, '/stats speculative');
+// the policy's steps: the first round of each request is measured, so some steps speculated;
+// prompt lookup makes no draft-model steps
+check(stats.speculative.steps > 0 && stats.speculative.declined_steps >= 0 &&
+  stats.speculative.draft_steps === 0, '/stats speculative steps');
 
 // /metrics: every docs/server.md "Metrics and stats" name the engine can report
 const metrics = await (await fetch(`${base}/metrics`, { headers: auth })).text();
 const names = ['cinfer_requests_total', 'cinfer_prompt_tokens_total', 'cinfer_prompt_tokens_cached_total',
   'cinfer_generation_tokens_total', 'cinfer_prefix_cache_hits_total', 'cinfer_prefix_cache_misses_total',
-  'cinfer_spec_draft_tokens_total', 'cinfer_spec_accepted_tokens_total', 'cinfer_requests_running',
+  'cinfer_spec_draft_tokens_total', 'cinfer_spec_accepted_tokens_total', 'cinfer_spec_steps_total',
+  'cinfer_spec_declined_steps_total', 'cinfer_spec_draft_steps_total', 'cinfer_requests_running',
   'cinfer_requests_waiting', 'cinfer_kv_bytes_used', 'cinfer_kv_bytes_budget', 'cinfer_prefix_cache_bytes',
   'cinfer_weights_bytes', 'cinfer_time_to_first_token_seconds', 'cinfer_inter_token_latency_seconds',
   'cinfer_queue_time_seconds', 'cinfer_request_duration_seconds', 'cinfer_kv_conversions_total',
