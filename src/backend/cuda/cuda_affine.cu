@@ -5,38 +5,8 @@
 #include "backend/cuda/cuda_internal.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 enum { THREADS = 256 };
-
-/* Remembers a device allocation of a weight, freed when the backend is destroyed. */
-static int keep_weight(ci_cuda *cu, void *d) {
-  if (cu->n_weights == cu->cap_weights) {
-    int cap = cu->cap_weights ? 2 * cu->cap_weights : 256;
-    void **grown = (void **)realloc(cu->weights, (size_t)cap * sizeof *grown);
-    if (!grown) return ci_fail("out of memory");
-    cu->weights = grown;
-    cu->cap_weights = cap;
-  }
-  cu->weights[cu->n_weights++] = d;
-  return CI_OK;
-}
-
-static void *upload(ci_cuda *cu, const void *host, size_t bytes) {
-  void *d = ci_cuda_malloc(cu, bytes);
-  if (!d) return NULL;
-  cudaError_t err = cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice);
-  if (err != cudaSuccess) {
-    cudaFree(d);
-    ci_cuda_fail(cu, err, "weight upload");
-    return NULL;
-  }
-  if (keep_weight(cu, d)) {
-    cudaFree(d);
-    return NULL;
-  }
-  return d;
-}
 
 int ci_cuda_affine_upload(ci_cuda *cu, ci_tensor *t) {
   const int bits = ci_tensor_bits(t);
@@ -58,8 +28,9 @@ int ci_cuda_affine_upload(ci_cuda *cu, ci_tensor *t) {
     for (int64_t g = 0; g < groups; g++)
       pairs[r * words + g] = (uint32_t)scales[r * groups + g] | (uint32_t)biases[r * groups + g]
                                                                     << 16;
-  void *codes = upload(cu, t->data, (size_t)(n * k * bits / 8));
-  void *packed = codes ? upload(cu, pairs, (size_t)(n * words) * sizeof *pairs) : NULL;
+  void *codes = ci_cuda_upload_weight(cu, t->data, (size_t)(n * k * bits / 8));
+  void *packed =
+      codes ? ci_cuda_upload_weight(cu, pairs, (size_t)(n * words) * sizeof *pairs) : NULL;
   free(pairs);
   if (!packed) return CI_ERR;
   t->data = codes;

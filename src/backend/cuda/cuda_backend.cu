@@ -196,28 +196,38 @@ static int cuda_reserve_scratch(ci_backend *be, int64_t max_rows, int64_t max_k,
   return ci_cuda_scratch(cu, 0, bytes) ? CI_OK : CI_ERR;
 }
 
+void *ci_cuda_upload_weight(ci_cuda *cu, const void *host, size_t bytes) {
+  if (cu->n_weights == cu->cap_weights) {
+    int cap = cu->cap_weights ? 2 * cu->cap_weights : 256;
+    void **grown = (void **)realloc(cu->weights, (size_t)cap * sizeof *grown);
+    if (!grown) {
+      ci_fail("out of memory");
+      return NULL;
+    }
+    cu->weights = grown;
+    cu->cap_weights = cap;
+  }
+  void *d = ci_cuda_malloc(cu, bytes);
+  if (!d) return NULL;
+  cudaError_t err = cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice);
+  if (err != cudaSuccess) {
+    cudaFree(d);
+    ci_cuda_fail(cu, err, "weight upload");
+    return NULL;
+  }
+  cu->weights[cu->n_weights++] = d;
+  return d;
+}
+
 /* Copies a weight's arrays to the device; the backend owns the copies until destroy. */
 static int cuda_prepare_weight(ci_backend *be, ci_tensor *t) {
   ci_cuda *cu = ci_as_cuda(be);
   if (ci_dtype_is_affine(t->dtype)) return ci_cuda_affine_upload(cu, t);
   if (t->dtype != CI_F32 && t->dtype != CI_F16 && t->dtype != CI_BF16)
     return ci_fail("the CUDA backend cannot run %s weights", ci_dtype_get(t->dtype)->name);
-  size_t bytes = ci_dtype_bytes(t->dtype, (size_t)ci_tensor_numel(t));
-  if (cu->n_weights == cu->cap_weights) {
-    int cap = cu->cap_weights ? 2 * cu->cap_weights : 256;
-    void **grown = (void **)realloc(cu->weights, (size_t)cap * sizeof *grown);
-    if (!grown) return ci_fail("out of memory");
-    cu->weights = grown;
-    cu->cap_weights = cap;
-  }
-  void *d = ci_cuda_malloc(cu, bytes);
+  void *d =
+      ci_cuda_upload_weight(cu, t->data, ci_dtype_bytes(t->dtype, (size_t)ci_tensor_numel(t)));
   if (!d) return CI_ERR;
-  cudaError_t err = cudaMemcpy(d, t->data, bytes, cudaMemcpyHostToDevice);
-  if (err != cudaSuccess) {
-    cudaFree(d);
-    return ci_cuda_fail(cu, err, "weight upload");
-  }
-  cu->weights[cu->n_weights++] = d;
   t->data = d;
   return CI_OK;
 }

@@ -477,13 +477,7 @@ void ci_cuda_flash_plan(const kv_layout *L, const ci_cuda_seq_group *host_group,
   f->warps = warps;
   f->exact = exact;
   const int total_rows = host_group->total_rows;
-  int64_t max_keys = 0;
-  for (int i = 0; i < host_group->n; i++) {
-    const int64_t keys = host_group->n_entries[i] * L->block_tokens;
-    max_keys = keys > max_keys ? keys : max_keys;
-  }
-  f->splits = (int)((max_keys + FA_SPLIT - 1) / FA_SPLIT);
-  if (f->splits < 1) f->splits = 1;
+  f->splits = ci_cuda_key_splits(host_group, L, FA_SPLIT);
   const int64_t blocks = (int64_t)host_group->total_tiles * L->n_kv_heads;
   const size_t bytes = (size_t)total_rows * n_heads * f->splits * (L->head_dim + 2) * sizeof(float);
   /* split the keys over blocks when one block per tile leaves most SMs idle */

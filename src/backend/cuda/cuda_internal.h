@@ -46,6 +46,19 @@ typedef struct {
   int total_tiles;
 } ci_cuda_seq_group;
 
+/* Key splits of `split` positions that the longest sequence of a launch's group can hold (its
+ * block-table entries times the block size), at least one. */
+static inline int ci_cuda_key_splits(const ci_cuda_seq_group *g, const ci_cuda_kv_layout *L,
+                                     int split) {
+  int64_t max_keys = 0;
+  for (int i = 0; i < g->n; i++) {
+    const int64_t keys = g->n_entries[i] * L->block_tokens;
+    max_keys = keys > max_keys ? keys : max_keys;
+  }
+  const int splits = (int)((max_keys + split - 1) / split);
+  return splits < 1 ? 1 : splits;
+}
+
 /* How one tensor-core attention launch runs (cuda_flash_attention.cu): `group` query heads per
  * KV head; keys in `splits` fixed splits, walked in one block per tile (parallel 0) or one block
  * per split plus a merge (parallel 1, which needs scratch_bytes of slot-2 scratch); exact: two
@@ -266,6 +279,10 @@ int ci_cuda_matmul_run(ci_cuda *cu, const ci_cuda_cmd *c, int parts);
 /* Scratch bytes per slot that matmul command c needs. */
 void ci_cuda_matmul_scratch(const ci_cuda *cu, const ci_cuda_cmd *c,
                             size_t need[CI_CUDA_SCRATCH_SLOTS]);
+
+/* Copies `bytes` of a weight from the host into a new device allocation the backend frees at
+ * destroy. NULL (with the error set) on failure. */
+void *ci_cuda_upload_weight(ci_cuda *cu, const void *host, size_t bytes);
 
 /* ==== cuda_affine.cu ==== */
 /* Copies affine weight t to the device (codes as they are, (scale, bias) pairs packed) and points

@@ -394,13 +394,7 @@ static void launch_codec(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flas
 void ci_cuda_kv_attention_plan(const kv_layout *L, const seq_group *host_group, int n_heads,
                                int n_sms, ci_cuda_flash_params *f) {
   memset(f, 0, sizeof *f);
-  int64_t max_keys = 0;
-  for (int i = 0; i < host_group->n; i++) {
-    const int64_t keys = host_group->n_entries[i] * L->block_tokens;
-    max_keys = keys > max_keys ? keys : max_keys;
-  }
-  f->splits = (int)((max_keys + KV_SPLIT - 1) / KV_SPLIT);
-  if (f->splits < 1) f->splits = 1;
+  f->splits = ci_cuda_key_splits(host_group, L, KV_SPLIT);
   const int G = n_heads / L->n_kv_heads, gb = heads_per_block(lane_dims(L->head_dim));
   const int64_t blocks = (int64_t)host_group->total_rows * L->n_kv_heads * ((G + gb - 1) / gb);
   const size_t bytes =
