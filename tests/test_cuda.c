@@ -1532,17 +1532,12 @@ int main(void) {
     fprintf(stderr, "test_cuda: no CUDA GPU visible (run it on a GPU machine)\n");
     return 1;
   }
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_elementwise_ops),
-                                     cmocka_unit_test(test_attention_ops),
-                                     cmocka_unit_test(test_deltanet_ops),
-                                     cmocka_unit_test(test_quantized_attention),
-                                     cmocka_unit_test(test_kv_convert),
-                                     cmocka_unit_test(test_mixed_codecs),
-                                     cmocka_unit_test(test_codec_kl),
-                                     cmocka_unit_test(test_rotated_codecs_refused),
-                                     cmocka_unit_test(test_matmul_ops),
-                                     cmocka_unit_test(test_affine_matmul_ops),
-                                     cmocka_unit_test(test_matmul_batch_invariance),
-                                     cmocka_unit_test(test_fixtures)};
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_elementwise_ops),   cmocka_unit_test(test_attention_ops),
+      cmocka_unit_test(test_deltanet_ops),      cmocka_unit_test(test_quantized_attention),
+      cmocka_unit_test(test_kv_convert),        cmocka_unit_test(test_mixed_codecs),
+      cmocka_unit_test(test_codec_kl),          cmocka_unit_test(test_matmul_ops),
+      cmocka_unit_test(test_affine_matmul_ops), cmocka_unit_test(test_matmul_batch_invariance),
+      cmocka_unit_test(test_fixtures),          cmocka_unit_test(test_rotated_codecs_refused)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
