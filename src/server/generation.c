@@ -64,6 +64,16 @@ void ci_strbuf_free(ci_strbuf *b) {
   memset(b, 0, sizeof *b);
 }
 
+int ci_srv_fail(char **err, const char *fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  *err = strdup(buf);
+  return -1;
+}
+
 void ci_server_new_id(const char *prefix, char *buf, size_t size) {
   unsigned char bytes[12] = {0};
   if (getrandom(bytes, sizeof bytes, 0) != (ssize_t)sizeof bytes) memset(bytes, 0x5a, sizeof bytes);

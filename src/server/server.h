@@ -76,6 +76,10 @@ void ci_strbuf_append(ci_strbuf *b, const char *s, size_t n);
 void ci_strbuf_appendf(ci_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ci_strbuf_free(ci_strbuf *b);
 
+/* Sets *err to a new string (free it) formatted from fmt; returns -1, for `return
+ * ci_srv_fail(...)`. */
+int ci_srv_fail(char **err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 enum { CI_HIST_BUCKETS = 12 };
 typedef struct {
   int64_t counts[CI_HIST_BUCKETS + 1]; /* last = +Inf */

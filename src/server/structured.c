@@ -15,22 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int fail(char **err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(char **err, const char *fmt, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  *err = strdup(buf);
-  return -1;
-}
-
 /* Checks job->grammar (GBNF) with the library; `what` names the field in errors. */
 static int check_grammar(const ci_srv_job *job, const char *what, char **err) {
-  if (!job->grammar) return fail(err, "out of memory");
+  if (!job->grammar) return ci_srv_fail(err, "out of memory");
   if (cinfer_grammar_check(job->grammar, strlen(job->grammar), job->grammar_root) != CINFER_OK)
-    return fail(err, "%s: %s", what, cinfer_last_error());
+    return ci_srv_fail(err, "%s: %s", what, cinfer_last_error());
   return 0;
 }
 
@@ -38,12 +27,12 @@ static int check_grammar(const ci_srv_job *job, const char *what, char **err) {
 static int from_schema(const json_t *schema, int strict, const char *what, ci_srv_job *job,
                        char **err) {
   if (!json_is_object(schema) && !json_is_true(schema))
-    return fail(err, "%s must be a JSON Schema object", what);
+    return ci_srv_fail(err, "%s must be a JSON Schema object", what);
   char *text = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY), *gbnf = NULL;
-  if (!text) return fail(err, "out of memory");
+  if (!text) return ci_srv_fail(err, "out of memory");
   const cinfer_status status = cinfer_json_schema_to_gbnf(text, strlen(text), strict, &gbnf);
   free(text);
-  if (status != CINFER_OK) return fail(err, "%s: %s", what, cinfer_last_error());
+  if (status != CINFER_OK) return ci_srv_fail(err, "%s: %s", what, cinfer_last_error());
   job->grammar = strdup(gbnf);
   cinfer_free(gbnf);
   return check_grammar(job, what, err);
@@ -52,15 +41,15 @@ static int from_schema(const json_t *schema, int strict, const char *what, ci_sr
 static int from_response_format(const json_t *rf, ci_srv_job *job, char **err) {
   const char *type = json_string_value(json_object_get(rf, "type"));
   if (!json_is_object(rf) || !type)
-    return fail(err, "response_format must be an object with a \"type\" (text, json_object, "
-                     "json_schema)");
+    return ci_srv_fail(err, "response_format must be an object with a \"type\" (text, json_object, "
+                            "json_schema)");
   if (!strcmp(type, "text")) return 0;
   if (!strcmp(type, "json_object")) {
     const json_t *schema = json_object_get(rf, "schema"); /* llama-server's extension */
     if (schema && !json_is_null(schema))
       return from_schema(schema, 0, "response_format.schema", job, err);
     json_t *any_object = json_pack("{s:s}", "type", "object"); /* any JSON object */
-    if (!any_object) return fail(err, "out of memory");
+    if (!any_object) return ci_srv_fail(err, "out of memory");
     const int rc = from_schema(any_object, 0, "response_format", job, err);
     json_decref(any_object);
     return rc;
@@ -68,20 +57,21 @@ static int from_response_format(const json_t *rf, ci_srv_job *job, char **err) {
   if (!strcmp(type, "json_schema")) {
     const json_t *js = json_object_get(rf, "json_schema");
     if (!json_is_object(js))
-      return fail(err, "response_format.json_schema must be an object {name, schema, strict}");
+      return ci_srv_fail(err,
+                         "response_format.json_schema must be an object {name, schema, strict}");
     const json_t *strict = json_object_get(js, "strict");
     if (strict && !json_is_null(strict) && !json_is_boolean(strict))
-      return fail(err, "response_format.json_schema.strict must be a boolean");
+      return ci_srv_fail(err, "response_format.json_schema.strict must be a boolean");
     const json_t *schema = json_object_get(js, "schema");
     if (!schema || json_is_null(schema)) /* OpenAI: no schema = any JSON */
       schema = json_true();
     return from_schema(schema, json_is_true(strict), "response_format.json_schema.schema", job,
                        err);
   }
-  return fail(err,
-              "response_format.type \"%.64s\" is not supported (text, json_object, "
-              "json_schema)",
-              type);
+  return ci_srv_fail(err,
+                     "response_format.type \"%.64s\" is not supported (text, json_object, "
+                     "json_schema)",
+                     type);
 }
 
 int ci_srv_parse_structured(ci_server *s, const json_t *body, ci_srv_job *job, char **err) {
@@ -93,12 +83,12 @@ int ci_srv_parse_structured(ci_server *s, const json_t *body, ci_srv_job *job, c
   if (schema && json_is_null(schema)) schema = NULL;
   if (!rf && !grammar && !schema) return 0;
   if (!!rf + !!grammar + !!schema > 1)
-    return fail(err, "give one of response_format, grammar and json_schema");
-  if (!s->o.tokenizer) return fail(err, "structured output needs the model's tokenizer");
+    return ci_srv_fail(err, "give one of response_format, grammar and json_schema");
+  if (!s->o.tokenizer) return ci_srv_fail(err, "structured output needs the model's tokenizer");
   (void)s;
   int rc;
   if (grammar) {
-    if (!json_is_string(grammar)) return fail(err, "grammar must be a string (GBNF)");
+    if (!json_is_string(grammar)) return ci_srv_fail(err, "grammar must be a string (GBNF)");
     job->grammar = strndup(json_string_value(grammar), json_string_length(grammar));
     rc = check_grammar(job, "grammar", err);
   } else if (schema) {
@@ -141,24 +131,25 @@ int ci_srv_parse_tool_choice(ci_server *s, const json_t *tools, const json_t *ch
   if (mode) {
     if (!strcmp(mode, "none") || !strcmp(mode, "auto")) return 0;
     if (strcmp(mode, "required"))
-      return fail(err,
-                  "tool_choice \"%.64s\" is not one of none, auto, required (or "
-                  "{\"type\": \"function\", \"function\": {\"name\": ...}})",
-                  mode);
-    if (n_tools == 0) return fail(err, "tool_choice \"required\" needs tools");
+      return ci_srv_fail(err,
+                         "tool_choice \"%.64s\" is not one of none, auto, required (or "
+                         "{\"type\": \"function\", \"function\": {\"name\": ...}})",
+                         mode);
+    if (n_tools == 0) return ci_srv_fail(err, "tool_choice \"required\" needs tools");
   } else {
     const char *name =
         json_string_value(json_object_get(json_object_get(choice, "function"), "name"));
     const char *type = json_string_value(json_object_get(choice, "type"));
     if (!json_is_object(choice) || !name || (type && strcmp(type, "function")))
-      return fail(err, "tool_choice must be none, auto, required or {\"type\": \"function\", "
-                       "\"function\": {\"name\": ...}}");
+      return ci_srv_fail(err,
+                         "tool_choice must be none, auto, required or {\"type\": \"function\", "
+                         "\"function\": {\"name\": ...}}");
     named = find_tool(tools, name);
-    if (!named) return fail(err, "tool_choice names \"%.64s\", which is not in tools", name);
+    if (!named) return ci_srv_fail(err, "tool_choice names \"%.64s\", which is not in tools", name);
   }
   if (job->grammar)
-    return fail(err, "tool_choice required or a named function cannot be combined with "
-                     "response_format, grammar or json_schema");
+    return ci_srv_fail(err, "tool_choice required or a named function cannot be combined with "
+                            "response_format, grammar or json_schema");
   if (cinfer_chat_format_xml_tool_calls(s->o.chat_format)) {
     /* Qwen3.5, Qwen3-Coder: the call in the XML format its template teaches the model */
     if (!(job->grammar = ci_srv_xml_tool_grammar(tools, named, err))) return -1;
@@ -181,21 +172,22 @@ int ci_srv_parse_tool_choice(ci_server *s, const json_t *tools, const json_t *ch
   json_t *schema = rc ? NULL : json_pack("{s:o}", "anyOf", any_of);
   if (!schema) {
     if (rc) json_decref(any_of);
-    return fail(err, "out of memory");
+    return ci_srv_fail(err, "out of memory");
   }
   char *schema_text = json_dumps(schema, JSON_COMPACT), *gbnf = NULL;
   json_decref(schema);
-  if (!schema_text) return fail(err, "out of memory");
+  if (!schema_text) return ci_srv_fail(err, "out of memory");
   const cinfer_status status =
       cinfer_json_schema_to_gbnf(schema_text, strlen(schema_text), 1, &gbnf);
   free(schema_text);
-  if (status != CINFER_OK) return fail(err, "tools: a parameters schema: %s", cinfer_last_error());
+  if (status != CINFER_OK)
+    return ci_srv_fail(err, "tools: a parameters schema: %s", cinfer_last_error());
   static const char call_rule[] = "tool-call ::= \"<tool_call>\\n\" root \"\\n</tool_call>\"\n";
   const size_t len = strlen(gbnf);
   char *text = malloc(len + sizeof call_rule);
   if (!text) {
     cinfer_free(gbnf);
-    return fail(err, "out of memory");
+    return ci_srv_fail(err, "out of memory");
   }
   memcpy(text, gbnf, len);
   memcpy(text + len, call_rule, sizeof call_rule);
@@ -216,7 +208,7 @@ int ci_srv_forced_call_after_thinking(ci_server *s, ci_srv_job *job, char **err)
   static const char rule[] = "after-thinking ::= [^<]* \"</think>\" [ \\n]* tool-call\n";
   const size_t len = strlen(job->grammar);
   char *text = realloc(job->grammar, len + sizeof rule);
-  if (!text) return fail(err, "out of memory");
+  if (!text) return ci_srv_fail(err, "out of memory");
   memcpy(text + len, rule, sizeof rule);
   job->grammar = text;
   job->grammar_root = "after-thinking";

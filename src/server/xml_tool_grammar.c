@@ -15,17 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int fail(char **err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(char **err, const char *fmt, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  *err = strdup(buf);
-  return -1;
-}
-
 /* Appends s as a GBNF string literal. */
 static void literal(ci_strbuf *b, const char *s) {
   ci_strbuf_append(b, "\"", 1);
@@ -127,7 +116,7 @@ static int type_alternative(ci_strbuf *body, ci_strbuf *rules, const char *name,
     if (json_is_integer(lo) && json_integer_value(lo) > 0) min = (long)json_integer_value(lo);
     if (json_is_integer(hi) && json_integer_value(hi) >= 0) max = (long)json_integer_value(hi);
     if (max >= 0 && max < min)
-      return fail(err, "tools: a string's maxLength is below its minLength");
+      return ci_srv_fail(err, "tools: a string's maxLength is below its minLength");
     if (min == 0 && max < 0)
       ci_strbuf_appendf(body, "xml-text");
     else if (max < 0)
@@ -148,24 +137,25 @@ static int type_alternative(ci_strbuf *body, ci_strbuf *rules, const char *name,
     json_t *one = json_deep_copy(schema);
     if (!one || json_object_set_new(one, "type", json_string(type))) {
       json_decref(one);
-      return fail(err, "out of memory");
+      return ci_srv_fail(err, "out of memory");
     }
     char *text = json_dumps(one, JSON_COMPACT), *gbnf = NULL;
     json_decref(one);
-    if (!text) return fail(err, "out of memory");
+    if (!text) return ci_srv_fail(err, "out of memory");
     const cinfer_status st = cinfer_json_schema_to_gbnf(text, strlen(text), 1, &gbnf);
     free(text);
-    if (st != CINFER_OK) return fail(err, "tools: a parameters schema: %s", cinfer_last_error());
+    if (st != CINFER_OK)
+      return ci_srv_fail(err, "tools: a parameters schema: %s", cinfer_last_error());
     char prefix[96];
     snprintf(prefix, sizeof prefix, "%s-j%d-", name, n_json);
     append_renamed(rules, gbnf, prefix);
     cinfer_free(gbnf);
     ci_strbuf_appendf(body, "%sroot", prefix);
   } else {
-    return fail(err,
-                "tools: parameter type \"%.64s\" is not one of string, integer, number, "
-                "boolean, null, object, array",
-                type);
+    return ci_srv_fail(err,
+                       "tools: parameter type \"%.64s\" is not one of string, integer, number, "
+                       "boolean, null, object, array",
+                       type);
   }
   return 0;
 }
@@ -189,7 +179,7 @@ static int value_rule(ci_strbuf *rules, const char *name, const json_t *schema, 
     json_array_foreach(type, i, t) {
       if (rc) break;
       if (!json_is_string(t)) {
-        rc = fail(err, "tools: a parameter's type list holds a non-string");
+        rc = ci_srv_fail(err, "tools: a parameter's type list holds a non-string");
         break;
       }
       if (i) ci_strbuf_append(&body, " | ", 3);
@@ -217,13 +207,14 @@ static int tool_rules(ci_strbuf *rules, const json_t *t, int index, char **err) 
   const json_t *fn = json_object_get(t, "function");
   const char *fname = json_string_value(json_object_get(fn, "name"));
   if (!fname || !*fname || strpbrk(fname, "<>\n"))
-    return fail(err, "tools: a function name must be a non-empty string without '<', '>' or a "
-                     "newline for the XML tool-call format");
+    return ci_srv_fail(err,
+                       "tools: a function name must be a non-empty string without '<', '>' or a "
+                       "newline for the XML tool-call format");
   const json_t *params = json_object_get(fn, "parameters");
   const json_t *props = json_object_get(params, "properties");
   const json_t *required = json_object_get(params, "required");
   if (props && !json_is_object(props))
-    return fail(err, "tools: %.64s: parameters.properties must be an object", fname);
+    return ci_srv_fail(err, "tools: %.64s: parameters.properties must be an object", fname);
   ci_strbuf call = {0};
   ci_strbuf_appendf(&call, "t%d ::= ", index);
   char head[600];
@@ -238,10 +229,10 @@ static int tool_rules(ci_strbuf *rules, const json_t *t, int index, char **err) 
       const int req = listed(required, key);
       if (req != (pass == 0)) continue;
       if (!*key || strpbrk(key, "<>\n")) {
-        rc = fail(err,
-                  "tools: %.64s: parameter name \"%.64s\" cannot be written in the XML "
-                  "tool-call format",
-                  fname, key);
+        rc = ci_srv_fail(err,
+                         "tools: %.64s: parameter name \"%.64s\" cannot be written in the XML "
+                         "tool-call format",
+                         fname, key);
         break;
       }
       char name[64], open[600];
@@ -275,14 +266,14 @@ char *ci_srv_xml_tool_grammar(const json_t *tools, const json_t *named, char **e
   }
   ci_strbuf_appendf(&root, " ) \"\\n</tool_call>\"\nxml-text ::= [^<]*\n");
   char *out = NULL;
-  if (!rc && (rules.oom || root.oom)) rc = fail(err, "out of memory");
+  if (!rc && (rules.oom || root.oom)) rc = ci_srv_fail(err, "out of memory");
   if (!rc) {
     ci_strbuf_append(&root, rules.data ? rules.data : "", rules.len);
     if (root.oom)
-      rc = fail(err, "out of memory");
+      rc = ci_srv_fail(err, "out of memory");
     else
       out = strdup(root.data);
-    if (!out && !rc) rc = fail(err, "out of memory");
+    if (!out && !rc) rc = ci_srv_fail(err, "out of memory");
   }
   ci_strbuf_free(&rules);
   ci_strbuf_free(&root);
