@@ -5,15 +5,17 @@
  * Writes one JSON object to stdout; bench/cuda.sh turns it into bench/cuda.md.
  *
  * usage: step_bench MODEL_DIR [--device cpu|cuda] [--prompts 512,2048] [--batches 1,16,64]
- *                             [--gen N] [--context N] [--threads N] [--planes 1|2]
+ *                             [--gen N] [--context 128[,N..]] [--threads N] [--planes 1|2]
  *                             [--graphs 0|1] [--precision fast|exact] [--kv CODEC] [--profile]
  * --planes: how the CUDA backend feeds activations to bf16 matmuls (cuda_backend.h).
  * --precision: the matmul numerics (default exact; on CUDA, --planes decides).
- * --kv: the decode sequences' KV codec, as `cinfer fit --kv-codec` spells one: bf16 (default),
- *   affine:BITS[:GROUP], turbo:BITS[:VBITS], turbo-v:KBITS:VBITS. Each decode sequence stores its
- *   --context prompt in bf16 and converts before the timed steps (the warm-up steps convert), so
- *   the timed steps read and write only the codec's blocks: `--batches 1 --context 16384 --kv
- *   turbo:4` is the depth benchmark. Prefill always stores bf16.
+ * --kv: the decode sequences' KV codecs (a comma list), as `cinfer fit --kv-codec` spells one:
+ *   bf16 (default), affine:BITS[:GROUP], turbo:BITS[:VBITS], turbo-v:KBITS:VBITS. Each decode
+ *   sequence stores its --context prompt in bf16 and converts before the timed steps (the warm-up
+ *   steps convert), so the timed steps read and write only the codec's blocks. Decode runs every
+ *   (context, codec, batch) of the lists with the model loaded once: `--prompts 0 --batches 1
+ *   --context 4096,16384 --kv bf16,affine:8,turbo:4` is the depth benchmark. Prefill always
+ *   stores bf16; --prompts 0 skips it.
  * --profile: marks the timed decode steps as the profiler's range (run under
  *   `ncu --profile-from-start off`). */
 #include "backend/cuda/cuda_backend.h"
@@ -147,14 +149,15 @@ static int parse_kv(const char *text, ci_kv_format *out) {
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: step_bench MODEL_DIR [--device cpu|cuda] [--prompts 512,2048] "
-                    "[--batches 1,16,64] [--gen N] [--context N] [--threads N] "
+                    "[--batches 1,16,64] [--gen N] [--context 128[,N..]] [--threads N] "
                     "[--precision fast|exact] [--kv CODEC]\n");
     return 2;
   }
   ci_device_options device = {.device = "auto", .gpu = 0, .n_threads = 0};
   int prompts[8] = {512, 2048}, n_prompts = 2, batches[16] = {1, 16, 64}, n_batches = 3;
-  int gen = 32, context = 128, planes = 2, graphs = 1, profile = 0;
-  ci_kv_format kv = ci_kv_format_plain(CI_KV_BF16);
+  int gen = 32, contexts[4] = {128}, n_contexts = 1, planes = 2, graphs = 1, profile = 0;
+  ci_kv_format kvs[8] = {ci_kv_format_plain(CI_KV_BF16)};
+  int n_kvs = 1;
   for (int i = 2; i < argc; i += 2) {
     if (!strcmp(argv[i], "--profile")) {
       profile = 1;
@@ -174,7 +177,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--gen"))
       gen = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--context"))
-      context = atoi(argv[i + 1]);
+      n_contexts = parse_list(argv[i + 1], contexts, 4);
     else if (!strcmp(argv[i], "--threads"))
       device.n_threads = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--planes"))
@@ -186,17 +189,31 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--graphs"))
       graphs = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--kv")) {
-      if (parse_kv(argv[i + 1], &kv)) {
-        fprintf(stderr, "step_bench: %s\n", ci_last_error());
-        return 2;
+      char list[256];
+      snprintf(list, sizeof list, "%s", argv[i + 1]);
+      n_kvs = 0;
+      for (char *save = NULL, *item = strtok_r(list, ",", &save); item;
+           item = strtok_r(NULL, ",", &save)) {
+        if (n_kvs == 8 || parse_kv(item, &kvs[n_kvs++])) {
+          fprintf(stderr, "step_bench: --kv: %s\n", n_kvs == 8 ? "at most 8" : ci_last_error());
+          return 2;
+        }
       }
     } else {
       fprintf(stderr, "step_bench: unknown option %s\n", argv[i]);
       return 2;
     }
   }
-  if (context < 1 || context > 65536) {
-    fprintf(stderr, "step_bench: --context %d is outside 1..65536\n", context);
+  int context = 1; /* the longest */
+  for (int c = 0; c < n_contexts; c++) {
+    if (contexts[c] < 1 || contexts[c] > 65536) {
+      fprintf(stderr, "step_bench: --context %d is outside 1..65536\n", contexts[c]);
+      return 2;
+    }
+    context = contexts[c] > context ? contexts[c] : context;
+  }
+  if (n_prompts < 0 || n_batches < 1 || n_contexts < 1 || n_kvs < 1) {
+    fprintf(stderr, "step_bench: a bad list in --prompts, --batches, --context or --kv\n");
     return 2;
   }
   ci_model *model = ci_model_open_on(argv[1], &device);
@@ -213,7 +230,7 @@ int main(int argc, char **argv) {
 #endif
   const int vocab = model->spec.vocab;
   char kv_name[32];
-  ci_kv_format_name(&kv, kv_name, sizeof kv_name);
+  ci_kv_format_name(&kvs[0], kv_name, sizeof kv_name);
   printf("{\"model\": \"%s\", \"backend\": \"%s\", \"input_planes\": %d, \"graphs\": %d, "
          "\"kv\": \"%s\", \"context\": %d, \"weight_bytes_per_token\": %lld",
          argv[1], be->ops->name, planes, graphs, kv_name, context,
@@ -228,7 +245,11 @@ int main(int argc, char **argv) {
   if ((int64_t)(max_seqs - 2) * (context + gen + 16) > tokens)
     tokens = (int64_t)(max_seqs - 2) * (context + gen + 16);
   const ci_kv_format bf16 = ci_kv_format_plain(CI_KV_BF16);
-  const int64_t arena = 2 * tokens * ci_model_kv_bytes_per_token(model, &bf16) + ((int64_t)1 << 28);
+  /* a hybrid model's recurrent state per sequence too, each in whole slabs (up to 4 MiB spare) */
+  const int64_t state = ci_spec_state_bytes(&model->spec);
+  const int64_t arena = 2 * tokens * ci_model_kv_bytes_per_token(model, &bf16) +
+                        (state > 0 ? max_seqs * (state + ((int64_t)4 << 20)) : 0) +
+                        ((int64_t)1 << 28);
   ci_kv_cache *cache = ci_model_kv_cache_create(model, CI_KV_BF16, 16, arena);
   if (cache && ci_kv_cache_set_limits(cache, (int)max_seqs,
                                       tokens > context + gen + 64 ? tokens : context + gen + 64)) {
@@ -253,8 +274,10 @@ int main(int argc, char **argv) {
     ci_kv_seq_free(s);
   }
   printf(", \"prefill\": [");
+  int printed = 0;
   for (int p = 0; p < n_prompts; p++) {
     const int n = prompts[p] > 65536 ? 65536 : prompts[p];
+    if (n < 1) continue;
     for (int t = 0; t < n; t++) ids[t] = token_at(1, t, vocab);
     double best = 1e30;
     for (int run = 0; run < 3; run++) {
@@ -268,26 +291,29 @@ int main(int argc, char **argv) {
       best = t < best ? t : best;
       ci_kv_seq_free(s);
     }
-    printf("%s{\"tokens\": %d, \"seconds\": %.6f, \"tok_s\": %.1f}", p ? ", " : "", n, best,
-           n / best);
+    printf("%s{\"tokens\": %d, \"seconds\": %.6f, \"tok_s\": %.1f}", printed++ ? ", " : "", n,
+           best, n / best);
     fflush(stdout);
   }
   matmul_buffers buffers = {0};
   const int have_buffers = !be->host_visible && matmul_buffers_alloc(model, &buffers) == 0;
   printf("], \"decode\": [");
-  for (int b = 0; b < n_batches; b++) {
-    const int B = batches[b];
+  printed = 0;
+  for (int run = 0; run < n_contexts * n_kvs * n_batches; run++) {
+    const int B = batches[run % n_batches], depth = contexts[run / n_batches / n_kvs];
+    const ci_kv_format kv = kvs[run / n_batches % n_kvs];
+    ci_kv_format_name(&kv, kv_name, sizeof kv_name);
     ci_kv_seq **seqs = calloc((size_t)B, sizeof *seqs);
     int32_t *next = calloc((size_t)B, sizeof *next);
     for (int i = 0; i < B; i++) {
       seqs[i] = ci_kv_seq_create(cache);
-      for (int t = 0; t < context; t++) ids[t] = token_at(i, t, vocab);
+      for (int t = 0; t < depth; t++) ids[t] = token_at(i, t, vocab);
       if (!seqs[i] || (kv.codec != CI_KV_BF16 && ci_kv_seq_set_plan(seqs[i], &kv, 0)) ||
-          ci_model_forward(model, seqs[i], ids, context, NULL, 0)) {
+          ci_model_forward(model, seqs[i], ids, depth, NULL, 0)) {
         fprintf(stderr, "step_bench: context of sequence %d: %s\n", i, ci_last_error());
         return 1;
       }
-      next[i] = token_at(i, context, vocab);
+      next[i] = token_at(i, depth, vocab);
     }
     for (int w = 0; w < 2; w++) ci_model_forward_decode_batch(model, seqs, next, B, logits);
 #ifdef CINFER_CUDA
@@ -307,9 +333,10 @@ int main(int argc, char **argv) {
 #endif
     (void)profile;
     const double matmuls = have_buffers ? weights_only_step(model, &buffers, B) : 0.0;
-    printf("%s{\"batch\": %d, \"steps\": %d, \"seconds\": %.6f, \"step_ms\": %.3f, \"tok_s\": "
-           "%.1f, \"weights_only_step_ms\": %.3f}",
-           b ? ", " : "", B, gen, t, 1e3 * t / gen, (double)B * gen / t, 1e3 * matmuls);
+    printf("%s{\"batch\": %d, \"context\": %d, \"kv\": \"%s\", \"steps\": %d, \"seconds\": %.6f, "
+           "\"step_ms\": %.3f, \"tok_s\": %.1f, \"weights_only_step_ms\": %.3f}",
+           printed++ ? ", " : "", B, depth, kv_name, gen, t, 1e3 * t / gen, (double)B * gen / t,
+           1e3 * matmuls);
     fflush(stdout);
     for (int i = 0; i < B; i++) ci_kv_seq_free(seqs[i]);
     free(seqs);

@@ -690,15 +690,15 @@ static void check_attention(ci_backend *cpu, ci_backend *cu, int D, int window, 
   at_cache_free(&c, cu);
 }
 
-/* The quantized KV formats the GPU runs (affine; bits and groups that head_dim D allows). The
- * rotated codecs (turbo, turbo-v) are refused on the GPU for now: on the H200 their device
- * encoder stored other bytes than the CPU's (test_rotated_codecs_refused). */
+/* The quantized KV formats the GPU runs (every codec; bits and groups that head_dim D allows). */
 static int quantized_formats(int D, ci_kv_format out[16]) {
   static const struct {
     const char *codec;
     int bits, value_bits, group;
-  } all[] = {
-      {"affine", 8, 0, 64}, {"affine", 4, 0, 32}, {"affine", 4, 0, 128}, {"affine", 8, 0, 32}};
+  } all[] = {{"affine", 8, 0, 64}, {"affine", 4, 0, 32}, {"affine", 4, 0, 128},
+             {"affine", 8, 0, 32}, {"turbo", 4, 4, 0},   {"turbo", 4, 3, 0},
+             {"turbo", 3, 2, 0},   {"turbo", 2, 4, 0},   {"turbo-v", 8, 3, 0},
+             {"turbo-v", 4, 2, 0}, {"turbo-v", 8, 4, 0}};
   int n = 0;
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
     ci_kv_format f;
@@ -736,10 +736,10 @@ static void test_quantized_attention(void **state) {
     const int n = quantized_formats(dims[d], formats);
     for (int f = 0; f < n; f++) check_attention(cpu, cu, dims[d], 0, 0.0f, &formats[f]);
   }
-  ci_kv_format affine8;
-  assert_int_equal(ci_kv_format_parse("affine", 8, 0, 32, &affine8), CI_OK);
-  check_attention(cpu, cu, 128, 300, 0.0f, &affine8);
-  check_attention(cpu, cu, 128, 0, 30.0f, &affine8);
+  ci_kv_format turbo;
+  assert_int_equal(ci_kv_format_parse("turbo", 4, 3, 0, &turbo), CI_OK);
+  check_attention(cpu, cu, 128, 300, 0.0f, &turbo);
+  check_attention(cpu, cu, 128, 0, 30.0f, &turbo);
   ci_kv_format affine;
   assert_int_equal(ci_kv_format_parse("affine", 4, 0, 64, &affine), CI_OK);
   check_attention(cpu, cu, 128, 300, 30.0f, &affine);
@@ -885,12 +885,14 @@ static void check_mixed(ci_backend *cpu, ci_backend *cu, int D, const ci_kv_form
 static void test_mixed_codecs(void **state) {
   (void)state;
   ci_backend *cpu = ci_cpu_backend_create(2), *cu = gpu();
-  ci_kv_format affine4, affine, affine4_128;
-  assert_int_equal(ci_kv_format_parse("affine", 4, 0, 32, &affine4), CI_OK);
+  ci_kv_format turbo, affine, turbo_v, affine4;
+  assert_int_equal(ci_kv_format_parse("turbo", 4, 3, 0, &turbo), CI_OK);
   assert_int_equal(ci_kv_format_parse("affine", 8, 0, 64, &affine), CI_OK);
-  assert_int_equal(ci_kv_format_parse("affine", 4, 0, 64, &affine4_128), CI_OK);
+  assert_int_equal(ci_kv_format_parse("turbo-v", 8, 3, 0, &turbo_v), CI_OK);
+  assert_int_equal(ci_kv_format_parse("affine", 4, 0, 32, &affine4), CI_OK);
   const ci_kv_format bf16 = ci_kv_format_plain(CI_KV_BF16);
-  const ci_kv_format pairs[][AT_SEQS] = {{affine4, affine}, {bf16, affine4_128}, {affine, bf16}};
+  const ci_kv_format pairs[][AT_SEQS] = {
+      {turbo, affine}, {bf16, turbo_v}, {affine, bf16}, {affine4, turbo}};
   for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
     check_mixed(cpu, cu, 128, pairs[i]);
     check_mixed(cpu, cu, 64, pairs[i]);
@@ -1448,7 +1450,8 @@ static void test_codec_kl(void **state) {
   static const struct {
     const char *codec;
     int bits, value_bits, group;
-  } codecs[] = {{"affine", 8, 0, 32}, {"affine", 4, 0, 32}};
+  } codecs[] = {{"affine", 8, 0, 32}, {"affine", 4, 0, 32}, {"turbo", 4, 4, 0},
+                {"turbo", 4, 3, 0},   {"turbo", 3, 3, 0},   {"turbo-v", 8, 3, 0}};
   ci_backend *cpu = ci_cpu_backend_create(2), *cu = gpu();
   for (size_t fi = 0; fi < sizeof fixtures / sizeof fixtures[0]; fi++) {
     char dir[1024];
@@ -1490,43 +1493,6 @@ static void test_codec_kl(void **state) {
   cpu->ops->destroy(cpu);
 }
 
-/* The rotated KV codecs (TurboQuant, turbo-v) are refused on the GPU with an error naming them,
- * at the first step that would store a row (their device encoder does not yet reproduce the
- * CPU's bytes); the CPU runs them. */
-static void test_rotated_codecs_refused(void **state) {
-  (void)state;
-  static const struct {
-    const char *codec;
-    int bits, value_bits;
-  } rotated[] = {{"turbo", 4, 3}, {"turbo-v", 8, 3}};
-  char dir[1024];
-  snprintf(dir, sizeof dir, "%s/qwen3", CI_FIXTURE_DIR);
-  for (size_t i = 0; i < sizeof rotated / sizeof rotated[0]; i++) {
-    ci_backend *cu = gpu();
-    ci_model *model = ci_model_load(dir, cu);
-    if (!model) fail_msg("load %s: %s", dir, ci_last_error());
-    ci_kv_format f;
-    assert_int_equal(
-        ci_kv_format_parse(rotated[i].codec, rotated[i].bits, rotated[i].value_bits, 0, &f), CI_OK);
-    ci_kv_cache *cache = new_cache(model, CI_KV_BF16);
-    ci_kv_seq *seq = ci_kv_seq_create(cache);
-    assert_non_null(seq);
-    assert_int_equal(ci_kv_seq_set_plan(seq, &f, 0), CI_OK);
-    const int32_t ids[3] = {1, 2, 3};
-    float *logits = malloc((size_t)3 * model->spec.vocab * sizeof(float));
-    int rc = CI_OK; /* the rows are stored, or converted from their first bf16 chunk, by now */
-    for (int k = 0; k < 3 && rc == CI_OK; k++) rc = ci_model_forward(model, seq, ids, 3, logits, 3);
-    printf("  %s KV on the GPU: %s\n", rotated[i].codec, rc ? ci_last_error() : "ran");
-    assert_int_not_equal(rc, CI_OK);
-    assert_non_null(strstr(ci_last_error(), "does not run the"));
-    free(logits);
-    ci_kv_seq_free(seq);
-    ci_kv_cache_free(cache);
-    ci_model_free(model);
-    cu->ops->destroy(cu);
-  }
-}
-
 int main(void) {
   if (ci_cuda_device_count() < 1) {
     fprintf(stderr, "test_cuda: no CUDA GPU visible (run it on a GPU machine)\n");
@@ -1538,6 +1504,6 @@ int main(void) {
       cmocka_unit_test(test_kv_convert),        cmocka_unit_test(test_mixed_codecs),
       cmocka_unit_test(test_codec_kl),          cmocka_unit_test(test_matmul_ops),
       cmocka_unit_test(test_affine_matmul_ops), cmocka_unit_test(test_matmul_batch_invariance),
-      cmocka_unit_test(test_fixtures),          cmocka_unit_test(test_rotated_codecs_refused)};
+      cmocka_unit_test(test_fixtures)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,6 +3,7 @@
 #include "engine/draft_model.h"
 
 #include "base/error.h"
+#include "base/timing.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -154,8 +155,10 @@ void ci_draft_batch_free(ci_draft_batch *b) {
   memset(b, 0, sizeof *b);
 }
 
-int ci_draft_batch_run(ci_draft_batch *b, ci_draft_state *const *states, int n, int *steps) {
+int ci_draft_batch_run(ci_draft_batch *b, ci_draft_state *const *states, int n, int *steps,
+                       double *drafting_ms) {
   if (steps) *steps = 0;
+  if (drafting_ms) *drafting_ms = 0;
   if (n < 1) return CI_OK;
   if (n > b->max_seqs)
     return ci_fail("draft model: %d sequences in a batch of at most %d", n, b->max_seqs);
@@ -181,6 +184,7 @@ int ci_draft_batch_run(ci_draft_batch *b, ci_draft_state *const *states, int n, 
     b->live[i] = states[i];
   }
   int live = n;
+  const double t0 = ci_now_seconds();
   while (live > 0) {
     if (ci_model_step(b->model, b->ws, b->step, live, b->logits))
       return ci_fail_context("draft model");
@@ -197,6 +201,7 @@ int ci_draft_batch_run(ci_draft_batch *b, ci_draft_state *const *states, int n, 
     }
     live = kept;
   }
+  if (drafting_ms) *drafting_ms = (ci_now_seconds() - t0) * 1e3;
   return CI_OK;
 }
 

@@ -86,8 +86,12 @@ void ci_draft_batch_free(ci_draft_batch *b);
  * every sequence's catch-up, then one step per further drafted position over the sequences still
  * drafting. Each state ends as after ci_draft_propose. *steps (may be NULL) gets the number of
  * draft-model steps run (the largest k). Returns CI_OK, or CI_ERR with ci_last_error: then every
- * state of the call is in no defined state and its request must stop speculating. */
-int ci_draft_batch_run(ci_draft_batch *b, ci_draft_state *const *states, int n, int *steps);
+ * state of the call is in no defined state and its request must stop speculating. *drafting_ms
+ * (may be NULL) gets the wall time of those steps alone: the long catch-ups run first (a prompt,
+ * tokens decoded without speculating) are left out, so a speculation policy weighs what a
+ * drafted position costs, not what a prompt once cost. */
+int ci_draft_batch_run(ci_draft_batch *b, ci_draft_state *const *states, int n, int *steps,
+                       double *drafting_ms);
 
 /* Closes the proposal's round keeping n_keep positions (the context length at the proposal up to
  * what it holds now): the positions of rejected drafts are rolled back. Returns CI_OK or CI_ERR. */

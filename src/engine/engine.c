@@ -1157,16 +1157,16 @@ static int plan_round(const ci_engine *e, ci_engine_request *r) {
  * fails at the step (its draft sequence is in no defined state). */
 static void draft_step(ci_engine *e, step_entry *entries, int n) {
   for (int i = 0; i < n; i++) e->draft_states[i] = &entries[e->spec_entry[i]].r->draft;
-  const double t0 = ci_now_seconds();
   int steps = 0;
-  if (ci_draft_batch_run(&e->draft_batch, e->draft_states, n, &steps)) {
+  double drafting_ms = 0;
+  if (ci_draft_batch_run(&e->draft_batch, e->draft_states, n, &steps, &drafting_ms)) {
     for (int i = 0; i < n; i++) {
       ci_engine_request *r = entries[e->spec_entry[i]].r;
       snprintf(r->spec_error, sizeof r->spec_error, "%s", ci_last_error());
     }
     return;
   }
-  ci_spec_policy_observe_draft(&e->policy, steps, (ci_now_seconds() - t0) * 1e3);
+  ci_spec_policy_observe_draft(&e->policy, steps, drafting_ms);
   pthread_mutex_lock(&e->mu);
   e->stats.spec_draft_steps += steps;
   pthread_mutex_unlock(&e->mu);
@@ -1334,6 +1334,9 @@ static int compose_step(ci_engine *e, step_entry *entries) {
 static void engine_step(ci_engine *e) {
   step_entry entries[CI_ENGINE_MAX_BATCH];
   int n = compose_step(e, entries);
+  /* the policy weighs the whole step after drafting (blocks, forward, sampling and verification),
+   * which all grow with the rows; drafting is timed on its own (draft_step) */
+  const double t0 = ci_now_seconds();
   /* KV blocks first, sequence by sequence: one that cannot get its blocks fails alone instead of
    * failing the step */
   int kept = 0;
@@ -1368,10 +1371,7 @@ static void engine_step(ci_engine *e) {
                                              : 0};
     rows += entries[i].rows;
   }
-  const double t0 = ci_now_seconds();
   const int step_status = ci_model_step(e->model, e->ws, e->step_seqs, n, e->logits);
-  if (!step_status)
-    ci_spec_policy_observe_step(&e->policy, (int)rows, (ci_now_seconds() - t0) * 1e3);
   if (step_status) {
     for (int i = 0; i < n; i++) end_in_step(e, entries[i].r, CI_ERR, 0, CI_FINISH_STOP);
   } else {
@@ -1391,6 +1391,7 @@ static void engine_step(ci_engine *e) {
       row += vocab * e->step_seqs[i].n_logit_rows;
       end_in_step(e, r, status, finished, finish);
     }
+    ci_spec_policy_observe_step(&e->policy, (int)rows, (ci_now_seconds() - t0) * 1e3);
   }
   for (int i = 0; i < n; i++)
     if (entries[i].r->state != REQ_FINISHED) register_prefix(e, entries[i].r, 0);

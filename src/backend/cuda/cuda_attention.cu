@@ -27,17 +27,6 @@ static int layout_of(const ci_paged_kv *kv, kv_layout *out) {
   if (kv->format.codec < 0 || kv->format.codec >= CI_KV_CODEC_COUNT)
     return ci_fail("the CUDA backend: unknown KV codec %d", (int)kv->format.codec);
   const int D = kv->head_dim, codec = (int)kv->format.codec;
-  if (codec == CI_KV_TURBO || codec == CI_KV_TURBO_V) {
-    /* The device encoder stored other bytes than the CPU's for TurboQuant rows on the H200 (and a
-     * worse KL against bf16 KV: 0.226 against the CPU's 0.140 on the qwen3 fixture, turbo:4,4),
-     * while the same code compiled for the host matches the CPU; until that is found the GPU
-     * refuses the rotated codecs rather than store worse KV. */
-    char name[64];
-    ci_kv_format_name(&kv->format, name, sizeof name);
-    return ci_fail("the CUDA backend does not run the %s KV codec yet (use --kv-codec bf16, "
-                   "affine:8 or affine:4 on the GPU, or --device cpu)",
-                   name);
-  }
   const int grouped = codec == CI_KV_AFFINE || codec == CI_KV_TURBO_V;
   const int rotated = codec == CI_KV_TURBO || codec == CI_KV_TURBO_V;
   /* the cache checked the format; a bad one here (a hand-built view) is named, never run */

@@ -120,8 +120,34 @@ CI_KV_HD static inline float ci_kv_dev_bf16(const uint8_t *p) {
   return f;
 }
 
+/* f16 bits -> f32, exactly (ci_f16_to_f32's integer rule: the rows' f16 fields convert without
+ * the half-precision intrinsics, the same code on the host and the device). */
+CI_KV_HD static inline float ci_kv_dev_f16_to_f32(unsigned h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu, bits;
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      bits = sign;
+    } else { /* subnormal: normalise */
+      exponent = 127 - 15 + 1;
+      while (!(mantissa & 0x400u)) {
+        mantissa <<= 1;
+        exponent--;
+      }
+      bits = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
+    }
+  } else if (exponent == 31) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else {
+    bits = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
+  }
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
 CI_KV_HD static inline float ci_kv_dev_f16(const uint8_t *p) {
-  return __half2float(__ushort_as_half((unsigned short)(p[0] | (p[1] << 8))));
+  return ci_kv_dev_f16_to_f32((unsigned)(p[0] | (p[1] << 8)));
 }
 
 CI_KV_HD static inline void ci_kv_dev_put16(uint8_t *p, unsigned short v) {
@@ -139,11 +165,35 @@ CI_KV_HD static inline void ci_kv_dev_put_bf16(uint8_t *p, float v) {
     ci_kv_dev_put16(p, (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16));
 }
 
-/* f32 -> f16 bits, round to nearest even, saturating at ±65504 (ci_f32_to_f16_saturate). */
+/* f32 -> f16 bits, round to nearest even (ci_f32_to_f16's integer rule, operation for operation:
+ * on the H200 the half-precision intrinsics stored other bytes here than the host did). */
+CI_KV_HD static inline unsigned short ci_kv_dev_f32_to_f16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, sizeof x);
+  const unsigned short sign = (unsigned short)((x >> 16) & 0x8000u);
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs > 0x7f800000u) return sign | 0x7e00u;  /* NaN */
+  if (abs >= 0x477ff000u) return sign | 0x7c00u; /* overflow to inf (round to nearest) */
+  if (abs < 0x38800000u) {                       /* subnormal or zero in f16 */
+    if (abs < 0x33000000u) return sign;
+    const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
+    const int shift = 126 - (int)(abs >> 23); /* the f16 subnormal unit is 2^-24 */
+    uint32_t half = mantissa >> shift;
+    const uint32_t rem = mantissa & ((1u << shift) - 1), mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1))) half++;
+    return (unsigned short)(sign | half);
+  }
+  uint32_t half = (abs >> 13) - ((127 - 15) << 10);
+  const uint32_t rem = abs & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1))) half++;
+  return (unsigned short)(sign | half);
+}
+
+/* f32 -> f16 bits, saturating at ±65504 (ci_f32_to_f16_saturate). */
 CI_KV_HD static inline void ci_kv_dev_put_f16(uint8_t *p, float v) {
   if (v > 65504.0f) v = 65504.0f;
   if (v < -65504.0f) v = -65504.0f;
-  ci_kv_dev_put16(p, __half_as_ushort(__float2half_rn(v)));
+  ci_kv_dev_put16(p, ci_kv_dev_f32_to_f16(v));
 }
 
 /* Number of thresholds strictly below u (ci_lloyd_max_code). */
