@@ -291,8 +291,8 @@ int main(int argc, char **argv) {
       best = t < best ? t : best;
       ci_kv_seq_free(s);
     }
-    printf("%s{\"tokens\": %d, \"seconds\": %.6f, \"tok_s\": %.1f}", printed++ ? ", " : "", n,
-           best, n / best);
+    printf("%s{\"tokens\": %d, \"seconds\": %.6f, \"tok_s\": %.1f}", printed++ ? ", " : "", n, best,
+           n / best);
     fflush(stdout);
   }
   matmul_buffers buffers = {0};

@@ -1181,12 +1181,12 @@ static int step_speculates(ci_engine *e, const step_entry *entries, int n, int n
       (e->o.spec_max_batch > 0 && n_decode > e->o.spec_max_batch))
     return 0;
   if (e->o.spec_policy == CI_ENGINE_SPEC_ALWAYS) return 1;
-  /* a request that has not drafted yet has no acceptance of its own: its first round is measured */
-  for (int i = 0; i < n_spec; i++)
-    if (entries[e->spec_entry[i]].r->spec_drafted == 0) {
-      e->policy.plain_run = 0;
-      return 1;
-    }
+  /* until some round was verified the policy has no acceptance rate: measure one (a request
+   * without rounds of its own starts from the running rate of all requests below) */
+  if (e->policy.accept_n == 0) {
+    e->policy.plain_run = 0;
+    return 1;
+  }
   int base_rows = 0, draft_steps = 0;
   for (int i = 0; i < n; i++) base_rows += entries[i].r->state == REQ_DECODE ? 1 : entries[i].rows;
   for (int i = 0; i < n_spec; i++) {

@@ -19,11 +19,56 @@
 
 #include <string.h>
 
-enum { WARPS = 4, MAX_D = CI_CUDA_KV_MAX_D, MAX_GROUPS = MAX_D / 32, KV_SPLIT = 256 };
+/* KV_SPLIT: keys per split, one 32-key chunk per warp (a decode row at 16k context gets 128
+ * blocks per KV head, enough to fill the GPU at batch 1). */
+enum { WARPS = 4, MAX_D = CI_CUDA_KV_MAX_D, MAX_GROUPS = MAX_D / 32, KV_SPLIT = WARPS * 32 };
 
 typedef ci_cuda_kv_layout kv_layout;
 typedef ci_cuda_seq_group seq_group;
 typedef ci_cuda_attention_params attention_params;
+
+/* The alignment (1, 2, 4 or 8 bytes) every stored row of a layout side starts at: slabs are
+ * 256-byte aligned, rows sit at block_stride, offset and row_bytes multiples. */
+__device__ static inline int row_alignment(const kv_layout &L, int value) {
+  const int64_t x = L.block_stride | (value ? L.v_offset : L.k_offset) |
+                    (value ? L.v_row_bytes : L.k_row_bytes) | 8;
+  return (int)(x & -x);
+}
+
+/* n (<= 8) consecutive bytes at p as a little-endian word, read with the widest loads the
+ * alignment `align` of p allows (packed rows are only 2-byte aligned in some codecs). */
+__device__ static inline unsigned long long load_bytes(const uint8_t *p, int n, int align) {
+  unsigned long long w = 0;
+  int i = 0;
+  if (align >= 4)
+    for (; i + 4 <= n; i += 4) w |= (unsigned long long)*(const uint32_t *)(p + i) << (8 * i);
+  if (align >= 2)
+    for (; i + 2 <= n; i += 2) w |= (unsigned long long)*(const uint16_t *)(p + i) << (8 * i);
+  for (; i < n; i++) w |= (unsigned long long)p[i] << (8 * i);
+  return w;
+}
+
+/* Codes d0 .. d0 + n - 1 (n <= 8) of a packed row into codes[]: one word load where they start
+ * on a byte (8-, 4- and 2-bit codes with d0 a multiple of n), code by code otherwise (3 bits). */
+template <int N>
+__device__ static inline void codes_at(const uint8_t *row, int d0, int bits, int align,
+                                       unsigned codes[N]) {
+  if (bits != 3 && (d0 * bits) % 8 == 0 && (N * bits) % 8 == 0) {
+    const int offset = d0 * bits / 8;
+    const int a = offset & (align - 1) ? (offset & -offset) : align;
+    const unsigned long long w = load_bytes(row + offset, N * bits / 8, a);
+#pragma unroll
+    for (int i = 0; i < N; i++) codes[i] = (unsigned)(w >> (i * bits)) & ((1u << bits) - 1);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; i++) codes[i] = ci_kv_dev_code(row, d0 + i, bits);
+  }
+}
+
+/* A 16-bit field of a row's tail (bf16 or f16 bits); tails start 2-byte aligned. */
+__device__ static inline unsigned tail16(const uint8_t *p) {
+  return *(const uint16_t *)p;
+}
 
 /* In place x <- H_D x over shared memory with every thread of the block (ci_fwht's butterflies:
  * each element sees the same operations in the same order as the sequential transform). */
@@ -48,20 +93,25 @@ __device__ static void shared_fwht(float *x, int D) {
 template <int CODEC, int GB>
 __device__ static inline void score_rows(const kv_layout &L, const uint8_t *kr, const float *q,
                                          const float *qsum, const float *centroids, int nh,
-                                         float *scores) {
+                                         int align, float *scores) {
   const int D = L.head_dim, bits = L.k_bits;
   const uint8_t *tail = kr + D * bits / 8;
   float dot[GB];
   if (CODEC == CI_KV_TURBO) {
 #pragma unroll
     for (int g = 0; g < GB; g++) dot[g] = 0.0f;
-    for (int d = 0; d < D; d++) {
-      const float c = centroids[ci_kv_dev_code(kr, d, bits)];
+    for (int d0 = 0; d0 < D; d0 += 8) {
+      unsigned codes[8];
+      codes_at<8>(kr, d0, bits, align, codes);
 #pragma unroll
-      for (int g = 0; g < GB; g++)
-        if (g < nh) dot[g] += q[g * MAX_D + d] * c;
+      for (int i = 0; i < 8; i++) {
+        const float c = centroids[codes[i]];
+#pragma unroll
+        for (int g = 0; g < GB; g++)
+          if (g < nh) dot[g] += q[g * MAX_D + d0 + i] * c;
+      }
     }
-    const float nu = ci_kv_dev_f16(tail);
+    const float nu = ci_kv_dev_f16_to_f32(tail16(tail));
 #pragma unroll
     for (int g = 0; g < GB; g++) scores[g] = nu * dot[g];
     return;
@@ -73,23 +123,27 @@ __device__ static inline void score_rows(const kv_layout &L, const uint8_t *kr, 
   for (int gi = 0; gi < groups; gi++) {
 #pragma unroll
     for (int g = 0; g < GB; g++) dot[g] = 0.0f;
-    for (int d = gi * group; d < (gi + 1) * group; d++) {
-      float x;
-      if (bits == 8)
-        x = CODEC == CI_KV_TURBO_V ? (float)(int8_t)kr[d] : (float)kr[d];
-      else
-        x = (float)ci_kv_dev_code(kr, d, bits);
+    for (int d0 = gi * group; d0 < (gi + 1) * group; d0 += 8) {
+      unsigned codes[8];
+      codes_at<8>(kr, d0, bits, align, codes);
 #pragma unroll
-      for (int g = 0; g < GB; g++)
-        if (g < nh) dot[g] += q[g * MAX_D + d] * x;
+      for (int i = 0; i < 8; i++) {
+        const float x =
+            CODEC == CI_KV_TURBO_V && bits == 8 ? (float)(int8_t)codes[i] : (float)codes[i];
+#pragma unroll
+        for (int g = 0; g < GB; g++)
+          if (g < nh) dot[g] += q[g * MAX_D + d0 + i] * x;
+      }
     }
     if (CODEC == CI_KV_AFFINE) {
-      const float sv = ci_kv_dev_bf16(tail + 2 * gi), b = ci_kv_dev_bf16(tail + 2 * (groups + gi));
+      const float sv = __uint_as_float(tail16(tail + 2 * gi) << 16),
+                  b = __uint_as_float(tail16(tail + 2 * (groups + gi)) << 16);
 #pragma unroll
       for (int g = 0; g < GB; g++)
         if (g < nh) scores[g] += sv * dot[g] + b * qsum[g * MAX_GROUPS + gi];
     } else {
-      const float sc = ci_kv_dev_f16(tail + 2 * gi), zp = ci_kv_dev_f16(tail + 2 * (groups + gi));
+      const float sc = ci_kv_dev_f16_to_f32(tail16(tail + 2 * gi)),
+                  zp = ci_kv_dev_f16_to_f32(tail16(tail + 2 * (groups + gi)));
 #pragma unroll
       for (int g = 0; g < GB; g++)
         if (g < nh) scores[g] += sc * (dot[g] + zp * qsum[g * MAX_GROUPS + gi]);
@@ -97,19 +151,28 @@ __device__ static inline void score_rows(const kv_layout &L, const uint8_t *kr, 
   }
 }
 
-/* Element d of a V row in the accumulation basis (rotated for TurboQuant and turbo-v). */
-template <int CODEC>
-__device__ static inline float value_at(const kv_layout &L, const uint8_t *vr, int d,
-                                        const float *centroids) {
+/* Elements d0 .. d0 + N - 1 of a V row in the accumulation basis (rotated for TurboQuant and
+ * turbo-v), d0 a multiple of N (N <= 8 divides every group, so they share one scale). */
+template <int CODEC, int N>
+__device__ static inline void values_at(const kv_layout &L, const uint8_t *vr, int d0, int align,
+                                        const float *centroids, float v[N]) {
   const int D = L.head_dim, bits = L.v_bits;
   const uint8_t *tail = vr + D * bits / 8;
-  const unsigned code = ci_kv_dev_code(vr, d, bits);
+  unsigned codes[N];
+  codes_at<N>(vr, d0, bits, align, codes);
   if (CODEC == CI_KV_AFFINE) {
-    const int g = d / L.group, groups = D / L.group;
-    return ci_kv_dev_bf16(tail + 2 * g) * (float)code + ci_kv_dev_bf16(tail + 2 * (groups + g));
+    const int g = d0 / L.group, groups = D / L.group;
+    const float sv = __uint_as_float(tail16(tail + 2 * g) << 16),
+                b = __uint_as_float(tail16(tail + 2 * (groups + g)) << 16);
+#pragma unroll
+    for (int i = 0; i < N; i++) v[i] = sv * (float)codes[i] + b;
+  } else {
+    const float r = ci_kv_dev_f16_to_f32(
+        tail16(CODEC == CI_KV_TURBO ? tail : tail + 2 * (d0 / CI_CUDA_TURBO_V_GROUP)));
+#pragma unroll
+    for (int i = 0; i < N; i++)
+      v[i] = CODEC == CI_KV_TURBO ? r * centroids[codes[i]] : centroids[codes[i]] * r;
   }
-  if (CODEC == CI_KV_TURBO) return ci_kv_dev_f16(tail) * centroids[code];
-  return centroids[code] * ci_kv_dev_f16(tail + 2 * (d / CI_CUDA_TURBO_V_GROUP));
 }
 
 /* Folds a split's state (sm, sl, so) into the running state (rm, rl, ro): the one merge rule of
@@ -139,10 +202,11 @@ __device__ static inline void write_output(const kv_layout &L, float *o_shared, 
     out[d] = rotated_v ? __fmul_rn(L.signs[d], o_shared[d]) : o_shared[d];
 }
 
-/* Query heads one block takes (of one KV head's GQA group) for PER_LANE output dims per lane:
- * the accumulators of every head stay in registers. */
-__host__ __device__ constexpr int heads_per_block(int per_lane) {
-  return per_lane <= 4 ? 8 : per_lane <= 8 ? 4 : 2;
+/* Query heads one block takes (of one KV head's GQA group of G) for PER_LANE output dims per
+ * lane: the accumulators of every head stay in registers, so a group of at most 4 (Llama 3's
+ * 32/8) gets a kernel sized for 4. */
+__host__ __device__ constexpr int heads_per_block(int per_lane, int G) {
+  return per_lane <= 4 ? (G <= 4 ? 4 : 8) : per_lane <= 8 ? 4 : 2;
 }
 
 /* One block per (query row, KV head, chunk of up to GB query heads of its group[, split]).
@@ -153,11 +217,10 @@ __host__ __device__ constexpr int heads_per_block(int per_lane) {
  * (parallel 0: one block walks every split of its row) or in kv_merge_kernel (parallel 1: one
  * block per split), with the same arithmetic either way. A head's arithmetic never depends on
  * the other heads of its block. */
-template <int PER_LANE, int CODEC>
-__global__ static void __launch_bounds__(WARPS * 32)
+template <int PER_LANE, int CODEC, int GB>
+__global__ static void __launch_bounds__(WARPS * 32, GB <= 4 && PER_LANE <= 4 ? 5 : 1)
     kv_attention_kernel(kv_layout L, const seq_group *g, attention_params a, ci_cuda_flash_params f,
                         int *error_flag) {
-  constexpr int GB = heads_per_block(PER_LANE);
   constexpr bool rotate_q = CODEC == CI_KV_TURBO;
   constexpr int OUT_PER_THREAD = (PER_LANE * 32 + WARPS * 32 - 1) / (WARPS * 32);
   __shared__ float merge_m[WARPS], merge_l[WARPS];
@@ -172,6 +235,7 @@ __global__ static void __launch_bounds__(WARPS * 32)
   const int kv_head = blockIdx.y / chunks, h0 = kv_head * G + (blockIdx.y % chunks) * GB;
   const int nh = G - (blockIdx.y % chunks) * GB < GB ? G - (blockIdx.y % chunks) * GB : GB;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int k_align = row_alignment(L, 0), v_align = row_alignment(L, 1);
   const int64_t p = a.pos[row];
   const int64_t lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
   int64_t first_split = lo / KV_SPLIT, last_split = p / KV_SPLIT;
@@ -235,7 +299,7 @@ __global__ static void __launch_bounds__(WARPS * 32)
         } else {
           vr = ci_kv_dev_row(L, 1, block, key % L.block_tokens, kv_head);
           score_rows<CODEC, GB>(L, ci_kv_dev_row(L, 0, block, key % L.block_tokens, kv_head),
-                                q_shared, qsum, k_centroids, nh, score);
+                                q_shared, qsum, k_centroids, nh, k_align, score);
         }
       }
       if (!__any_sync(0xffffffffu, vr != NULL)) continue; /* no live key in this chunk */
@@ -266,14 +330,17 @@ __global__ static void __launch_bounds__(WARPS * 32)
         float wj[GB];
 #pragma unroll
         for (int hg = 0; hg < GB; hg++) wj[hg] = __shfl_sync(0xffffffffu, weight[hg], j);
-        if (!vj) continue;
+        if (!vj || lane * PER_LANE >= D) continue;
+        /* lane's PER_LANE consecutive dims, decoded 8 at a time (one scale each) */
+        constexpr int N = PER_LANE < 8 ? PER_LANE : 8;
 #pragma unroll
-        for (int i = 0; i < PER_LANE; i++) {
-          const int d = lane + 32 * i;
-          if (d >= D) continue;
-          const float v = value_at<CODEC>(L, vj, d, v_centroids);
+        for (int h = 0; h < PER_LANE / N; h++) {
+          float v[N];
+          values_at<CODEC, N>(L, vj, lane * PER_LANE + h * N, v_align, v_centroids, v);
 #pragma unroll
-          for (int hg = 0; hg < GB; hg++) acc[hg][i] += wj[hg] * v;
+          for (int i = 0; i < N; i++)
+#pragma unroll
+            for (int hg = 0; hg < GB; hg++) acc[hg][h * N + i] += wj[hg] * v[i];
         }
       }
     }
@@ -287,7 +354,7 @@ __global__ static void __launch_bounds__(WARPS * 32)
       }
 #pragma unroll
       for (int i = 0; i < PER_LANE; i++) {
-        const int d = lane + 32 * i;
+        const int d = lane * PER_LANE + i;
         if (d < D) merge_acc[warp][d] = acc[hg][i];
       }
       __syncthreads();
@@ -365,26 +432,35 @@ static int lane_dims(int D) {
   return per_lane <= 1 ? 1 : per_lane <= 2 ? 2 : per_lane <= 4 ? 4 : per_lane <= 8 ? 8 : 16;
 }
 
+template <int PER_LANE, int CODEC, int GB>
+static void launch_kernel(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flash_params &f,
+                          dim3 grid) {
+  kv_attention_kernel<PER_LANE, CODEC, GB><<<grid, WARPS * 32, 0, cu->stream>>>(
+      cmd->a.kv.layout, cmd->a.kv.group, cmd->a.kv.att, f, cu->error_flag);
+}
+
 template <int CODEC>
 static void launch_codec(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flash_params &f) {
   const kv_layout &L = cmd->a.kv.layout;
   const attention_params &a = cmd->a.kv.att;
   const seq_group *g = cmd->a.kv.group;
-  const int per_lane = (L.head_dim + 31) / 32;
-  const int G = a.n_heads / L.n_kv_heads, gb = heads_per_block(lane_dims(L.head_dim));
+  const int per_lane = lane_dims(L.head_dim);
+  const int G = a.n_heads / L.n_kv_heads, gb = heads_per_block(per_lane, G);
   const dim3 grid((unsigned)cmd->a.kv.total_rows, (unsigned)(L.n_kv_heads * ((G + gb - 1) / gb)),
                   f.parallel ? (unsigned)f.splits : 1u);
-  int *flag = cu->error_flag;
   if (per_lane <= 1)
-    kv_attention_kernel<1, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, f, flag);
+    gb == 4 ? launch_kernel<1, CODEC, 4>(cu, cmd, f, grid)
+            : launch_kernel<1, CODEC, 8>(cu, cmd, f, grid);
   else if (per_lane <= 2)
-    kv_attention_kernel<2, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, f, flag);
+    gb == 4 ? launch_kernel<2, CODEC, 4>(cu, cmd, f, grid)
+            : launch_kernel<2, CODEC, 8>(cu, cmd, f, grid);
   else if (per_lane <= 4)
-    kv_attention_kernel<4, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, f, flag);
+    gb == 4 ? launch_kernel<4, CODEC, 4>(cu, cmd, f, grid)
+            : launch_kernel<4, CODEC, 8>(cu, cmd, f, grid);
   else if (per_lane <= 8)
-    kv_attention_kernel<8, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, f, flag);
+    launch_kernel<8, CODEC, heads_per_block(8, 8)>(cu, cmd, f, grid);
   else
-    kv_attention_kernel<16, CODEC><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, f, flag);
+    launch_kernel<16, CODEC, heads_per_block(16, 8)>(cu, cmd, f, grid);
   if (f.parallel)
     kv_merge_kernel<CODEC>
         <<<dim3((unsigned)cmd->a.kv.total_rows, (unsigned)a.n_heads), WARPS * 32, 0, cu->stream>>>(
@@ -395,7 +471,7 @@ void ci_cuda_kv_attention_plan(const kv_layout *L, const seq_group *host_group, 
                                int n_sms, ci_cuda_flash_params *f) {
   memset(f, 0, sizeof *f);
   f->splits = ci_cuda_key_splits(host_group, L, KV_SPLIT);
-  const int G = n_heads / L->n_kv_heads, gb = heads_per_block(lane_dims(L->head_dim));
+  const int G = n_heads / L->n_kv_heads, gb = heads_per_block(lane_dims(L->head_dim), G);
   const int64_t blocks = (int64_t)host_group->total_rows * L->n_kv_heads * ((G + gb - 1) / gb);
   const size_t bytes =
       (size_t)host_group->total_rows * n_heads * f->splits * (L->head_dim + 2) * sizeof(float);
