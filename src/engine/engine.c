@@ -1181,12 +1181,12 @@ static int step_speculates(ci_engine *e, const step_entry *entries, int n, int n
       (e->o.spec_max_batch > 0 && n_decode > e->o.spec_max_batch))
     return 0;
   if (e->o.spec_policy == CI_ENGINE_SPEC_ALWAYS) return 1;
-  /* until some round was verified the policy has no acceptance rate: measure one (a request
-   * without rounds of its own starts from the running rate of all requests below) */
-  if (e->policy.accept_n == 0) {
-    e->policy.plain_run = 0;
-    return 1;
-  }
+  /* a request that has not drafted yet has no acceptance of its own: its first round is measured */
+  for (int i = 0; i < n_spec; i++)
+    if (entries[e->spec_entry[i]].r->spec_drafted == 0) {
+      e->policy.plain_run = 0;
+      return 1;
+    }
   int base_rows = 0, draft_steps = 0;
   for (int i = 0; i < n; i++) base_rows += entries[i].r->state == REQ_DECODE ? 1 : entries[i].rows;
   for (int i = 0; i < n_spec; i++) {
@@ -1334,9 +1334,6 @@ static int compose_step(ci_engine *e, step_entry *entries) {
 static void engine_step(ci_engine *e) {
   step_entry entries[CI_ENGINE_MAX_BATCH];
   int n = compose_step(e, entries);
-  /* the policy weighs the whole step after drafting (blocks, forward, sampling and verification),
-   * which all grow with the rows; drafting is timed on its own (draft_step) */
-  const double t0 = ci_now_seconds();
   /* KV blocks first, sequence by sequence: one that cannot get its blocks fails alone instead of
    * failing the step */
   int kept = 0;
@@ -1371,7 +1368,11 @@ static void engine_step(ci_engine *e) {
                                              : 0};
     rows += entries[i].rows;
   }
+  /* the policy weighs the forward (drafting is timed on its own, in draft_step) */
+  const double t0 = ci_now_seconds();
   const int step_status = ci_model_step(e->model, e->ws, e->step_seqs, n, e->logits);
+  if (!step_status)
+    ci_spec_policy_observe_step(&e->policy, (int)rows, (ci_now_seconds() - t0) * 1e3);
   if (step_status) {
     for (int i = 0; i < n; i++) end_in_step(e, entries[i].r, CI_ERR, 0, CI_FINISH_STOP);
   } else {
@@ -1391,7 +1392,6 @@ static void engine_step(ci_engine *e) {
       row += vocab * e->step_seqs[i].n_logit_rows;
       end_in_step(e, r, status, finished, finish);
     }
-    ci_spec_policy_observe_step(&e->policy, (int)rows, (ci_now_seconds() - t0) * 1e3);
   }
   for (int i = 0; i < n; i++)
     if (entries[i].r->state != REQ_FINISHED) register_prefix(e, entries[i].r, 0);
