@@ -20,6 +20,7 @@ Usage: spec_bench.py [--cinfer build/cinfer] [--llama-dir DIR | --llama-server B
                      [--concurrency 1,4,16] [--prompts N] [--draft-max 5] [--draft-min 1]
                      [--lookup-ngram 3] [--gguf-type q8_0] [--engines cinfer,llama]
                      [--report bench/spec.md] [--idle-wait 30] [--target DIR] [--draft DIR]
+                     [--spec-policy auto|always|never]
 
 Everything a run makes goes into --out (default bench/work/spec): the GGUFs (reused while newer
 than the model folders), each server's log, results.json (every row), commands.txt and
@@ -230,6 +231,9 @@ def main():
                     help="llama.cpp's weights (q8_0: 8.5 bits per weight, as the starter's "
                          "MLX q8 with group 64)")
     ap.add_argument("--engines", default="cinfer,llama")
+    ap.add_argument("--spec-policy", default="auto", choices=["auto", "always", "never"],
+                    help="cinfer serve --spec-policy for the speculating servers (auto: a step "
+                    "speculates when it pays; always: as llama.cpp does)")
     ap.add_argument("--target", default=os.path.join(ROOT, "models/starter"),
                     help="the target model folder (e.g. a bf16 copy by tools/dequantize.py for a "
                          "backend without MLX weights)")
@@ -256,7 +260,8 @@ def main():
     with open(os.path.join(ROOT, "models/starter/eval_ids.json")) as f:
         code = [seq[:192] for seq in json.load(f)["sequences"]][:args.prompts]
     chat = CHAT[:args.prompts]
-    spec = ["--draft-max", str(args.draft_max), "--draft-min", str(args.draft_min)]
+    spec = ["--draft-max", str(args.draft_max), "--draft-min", str(args.draft_min),
+            "--spec-policy", args.spec_policy]
     lspec = ["--spec-draft-n-max", str(args.draft_max), "--spec-draft-n-min", str(args.draft_min)]
     configs = {"cinfer": [("none", []),
                           ("lookup", ["--lookup-ngram", str(args.lookup_ngram)] + spec),

@@ -340,6 +340,13 @@ cinfer_status cinfer_session_reset(cinfer_session *session);
 typedef struct cinfer_engine cinfer_engine;
 typedef struct cinfer_request cinfer_request;
 
+/* Whether the engine's steps speculate (cinfer_engine_options.spec_policy). */
+typedef enum {
+  CINFER_SPEC_AUTO = 0,
+  CINFER_SPEC_ALWAYS = 1,
+  CINFER_SPEC_NEVER = 2
+} cinfer_spec_policy;
+
 typedef struct {
   int max_batch;              /* sequences decoded together (8) */
   int context_size;           /* per-request context limit; 0 = the model's context length */
@@ -365,6 +372,8 @@ typedef struct {
   int spec_max_batch; /* a step with more decoding sequences than this never speculates; 0 = no
                          cap: each step speculates only when the engine's measured step times and
                          acceptance say it pays (0) */
+  int spec_policy;    /* CINFER_SPEC_AUTO: a step speculates when it pays (above); ALWAYS: every
+                         step that has drafts does (as llama.cpp does); NEVER: none (AUTO) */
   /* Prompt cache on disk (docs/kv-cache.md "Prompt cache on disk"): the prefix cache's KV
    * blocks are written to this directory (created if missing) as they fill, by a writer thread
    * that never holds up a step, and read back when a request's prompt starts with them, also

@@ -70,6 +70,15 @@ cinfer_status cinfer_engine_create(cinfer_model *model, const cinfer_engine_opti
   o.draft_max = options->draft_max;
   o.draft_min = options->draft_min;
   o.spec_max_batch = options->spec_max_batch;
+  if (options->spec_policy < CINFER_SPEC_AUTO || options->spec_policy > CINFER_SPEC_NEVER)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT,
+                       "engine options: spec_policy %d is not one of "
+                       "CINFER_SPEC_AUTO, CINFER_SPEC_ALWAYS, CINFER_SPEC_NEVER",
+                       options->spec_policy);
+  _Static_assert((int)CINFER_SPEC_ALWAYS == (int)CI_ENGINE_SPEC_ALWAYS &&
+                     (int)CINFER_SPEC_NEVER == (int)CI_ENGINE_SPEC_NEVER,
+                 "the public and engine speculation policies are the same values");
+  o.spec_policy = options->spec_policy;
   o.prompt_cache_dir = options->prompt_cache_dir;
   o.prompt_cache_queue_bytes = options->prompt_cache_queue_bytes;
   o.prompt_cache_warn = options->prompt_cache_warn;

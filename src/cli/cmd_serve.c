@@ -26,7 +26,7 @@ static const char usage[] =
     "                    [--chat-template FILE] [--log-format text|json] [-q|--quiet]\n"
     "                    [--idle-timeout S] [--max-connections N]\n"
     "                    [--lookup-ngram N | --draft-model DIR] [--draft-max N] [--draft-min N]\n"
-    "                    [--spec-max-batch N]\n"
+    "                    [--spec-max-batch N] [--spec-policy auto|always|never]\n"
     "                    [--adapter [NAME=]DIR ...] [--adapter-dir DIR]\n"
     "                    [sampling defaults: --temp ...]\n" CI_CLI_MODEL_USAGE CI_CLI_KV_USAGE
     "Serves the OpenAI (/v1/chat/completions, /v1/completions, /v1/models) and Anthropic\n"
@@ -50,7 +50,9 @@ static const char usage[] =
     "lower its draft length or turn it off with \"num_draft\" or \"speculative\". A step "
     "speculates\n"
     "only when the measured step times and acceptance say it pays; --spec-max-batch N never\n"
-    "speculates in a step of more than N decoding requests (0, the default: no cap).\n"
+    "speculates in a step of more than N decoding requests (0, the default: no cap);\n"
+    "--spec-policy always speculates in every step that has drafts (as llama.cpp does), never\n"
+    "in none (auto, the default: when it pays).\n"
     "--adapter mounts a LoRA adapter folder (PEFT or mlx-lm; repeatable; named by its folder or\n"
     "NAME=); a request picks one with \"adapter\": NAME or \"model\": \"MODEL:NAME\".\n"
     "--adapter-dir DIR lets GET/POST /v1/adapters and DELETE /v1/adapters/{id} mount and unmount\n"
@@ -87,6 +89,7 @@ int ci_verb_serve(int argc, char **argv) {
                      {"--chat-template", NULL, 1, NULL},
                      CI_CLI_SPEC_FLAGS,
                      {"--spec-max-batch", NULL, 1, NULL},
+                     {"--spec-policy", NULL, 1, NULL},
                      {"--adapter", NULL, 2, NULL},
                      {"--adapter-dir", NULL, 1, NULL},
                      {"--help", "-h", 0, NULL},
@@ -128,6 +131,16 @@ int ci_verb_serve(int argc, char **argv) {
       ci_args_int(flags, nf, "--spec-max-batch", 0, 0, 512, &spec_max_batch) ||
       ci_cli_spec_parse(flags, nf, "serve", &spec))
     return 2;
+  const char *spec_policy = ci_args_get(flags, nf, "--spec-policy");
+  const int policy = !spec_policy || !strcmp(spec_policy, "auto") ? CINFER_SPEC_AUTO
+                     : !strcmp(spec_policy, "always")             ? CINFER_SPEC_ALWAYS
+                     : !strcmp(spec_policy, "never")              ? CINFER_SPEC_NEVER
+                                                                  : -1;
+  if (policy < 0) {
+    fprintf(stderr, "cinfer serve: --spec-policy must be auto, always or never (got '%s')\n",
+            spec_policy);
+    return 2;
+  }
   const char *log_format = ci_args_get(flags, nf, "--log-format");
   if (log_format && strcmp(log_format, "text") && strcmp(log_format, "json")) {
     fprintf(stderr, "cinfer serve: --log-format must be text or json (got '%s')\n", log_format);
@@ -202,6 +215,7 @@ int ci_verb_serve(int argc, char **argv) {
   eo.draft_max = spec.draft_max;
   eo.draft_min = spec.draft_min;
   eo.spec_max_batch = (int)spec_max_batch;
+  eo.spec_policy = policy;
   if (ci_cli_draft_model_load(flags, nf, "serve", model, &draft)) goto done;
   eo.draft_model = draft;
   eo.context_size = (int)ctx_size;
