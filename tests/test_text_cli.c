@@ -352,6 +352,8 @@ static void test_errors_in_plain_words(void **state) {
       {"chat -m " STARTER " --draft-model /nonexistent/draft", 1, "/nonexistent/draft"},
       {"serve -m " STARTER " --spec-max-batch -1", 2,
        "--spec-max-batch must be an integer in [0, 512], got '-1'"},
+      {"serve -m " STARTER " --spec-policy sometimes", 2,
+       "--spec-policy must be auto, always or never (got 'sometimes')"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char cmd[2048];
