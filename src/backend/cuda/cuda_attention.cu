@@ -41,6 +41,9 @@ static int layout_of(const ci_paged_kv *kv, kv_layout *out) {
                    kv->k_row_bytes, kv->v_row_bytes);
   if (rotated && !kv->signs)
     return ci_fail("the CUDA backend: a TurboQuant KV layer without its sign vector");
+  if (ci_kv_format_is_quantized(&kv->format) && kv->head_dim < 8)
+    return ci_fail("the CUDA backend runs quantized KV for head_dim 8 and up (this model: %d)",
+                   kv->head_dim);
   if (kv->head_dim > MAX_D)
     return ci_fail("the CUDA backend supports head_dim up to %d (this model: %d)", MAX_D,
                    kv->head_dim);
