@@ -469,6 +469,50 @@ static void test_policy_greedy(void **state) {
   }
 }
 
+/* Seeded sampling is reproducible whatever the policy or the batch decide: a seeded sampling
+ * request verifies every round it drafts (rejection sampling picks other tokens than plain
+ * sampling, equally distributed), so the measured policy (AUTO) and the spec_max_batch cap (three
+ * choices decoding together with a cap of 1) leave its tokens as with speculation always on. */
+static void test_policy_seeded_sampling(void **state) {
+  fixture *f = *state;
+  int32_t prompt[64];
+  ci_engine_job job;
+  make_job(1, &plans[0], prompt, 0, &job);
+  job.sampling.temperature = 1.0f;
+  job.sampling.has_seed = 1;
+  job.sampling.seed = 7;
+  int32_t want[MAX_GEN], got[MAX_GEN];
+  float want_lp[MAX_GEN], got_lp[MAX_GEN];
+  ci_engine_event done;
+  ci_engine *always = make_engine_with(f, N_BATCHED, 0, f->draft, CI_ENGINE_SPEC_ALWAYS, 0);
+  ci_engine_request *r;
+  assert_int_equal(ci_engine_submit(always, &job, &r), CI_ENGINE_SUBMITTED);
+  const int n_want = collect(r, want, want_lp, &done);
+  ci_engine_request_release(r);
+  ci_engine_free(always);
+  assert_true(done.draft_tokens > 0);
+  ci_engine *automatic = make_engine_with(f, N_BATCHED, 0, f->draft, CI_ENGINE_SPEC_AUTO, 0);
+  for (int run = 0; run < 2; run++) {
+    assert_int_equal(ci_engine_submit(automatic, &job, &r), CI_ENGINE_SUBMITTED);
+    assert_int_equal(collect(r, got, got_lp, &done), n_want);
+    ci_engine_request_release(r);
+    assert_memory_equal(got, want, (size_t)n_want * sizeof(int32_t));
+  }
+  ci_engine_free(automatic);
+  ci_engine *capped = make_engine_with(f, N_BATCHED, 0, f->draft, CI_ENGINE_SPEC_ALWAYS, 1);
+  ci_engine_request *reqs[3];
+  assert_int_equal(ci_engine_submit_n(capped, &job, 3, reqs), CI_ENGINE_SUBMITTED);
+  for (int i = 0; i < 3; i++) {
+    const int n = collect(reqs[i], got, got_lp, &done);
+    ci_engine_request_release(reqs[i]);
+    if (i > 0) continue; /* choice 0 keeps the job's seed */
+    assert_int_equal(n, n_want);
+    assert_memory_equal(got, want, (size_t)n_want * sizeof(int32_t));
+    assert_true(done.draft_tokens > 0);
+  }
+  ci_engine_free(capped);
+}
+
 /* ==== Sampling: the distribution of a verified position ==== */
 
 enum { V = 12, SAMPLES = 40000 };
@@ -862,6 +906,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_draft_batched, setup, teardown),
       cmocka_unit_test(test_policy_decision),
       cmocka_unit_test_setup_teardown(test_policy_greedy, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_policy_seeded_sampling, setup, teardown),
       cmocka_unit_test(test_session_identical),
       cmocka_unit_test(test_session_draft_model_sampled),
       cmocka_unit_test(test_engine_sampled_distribution),

@@ -77,6 +77,10 @@ struct ci_engine_request {
    * a round's drafts sit in history[n_history ..) while it is verified */
   int spec_max, spec_len;
   int spec_drafted, spec_accepted;
+  /* a seeded sampling request speculates in every round it drafts, whatever the measured policy
+   * or the batch decide: rejection sampling picks other (equally distributed) tokens than plain
+   * sampling, so a decision that depends on timing or load would make its output depend on them */
+  int spec_pinned;
   ci_spec_scratch spec_scratch;
   ci_draft_state draft; /* with a draft model: its sequence, sampler and q rows */
   char spec_error[200]; /* drafting failed: the request fails with this at the next step */
@@ -564,6 +568,8 @@ static ci_engine_request *request_new(ci_engine *e, const ci_engine_job *job, in
   r->group_reservation = reservation;
   r->spec_max = job_spec_max(e, job);
   if (r->spec_max > 0) {
+    const ci_sampler_params *sampling = ci_sampler_get_params(r->sampler);
+    r->spec_pinned = sampling->temperature > 0 && sampling->has_seed;
     r->spec_len = r->spec_max;
     if (ci_spec_scratch_init(&r->spec_scratch, vocab)) {
       free(r->history);
@@ -1311,20 +1317,30 @@ static int compose_step(ci_engine *e, step_entry *entries) {
     budget -= (int)chunk;
     prefills++;
   }
-  /* the policy only changes draft lengths (to 0): the step's tokens stay the same */
+  /* the policy only changes draft lengths (to 0): greedy tokens stay the same; a declined step
+   * still verifies the rounds of seeded sampling requests (spec_pinned) unless speculation is
+   * off altogether */
   const int speculate = step_speculates(e, entries, n, n_decode, n_spec);
+  int kept = 0;
+  for (int i = 0; i < n_spec; i++) {
+    const int pinned =
+        entries[e->spec_entry[i]].r->spec_pinned && e->o.spec_policy != CI_ENGINE_SPEC_NEVER;
+    if (speculate || pinned) {
+      e->spec_entry[kept] = e->spec_entry[i];
+      e->spec_k[kept++] = e->spec_k[i];
+    } else {
+      entries[e->spec_entry[i]].rows = 1;
+    }
+  }
   if (n_spec > 0) {
     pthread_mutex_lock(&e->mu);
-    if (speculate)
+    if (kept > 0)
       e->stats.spec_steps++;
     else
       e->stats.spec_declined_steps++;
     pthread_mutex_unlock(&e->mu);
   }
-  if (!speculate)
-    for (int i = 0; i < n_spec; i++) entries[e->spec_entry[i]].rows = 1;
-  else if (e->o.draft_model)
-    draft_step(e, entries, n_spec);
+  if (kept > 0 && e->o.draft_model) draft_step(e, entries, kept);
   return n;
 }
 
