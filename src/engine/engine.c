@@ -1326,8 +1326,7 @@ static int compose_step(ci_engine *e, step_entry *entries) {
     const int pinned =
         entries[e->spec_entry[i]].r->spec_pinned && e->o.spec_policy != CI_ENGINE_SPEC_NEVER;
     if (speculate || pinned) {
-      e->spec_entry[kept] = e->spec_entry[i];
-      e->spec_k[kept++] = e->spec_k[i];
+      e->spec_entry[kept++] = e->spec_entry[i]; /* draft_step reads the rounds' k from them */
     } else {
       entries[e->spec_entry[i]].rows = 1;
     }
