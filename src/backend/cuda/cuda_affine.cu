@@ -1,5 +1,6 @@
-/* MLX affine weights on the CUDA backend: the upload (codes as they are, each group's scale and
- * bias packed into one word, see cuda_affine.cuh), the dequantisation of weight rows to bf16 that
+/* MLX affine weights on the CUDA backend: the upload (codes repacked into the tensor-core fragment
+ * order and each group's scale and bias packed into one word, see cuda_affine.cuh), the
+ * dequantisation of weight rows to bf16 that
  * precedes cuBLASLt for larger batches, and embedding lookups in affine tables. */
 #include "backend/cuda/cuda_affine.cuh"
 #include "backend/cuda/cuda_internal.h"
@@ -7,6 +8,42 @@
 #include <stdlib.h>
 
 enum { THREADS = 256 };
+
+/* Thread i writes word i of the repacked codes (cuda_affine.cuh). */
+__global__ static void repack_kernel(const uint8_t *raw, int bits, int64_t n, int64_t k,
+                                     int64_t words, uint32_t *out) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < words;
+       i += (int64_t)gridDim.x * blockDim.x)
+    out[i] = ci_affine_repacked_word(raw, bits, n, k, i);
+}
+
+static unsigned grid_for(int64_t n) {
+  int64_t b = (n + THREADS - 1) / THREADS;
+  return (unsigned)(b < 1 ? 1 : b > 65536 ? 65536 : b);
+}
+
+/* The codes of t in the device layout: the checkpoint's bytes go up as they are, a kernel
+ * repacks them into a weight allocation, the staging copy is freed. */
+static void *upload_codes(ci_cuda *cu, const ci_tensor *t, int bits, int64_t n, int64_t k) {
+  const size_t raw_bytes = (size_t)(n * k * bits / 8), bytes = ci_affine_code_bytes(n, k, bits);
+  void *raw = ci_cuda_malloc(cu, raw_bytes);
+  if (!raw) return NULL;
+  void *codes = NULL;
+  cudaError_t err = cudaMemcpy(raw, t->data, raw_bytes, cudaMemcpyHostToDevice);
+  if (err == cudaSuccess && (codes = ci_cuda_alloc_weight(cu, bytes))) {
+    const int64_t words = (int64_t)(bytes / 4);
+    repack_kernel<<<grid_for(words), THREADS, 0, cu->stream>>>((const uint8_t *)raw, bits, n, k,
+                                                               words, (uint32_t *)codes);
+    err = cudaGetLastError();
+    if (err == cudaSuccess) err = cudaStreamSynchronize(cu->stream);
+  }
+  cudaFree(raw);
+  if (err != cudaSuccess) {
+    ci_cuda_fail(cu, err, "weight repacking");
+    return NULL;
+  }
+  return codes;
+}
 
 int ci_cuda_affine_upload(ci_cuda *cu, ci_tensor *t) {
   const int bits = ci_tensor_bits(t);
@@ -17,20 +54,22 @@ int ci_cuda_affine_upload(ci_cuda *cu, ci_tensor *t) {
     return ci_fail("CUDA: MLX %d-bit weights with %s scales are not supported (bf16 or f16 only; "
                    "use --device cpu)",
                    bits, ci_dtype_get(t->scale_dtype)->name);
-  if (t->group_size <= 0 || k % t->group_size || k % 32)
-    return ci_fail("CUDA: MLX weight with %lld columns in groups of %d", (long long)k,
-                   t->group_size);
-  const int64_t groups = k / t->group_size, words = ci_affine_pair_words(k, t->group_size);
-  uint32_t *pairs = (uint32_t *)calloc((size_t)(n * words), sizeof *pairs);
+  const int gs = t->group_size;
+  if ((gs != 32 && gs != 64 && gs != 128 && gs != 256) || k % gs)
+    return ci_fail("CUDA: MLX weight with %lld columns in groups of %d (the GPU takes groups of "
+                   "32, 64, 128 or 256 that divide the row; use --device cpu)",
+                   (long long)k, gs);
+  const int64_t groups = k / gs, tiles = ci_affine_tiles(n);
+  const size_t n_pairs = (size_t)(tiles * groups * 16);
+  uint32_t *pairs = (uint32_t *)calloc(n_pairs, sizeof *pairs);
   if (!pairs) return ci_fail("out of memory");
   const uint16_t *scales = (const uint16_t *)t->scales, *biases = (const uint16_t *)t->biases;
   for (int64_t r = 0; r < n; r++)
     for (int64_t g = 0; g < groups; g++)
-      pairs[r * words + g] = (uint32_t)scales[r * groups + g] | (uint32_t)biases[r * groups + g]
-                                                                    << 16;
-  void *codes = ci_cuda_upload_weight(cu, t->data, (size_t)(n * k * bits / 8));
-  void *packed =
-      codes ? ci_cuda_upload_weight(cu, pairs, (size_t)(n * words) * sizeof *pairs) : NULL;
+      pairs[ci_affine_pair_index(r, g, groups)] =
+          (uint32_t)scales[r * groups + g] | (uint32_t)biases[r * groups + g] << 16;
+  void *codes = upload_codes(cu, t, bits, n, k);
+  void *packed = codes ? ci_cuda_upload_weight(cu, pairs, n_pairs * sizeof *pairs) : NULL;
   free(pairs);
   if (!packed) return CI_ERR;
   t->data = codes;
@@ -39,53 +78,67 @@ int ci_cuda_affine_upload(ci_cuda *cu, ci_tensor *t) {
   return CI_OK;
 }
 
-/* One thread per eight weights: dst[r][8i, 8i + 8). */
+/* Thread per (tile, k-step, lane): the lane's four fragment registers of that step, written to
+ * their rows of dst ([rows][k] bf16, rows [row0, row0 + rows) of the matrix). */
 template <int BITS>
 __global__ static void dequant_kernel(const uint8_t *codes, const uint32_t *pairs, int64_t row0,
-                                      int64_t rows, int64_t k, int group_size, int64_t pair_words,
-                                      int f16, uint4 *dst) {
-  const int64_t per_row = k / 8;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * per_row;
+                                      int64_t rows, int64_t k, int group_size, int f16,
+                                      uint32_t *dst) {
+  const int64_t steps = k / 16, quads = ci_affine_quads(k), groups = k / group_size;
+  const int64_t tile0 = row0 / 16, tiles = (row0 + rows + 15) / 16 - tile0;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < tiles * steps * 32;
        i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t r = row0 + i / per_row, c8 = i % per_row;
-    const uint8_t *src = codes + (r * k + 8 * c8) * BITS / 8;
-    uint32_t word[2];
-    word[0] = *(const uint32_t *)src;
-    if (BITS == 8) word[1] = *(const uint32_t *)(src + 4);
-    const uint32_t pair = pairs[r * pair_words + 8 * c8 / group_size];
-    dst[i] = ci_affine_dequant8<BITS>(word, pair, f16);
+    const int lane = (int)(i % 32), g = lane / 4, t = lane % 4;
+    const int64_t step = (i / 32) % steps, tile = tile0 + i / 32 / steps;
+    const int s = (int)(step % 4);
+    const uint8_t *block = codes + (tile * quads + step / 4) * ci_affine_quad_bytes(BITS);
+    uint32_t words[2];
+    if (BITS == 4) {
+      words[0] = *(const uint32_t *)(block + lane * 16 + s * 4);
+    } else {
+      const uint2 v = *(const uint2 *)(block + (s / 2) * 512 + lane * 16 + (s % 2) * 8);
+      words[0] = v.x;
+      words[1] = v.y;
+    }
+    const int64_t group = step * 16 / group_size;
+    uint32_t a[4];
+    const ci_affine_rows rows_of = ci_affine_rows_of(
+        pairs[(tile * groups + group) * 16 + g], pairs[(tile * groups + group) * 16 + g + 8], f16);
+    ci_affine_fragment<BITS>(words, rows_of, f16, a);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int64_t r = tile * 16 + g + 8 * (j & 1) - row0;
+      if (r >= 0 && r < rows) dst[(r * k + step * 16 + 8 * (j >> 1) + 2 * t) / 2] = a[j];
+    }
   }
-}
-
-static unsigned grid_for(int64_t n) {
-  int64_t b = (n + THREADS - 1) / THREADS;
-  return (unsigned)(b < 1 ? 1 : b > 65536 ? 65536 : b);
 }
 
 void ci_cuda_affine_dequant(ci_cuda *cu, const ci_cuda_weight *w, int64_t row0, int64_t rows,
                             int64_t k, void *dst) {
-  const int64_t words = ci_affine_pair_words(k, w->group_size), units = rows * (k / 8);
+  const int64_t units = ((row0 + rows + 15) / 16 - row0 / 16) * (k / 16) * 32;
   const uint8_t *codes = (const uint8_t *)w->data;
   const uint32_t *pairs = (const uint32_t *)w->pairs;
   if (w->dtype == CI_Q4)
     dequant_kernel<4><<<grid_for(units), THREADS, 0, cu->stream>>>(
-        codes, pairs, row0, rows, k, w->group_size, words, w->f16_pairs, (uint4 *)dst);
+        codes, pairs, row0, rows, k, w->group_size, w->f16_pairs, (uint32_t *)dst);
   else
     dequant_kernel<8><<<grid_for(units), THREADS, 0, cu->stream>>>(
-        codes, pairs, row0, rows, k, w->group_size, words, w->f16_pairs, (uint4 *)dst);
+        codes, pairs, row0, rows, k, w->group_size, w->f16_pairs, (uint32_t *)dst);
   ci_cuda_check_launch(cu, "weight dequantisation");
 }
 
 __global__ static void affine_embed_kernel(const uint8_t *codes, const uint32_t *pairs, int bits,
-                                           int64_t dim, int group_size, int64_t pair_words, int f16,
-                                           const int32_t *ids, int64_t n, float *out) {
+                                           int64_t dim, int group_size, int f16, const int32_t *ids,
+                                           int64_t n, float *out) {
+  const int64_t quads = ci_affine_quads(dim), groups = dim / group_size;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * dim;
        i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = ids[i / dim], c = i % dim;
-    const int64_t bit = (r * dim + c) * bits;
-    const uint32_t q = (codes[bit / 8] >> (bit % 8)) & ((1u << bits) - 1u);
+    int shift;
+    const int64_t at = ci_affine_code_offset(bits, quads, r, c, &shift);
+    const uint32_t q = (codes[at] >> shift) & ((1u << bits) - 1u);
     float s, b;
-    ci_affine_unpack(pairs[r * pair_words + c / group_size], f16, &s, &b);
+    ci_affine_unpack(pairs[ci_affine_pair_index(r, c / group_size, groups)], f16, &s, &b);
     out[i] = __fadd_rn(__fmul_rn(s, (float)q), b);
   }
 }
@@ -95,6 +148,6 @@ void ci_cuda_affine_embed(ci_cuda *cu, const ci_cuda_weight *table, int64_t dim,
   const int bits = table->dtype == CI_Q4 ? 4 : 8;
   affine_embed_kernel<<<grid_for(n * dim), THREADS, 0, cu->stream>>>(
       (const uint8_t *)table->data, (const uint32_t *)table->pairs, bits, dim, table->group_size,
-      ci_affine_pair_words(dim, table->group_size), table->f16_pairs, ids, n, out);
+      table->f16_pairs, ids, n, out);
   ci_cuda_check_launch(cu, "embed");
 }

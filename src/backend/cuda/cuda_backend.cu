@@ -196,7 +196,7 @@ static int cuda_reserve_scratch(ci_backend *be, int64_t max_rows, int64_t max_k,
   return ci_cuda_scratch(cu, 0, bytes) ? CI_OK : CI_ERR;
 }
 
-void *ci_cuda_upload_weight(ci_cuda *cu, const void *host, size_t bytes) {
+void *ci_cuda_alloc_weight(ci_cuda *cu, size_t bytes) {
   if (cu->n_weights == cu->cap_weights) {
     int cap = cu->cap_weights ? 2 * cu->cap_weights : 256;
     void **grown = (void **)realloc(cu->weights, (size_t)cap * sizeof *grown);
@@ -208,14 +208,18 @@ void *ci_cuda_upload_weight(ci_cuda *cu, const void *host, size_t bytes) {
     cu->cap_weights = cap;
   }
   void *d = ci_cuda_malloc(cu, bytes);
+  if (d) cu->weights[cu->n_weights++] = d;
+  return d;
+}
+
+void *ci_cuda_upload_weight(ci_cuda *cu, const void *host, size_t bytes) {
+  void *d = ci_cuda_alloc_weight(cu, bytes);
   if (!d) return NULL;
   cudaError_t err = cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice);
   if (err != cudaSuccess) {
-    cudaFree(d);
     ci_cuda_fail(cu, err, "weight upload");
-    return NULL;
+    return NULL; /* freed at destroy */
   }
-  cu->weights[cu->n_weights++] = d;
   return d;
 }
 

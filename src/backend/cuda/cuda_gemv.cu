@@ -3,11 +3,12 @@
  * bandwidth.
  *
  * One warp owns 16 or 32 output columns (rows of W) and every input row. It streams its W rows and
- * the input rows through shared memory in stages of GV_KC columns (cp.async, GV_STAGES deep) and
+ * the input rows through shared memory in stages of gv_kc columns (cp.async, GV_STAGES deep) and
  * multiplies them with mma.sync m16n8k16: W is the A operand (16 rows per accumulator chain), the
- * inputs the B operand (8 columns), accumulating in f32. Affine stages hold the codes and the
- * groups' (scale, bias) pairs; the warp turns them into the stage's bf16 W tile
- * (ci_affine_dequant8) before the products.
+ * inputs the B operand (8 columns), accumulating in f32. Affine stages hold the codes, already in
+ * fragment order (cuda_affine.cuh), and the groups' (scale, bias) pairs: each lane reads its own
+ * codes with one 16-byte load per 64 columns and dequantises them in registers straight into its
+ * A fragments (ci_affine_fragment), so no bf16 tile is written or read back.
  *
  * Bit-identical to cuBLASLt: each output element is one chain of m16n8k16 products over K in
  * order, from zero, with no split of K. That is exactly how cuBLASLt (no workspace, no reduction
@@ -27,33 +28,35 @@
 #include <limits.h>
 
 enum {
-  GV_KC = 256,           /* K columns per stage */
-  GV_STAGES = 4,         /* stages in flight per warp */
-  GV_STRIDE = GV_KC + 8, /* bf16 elements per staged row: rows 16 bytes apart in the banks */
-  GV_MAX_X_ROWS = 8,     /* input rows (planes x rows) one warp multiplies; more run faster in
-                            cuBLASLt, which reuses each staged W tile over them */
-  GV_MAX_PARTS = CI_CUDA_GEMV_MAX_PARTS,
-  GV_PAIR_BYTES = 4 * (GV_KC / 32) /* (scale, bias) words of a row's stage, at group size 32 */
+  GV_STAGES = 4,     /* stages in flight per warp */
+  GV_MAX_X_ROWS = 8, /* input rows (planes x rows) one warp multiplies; more run faster in
+                        cuBLASLt, which reuses each staged W tile over them */
+  GV_MAX_PARTS = CI_CUDA_GEMV_MAX_PARTS
 };
+
+/* K columns per stage: bf16 rows 256 (8 KB per 16 rows), affine 512 (q4: 4 KB per 16 rows). */
+static constexpr int gv_kc(int bits) {
+  return bits == 16 ? 256 : 512;
+}
 
 /* The matrices of one launch: part p owns groups [end[p - 1], end[p]) of CHAINS * 16 rows. */
 typedef struct {
-  const void *w[GV_MAX_PARTS];         /* bf16 rows, or affine codes */
-  const uint32_t *pairs[GV_MAX_PARTS]; /* affine: (scale, bias) words, pair_words per row */
+  const void *w[GV_MAX_PARTS];         /* bf16 rows, or affine codes (cuda_affine.cuh) */
+  const uint32_t *pairs[GV_MAX_PARTS]; /* affine: (scale, bias) words */
   float *y[GV_MAX_PARTS];
   int n[GV_MAX_PARTS];
   int end[GV_MAX_PARTS]; /* unused parts: INT_MAX */
-  int group_size, pair_words, f16_pairs;
+  int group_shift;       /* affine: log2 of the group size */
 } gv_parts;
 
-/* Shared memory of one warp: the input ring [STAGES][x_rows][GV_STRIDE] bf16, the W ring (bf16:
- * [STAGES][R][GV_STRIDE]; affine: codes [STAGES][R][GV_KC * BITS / 8] bytes and pairs
- * [STAGES][R][GV_PAIR_BYTES], then one bf16 tile [R][GV_STRIDE]), a zero row. */
-static constexpr size_t gv_smem_bytes(int bits, int stages, int chains, int x_rows) {
-  const size_t rows = (size_t)chains * 16, bf16_row = GV_STRIDE * sizeof(__nv_bfloat16);
-  const size_t w = bits == 16
-                       ? stages * rows * bf16_row
-                       : stages * rows * (GV_KC * bits / 8 + GV_PAIR_BYTES) + rows * bf16_row;
+/* Shared memory of one warp: the W ring (bf16: [STAGES][R][KC + 8] elements, rows 16 bytes apart
+ * in the banks; affine: codes [STAGES][CHAINS][16 KC BITS / 8] bytes, then pairs
+ * [STAGES][CHAINS][KC / 32 groups x 16 words]), the input ring [STAGES][x_rows][KC + 8] bf16 and a
+ * zero row. */
+static constexpr size_t gv_smem_bytes(int bits, int kc, int stages, int chains, int x_rows) {
+  const size_t rows = (size_t)chains * 16, bf16_row = (size_t)(kc + 8) * sizeof(__nv_bfloat16);
+  const size_t w = bits == 16 ? stages * rows * bf16_row
+                              : (size_t)stages * chains * (16 * kc * bits / 8 + kc / 32 * 64);
   return w + ((size_t)stages * x_rows + 1) * bf16_row;
 }
 
@@ -68,62 +71,66 @@ __device__ static inline int gv_part_of(const gv_parts &P, int group, int chains
 
 /* One warp per block. Warp b takes the groups of CHAINS * 16 W rows b, b + gridDim.x, ... and
  * streams their stages one after the other through a STAGES-deep cp.async pipeline, so the next
- * group's first stages load while the current one finishes. BITS 16 (bf16 W), 8 or 4 (affine);
- * PLANES 1 (bf16 inputs) or 2 (value and remainder planes, [plane][m][K]). */
-template <int BITS, int CHAINS, int PLANES, int STAGES>
+ * group's first stages load while the current one finishes. BITS 16 (bf16 W: A fragments by
+ * ldmatrix from the staged rows), 8 or 4 (affine: each lane reads its fragments' codes from the
+ * staged tile, cuda_affine.cuh, and dequantises them in registers); PLANES 1 (bf16 inputs) or 2
+ * (value and remainder planes, [plane][m][K]); F16: affine scales and biases in f16, not bf16 (a
+ * template argument: a branch inside the unrolled k-steps would keep the compiler from overlapping
+ * one step's loads with the previous step's products). */
+template <int BITS, int CHAINS, int PLANES, int STAGES, int KC, bool F16>
 __global__ static void __launch_bounds__(32)
     gemv_kernel(const gv_parts P, const __nv_bfloat16 *__restrict__ x, int groups, int k, int m) {
-  constexpr int R = CHAINS * 16, CODE_BYTES = GV_KC * BITS / 8;
+  constexpr int R = CHAINS * 16, STRIDE = KC + 8;
+  constexpr int TILE_CODES = 16 * KC * BITS / 8, TILE_PAIRS = KC / 32 * 16; /* bytes, words */
+  constexpr int QUAD_BYTES = 128 * BITS;
   extern __shared__ uint4 gv_smem[];
   const int lane = threadIdx.x;
   const int x_rows = PLANES * m;
   uint8_t *ring = (uint8_t *)gv_smem;
-  /* bf16: the W ring; affine: codes ring, pairs ring, the dequantised tile */
-  uint8_t *codes = ring, *pairs = ring + STAGES * R * CODE_BYTES;
-  __nv_bfloat16 *tile =
-      BITS == 16 ? (__nv_bfloat16 *)ring : (__nv_bfloat16 *)(pairs + STAGES * R * GV_PAIR_BYTES);
-  __nv_bfloat16 *sx = BITS == 16 ? tile + STAGES * R * GV_STRIDE : tile + R * GV_STRIDE;
-  __nv_bfloat16 *zero_row = sx + STAGES * x_rows * GV_STRIDE;
-  for (int i = lane; i < GV_STRIDE / 8; i += 32) ((uint4 *)zero_row)[i] = make_uint4(0, 0, 0, 0);
+  /* bf16: the W ring; affine: the codes ring, then the pairs ring */
+  uint8_t *codes = ring;
+  uint32_t *pairs = (uint32_t *)(ring + STAGES * CHAINS * TILE_CODES);
+  __nv_bfloat16 *w_ring = (__nv_bfloat16 *)ring;
+  __nv_bfloat16 *sx = BITS == 16 ? w_ring + STAGES * R * STRIDE
+                                 : (__nv_bfloat16 *)(pairs + STAGES * CHAINS * TILE_PAIRS);
+  __nv_bfloat16 *zero_row = sx + STAGES * x_rows * STRIDE;
+  for (int i = lane; i < STRIDE / 8; i += 32) ((uint4 *)zero_row)[i] = make_uint4(0, 0, 0, 0);
 
   if ((int)blockIdx.x >= groups) return;
   const int my_groups = (groups - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
-  const int k_stages = (k + GV_KC - 1) / GV_KC;
+  const int k_stages = (k + KC - 1) / KC;
   const int total = my_groups * k_stages;
+  const int quads = (k + 63) / 64, k_groups = k >> P.group_shift;
   int load_group = 0, load_k = 0; /* the next stage to load: my group index, k stage */
   auto load_next = [&](int slot) {
-    const int k0 = load_k * GV_KC, kn = min(GV_KC, k - k0);
+    const int k0 = load_k * KC, kn = min(KC, k - k0);
     int row0;
     const int part = gv_part_of(P, (int)blockIdx.x + load_group * (int)gridDim.x, CHAINS, &row0);
-    if (BITS == 16) { /* a warp copies one row per instruction: lane c takes 16-byte chunk c */
-      if (lane < kn / 8) {
-        __nv_bfloat16 *dw = tile + slot * R * GV_STRIDE + lane * 8;
-        const __nv_bfloat16 *src =
-            (const __nv_bfloat16 *)P.w[part] + (size_t)row0 * k + k0 + lane * 8;
+    if (BITS == 16) { /* a warp copies 32 16-byte chunks of a row per instruction */
+      const __nv_bfloat16 *src = (const __nv_bfloat16 *)P.w[part] + (size_t)row0 * k + k0;
+      for (int c = lane; c < kn / 8; c += 32) {
+        __nv_bfloat16 *dw = w_ring + slot * R * STRIDE + c * 8;
 #pragma unroll
-        for (int r = 0; r < R; r++) cp_async16_stream(dw + r * GV_STRIDE, src + (size_t)r * k);
+        for (int r = 0; r < R; r++) cp_async16_stream(dw + r * STRIDE, src + (size_t)r * k + c * 8);
       }
-    } else {
-      const int chunks = kn * BITS / 128; /* 16-byte chunks of a row's codes */
-      const uint8_t *src = (const uint8_t *)P.w[part] + ((size_t)row0 * k + k0) * BITS / 8;
-      uint8_t *dc = codes + slot * R * CODE_BYTES;
-      for (int c = lane; c < R * chunks; c += 32) {
-        const int r = c / chunks, ch = c % chunks;
-        cp_async16_stream(dc + r * CODE_BYTES + ch * 16, src + (size_t)r * k * BITS / 8 + ch * 16);
-      }
-      /* the stage's (scale, bias) words, 8 bytes at a time (rows are padded to 16 bytes) */
-      const int words = (kn + P.group_size - 1) / P.group_size, units = (words + 1) / 2;
-      const uint32_t *ps = P.pairs[part] + (size_t)row0 * P.pair_words + k0 / P.group_size;
-      uint8_t *dp = pairs + slot * R * GV_PAIR_BYTES;
-      for (int c = lane; c < R * units; c += 32) {
-        const int r = c / units, u = c % units;
-        cp_async8_cached(dp + r * GV_PAIR_BYTES + u * 8, ps + (size_t)r * P.pair_words + 2 * u);
+    } else { /* each tile's stage is one contiguous run of codes, and one of pairs */
+      const int code_chunks = (kn + 63) / 64 * QUAD_BYTES / 16;
+      const int pair_chunks = (kn >> P.group_shift) * 4;
+#pragma unroll
+      for (int j = 0; j < CHAINS; j++) {
+        const size_t tile = (size_t)(row0 / 16 + j);
+        const uint8_t *src = (const uint8_t *)P.w[part] + (tile * quads + k0 / 64) * QUAD_BYTES;
+        uint8_t *dc = codes + (slot * CHAINS + j) * TILE_CODES;
+        for (int c = lane; c < code_chunks; c += 32) cp_async16_stream(dc + c * 16, src + c * 16);
+        const uint32_t *ps = P.pairs[part] + (tile * k_groups + (k0 >> P.group_shift)) * 16;
+        uint32_t *dp = pairs + (slot * CHAINS + j) * TILE_PAIRS;
+        for (int c = lane; c < pair_chunks; c += 32) cp_async16_stream(dp + c * 4, ps + c * 4);
       }
     }
-    __nv_bfloat16 *dx = sx + slot * x_rows * GV_STRIDE + lane * 8;
-    if (lane < kn / 8)
+    __nv_bfloat16 *dx = sx + slot * x_rows * STRIDE;
+    for (int c = lane; c < kn / 8; c += 32)
       for (int r = 0; r < x_rows; r++)
-        cp_async16_cached(dx + r * GV_STRIDE, x + (size_t)r * k + k0 + lane * 8);
+        cp_async16_cached(dx + r * STRIDE + c * 8, x + (size_t)r * k + k0 + c * 8);
     if (++load_k == k_stages) {
       load_k = 0;
       load_group++;
@@ -135,9 +142,9 @@ __global__ static void __launch_bounds__(32)
     cp_async_commit();
   }
 
-  /* ldmatrix rows: A (W) tile i = lane / 8 covers rows (i & 1) * 8.., columns (i >> 1) * 8 of a
-   * chain's 16 rows; B (inputs): an x2 load of the 8 input columns, lanes 0-7 columns 0-7 of k,
-   * lanes 8-15 k 8-15. Input column c: plane 1: row c; plane 2: column 2j the value of row j,
+  /* ldmatrix rows: A (bf16 W) tile i = lane / 8 covers rows (i & 1) * 8.., columns (i >> 1) * 8
+   * of a chain's 16 rows; B (inputs): an x2 load of the 8 input columns, lanes 0-7 columns 0-7 of
+   * k, lanes 8-15 k 8-15. Input column c: plane 1: row c; plane 2: column 2j the value of row j,
    * 2j + 1 its remainder. Missing columns read the zero row. */
   const int tile_id = lane >> 3, tile_row = lane & 7;
   const int a_row = (tile_id & 1) * 8 + tile_row, a_col = (tile_id >> 1) * 8;
@@ -154,59 +161,80 @@ __global__ static void __launch_bounds__(32)
   for (int j = 0; j < CHAINS; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
   __syncwarp();
 
+  /* The lane's codes of one quad (64 columns) of the stage, and its rows' scales and biases for
+   * the quad's two halves (a group holds 32 columns or a multiple, so each half is in one). */
+  struct quad_regs {
+    uint4 v[CHAINS][2];
+    ci_affine_rows rows[CHAINS][2];
+  };
+  auto load_quad = [&](int slot, int q, quad_regs &Q) {
+#pragma unroll
+    for (int j = 0; j < CHAINS; j++) {
+      const uint8_t *cq = codes + (slot * CHAINS + j) * TILE_CODES + q * QUAD_BYTES + lane * 16;
+      Q.v[j][0] = *(const uint4 *)cq;
+      if (BITS == 8) Q.v[j][1] = *(const uint4 *)(cq + 512);
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const uint32_t *pw =
+            pairs + (slot * CHAINS + j) * TILE_PAIRS + ((q * 64 + h * 32) >> P.group_shift) * 16;
+        Q.rows[j][h] = ci_affine_rows_of(pw[g], pw[g + 8], F16);
+      }
+    }
+  };
+  /* k-step i of the stage in `slot`: A fragments of every chain, one mma each (s = i % 4 must be
+   * a compile-time constant: the quad registers are picked by it) */
+  auto step = [&](int slot, int i, int s, const __nv_bfloat16 *b_base, const quad_regs &Q) {
+    uint32_t a[CHAINS][4], b[2];
+    ldmatrix_x2(b, b_base + i * 16);
+    if (BITS == 16) {
+      const __nv_bfloat16 *a_base = w_ring + slot * R * STRIDE + a_row * STRIDE + a_col;
+#pragma unroll
+      for (int j = 0; j < CHAINS; j++) ldmatrix_x4(a[j], a_base + j * 16 * STRIDE + i * 16);
+    } else {
+#pragma unroll
+      for (int j = 0; j < CHAINS; j++) {
+        uint32_t words[2];
+        if (BITS == 4) {
+          const uint4 v = Q.v[j][0];
+          words[0] = s == 0 ? v.x : s == 1 ? v.y : s == 2 ? v.z : v.w;
+        } else {
+          const uint4 h = Q.v[j][s >> 1];
+          words[0] = (s & 1) ? h.z : h.x;
+          words[1] = (s & 1) ? h.w : h.y;
+        }
+        ci_affine_fragment<BITS>(words, Q.rows[j][s >> 1], F16, a[j]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < CHAINS; j++) mma_bf16(c[j], a[j], b[0], b[1]);
+  };
+
   int group = 0, ks = 0;
   for (int s = 0; s < total; s++) {
     cp_async_wait<STAGES - 2>();
     __syncwarp();
     const int slot = s % STAGES;
-    const int kn = min(GV_KC, k - ks * GV_KC);
-    const __nv_bfloat16 *w_tile = tile + (BITS == 16 ? slot * R * GV_STRIDE : 0);
-    if (BITS != 16) { /* dequantise the stage: lane l takes columns [8l, 8l + 8) of every row */
-      if (8 * lane < kn) {
-        const uint8_t *cs = codes + slot * R * CODE_BYTES + lane * BITS;
-        const uint32_t *pw = (const uint32_t *)(pairs + slot * R * GV_PAIR_BYTES);
-        const int pair_index = 8 * lane / P.group_size;
-#pragma unroll 4
-        for (int r = 0; r < R; r++) {
-          uint32_t word[2];
-          if (BITS == 4) {
-            word[0] = *(const uint32_t *)(cs + r * CODE_BYTES);
-          } else {
-            const uint2 v = *(const uint2 *)(cs + r * CODE_BYTES);
-            word[0] = v.x;
-            word[1] = v.y;
-          }
-          const uint32_t pair = pw[r * (GV_PAIR_BYTES / 4) + pair_index];
-          *(uint4 *)(tile + r * GV_STRIDE + 8 * lane) =
-              ci_affine_dequant8<BITS>(word, pair, P.f16_pairs);
-        }
-      }
-      __syncwarp();
-    }
-    const __nv_bfloat16 *a_base = w_tile + a_row * GV_STRIDE + a_col;
+    const int kn = min(KC, k - ks * KC);
     const __nv_bfloat16 *b_base =
-        (x_row >= 0 ? sx + (slot * x_rows + x_row) * GV_STRIDE : zero_row) + b_col;
-    if (kn == GV_KC) {
+        (x_row >= 0 ? sx + (slot * x_rows + x_row) * STRIDE : zero_row) + b_col;
+    quad_regs Q;
+    if (kn == KC) {
 #pragma unroll
-      for (int i = 0; i < GV_KC / 16; i++) {
-        uint32_t a[CHAINS][4], b[2];
-        ldmatrix_x2(b, b_base + i * 16);
-#pragma unroll
-        for (int j = 0; j < CHAINS; j++) ldmatrix_x4(a[j], a_base + j * 16 * GV_STRIDE + i * 16);
-#pragma unroll
-        for (int j = 0; j < CHAINS; j++) mma_bf16(c[j], a[j], b[0], b[1]);
+      for (int i = 0; i < KC / 16; i++) {
+        if (BITS != 16 && (i & 3) == 0) load_quad(slot, i >> 2, Q);
+        step(slot, i, i & 3, b_base, Q);
       }
-    } else {
-      for (int kk = 0; kk < kn; kk += 16) {
-        uint32_t a[CHAINS][4], b[2];
-        ldmatrix_x2(b, b_base + kk);
+    } else if (BITS == 16) {
+      for (int i = 0; i < kn / 16; i++) step(slot, i, 0, b_base, Q);
+    } else { /* a last quad may hold only 32 columns (K is a multiple of 32) */
+      for (int q = 0; q < (kn + 63) / 64; q++) {
+        load_quad(slot, q, Q);
 #pragma unroll
-        for (int j = 0; j < CHAINS; j++) ldmatrix_x4(a[j], a_base + j * 16 * GV_STRIDE + kk);
-#pragma unroll
-        for (int j = 0; j < CHAINS; j++) mma_bf16(c[j], a[j], b[0], b[1]);
+        for (int s4 = 0; s4 < 4; s4++)
+          if (s4 < 2 || q * 64 + 32 < kn) step(slot, 4 * q + s4, s4, b_base, Q);
       }
     }
-    __syncwarp(); /* every lane is done with the slot (and tile) the next load overwrites */
+    __syncwarp(); /* every lane is done with the slot the next load overwrites */
     if (s + STAGES - 1 < total) load_next((s + STAGES - 1) % STAGES);
     cp_async_commit();
     if (++ks == k_stages) { /* the group is done: write it, start the next from zero */
@@ -236,24 +264,29 @@ __global__ static void __launch_bounds__(32)
   cp_async_wait<0>();
 }
 
-template <int BITS, int CHAINS, int PLANES> static cudaError_t gv_set_limit() {
-  return cudaFuncSetAttribute(gemv_kernel<BITS, CHAINS, PLANES, GV_STAGES>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)gv_smem_bytes(BITS, GV_STAGES, CHAINS, GV_MAX_X_ROWS));
+template <int BITS, int CHAINS, int PLANES, bool F16> static cudaError_t gv_set_limit() {
+  return cudaFuncSetAttribute(
+      gemv_kernel<BITS, CHAINS, PLANES, GV_STAGES, gv_kc(BITS), F16>,
+      cudaFuncAttributeMaxDynamicSharedMemorySize,
+      (int)gv_smem_bytes(BITS, gv_kc(BITS), GV_STAGES, CHAINS, GV_MAX_X_ROWS));
 }
 
-template <int BITS> static cudaError_t gv_set_limits() {
-  cudaError_t err = gv_set_limit<BITS, 1, 1>();
-  if (err == cudaSuccess) err = gv_set_limit<BITS, 2, 1>();
-  if (err == cudaSuccess) err = gv_set_limit<BITS, 1, 2>();
-  if (err == cudaSuccess) err = gv_set_limit<BITS, 2, 2>();
+template <int BITS, bool F16> static cudaError_t gv_set_limits() {
+  cudaError_t err = gv_set_limit<BITS, 1, 1, F16>();
+  if (err == cudaSuccess) err = gv_set_limit<BITS, 1, 2, F16>();
+  if constexpr (BITS == 16) {
+    if (err == cudaSuccess) err = gv_set_limit<BITS, 2, 1, F16>();
+    if (err == cudaSuccess) err = gv_set_limit<BITS, 2, 2, F16>();
+  }
   return err;
 }
 
 int ci_cuda_gemv_init(ci_cuda *cu) {
-  cudaError_t err = gv_set_limits<16>();
-  if (err == cudaSuccess) err = gv_set_limits<8>();
-  if (err == cudaSuccess) err = gv_set_limits<4>();
+  cudaError_t err = gv_set_limits<16, false>();
+  if (err == cudaSuccess) err = gv_set_limits<8, false>();
+  if (err == cudaSuccess) err = gv_set_limits<8, true>();
+  if (err == cudaSuccess) err = gv_set_limits<4, false>();
+  if (err == cudaSuccess) err = gv_set_limits<4, true>();
   int smem = 0;
   if (err == cudaSuccess)
     err = cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, cu->device);
@@ -275,23 +308,29 @@ static int gv_blocks_per_sm(const ci_cuda *cu, size_t smem) {
   return by_smem < 1 ? 1 : by_smem > 32 ? 32 : by_smem;
 }
 
-template <int BITS>
+template <int BITS, bool F16, int KC = gv_kc(BITS)>
 static void gv_launch(ci_cuda *cu, const gv_parts &P, int chains, int groups, int64_t k,
                       const __nv_bfloat16 *x, int64_t m, int planes) {
-  const size_t smem = gv_smem_bytes(BITS, GV_STAGES, chains, (int)(planes * m));
+  const size_t smem = gv_smem_bytes(BITS, KC, GV_STAGES, chains, (int)(planes * m));
   const int64_t resident = (int64_t)cu->n_sms * gv_blocks_per_sm(cu, smem);
   const dim3 grid((unsigned)(groups < resident ? groups : resident));
-  if (chains == 2 && planes == 1)
-    gemv_kernel<BITS, 2, 1, GV_STAGES>
-        <<<grid, 32, smem, cu->stream>>>(P, x, groups, (int)k, (int)m);
-  else if (chains == 2)
-    gemv_kernel<BITS, 2, 2, GV_STAGES>
-        <<<grid, 32, smem, cu->stream>>>(P, x, groups, (int)k, (int)m);
-  else if (planes == 1)
-    gemv_kernel<BITS, 1, 1, GV_STAGES>
+  if constexpr (BITS == 16) { /* affine weights run one chain per warp */
+    if (chains == 2 && planes == 1) {
+      gemv_kernel<BITS, 2, 1, GV_STAGES, KC, F16>
+          <<<grid, 32, smem, cu->stream>>>(P, x, groups, (int)k, (int)m);
+      return;
+    }
+    if (chains == 2) {
+      gemv_kernel<BITS, 2, 2, GV_STAGES, KC, F16>
+          <<<grid, 32, smem, cu->stream>>>(P, x, groups, (int)k, (int)m);
+      return;
+    }
+  }
+  if (planes == 1)
+    gemv_kernel<BITS, 1, 1, GV_STAGES, KC, F16>
         <<<grid, 32, smem, cu->stream>>>(P, x, groups, (int)k, (int)m);
   else
-    gemv_kernel<BITS, 1, 2, GV_STAGES>
+    gemv_kernel<BITS, 1, 2, GV_STAGES, KC, F16>
         <<<grid, 32, smem, cu->stream>>>(P, x, groups, (int)k, (int)m);
 }
 
@@ -304,7 +343,9 @@ void ci_cuda_gemv_launch(ci_cuda *cu, int parts, const ci_cuda_weight *w, const 
     rows += n[p];
     even &= n[p] % 32 == 0;
   }
-  const int chains = even && rows / 32 >= 2 * (int64_t)cu->n_sms ? 2 : 1;
+  /* affine weights: one chain per warp always (their k-steps cost more instructions than a bf16
+   * step, so twice the warps beat two interleaved chains) */
+  const int chains = even && rows / 32 >= 2 * (int64_t)cu->n_sms && w[0].dtype == CI_BF16 ? 2 : 1;
   gv_parts P;
   memset(&P, 0, sizeof P);
   int groups = 0;
@@ -317,15 +358,18 @@ void ci_cuda_gemv_launch(ci_cuda *cu, int parts, const ci_cuda_weight *w, const 
     groups += used ? (int)(n[p] / (chains * 16)) : 0;
     P.end[p] = used ? groups : INT_MAX;
   }
-  P.group_size = w[0].group_size;
-  P.pair_words = (int)ci_affine_pair_words(k, w[0].group_size > 0 ? w[0].group_size : 1);
-  P.f16_pairs = w[0].f16_pairs;
+  P.group_shift = w[0].group_size > 0 ? __builtin_ctz((unsigned)w[0].group_size) : 0;
   const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x;
-  if (w[0].dtype == CI_Q4)
-    gv_launch<4>(cu, P, chains, groups, k, xb, m, planes);
+  const bool f16 = w[0].f16_pairs;
+  if (w[0].dtype == CI_Q4 && f16)
+    gv_launch<4, true>(cu, P, chains, groups, k, xb, m, planes);
+  else if (w[0].dtype == CI_Q4)
+    gv_launch<4, false>(cu, P, chains, groups, k, xb, m, planes);
+  else if (w[0].dtype == CI_Q8 && f16)
+    gv_launch<8, true>(cu, P, chains, groups, k, xb, m, planes);
   else if (w[0].dtype == CI_Q8)
-    gv_launch<8>(cu, P, chains, groups, k, xb, m, planes);
+    gv_launch<8, false>(cu, P, chains, groups, k, xb, m, planes);
   else
-    gv_launch<16>(cu, P, chains, groups, k, xb, m, planes);
+    gv_launch<16, false>(cu, P, chains, groups, k, xb, m, planes);
   ci_cuda_check_launch(cu, "matmul (small batch)");
 }

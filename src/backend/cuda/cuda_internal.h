@@ -283,13 +283,16 @@ void ci_cuda_matmul_scratch(const ci_cuda *cu, const ci_cuda_cmd *c,
 /* Copies `bytes` of a weight from the host into a new device allocation the backend frees at
  * destroy. NULL (with the error set) on failure. */
 void *ci_cuda_upload_weight(ci_cuda *cu, const void *host, size_t bytes);
+/* A new device allocation of `bytes` for a weight, freed at destroy (contents undefined). */
+void *ci_cuda_alloc_weight(ci_cuda *cu, size_t bytes);
 
 /* ==== cuda_affine.cu ==== */
-/* Copies affine weight t to the device (codes as they are, (scale, bias) pairs packed) and points
- * t->data at the codes and t->scales at the pairs (t->biases becomes NULL). */
+/* Copies affine weight t to the device in the layout of cuda_affine.cuh (codes repacked, (scale,
+ * bias) pairs packed) and points t->data at the codes and t->scales at the pairs (t->biases
+ * becomes NULL). */
 int ci_cuda_affine_upload(ci_cuda *cu, ci_tensor *t);
 /* Rows [row0, row0 + rows) of affine weight w ([n, k]) as bf16 into dst ([rows][k]), each weight
- * as every other path computes it (ci_affine_dequant8). */
+ * as every other path computes it (ci_affine_fragment). */
 void ci_cuda_affine_dequant(ci_cuda *cu, const ci_cuda_weight *w, int64_t row0, int64_t rows,
                             int64_t k, void *dst);
 /* Embedding rows of an affine table: out[i] = scale * q + bias in f32, as the CPU computes it. */
