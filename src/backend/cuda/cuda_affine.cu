@@ -78,52 +78,68 @@ int ci_cuda_affine_upload(ci_cuda *cu, ci_tensor *t) {
   return CI_OK;
 }
 
-/* Thread per (tile, k-step, lane): the lane's four fragment registers of that step, written to
- * their rows of dst ([rows][k] bf16, rows [row0, row0 + rows) of the matrix). */
+/* A block of DQ_STEPS warps per (tile, DQ_STEPS consecutive k-steps): warp w computes its lanes'
+ * fragment registers of step w (ci_affine_fragment, as the small-batch kernel does), the block
+ * gathers the tile's 16 rows x 16 DQ_STEPS columns in shared memory and writes them to dst
+ * ([rows][k] bf16, rows [row0, row0 + rows) of the matrix) in 16-byte row chunks. */
+enum { DQ_STEPS = 8, DQ_COLS = 16 * DQ_STEPS, DQ_STRIDE = DQ_COLS + 8 };
+
 template <int BITS>
-__global__ static void dequant_kernel(const uint8_t *codes, const uint32_t *pairs, int64_t row0,
-                                      int64_t rows, int64_t k, int group_size, int f16,
-                                      uint32_t *dst) {
+__global__ static void __launch_bounds__(32 * DQ_STEPS)
+    dequant_kernel(const uint8_t *codes, const uint32_t *pairs, int64_t row0, int64_t rows,
+                   int64_t k, int group_size, int f16, uint16_t *dst) {
+  __shared__ __align__(16) uint16_t tile_rows[16 * DQ_STRIDE];
   const int64_t steps = k / 16, quads = ci_affine_quads(k), groups = k / group_size;
   const int64_t tile0 = row0 / 16, tiles = (row0 + rows + 15) / 16 - tile0;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < tiles * steps * 32;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    const int lane = (int)(i % 32), g = lane / 4, t = lane % 4;
-    const int64_t step = (i / 32) % steps, tile = tile0 + i / 32 / steps;
-    const int s = (int)(step % 4);
-    const uint8_t *block = codes + (tile * quads + step / 4) * ci_affine_quad_bytes(BITS);
-    uint32_t words[2];
-    if (BITS == 4) {
-      words[0] = *(const uint32_t *)(block + lane * 16 + s * 4);
-    } else {
-      const uint2 v = *(const uint2 *)(block + (s / 2) * 512 + lane * 16 + (s % 2) * 8);
-      words[0] = v.x;
-      words[1] = v.y;
-    }
-    const int64_t group = step * 16 / group_size;
-    uint32_t a[4];
-    const ci_affine_rows rows_of = ci_affine_rows_of(
-        pairs[(tile * groups + group) * 16 + g], pairs[(tile * groups + group) * 16 + g + 8], f16);
-    ci_affine_fragment<BITS>(words, rows_of, f16, a);
+  const int64_t spans = (steps + DQ_STEPS - 1) / DQ_STEPS;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  for (int64_t unit = blockIdx.x; unit < tiles * spans; unit += gridDim.x) {
+    const int64_t tile = tile0 + unit / spans, step0 = (unit % spans) * DQ_STEPS;
+    const int64_t step = step0 + warp;
+    if (step < steps) {
+      const int s = (int)(step % 4);
+      const uint8_t *block = codes + (tile * quads + step / 4) * ci_affine_quad_bytes(BITS);
+      uint32_t words[2];
+      if (BITS == 4) {
+        words[0] = *(const uint32_t *)(block + lane * 16 + s * 4);
+      } else {
+        const uint2 v = *(const uint2 *)(block + (s / 2) * 512 + lane * 16 + (s % 2) * 8);
+        words[0] = v.x;
+        words[1] = v.y;
+      }
+      const int64_t pair0 = (tile * groups + step * 16 / group_size) * 16;
+      const ci_affine_rows rows_of = ci_affine_rows_of(pairs[pair0 + g], pairs[pair0 + g + 8], f16);
+      uint32_t a[4];
+      ci_affine_fragment<BITS>(words, rows_of, f16, a);
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-      const int64_t r = tile * 16 + g + 8 * (j & 1) - row0;
-      if (r >= 0 && r < rows) dst[(r * k + step * 16 + 8 * (j >> 1) + 2 * t) / 2] = a[j];
+      for (int j = 0; j < 4; j++)
+        *(uint32_t *)&tile_rows[(g + 8 * (j & 1)) * DQ_STRIDE + 16 * warp + 8 * (j >> 1) + 2 * t] =
+            a[j];
     }
+    __syncthreads();
+    for (int c = threadIdx.x; c < 16 * (DQ_COLS / 8); c += blockDim.x) {
+      const int r = c / (DQ_COLS / 8), chunk = c % (DQ_COLS / 8);
+      const int64_t out_row = tile * 16 + r - row0, col = step0 * 16 + 8 * chunk;
+      if (out_row >= 0 && out_row < rows && col < k)
+        *(uint4 *)&dst[out_row * k + col] = *(const uint4 *)&tile_rows[r * DQ_STRIDE + 8 * chunk];
+    }
+    __syncthreads();
   }
 }
 
 void ci_cuda_affine_dequant(ci_cuda *cu, const ci_cuda_weight *w, int64_t row0, int64_t rows,
                             int64_t k, void *dst) {
-  const int64_t units = ((row0 + rows + 15) / 16 - row0 / 16) * (k / 16) * 32;
+  const int64_t units =
+      ((row0 + rows + 15) / 16 - row0 / 16) * ((k / 16 + DQ_STEPS - 1) / DQ_STEPS);
+  const unsigned grid = (unsigned)(units < 65536 ? units : 65536);
   const uint8_t *codes = (const uint8_t *)w->data;
   const uint32_t *pairs = (const uint32_t *)w->pairs;
   if (w->dtype == CI_Q4)
-    dequant_kernel<4><<<grid_for(units), THREADS, 0, cu->stream>>>(
-        codes, pairs, row0, rows, k, w->group_size, w->f16_pairs, (uint32_t *)dst);
+    dequant_kernel<4><<<grid, 32 * DQ_STEPS, 0, cu->stream>>>(
+        codes, pairs, row0, rows, k, w->group_size, w->f16_pairs, (uint16_t *)dst);
   else
-    dequant_kernel<8><<<grid_for(units), THREADS, 0, cu->stream>>>(
-        codes, pairs, row0, rows, k, w->group_size, w->f16_pairs, (uint32_t *)dst);
+    dequant_kernel<8><<<grid, 32 * DQ_STEPS, 0, cu->stream>>>(
+        codes, pairs, row0, rows, k, w->group_size, w->f16_pairs, (uint16_t *)dst);
   ci_cuda_check_launch(cu, "weight dequantisation");
 }
 
