@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Write bench/cpu.md from the JSON files bench/run.sh leaves in bench/work/results: one section
 per model (results/MODEL/) with cinfer vs llama.cpp throughput per dtype and decode bandwidth
-against the measured read roofline, then the machine, date, commit and commands of the run."""
+against the measured read roofline, then the machine, date, commit and commands of the run.
+Hand-written notes below the KEPT marker line of an existing report are carried over."""
 
 import argparse
 import datetime
@@ -12,6 +13,7 @@ import statistics
 from report_common import commit_of_binary, cpu_model, fmt, load, sh
 
 NO_LLAMA = "n/a (llama.cpp not built: see bench/README.md)"
+KEPT = "<!-- Everything below this line is kept by bench/report.py when it rewrites the report. -->"
 TITLES = {  # section title per model name of bench/run.sh
     "llama1b": "Llama 3.2 1B geometry",
     "gemma3-1b": "Gemma 3 1B geometry",
@@ -68,7 +70,7 @@ def model_section(a, name, config, pairs, have_llama, roof, membw):
     res = os.path.join(a.results, name)
     cfg = load(config) or {}
     cfg = {**cfg, **(cfg.get("text_config") or {})}
-    rows, bw_rows, mode_rows = [], [], []
+    rows, bw_rows, mode_rows, exact_rows = [], [], [], []
     for cdt, gdt in pairs:
         c = load(os.path.join(res, f"cinfer-{cdt}.json")) or {}
         cp, cd = c.get("prefill_tok_s"), c.get("decode_tok_s")
@@ -86,13 +88,19 @@ def model_section(a, name, config, pairs, have_llama, roof, membw):
         rows.append(f"| {cdt} / {gdt} | {fmt(cp)} | {fmt(cd)} | {lp_s} | {ld_s} | "
                     f"{fmt(ratio(cp, lp), 2)} | {fmt(ratio(cd, ld), 2)} | "
                     f"{fmt(c.get('ttft_ms'))} | {fmt(c.get('peak_rss_mb'), 0)} |")
+        e = load(os.path.join(res, f"cinfer-exact-{cdt}.json")) or {}
+        ep, ed = e.get("prefill_tok_s"), e.get("decode_tok_s")
+        exact_rows.append(f"| {cdt} | {fmt(cp)} | {fmt(ep)} | {fmt(ratio(cp, ep), 2)} | "
+                          f"{fmt(ratio(ep, lp), 2)} | {fmt(cd)} | {fmt(ed)} | "
+                          f"{fmt(ratio(cd, ed), 2)} | {fmt(ratio(ed, ld), 2)} |")
         c_bw = None if wbytes is None or cd is None else wbytes * cd / 1e9
         l_bw = None if wbytes is None or ld is None else wbytes * ld / 1e9
         bw_rows.append(f"| {cdt} | {fmt(None if wbytes is None else wbytes / 1e6, 0)} | "
                        f"{fmt(c_bw)} | {fmt(ratio(c_bw, roof), 2)} | {fmt(l_bw)} | "
                        f"{fmt(ratio(l_bw, roof), 2)} |")
     conditions = []
-    for stem in [f"cinfer-{c}" for c, _ in pairs] + [f"llama-{g}" for _, g in pairs]:
+    for stem in ([f"cinfer-{c}" for c, _ in pairs] + [f"cinfer-exact-{c}" for c, _ in pairs] +
+                 [f"llama-{g}" for _, g in pairs]):
         meta = load(os.path.join(res, f"{stem}.json.meta.json"))
         if meta:
             conditions.append(f"{name}/{stem} {100 * meta['interference']:.1f}% "
@@ -112,6 +120,16 @@ llama.cpp decode | prefill ratio | decode ratio | cinfer TTFT ms | cinfer peak R
 |---|---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 {mode_table}
+### fast and exact precision
+
+cinfer's default `--precision fast` (bf16 activations into bf16 products; q8/q4 decode with one
+int8 plane of x) beside `--precision exact` (f32 activations, three int8 planes: logits within
+1e-3 of transformers in f32), each exact figure also against llama.cpp's best.
+
+| dtype | prefill fast | prefill exact | fast / exact | exact / llama.cpp | decode fast | decode exact | fast / exact | exact / llama.cpp |
+|---|---|---|---|---|---|---|---|---|
+{chr(10).join(exact_rows)}
+
 ### Decode bandwidth
 
 Measured read roofline (`build/membw`): {fmt(membw.get('read_gbs_1t'))} GB/s on 1 thread,
@@ -178,7 +196,8 @@ weight, every matrix including the embedding). Prefill = {a.prompt}-token prompt
 - cinfer commit: {commit}; llama.cpp: {llama_commit}
 - Command: `make bench` (runs `bench/run.sh`)
 
-Throughput ratios are cinfer / llama.cpp (above 1: cinfer faster). llama.cpp is run with both
+Throughput ratios are cinfer / llama.cpp (above 1: cinfer faster); the throughput table is cinfer
+in its default fast precision, exact beside it in its own table. llama.cpp is run with both
 weight load modes (`-lm none,mmap`: weights read into allocated memory, or used in place from
 the mapped file) and the faster one is shown in parentheses. Each engine's run of a dtype
 follows the other's directly; on a shared host, memory bandwidth drifts by 20-30% over minutes,
@@ -199,8 +218,14 @@ retried up to `BENCH_ATTEMPTS` times, keeping the cleanest run): {", ".join(cond
 {commands}
 ```
 """
+    kept = ""
+    if os.path.exists(a.out):
+        with open(a.out) as f:
+            previous = f.read()
+        if KEPT in previous:
+            kept = "\n" + previous[previous.index(KEPT):]
     with open(a.out, "w") as f:
-        f.write(out)
+        f.write(out + kept)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CPU benchmark (`make bench`): cinfer vs llama.cpp on random-weight models of real geometries
-# (Llama-3.2-1B in bf16, q8 and q4; Gemma-3-1B in bf16 and q4), plus the machine's
-# read-bandwidth roofline; writes bench/cpu.md.
+# (Llama-3.2-1B in bf16, q8 and q4; Gemma-3-1B in bf16 and q4; cinfer in fast and in exact
+# precision), plus the machine's read-bandwidth roofline; writes bench/cpu.md (keeping the notes
+# below its KEPT marker, see report.py).
 # Run from the repo root after build/cinfer and build/membw exist. Overridable through the
 # environment: CINFER, MEMBW, LLAMA_CPP_DIR, BENCH_THREADS, BENCH_PROMPT, BENCH_GEN, BENCH_RUNS,
 # BENCH_MODELS (a subset of "llama1b gemma3-1b", space-separated), BENCH_CONFIG (the llama1b
@@ -123,14 +124,19 @@ for model in $MODELS; do
     dtype=${pair%%:*}
     gtype=${pair##*:}
     out=$RESULTS/$model
-    cmd=("$CINFER" bench --model "$WORK/$model-$dtype" -p "$PROMPT" -n "$GEN" --runs "$RUNS"
-         --threads "$THREADS" --json)
-    log "${cmd[*]}"
-    record "${cmd[*]}"
-    if ! isolated "$out/cinfer-$dtype.json" "$out/cinfer-$dtype.err" "${cmd[@]}"; then
-      log "cinfer bench failed for $model $dtype (see $out/cinfer-$dtype.err)"
-      rm -f "$out/cinfer-$dtype.json"
-    fi
+    # cinfer in its default (fast) precision, then in exact precision (f32 activations)
+    for precision in fast exact; do
+      stem=cinfer-$dtype
+      [ "$precision" = fast ] || stem=cinfer-exact-$dtype
+      cmd=("$CINFER" bench --model "$WORK/$model-$dtype" -p "$PROMPT" -n "$GEN" --runs "$RUNS"
+           --threads "$THREADS" --precision "$precision" --json)
+      log "${cmd[*]}"
+      record "${cmd[*]}"
+      if ! isolated "$out/$stem.json" "$out/$stem.err" "${cmd[@]}"; then
+        log "cinfer bench failed for $model $dtype $precision (see $out/$stem.err)"
+        rm -f "$out/$stem.json"
+      fi
+    done
     [ "$have_llama" = 1 ] || continue
     # Both weight load modes: "mmap" leaves the weights in 4 KiB page-cache pages, "none" reads
     # them into anonymous memory; which one is faster varies, and the report takes the better.
