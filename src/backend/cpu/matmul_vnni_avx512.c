@@ -212,6 +212,21 @@ INLINE void gemv_int8_block(const ci_matmul_job *job, ci_dtype sdt, int64_t r, i
     }
 }
 
+/* Prefetches the scales and biases of weight rows [r, r + rb) into L1. They are streams of
+ * their own, read once per row at the start (factors) and the end (bias term) of the row's
+ * work, so without this each row block waits on their misses: 20% of a q4 decode's time on
+ * Zen 4 (perf, llama1b q4, 2 threads). */
+INLINE void prefetch_row_factors(const ci_matmul_job *job, ci_dtype sdt, int64_t r, int rb,
+                                 int64_t n_groups) {
+  const int64_t size = sdt == CI_F32 ? 4 : 2, bytes = rb * n_groups * size;
+  const char *scales = (const char *)job->scales + r * n_groups * size;
+  const char *biases = (const char *)job->biases + r * n_groups * size;
+  for (int64_t b = 0; b < bytes; b += 64) {
+    _mm_prefetch(scales + b, _MM_HINT_T0);
+    _mm_prefetch(biases + b, _MM_HINT_T0);
+  }
+}
+
 /* All x rows against weight rows [r, r+rb), x rows in blocks of X_BLOCK. */
 INLINE void gemv_int8_row_block(const ci_matmul_job *job, ci_dtype sdt, int64_t r, int rb,
                                 const int8_consts *kc) {
@@ -228,7 +243,13 @@ INLINE void gemv_int8_rows_planes(const ci_matmul_job *job, ci_weight_format f, 
   const int8_consts kc =
       make_consts(job, ci_weight_format_dtype(f) == CI_Q8 ? 8 : 4, group, n_planes);
   int64_t r = row_begin;
-  for (; r + ROW_BLOCK <= row_end; r += ROW_BLOCK) gemv_int8_row_block(job, sdt, r, ROW_BLOCK, &kc);
+  if (r + ROW_BLOCK <= row_end) prefetch_row_factors(job, sdt, r, ROW_BLOCK, kc.n_groups);
+  for (; r + ROW_BLOCK <= row_end; r += ROW_BLOCK) {
+    /* the next block's factors load while this block streams its codes */
+    if (r + 2 * ROW_BLOCK <= row_end)
+      prefetch_row_factors(job, sdt, r + ROW_BLOCK, ROW_BLOCK, kc.n_groups);
+    gemv_int8_row_block(job, sdt, r, ROW_BLOCK, &kc);
+  }
   for (; r < row_end; r++) gemv_int8_row_block(job, sdt, r, 1, &kc);
 }
 
