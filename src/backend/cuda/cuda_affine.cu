@@ -1,7 +1,7 @@
 /* MLX affine weights on the CUDA backend: the upload (codes repacked into the tensor-core fragment
  * order and each group's scale and bias packed into one word, see cuda_affine.cuh), the
- * dequantisation of weight rows to bf16 that
- * precedes cuBLASLt for larger batches, and embedding lookups in affine tables. */
+ * dequantisation of weight rows to bf16 that precedes cuBLASLt for larger batches, and embedding
+ * lookups in affine tables. */
 #include "backend/cuda/cuda_affine.cuh"
 #include "backend/cuda/cuda_internal.h"
 
