@@ -167,3 +167,17 @@ void ci_cuda_affine_embed(ci_cuda *cu, const ci_cuda_weight *table, int64_t dim,
       table->f16_pairs, ids, n, out);
   ci_cuda_check_launch(cu, "embed");
 }
+
+extern "C" size_t ci_cuda_affine_code_bytes_host(int64_t n, int64_t k, int bits) {
+  return ci_affine_code_bytes(n, k, bits);
+}
+
+extern "C" uint32_t ci_cuda_affine_repacked_word_host(const uint8_t *raw, int bits, int64_t n,
+                                                      int64_t k, int64_t i) {
+  return ci_affine_repacked_word(raw, bits, n, k, i);
+}
+
+extern "C" int64_t ci_cuda_affine_code_offset_host(int bits, int64_t k, int64_t r, int64_t c,
+                                                   int *shift) {
+  return ci_affine_code_offset(bits, ci_affine_quads(k), r, c, shift);
+}

@@ -48,6 +48,14 @@ int ci_cuda_kv_encode_row_host(const ci_kv_format *f, int value, const float *si
 int ci_cuda_kv_decode_row_host(const ci_kv_format *f, int value, const float *signs,
                                const void *row, int head_dim, float *x);
 
+/* The GPU's layout of MLX affine codes (cuda_affine.cuh), on the host for tests: the bytes of an
+ * [n, k] matrix of `bits`-bit codes in it, word i of it gathered from MLX's row-major codes
+ * `raw`, and the byte offset of code (r, c) in it (*shift: the code's bit shift in that byte). */
+size_t ci_cuda_affine_code_bytes_host(int64_t n, int64_t k, int bits);
+uint32_t ci_cuda_affine_repacked_word_host(const uint8_t *raw, int bits, int64_t n, int64_t k,
+                                           int64_t i);
+int64_t ci_cuda_affine_code_offset_host(int bits, int64_t k, int64_t r, int64_t c, int *shift);
+
 #ifdef __cplusplus
 }
 #endif
