@@ -501,7 +501,7 @@ int ci_openai_responses(ci_server *s, json_t *body, json_t **out, ci_srv_stream 
   rs->echo = json_pack(
       "{s:O?, s:O?, s:o, s:o, s:O?, s:O?, s:i, s:b, s:b, s:{s:{s:s}}, s:o, s:s}", "instructions",
       instructions, "previous_response_id", prev, "tools",
-      json_incref(json_object_get(body, "tools") ? json_object_get(body, "tools") : json_array()),
+      json_object_get(body, "tools") ? json_incref(json_object_get(body, "tools")) : json_array(),
       "tool_choice", choice ? json_incref((json_t *)choice) : json_string("auto"), "temperature",
       json_object_get(body, "temperature"), "top_p", json_object_get(body, "top_p"),
       "max_output_tokens", max_tokens, "parallel_tool_calls", 1, "store", rs->store, "text",
