@@ -6,9 +6,13 @@
 import { OpenAI, base, check, idle } from './common.mjs';
 
 const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'test-key', maxRetries: 0 });
-// a prompt no other script sends, so nothing of it is in the prefix cache yet
-const messages = [{ role: 'user', content: `Name three colours of the sea (${Date.now()}).` }];
+// a prompt no other script sends; one warm-up token puts it in the prefix cache first, so every
+// request below starts from the same cached prefix and prefills the same rest: a cold prefill and a
+// cached one split the prompt into other chunks, whose matmul kernels differ in the last bits of the
+// logits (docs/generation.md "Reproducible sampling"), and a seeded draw may then pick another token
+const messages = [{ role: 'user', content: `(${Date.now()}) Name three colours of the sea.` }];
 const req = { model: 'x', messages, temperature: 1.0, max_tokens: 12, seed: 1234, n: 3 };
+await client.chat.completions.create({ ...req, n: 1, max_tokens: 1 });
 
 const before = await idle();
 const r = await client.chat.completions.create(req);
