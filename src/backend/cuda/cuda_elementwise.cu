@@ -293,14 +293,20 @@ void ci_cuda_scatter_add_rows(ci_cuda *cu, float *dst, const float *src, const i
   ci_cuda_check_launch(cu, "scatter_add_rows");
 }
 
-__global__ static void rope_kernel(float *x, int64_t n_rows, int n_heads, const int32_t *pos,
-                                   const float *inv_freq, int head_dim, int half, int traditional,
-                                   float qk_scale) {
-  FOR_EACH(i, n_rows * n_heads * half) {
+/* Rotates the heads of x (n_heads per row) and, when x2 is set, of x2 (n_heads2 per row) in one
+ * launch: q and k of one layer share the positions and the table, and each element's arithmetic
+ * is the same either way. */
+__global__ static void rope_kernel(float *x, int n_heads, float *x2, int n_heads2, int64_t n_rows,
+                                   const int32_t *pos, const float *inv_freq, int head_dim,
+                                   int half, int traditional, float qk_scale) {
+  const int heads = n_heads + n_heads2;
+  FOR_EACH(i, n_rows * heads * half) {
     int64_t rh = i / half;
     int j = (int)(i % half);
-    int64_t r = rh / n_heads;
-    float *v = x + rh * head_dim;
+    int64_t r = rh / heads;
+    const int h = (int)(rh % heads);
+    float *v = h < n_heads ? x + (r * n_heads + h) * head_dim
+                           : x2 + (r * n_heads2 + (h - n_heads)) * head_dim;
     float angle = (float)pos[r] * inv_freq[j];
     float c = cosf(angle), s = sinf(angle);
     int a = traditional ? 2 * j : j;
@@ -318,18 +324,24 @@ __global__ static void rope_tail_scale_kernel(float *x, int64_t n_vecs, int head
   FOR_EACH(i, n_vecs * tail) x[(i / tail) * head_dim + rot_dim + i % tail] *= qk_scale;
 }
 
-void ci_cuda_rope(ci_cuda *cu, float *x, int64_t n_rows, int n_heads, const int32_t *pos,
-                  const ci_rope *rope) {
+void ci_cuda_rope(ci_cuda *cu, float *x, int n_heads, float *x2, int n_heads2, int64_t n_rows,
+                  const int32_t *pos, const ci_rope *rope) {
   const int half = rope->rot_dim / 2;
   if (n_rows <= 0) return;
+  if (!x2) n_heads2 = 0;
   if (half > 0)
-    rope_kernel<<<blocks_for(n_rows * n_heads * half), THREADS, 0, cu->stream>>>(
-        x, n_rows, n_heads, pos, rope->inv_freq, rope->head_dim, half, rope->traditional,
-        rope->qk_scale);
-  if (rope->qk_scale != 1.0f && rope->head_dim > rope->rot_dim)
+    rope_kernel<<<blocks_for(n_rows * (n_heads + n_heads2) * half), THREADS, 0, cu->stream>>>(
+        x, n_heads, x2, n_heads2, n_rows, pos, rope->inv_freq, rope->head_dim, half,
+        rope->traditional, rope->qk_scale);
+  if (rope->qk_scale != 1.0f && rope->head_dim > rope->rot_dim) {
     rope_tail_scale_kernel<<<blocks_for(n_rows * n_heads * (rope->head_dim - rope->rot_dim)),
                              THREADS, 0, cu->stream>>>(x, n_rows * n_heads, rope->head_dim,
                                                        rope->rot_dim, rope->qk_scale);
+    if (n_heads2 > 0)
+      rope_tail_scale_kernel<<<blocks_for(n_rows * n_heads2 * (rope->head_dim - rope->rot_dim)),
+                               THREADS, 0, cu->stream>>>(x2, n_rows * n_heads2, rope->head_dim,
+                                                         rope->rot_dim, rope->qk_scale);
+  }
   ci_cuda_check_launch(cu, "rope");
 }
 

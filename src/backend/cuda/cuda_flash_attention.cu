@@ -25,7 +25,7 @@
 
 /* FA_MAX_WARPS warps per block for prefill launches, one for decode launches (a row's arithmetic
  * does not depend on the block's width); 16 packed query rows per warp. */
-enum { FA_MAX_WARPS = 4, FA_MAX_ROWS = 16 * FA_MAX_WARPS, FA_KEYS = 64, FA_SPLIT = 256 };
+enum { FA_MAX_WARPS = 4, FA_MAX_ROWS = 16 * FA_MAX_WARPS, FA_KEYS = 64, FA_SPLIT = 128 };
 
 typedef ci_cuda_kv_layout kv_layout;
 typedef ci_cuda_seq_group seq_group;
@@ -103,16 +103,19 @@ struct fa_shared_tail {
   int32_t pos[FA_MAX_ROWS];
 };
 
-/* Shared memory: two stages of K and V tiles [FA_KEYS][D + 8] bf16 (the next tile loads while
- * the current one is used), then (walking every split) the merged state of each warp's rows per
- * lane, then the tiles' row addresses and the block's positions. */
+/* Shared memory: the tiles' row addresses and the block's positions, then two stages of K and V
+ * tiles [FA_KEYS][D + 8] bf16 (the next tile loads while the current one is used), then (walking
+ * every split) the merged state of each warp's rows per lane, which a parallel launch does not
+ * need (it launches with PARALLEL_BYTES, so more of its one-warp blocks fit an SM). */
 template <int D, int W> struct fa_smem {
   static constexpr int STRIDE = D + 8; /* bf16 elements per staged key row (bank spread) */
   static constexpr size_t STAGE_ELEMS = (size_t)2 * FA_KEYS * STRIDE;
+  static constexpr size_t TAIL_BYTES = (sizeof(fa_shared_tail) + 15) / 16 * 16;
   static constexpr size_t KV_BYTES = 2 * STAGE_ELEMS * 2;
   static constexpr int ACC_REGS = D / 8 * 4;
   static constexpr size_t TOTAL_BYTES = (size_t)W * (ACC_REGS + 4) * 32 * 4;
-  static constexpr size_t BYTES = KV_BYTES + TOTAL_BYTES + sizeof(fa_shared_tail);
+  static constexpr size_t BYTES = TAIL_BYTES + KV_BYTES + TOTAL_BYTES;
+  static constexpr size_t PARALLEL_BYTES = TAIL_BYTES + KV_BYTES;
 };
 
 template <int D, bool EXACT, int W>
@@ -121,9 +124,10 @@ __global__ static void __launch_bounds__(W * 32)
                            ci_cuda_flash_params f, int *error_flag) {
   typedef fa_smem<D, W> SM;
   extern __shared__ __align__(16) uint8_t smem[];
-  __nv_bfloat16 *stages = (__nv_bfloat16 *)smem; /* stage i: K at i * STAGE_ELEMS, V after it */
-  float *total = (float *)(smem + SM::KV_BYTES); /* [warp][ACC_REGS + 4][32] */
-  fa_shared_tail *tail = (fa_shared_tail *)(smem + SM::KV_BYTES + SM::TOTAL_BYTES);
+  fa_shared_tail *tail = (fa_shared_tail *)smem;
+  /* stage i: K at i * STAGE_ELEMS, V after it */
+  __nv_bfloat16 *stages = (__nv_bfloat16 *)(smem + SM::TAIL_BYTES);
+  float *total = (float *)(smem + SM::TAIL_BYTES + SM::KV_BYTES); /* [warp][ACC_REGS + 4][32] */
 
   const int G = f.group, QP = 16 * W / G; /* query heads per KV head; positions per block */
   const int s = fa_seq_of_tile(g, blockIdx.x);
@@ -153,8 +157,9 @@ __global__ static void __launch_bounds__(W * 32)
   }
 
   /* this lane's two packed rows: r = warp*16 + gid (A) and + 8 (B) */
-  int64_t row_p[2], row_lo[2];
+  int row_p[2], row_lo[2]; /* positions are int32 (a.pos) */
   int live[2], step_row[2], launch_row[2], head[2];
+#pragma unroll
   for (int h = 0; h < 2; h++) {
     const int r = warp * 16 + gid + 8 * h, qi = r / G;
     live[h] = qi < n_pos;
@@ -163,7 +168,7 @@ __global__ static void __launch_bounds__(W * 32)
     head[h] = kv_head * G + r % G;
     row_p[h] = live[h] ? tail->pos[qi] : -1;
     row_lo[h] = a.window > 0 && row_p[h] - a.window + 1 > 0 ? row_p[h] - a.window + 1 : 0;
-    if (!live[h]) row_lo[h] = INT64_MAX;
+    if (!live[h]) row_lo[h] = INT_MAX;
   }
   const int warp_live = warp * 16 < n_pos * G;
 
@@ -205,41 +210,49 @@ __global__ static void __launch_bounds__(W * 32)
    * first (independent loads, in flight together), then the row addresses */
   const int32_t *const table = g->table[s];
   const int64_t n_entries = g->n_entries[s];
+  const unsigned block_tokens = (unsigned)L.block_tokens;
   auto find_rows = [&](int64_t tile0, int stage) {
     constexpr int PER_THREAD = (2 * FA_KEYS + W * 32 - 1) / (W * 32);
     int32_t block[PER_THREAD];
+    unsigned slot[PER_THREAD];
 #pragma unroll
     for (int i = 0; i < PER_THREAD; i++) {
-      const int t = threadIdx.x + i * W * 32;
-      const int64_t key = tile0 + t % FA_KEYS;
-      const int64_t entry = key / L.block_tokens;
+      const unsigned t = threadIdx.x + i * W * 32;
+      const unsigned key = (unsigned)tile0 + t % FA_KEYS; /* positions are int32 */
+      const unsigned entry = key / block_tokens;
+      slot[i] = key - entry * block_tokens;
       block[i] = t < 2 * FA_KEYS && key >= key_from && key <= key_to
                      ? (entry < n_entries ? __ldg(table + entry) : -1)
                      : INT32_MIN; /* no key of the rows */
     }
 #pragma unroll
     for (int i = 0; i < PER_THREAD; i++) {
-      const int t = threadIdx.x + i * W * 32;
+      const unsigned t = threadIdx.x + i * W * 32;
       if (t >= 2 * FA_KEYS) continue;
-      const int key_in_tile = t % FA_KEYS, value = t / FA_KEYS;
       const uint8_t *row = NULL;
       if (block[i] != INT32_MIN && block[i] < 0)
         bad_block = 1;
       else if (block[i] >= 0)
-        row = fa_row_address(L, value, block[i], (tile0 + key_in_tile) % L.block_tokens, kv_head);
-      tail->rows[stage][value][key_in_tile] = row;
+        row = fa_row_address(L, t / FA_KEYS, block[i], slot[i], kv_head);
+      tail->rows[stage][t / FA_KEYS][t % FA_KEYS] = row;
     }
   };
   constexpr int CHUNKS = D / 8; /* 16-byte chunks of a key row */
+  /* the 2 * FA_KEYS staged rows (K then V) in 16-byte chunks: thread t copies chunk t % CHUNKS
+   * of rows t / CHUNKS, + ROWS_PER_PASS, ... (a fixed unrolled walk: a handful of instructions
+   * per copy, which a one-warp decode block issues alone) */
+  constexpr int ROWS_PER_PASS = W * 32 / CHUNKS, PASSES = 2 * FA_KEYS / ROWS_PER_PASS;
+  static_assert(W * 32 % CHUNKS == 0 && 2 * FA_KEYS % ROWS_PER_PASS == 0, "copy walk");
+  const unsigned copy_chunk = threadIdx.x % CHUNKS, copy_row0 = threadIdx.x / CHUNKS;
   auto issue_copies = [&](int stage) {
-    __nv_bfloat16 *base = stages + stage * SM::STAGE_ELEMS;
-    for (int c = threadIdx.x; c < 2 * FA_KEYS * CHUNKS; c += W * 32) {
-      const int value = c / (FA_KEYS * CHUNKS);
-      const int key_in_tile = (c / CHUNKS) % FA_KEYS, chunk = c % CHUNKS;
-      const uint8_t *row = tail->rows[stage][value][key_in_tile];
-      const unsigned dst = (unsigned)__cvta_generic_to_shared(
-          base + (value * FA_KEYS + key_in_tile) * SM::STRIDE + 8 * chunk);
-      const void *src = row ? (const void *)(row + 16 * chunk) : (const void *)L.slabs;
+    const unsigned dst0 = (unsigned)__cvta_generic_to_shared(
+        stages + stage * SM::STAGE_ELEMS + copy_row0 * SM::STRIDE + 8 * copy_chunk);
+    const uint8_t *const *rows = &tail->rows[stage][0][0] + copy_row0;
+#pragma unroll
+    for (int i = 0; i < PASSES; i++) {
+      const uint8_t *row = rows[i * ROWS_PER_PASS];
+      const unsigned dst = dst0 + i * ROWS_PER_PASS * SM::STRIDE * 2;
+      const void *src = row ? (const void *)(row + 16 * copy_chunk) : (const void *)L.slabs;
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                    "r"(row ? 16 : 0));
     }
@@ -345,7 +358,7 @@ __global__ static void __launch_bounds__(W * 32)
 #pragma unroll
       for (int c = 0; c < 4; c++) {
         const int h = c >> 1;
-        const int64_t key = tile0 + nt * 8 + 2 * tig + (c & 1);
+        const int key = (int)tile0 + nt * 8 + 2 * tig + (c & 1);
         float score = sc[nt][c] * a.scale;
         if (a.softcap != 0.0f) score = a.softcap * tanhf(score / a.softcap);
         if (key < row_lo[h] || key > row_p[h]) score = -INFINITY;
@@ -433,25 +446,41 @@ __global__ static void __launch_bounds__(W * 32)
   }
 }
 
-/* Merges the per-split states of each (row, head) of a parallel launch, in split order. */
+/* Merges the per-split states of each (row, head) of a parallel launch, in split order. The
+ * merge is a chain (each split folds into the running total), so its loads are issued ahead of
+ * it: the block stages MERGE_BATCH splits' (m, l) in shared memory and each thread holds its
+ * output dim of those splits in registers before folding them in order. */
+enum { MERGE_BATCH = 32 };
 __global__ static void flash_merge_kernel(const seq_group *g, attention_params a,
                                           ci_cuda_flash_params f, int D) {
+  __shared__ float2 ml[MERGE_BATCH];
   const int s = fa_seq_of_row(g, blockIdx.x);
   const int step_row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
   const int h = blockIdx.y;
   const int64_t p = a.pos[step_row];
   const int64_t lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
   const int64_t base = ((int64_t)blockIdx.x * a.n_heads + h) * f.splits;
-  float *out = a.out + ((int64_t)step_row * a.n_heads + h) * D;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float tm = 0.0f, tl = 0.0f, t = 0.0f;
-    for (int64_t split = lo / FA_SPLIT; split <= p / FA_SPLIT; split++) {
+  const int d = threadIdx.x; /* blockDim.x == D */
+  float tm = 0.0f, tl = 0.0f, t = 0.0f;
+  for (int64_t first = lo / FA_SPLIT; first <= p / FA_SPLIT; first += MERGE_BATCH) {
+    const int n = (int)min((int64_t)MERGE_BATCH, p / FA_SPLIT - first + 1);
+    __syncthreads(); /* the previous batch's states are consumed */
+    if (d < n) ml[d] = *(const float2 *)(f.state + 2 * (base + first + d));
+    float part[MERGE_BATCH];
+#pragma unroll
+    for (int i = 0; i < MERGE_BATCH; i++)
+      part[i] = i < n ? f.partial[(base + first + i) * D + d] : 0.0f;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < MERGE_BATCH; i++) {
+      if (i >= n) break;
       float ct, cp;
-      merge_scalars(tm, tl, f.state[2 * (base + split)], f.state[2 * (base + split) + 1], ct, cp);
-      t = merge_value(t, f.partial[(base + split) * D + d], ct, cp);
+      merge_scalars(tm, tl, ml[i].x, ml[i].y, ct, cp);
+      t = merge_value(t, part[i], ct, cp);
     }
-    out[d] = tl > 0.0f ? __fdiv_rn(t, tl) : 0.0f;
   }
+  float *out = a.out + ((int64_t)step_row * a.n_heads + h) * D;
+  out[d] = tl > 0.0f ? __fdiv_rn(t, tl) : 0.0f;
 }
 
 int ci_cuda_flash_supported(const kv_layout *L, int n_heads) {
@@ -511,8 +540,9 @@ static void launch_flash(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flas
   const kv_layout &L = cmd->a.kv.layout;
   const dim3 grid((unsigned)cmd->a.kv.total_tiles, (unsigned)L.n_kv_heads,
                   f.parallel ? (unsigned)f.splits : 1u);
-  flash_attention_kernel<D, EXACT, W><<<grid, W * 32, fa_smem<D, W>::BYTES, cu->stream>>>(
-      L, cmd->a.kv.group, cmd->a.kv.att, f, cu->error_flag);
+  const size_t smem = f.parallel ? fa_smem<D, W>::PARALLEL_BYTES : fa_smem<D, W>::BYTES;
+  flash_attention_kernel<D, EXACT, W>
+      <<<grid, W * 32, smem, cu->stream>>>(L, cmd->a.kv.group, cmd->a.kv.att, f, cu->error_flag);
   if (f.parallel)
     flash_merge_kernel<<<dim3((unsigned)cmd->a.kv.total_rows, (unsigned)cmd->a.kv.att.n_heads), D,
                          0, cu->stream>>>(cmd->a.kv.group, cmd->a.kv.att, f, D);

@@ -141,7 +141,7 @@ int ci_cuda_execute(ci_cuda *cu, const ci_cuda_cmd *c) {
                              c->a.rows.m, c->a.rows.dim);
     return CI_OK;
   case CMD_ROPE:
-    ci_cuda_rope(cu, c->a.rope.x, c->a.rope.n_rows, c->a.rope.n_heads, c->a.rope.pos,
+    ci_cuda_rope(cu, c->a.rope.x, c->a.rope.n_heads, NULL, 0, c->a.rope.n_rows, c->a.rope.pos,
                  &c->a.rope.rope);
     return CI_OK;
   case CMD_MATMUL:
@@ -201,9 +201,20 @@ static int same_input_matmul(const ci_cuda_cmd *a, const ci_cuda_cmd *b) {
          (const float *)b->a.matmul.y != b->a.matmul.x;
 }
 
+/* 1 when rope commands a, b rotate two different buffers (q, then k) of the same rows with the
+ * same positions and table, which one launch runs. */
+static int rope_pair(const ci_cuda_cmd *a, const ci_cuda_cmd *b) {
+  const ci_rope *ra = &a->a.rope.rope, *rb = &b->a.rope.rope;
+  return a->kind == CMD_ROPE && b->kind == CMD_ROPE && a->a.rope.x != b->a.rope.x &&
+         a->a.rope.n_rows == b->a.rope.n_rows && a->a.rope.pos == b->a.rope.pos &&
+         ra->head_dim == rb->head_dim && ra->rot_dim == rb->rot_dim &&
+         ra->traditional == rb->traditional && ra->inv_freq == rb->inv_freq &&
+         ra->qk_scale == rb->qk_scale;
+}
+
 /* Runs the recorded commands in order, a residual add and the norm after it as one kernel (the
- * same arithmetic as the two), and consecutive matmuls of one input (q, k, v; gate, up) as one
- * launch (each row's arithmetic unchanged). */
+ * same arithmetic as the two), the RoPE of q and of k as one launch, and consecutive matmuls of
+ * one input (q, k, v; gate, up) as one launch (each row's arithmetic unchanged). */
 static int run_all(ci_cuda *cu) {
   ci_cuda_graphs *g = cu->graphs;
   for (int i = 0; i < g->n_cmds; i++) {
@@ -217,6 +228,14 @@ static int run_all(ci_cuda *cu) {
                           norm->a.rmsnorm.rows, norm->a.rmsnorm.dim, norm->a.rmsnorm.eps,
                           norm->a.rmsnorm.w_offset, planes, cu->input_planes, c->a.vec.y))
         mark_converted(cu, norm->a.rmsnorm.out, n);
+      if (cu->sticky_error) return CI_ERR;
+      i++;
+      continue;
+    }
+    if (i + 1 < g->n_cmds && rope_pair(c, c + 1)) {
+      cu->converted_x = NULL;
+      ci_cuda_rope(cu, c->a.rope.x, c->a.rope.n_heads, c[1].a.rope.x, c[1].a.rope.n_heads,
+                   c->a.rope.n_rows, c->a.rope.pos, &c->a.rope.rope);
       if (cu->sticky_error) return CI_ERR;
       i++;
       continue;

@@ -326,8 +326,9 @@ void ci_cuda_gather_rows(ci_cuda *cu, float *dst, const float *src, const int32_
                          int64_t m, int64_t dim);
 void ci_cuda_scatter_add_rows(ci_cuda *cu, float *dst, const float *src, const int32_t *rows_dev,
                               const float *weights_dev, int64_t m, int64_t dim);
-void ci_cuda_rope(ci_cuda *cu, float *x, int64_t n_rows, int n_heads, const int32_t *pos,
-                  const ci_rope *rope);
+/* RoPE over x (n_heads per row) and, when x2 is set, x2 (n_heads2 per row) in one launch. */
+void ci_cuda_rope(ci_cuda *cu, float *x, int n_heads, float *x2, int n_heads2, int64_t n_rows,
+                  const int32_t *pos, const ci_rope *rope);
 /* dst = half-precision copy of n floats (bf16 or f16); with planes 2 a second plane follows at
  * dst + n holding the rounding remainder. */
 void ci_cuda_to_half(ci_cuda *cu, void *dst, const float *src, int64_t n, int bf16, int planes);
