@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 /* The cos/sin of one step's rows for one RoPE table, kept while the same rows come back: every
  * layer of a step rotates q and k at the same positions, so the sines are taken once per step
@@ -100,24 +101,37 @@ typedef struct {
 
 /* ==== Memory ==== */
 
+enum { HUGE_PAGE = 2 << 20 };
+
+/* A 64-byte aligned block; from 2 MiB up (the KV arena or its slabs, large scratch) 2 MiB
+ * aligned and advised for transparent huge pages. Attention walks the KV cache block by block,
+ * a few KiB of each block per (layer, head), a new 4 KiB page each time. NULL with
+ * ci_last_error. */
+static void *allocate(size_t bytes) {
+  size_t rounded = (bytes + 63) / 64 * 64;
+  if (!rounded) rounded = 64;
+  void *p;
+  if (rounded >= HUGE_PAGE) {
+    rounded = (rounded + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+    p = aligned_alloc(HUGE_PAGE, rounded);
+    if (p) madvise(p, rounded, MADV_HUGEPAGE); /* advice only: 4 KiB pages still work */
+  } else {
+    p = aligned_alloc(64, rounded);
+  }
+  if (!p) ci_fail("out of memory allocating %zu bytes", bytes);
+  return p;
+}
+
 static void *cpu_alloc(ci_backend *be, size_t bytes) {
   as_cpu(be)->allocations++;
-  size_t rounded = (bytes + 63) / 64 * 64;
-  void *p = aligned_alloc(64, rounded ? rounded : 64);
-  if (!p) {
-    ci_fail("out of memory allocating %zu bytes", bytes);
-    return NULL;
-  }
-  memset(p, 0, rounded ? rounded : 64);
+  void *p = allocate(bytes);
+  if (p) memset(p, 0, bytes);
   return p;
 }
 
 static void *cpu_alloc_uninitialized(ci_backend *be, size_t bytes) {
   as_cpu(be)->allocations++;
-  size_t rounded = (bytes + 63) / 64 * 64;
-  void *p = aligned_alloc(64, rounded ? rounded : 64);
-  if (!p) ci_fail("out of memory allocating %zu bytes", bytes);
-  return p;
+  return allocate(bytes);
 }
 
 static void cpu_copy_bytes(ci_backend *be, void *dst, const void *src, size_t bytes) {
