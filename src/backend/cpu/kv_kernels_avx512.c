@@ -174,19 +174,13 @@ static inline __m512 reduce_add16(const __m512 v[16]) {
                        _mm512_shuffle_ps(l3[0], l3[1], 0xDD));
 }
 
-/* Rows [0, count) of a block decoded into tile[count][D]: bf16 inline (a widening shift per 16
- * values), other codecs through the row decoder. */
+/* Rows [0, count) of a block decoded into tile[count][D]: bf16 through a direct (inlined) call,
+ * other codecs through the row decoder. */
 static inline void decode_rows(ci_kv_row_decoder decode, const ci_paged_kv *kv, const uint8_t *row,
                                size_t row_bytes, int count, float *tile) {
   const int D = kv->head_dim;
   if (decode == decode_bf16) {
-    for (int r = 0; r < count; r++)
-      for (int i = 0; i < D; i += 16) {
-        __m256i h =
-            _mm256_loadu_si256((const __m256i *)(const void *)(row + r * row_bytes + 2 * i));
-        _mm512_storeu_ps(tile + (size_t)r * D + i,
-                         _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
-      }
+    for (int r = 0; r < count; r++) decode_bf16(kv, row + r * row_bytes, tile + (size_t)r * D);
     return;
   }
   for (int r = 0; r < count; r++) decode(kv, row + r * row_bytes, tile + (size_t)r * D);
