@@ -201,15 +201,17 @@ static int same_input_matmul(const ci_cuda_cmd *a, const ci_cuda_cmd *b) {
          (const float *)b->a.matmul.y != b->a.matmul.x;
 }
 
-/* 1 when rope commands a, b rotate two different buffers (q, then k) of the same rows with the
- * same positions and table, which one launch runs. */
+/* 1 when rope commands a, b rotate two disjoint buffers (q, then k) of the same rows with the
+ * same positions and table, which one launch runs (overlapping buffers would race in it). */
 static int rope_pair(const ci_cuda_cmd *a, const ci_cuda_cmd *b) {
+  if (a->kind != CMD_ROPE || b->kind != CMD_ROPE) return 0;
   const ci_rope *ra = &a->a.rope.rope, *rb = &b->a.rope.rope;
-  return a->kind == CMD_ROPE && b->kind == CMD_ROPE && a->a.rope.x != b->a.rope.x &&
-         a->a.rope.n_rows == b->a.rope.n_rows && a->a.rope.pos == b->a.rope.pos &&
-         ra->head_dim == rb->head_dim && ra->rot_dim == rb->rot_dim &&
-         ra->traditional == rb->traditional && ra->inv_freq == rb->inv_freq &&
-         ra->qk_scale == rb->qk_scale;
+  const float *a_end = a->a.rope.x + a->a.rope.n_rows * a->a.rope.n_heads * ra->head_dim;
+  const float *b_end = b->a.rope.x + b->a.rope.n_rows * b->a.rope.n_heads * rb->head_dim;
+  return (a_end <= b->a.rope.x || b_end <= a->a.rope.x) && a->a.rope.n_rows == b->a.rope.n_rows &&
+         a->a.rope.pos == b->a.rope.pos && ra->head_dim == rb->head_dim &&
+         ra->rot_dim == rb->rot_dim && ra->traditional == rb->traditional &&
+         ra->inv_freq == rb->inv_freq && ra->qk_scale == rb->qk_scale;
 }
 
 /* Runs the recorded commands in order, a residual add and the norm after it as one kernel (the
