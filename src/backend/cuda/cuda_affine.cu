@@ -12,6 +12,7 @@ enum { THREADS = 256 };
 /* Thread i writes word i of the repacked codes (cuda_affine.cuh). */
 __global__ static void repack_kernel(const uint8_t *raw, int bits, int64_t n, int64_t k,
                                      int64_t words, uint32_t *out) {
+  ci_grid_begin();
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < words;
        i += (int64_t)gridDim.x * blockDim.x)
     out[i] = ci_affine_repacked_word(raw, bits, n, k, i);
@@ -32,8 +33,8 @@ static void *upload_codes(ci_cuda *cu, const ci_tensor *t, int bits, int64_t n, 
   cudaError_t err = cudaMemcpy(raw, t->data, raw_bytes, cudaMemcpyHostToDevice);
   if (err == cudaSuccess && (codes = ci_cuda_alloc_weight(cu, bytes))) {
     const int64_t words = (int64_t)(bytes / 4);
-    repack_kernel<<<grid_for(words), THREADS, 0, cu->stream>>>((const uint8_t *)raw, bits, n, k,
-                                                               words, (uint32_t *)codes);
+    ci_launch(cu, repack_kernel, grid_for(words), THREADS, 0, (const uint8_t *)raw, bits, n, k,
+              words, (uint32_t *)codes);
     err = cudaGetLastError();
     if (err == cudaSuccess) err = cudaStreamSynchronize(cu->stream);
   }
@@ -88,6 +89,7 @@ template <int BITS>
 __global__ static void __launch_bounds__(32 * DQ_STEPS)
     dequant_kernel(const uint8_t *codes, const uint32_t *pairs, int64_t row0, int64_t rows,
                    int64_t k, int group_size, int f16, uint16_t *dst) {
+  ci_grid_begin();
   __shared__ __align__(16) uint16_t tile_rows[16 * DQ_STRIDE];
   const int64_t steps = k / 16, quads = ci_affine_quads(k), groups = k / group_size;
   const int64_t tile0 = row0 / 16, tiles = (row0 + rows + 15) / 16 - tile0;
@@ -135,17 +137,18 @@ void ci_cuda_affine_dequant(ci_cuda *cu, const ci_cuda_weight *w, int64_t row0, 
   const uint8_t *codes = (const uint8_t *)w->data;
   const uint32_t *pairs = (const uint32_t *)w->pairs;
   if (w->dtype == CI_Q4)
-    dequant_kernel<4><<<grid, 32 * DQ_STEPS, 0, cu->stream>>>(
-        codes, pairs, row0, rows, k, w->group_size, w->f16_pairs, (uint16_t *)dst);
+    ci_launch(cu, dequant_kernel<4>, grid, 32 * DQ_STEPS, 0, codes, pairs, row0, rows, k,
+              w->group_size, w->f16_pairs, (uint16_t *)dst);
   else
-    dequant_kernel<8><<<grid, 32 * DQ_STEPS, 0, cu->stream>>>(
-        codes, pairs, row0, rows, k, w->group_size, w->f16_pairs, (uint16_t *)dst);
+    ci_launch(cu, dequant_kernel<8>, grid, 32 * DQ_STEPS, 0, codes, pairs, row0, rows, k,
+              w->group_size, w->f16_pairs, (uint16_t *)dst);
   ci_cuda_check_launch(cu, "weight dequantisation");
 }
 
 __global__ static void affine_embed_kernel(const uint8_t *codes, const uint32_t *pairs, int bits,
                                            int64_t dim, int group_size, int f16, const int32_t *ids,
                                            int64_t n, float *out) {
+  ci_grid_begin();
   const int64_t quads = ci_affine_quads(dim), groups = dim / group_size;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * dim;
        i += (int64_t)gridDim.x * blockDim.x) {
@@ -162,9 +165,9 @@ __global__ static void affine_embed_kernel(const uint8_t *codes, const uint32_t 
 void ci_cuda_affine_embed(ci_cuda *cu, const ci_cuda_weight *table, int64_t dim, const int32_t *ids,
                           int64_t n, float *out) {
   const int bits = table->dtype == CI_Q4 ? 4 : 8;
-  affine_embed_kernel<<<grid_for(n * dim), THREADS, 0, cu->stream>>>(
-      (const uint8_t *)table->data, (const uint32_t *)table->pairs, bits, dim, table->group_size,
-      table->f16_pairs, ids, n, out);
+  ci_launch(cu, affine_embed_kernel, grid_for(n * dim), THREADS, 0, (const uint8_t *)table->data,
+            (const uint32_t *)table->pairs, bits, dim, table->group_size, table->f16_pairs, ids, n,
+            out);
   ci_cuda_check_launch(cu, "embed");
 }
 

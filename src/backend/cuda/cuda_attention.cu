@@ -88,6 +88,7 @@ __device__ static inline int seq_of(const seq_group *g, int x) {
 
 __global__ static void kv_store_kernel(kv_layout L, const seq_group *g, const float *k,
                                        const float *v, const int32_t *pos, int *error_flag) {
+  ci_grid_begin();
   const int s = seq_of(g, blockIdx.x);
   const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
   const int h = blockIdx.y; /* one KV head per block */
@@ -118,6 +119,7 @@ __global__ static void kv_store_kernel(kv_layout L, const seq_group *g, const fl
  * row, lane 0 of warp 1 the V row, each with the CPU's sequential rule (cuda_kv_codec.cuh). */
 __global__ static void kv_store_quant_kernel(kv_layout L, const seq_group *g, const float *k,
                                              const float *v, const int32_t *pos, int *error_flag) {
+  ci_grid_begin();
   const int s = seq_of(g, blockIdx.x);
   const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
   const int h = blockIdx.y;
@@ -217,11 +219,11 @@ void ci_cuda_kv_store_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
   const dim3 grid((unsigned)cmd->a.kv.total_rows, (unsigned)cmd->a.kv.layout.n_kv_heads);
   const int codec = cmd->a.kv.layout.codec;
   if (codec == CI_KV_BF16 || codec == CI_KV_F32)
-    kv_store_kernel<<<grid, 128, 0, cu->stream>>>(cmd->a.kv.layout, cmd->a.kv.group, cmd->a.kv.k,
-                                                  cmd->a.kv.v, cmd->a.kv.pos, cu->error_flag);
+    ci_launch(cu, kv_store_kernel, grid, 128, 0, cmd->a.kv.layout, cmd->a.kv.group, cmd->a.kv.k,
+              cmd->a.kv.v, cmd->a.kv.pos, cu->error_flag);
   else
-    kv_store_quant_kernel<<<grid, 64, 0, cu->stream>>>(
-        cmd->a.kv.layout, cmd->a.kv.group, cmd->a.kv.k, cmd->a.kv.v, cmd->a.kv.pos, cu->error_flag);
+    ci_launch(cu, kv_store_quant_kernel, grid, 64, 0, cmd->a.kv.layout, cmd->a.kv.group,
+              cmd->a.kv.k, cmd->a.kv.v, cmd->a.kv.pos, cu->error_flag);
   ci_cuda_check_launch(cu, "kv_store");
 }
 
@@ -232,6 +234,7 @@ void ci_cuda_kv_store_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
 template <int PER_LANE>
 __global__ static void __launch_bounds__(WARPS * 32)
     attention_kernel(kv_layout L, const seq_group *g, attention_params a, int *error_flag) {
+  ci_grid_begin();
   __shared__ float merge_m[WARPS], merge_l[WARPS];
   __shared__ float merge_acc[WARPS][MAX_D];
   const int s = seq_of(g, blockIdx.x);
@@ -378,15 +381,15 @@ int ci_cuda_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
   dim3 grid((unsigned)cmd->a.kv.total_rows, (unsigned)a.n_heads);
   const int per_lane = (L.head_dim + 31) / 32;
   if (per_lane <= 1)
-    attention_kernel<1><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+    ci_launch(cu, attention_kernel<1>, grid, WARPS * 32, 0, L, g, a, cu->error_flag);
   else if (per_lane <= 2)
-    attention_kernel<2><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+    ci_launch(cu, attention_kernel<2>, grid, WARPS * 32, 0, L, g, a, cu->error_flag);
   else if (per_lane <= 4)
-    attention_kernel<4><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+    ci_launch(cu, attention_kernel<4>, grid, WARPS * 32, 0, L, g, a, cu->error_flag);
   else if (per_lane <= 8)
-    attention_kernel<8><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+    ci_launch(cu, attention_kernel<8>, grid, WARPS * 32, 0, L, g, a, cu->error_flag);
   else
-    attention_kernel<16><<<grid, WARPS * 32, 0, cu->stream>>>(L, g, a, cu->error_flag);
+    ci_launch(cu, attention_kernel<16>, grid, WARPS * 32, 0, L, g, a, cu->error_flag);
   return ci_cuda_check_launch(cu, "attention");
 }
 
@@ -394,6 +397,7 @@ int ci_cuda_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
 
 __global__ static void convert_block_kernel(kv_layout from, int32_t from_block, kv_layout to,
                                             int32_t to_block, int live_tokens) {
+  ci_grid_begin();
   const int D = from.head_dim;
   const int64_t n = (int64_t)from.n_kv_heads * live_tokens * D * 2;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
@@ -415,6 +419,7 @@ __global__ static void convert_block_kernel(kv_layout from, int32_t from_block, 
  * as the CPU does (cuda_kv_codec.cuh), so the block is byte-identical to the CPU's. */
 __global__ static void convert_rows_kernel(kv_layout from, int32_t from_block, kv_layout to,
                                            int32_t to_block, int live_tokens) {
+  ci_grid_begin();
   const int64_t n = (int64_t)from.n_kv_heads * live_tokens * 2;
   const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
@@ -439,11 +444,11 @@ int ci_cuda_kv_convert_block(ci_cuda *cu, const ci_paged_kv *src, int32_t src_bl
   const int plain = (from.codec == CI_KV_BF16 || from.codec == CI_KV_F32) &&
                     (to.codec == CI_KV_BF16 || to.codec == CI_KV_F32);
   if (plain) {
-    convert_block_kernel<<<64, 256, 0, cu->stream>>>(from, src_block, to, dst_block, live_tokens);
+    ci_launch(cu, convert_block_kernel, 64, 256, 0, from, src_block, to, dst_block, live_tokens);
   } else {
     const int64_t rows = (int64_t)from.n_kv_heads * live_tokens * 2;
-    convert_rows_kernel<<<(unsigned)((rows + 63) / 64), 64, 0, cu->stream>>>(
-        from, src_block, to, dst_block, live_tokens);
+    ci_launch(cu, convert_rows_kernel, (unsigned)((rows + 63) / 64), 64, 0, from, src_block, to,
+              dst_block, live_tokens);
   }
   return ci_cuda_check_launch(cu, "kv_convert_block");
 }

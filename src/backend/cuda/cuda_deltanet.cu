@@ -57,6 +57,7 @@ __device__ static inline float warp_sum(float v) {
 /* Grid (channel blocks, sequences). */
 __global__ static void dn_conv_kernel(const dn_seq *seqs, float *qkv, const float *conv_w, int C,
                                       int Kc, int64_t checkpoint_stride) {
+  ci_grid_begin();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   const dn_seq s = seqs[blockIdx.y];
@@ -102,6 +103,7 @@ __global__ static void dn_conv_kernel(const dn_seq *seqs, float *qkv, const floa
 
 /* One warp per (row, head) of the 2 Hk q and k heads. */
 __global__ static void dn_prepare_kernel(float *qkv, int64_t rows, int C, int Hk, int Dk) {
+  ci_grid_begin();
   const int lane = threadIdx.x % 32;
   const float q_scale = 1.0f / sqrtf((float)Dk);
   FOR_EACH_WARP(w, rows * 2 * Hk) {
@@ -128,6 +130,7 @@ __global__ static void __launch_bounds__(WARPS * 32)
     dn_recurrence_kernel(const dn_seq *seqs, const float *qkv, const float *b, const float *a,
                          const float *a_log, const float *dt_bias, float *out, int Hk, int Hv,
                          int Dk, int Dv, int64_t conv_floats, int64_t checkpoint_stride) {
+  ci_grid_begin();
   __shared__ float sq[WARPS * R], sk[WARPS * R];
   __shared__ float red_m[WARPS * 32], red_y[WARPS * 32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -225,6 +228,7 @@ __global__ static void __launch_bounds__(WARPS * 32)
 /* One warp per (row, value head): out = out rsqrt(mean(out^2) + eps) w silu(z). */
 __global__ static void dn_norm_kernel(float *out, const float *z, const float *w, int64_t rows,
                                       int Hv, int Dv, float eps) {
+  ci_grid_begin();
   const int lane = threadIdx.x % 32;
   FOR_EACH_WARP(rh, rows * Hv) {
     float *y = out + rh * Dv; /* rows are [Hv, Dv]: (row, head) rh starts at rh Dv */
@@ -238,6 +242,7 @@ __global__ static void dn_norm_kernel(float *out, const float *z, const float *w
 }
 
 __global__ static void sigmoid_mul_kernel(float *x, const float *gate, int64_t n) {
+  ci_grid_begin();
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x)
     x[i] *= 1.0f / (1.0f + expf(-gate[i]));
@@ -250,7 +255,7 @@ static unsigned blocks_for(int64_t threads) {
 
 void ci_cuda_sigmoid_mul_launch(ci_cuda *cu, float *x, const float *gate, int64_t n) {
   if (n <= 0) return;
-  sigmoid_mul_kernel<<<blocks_for(n), THREADS, 0, cu->stream>>>(x, gate, n);
+  ci_launch(cu, sigmoid_mul_kernel, blocks_for(n), THREADS, 0, x, gate, n);
   ci_cuda_check_launch(cu, "sigmoid_mul");
 }
 
@@ -272,17 +277,17 @@ int ci_cuda_deltanet_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
   const int C = 2 * Kd + Vd;
   const int64_t conv_floats = (int64_t)(p->conv_kernel - 1) * C;
   const dim3 conv_grid((unsigned)((C + THREADS - 1) / THREADS), (unsigned)p->n_seqs);
-  dn_conv_kernel<<<conv_grid, THREADS, 0, cu->stream>>>(seqs, p->qkv, p->conv_w, C, p->conv_kernel,
-                                                        p->checkpoint_stride);
-  dn_prepare_kernel<<<blocks_for(p->total_rows * 2 * p->n_k_heads * 32), THREADS, 0, cu->stream>>>(
-      p->qkv, p->total_rows, C, p->n_k_heads, p->k_head_dim);
+  ci_launch(cu, dn_conv_kernel, conv_grid, THREADS, 0, seqs, p->qkv, p->conv_w, C, p->conv_kernel,
+            p->checkpoint_stride);
+  ci_launch(cu, dn_prepare_kernel, blocks_for(p->total_rows * 2 * p->n_k_heads * 32), THREADS, 0,
+            p->qkv, p->total_rows, C, p->n_k_heads, p->k_head_dim);
   const dim3 grid((unsigned)((p->v_head_dim + COLS - 1) / COLS), (unsigned)p->n_v_heads,
                   (unsigned)p->n_seqs);
   const int per_warp = (p->k_head_dim + WARPS - 1) / WARPS;
 #define RECURRENCE(R)                                                                              \
-  dn_recurrence_kernel<R><<<grid, WARPS * 32, 0, cu->stream>>>(                                    \
-      seqs, p->qkv, p->b, p->a, p->a_log, p->dt_bias, p->out, p->n_k_heads, p->n_v_heads,          \
-      p->k_head_dim, p->v_head_dim, conv_floats, p->checkpoint_stride)
+  ci_launch(cu, dn_recurrence_kernel<R>, grid, WARPS * 32, 0, seqs, p->qkv, p->b, p->a, p->a_log,  \
+            p->dt_bias, p->out, p->n_k_heads, p->n_v_heads, p->k_head_dim, p->v_head_dim,          \
+            conv_floats, p->checkpoint_stride)
   if (per_warp <= 8)
     RECURRENCE(8);
   else if (per_warp <= 16)
@@ -292,8 +297,8 @@ int ci_cuda_deltanet_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
   else
     RECURRENCE(64);
 #undef RECURRENCE
-  dn_norm_kernel<<<blocks_for(p->total_rows * p->n_v_heads * 32), THREADS, 0, cu->stream>>>(
-      p->out, p->z, p->norm_w, p->total_rows, p->n_v_heads, p->v_head_dim, p->norm_eps);
+  ci_launch(cu, dn_norm_kernel, blocks_for(p->total_rows * p->n_v_heads * 32), THREADS, 0, p->out,
+            p->z, p->norm_w, p->total_rows, p->n_v_heads, p->v_head_dim, p->norm_eps);
   return ci_cuda_check_launch(cu, "gated deltanet");
 }
 

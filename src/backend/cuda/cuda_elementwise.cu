@@ -24,6 +24,7 @@ __device__ static inline float load_weight(const void *data, int dtype, int64_t 
 
 __global__ static void embed_kernel(const void *table, int dtype, int64_t dim, const int32_t *ids,
                                     int64_t n, float *out) {
+  ci_grid_begin();
   FOR_EACH(i, n * dim) {
     int64_t r = i / dim, c = i % dim;
     out[i] = load_weight(table, dtype, (int64_t)ids[r] * dim + c);
@@ -32,7 +33,7 @@ __global__ static void embed_kernel(const void *table, int dtype, int64_t dim, c
 
 void ci_cuda_embed(ci_cuda *cu, const void *table, int dtype, int64_t dim, const int32_t *ids,
                    int64_t n, float *out) {
-  embed_kernel<<<blocks_for(n * dim), THREADS, 0, cu->stream>>>(table, dtype, dim, ids, n, out);
+  ci_launch(cu, embed_kernel, blocks_for(n * dim), THREADS, 0, table, dtype, dim, ids, n, out);
   ci_cuda_check_launch(cu, "embed");
 }
 
@@ -57,6 +58,7 @@ __device__ static float block_inverse_rms(float sum, int64_t dim, float eps) {
 /* One block per row: each thread sums a strided slice in order, then block_inverse_rms. */
 __global__ static void rmsnorm_kernel(float *out, const float *x, const float *w, int64_t dim,
                                       float eps, float w_offset) {
+  ci_grid_begin();
   const float *src = x + blockIdx.x * dim;
   float *dst = out + blockIdx.x * dim;
   float sum = 0.0f;
@@ -73,6 +75,7 @@ template <int V>
 __global__ static void rmsnorm_vec_kernel(float *out, const float *x, const float *w, int64_t dim,
                                           float eps, float w_offset, __nv_bfloat16 *hi,
                                           __nv_bfloat16 *lo, const float *add) {
+  ci_grid_begin();
   const float4 *src = (const float4 *)(x + blockIdx.x * dim);
   float4 *dst = (float4 *)(out + blockIdx.x * dim);
   const int64_t n4 = dim / 4;
@@ -152,45 +155,48 @@ int ci_cuda_rmsnorm(ci_cuda *cu, float *out, const float *x, const float *w, int
     return 0;
   }
   if (vectors == 1)
-    rmsnorm_vec_kernel<1>
-        <<<grid, THREADS, 0, cu->stream>>>(out, x, w, dim, eps, w_offset, hi, lo, add);
+    ci_launch(cu, rmsnorm_vec_kernel<1>, grid, THREADS, 0, out, x, w, dim, eps, w_offset, hi, lo,
+              add);
   else if (vectors == 2)
-    rmsnorm_vec_kernel<2>
-        <<<grid, THREADS, 0, cu->stream>>>(out, x, w, dim, eps, w_offset, hi, lo, add);
+    ci_launch(cu, rmsnorm_vec_kernel<2>, grid, THREADS, 0, out, x, w, dim, eps, w_offset, hi, lo,
+              add);
   else if (vectors >= 3 && vectors <= 4)
-    rmsnorm_vec_kernel<4>
-        <<<grid, THREADS, 0, cu->stream>>>(out, x, w, dim, eps, w_offset, hi, lo, add);
+    ci_launch(cu, rmsnorm_vec_kernel<4>, grid, THREADS, 0, out, x, w, dim, eps, w_offset, hi, lo,
+              add);
   else if (vectors >= 5)
-    rmsnorm_vec_kernel<8>
-        <<<grid, THREADS, 0, cu->stream>>>(out, x, w, dim, eps, w_offset, hi, lo, add);
+    ci_launch(cu, rmsnorm_vec_kernel<8>, grid, THREADS, 0, out, x, w, dim, eps, w_offset, hi, lo,
+              add);
   else
-    rmsnorm_kernel<<<grid, THREADS, 0, cu->stream>>>(out, x, w, dim, eps, w_offset);
+    ci_launch(cu, rmsnorm_kernel, grid, THREADS, 0, out, x, w, dim, eps, w_offset);
   ci_cuda_check_launch(cu, "rmsnorm");
   return vectors > 0 && hi != NULL;
 }
 
 __global__ static void add_bias_kernel(float *x, const float *bias, int64_t rows, int64_t cols) {
+  ci_grid_begin();
   FOR_EACH(i, rows * cols) x[i] += bias[i % cols];
 }
 
 void ci_cuda_add_bias(ci_cuda *cu, float *x, const float *bias, int64_t rows, int64_t cols) {
   if (rows * cols <= 0) return;
-  add_bias_kernel<<<blocks_for(rows * cols), THREADS, 0, cu->stream>>>(x, bias, rows, cols);
+  ci_launch(cu, add_bias_kernel, blocks_for(rows * cols), THREADS, 0, x, bias, rows, cols);
   ci_cuda_check_launch(cu, "add_bias");
 }
 
 __global__ static void add_kernel(float *x, const float *y, int64_t n) {
+  ci_grid_begin();
   FOR_EACH(i, n) x[i] += y[i];
 }
 
 void ci_cuda_add(ci_cuda *cu, float *x, const float *y, int64_t n) {
   if (n <= 0) return;
-  add_kernel<<<blocks_for(n), THREADS, 0, cu->stream>>>(x, y, n);
+  ci_launch(cu, add_kernel, blocks_for(n), THREADS, 0, x, y, n);
   ci_cuda_check_launch(cu, "add");
 }
 
 __global__ static void silu_mul_kernel(float *gate, const float *up, int64_t n, __nv_bfloat16 *hi,
                                        __nv_bfloat16 *lo) {
+  ci_grid_begin();
   FOR_EACH(i, n) {
     float g = gate[i];
     const float r = g / (1.0f + expf(-g)) * up[i];
@@ -207,14 +213,15 @@ int ci_cuda_silu_mul(ci_cuda *cu, float *gate, const float *up, int64_t n, void 
                      int planes) {
   if (n <= 0) return 0;
   __nv_bfloat16 *hi = (__nv_bfloat16 *)planes_dst;
-  silu_mul_kernel<<<blocks_for(n), THREADS, 0, cu->stream>>>(gate, up, n, hi,
-                                                             hi && planes > 1 ? hi + n : NULL);
+  ci_launch(cu, silu_mul_kernel, blocks_for(n), THREADS, 0, gate, up, n, hi,
+            hi && planes > 1 ? hi + n : NULL);
   ci_cuda_check_launch(cu, "silu_mul");
   return hi != NULL;
 }
 
 __global__ static void gelu_tanh_mul_kernel(float *gate, const float *up, int64_t rows,
                                             int64_t cols, int64_t up_stride) {
+  ci_grid_begin();
   const float sqrt_2_over_pi = 0.7978845608028654f;
   FOR_EACH(i, rows * cols) {
     int64_t r = i / cols, c = i % cols;
@@ -227,43 +234,47 @@ __global__ static void gelu_tanh_mul_kernel(float *gate, const float *up, int64_
 void ci_cuda_gelu_tanh_mul(ci_cuda *cu, float *gate, const float *up, int64_t rows, int64_t cols,
                            int64_t up_stride) {
   if (rows * cols <= 0) return;
-  gelu_tanh_mul_kernel<<<blocks_for(rows * cols), THREADS, 0, cu->stream>>>(gate, up, rows, cols,
-                                                                            up_stride);
+  ci_launch(cu, gelu_tanh_mul_kernel, blocks_for(rows * cols), THREADS, 0, gate, up, rows, cols,
+            up_stride);
   ci_cuda_check_launch(cu, "gelu_tanh_mul");
 }
 
 __global__ static void scale_kernel(float *x, float s, int64_t n) {
+  ci_grid_begin();
   FOR_EACH(i, n) x[i] *= s;
 }
 
 void ci_cuda_scale(ci_cuda *cu, float *x, float s, int64_t n) {
   if (n <= 0) return;
-  scale_kernel<<<blocks_for(n), THREADS, 0, cu->stream>>>(x, s, n);
+  ci_launch(cu, scale_kernel, blocks_for(n), THREADS, 0, x, s, n);
   ci_cuda_check_launch(cu, "scale");
 }
 
 __global__ static void softcap_kernel(float *x, float cap, int64_t n) {
+  ci_grid_begin();
   FOR_EACH(i, n) x[i] = cap * tanhf(x[i] / cap);
 }
 
 void ci_cuda_softcap(ci_cuda *cu, float *x, float cap, int64_t n) {
   if (n <= 0) return;
-  softcap_kernel<<<blocks_for(n), THREADS, 0, cu->stream>>>(x, cap, n);
+  ci_launch(cu, softcap_kernel, blocks_for(n), THREADS, 0, x, cap, n);
   ci_cuda_check_launch(cu, "softcap");
 }
 
 __global__ static void fill_kernel(float *x, float value, int64_t n) {
+  ci_grid_begin();
   FOR_EACH(i, n) x[i] = value;
 }
 
 void ci_cuda_fill(ci_cuda *cu, float *x, float value, int64_t n) {
   if (n <= 0) return;
-  fill_kernel<<<blocks_for(n), THREADS, 0, cu->stream>>>(x, value, n);
+  ci_launch(cu, fill_kernel, blocks_for(n), THREADS, 0, x, value, n);
   ci_cuda_check_launch(cu, "fill");
 }
 
 __global__ static void gather_rows_kernel(float *dst, const float *src, const int32_t *rows,
                                           int64_t m, int64_t dim) {
+  ci_grid_begin();
   FOR_EACH(i, m * dim) {
     int64_t r = i / dim, c = i % dim;
     dst[i] = src[(int64_t)rows[r] * dim + c];
@@ -272,7 +283,7 @@ __global__ static void gather_rows_kernel(float *dst, const float *src, const in
 
 void ci_cuda_gather_rows(ci_cuda *cu, float *dst, const float *src, const int32_t *rows_dev,
                          int64_t m, int64_t dim) {
-  gather_rows_kernel<<<blocks_for(m * dim), THREADS, 0, cu->stream>>>(dst, src, rows_dev, m, dim);
+  ci_launch(cu, gather_rows_kernel, blocks_for(m * dim), THREADS, 0, dst, src, rows_dev, m, dim);
   ci_cuda_check_launch(cu, "gather_rows");
 }
 
@@ -280,6 +291,7 @@ void ci_cuda_gather_rows(ci_cuda *cu, float *dst, const float *src, const int32_
  * over the rows in order, as the CPU does. */
 __global__ static void scatter_add_rows_kernel(float *dst, const float *src, const int32_t *rows,
                                                const float *weights, int64_t m, int64_t dim) {
+  ci_grid_begin();
   FOR_EACH(c, dim) {
     for (int64_t i = 0; i < m; i++)
       dst[(int64_t)rows[i] * dim + c] += weights[i] * src[i * dim + c];
@@ -288,8 +300,8 @@ __global__ static void scatter_add_rows_kernel(float *dst, const float *src, con
 
 void ci_cuda_scatter_add_rows(ci_cuda *cu, float *dst, const float *src, const int32_t *rows_dev,
                               const float *weights_dev, int64_t m, int64_t dim) {
-  scatter_add_rows_kernel<<<blocks_for(dim), THREADS, 0, cu->stream>>>(dst, src, rows_dev,
-                                                                       weights_dev, m, dim);
+  ci_launch(cu, scatter_add_rows_kernel, blocks_for(dim), THREADS, 0, dst, src, rows_dev,
+            weights_dev, m, dim);
   ci_cuda_check_launch(cu, "scatter_add_rows");
 }
 
@@ -299,6 +311,7 @@ void ci_cuda_scatter_add_rows(ci_cuda *cu, float *dst, const float *src, const i
 __global__ static void rope_kernel(float *x, int n_heads, float *x2, int n_heads2, int64_t n_rows,
                                    const int32_t *pos, const float *inv_freq, int head_dim,
                                    int half, int traditional, float qk_scale) {
+  ci_grid_begin();
   const int heads = n_heads + n_heads2;
   FOR_EACH(i, n_rows * heads * half) {
     int64_t rh = i / half;
@@ -320,6 +333,7 @@ __global__ static void rope_kernel(float *x, int n_heads, float *x2, int n_heads
 /* Dims past rot_dim are only scaled. */
 __global__ static void rope_tail_scale_kernel(float *x, int64_t n_vecs, int head_dim, int rot_dim,
                                               float qk_scale) {
+  ci_grid_begin();
   const int tail = head_dim - rot_dim;
   FOR_EACH(i, n_vecs * tail) x[(i / tail) * head_dim + rot_dim + i % tail] *= qk_scale;
 }
@@ -330,17 +344,17 @@ void ci_cuda_rope(ci_cuda *cu, float *x, int n_heads, float *x2, int n_heads2, i
   if (n_rows <= 0) return;
   if (!x2) n_heads2 = 0;
   if (half > 0)
-    rope_kernel<<<blocks_for(n_rows * (n_heads + n_heads2) * half), THREADS, 0, cu->stream>>>(
-        x, n_heads, x2, n_heads2, n_rows, pos, rope->inv_freq, rope->head_dim, half,
-        rope->traditional, rope->qk_scale);
+    ci_launch(cu, rope_kernel, blocks_for(n_rows * (n_heads + n_heads2) * half), THREADS, 0, x,
+              n_heads, x2, n_heads2, n_rows, pos, rope->inv_freq, rope->head_dim, half,
+              rope->traditional, rope->qk_scale);
   if (rope->qk_scale != 1.0f && rope->head_dim > rope->rot_dim) {
-    rope_tail_scale_kernel<<<blocks_for(n_rows * n_heads * (rope->head_dim - rope->rot_dim)),
-                             THREADS, 0, cu->stream>>>(x, n_rows * n_heads, rope->head_dim,
-                                                       rope->rot_dim, rope->qk_scale);
+    ci_launch(cu, rope_tail_scale_kernel,
+              blocks_for(n_rows * n_heads * (rope->head_dim - rope->rot_dim)), THREADS, 0, x,
+              n_rows * n_heads, rope->head_dim, rope->rot_dim, rope->qk_scale);
     if (n_heads2 > 0)
-      rope_tail_scale_kernel<<<blocks_for(n_rows * n_heads2 * (rope->head_dim - rope->rot_dim)),
-                               THREADS, 0, cu->stream>>>(x2, n_rows * n_heads2, rope->head_dim,
-                                                         rope->rot_dim, rope->qk_scale);
+      ci_launch(cu, rope_tail_scale_kernel,
+                blocks_for(n_rows * n_heads2 * (rope->head_dim - rope->rot_dim)), THREADS, 0, x2,
+                n_rows * n_heads2, rope->head_dim, rope->rot_dim, rope->qk_scale);
   }
   ci_cuda_check_launch(cu, "rope");
 }
@@ -349,6 +363,7 @@ void ci_cuda_rope(ci_cuda *cu, float *x, int n_heads, float *x2, int n_heads2, i
  * about 16 bits of src's 24-bit mantissa into a half-precision matmul. */
 __global__ static void to_bf16_planes_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *src,
                                              int64_t n) {
+  ci_grid_begin();
   FOR_EACH(i, n) {
     __nv_bfloat16 h = __float2bfloat16_rn(src[i]);
     hi[i] = h;
@@ -357,6 +372,7 @@ __global__ static void to_bf16_planes_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *l
 }
 
 __global__ static void to_f16_planes_kernel(__half *hi, __half *lo, const float *src, int64_t n) {
+  ci_grid_begin();
   FOR_EACH(i, n) {
     __half h = __float2half_rn(src[i]);
     hi[i] = h;
@@ -367,20 +383,21 @@ __global__ static void to_f16_planes_kernel(__half *hi, __half *lo, const float 
 void ci_cuda_to_half(ci_cuda *cu, void *dst, const float *src, int64_t n, int bf16, int planes) {
   if (n <= 0) return;
   if (bf16)
-    to_bf16_planes_kernel<<<blocks_for(n), THREADS, 0, cu->stream>>>(
-        (__nv_bfloat16 *)dst, planes > 1 ? (__nv_bfloat16 *)dst + n : NULL, src, n);
+    ci_launch(cu, to_bf16_planes_kernel, blocks_for(n), THREADS, 0, (__nv_bfloat16 *)dst,
+              planes > 1 ? (__nv_bfloat16 *)dst + n : NULL, src, n);
   else
-    to_f16_planes_kernel<<<blocks_for(n), THREADS, 0, cu->stream>>>(
-        (__half *)dst, planes > 1 ? (__half *)dst + n : NULL, src, n);
+    ci_launch(cu, to_f16_planes_kernel, blocks_for(n), THREADS, 0, (__half *)dst,
+              planes > 1 ? (__half *)dst + n : NULL, src, n);
   ci_cuda_check_launch(cu, "matmul input conversion");
 }
 
 __global__ static void sum_kernel(float *y, const float *a, const float *b, int64_t n) {
+  ci_grid_begin();
   FOR_EACH(i, n) y[i] = a[i] + b[i];
 }
 
 void ci_cuda_sum(ci_cuda *cu, float *y, const float *a, const float *b, int64_t n) {
   if (n <= 0) return;
-  sum_kernel<<<blocks_for(n), THREADS, 0, cu->stream>>>(y, a, b, n);
+  ci_launch(cu, sum_kernel, blocks_for(n), THREADS, 0, y, a, b, n);
   ci_cuda_check_launch(cu, "sum");
 }

@@ -122,6 +122,7 @@ template <int D, bool EXACT, int W>
 __global__ static void __launch_bounds__(W * 32)
     flash_attention_kernel(kv_layout L, const seq_group *g, attention_params a,
                            ci_cuda_flash_params f, int *error_flag) {
+  ci_grid_begin();
   typedef fa_smem<D, W> SM;
   extern __shared__ __align__(16) uint8_t smem[];
   fa_shared_tail *tail = (fa_shared_tail *)smem;
@@ -453,6 +454,7 @@ __global__ static void __launch_bounds__(W * 32)
 enum { MERGE_BATCH = 32 };
 __global__ static void flash_merge_kernel(const seq_group *g, attention_params a,
                                           ci_cuda_flash_params f, int D) {
+  ci_grid_begin();
   __shared__ float2 ml[MERGE_BATCH];
   const int s = fa_seq_of_row(g, blockIdx.x);
   const int step_row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
@@ -541,11 +543,12 @@ static void launch_flash(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flas
   const dim3 grid((unsigned)cmd->a.kv.total_tiles, (unsigned)L.n_kv_heads,
                   f.parallel ? (unsigned)f.splits : 1u);
   const size_t smem = f.parallel ? fa_smem<D, W>::PARALLEL_BYTES : fa_smem<D, W>::BYTES;
-  flash_attention_kernel<D, EXACT, W>
-      <<<grid, W * 32, smem, cu->stream>>>(L, cmd->a.kv.group, cmd->a.kv.att, f, cu->error_flag);
+  ci_launch(cu, flash_attention_kernel<D, EXACT, W>, grid, W * 32, smem, L, cmd->a.kv.group,
+            cmd->a.kv.att, f, cu->error_flag);
   if (f.parallel)
-    flash_merge_kernel<<<dim3((unsigned)cmd->a.kv.total_rows, (unsigned)cmd->a.kv.att.n_heads), D,
-                         0, cu->stream>>>(cmd->a.kv.group, cmd->a.kv.att, f, D);
+    ci_launch(cu, flash_merge_kernel,
+              dim3((unsigned)cmd->a.kv.total_rows, (unsigned)cmd->a.kv.att.n_heads), D, 0,
+              cmd->a.kv.group, cmd->a.kv.att, f, D);
 }
 
 template <int D, bool EXACT>

@@ -96,16 +96,20 @@ __global__ static void __launch_bounds__(32)
   __nv_bfloat16 *zero_row = sx + STAGES * x_rows * STRIDE;
   for (int i = lane; i < STRIDE / 8; i += 32) ((uint4 *)zero_row)[i] = make_uint4(0, 0, 0, 0);
 
-  if ((int)blockIdx.x >= groups) return;
+  if ((int)blockIdx.x >= groups) { /* (the grid never exceeds the groups) */
+    ci_grid_begin();
+    return;
+  }
   const int my_groups = (groups - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
   const int k_stages = (k + KC - 1) / KC;
   const int total = my_groups * k_stages;
   const int quads = (k + 63) / 64, k_groups = k >> P.group_shift;
   int load_group = 0, load_k = 0; /* the next stage to load: my group index, k stage */
-  auto load_next = [&](int slot) {
-    const int k0 = load_k * KC, kn = min(KC, k - k0);
+  /* the W part of stage (lgroup, lk) into ring slot `slot` */
+  auto load_w = [&](int slot, int lgroup, int lk) {
+    const int k0 = lk * KC, kn = min(KC, k - k0);
     int row0;
-    const int part = gv_part_of(P, (int)blockIdx.x + load_group * (int)gridDim.x, CHAINS, &row0);
+    const int part = gv_part_of(P, (int)blockIdx.x + lgroup * (int)gridDim.x, CHAINS, &row0);
     if (BITS == 16) { /* a warp copies 32 16-byte chunks of a row per instruction */
       const __nv_bfloat16 *src = (const __nv_bfloat16 *)P.w[part] + (size_t)row0 * k + k0;
       for (int c = lane; c < kn / 8; c += 32) {
@@ -127,18 +131,38 @@ __global__ static void __launch_bounds__(32)
         for (int c = lane; c < pair_chunks; c += 32) cp_async16_stream(dp + c * 4, ps + c * 4);
       }
     }
+  };
+  /* the input part of k stage lk into ring slot `slot` */
+  auto load_x = [&](int slot, int lk) {
+    const int k0 = lk * KC, kn = min(KC, k - k0);
     __nv_bfloat16 *dx = sx + slot * x_rows * STRIDE;
     for (int c = lane; c < kn / 8; c += 32)
       for (int r = 0; r < x_rows; r++)
         cp_async16_cached(dx + r * STRIDE + c * 8, x + (size_t)r * k + k0 + c * 8);
+  };
+  auto advance = [&]() {
     if (++load_k == k_stages) {
       load_k = 0;
       load_group++;
     }
   };
+  /* The weights never depend on an earlier kernel: the first stages' W tiles load before the
+   * wait for the previous kernel (cuda_launch.cuh), the inputs after it. The first commit group
+   * then holds those W tiles and stage 0's inputs, so waiting for it still covers stage 0. */
+  for (int s = 0, lgroup = 0, lk = 0; s < STAGES - 1 && s < total; s++) {
+    load_w(s, lgroup, lk);
+    if (++lk == k_stages) {
+      lk = 0;
+      lgroup++;
+    }
+  }
+  ci_grid_begin();
 #pragma unroll
   for (int s = 0; s < STAGES - 1; s++) {
-    if (s < total) load_next(s);
+    if (s < total) {
+      load_x(s, load_k);
+      advance();
+    }
     cp_async_commit();
   }
 
@@ -235,7 +259,12 @@ __global__ static void __launch_bounds__(32)
       }
     }
     __syncwarp(); /* every lane is done with the slot the next load overwrites */
-    if (s + STAGES - 1 < total) load_next((s + STAGES - 1) % STAGES);
+    if (s + STAGES - 1 < total) {
+      const int slot_next = (s + STAGES - 1) % STAGES;
+      load_w(slot_next, load_group, load_k);
+      load_x(slot_next, load_k);
+      advance();
+    }
     cp_async_commit();
     if (++ks == k_stages) { /* the group is done: write it, start the next from zero */
       int n0;
@@ -316,22 +345,22 @@ static void gv_launch(ci_cuda *cu, const gv_parts &P, int chains, int groups, in
   const dim3 grid((unsigned)(groups < resident ? groups : resident));
   if constexpr (BITS == 16) { /* affine weights run one chain per warp */
     if (chains == 2 && planes == 1) {
-      gemv_kernel<BITS, 2, 1, GV_STAGES, KC, F16>
-          <<<grid, 32, smem, cu->stream>>>(P, x, groups, (int)k, (int)m);
+      ci_launch(cu, gemv_kernel<BITS, 2, 1, GV_STAGES, KC, F16>, grid, 32, smem, P, x, groups,
+                (int)k, (int)m);
       return;
     }
     if (chains == 2) {
-      gemv_kernel<BITS, 2, 2, GV_STAGES, KC, F16>
-          <<<grid, 32, smem, cu->stream>>>(P, x, groups, (int)k, (int)m);
+      ci_launch(cu, gemv_kernel<BITS, 2, 2, GV_STAGES, KC, F16>, grid, 32, smem, P, x, groups,
+                (int)k, (int)m);
       return;
     }
   }
   if (planes == 1)
-    gemv_kernel<BITS, 1, 1, GV_STAGES, KC, F16>
-        <<<grid, 32, smem, cu->stream>>>(P, x, groups, (int)k, (int)m);
+    ci_launch(cu, gemv_kernel<BITS, 1, 1, GV_STAGES, KC, F16>, grid, 32, smem, P, x, groups, (int)k,
+              (int)m);
   else
-    gemv_kernel<BITS, 1, 2, GV_STAGES, KC, F16>
-        <<<grid, 32, smem, cu->stream>>>(P, x, groups, (int)k, (int)m);
+    ci_launch(cu, gemv_kernel<BITS, 1, 2, GV_STAGES, KC, F16>, grid, 32, smem, P, x, groups, (int)k,
+              (int)m);
 }
 
 void ci_cuda_gemv_launch(ci_cuda *cu, int parts, const ci_cuda_weight *w, const int64_t *n,

@@ -9,6 +9,8 @@ extern "C" {
 #include "tensor/backend.h"
 }
 
+#include "backend/cuda/cuda_launch.cuh"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -213,6 +215,7 @@ typedef struct {
   size_t scratch_bytes[CI_CUDA_SCRATCH_SLOTS];
   int n_sms;       /* streaming multiprocessors of the device */
   int smem_per_sm; /* shared memory bytes per SM */
+  int pdl;         /* 1: kernels launch with programmatic dependent launch (cuda_launch.cuh) */
   /* the matmul input last converted into scratch[0] (NULL: none valid); q/k/v and gate/up
    * products of one input convert it once */
   const float *converted_x;
@@ -229,6 +232,13 @@ typedef struct {
   int sticky_error;              /* a CUDA failure was met; reported by step_end */
   char sticky_message[256];
 } ci_cuda;
+
+/* kernel<<<grid, block, smem, cu->stream>>>(args...) through ci_launch_on (cuda_launch.cuh). */
+template <typename... Params, typename... Args>
+static inline void ci_launch(ci_cuda *cu, void (*kernel)(Params...), dim3 grid, dim3 block,
+                             size_t smem, Args &&...args) {
+  ci_launch_on(cu->stream, cu->pdl, kernel, grid, block, smem, std::forward<Args>(args)...);
+}
 
 static inline ci_cuda *ci_as_cuda(ci_backend *be) {
   return (ci_cuda *)be;

@@ -221,6 +221,7 @@ template <int PER_LANE, int CODEC, int GB>
 __global__ static void __launch_bounds__(WARPS * 32, GB <= 4 && PER_LANE <= 4 ? 5 : 1)
     kv_attention_kernel(kv_layout L, const seq_group *g, attention_params a, ci_cuda_flash_params f,
                         int *error_flag) {
+  ci_grid_begin();
   constexpr bool rotate_q = CODEC == CI_KV_TURBO;
   constexpr int OUT_PER_THREAD = (PER_LANE * 32 + WARPS * 32 - 1) / (WARPS * 32);
   __shared__ float merge_m[WARPS], merge_l[WARPS];
@@ -408,6 +409,7 @@ __global__ static void __launch_bounds__(WARPS * 32, GB <= 4 && PER_LANE <= 4 ? 
 template <int CODEC>
 __global__ static void __launch_bounds__(WARPS * 32)
     kv_merge_kernel(kv_layout L, const seq_group *g, attention_params a, ci_cuda_flash_params f) {
+  ci_grid_begin();
   __shared__ float out_shared[MAX_D];
   const int s = ci_kv_dev_seq_of(g, blockIdx.x);
   const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
@@ -435,8 +437,8 @@ static int lane_dims(int D) {
 template <int PER_LANE, int CODEC, int GB>
 static void launch_kernel(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flash_params &f,
                           dim3 grid) {
-  kv_attention_kernel<PER_LANE, CODEC, GB><<<grid, WARPS * 32, 0, cu->stream>>>(
-      cmd->a.kv.layout, cmd->a.kv.group, cmd->a.kv.att, f, cu->error_flag);
+  ci_launch(cu, kv_attention_kernel<PER_LANE, CODEC, GB>, grid, WARPS * 32, 0, cmd->a.kv.layout,
+            cmd->a.kv.group, cmd->a.kv.att, f, cu->error_flag);
 }
 
 template <int CODEC>
@@ -462,9 +464,8 @@ static void launch_codec(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flas
   else
     launch_kernel<16, CODEC, heads_per_block(16, 8)>(cu, cmd, f, grid);
   if (f.parallel)
-    kv_merge_kernel<CODEC>
-        <<<dim3((unsigned)cmd->a.kv.total_rows, (unsigned)a.n_heads), WARPS * 32, 0, cu->stream>>>(
-            L, g, a, f);
+    ci_launch(cu, kv_merge_kernel<CODEC>, dim3((unsigned)cmd->a.kv.total_rows, (unsigned)a.n_heads),
+              WARPS * 32, 0, L, g, a, f);
 }
 
 void ci_cuda_kv_attention_plan(const kv_layout *L, const seq_group *host_group, int n_heads,
