@@ -74,7 +74,7 @@ for model in "${QUALITY_MODELS[@]}"; do
   for entry in "${CODECS[@]}"; do
     name=${entry%%|*}
     read -r -a flags <<<"${entry#*|}"
-    cmd=("$CINFER" kv-quality --model "$model" "${source_flags[@]}" --chunk 128 --threads "$THREADS"
+    cmd=("$CINFER" kv-quality --device cpu --model "$model" "${source_flags[@]}" --chunk 128 --threads "$THREADS"
          "${flags[@]}")
     record "${cmd[*]}"
     log "${cmd[*]}"
@@ -90,7 +90,7 @@ done
 for entry in "bf16|--kv-codec bf16" "${CODECS[@]}"; do
   name=${entry%%|*}
   read -r -a flags <<<"${entry#*|}"
-  cmd=("$CINFER" perplexity --model models/starter --ids-file models/starter/eval_ids.json
+  cmd=("$CINFER" perplexity --device cpu --model models/starter --ids-file models/starter/eval_ids.json
        --chunk 128 --threads "$THREADS" --json "${flags[@]}")
   record "${cmd[*]}"
   log "${cmd[*]}"
@@ -101,7 +101,7 @@ done
 for depth in $DEPTHS; do
   for entry in "bf16|--kv-codec bf16" "${CODECS[@]}"; do
     read -r -a flags <<<"${entry#*|}"
-    cmd=("$CINFER" bench --model "$MODEL" -p 1 -n "$GEN" --runs "$RUNS" --warmup 1
+    cmd=("$CINFER" bench --device cpu --model "$MODEL" -p 1 -n "$GEN" --runs "$RUNS" --warmup 1
          --depth "$depth" --threads "$THREADS" --json "${flags[@]}")
     record "${cmd[*]}"
     log "${cmd[*]}"

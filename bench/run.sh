@@ -128,7 +128,7 @@ for model in $MODELS; do
     for precision in fast exact; do
       stem=cinfer-$dtype
       [ "$precision" = fast ] || stem=cinfer-exact-$dtype
-      cmd=("$CINFER" bench --model "$WORK/$model-$dtype" -p "$PROMPT" -n "$GEN" --runs "$RUNS"
+      cmd=("$CINFER" bench --device cpu --model "$WORK/$model-$dtype" -p "$PROMPT" -n "$GEN" --runs "$RUNS"
            --threads "$THREADS" --precision "$precision" --json)
       log "${cmd[*]}"
       record "${cmd[*]}"

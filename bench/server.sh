@@ -146,7 +146,7 @@ start_server() {
   local engine=$1 slots=$2 slot_ctx=$3 logf=$4 cmd
   PORT=$(free_port)
   if [ "$engine" = cinfer ]; then
-    cmd=("$CINFER" serve --model "$MODEL" --host 127.0.0.1 --port "$PORT" --batch "$slots"
+    cmd=("$CINFER" serve --device cpu --model "$MODEL" --host 127.0.0.1 --port "$PORT" --batch "$slots"
          --threads "$THREADS" "${SERVER_EXTRA[@]}")
   else
     cmd=("$LLAMA_SERVER" -m "$GGUF" --host 127.0.0.1 --port "$PORT" -np "$slots"

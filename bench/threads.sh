@@ -128,8 +128,8 @@ for pair in $DTYPES; do
   gtype=${pair##*:}
   for t in $THREADS; do
     log "cinfer $dtype, $t threads"
-    build/cinfer bench --model "$WORK/$name-$dtype" -p "$PROMPT" -n "$GEN" --runs "$RUNS" \
-      --threads "$t" --precision "$PRECISION" --json >"$RESULTS/cinfer-$dtype-$t.json" \
+    build/cinfer bench --device cpu --model "$WORK/$name-$dtype" -p "$PROMPT" -n "$GEN" \
+      --runs "$RUNS" --threads "$t" --precision "$PRECISION" --json >"$RESULTS/cinfer-$dtype-$t.json" \
       2>"$RESULTS/cinfer-$dtype-$t.err" || log "cinfer failed (see $RESULTS/cinfer-$dtype-$t.err)"
     [ -n "$LLAMA_BENCH" ] || continue
     log "llama.cpp $gtype, $t threads"
@@ -158,8 +158,8 @@ last=${DTYPES##* }
 last=${last%%:*}
 max_t=${THREADS##* }
 log "cinfer $last, $max_t threads, CINFER_POOL_SPIN_US=1000"
-CINFER_POOL_SPIN_US=1000 build/cinfer bench --model "$WORK/$name-$last" -p "$PROMPT" -n "$GEN" \
-  --runs "$RUNS" --threads "$max_t" --precision "$PRECISION" --json \
+CINFER_POOL_SPIN_US=1000 build/cinfer bench --device cpu --model "$WORK/$name-$last" \
+  -p "$PROMPT" -n "$GEN" --runs "$RUNS" --threads "$max_t" --precision "$PRECISION" --json \
   >"$RESULTS/cinfer-spin1000-$last-$max_t.json" 2>/dev/null || true
 
 "$PY" bench/threads_report.py --results "$RESULTS" --config "$CONFIG" --dtypes "$DTYPES" \
