@@ -54,7 +54,14 @@ ci_session *ci_session_create(ci_model *model, const ci_session_options *options
     ci_session_options_default(&s->options);
   s->cache = ci_model_kv_cache_create_protected(model, s->options.kv_codec, KV_BLOCK_TOKENS, 0,
                                                 s->options.kv_protect);
-  s->seq = s->cache ? new_sequence(s) : NULL;
+  /* a device backend reads the block tables from its own memory: they live in one array sized
+   * for this session's one sequence (the CPU grows them as the sequence grows) */
+  const int64_t positions =
+      s->options.max_tokens > 0 ? s->options.max_tokens : ci_model_context_length(model);
+  int limited = 1;
+  if (s->cache && !model->be->host_visible)
+    limited = ci_kv_cache_set_limits(s->cache, 1, positions > 0 ? positions : 1) == CI_OK;
+  s->seq = s->cache && limited ? new_sequence(s) : NULL;
   if (!s->seq) {
     ci_session_free(s);
     return NULL;
