@@ -140,8 +140,9 @@ for pair in $DTYPES; do
 done
 
 # 5. The thread pool alone (build/pool_bench: one job of near-empty tasks, back to back and after
-# 20 us of serial work) at each thread count with the default spin and a 1 ms spin, and cinfer's
-# last dtype at the most threads with the 1 ms spin (CINFER_POOL_SPIN_US).
+# 20 us of serial work) at each thread count with a 20 us and a 1 ms spin (the defaults of pools
+# of up to 2 threads and of larger ones), and cinfer's last dtype at the most threads with a
+# 20 us spin (CINFER_POOL_SPIN_US), against its default run above.
 if [ ! -x build/pool_bench ]; then
   make build JOBS="$JOBS" >>"$RESULTS/cinfer-build.log" 2>&1 || true
 fi
@@ -157,10 +158,10 @@ fi
 last=${DTYPES##* }
 last=${last%%:*}
 max_t=${THREADS##* }
-log "cinfer $last, $max_t threads, CINFER_POOL_SPIN_US=1000"
-CINFER_POOL_SPIN_US=1000 build/cinfer bench --device cpu --model "$WORK/$name-$last" \
+log "cinfer $last, $max_t threads, CINFER_POOL_SPIN_US=20"
+CINFER_POOL_SPIN_US=20 build/cinfer bench --device cpu --model "$WORK/$name-$last" \
   -p "$PROMPT" -n "$GEN" --runs "$RUNS" --threads "$max_t" --precision "$PRECISION" --json \
-  >"$RESULTS/cinfer-spin1000-$last-$max_t.json" 2>/dev/null || true
+  >"$RESULTS/cinfer-spin20-$last-$max_t.json" 2>/dev/null || true
 
 "$PY" bench/threads_report.py --results "$RESULTS" --config "$CONFIG" --dtypes "$DTYPES" \
   --threads "$THREADS" --prompt "$PROMPT" --gen "$GEN" --runs "$RUNS" --precision "$PRECISION" \

@@ -82,8 +82,8 @@ def main():
     out.append("## Thread-pool job cost (`build/pool_bench`)\n")
     out.append("Microseconds per job of near-empty tasks (4 per thread): back to back, and after 20 "
                "us of serial work on the caller (as between a decode step's matmuls), with idle "
-               "threads spinning 20 us (the default) or 1 ms (`CINFER_POOL_SPIN_US=1000`) before "
-               "they sleep.\n")
+               "threads spinning 20 us or 1 ms (`CINFER_POOL_SPIN_US`) before they sleep (the "
+               "defaults: 20 us for a pool of up to 2 threads, 1 ms for a larger one).\n")
     out.append("| threads | back to back (20 us spin) | after a gap (20 us spin) | back to back (1 ms "
                "spin) | after a gap (1 ms spin) |")
     out.append("|---|---|---|---|---|")
@@ -95,10 +95,11 @@ def main():
                    f"{fmt(d1k.get('us_per_job_after_gap'), 2)} |")
     out.append("")
     last = pairs[-1][0]
-    cp, cd = cinfer_figures(os.path.join(a.results, f"cinfer-spin1000-{last}-{threads[-1]}.json"))
+    cp, cd = cinfer_figures(os.path.join(a.results, f"cinfer-spin20-{last}-{threads[-1]}.json"))
     dp, dd = cinfer_figures(os.path.join(a.results, f"cinfer-{last}-{threads[-1]}.json"))
-    out.append(f"cinfer {last} at {threads[-1]} threads with a 1 ms spin: prefill {fmt(cp)} tok/s, "
-               f"decode {fmt(cd)} tok/s (default spin, table above: {fmt(dp)} / {fmt(dd)}).\n")
+    out.append(f"cinfer {last} at {threads[-1]} threads with a 20 us spin: prefill {fmt(cp)} "
+               f"tok/s, decode {fmt(cd)} tok/s (default spin, table above: {fmt(dp)} / "
+               f"{fmt(dd)}).\n")
     print("\n".join(out))
 
 
