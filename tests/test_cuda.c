@@ -186,7 +186,9 @@ static void check_affine(ci_backend *cpu, ci_backend *cu, int bits, int group, c
   }
   float *dx = to_device(cu, x, (size_t)(MAX_M * k)),
         *dy = cu->ops->alloc(cu, (size_t)(MAX_M * n) * 4);
-  const int64_t ms[] = {1, 3, 8, 4};
+  /* the small-batch kernel takes up to 16 input rows (planes x rows) of affine weights: one column
+   * group of 8 up to 8, two above */
+  const int64_t ms[] = {1, 3, 8, 4, 12, 16, 17};
   for (int planes = 2; planes >= 1; planes--) {
     ci_cuda_set_input_planes(cu, planes);
     assert_int_equal(cu->ops->matmul(cu, &wg, dx, MAX_M, dy, NULL), CI_OK);

@@ -1,11 +1,12 @@
-/* The small-batch matmul: y[m, N] = x[m, K] @ W[N, K]^T for up to 8 input rows (4 in exact mode,
- * whose inputs are two bf16 planes) with bf16 weights or MLX affine 8/4-bit weights, near the HBM
- * bandwidth.
+/* The small-batch matmul: y[m, N] = x[m, K] @ W[N, K]^T for up to 8 input rows with bf16 weights
+ * and up to 16 with MLX affine 8/4-bit weights (half that in exact mode, whose inputs are two bf16
+ * planes), near the HBM bandwidth.
  *
  * One warp owns 16 or 32 output columns (rows of W) and every input row. It streams its W rows and
  * the input rows through shared memory in stages of gv_kc columns (cp.async, GV_STAGES deep) and
  * multiplies them with mma.sync m16n8k16: W is the A operand (16 rows per accumulator chain), the
- * inputs the B operand (8 columns), accumulating in f32. Affine stages hold the codes, already in
+ * inputs the B operand (8 columns, or two groups of 8 that share each A fragment: XG), accumulating
+ * in f32. Affine stages hold the codes, already in
  * fragment order (cuda_affine.cuh), and the groups' (scale, bias) pairs: each lane reads its own
  * codes with one 16-byte load per 64 columns and dequantises them in registers straight into its
  * A fragments (ci_affine_fragment), so no bf16 tile is written or read back.
@@ -29,14 +30,17 @@
 
 enum {
   GV_STAGES = 4,     /* stages in flight per warp */
-  GV_MAX_X_ROWS = 8, /* input rows (planes x rows) one warp multiplies; more run faster in
-                        cuBLASLt, which reuses each staged W tile over them */
+  GV_MAX_X_ROWS = 8, /* input rows (planes x rows) one warp multiplies with bf16 weights; more
+                        run faster in cuBLASLt, which reuses each staged W tile over them */
+  GV_MAX_X_ROWS_AFFINE = 16, /* with affine weights: two column groups of 8 per mma chain, which
+                                beats dequantising the matrix to bf16 for cuBLASLt */
   GV_MAX_PARTS = CI_CUDA_GEMV_MAX_PARTS
 };
 
-/* K columns per stage: bf16 rows 256 (8 KB per 16 rows), affine 512 (q4: 4 KB per 16 rows). */
-static constexpr int gv_kc(int bits) {
-  return bits == 16 ? 256 : 512;
+/* K columns per stage: bf16 rows 256 (8 KB per 16 rows), affine 512 (q4: 4 KB per 16 rows); with
+ * two column groups of inputs (XG 2) 256, which keeps four warps per SM. */
+static constexpr int gv_kc(int bits, int xg = 1) {
+  return bits == 16 || xg == 2 ? 256 : 512;
 }
 
 /* The matrices of one launch: part p owns groups [end[p - 1], end[p]) of CHAINS * 16 rows. */
@@ -77,7 +81,7 @@ __device__ static inline int gv_part_of(const gv_parts &P, int group, int chains
  * (value and remainder planes, [plane][m][K]); F16: affine scales and biases in f16, not bf16 (a
  * template argument: a branch inside the unrolled k-steps would keep the compiler from overlapping
  * one step's loads with the previous step's products). */
-template <int BITS, int CHAINS, int PLANES, int STAGES, int KC, bool F16>
+template <int BITS, int CHAINS, int PLANES, int STAGES, int KC, bool F16, int XG>
 __global__ static void __launch_bounds__(32)
     gemv_kernel(const gv_parts P, const __nv_bfloat16 *__restrict__ x, int groups, int k, int m) {
   constexpr int R = CHAINS * 16, STRIDE = KC + 8;
@@ -172,17 +176,23 @@ __global__ static void __launch_bounds__(32)
    * 2j + 1 its remainder. Missing columns read the zero row. */
   const int tile_id = lane >> 3, tile_row = lane & 7;
   const int a_row = (tile_id & 1) * 8 + tile_row, a_col = (tile_id >> 1) * 8;
-  int x_row;
-  if (PLANES == 1)
-    x_row = tile_row < m ? tile_row : -1;
-  else
-    x_row = (tile_row >> 1) < m ? (tile_row & 1) * m + (tile_row >> 1) : -1;
+  int x_row[XG]; /* column group cg holds input columns 8 cg .. 8 cg + 7 */
+#pragma unroll
+  for (int cg = 0; cg < XG; cg++) {
+    const int col = 8 * cg + tile_row;
+    if (PLANES == 1)
+      x_row[cg] = col < m ? col : -1;
+    else
+      x_row[cg] = (col >> 1) < m ? (col & 1) * m + (col >> 1) : -1;
+  }
   const int b_col = (tile_id & 1) * 8;
   const int g = lane >> 2, t = lane & 3;
 
-  float c[CHAINS][4];
+  float c[CHAINS][XG][4];
 #pragma unroll
-  for (int j = 0; j < CHAINS; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
+  for (int j = 0; j < CHAINS; j++)
+#pragma unroll
+    for (int cg = 0; cg < XG; cg++) c[j][cg][0] = c[j][cg][1] = c[j][cg][2] = c[j][cg][3] = 0.0f;
   __syncwarp();
 
   /* The lane's codes of one quad (64 columns) of the stage, and its rows' scales and biases for
@@ -207,9 +217,10 @@ __global__ static void __launch_bounds__(32)
   };
   /* k-step i of the stage in `slot`: A fragments of every chain, one mma each (s = i % 4 must be
    * a compile-time constant: the quad registers are picked by it) */
-  auto step = [&](int slot, int i, int s, const __nv_bfloat16 *b_base, const quad_regs &Q) {
-    uint32_t a[CHAINS][4], b[2];
-    ldmatrix_x2(b, b_base + i * 16);
+  auto step = [&](int slot, int i, int s, const __nv_bfloat16 *const *b_base, const quad_regs &Q) {
+    uint32_t a[CHAINS][4], b[XG][2];
+#pragma unroll
+    for (int cg = 0; cg < XG; cg++) ldmatrix_x2(b[cg], b_base[cg] + i * 16);
     if (BITS == 16) {
       const __nv_bfloat16 *a_base = w_ring + slot * R * STRIDE + a_row * STRIDE + a_col;
 #pragma unroll
@@ -230,7 +241,9 @@ __global__ static void __launch_bounds__(32)
       }
     }
 #pragma unroll
-    for (int j = 0; j < CHAINS; j++) mma_bf16(c[j], a[j], b[0], b[1]);
+    for (int j = 0; j < CHAINS; j++)
+#pragma unroll
+      for (int cg = 0; cg < XG; cg++) mma_bf16(c[j][cg], a[j], b[cg][0], b[cg][1]);
   };
 
   int group = 0, ks = 0;
@@ -239,8 +252,10 @@ __global__ static void __launch_bounds__(32)
     __syncwarp();
     const int slot = s % STAGES;
     const int kn = min(KC, k - ks * KC);
-    const __nv_bfloat16 *b_base =
-        (x_row >= 0 ? sx + (slot * x_rows + x_row) * STRIDE : zero_row) + b_col;
+    const __nv_bfloat16 *b_base[XG];
+#pragma unroll
+    for (int cg = 0; cg < XG; cg++)
+      b_base[cg] = (x_row[cg] >= 0 ? sx + (slot * x_rows + x_row[cg]) * STRIDE : zero_row) + b_col;
     quad_regs Q;
     if (kn == KC) {
 #pragma unroll
@@ -271,20 +286,26 @@ __global__ static void __launch_bounds__(32)
       const int part = gv_part_of(P, (int)blockIdx.x + group * (int)gridDim.x, CHAINS, &n0);
       float *y = P.y[part];
       const int n = P.n[part];
-      /* accumulator (j, lane): W rows n0 + 16j + g and + 8, input columns 2t and 2t + 1 */
+      /* accumulator (j, cg, lane): W rows n0 + 16j + g and + 8, input columns 8 cg + 2t and
+       * 8 cg + 2t + 1 (two planes: both columns are input row 4 cg + t) */
 #pragma unroll
       for (int j = 0; j < CHAINS; j++) {
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-          const int col = n0 + 16 * j + g + 8 * h;
-          if (PLANES == 1) {
-            if (2 * t < m) y[(size_t)(2 * t) * n + col] = c[j][2 * h];
-            if (2 * t + 1 < m) y[(size_t)(2 * t + 1) * n + col] = c[j][2 * h + 1];
-          } else if (t < m) {
-            y[(size_t)t * n + col] = c[j][2 * h] + c[j][2 * h + 1];
+        for (int cg = 0; cg < XG; cg++) {
+#pragma unroll
+          for (int h = 0; h < 2; h++) {
+            const int col = n0 + 16 * j + g + 8 * h;
+            const float *acc = c[j][cg];
+            if (PLANES == 1) {
+              const int r = 8 * cg + 2 * t;
+              if (r < m) y[(size_t)r * n + col] = acc[2 * h];
+              if (r + 1 < m) y[(size_t)(r + 1) * n + col] = acc[2 * h + 1];
+            } else if (4 * cg + t < m) {
+              y[(size_t)(4 * cg + t) * n + col] = acc[2 * h] + acc[2 * h + 1];
+            }
           }
+          c[j][cg][0] = c[j][cg][1] = c[j][cg][2] = c[j][cg][3] = 0.0f;
         }
-        c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
       }
       ks = 0;
       group++;
@@ -293,19 +314,23 @@ __global__ static void __launch_bounds__(32)
   cp_async_wait<0>();
 }
 
-template <int BITS, int CHAINS, int PLANES, bool F16> static cudaError_t gv_set_limit() {
+template <int BITS, int CHAINS, int PLANES, bool F16, int XG> static cudaError_t gv_set_limit() {
   return cudaFuncSetAttribute(
-      gemv_kernel<BITS, CHAINS, PLANES, GV_STAGES, gv_kc(BITS), F16>,
+      gemv_kernel<BITS, CHAINS, PLANES, GV_STAGES, gv_kc(BITS, XG), F16, XG>,
       cudaFuncAttributeMaxDynamicSharedMemorySize,
-      (int)gv_smem_bytes(BITS, gv_kc(BITS), GV_STAGES, CHAINS, GV_MAX_X_ROWS));
+      (int)gv_smem_bytes(BITS, gv_kc(BITS, XG), GV_STAGES, CHAINS,
+                         XG == 2 ? GV_MAX_X_ROWS_AFFINE : GV_MAX_X_ROWS));
 }
 
 template <int BITS, bool F16> static cudaError_t gv_set_limits() {
-  cudaError_t err = gv_set_limit<BITS, 1, 1, F16>();
-  if (err == cudaSuccess) err = gv_set_limit<BITS, 1, 2, F16>();
+  cudaError_t err = gv_set_limit<BITS, 1, 1, F16, 1>();
+  if (err == cudaSuccess) err = gv_set_limit<BITS, 1, 2, F16, 1>();
   if constexpr (BITS == 16) {
-    if (err == cudaSuccess) err = gv_set_limit<BITS, 2, 1, F16>();
-    if (err == cudaSuccess) err = gv_set_limit<BITS, 2, 2, F16>();
+    if (err == cudaSuccess) err = gv_set_limit<BITS, 2, 1, F16, 1>();
+    if (err == cudaSuccess) err = gv_set_limit<BITS, 2, 2, F16, 1>();
+  } else {
+    if (err == cudaSuccess) err = gv_set_limit<BITS, 1, 1, F16, 2>();
+    if (err == cudaSuccess) err = gv_set_limit<BITS, 1, 2, F16, 2>();
   }
   return err;
 }
@@ -326,7 +351,8 @@ int ci_cuda_gemv_init(ci_cuda *cu) {
 
 int ci_cuda_gemv_fits(int dtype, int64_t n, int64_t k, int64_t m, int planes) {
   const int bits = dtype == CI_BF16 ? 16 : dtype == CI_Q8 ? 8 : dtype == CI_Q4 ? 4 : 0;
-  return bits && m >= 1 && planes * m <= GV_MAX_X_ROWS && n % 16 == 0 &&
+  const int max_rows = bits == 16 ? GV_MAX_X_ROWS : GV_MAX_X_ROWS_AFFINE;
+  return bits && m >= 1 && planes * m <= max_rows && n % 16 == 0 &&
          k % (bits == 16 ? 16 : 32) == 0 && n <= ((int64_t)1 << 24) && k <= ((int64_t)1 << 24);
 }
 
@@ -337,30 +363,41 @@ static int gv_blocks_per_sm(const ci_cuda *cu, size_t smem) {
   return by_smem < 1 ? 1 : by_smem > 32 ? 32 : by_smem;
 }
 
-template <int BITS, bool F16, int KC = gv_kc(BITS)>
+template <int BITS, bool F16, int XG>
 static void gv_launch(ci_cuda *cu, const gv_parts &P, int chains, int groups, int64_t k,
                       const __nv_bfloat16 *x, int64_t m, int planes) {
+  constexpr int KC = gv_kc(BITS, XG);
   const size_t smem = gv_smem_bytes(BITS, KC, GV_STAGES, chains, (int)(planes * m));
   const int64_t resident = (int64_t)cu->n_sms * gv_blocks_per_sm(cu, smem);
   const dim3 grid((unsigned)(groups < resident ? groups : resident));
   if constexpr (BITS == 16) { /* affine weights run one chain per warp */
     if (chains == 2 && planes == 1) {
-      ci_launch(cu, gemv_kernel<BITS, 2, 1, GV_STAGES, KC, F16>, grid, 32, smem, P, x, groups,
+      ci_launch(cu, gemv_kernel<BITS, 2, 1, GV_STAGES, KC, F16, XG>, grid, 32, smem, P, x, groups,
                 (int)k, (int)m);
       return;
     }
     if (chains == 2) {
-      ci_launch(cu, gemv_kernel<BITS, 2, 2, GV_STAGES, KC, F16>, grid, 32, smem, P, x, groups,
+      ci_launch(cu, gemv_kernel<BITS, 2, 2, GV_STAGES, KC, F16, XG>, grid, 32, smem, P, x, groups,
                 (int)k, (int)m);
       return;
     }
   }
   if (planes == 1)
-    ci_launch(cu, gemv_kernel<BITS, 1, 1, GV_STAGES, KC, F16>, grid, 32, smem, P, x, groups, (int)k,
-              (int)m);
+    ci_launch(cu, gemv_kernel<BITS, 1, 1, GV_STAGES, KC, F16, XG>, grid, 32, smem, P, x, groups,
+              (int)k, (int)m);
   else
-    ci_launch(cu, gemv_kernel<BITS, 1, 2, GV_STAGES, KC, F16>, grid, 32, smem, P, x, groups, (int)k,
-              (int)m);
+    ci_launch(cu, gemv_kernel<BITS, 1, 2, GV_STAGES, KC, F16, XG>, grid, 32, smem, P, x, groups,
+              (int)k, (int)m);
+}
+
+/* Affine weights: one column group of inputs up to 8 input rows (planes x rows), two above. */
+template <int BITS, bool F16>
+static void gv_launch_affine(ci_cuda *cu, const gv_parts &P, int groups, int64_t k,
+                             const __nv_bfloat16 *x, int64_t m, int planes) {
+  if (planes * m > GV_MAX_X_ROWS)
+    gv_launch<BITS, F16, 2>(cu, P, 1, groups, k, x, m, planes);
+  else
+    gv_launch<BITS, F16, 1>(cu, P, 1, groups, k, x, m, planes);
 }
 
 void ci_cuda_gemv_launch(ci_cuda *cu, int parts, const ci_cuda_weight *w, const int64_t *n,
@@ -391,14 +428,14 @@ void ci_cuda_gemv_launch(ci_cuda *cu, int parts, const ci_cuda_weight *w, const 
   const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x;
   const bool f16 = w[0].f16_pairs;
   if (w[0].dtype == CI_Q4 && f16)
-    gv_launch<4, true>(cu, P, chains, groups, k, xb, m, planes);
+    gv_launch_affine<4, true>(cu, P, groups, k, xb, m, planes);
   else if (w[0].dtype == CI_Q4)
-    gv_launch<4, false>(cu, P, chains, groups, k, xb, m, planes);
+    gv_launch_affine<4, false>(cu, P, groups, k, xb, m, planes);
   else if (w[0].dtype == CI_Q8 && f16)
-    gv_launch<8, true>(cu, P, chains, groups, k, xb, m, planes);
+    gv_launch_affine<8, true>(cu, P, groups, k, xb, m, planes);
   else if (w[0].dtype == CI_Q8)
-    gv_launch<8, false>(cu, P, chains, groups, k, xb, m, planes);
+    gv_launch_affine<8, false>(cu, P, groups, k, xb, m, planes);
   else
-    gv_launch<16, false>(cu, P, chains, groups, k, xb, m, planes);
+    gv_launch<16, false, 1>(cu, P, chains, groups, k, xb, m, planes);
   ci_cuda_check_launch(cu, "matmul (small batch)");
 }
