@@ -4,11 +4,16 @@
 
 #include "base/error.h"
 #include "kv/cache.h"
+#include "kv/reservation.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-enum { KV_BLOCK_TOKENS = 16, SYNTHETIC_CHUNK = 256 };
+enum {
+  KV_BLOCK_TOKENS = 16,
+  SYNTHETIC_CHUNK = 256,
+  SESSION_KV_FORMATS = 4 /* formats one sequence's blocks may be in at once: base, targets */
+};
 
 struct ci_session {
   ci_model *model; /* not owned */
@@ -41,6 +46,26 @@ static ci_kv_seq *new_sequence(ci_session *s) {
   return seq;
 }
 
+/* A device backend reads the block tables from its own memory and takes KV blocks only from an
+ * arena made up front (the CPU grows both as the sequence grows): the tables sized for this
+ * session's one sequence, the arena for that sequence at its whole length in the base format (the
+ * largest it holds: conversions only shrink blocks) with its recurrent state, plus a partly
+ * filled slab per layer group and format. */
+static int device_kv_memory(ci_session *s) {
+  if (s->model->be->host_visible) return CI_OK;
+  int64_t positions =
+      s->options.max_tokens > 0 ? s->options.max_tokens : ci_model_context_length(s->model);
+  if (positions < 1) positions = 1;
+  const ci_kv_request_shape shape = {.base = ci_kv_format_plain(s->options.kv_codec),
+                                     .n_prompt = positions,
+                                     .n = positions,
+                                     .chunk_cap = positions};
+  const int64_t slack =
+      (int64_t)s->cache->n_groups * SESSION_KV_FORMATS * ci_kv_cache_slab_bytes(s->cache);
+  if (ci_kv_cache_set_limits(s->cache, 1, positions)) return CI_ERR;
+  return ci_kv_cache_set_arena(s->cache, ci_kv_request_reservation(s->cache, &shape) + slack);
+}
+
 ci_session *ci_session_create(ci_model *model, const ci_session_options *options) {
   ci_session *s = calloc(1, sizeof *s);
   if (!s) {
@@ -54,14 +79,7 @@ ci_session *ci_session_create(ci_model *model, const ci_session_options *options
     ci_session_options_default(&s->options);
   s->cache = ci_model_kv_cache_create_protected(model, s->options.kv_codec, KV_BLOCK_TOKENS, 0,
                                                 s->options.kv_protect);
-  /* a device backend reads the block tables from its own memory: they live in one array sized
-   * for this session's one sequence (the CPU grows them as the sequence grows) */
-  const int64_t positions =
-      s->options.max_tokens > 0 ? s->options.max_tokens : ci_model_context_length(model);
-  int limited = 1;
-  if (s->cache && !model->be->host_visible)
-    limited = ci_kv_cache_set_limits(s->cache, 1, positions > 0 ? positions : 1) == CI_OK;
-  s->seq = s->cache && limited ? new_sequence(s) : NULL;
+  s->seq = s->cache && device_kv_memory(s) == CI_OK ? new_sequence(s) : NULL;
   if (!s->seq) {
     ci_session_free(s);
     return NULL;
