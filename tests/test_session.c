@@ -1,6 +1,7 @@
 /* ci_session (engine/session.h) and ci_model_open: a session's logits are bit-identical to
  * ci_model_forward on a sequence of its own, whatever the feed chunks; the position limit,
- * bad ids, synthetic fill (position, KV bytes, conversion), reset, and the model facts. */
+ * bad ids, synthetic fill (position, KV bytes, conversion), reset, the model facts, and the
+ * up-front KV memory of a backend with memory of its own. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -144,6 +145,62 @@ static void test_fill_synthetic(void **state) {
   ci_model_close(model);
 }
 
+/* A backend with memory of its own (a GPU) needs the session's block tables and KV arena made up
+ * front: with the CPU backend marked so, a session gives the host-visible logits bit for bit,
+ * with plain and converting (turbo after 16 tokens) KV, fills its whole max_tokens from the arena
+ * it sized, and refuses the position after. */
+static void check_device_memory(const char *dir) {
+  ci_model *model = ci_model_open(dir, 2);
+  assert_non_null(model);
+  const int vocab = ci_model_vocab_size(model);
+  int32_t ids[N];
+  fill_ids(ids, N, vocab);
+  float *want[2], *got = malloc((size_t)N * vocab * sizeof *got);
+  ci_session_options options[2];
+  for (int plan = 0; plan < 2; plan++) {
+    ci_session_options_default(&options[plan]);
+    options[plan].max_tokens = N;
+    if (plan) {
+      options[plan].kv_plan = CI_KV_PLAN_TARGET;
+      assert_int_equal(ci_kv_format_parse("turbo", 4, 0, 0, &options[plan].kv_target), CI_OK);
+      options[plan].kv_start = 16;
+    } else {
+      options[plan].kv_plan = CI_KV_PLAN_NONE;
+    }
+    ci_session *host = ci_session_create(model, &options[plan]);
+    assert_non_null(host);
+    want[plan] = malloc((size_t)N * vocab * sizeof *want[plan]);
+    for (int done = 0; done < N; done += 8)
+      assert_int_equal(ci_session_feed(host, ids + done, 8, want[plan] + (size_t)done * vocab, 8),
+                       CI_OK);
+    ci_session_free(host);
+  }
+  model->be->host_visible = 0;
+  for (int plan = 0; plan < 2; plan++) {
+    ci_session *session = ci_session_create(model, &options[plan]);
+    assert_non_null(session);
+    for (int done = 0; done < N; done += 8)
+      assert_int_equal(ci_session_feed(session, ids + done, 8, got + (size_t)done * vocab, 8),
+                       CI_OK);
+    assert_memory_equal(got, want[plan], (size_t)N * vocab * sizeof *got);
+    assert_int_equal(ci_session_feed(session, ids, 1, NULL, 0), CI_ERR); /* past max_tokens */
+    assert_int_equal(ci_session_reset(session), CI_OK);
+    assert_int_equal(ci_session_feed(session, ids, 8, got, 8), CI_OK);
+    assert_memory_equal(got, want[plan], (size_t)8 * vocab * sizeof *got);
+    ci_session_free(session);
+    free(want[plan]);
+  }
+  model->be->host_visible = 1;
+  free(got);
+  ci_model_close(model);
+}
+
+static void test_device_memory(void **state) {
+  (void)state;
+  check_device_memory(FIXTURE("llama"));
+  check_device_memory(FIXTURE("gemma3")); /* sliding-window layers */
+}
+
 /* kB of anonymous memory in transparent huge pages (0 when unknown). */
 static long anon_huge_kb(void) {
   FILE *f = fopen("/proc/self/smaps_rollup", "r");
@@ -192,9 +249,8 @@ static void test_weights_in_huge_pages(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_logits_match_forward),
-      cmocka_unit_test(test_limits_and_errors),
-      cmocka_unit_test(test_fill_synthetic),
+      cmocka_unit_test(test_logits_match_forward),  cmocka_unit_test(test_limits_and_errors),
+      cmocka_unit_test(test_fill_synthetic),        cmocka_unit_test(test_device_memory),
       cmocka_unit_test(test_weights_in_huge_pages),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
