@@ -10,8 +10,9 @@
  *
  * The rule that keeps this correct: every kernel of the backend calls ci_grid_begin before it
  * reads or writes any memory another kernel touches (its first statement; the small-batch
- * matmul issues only its weight-tile copies before it). Then a kernel's completion still implies
- * the completion of everything before it on the stream, as without PDL. Kernels of other
+ * matmul issues only its weight-tile copies before it: weights are written only at load, which
+ * synchronises the stream before any step). Then a kernel's completion still implies the
+ * completion of everything before it on the stream, as without PDL. Kernels of other
  * libraries (cuBLASLt) are launched without the attribute and wait as before. CINFER_CUDA_PDL=0
  * turns the attribute off (every launch then waits for the previous kernel to finish). */
 #ifndef CI_BACKEND_CUDA_CUDA_LAUNCH_CUH
