@@ -3,14 +3,15 @@
 # threads, prefill of a 512-token prompt and decode, on random-weight models of the
 # Llama-3.2-1B geometry in bf16 and q4 (llama.cpp: bf16 and Q4_0 GGUFs converted from the same
 # weights). Needs no GPU and no network: llama.cpp is built for the CPU from LLAMA_CPP_SRC (a
-# source folder or a .tar.xz of one; default .llama/llama-src.tar.xz) in WORK, outside the
+# source folder or a .tar.xz of one; see LLAMA_CPP_SRC below) in WORK, outside the
 # repository, with AMX off (llama.cpp 82bb485's AMX Q4_0 path dies with SIGILL on the Xeons
 # this runs on). Writes bench/threads.md (BENCH_REPORT).
 #
 # Environment: WORK (default /tmp/cinfer-threads), THREADS ("1 2 4 8 16"), CONFIG (model
 # config, default bench/configs/llama-3.2-1b.json), DTYPES ("bf16:bf16 q4:q4_0", cinfer
-# dtype:GGUF type), PROMPT (512), GEN (32), RUNS (2), PRECISION (fast), LLAMA_CPP_SRC,
-# LLAMA_CMAKE_FLAGS (replaces the ISA flags chosen from /proc/cpuinfo), LLAMA_BENCH (a built
+# dtype:GGUF type), PROMPT (512), GEN (32), RUNS (2), PRECISION (fast), LLAMA_CPP_SRC (default
+# .llama/llama-src-cpu.tar.xz when `scripts/pack-llama-src.sh --cpu` made it, else
+# .llama/llama-src.tar.xz), LLAMA_CMAKE_FLAGS (replaces the ISA flags chosen from /proc/cpuinfo), LLAMA_BENCH (a built
 # llama-bench to use instead of building one), JOBS (build jobs),
 # BENCH_REPORT (bench/threads.md), PY (a python3 with numpy, for the GGUF conversion).
 set -euo pipefail
@@ -23,7 +24,10 @@ PROMPT=${PROMPT:-512}
 GEN=${GEN:-32}
 RUNS=${RUNS:-2}
 PRECISION=${PRECISION:-fast}
-LLAMA_CPP_SRC=${LLAMA_CPP_SRC:-.llama/llama-src.tar.xz}
+if [ -z "${LLAMA_CPP_SRC:-}" ]; then
+  LLAMA_CPP_SRC=.llama/llama-src.tar.xz
+  [ ! -e .llama/llama-src-cpu.tar.xz ] || LLAMA_CPP_SRC=.llama/llama-src-cpu.tar.xz
+fi
 JOBS=${JOBS:-$(nproc)}
 REPORT=${BENCH_REPORT:-bench/threads.md}
 RESULTS=$WORK/results
@@ -71,14 +75,17 @@ if [ -e "$LLAMA_CPP_SRC" ]; then
   fi
   [ -n "$LLAMA_BENCH" ] || LLAMA_BENCH=$LLAMA_DIR/build-cpu/bin/llama-bench
   if [ ! -x "$LLAMA_BENCH" ]; then
+    # built in the background while step 3 writes the models (it needs only gguf-py)
     log "building llama.cpp (CPU, AMX off) in $LLAMA_DIR/build-cpu"
     # shellcheck disable=SC2086  # the flags are words
-    cmake -S "$LLAMA_DIR" -B "$LLAMA_DIR/build-cpu" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=OFF \
+    (cmake -S "$LLAMA_DIR" -B "$LLAMA_DIR/build-cpu" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=OFF \
       $LLAMA_CMAKE_FLAGS -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
       -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
-      >"$RESULTS/llama-build.log" 2>&1
-    cmake --build "$LLAMA_DIR/build-cpu" -j"$JOBS" --target llama-bench >>"$RESULTS/llama-build.log" 2>&1
+      >"$RESULTS/llama-build.log" 2>&1 &&
+      cmake --build "$LLAMA_DIR/build-cpu" -j"$JOBS" --target llama-bench \
+        >>"$RESULTS/llama-build.log" 2>&1) &
+    llama_build=$!
   fi
 else
   LLAMA_BENCH=""
@@ -118,6 +125,11 @@ if [ -n "$LLAMA_BENCH" ]; then
       mv "$gguf.partial" "$gguf"
     fi
   done
+fi
+
+if [ -n "${llama_build:-}" ] && ! wait "$llama_build"; then
+  log "the llama.cpp build failed (see $RESULTS/llama-build.log): measuring cinfer only"
+  LLAMA_BENCH=""
 fi
 
 # 4. Measurements: per dtype and thread count, cinfer then llama.cpp (weights read into
