@@ -10,6 +10,7 @@
 #include "engine/finish_rule.h"
 #include "engine/lookup.h"
 #include "engine/session.h"
+#include "kv/reservation.h"
 #include "sample/logprobs.h"
 #include "grammar/matcher.h"
 #include "sample/spec_verify.h"
@@ -79,7 +80,10 @@ struct cinfer_session {
 static cinfer_status draft_open(cinfer_session *s, ci_model *draft) {
   s->draft_model = draft;
   s->draft_cache = ci_model_kv_cache_create(draft, CI_KV_BF16, DRAFT_BLOCK_TOKENS, 0);
-  if (!s->draft_cache) return ci_api_fail(CINFER_ERROR, "draft model: %s", ci_last_error());
+  /* a device backend needs the draft sequence's KV memory up front (one bf16 format) */
+  if (!s->draft_cache || ci_kv_cache_reserve_device(s->draft_cache, 1, s->context_size,
+                                                    ci_kv_format_plain(CI_KV_BF16), s->spec_max, 1))
+    return ci_api_fail(CINFER_ERROR, "draft model: %s", ci_last_error());
   if (ci_draft_state_init(&s->draft, draft, s->draft_cache, &s->params.sampling,
                           ci_sampler_seed(s->sampler), s->spec_max))
     return ci_api_fail(CINFER_ERROR, "%s", ci_last_error());

@@ -46,24 +46,13 @@ static ci_kv_seq *new_sequence(ci_session *s) {
   return seq;
 }
 
-/* A device backend reads the block tables from its own memory and takes KV blocks only from an
- * arena made up front (the CPU grows both as the sequence grows): the tables sized for this
- * session's one sequence, the arena for that sequence at its whole length in the base format (the
- * largest it holds: conversions only shrink blocks) with its recurrent state, plus a partly
- * filled slab per layer group and format. */
+/* A device backend takes the block tables and KV blocks only from memory made up front: this
+ * session's one sequence at its whole length (ci_kv_cache_reserve_device). */
 static int device_kv_memory(ci_session *s) {
-  if (s->model->be->host_visible) return CI_OK;
-  int64_t positions =
+  const int64_t positions =
       s->options.max_tokens > 0 ? s->options.max_tokens : ci_model_context_length(s->model);
-  if (positions < 1) positions = 1;
-  const ci_kv_request_shape shape = {.base = ci_kv_format_plain(s->options.kv_codec),
-                                     .n_prompt = positions,
-                                     .n = positions,
-                                     .chunk_cap = positions};
-  const int64_t slack =
-      (int64_t)s->cache->n_groups * SESSION_KV_FORMATS * ci_kv_cache_slab_bytes(s->cache);
-  if (ci_kv_cache_set_limits(s->cache, 1, positions)) return CI_ERR;
-  return ci_kv_cache_set_arena(s->cache, ci_kv_request_reservation(s->cache, &shape) + slack);
+  return ci_kv_cache_reserve_device(s->cache, 1, positions, ci_kv_format_plain(s->options.kv_codec),
+                                    0, SESSION_KV_FORMATS);
 }
 
 ci_session *ci_session_create(ci_model *model, const ci_session_options *options) {

@@ -1,5 +1,8 @@
-/* A request's peak KV-arena bytes (see reservation.h): the one formula of admission and fit. */
+/* A request's peak KV-arena bytes (see reservation.h): the one formula of admission and fit,
+ * and the up-front KV memory of a cache on a device backend built from it. */
 #include "kv/reservation.h"
+
+#include "base/error.h"
 
 int64_t ci_kv_peak_blocks(const ci_kv_cache *cache, const ci_kv_group *group, int64_t n,
                           int64_t chunk_cap, int rollback_reserve) {
@@ -49,4 +52,19 @@ int64_t ci_kv_request_reservation(const ci_kv_cache *cache, const ci_kv_request_
    * when it speculates (rounds of up to spec_max + 1 rows), in whole slabs of the arena */
   return (before > after ? before : after) + transient +
          ci_kv_cache_state_cost(cache, r->spec_max > 0 ? r->spec_max + 1 : 0);
+}
+
+int ci_kv_cache_reserve_device(ci_kv_cache *cache, int max_seqs, int64_t positions,
+                               ci_kv_format base, int spec_max, int formats) {
+  if (cache->be->host_visible) return CI_OK;
+  if (positions < 1) positions = 1;
+  const ci_kv_request_shape shape = {.base = base,
+                                     .n_prompt = positions,
+                                     .n = positions,
+                                     .chunk_cap = positions,
+                                     .rollback_reserve = spec_max,
+                                     .spec_max = spec_max};
+  const int64_t slack = (int64_t)cache->n_groups * formats * ci_kv_cache_slab_bytes(cache);
+  if (ci_kv_cache_set_limits(cache, max_seqs, positions)) return CI_ERR;
+  return ci_kv_cache_set_arena(cache, max_seqs * ci_kv_request_reservation(cache, &shape) + slack);
 }

@@ -37,4 +37,14 @@ int64_t ci_kv_peak_blocks(const ci_kv_cache *cache, const ci_kv_group *group, in
  * rounds of spec_max + 1 rows). Reads immutable cache geometry only. */
 int64_t ci_kv_request_reservation(const ci_kv_cache *cache, const ci_kv_request_shape *r);
 
+/* Gives a cache on a backend with memory of its own (a GPU), which cannot grow them later, block
+ * tables for max_seqs sequences of up to `positions` positions and an arena holding them all at
+ * that length in `base` format with spec_max drafts per round (ci_kv_request_reservation each:
+ * conversions only shrink blocks), plus a partly filled slab per layer group for each of
+ * `formats` formats a sequence's blocks may be in. A cache on a host-visible backend grows both
+ * on demand: it is left as it is. Returns CI_OK or CI_ERR. (The engine sizes its arena from its
+ * own budget instead.) */
+int ci_kv_cache_reserve_device(ci_kv_cache *cache, int max_seqs, int64_t positions,
+                               ci_kv_format base, int spec_max, int formats);
+
 #endif
