@@ -30,7 +30,9 @@ static void *upload_codes(ci_cuda *cu, const ci_tensor *t, int bits, int64_t n, 
   void *raw = ci_cuda_malloc(cu, raw_bytes);
   if (!raw) return NULL;
   void *codes = NULL;
-  cudaError_t err = cudaMemcpy(raw, t->data, raw_bytes, cudaMemcpyHostToDevice);
+  /* on the backend's stream: a copy on the legacy stream is not ordered before the repacking
+   * kernel (the stream does not block), which then read codes the copy had not landed yet */
+  cudaError_t err = cudaMemcpyAsync(raw, t->data, raw_bytes, cudaMemcpyHostToDevice, cu->stream);
   if (err == cudaSuccess && (codes = ci_cuda_alloc_weight(cu, bytes))) {
     const int64_t words = (int64_t)(bytes / 4);
     ci_launch(cu, repack_kernel, grid_for(words), THREADS, 0, (const uint8_t *)raw, bits, n, k,

@@ -215,7 +215,10 @@ void *ci_cuda_alloc_weight(ci_cuda *cu, size_t bytes) {
 void *ci_cuda_upload_weight(ci_cuda *cu, const void *host, size_t bytes) {
   void *d = ci_cuda_alloc_weight(cu, bytes);
   if (!d) return NULL;
-  cudaError_t err = cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice);
+  /* on the backend's stream, waited for: the legacy stream's cudaMemcpy may return before its
+   * DMA lands and is not ordered before the kernels of a non-blocking stream */
+  cudaError_t err = cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, cu->stream);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(cu->stream);
   if (err != cudaSuccess) {
     ci_cuda_fail(cu, err, "weight upload");
     return NULL; /* freed at destroy */
@@ -266,8 +269,12 @@ static int cuda_step_end(ci_backend *be, float *host_logits, const float *logits
                          size_t logits_bytes) {
   ci_cuda *cu = ci_as_cuda(be);
   cudaError_t err = cudaSuccess;
-  if (ci_cuda_record_end(cu)) err = cudaErrorUnknown;
-  if (err == cudaSuccess && host_logits && logits && logits_bytes)
+  if (ci_cuda_record_end(cu)) { /* ci_last_error names what failed */
+    cudaStreamSynchronize(cu->stream);
+    cu->ring.used = 0;
+    return CI_ERR;
+  }
+  if (host_logits && logits && logits_bytes)
     err = cudaMemcpyAsync(host_logits, logits, logits_bytes, cudaMemcpyDeviceToHost, cu->stream);
   if (err == cudaSuccess) err = cudaStreamSynchronize(cu->stream);
   if (err == cudaSuccess) err = cudaGetLastError();
@@ -604,6 +611,8 @@ extern "C" ci_backend *ci_cuda_backend_create(int gpu, int n_threads) {
     cu->n_sms = 1;
   /* programmatic dependent launch needs compute capability 9.0; CINFER_CUDA_PDL=0 turns it off */
   int major = 0;
+  const char *fuse_env = getenv("CINFER_CUDA_FUSE");
+  cu->fuse = !(fuse_env && strcmp(fuse_env, "0") == 0);
   const char *pdl_env = getenv("CINFER_CUDA_PDL");
   cu->pdl = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, gpu) == cudaSuccess &&
             major >= 9 && !(pdl_env && strcmp(pdl_env, "0") == 0);

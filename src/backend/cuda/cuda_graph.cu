@@ -31,12 +31,14 @@ struct ci_cuda_graphs {
   uint64_t seen[SEEN_CACHE]; /* hashes run once, captured on their next appearance */
   uint64_t clock;
   int enabled;
+  int capturing; /* run_all runs inside a stream capture (checks it after each command) */
 };
 
 int ci_cuda_graphs_create(ci_cuda *cu) {
   ci_cuda_graphs *g = (ci_cuda_graphs *)calloc(1, sizeof *g);
   if (!g) return ci_fail("out of memory");
-  g->enabled = 1;
+  const char *env = getenv("CINFER_CUDA_GRAPHS");
+  g->enabled = !(env && strcmp(env, "0") == 0); /* 0: every step runs command by command */
   cu->graphs = g;
   return CI_OK;
 }
@@ -71,6 +73,7 @@ void ci_cuda_set_graphs(ci_backend *be, int enabled) {
 /* Where a producer of n floats may also write the bf16 input planes of the matmul that reads
  * them next (the matmul input scratch, when it holds them), or NULL. */
 static void *planes_for(ci_cuda *cu, int64_t n) {
+  if (!cu->fuse) return NULL;
   const size_t bytes = (size_t)cu->input_planes * (size_t)n * sizeof(uint16_t);
   return cu->scratch[0] && bytes <= cu->scratch_bytes[0] ? cu->scratch[0] : NULL;
 }
@@ -150,7 +153,13 @@ int ci_cuda_execute(ci_cuda *cu, const ci_cuda_cmd *c) {
     ci_cuda_kv_store_launch(cu, c);
     return CI_OK;
   case CMD_ATTENTION:
-    if (c->a.kv.flash) return ci_cuda_flash_launch(cu, c);
+    if (c->a.kv.flash) { /* a launch over the step's rows also writes the o_proj input planes */
+      const int64_t n = (int64_t)c->a.kv.total_rows * c->a.kv.att.n_heads * c->a.kv.layout.head_dim;
+      void *planes = c->a.kv.covers_step ? planes_for(cu, n) : NULL;
+      if (ci_cuda_flash_launch(cu, c, planes)) return CI_ERR;
+      if (planes) mark_converted(cu, c->a.kv.att.out, n);
+      return CI_OK;
+    }
     return ci_cuda_attention_launch(cu, c);
   case CMD_SIGMOID_MUL:
     ci_cuda_sigmoid_mul_launch(cu, c->a.vec.x, c->a.vec.y, c->a.vec.n);
@@ -214,13 +223,29 @@ static int rope_pair(const ci_cuda_cmd *a, const ci_cuda_cmd *b) {
          ra->inv_freq == rb->inv_freq && ra->qk_scale == rb->qk_scale;
 }
 
+/* 1 when the stream's graph capture was invalidated (an operation a capture cannot hold). */
+static int capture_broken(ci_cuda *cu) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(cu->stream, &status) != cudaSuccess ||
+         status == cudaStreamCaptureStatusInvalidated;
+}
+
 /* Runs the recorded commands in order, a residual add and the norm after it as one kernel (the
- * same arithmetic as the two), the RoPE of q and of k as one launch, and consecutive matmuls of
- * one input (q, k, v; gate, up) as one launch (each row's arithmetic unchanged). */
+ * same arithmetic as the two), the RoPE of q and of k as one launch, and with the KV write after
+ * them when it stores bf16/f32 rows of the step's rows, and consecutive matmuls of one input (q,
+ * k, v; gate, up) as one launch (each row's arithmetic unchanged). */
 static int run_all(ci_cuda *cu) {
   ci_cuda_graphs *g = cu->graphs;
-  for (int i = 0; i < g->n_cmds; i++) {
+  for (int i = 0, last = -1; i <= g->n_cmds; last = i++) {
+    if (g->capturing && last >= 0 && capture_broken(cu))
+      return ci_fail("CUDA: command %d of the step (kind %d) broke the graph capture", last,
+                     (int)g->cmds[last].kind);
+    if (i == g->n_cmds) break;
     const ci_cuda_cmd *c = &g->cmds[i];
+    if (!cu->fuse) {
+      if (ci_cuda_execute(cu, c)) return CI_ERR;
+      continue;
+    }
     if (i + 1 < g->n_cmds && add_then_norm(c, c + 1)) {
       const ci_cuda_cmd *norm = c + 1;
       const int64_t n = norm->a.rmsnorm.rows * norm->a.rmsnorm.dim;
@@ -232,6 +257,22 @@ static int run_all(ci_cuda *cu) {
         mark_converted(cu, norm->a.rmsnorm.out, n);
       if (cu->sticky_error) return CI_ERR;
       i++;
+      continue;
+    }
+    /* RoPE of q and k (or of k alone) and the KV write of k and v */
+    if (i + 2 < g->n_cmds && rope_pair(c, c + 1) &&
+        ci_cuda_rope_kv_store_fusable(c, c + 1, c + 2)) {
+      cu->converted_x = NULL;
+      ci_cuda_rope_kv_store_launch(cu, c, c + 1, c + 2);
+      if (cu->sticky_error) return CI_ERR;
+      i += 2;
+      continue;
+    }
+    if (i + 1 < g->n_cmds && ci_cuda_rope_kv_store_fusable(NULL, c, c + 1)) {
+      cu->converted_x = NULL;
+      ci_cuda_rope_kv_store_launch(cu, NULL, c, c + 1);
+      if (cu->sticky_error) return CI_ERR;
+      i += 1;
       continue;
     }
     if (i + 1 < g->n_cmds && rope_pair(c, c + 1)) {
@@ -332,7 +373,9 @@ int ci_cuda_record_end(ci_cuda *cu) {
   cudaGraph_t graph = NULL;
   cudaError_t err = cudaStreamBeginCapture(cu->stream, cudaStreamCaptureModeThreadLocal);
   if (err != cudaSuccess) return ci_cuda_fail(cu, err, "graph capture");
+  g->capturing = 1;
   int rc = run_all(cu);
+  g->capturing = 0;
   err = cudaStreamEndCapture(cu->stream, &graph);
   if (rc || err != cudaSuccess) {
     if (graph) cudaGraphDestroy(graph);
