@@ -39,6 +39,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "base/error.h"
+#include "engine/session.h"
 #include "tensor/affine_quant.h"
 #include "model/model.h"
 #include "fixture_files.h"
@@ -1398,6 +1399,94 @@ static void test_fixtures(void **state) {
   assert_int_equal(failures, 0);
 }
 
+/* ==== Sliding-window blocks released while a recorded step still reads them ==== */
+
+/* The first sequence of the starter model's held-out ids (models/starter/eval_ids.json, whose
+ * "sequences" is an array of id arrays). */
+static int32_t *starter_ids(int *n) {
+  size_t size = 0;
+  char *text = (char *)fixture_read_file(CI_MODELS_DIR "/starter/eval_ids.json", &size);
+  assert_non_null(text);
+  char *p = strstr(text, "\"sequences\"");
+  assert_non_null(p);
+  p = strchr(p, '[');
+  assert_non_null(p);
+  p = strchr(p + 1, '[');
+  assert_non_null(p);
+  int32_t *ids = (int32_t *)malloc(size * sizeof *ids);
+  assert_non_null(ids);
+  *n = 0;
+  for (p++; *p && *p != ']';) {
+    char *end;
+    const long v = strtol(p, &end, 10);
+    if (end == p) {
+      p++;
+      continue;
+    }
+    ids[(*n)++] = (int32_t)v;
+    p = end;
+  }
+  free(text);
+  return ids;
+}
+
+/* Mean next-token NLL of ids fed to a session in chunks of `chunk` rows (as cinfer perplexity). */
+static double session_nll(ci_model *model, const int32_t *ids, int n, int chunk) {
+  const int V = model->spec.vocab;
+  ci_session_options o;
+  ci_session_options_default(&o);
+  o.max_tokens = n;
+  ci_session *s = ci_session_create(model, &o);
+  if (!s) fail_msg("session: %s", ci_last_error());
+  float *logits = (float *)malloc((size_t)chunk * V * sizeof *logits);
+  assert_non_null(logits);
+  double sum = 0.0;
+  for (int start = 0; start < n - 1; start += chunk) {
+    const int len = n - 1 - start < chunk ? n - 1 - start : chunk;
+    if (ci_session_feed(s, ids + start, len, logits, len))
+      fail_msg("feed at %d: %s", start, ci_last_error());
+    for (int r = 0; r < len; r++) {
+      const float *row = logits + (size_t)r * V;
+      double max = row[0], total = 0.0;
+      for (int i = 1; i < V; i++) max = row[i] > max ? row[i] : max;
+      for (int i = 0; i < V; i++) total += exp((double)row[i] - max);
+      sum += log(total) + max - row[ids[start + r + 1]];
+    }
+  }
+  free(logits);
+  ci_session_free(s);
+  return sum / (n - 1);
+}
+
+/* The starter model (Gemma 4, sliding window 256) fed chunks longer than its window: committing
+ * a chunk releases the window's old blocks, and with them whole slabs, while the step's recorded
+ * work (run at step end) still reads them. The release once published a NULL slab address to the
+ * device ahead of that work (an illegal address in kv_store); now the GPU's NLL must match the
+ * CPU's. */
+static void test_window_release(void **state) {
+  (void)state;
+  int n;
+  int32_t *ids = starter_ids(&n);
+  assert_true(n > 600);
+  ci_backend *cpu = ci_cpu_backend_create(0), *cu = gpu();
+  ci_model *cm = ci_model_load(CI_MODELS_DIR "/starter", cpu);
+  ci_model *gm = ci_model_load(CI_MODELS_DIR "/starter", cu);
+  if (!cm || !gm) fail_msg("load the starter model: %s", ci_last_error());
+  const int chunks[] = {512, 300};
+  for (int c = 0; c < 2; c++) {
+    const double want = session_nll(cm, ids, n, chunks[c]),
+                 got = session_nll(gm, ids, n, chunks[c]);
+    printf("  starter, %d tokens in chunks of %d: NLL GPU %.6f, CPU %.6f\n", n, chunks[c], got,
+           want);
+    assert_true(fabs(got - want) < 5e-3);
+  }
+  ci_model_free(gm);
+  ci_model_free(cm);
+  cu->ops->destroy(cu);
+  cpu->ops->destroy(cpu);
+  free(ids);
+}
+
 /* ==== KV codecs on a model: KL against bf16 KV no worse than the CPU's ==== */
 
 /* Logits of every position of ids fed one token per step, the sequence converting to fmt after
@@ -1506,6 +1595,6 @@ int main(void) {
       cmocka_unit_test(test_kv_convert),        cmocka_unit_test(test_mixed_codecs),
       cmocka_unit_test(test_codec_kl),          cmocka_unit_test(test_matmul_ops),
       cmocka_unit_test(test_affine_matmul_ops), cmocka_unit_test(test_matmul_batch_invariance),
-      cmocka_unit_test(test_fixtures)};
+      cmocka_unit_test(test_fixtures),          cmocka_unit_test(test_window_release)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

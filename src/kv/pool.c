@@ -93,7 +93,8 @@ int ci_kv_pool_fit_arena(ci_kv_pool *pool) {
   return CI_OK;
 }
 
-/* Publishes slot `slot` of the slab table to the backend's copy. */
+/* Publishes slot `slot` of the slab table to the backend's copy (at once: a slab taken for this
+ * step's blocks must be there before the step's kernels run). */
 static void publish_slot(ci_kv_pool *pool, int32_t slot) {
   if (pool->slabs_device != pool->slabs)
     pool->be->ops->upload(pool->be, pool->slabs_device + slot, pool->slabs + slot,
@@ -173,6 +174,11 @@ void ci_kv_pool_release(ci_kv_pool *pool, int32_t id) {
     ci_kv_arena_give(pool->arena, pool->slabs[slot]);
     pool->slabs[slot] = NULL;
     pool->n_held--;
-    publish_slot(pool, slot);
+    /* The backend's copy keeps the old address until the slot is taken again. A release can
+     * come while a step's work is still queued behind it (a sliding window's blocks are
+     * released when the step commits its rows, before a device runs the recorded step), and
+     * that work still reads these blocks; an upload runs at once, so a NULL published here
+     * reached the device first (an illegal address in kv_store and attention on the GPU). No
+     * block table names the slot's blocks after this step. */
   }
 }
