@@ -2,7 +2,8 @@
 """GPU server load test (part of `make test-cuda`): `cinfer serve --device cuda` on loopback,
 CLIENTS concurrent streaming chat clients for SECONDS. Each greedy request's streamed text must
 equal the same request's answer when it ran alone (nothing lost or mixed up in the batched GPU
-steps), every request must finish, and at idle the KV pool must hold no blocks but the prefix
+steps), every request must finish (some with prompts longer than the model's sliding window),
+and at idle the KV pool must hold no blocks but the prefix
 cache's. Python standard library only (the GPU machine has no npm).
 
 Usage: cuda_server_load.py CINFER_BIN MODEL_DIR [CLIENTS=64] [SECONDS=90] [PORT=18431]
@@ -24,10 +25,17 @@ TOPICS = ["add two numbers", "reverse a string", "sort a list", "read a file",
           "compute a factorial", "check a palindrome", "count words", "merge two dicts"]
 
 
+# Every eighth request carries ~600 tokens of context: its prefill chunk passes the sliding window
+# of the starter model (256), so committing it releases KV blocks (and slabs) that the step's own
+# work still reads on the device.
+CONTEXT = "Context:\n" + "\n".join(f"line {k}: total = total + {k} * step" for k in range(60))
+
+
 def request_body(i, stream):
+    ask_for = f"Write a Python function to {TOPICS[i % len(TOPICS)]}."
+    content = f"{CONTEXT}\n{ask_for}" if i % 8 == 7 else ask_for
     return {"model": "x", "temperature": 0, "max_tokens": 8 + (i % 5) * 8, "stream": stream,
-            "messages": [{"role": "user",
-                          "content": f"Write a Python function to {TOPICS[i % len(TOPICS)]}."}]}
+            "messages": [{"role": "user", "content": content}]}
 
 
 def post(body):

@@ -14,7 +14,6 @@
  * a row's result depends on its own sequence only (batch invariance). Sliding windows start at p -
  * W + 1; logit softcaps apply to the scaled score before the softmax. */
 #include "backend/cuda/cuda_kv_codec.cuh"
-#include "backend/cuda/cuda_rope.cuh"
 
 #include <string.h>
 
@@ -138,17 +137,6 @@ __global__ static void kv_store_quant_kernel(kv_layout L, const seq_group *g, co
   ci_kv_dev_encode_row(L, value, x, row_address(L, value, block, p % L.block_tokens, h));
 }
 
-/* 1 when the group's rows are exactly the step's rows 0 .. total_rows - 1 (its sequences' rows
- * are disjoint, so rows that sum to total_rows and lie inside that range cover it). */
-static int covers_step(const seq_group &g) {
-  int32_t lo = INT32_MAX, hi = 0;
-  for (int i = 0; i < g.n; i++) {
-    lo = g.first_row[i] < lo ? g.first_row[i] : lo;
-    hi = g.first_row[i] + g.n_rows[i] > hi ? g.first_row[i] + g.n_rows[i] : hi;
-  }
-  return g.n > 0 && lo == 0 && hi == g.total_rows;
-}
-
 /* Copies the group to the device (the step's staging ring) and calls launch(layout, host group,
  * group on the device). */
 template <typename Launch>
@@ -223,7 +211,6 @@ int ci_cuda_kv_store(ci_cuda *cu, const ci_step_kv *seqs, const float *k, const 
                           cmd.a.kv.k = k;
                           cmd.a.kv.v = v;
                           cmd.a.kv.pos = pos;
-                          cmd.a.kv.covers_step = covers_step(host);
                           return ci_cuda_emit(cu, &cmd);
                         });
 }
@@ -238,102 +225,6 @@ void ci_cuda_kv_store_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
     ci_launch(cu, kv_store_quant_kernel, grid, 64, 0, cmd->a.kv.layout, cmd->a.kv.group,
               cmd->a.kv.k, cmd->a.kv.v, cmd->a.kv.pos, cu->error_flag);
   ci_cuda_check_launch(cu, "kv_store");
-}
-
-/* ==== RoPE and kv_store in one launch ==== */
-
-/* Blocks (x, y): y < n_q_heads rotates q head y of step row x as rope_kernel does; the others
- * rotate k head y - n_q_heads of the group's row x in place, as rope_kernel does, and store it
- * and its V row as kv_store_kernel does (bf16 or f32 rows). Dims past the rotated ones are
- * copied (the fusion takes no scaled tail). */
-__global__ static void rope_kv_store_kernel(kv_layout L, const seq_group *g, float *q,
-                                            int n_q_heads, float *k, const float *v,
-                                            const int32_t *pos, const float *inv_freq, int half,
-                                            int traditional, float qk_scale, int *error_flag) {
-  ci_grid_begin();
-  const int D = L.head_dim;
-  if ((int)blockIdx.y < n_q_heads) {
-    float *x = q + ((int64_t)blockIdx.x * n_q_heads + blockIdx.y) * D;
-    const float position = (float)pos[blockIdx.x];
-    for (int j = threadIdx.x; j < half; j += blockDim.x) {
-      int a, b;
-      float r0, r1;
-      ci_rope_pair(x, j, position, inv_freq, half, traditional, qk_scale, &a, &b, &r0, &r1);
-      x[a] = r0;
-      x[b] = r1;
-    }
-    return;
-  }
-  const int h = (int)blockIdx.y - n_q_heads;
-  const int s = seq_of(g, blockIdx.x);
-  const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
-  const int64_t p = pos[row];
-  float *ks = k + ((int64_t)row * L.n_kv_heads + h) * D;
-  const float *vs = v + ((int64_t)row * L.n_kv_heads + h) * D;
-  const int64_t entry = p / L.block_tokens;
-  const int32_t block = p >= 0 && entry < g->n_entries[s] ? g->table[s][entry] : -1;
-  uint8_t *kr = block >= 0 ? row_address(L, 0, block, p % L.block_tokens, h) : NULL;
-  uint8_t *vr = block >= 0 ? row_address(L, 1, block, p % L.block_tokens, h) : NULL;
-  if (block < 0 && threadIdx.x == 0) *error_flag = 1;
-  auto put = [&](uint8_t *dst, int d, float x) {
-    if (L.f32)
-      ((float *)dst)[d] = x;
-    else
-      ((__nv_bfloat16 *)dst)[d] = __float2bfloat16_rn(x);
-  };
-  for (int j = threadIdx.x; j < half; j += blockDim.x) {
-    int a, b;
-    float r0, r1;
-    ci_rope_pair(ks, j, (float)p, inv_freq, half, traditional, qk_scale, &a, &b, &r0, &r1);
-    ks[a] = r0;
-    ks[b] = r1;
-    if (kr) {
-      put(kr, a, r0);
-      put(kr, b, r1);
-    }
-  }
-  if (!kr) return;
-  for (int d = 2 * half + threadIdx.x; d < D; d += blockDim.x) put(kr, d, ks[d]);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) put(vr, d, vs[d]);
-}
-
-/* 1 when [a, a + an) and [b, b + bn) do not overlap. */
-static int disjoint(const float *a, int64_t an, const float *b, int64_t bn) {
-  return a + an <= b || b + bn <= a;
-}
-
-int ci_cuda_rope_kv_store_fusable(const ci_cuda_cmd *rope_q, const ci_cuda_cmd *rope_k,
-                                  const ci_cuda_cmd *store) {
-  if (rope_k->kind != CMD_ROPE || store->kind != CMD_KV_STORE) return 0;
-  const ci_rope *r = &rope_k->a.rope.rope;
-  const kv_layout &L = store->a.kv.layout;
-  const int64_t rows = rope_k->a.rope.n_rows;
-  if ((L.codec != CI_KV_BF16 && L.codec != CI_KV_F32) || !store->a.kv.covers_step ||
-      store->a.kv.k != rope_k->a.rope.x || store->a.kv.pos != rope_k->a.rope.pos ||
-      store->a.kv.total_rows != rows || rope_k->a.rope.n_heads != L.n_kv_heads ||
-      r->head_dim != L.head_dim || r->rot_dim < 2 || r->rot_dim > r->head_dim ||
-      (r->qk_scale != 1.0f && r->rot_dim != r->head_dim))
-    return 0;
-  const int64_t kv_n = rows * L.n_kv_heads * L.head_dim;
-  if (!disjoint(store->a.kv.k, kv_n, store->a.kv.v, kv_n)) return 0;
-  if (!rope_q) return 1;
-  /* rope_pair checked that q and k rotate disjoint buffers with the same rows, positions and
-   * table */
-  const int64_t q_n = rows * rope_q->a.rope.n_heads * r->head_dim;
-  return rope_q->a.rope.n_heads > 0 && disjoint(rope_q->a.rope.x, q_n, store->a.kv.v, kv_n);
-}
-
-void ci_cuda_rope_kv_store_launch(ci_cuda *cu, const ci_cuda_cmd *rope_q, const ci_cuda_cmd *rope_k,
-                                  const ci_cuda_cmd *store) {
-  const ci_rope *r = &rope_k->a.rope.rope;
-  const int n_q_heads = rope_q ? rope_q->a.rope.n_heads : 0;
-  const dim3 grid((unsigned)store->a.kv.total_rows,
-                  (unsigned)(n_q_heads + store->a.kv.layout.n_kv_heads));
-  ci_launch(cu, rope_kv_store_kernel, grid, 64, 0, store->a.kv.layout, store->a.kv.group,
-            rope_q ? rope_q->a.rope.x : (float *)NULL, n_q_heads, rope_k->a.rope.x, store->a.kv.v,
-            store->a.kv.pos, r->inv_freq, r->rot_dim / 2, r->traditional, r->qk_scale,
-            cu->error_flag);
-  ci_cuda_check_launch(cu, "rope + kv_store");
 }
 
 /* ==== attention ==== */
@@ -468,7 +359,6 @@ int ci_cuda_attention(ci_cuda *cu, const ci_attention_args *args) {
         cmd.a.kv.group = g;
         cmd.a.kv.total_rows = host.total_rows;
         cmd.a.kv.att = a;
-        cmd.a.kv.covers_step = covers_step(host);
         if (host.total_tiles > 0) {
           cmd.a.kv.flash = 1;
           cmd.a.kv.total_tiles = host.total_tiles;

@@ -50,18 +50,6 @@ __device__ static inline uint32_t pack_bf16_rest(float lo, float hi) {
   return pack_bf16(rl, rh);
 }
 
-/* Output elements e, e + 1 (values o0, o1) as the next matmul's input planes, as
- * to_bf16_planes_kernel writes them. */
-__device__ static inline void fa_write_planes(const attention_params &a, int64_t e, float o0,
-                                              float o1) {
-  const __nv_bfloat16 h0 = __float2bfloat16_rn(o0), h1 = __float2bfloat16_rn(o1);
-  *(__nv_bfloat162 *)(a.out_hi + e) = __halves2bfloat162(h0, h1);
-  if (a.out_lo)
-    *(__nv_bfloat162 *)(a.out_lo + e) =
-        __halves2bfloat162(__float2bfloat16_rn(o0 - __bfloat162float(h0)),
-                           __float2bfloat16_rn(o1 - __bfloat162float(h1)));
-}
-
 /* Folds one split's softmax state (pm, pl, pacc) into the running total (tm, tl, tacc). A split
  * with no key of the row (pl == 0) changes nothing; the first split with keys is copied. The
  * explicit roundings keep the compiler from contracting differently at the two call sites. */
@@ -450,14 +438,11 @@ __global__ static void __launch_bounds__(W * 32)
     if (!live[h]) continue;
     const float tl = tot[(SM::ACC_REGS + 2 * h + 1) * 32 + lane];
     float *out = a.out + ((int64_t)step_row[h] * a.n_heads + head[h]) * D;
-    const int64_t e0 = ((int64_t)step_row[h] * a.n_heads + head[h]) * D;
 #pragma unroll
     for (int i = 0; i < D / 8; i++) {
       const float v0 = tot[(i * 4 + 2 * h) * 32 + lane], v1 = tot[(i * 4 + 2 * h + 1) * 32 + lane];
-      const float2 o =
+      *(float2 *)(out + 8 * i + 2 * tig) =
           tl > 0.0f ? make_float2(__fdiv_rn(v0, tl), __fdiv_rn(v1, tl)) : make_float2(0.0f, 0.0f);
-      *(float2 *)(out + 8 * i + 2 * tig) = o;
-      if (a.out_hi) fa_write_planes(a, e0 + 8 * i + 2 * tig, o.x, o.y);
     }
   }
 }
@@ -496,14 +481,8 @@ __global__ static void flash_merge_kernel(const seq_group *g, attention_params a
       t = merge_value(t, part[i], ct, cp);
     }
   }
-  const int64_t e = ((int64_t)step_row * a.n_heads + h) * D + d;
-  const float o = tl > 0.0f ? __fdiv_rn(t, tl) : 0.0f;
-  a.out[e] = o;
-  if (a.out_hi) {
-    const __nv_bfloat16 hi = __float2bfloat16_rn(o);
-    a.out_hi[e] = hi;
-    if (a.out_lo) a.out_lo[e] = __float2bfloat16_rn(o - __bfloat162float(hi));
-  }
+  float *out = a.out + ((int64_t)step_row * a.n_heads + h) * D;
+  out[d] = tl > 0.0f ? __fdiv_rn(t, tl) : 0.0f;
 }
 
 int ci_cuda_flash_supported(const kv_layout *L, int n_heads) {
@@ -580,17 +559,8 @@ static void launch_width(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flas
     launch_flash<D, EXACT, FA_MAX_WARPS>(cu, cmd, f);
 }
 
-int ci_cuda_flash_launch(ci_cuda *cu, const ci_cuda_cmd *cmd, void *planes_dst) {
+int ci_cuda_flash_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
   ci_cuda_flash_params f = cmd->a.kv.plan;
-  ci_cuda_cmd with_planes;
-  if (planes_dst) { /* the kernels read the params from the command */
-    with_planes = *cmd;
-    const int64_t n =
-        (int64_t)cmd->a.kv.total_rows * cmd->a.kv.att.n_heads * cmd->a.kv.layout.head_dim;
-    with_planes.a.kv.att.out_hi = (__nv_bfloat16 *)planes_dst;
-    with_planes.a.kv.att.out_lo = cu->input_planes > 1 ? (__nv_bfloat16 *)planes_dst + n : NULL;
-    cmd = &with_planes;
-  }
   if (f.parallel) {
     const size_t slots = (size_t)cmd->a.kv.total_rows * cmd->a.kv.att.n_heads * f.splits;
     float *scratch = (float *)ci_cuda_scratch(cu, 2, f.scratch_bytes);

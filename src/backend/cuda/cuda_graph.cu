@@ -153,13 +153,7 @@ int ci_cuda_execute(ci_cuda *cu, const ci_cuda_cmd *c) {
     ci_cuda_kv_store_launch(cu, c);
     return CI_OK;
   case CMD_ATTENTION:
-    if (c->a.kv.flash) { /* a launch over the step's rows also writes the o_proj input planes */
-      const int64_t n = (int64_t)c->a.kv.total_rows * c->a.kv.att.n_heads * c->a.kv.layout.head_dim;
-      void *planes = c->a.kv.covers_step ? planes_for(cu, n) : NULL;
-      if (ci_cuda_flash_launch(cu, c, planes)) return CI_ERR;
-      if (planes) mark_converted(cu, c->a.kv.att.out, n);
-      return CI_OK;
-    }
+    if (c->a.kv.flash) return ci_cuda_flash_launch(cu, c);
     return ci_cuda_attention_launch(cu, c);
   case CMD_SIGMOID_MUL:
     ci_cuda_sigmoid_mul_launch(cu, c->a.vec.x, c->a.vec.y, c->a.vec.n);
@@ -231,9 +225,8 @@ static int capture_broken(ci_cuda *cu) {
 }
 
 /* Runs the recorded commands in order, a residual add and the norm after it as one kernel (the
- * same arithmetic as the two), the RoPE of q and of k as one launch, and with the KV write after
- * them when it stores bf16/f32 rows of the step's rows, and consecutive matmuls of one input (q,
- * k, v; gate, up) as one launch (each row's arithmetic unchanged). */
+ * same arithmetic as the two), the RoPE of q and of k as one launch, and consecutive matmuls of
+ * one input (q, k, v; gate, up) as one launch (each row's arithmetic unchanged). */
 static int run_all(ci_cuda *cu) {
   ci_cuda_graphs *g = cu->graphs;
   for (int i = 0, last = -1; i <= g->n_cmds; last = i++) {
@@ -257,22 +250,6 @@ static int run_all(ci_cuda *cu) {
         mark_converted(cu, norm->a.rmsnorm.out, n);
       if (cu->sticky_error) return CI_ERR;
       i++;
-      continue;
-    }
-    /* RoPE of q and k (or of k alone) and the KV write of k and v */
-    if (i + 2 < g->n_cmds && rope_pair(c, c + 1) &&
-        ci_cuda_rope_kv_store_fusable(c, c + 1, c + 2)) {
-      cu->converted_x = NULL;
-      ci_cuda_rope_kv_store_launch(cu, c, c + 1, c + 2);
-      if (cu->sticky_error) return CI_ERR;
-      i += 2;
-      continue;
-    }
-    if (i + 1 < g->n_cmds && ci_cuda_rope_kv_store_fusable(NULL, c, c + 1)) {
-      cu->converted_x = NULL;
-      ci_cuda_rope_kv_store_launch(cu, NULL, c, c + 1);
-      if (cu->sticky_error) return CI_ERR;
-      i += 1;
       continue;
     }
     if (i + 1 < g->n_cmds && rope_pair(c, c + 1)) {

@@ -78,9 +78,6 @@ typedef struct {
   int n_heads;
   float scale, softcap;
   int window;
-  /* set at launch, NULL otherwise: out also as the next matmul's bf16 input planes (lo: the
-   * rounding remainders, in exact mode) */
-  __nv_bfloat16 *out_hi, *out_lo;
 } ci_cuda_attention_params;
 
 /* A weight matrix on the device: bf16/f16/f32 rows, or MLX affine codes with their (scale, bias)
@@ -190,7 +187,6 @@ typedef struct {
       int flash;                 /* 1: the tensor-core kernel (bf16 KV, head_dim 64/128) */
       int total_tiles;           /* flash: query tiles of the launch */
       ci_cuda_flash_params plan; /* flash, and quantized KV (splits, parallel, scratch_bytes) */
-      int covers_step;           /* 1: the launch's rows are the step's rows 0 .. total_rows - 1 */
     } kv;
     ci_cuda_deltanet_params deltanet;
   } a;
@@ -356,16 +352,6 @@ int ci_cuda_kv_store(ci_cuda *cu, const ci_step_kv *seqs, const float *k, const 
                      const int32_t *pos);
 int ci_cuda_attention(ci_cuda *cu, const ci_attention_args *args);
 void ci_cuda_kv_store_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
-/* 1 when RoPE command rope_k (rotating k) and the kv_store command after it (and rope_q, the RoPE
- * of q before them, when not NULL) can run as one launch of ci_cuda_rope_kv_store_launch: bf16
- * or f32 rows, the store's rows the step's rows, its K the rotated buffer, no scaled tail dims,
- * and q, k, v disjoint. */
-int ci_cuda_rope_kv_store_fusable(const ci_cuda_cmd *rope_q, const ci_cuda_cmd *rope_k,
-                                  const ci_cuda_cmd *store);
-/* The three (or two) commands in one launch, each element computed as the separate kernels
- * compute it (cuda_rope.cuh). */
-void ci_cuda_rope_kv_store_launch(ci_cuda *cu, const ci_cuda_cmd *rope_q, const ci_cuda_cmd *rope_k,
-                                  const ci_cuda_cmd *store);
 int ci_cuda_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
 /* ==== cuda_kv_attention.cu: attention over quantized KV rows (CUDA cores) ==== */
 /* Plans a launch over the host copy of its sequence group: fixed key splits, walked in one block
@@ -396,9 +382,7 @@ int ci_cuda_flash_positions_per_tile(const ci_cuda_kv_layout *L, int n_heads, in
 /* Plans a launch over the host copy of its sequence group (tile_start and total_tiles set). */
 void ci_cuda_flash_plan(const ci_cuda_kv_layout *L, const ci_cuda_seq_group *host_group,
                         int n_heads, int warps, int n_sms, int exact, ci_cuda_flash_params *f);
-/* With planes_dst (only for a launch that covers the step's rows) the output is also written as
- * the bf16 input planes of the matmul after it (as ci_cuda_to_half writes them). */
-int ci_cuda_flash_launch(ci_cuda *cu, const ci_cuda_cmd *cmd, void *planes_dst);
+int ci_cuda_flash_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
 
 /* ==== cuda_deltanet.cu ==== */
 /* Emits x[i] *= sigmoid(gate[i]). */
