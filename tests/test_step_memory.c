@@ -11,6 +11,8 @@
 #include "backend/cpu/cpu_backend.h"
 #include "base/error.h"
 #include "kv/arena.h"
+#include "kv/pool.h"
+#include "tensor/kv_format.h"
 #include "model/model.h"
 
 #include <stdio.h>
@@ -185,6 +187,46 @@ static void test_arena_runs(void **state) {
   be->ops->destroy(be);
 }
 
+/* A pool on a backend with memory of its own keeps a device copy of its slab table: a slab
+ * taken is published there before anything can use its blocks; a slab given back is not — a
+ * release comes when a step commits its rows, and the device may still have that step's work
+ * queued, reading the released blocks (a NULL published at once reached a GPU ahead of it). */
+static void test_pool_slab_table_on_device(void **state) {
+  (void)state;
+  ci_backend *be = ci_cpu_backend_create(1);
+  be->host_visible = 0; /* the CPU backend then keeps the table apart, as a GPU does */
+  ci_kv_arena arena;
+  assert_int_equal(ci_kv_arena_init(&arena, be, 64, 4 * 64), CI_OK);
+  ci_kv_pool pool;
+  /* one layer, one KV head of 8 bf16 dims, one token per block: 32-byte blocks, 2 per slab */
+  assert_int_equal(ci_kv_pool_init(&pool, be, &arena, ci_kv_format_plain(CI_KV_BF16), 1, 1, 1, 8),
+                   CI_OK);
+  assert_int_equal(pool.blocks_per_slab, 2);
+  assert_true(pool.slabs_device != pool.slabs);
+  uint8_t *const *device = pool.slabs_device; /* host memory here, read directly */
+  const int32_t a = ci_kv_pool_alloc(&pool), b = ci_kv_pool_alloc(&pool),
+                c = ci_kv_pool_alloc(&pool);
+  assert_true(a / 2 == 0 && b / 2 == 0 && c / 2 == 1);
+  assert_ptr_equal(device[0], pool.slabs[0]);
+  assert_ptr_equal(device[1], pool.slabs[1]);
+  uint8_t *old = pool.slabs[0];
+  ci_kv_pool_release(&pool, a);
+  ci_kv_pool_release(&pool, b); /* slot 0 empties: its slab goes back to the arena */
+  assert_null(pool.slabs[0]);
+  assert_ptr_equal(device[0], old);
+  const int32_t d = ci_kv_pool_alloc(&pool), e = ci_kv_pool_alloc(&pool);
+  assert_true(d / 2 == 1 && e / 2 == 0); /* slot 1 fills up, then slot 0 takes a slab again */
+  assert_non_null(pool.slabs[0]);
+  assert_ptr_equal(device[0], pool.slabs[0]);
+  ci_kv_pool_release(&pool, c);
+  ci_kv_pool_release(&pool, d);
+  ci_kv_pool_release(&pool, e);
+  ci_kv_pool_destroy(&pool);
+  ci_kv_arena_destroy(&arena);
+  be->host_visible = 1;
+  be->ops->destroy(be);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_steady_state_llama),
@@ -192,6 +234,7 @@ int main(void) {
       cmocka_unit_test(test_steady_state_gemma4_ple),
       cmocka_unit_test(test_arena_fixed),
       cmocka_unit_test(test_arena_runs),
+      cmocka_unit_test(test_pool_slab_table_on_device),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -25,7 +25,9 @@ typedef struct {
   int32_t n_slots;         /* slab slots (capacity = n_slots * blocks_per_slab ids) */
   uint8_t **slabs;         /* [n_slots] NULL where the pool holds no slab */
   uint8_t **slabs_device;  /* [n_slots] its copy in backend memory (attention reads it); the same
-                              array where the backend shares host memory */
+                              array where the backend shares host memory. Updated when a slab is
+                              taken; a released slot keeps its old address there (work already
+                              queued on the device may still read it) */
   int32_t *slab_used;      /* [n_slots] blocks in use per slab */
   int32_t *refcount;       /* [n_slots * blocks_per_slab]; 0 = free */
   int32_t n_used;

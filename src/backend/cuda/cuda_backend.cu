@@ -609,10 +609,11 @@ extern "C" ci_backend *ci_cuda_backend_create(int gpu, int n_threads) {
   }
   if (cudaDeviceGetAttribute(&cu->n_sms, cudaDevAttrMultiProcessorCount, gpu) != cudaSuccess)
     cu->n_sms = 1;
-  /* programmatic dependent launch needs compute capability 9.0; CINFER_CUDA_PDL=0 turns it off */
-  int major = 0;
+  /* CINFER_CUDA_FUSE=0: every recorded command its own launch (cuda_graph.cu) */
   const char *fuse_env = getenv("CINFER_CUDA_FUSE");
   cu->fuse = !(fuse_env && strcmp(fuse_env, "0") == 0);
+  /* programmatic dependent launch needs compute capability 9.0; CINFER_CUDA_PDL=0 turns it off */
+  int major = 0;
   const char *pdl_env = getenv("CINFER_CUDA_PDL");
   cu->pdl = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, gpu) == cudaSuccess &&
             major >= 9 && !(pdl_env && strcmp(pdl_env, "0") == 0);
