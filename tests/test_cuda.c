@@ -48,6 +48,7 @@
 #include "tensor/turbo_quant.h"
 
 #include <dirent.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1404,29 +1405,16 @@ static void test_fixtures(void **state) {
 /* The first sequence of the starter model's held-out ids (models/starter/eval_ids.json, whose
  * "sequences" is an array of id arrays). */
 static int32_t *starter_ids(int *n) {
-  size_t size = 0;
-  char *text = (char *)fixture_read_file(CI_MODELS_DIR "/starter/eval_ids.json", &size);
-  assert_non_null(text);
-  char *p = strstr(text, "\"sequences\"");
-  assert_non_null(p);
-  p = strchr(p, '[');
-  assert_non_null(p);
-  p = strchr(p + 1, '[');
-  assert_non_null(p);
-  int32_t *ids = (int32_t *)malloc(size * sizeof *ids);
+  json_error_t error;
+  json_t *root = json_load_file(CI_MODELS_DIR "/starter/eval_ids.json", 0, &error);
+  if (!root) fail_msg("eval_ids.json: %s", error.text);
+  const json_t *seq = json_array_get(json_object_get(root, "sequences"), 0);
+  assert_true(json_is_array(seq));
+  *n = (int)json_array_size(seq);
+  int32_t *ids = (int32_t *)malloc((size_t)*n * sizeof *ids);
   assert_non_null(ids);
-  *n = 0;
-  for (p++; *p && *p != ']';) {
-    char *end;
-    const long v = strtol(p, &end, 10);
-    if (end == p) {
-      p++;
-      continue;
-    }
-    ids[(*n)++] = (int32_t)v;
-    p = end;
-  }
-  free(text);
+  for (int i = 0; i < *n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(seq, i));
+  json_decref(root);
   return ids;
 }
 

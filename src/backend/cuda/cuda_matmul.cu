@@ -212,16 +212,10 @@ static int blas_launch(ci_cuda *cu, const void *w, int dtype, int64_t n, int64_t
   const float one = 1.0f, zero = 0.0f;
   cublasStatus_t st = cu->blas->matmul(cu->blas->handle, p->desc, &one, w, p->a, input, p->b, &zero,
                                        out, p->c, out, p->c, &p->algo, NULL, 0, cu->stream);
-  if (st != CUBLAS_STATUS_SUCCESS) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    cudaStreamIsCapturing(cu->stream, &capture);
-    const cudaError_t last = cudaGetLastError();
-    return ci_fail("cuBLASLt: matmul %lld x %lld x %lld failed (status %d; CUDA: %s%s)",
-                   (long long)rows, (long long)n, (long long)k, (int)st, cudaGetErrorString(last),
-                   capture == cudaStreamCaptureStatusActive        ? ", capturing a graph"
-                   : capture == cudaStreamCaptureStatusInvalidated ? ", graph capture invalidated"
-                                                                   : "");
-  }
+  if (st != CUBLAS_STATUS_SUCCESS) /* the CUDA error says why a launch failed */
+    return ci_fail("cuBLASLt: matmul %lld x %lld x %lld failed (status %d; CUDA: %s)",
+                   (long long)rows, (long long)n, (long long)k, (int)st,
+                   cudaGetErrorString(cudaGetLastError()));
   return CI_OK;
 }
 
