@@ -7,6 +7,7 @@
  * usage: step_bench MODEL_DIR [--device cpu|cuda] [--prompts 512,2048] [--batches 1,16,64]
  *                             [--gen N] [--context 128[,N..]] [--threads N] [--planes 1|2]
  *                             [--graphs 0|1] [--precision fast|exact] [--kv CODEC] [--profile]
+ *                             [--rows]
  * --planes: how the CUDA backend feeds activations to bf16 matmuls (cuda_backend.h).
  * --precision: the matmul numerics (default exact; on CUDA, --planes decides).
  * --kv: the decode sequences' KV codecs (a comma list), as `cinfer fit --kv-codec` spells one:
@@ -16,8 +17,14 @@
  *   (context, codec, batch) of the lists with the model loaded once: `--prompts 0 --batches 1
  *   --context 4096,16384 --kv bf16,affine:8,turbo:4` is the depth benchmark. Prefill always
  *   stores bf16; --prompts 0 skips it.
+ * --rows: the decode steps download each sequence's whole logit row, as for a request that
+ *   samples (default: only each row's greedy pick, as the engine's step for greedy requests).
  * --profile: marks the timed decode steps as the profiler's range (run under
- *   `ncu --profile-from-start off`). */
+ *   `ncu --profile-from-start off`).
+ * On a GPU each decode entry also splits its steps' time (per step, ms): host_build (recording
+ * the ops and launching the step), gpu (the launch to the end of the logits download),
+ * download (the logits' copy), backend_step (step_begin to step_end's return); step_ms beyond
+ * backend_step is the engine's own host work between steps. */
 #include "backend/cuda/cuda_backend.h"
 #include "base/error.h"
 #include "base/timing.h"
@@ -40,9 +47,20 @@ static int parse_list(const char *text, int *out, int max) {
   return n;
 }
 
+/* One decode step of B sequences as the engine runs it for greedy requests: each sequence's
+ * next token, and each row's greedy pick (or, with logits, also its whole row: what a request
+ * that samples needs). */
+static int decode_step(ci_model *model, ci_workspace *ws, ci_kv_seq **seqs, const int32_t *next,
+                       int B, float *logits, ci_row_pick *picks) {
+  ci_step_seq steps[256];
+  for (int i = 0; i < B; i++)
+    steps[i] = (ci_step_seq){.seq = seqs[i], .ids = next + i, .n_rows = 1, .n_logit_rows = 1};
+  return ci_model_step_picks(model, ws, steps, B, logits, picks);
+}
+
 /* Seconds of a synchronised step: the backend's step_end waits for the device. */
 static void sync_backend(ci_backend *be) {
-  be->ops->step_end(be, NULL, NULL, 0);
+  be->ops->step_end(be, NULL, 0);
 }
 
 /* Device bandwidth: bytes read + written per second by a copy of `bytes`. */
@@ -113,7 +131,7 @@ static double weights_only_step(ci_model *model, const matmul_buffers *mb, int B
         if (mats[i]->data) be->ops->matmul(be, mats[i], mb->x, B, mb->y, &segments);
     }
     be->ops->matmul(be, &model->head, mb->x, B, mb->y, &segments);
-    be->ops->step_end(be, NULL, NULL, 0);
+    be->ops->step_end(be, NULL, 0);
     double t = ci_now_seconds() - t0;
     if (rep >= 3) best = t < best ? t : best;
   }
@@ -156,11 +174,12 @@ int main(int argc, char **argv) {
   ci_device_options device = {.device = "auto", .gpu = 0, .n_threads = 0};
   int prompts[8] = {512, 2048}, n_prompts = 2, batches[16] = {1, 16, 64}, n_batches = 3;
   int gen = 32, contexts[4] = {128}, n_contexts = 1, planes = 2, graphs = 1, profile = 0;
+  int rows = 0; /* --rows: decode steps download whole logit rows instead of greedy picks */
   ci_kv_format kvs[8] = {ci_kv_format_plain(CI_KV_BF16)};
   int n_kvs = 1;
   for (int i = 2; i < argc; i += 2) {
-    if (!strcmp(argv[i], "--profile")) {
-      profile = 1;
+    if (!strcmp(argv[i], "--profile") || !strcmp(argv[i], "--rows")) {
+      *(argv[i][2] == 'p' ? &profile : &rows) = 1;
       i--; /* a flag without a value */
       continue;
     }
@@ -212,6 +231,11 @@ int main(int argc, char **argv) {
     }
     context = contexts[c] > context ? contexts[c] : context;
   }
+  for (int b = 0; b < n_batches; b++)
+    if (batches[b] < 1 || batches[b] > 256) {
+      fprintf(stderr, "step_bench: --batches %d is outside 1..256\n", batches[b]);
+      return 2;
+    }
   if (n_prompts < 0 || n_batches < 1 || n_contexts < 1 || n_kvs < 1) {
     fprintf(stderr, "step_bench: a bad list in --prompts, --batches, --context or --kv\n");
     return 2;
@@ -232,8 +256,9 @@ int main(int argc, char **argv) {
   char kv_name[32];
   ci_kv_format_name(&kvs[0], kv_name, sizeof kv_name);
   printf("{\"model\": \"%s\", \"backend\": \"%s\", \"input_planes\": %d, \"graphs\": %d, "
-         "\"kv\": \"%s\", \"context\": %d, \"weight_bytes_per_token\": %lld",
-         argv[1], be->ops->name, planes, graphs, kv_name, context,
+         "\"kv\": \"%s\", \"context\": %d, \"decode_output\": \"%s\", "
+         "\"weight_bytes_per_token\": %lld",
+         argv[1], be->ops->name, planes, graphs, kv_name, context, rows ? "rows" : "picks",
          (long long)ci_model_weight_bytes_per_token(model));
   double bandwidth = be->host_visible ? 0.0 : measure_bandwidth(be, (size_t)2 << 30);
   printf(", \"bandwidth_bytes_per_s\": %.4g", bandwidth);
@@ -265,6 +290,12 @@ int main(int argc, char **argv) {
   float *logits = malloc(logits_bytes);
   /* as the engine does: the step's logits land in page-locked memory */
   const int pinned = be->ops->pin_host(be, logits, logits_bytes) == CI_OK;
+  ci_row_pick *picks = malloc(256 * sizeof *picks);
+  ci_workspace *ws = ci_workspace_create(be);
+  if (!logits || !picks || !ws) {
+    fprintf(stderr, "step_bench: out of memory\n");
+    return 1;
+  }
   /* warm-up: a short prefill and a few decode steps */
   {
     ci_kv_seq *s = ci_kv_seq_create(cache);
@@ -315,28 +346,40 @@ int main(int argc, char **argv) {
       }
       next[i] = token_at(i, depth, vocab);
     }
-    for (int w = 0; w < 2; w++) ci_model_forward_decode_batch(model, seqs, next, B, logits);
+    for (int w = 0; w < 2; w++) decode_step(model, ws, seqs, next, B, rows ? logits : NULL, picks);
 #ifdef CINFER_CUDA
     if (profile) ci_cuda_profile_range(1);
+    ci_cuda_step_times times = {0};
+    if (!be->host_visible) ci_cuda_step_timing(be, 1, NULL);
 #endif
     double t0 = ci_now_seconds();
     for (int step = 0; step < gen; step++) {
-      if (ci_model_forward_decode_batch(model, seqs, next, B, logits)) {
+      if (decode_step(model, ws, seqs, next, B, rows ? logits : NULL, picks)) {
         fprintf(stderr, "step_bench: decode batch %d: %s\n", B, ci_last_error());
         return 1;
       }
       for (int i = 0; i < B; i++) next[i] = token_at(i, step, vocab);
     }
     double t = ci_now_seconds() - t0;
+    char split[256] = "";
 #ifdef CINFER_CUDA
     if (profile) ci_cuda_profile_range(0);
+    if (!be->host_visible) {
+      ci_cuda_step_timing(be, 0, &times);
+      const double per = times.steps > 0 ? 1e3 / (double)times.steps : 0.0;
+      snprintf(split, sizeof split,
+               ", \"host_build_ms\": %.3f, \"gpu_ms\": %.3f, \"download_ms\": %.3f, "
+               "\"backend_step_ms\": %.3f",
+               per * times.host_build_s, per * times.gpu_s, per * times.download_s,
+               per * times.wall_s);
+    }
 #endif
     (void)profile;
     const double matmuls = have_buffers ? weights_only_step(model, &buffers, B) : 0.0;
     printf("%s{\"batch\": %d, \"context\": %d, \"kv\": \"%s\", \"steps\": %d, \"seconds\": %.6f, "
-           "\"step_ms\": %.3f, \"tok_s\": %.1f, \"weights_only_step_ms\": %.3f}",
+           "\"step_ms\": %.3f, \"tok_s\": %.1f, \"weights_only_step_ms\": %.3f%s}",
            printed++ ? ", " : "", B, depth, kv_name, gen, t, 1e3 * t / gen, (double)B * gen / t,
-           1e3 * matmuls);
+           1e3 * matmuls, split);
     fflush(stdout);
     for (int i = 0; i < B; i++) ci_kv_seq_free(seqs[i]);
     free(seqs);
@@ -352,6 +395,8 @@ int main(int argc, char **argv) {
   free(ids);
   if (pinned) be->ops->unpin_host(be, logits);
   free(logits);
+  free(picks);
+  ci_workspace_free(ws);
   ci_kv_cache_free(cache);
   ci_model_close(model);
   return 0;

@@ -2,7 +2,8 @@
 """GPU server load test (part of `make test-cuda`): `cinfer serve --device cuda` on loopback,
 CLIENTS concurrent streaming chat clients for SECONDS. Each greedy request's streamed text must
 equal the same request's answer when it ran alone (nothing lost or mixed up in the batched GPU
-steps), every request must finish (some with prompts longer than the model's sliding window),
+steps; every sixth request asks for top log-probabilities, so its steps download whole logit rows
+beside the others' greedy picks), every request must finish (some with prompts longer than the model's sliding window),
 and at idle the KV pool must hold no blocks but the prefix
 cache's. Python standard library only (the GPU machine has no npm).
 
@@ -34,8 +35,11 @@ CONTEXT = "Context:\n" + "\n".join(f"line {k}: total = total + {k} * step" for k
 def request_body(i, stream):
     ask_for = f"Write a Python function to {TOPICS[i % len(TOPICS)]}."
     content = f"{CONTEXT}\n{ask_for}" if i % 8 == 7 else ask_for
-    return {"model": "x", "temperature": 0, "max_tokens": 8 + (i % 5) * 8, "stream": stream,
+    body = {"model": "x", "temperature": 0, "max_tokens": 8 + (i % 5) * 8, "stream": stream,
             "messages": [{"role": "user", "content": content}]}
+    if i % 6 == 5:  # its rows come back whole, beside other requests' greedy picks in one step
+        body.update({"logprobs": True, "top_logprobs": 2})
+    return body
 
 
 def post(body):
@@ -119,6 +123,7 @@ try:
                     failures.append(str(e))
 
     threads = [threading.Thread(target=worker, args=(w,)) for w in range(clients)]
+    generated_before = get_json("/stats")["totals"]["generation_tokens"]
     start = time.time()
     for t in threads:
         t.start()
@@ -128,8 +133,10 @@ try:
     time.sleep(0.5)
     stats = get_json("/stats")
     kv, prefix, batch = stats["kv"], stats.get("prefix_cache", {}), stats["batch"]
+    generated = stats["totals"]["generation_tokens"] - generated_before
     print(f"cuda server load: {clients} clients for {elapsed:.0f} s: {counts['done']} streamed "
-          f"requests, {counts['bad']} differing from their solo answer, {counts['errors']} "
+          f"requests ({generated} tokens generated, {generated / elapsed:.0f} tok/s over all "
+          f"clients), {counts['bad']} differing from their solo answer, {counts['errors']} "
           f"errors; idle: {kv['blocks_used']} KV blocks used, {prefix.get('blocks', 0)} held "
           f"by the prefix cache, running {batch['running']}, waiting {batch['waiting']}; "
           f"device {stats.get('server', {}).get('device')}")

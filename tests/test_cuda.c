@@ -37,6 +37,7 @@
 #include <cmocka.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/row_pick.h"
 #include "backend/cuda/cuda_backend.h"
 #include "base/error.h"
 #include "engine/session.h"
@@ -1180,6 +1181,47 @@ static void test_deltanet_ops(void **state) {
 /* ==== models: logits against transformers, batch invariance ==== */
 
 /* A KV cache as a device needs it: an arena reserved up front and the block tables' limits. */
+/* pick_rows on the GPU against the host's pick on rows of a 128k vocabulary (not a multiple of
+ * the block): ties to the lowest id, NaN never chosen, -inf, +inf (logprob 0), all -inf (-1). */
+static void test_row_picks(void **state) {
+  (void)state;
+  enum { V = 128259, ROWS = 7 };
+  ci_backend *cu = gpu();
+  float *z = malloc((size_t)ROWS * V * sizeof *z);
+  assert_non_null(z);
+  for (size_t i = 0; i < (size_t)ROWS * V; i++) z[i] = 8.0f * frand();
+  z[1 * (size_t)V + 90000] = z[1 * (size_t)V + 513] = 9.5f; /* tie: 513 */
+  z[2 * (size_t)V + 0] = NAN;                               /* NaN first, */
+  z[2 * (size_t)V + 77] = NAN;                              /* NaN among values */
+  z[3 * (size_t)V + 5] = -INFINITY;                         /* -inf, max in the tail */
+  z[3 * (size_t)V + V - 1] = 9.0f;
+  z[4 * (size_t)V + 70000] = z[4 * (size_t)V + 1000] = INFINITY; /* +inf: 1000, logprob 0 */
+  for (size_t i = 0; i < V; i++) z[5 * (size_t)V + i] = i % 3 ? -INFINITY : NAN; /* -1 */
+  z[6 * (size_t)V + 12] = 30.0f; /* one dominant logit */
+  float *dz = to_device(cu, z, (size_t)ROWS * V);
+  ci_row_pick *dp = cu->ops->alloc(cu, ROWS * sizeof(ci_row_pick)), got[ROWS];
+  assert_non_null(dp);
+  cu->ops->pick_rows(cu, dp, dz, ROWS, V);
+  cu->ops->download(cu, got, dp, sizeof got);
+  for (int r = 0; r < ROWS; r++) {
+    const ci_row_pick want = ci_row_pick_of(z + (size_t)r * V, V);
+    printf("  row %d: GPU pick %d (%.7g), host %d (%.7g)\n", r, got[r].token,
+           (double)got[r].logprob, want.token, (double)want.logprob);
+    assert_int_equal(got[r].token, want.token);
+    if (want.token >= 0)
+      assert_true(fabsf(got[r].logprob - want.logprob) <= 1e-5f * (1.0f + fabsf(want.logprob)));
+  }
+  assert_int_equal(got[1].token, 513);
+  assert_int_equal(got[4].token, 1000);
+  assert_true(got[4].logprob == 0.0f);
+  assert_int_equal(got[5].token, -1);
+  assert_int_equal(got[6].token, 12);
+  cu->ops->release(cu, dp);
+  cu->ops->release(cu, dz);
+  free(z);
+  cu->ops->destroy(cu);
+}
+
 static ci_kv_cache *new_cache(ci_model *model, ci_kv_codec codec) {
   ci_kv_cache *cache = ci_model_kv_cache_create(model, codec, 16, (int64_t)256 << 20);
   assert_non_null(cache);
@@ -1262,27 +1304,53 @@ static void check_batch_invariance(ci_model *model, const char *name, int n_seq)
     next[i] = (int32_t)((i * 7 + 3) % V);
   }
   int64_t allocations = 0;
+  ci_workspace *ws = ci_workspace_create(model->be);
+  ci_step_seq *steps_of = calloc((size_t)n_seq, sizeof *steps_of);
+  ci_row_pick *solo_picks = calloc((size_t)n_seq, sizeof *solo_picks),
+              *batch_picks = calloc((size_t)n_seq, sizeof *batch_picks);
+  assert_true(ws && steps_of && solo_picks && batch_picks);
+  float worst_logprob = 0.0f;
   for (int step = 0; step < steps; step++) {
-    for (int i = 0; i < n_seq; i++)
+    for (int i = 0; i < n_seq; i++) {
+      const ci_step_seq one = {.seq = solo[i], .ids = &next[i], .n_rows = 1, .n_logit_rows = 1};
       assert_int_equal(
-          ci_model_forward(model, solo[i], &next[i], 1, solo_logits + (size_t)i * V, 1), CI_OK);
+          ci_model_step_picks(model, ws, &one, 1, solo_logits + (size_t)i * V, &solo_picks[i]),
+          CI_OK);
+      steps_of[i] = (ci_step_seq){.seq = batch[i], .ids = &next[i], .n_rows = 1, .n_logit_rows = 1};
+    }
     if (step == 2) allocations = model->be->ops->allocation_count(model->be);
-    if (ci_model_forward_decode_batch(model, batch, next, n_seq, batch_logits))
+    /* odd steps return the greedy picks alone, as the engine's step for greedy requests */
+    if (ci_model_step_picks(model, ws, steps_of, n_seq, step % 2 ? NULL : batch_logits,
+                            batch_picks))
       fail_msg("%s: batch of %d: %s", name, n_seq, ci_last_error());
     for (int i = 0; i < n_seq; i++) {
-      if (memcmp(solo_logits + (size_t)i * V, batch_logits + (size_t)i * V, (size_t)V * 4))
+      if (step % 2 == 0 &&
+          memcmp(solo_logits + (size_t)i * V, batch_logits + (size_t)i * V, (size_t)V * 4))
         fail_msg("%s: batch of %d, step %d, sequence %d: batched logits differ from solo", name,
                  n_seq, step, i);
-      int best = 0;
-      for (int v = 1; v < V; v++)
-        if (batch_logits[(size_t)i * V + v] > batch_logits[(size_t)i * V + best]) best = v;
-      next[i] = best; /* greedy continuation */
+      if (memcmp(&solo_picks[i], &batch_picks[i], sizeof batch_picks[i]))
+        fail_msg("%s: batch of %d, step %d, sequence %d: batched pick differs from solo", name,
+                 n_seq, step, i);
+      /* the GPU's pick of a row is the host's (the log-sum-exp summed in another order) */
+      const ci_row_pick host = ci_row_pick_of(solo_logits + (size_t)i * V, V);
+      const float d = fabsf(host.logprob - solo_picks[i].logprob);
+      worst_logprob = d > worst_logprob ? d : worst_logprob;
+      if (host.token != solo_picks[i].token || !(d <= 1e-5f * (1.0f + fabsf(host.logprob))))
+        fail_msg("%s: step %d, sequence %d: GPU pick %d (%g), host pick %d (%g)", name, step, i,
+                 solo_picks[i].token, (double)solo_picks[i].logprob, host.token,
+                 (double)host.logprob);
+      next[i] = batch_picks[i].token; /* greedy continuation */
     }
   }
+  ci_workspace_free(ws);
+  free(steps_of);
+  free(solo_picks);
+  free(batch_picks);
   const int64_t extra = model->be->ops->allocation_count(model->be) - allocations;
-  printf("  %-14s batch %3d (%s): bit-identical to solo over %d greedy "
-         "steps; %lld allocations in the last steps\n",
-         name, n_seq, mix ? "bf16 and affine:8:32 KV mixed" : "bf16 KV", steps, (long long)extra);
+  printf("  %-14s batch %3d (%s): logits and picks bit-identical to solo over %d greedy "
+         "steps (picks vs host: logprob within %.1e); %lld allocations in the last steps\n",
+         name, n_seq, mix ? "bf16 and affine:8:32 KV mixed" : "bf16 KV", steps,
+         (double)worst_logprob, (long long)extra);
   assert_int_equal(extra, 0);
   for (int i = 0; i < n_seq; i++) {
     ci_kv_seq_free(solo[i]);
@@ -1583,6 +1651,7 @@ int main(void) {
       cmocka_unit_test(test_kv_convert),        cmocka_unit_test(test_mixed_codecs),
       cmocka_unit_test(test_codec_kl),          cmocka_unit_test(test_matmul_ops),
       cmocka_unit_test(test_affine_matmul_ops), cmocka_unit_test(test_matmul_batch_invariance),
-      cmocka_unit_test(test_fixtures),          cmocka_unit_test(test_window_release)};
+      cmocka_unit_test(test_fixtures),          cmocka_unit_test(test_window_release),
+      cmocka_unit_test(test_row_picks)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

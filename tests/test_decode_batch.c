@@ -5,7 +5,8 @@
  * (ci_model_forward_decode_batch), and mixed steps (ci_model_step) where a prefill chunk of one
  * sequence — long enough for the panel kernels, and converting its KV at the chunk boundary —
  * runs beside the decode rows of three others. Every check runs in both precisions (exact and
- * fast). */
+ * fast). Steps that return greedy picks (ci_model_step_picks) give each row's host pick of the
+ * same logits, with or without the rows themselves. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +14,7 @@
 #include <cmocka.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/row_pick.h"
 #include "base/error.h"
 #include "model/model.h"
 
@@ -32,6 +34,17 @@ static void apply_plan(ci_kv_seq *seq, int i) {
 }
 
 enum { MIXED_PROMPT = 160, MIXED_FIRST_CHUNK = 130 };
+
+/* Each of n picks is the host pick of its logits row. */
+static void check_picks(const char *name, const ci_row_pick *picks, const float *rows, int n,
+                        int vocab) {
+  for (int i = 0; i < n; i++) {
+    const ci_row_pick want = ci_row_pick_of(rows + (size_t)i * vocab, vocab);
+    if (picks[i].token != want.token || memcmp(&picks[i].logprob, &want.logprob, sizeof(float)))
+      fail_msg("%s: row %d picks %d (%g), its logits pick %d (%g)", name, i, picks[i].token,
+               (double)picks[i].logprob, want.token, (double)want.logprob);
+  }
+}
 
 /* Two mixed steps: the decode rows of the three sequences beside the prefill of a fourth whose
  * prompt goes in chunks of 130 (no logits; its turbo plan converts exactly at 130) and 30 (logits
@@ -66,8 +79,10 @@ static void check_mixed_steps(const char *name, ci_model *model, ci_kv_cache *ca
     for (int i = 0; i < N_SEQ; i++)
       step_seqs[i + 1] =
           (ci_step_seq){.seq = batch[i], .ids = &next[i], .n_rows = 1, .n_logit_rows = 1};
-    if (ci_model_step(model, ws, step_seqs, N_SEQ + 1, mixed_logits))
+    ci_row_pick picks[N_SEQ + 1];
+    if (ci_model_step_picks(model, ws, step_seqs, N_SEQ + 1, mixed_logits, picks))
       fail_msg("%s: mixed step %d: %s", name, step, ci_last_error());
+    check_picks(name, picks, mixed_logits, N_SEQ + last, vocab);
     const float *mixed_decode = mixed_logits + (last ? vocab : 0);
     for (int i = 0; i < N_SEQ; i++) {
       if (memcmp(solo_logits + (size_t)i * vocab, mixed_decode + (size_t)i * vocab,
@@ -111,6 +126,8 @@ static void check_fixture_in(const char *name, ci_precision precision) {
   float *logits = malloc((size_t)vocab * sizeof *logits);
   float *solo_logits = malloc((size_t)N_SEQ * vocab * sizeof *solo_logits);
   float *batch_logits = malloc((size_t)N_SEQ * vocab * sizeof *batch_logits);
+  ci_workspace *ws = ci_workspace_create(be);
+  assert_non_null(ws);
   for (int i = 0; i < N_SEQ; i++) {
     solo[i] = ci_kv_seq_create(cache);
     batch[i] = ci_kv_seq_create(cache);
@@ -127,7 +144,18 @@ static void check_fixture_in(const char *name, ci_precision precision) {
     for (int i = 0; i < N_SEQ; i++)
       assert_int_equal(ci_model_forward(model, solo[i], &next[i], 1, solo_logits + i * vocab, 1),
                        CI_OK);
-    assert_int_equal(ci_model_forward_decode_batch(model, batch, next, N_SEQ, batch_logits), CI_OK);
+    if (step % 2) { /* the greedy picks alone: each is the pick of the solo row */
+      ci_step_seq steps[N_SEQ];
+      ci_row_pick picks[N_SEQ];
+      for (int i = 0; i < N_SEQ; i++)
+        steps[i] = (ci_step_seq){.seq = batch[i], .ids = &next[i], .n_rows = 1, .n_logit_rows = 1};
+      assert_int_equal(ci_model_step_picks(model, ws, steps, N_SEQ, NULL, picks), CI_OK);
+      check_picks(name, picks, solo_logits, N_SEQ, vocab);
+      memcpy(batch_logits, solo_logits, (size_t)N_SEQ * vocab * sizeof(float));
+    } else {
+      assert_int_equal(ci_model_forward_decode_batch(model, batch, next, N_SEQ, batch_logits),
+                       CI_OK);
+    }
     for (int i = 0; i < N_SEQ; i++) {
       if (memcmp(solo_logits + (size_t)i * vocab, batch_logits + (size_t)i * vocab,
                  (size_t)vocab * sizeof(float)))
@@ -149,6 +177,7 @@ static void check_fixture_in(const char *name, ci_precision precision) {
   free(logits);
   free(solo_logits);
   free(batch_logits);
+  ci_workspace_free(ws);
   ci_kv_cache_free(cache);
   ci_model_free(model);
   be->ops->destroy(be);

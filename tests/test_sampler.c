@@ -2,7 +2,8 @@
  * 1-3): Philox known answers, processors,
  * log-softmax and top logprobs, chi-square goodness of fit of the draw against the exact
  * truncated and renormalised distribution (10^5 draws, fixed seeds, p >= 0.001), determinism,
- * greedy, edge cases, and the partial-selection paths on a 262144-token vocabulary. */
+ * greedy, edge cases, and the partial-selection paths on a 262144-token vocabulary; a device's
+ * greedy row pick (backend/cpu/row_pick.h) against the greedy sampler. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,6 +11,7 @@
 
 #include <cmocka.h>
 
+#include "backend/cpu/row_pick.h"
 #include "base/error.h"
 #include "base/timing.h"
 #include "sample/greedy.h"
@@ -561,6 +563,64 @@ static void test_greedy(void **state) {
   assert_int_equal(out[0], 2);
 }
 
+/* A greedy sampler without processors takes row picks, and the host pick of a row is its token
+ * and its logprob bit for bit: ties to the lowest id, NaN never chosen, +inf, all -inf. */
+static void test_row_picks(void **state) {
+  (void)state;
+  enum { V = 1003 }; /* not a multiple of the 16 lanes */
+  float *z = malloc(V * sizeof *z), *work = malloc(V * sizeof *work);
+  assert_non_null(z);
+  assert_non_null(work);
+  ci_sampler_params p = seeded(5);
+  p.temperature = 0.0f;
+  for (int kind = 0; kind < 6; kind++) {
+    uint32_t x = 12345u + (uint32_t)kind;
+    for (int i = 0; i < V; i++) {
+      x = x * 1664525u + 1013904223u;
+      z[i] = (float)(x >> 8) / (float)(1 << 24) * 20.0f - 10.0f;
+    }
+    if (kind == 1) z[700] = z[40] = 11.0f;                   /* a tie: 40 wins */
+    if (kind == 2) z[3] = NAN, z[500] = NAN, z[900] = 12.0f; /* NaN never wins */
+    if (kind == 3) z[10] = -INFINITY, z[1002] = 13.0f;       /* -inf, the tail lane */
+    if (kind == 4) z[600] = INFINITY, z[80] = INFINITY;      /* +inf: logprob 0 */
+    if (kind == 5) z[0] = NAN, z[1] = 10.5f, z[2] = nextafterf(10.5f, 0.0f); /* near tie */
+    const ci_row_pick pick = ci_row_pick_of(z, V);
+    ci_sampler *s = ci_sampler_create(&p, V);
+    assert_non_null(s);
+    assert_true(ci_sampler_takes_row_picks(s));
+    memcpy(work, z, V * sizeof *z);
+    const int32_t token = ci_sampler_next(s, work, NULL, 0);
+    assert_int_equal(pick.token, token);
+    const float lp = ci_sampler_logprobs(s)[token];
+    assert_memory_equal(&pick.logprob, &lp, sizeof lp);
+    if (kind == 1) assert_int_equal(token, 40);
+    if (kind == 2) assert_int_equal(token, 900);
+    if (kind == 3) assert_int_equal(token, 1002);
+    if (kind == 4) assert_true(token == 80 && pick.logprob == 0.0f);
+    if (kind == 5) assert_int_equal(token, 1);
+    ci_sampler_free(s);
+  }
+  for (int i = 0; i < V; i++) z[i] = i % 2 ? -INFINITY : NAN; /* nothing can be chosen */
+  assert_int_equal(ci_row_pick_of(z, V).token, -1);
+  /* anything that changes the row or draws from it takes the row */
+  const ci_logit_bias bias[] = {{2, 0.5f}};
+  ci_sampler_params q = p;
+  q.logit_bias = bias;
+  q.n_logit_bias = 1;
+  ci_sampler_params r = p;
+  r.penalties.repetition = 1.1f;
+  ci_sampler_params t = p;
+  t.temperature = 0.7f;
+  const ci_sampler_params *rows[] = {&q, &r, &t};
+  for (int i = 0; i < 3; i++) {
+    ci_sampler *s = ci_sampler_create(rows[i], V);
+    assert_false(ci_sampler_takes_row_picks(s));
+    ci_sampler_free(s);
+  }
+  free(z);
+  free(work);
+}
+
 static void test_edge_cases(void **state) {
   (void)state;
   enum { N = 300 };
@@ -819,6 +879,7 @@ int main(void) {
       cmocka_unit_test(test_fit_xtc),
       cmocka_unit_test(test_seed_determinism),
       cmocka_unit_test(test_greedy),
+      cmocka_unit_test(test_row_picks),
       cmocka_unit_test(test_edge_cases),
       cmocka_unit_test(test_validation),
       cmocka_unit_test(test_big_vocab),

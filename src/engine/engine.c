@@ -114,6 +114,7 @@ struct ci_engine {
   int next_key;
   ci_workspace *ws;       /* sized at creation for the largest step */
   float *logits;          /* [batch, vocab]: one row per sequence of a step */
+  ci_row_pick *picks;     /* [batch]: each logit row's greedy pick (ci_model_step_picks) */
   float *fork_logits;     /* [vocab]: a copy of a prefill's last row for each forked choice */
   int logits_pinned;      /* logits registered with the backend (pin_host) */
   ci_step_seq *step_seqs; /* [batch] the sequences of a step */
@@ -372,6 +373,7 @@ static void engine_free_parts(ci_engine *e) {
   ci_workspace_free(e->ws);
   if (e->logits_pinned) e->model->be->ops->unpin_host(e->model->be, e->logits);
   free(e->logits);
+  free(e->picks);
   free(e->fork_logits);
   free(e->step_seqs);
   ci_draft_batch_free(&e->draft_batch);
@@ -421,6 +423,7 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
   if (!e->cache) return engine_free_parts(e), NULL;
   e->logits =
       malloc((size_t)e->o.batch * decode_rows * (size_t)model->spec.vocab * sizeof *e->logits);
+  e->picks = malloc((size_t)e->o.batch * decode_rows * sizeof *e->picks);
   e->step_seqs = malloc((size_t)e->o.batch * sizeof *e->step_seqs);
   e->fork_logits = malloc((size_t)model->spec.vocab * sizeof *e->fork_logits);
   e->draft_states = malloc((size_t)e->o.batch * sizeof *e->draft_states);
@@ -428,8 +431,8 @@ ci_engine *ci_engine_create(ci_model *model, const ci_engine_options *options) {
   e->spec_accept = malloc((size_t)e->o.batch * sizeof *e->spec_accept);
   e->spec_entry = malloc((size_t)e->o.batch * sizeof *e->spec_entry);
   ci_spec_policy_init(&e->policy);
-  if (!e->logits || !e->step_seqs || !e->fork_logits || !e->draft_states || !e->spec_k ||
-      !e->spec_accept || !e->spec_entry)
+  if (!e->logits || !e->picks || !e->step_seqs || !e->fork_logits || !e->draft_states ||
+      !e->spec_k || !e->spec_accept || !e->spec_entry)
     return engine_free_parts(e), ci_fail("engine: out of memory"), NULL;
   /* a device writes the logits of each step straight into this buffer when it is pinned; a
    * failure only makes the download slower */
@@ -923,9 +926,11 @@ static void finish_locked(ci_engine *e, ci_engine_request *r, ci_finish_reason f
   push_event(r, &ev);
 }
 
-/* Counts and emits a sampled token; returns 1 with *finish set when it ends the request (the
- * finish rule: EOS, which is not emitted, then length). */
-static int take_token(ci_engine *e, ci_engine_request *r, int32_t token, ci_finish_reason *finish) {
+/* Counts and emits a sampled token with its log-probability (top entries from the sampler's last
+ * log-softmax when the request asks for them); returns 1 with *finish set when it ends the request
+ * (the finish rule: EOS, which is not emitted, then length). */
+static int take_token(ci_engine *e, ci_engine_request *r, int32_t token, float logprob,
+                      ci_finish_reason *finish) {
   const double now = ci_now_seconds();
   if (r->generated == 0) r->t_first = now;
   r->t_last = now;
@@ -937,10 +942,10 @@ static int take_token(ci_engine *e, ci_engine_request *r, int32_t token, ci_fini
   ci_engine_event ev;
   ev.kind = CI_ENGINE_EVENT_TOKEN;
   ev.token = token;
-  const float *lp = ci_sampler_logprobs(r->sampler);
-  ev.logprob = lp[token];
+  ev.logprob = logprob;
   ev.n_top = 0;
   if (r->top_logprobs > 0) {
+    const float *lp = ci_sampler_logprobs(r->sampler);
     ci_logprob top[CI_ENGINE_MAX_TOP_LOGPROBS];
     ev.n_top = ci_logprobs_top(lp, e->model->spec.vocab, r->top_logprobs, top);
     for (int i = 0; i < ev.n_top; i++) {
@@ -1119,8 +1124,26 @@ static int sample_next(ci_engine *e, ci_engine_request *r, float *logits, int *f
   if (r->matcher && !ci_eos_set_contains(&r->eos, token) &&
       ci_grammar_matcher_accept_token(r->matcher, token))
     return CI_ERR;
-  *finished = take_token(e, r, token, finish);
+  *finished = take_token(e, r, token, ci_sampler_logprobs(r->sampler)[token], finish);
   return CI_OK;
+}
+
+/* Emits the step's greedy pick for a request whose sampler takes picks (no row was needed). */
+static int take_pick(ci_engine *e, ci_engine_request *r, ci_row_pick pick, int *finished,
+                     ci_finish_reason *finish) {
+  if (pick.token < 0) return ci_fail("every token has a logit of -inf (all tokens banned)");
+  ci_sampler_advance(r->sampler, 1);
+  *finished = take_token(e, r, pick.token, pick.logprob, finish);
+  return CI_OK;
+}
+
+/* Whether a step's logit rows for entry r can be its greedy picks alone: one row sampled by a
+ * sampler that takes picks, with no grammar mask, no top log-probabilities and no forked choices
+ * reading the row. */
+static int takes_pick(const ci_engine_request *r, int rows) {
+  const int one_choice = r->state == REQ_DECODE ? rows == 1 : r->group_size <= 1;
+  return one_choice && !r->matcher && r->top_logprobs == 0 &&
+         ci_sampler_takes_row_picks(r->sampler);
 }
 
 /* Ends a request of this step (failed or finished). */
@@ -1236,7 +1259,7 @@ static int verify_round(ci_engine *e, ci_engine_request *r, float *logits, int r
     ci_sampler_advance(r->sampler, 1);
     accepted += ok;
     emitted++;
-    *finished = take_token(e, r, token, finish);
+    *finished = take_token(e, r, token, ci_sampler_logprobs(r->sampler)[token], finish);
     if (!ok) break;
   }
   r->spec_drafted += k;
@@ -1383,18 +1406,26 @@ static void engine_step(ci_engine *e) {
                                              : 0};
     rows += entries[i].rows;
   }
+  /* whole logit rows only when a request needs one (a device then downloads them); every row's
+   * greedy pick always, so a greedy request's token never depends on its batch's needs */
+  int rows_needed = 0;
+  for (int i = 0; i < n; i++)
+    rows_needed |= e->step_seqs[i].n_logit_rows > 0 && !takes_pick(entries[i].r, entries[i].rows);
   /* the policy weighs the forward (drafting is timed on its own, in draft_step) */
   const double t0 = ci_now_seconds();
-  const int step_status = ci_model_step(e->model, e->ws, e->step_seqs, n, e->logits);
+  const int step_status = ci_model_step_picks(e->model, e->ws, e->step_seqs, n,
+                                              rows_needed ? e->logits : NULL, e->picks);
   if (!step_status)
     ci_spec_policy_observe_step(&e->policy, (int)rows, (ci_now_seconds() - t0) * 1e3);
   if (step_status) {
     for (int i = 0; i < n; i++) end_in_step(e, entries[i].r, CI_ERR, 0, CI_FINISH_STOP);
   } else {
     float *row = e->logits;
+    const ci_row_pick *pick = e->picks;
     for (int i = 0; i < n; i++) {
       ci_engine_request *r = entries[i].r;
       const int round = r->state == REQ_DECODE && entries[i].rows > 1;
+      const int picked = takes_pick(r, entries[i].rows);
       if (r->state == REQ_PREFILL) r->n_prefilled += entries[i].rows;
       if (!e->step_seqs[i].n_logit_rows) continue;
       const int forks = r->state == REQ_PREFILL && r->group_size > 1;
@@ -1402,9 +1433,11 @@ static void engine_step(ci_engine *e) {
       if (forks) fork_choices(e, r, row); /* before r's own sampling changes the row */
       int finished = 0;
       ci_finish_reason finish = CI_FINISH_STOP;
-      const int status = round ? verify_round(e, r, row, entries[i].rows, &finished, &finish)
-                               : sample_next(e, r, row, &finished, &finish);
+      const int status = picked  ? take_pick(e, r, *pick, &finished, &finish)
+                         : round ? verify_round(e, r, row, entries[i].rows, &finished, &finish)
+                                 : sample_next(e, r, row, &finished, &finish);
       row += vocab * e->step_seqs[i].n_logit_rows;
+      pick += e->step_seqs[i].n_logit_rows;
       end_in_step(e, r, status, finished, finish);
     }
   }

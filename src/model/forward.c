@@ -354,12 +354,12 @@ static int check_step(const ci_model *m, const ci_step_seq *seqs, int n_seqs) {
   return CI_OK;
 }
 
-/* ci_model_step; with hidden instead of logits, the selected rows' final-normed hidden states
- * (the head's input) are written there instead ([rows, hidden] f32). */
+/* ci_model_step_picks; with hidden instead of logits and picks, the selected rows' final-normed
+ * hidden states (the head's input) are written there instead ([rows, hidden] f32). */
 static int model_step(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, int n_seqs,
-                      float *logits, float *hidden) {
+                      float *logits, ci_row_pick *picks, float *hidden) {
   const ci_model_spec *s = &m->spec;
-  float *const want = logits ? logits : hidden; /* rows are selected for either output */
+  const int want = logits || picks || hidden; /* rows are selected for any output */
   if (check_step(m, seqs, n_seqs)) return CI_ERR;
   int n = 0, n_logits = 0;
   for (int i = 0; i < n_seqs; i++) {
@@ -397,11 +397,17 @@ static int model_step(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, in
   if (be->ops->step_begin(be, ws->desc, ws->desc_host, (size_t)2 * n * sizeof(int32_t)))
     return CI_ERR;
   for (int i = 0; i < n_seqs; i++) ci_kv_seq_sync_tables(seqs[i].seq);
-  /* logits: straight into the caller's buffer where the backend shares host memory */
+  /* logits and picks: straight into the caller's buffers where the backend shares host memory */
   float *out = NULL;
-  if (n_logits > 0 && logits) {
-    out = be->host_visible ? logits : ci_workspace_logits(ws, (int64_t)n_logits * s->vocab);
+  ci_row_pick *picks_out = NULL;
+  if (n_logits > 0 && (logits || picks)) {
+    out =
+        be->host_visible && logits ? logits : ci_workspace_logits(ws, (int64_t)n_logits * s->vocab);
     if (!out) return CI_ERR;
+  }
+  if (n_logits > 0 && picks) {
+    picks_out = be->host_visible ? picks : ci_workspace_picks(ws, n_logits);
+    if (!picks_out) return CI_ERR;
   }
   const step_rows sr = {
       .segments = {.n = n_seqs, .rows = ws->seq_rows},
@@ -422,28 +428,37 @@ static int model_step(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, in
     be->ops->gather_rows(be, ws->proj, ws->x, ws->logit_rows, n_logits, s->hidden);
     norm(m, ws->a, ws->proj, m->final_norm, n_logits, s->hidden);
     const step_rows logit_rows = {.segments = {.n = n_seqs, .rows = ws->logit_seg}};
-    if (logits) status = matmul(be, &logit_rows, &m->head, ws->a, n_logits, out);
-    if (logits && status == CI_OK && s->final_softcap != 0.0f)
+    if (out) status = matmul(be, &logit_rows, &m->head, ws->a, n_logits, out);
+    if (out && status == CI_OK && s->final_softcap != 0.0f)
       be->ops->softcap(be, out, s->final_softcap, (int64_t)n_logits * s->vocab);
+    if (picks_out && status == CI_OK) be->ops->pick_rows(be, picks_out, out, n_logits, s->vocab);
   }
-  if (hidden) /* the normed rows come back as logits would (a download where memory is apart) */
-    return status ? (be->ops->step_end(be, NULL, NULL, 0), status)
-                  : be->ops->step_end(be, n_logits > 0 ? hidden : NULL, ws->a,
-                                      (size_t)n_logits * s->hidden * sizeof(float));
-  const int end = be->ops->step_end(be, n_logits > 0 ? logits : NULL, out,
-                                    (size_t)n_logits * s->vocab * sizeof(float));
+  if (hidden) { /* the normed rows come back as logits would (a download where memory is apart) */
+    const ci_download normed = {n_logits > 0 ? hidden : NULL, ws->a,
+                                (size_t)n_logits * s->hidden * sizeof(float)};
+    return status ? (be->ops->step_end(be, NULL, 0), status) : be->ops->step_end(be, &normed, 1);
+  }
+  const ci_download downloads[2] = {
+      {n_logits > 0 ? logits : NULL, out, (size_t)n_logits * s->vocab * sizeof(float)},
+      {n_logits > 0 ? picks : NULL, picks_out, (size_t)n_logits * sizeof(ci_row_pick)}};
+  const int end = be->ops->step_end(be, downloads, 2);
   return status ? status : end;
 }
 
 int ci_model_step(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, int n_seqs,
                   float *logits) {
-  return model_step(m, ws, seqs, n_seqs, logits, NULL);
+  return model_step(m, ws, seqs, n_seqs, logits, NULL, NULL);
+}
+
+int ci_model_step_picks(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, int n_seqs,
+                        float *logits, ci_row_pick *picks) {
+  return model_step(m, ws, seqs, n_seqs, logits, picks, NULL);
 }
 
 int ci_model_step_hidden(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, int n_seqs,
                          float *hidden) {
   if (!hidden) return ci_fail("step: no hidden-state buffer");
-  return model_step(m, ws, seqs, n_seqs, NULL, hidden);
+  return model_step(m, ws, seqs, n_seqs, NULL, NULL, hidden);
 }
 
 /* The model's own workspace, for the single-sequence calls. */

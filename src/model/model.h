@@ -126,6 +126,12 @@ typedef struct {
 int ci_model_step(ci_model *model, ci_workspace *ws, const ci_step_seq *seqs, int n_seqs,
                   float *logits);
 
+/* ci_model_step that also (or only: logits NULL) returns each logit row's greedy pick
+ * (tensor/backend.h's ci_row_pick) in picks [sum of n_logit_rows], computed where the logits are:
+ * on a GPU a step that needs no whole row downloads 8 bytes per row instead of 4 * vocab. */
+int ci_model_step_picks(ci_model *model, ci_workspace *ws, const ci_step_seq *seqs, int n_seqs,
+                        float *logits, ci_row_pick *picks);
+
 /* ci_model_step giving, instead of logits, the final-normed hidden states (the LM head's input) of
  * each sequence's last n_logit_rows rows into hidden ([sum of n_logit_rows, hidden] f32), for
  * embeddings. The same operations as ci_model_step up to the head, so batch invariant too. */

@@ -27,6 +27,9 @@ static void release_buffers(ci_workspace *ws) {
   if (ws->desc) ws->be->ops->release(ws->be, ws->desc);
   ws->desc = ws->ids = ws->pos = NULL;
   ws->logit_capacity = 0;
+  if (ws->picks) ws->be->ops->release(ws->be, ws->picks);
+  ws->picks = NULL;
+  ws->pick_capacity = 0;
   void **host[] = {(void **)&ws->desc_host,  (void **)&ws->seq_first, (void **)&ws->seq_rows,
                    (void **)&ws->logit_rows, (void **)&ws->logit_seg, (void **)&ws->views,
                    (void **)&ws->seq_lora,   (void **)&ws->route_ids, (void **)&ws->route_w,
@@ -48,6 +51,17 @@ float *ci_workspace_logits(ci_workspace *ws, int64_t n) {
   if (!ws->logits) return NULL;
   ws->logit_capacity = n;
   return ws->logits;
+}
+
+ci_row_pick *ci_workspace_picks(ci_workspace *ws, int64_t n) {
+  if (n <= ws->pick_capacity) return ws->picks;
+  if (ws->picks) ws->be->ops->release(ws->be, ws->picks);
+  ws->pick_capacity = 0;
+  ws->allocations++;
+  ws->picks = ws->be->ops->alloc(ws->be, (size_t)n * sizeof(ci_row_pick));
+  if (!ws->picks) return NULL;
+  ws->pick_capacity = n;
+  return ws->picks;
 }
 
 /* Releases the LoRA scratch (its sizes become 0). */

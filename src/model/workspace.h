@@ -43,6 +43,8 @@ typedef struct ci_workspace {
   int32_t *pos;       /* (rows) position of each row: inside desc */
   float *logits;      /* (logit_capacity) logits in backend memory where it is not host memory */
   int64_t logit_capacity;
+  ci_row_pick *picks; /* (pick_capacity) row picks in backend memory where it is not host memory */
+  int64_t pick_capacity;
   int32_t *seq_first;              /* (seqs) first row of each sequence */
   int32_t *seq_rows;               /* (seqs) rows of each sequence */
   int32_t *logit_rows;             /* (rows) the rows whose logits the step returns, in order */
@@ -87,6 +89,8 @@ int64_t ci_workspace_bytes(const ci_model_spec *spec, int max_rows, int max_seqs
 /* A backend buffer of at least n logits (grown when smaller), for backends whose memory the host
  * cannot read. NULL with ci_last_error. */
 float *ci_workspace_logits(ci_workspace *ws, int64_t n);
+/* The same for n row picks. */
+ci_row_pick *ci_workspace_picks(ci_workspace *ws, int64_t n);
 
 /* Makes the LoRA scratch hold steps of max_rows rows over max_seqs sequences with adapters of
  * rank <= max_rank on layers at most max_width wide (grown only). Returns CI_OK or CI_ERR. */

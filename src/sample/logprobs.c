@@ -3,7 +3,7 @@
 #include "sample/logprobs.h"
 
 #include "base/error.h"
-#include "sample/fast_exp.h"
+#include "base/fast_exp.h"
 
 #include <math.h>
 

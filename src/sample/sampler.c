@@ -491,8 +491,10 @@ int32_t ci_sampler_sample_at(ci_sampler *s, float *logits, const int32_t *histor
   const ci_sampler_params *p = &s->params;
   if (process(s, logits, history, n_history)) return -1;
   const float *lp = s->lp;
+  /* greedy: the processed logits' argmax (lp's could tie where rounding z - lse merges two
+   * values); a device's row pick takes the same */
+  if (p->temperature == 0.0f) return ci_argmax(logits, s->vocab);
   const int32_t top = ci_argmax(lp, s->vocab);
-  if (p->temperature == 0.0f) return top;
 
   const uint64_t key = ci_rng_key(&s->rng, index);
   gumbel_race race = {lp, 1.0 / (double)p->temperature, key, s->gumbel_bound, 0, 0.0, {0}, 0};
@@ -514,7 +516,7 @@ int ci_sampler_distribution(ci_sampler *s, float *logits, const int32_t *history
   if (process(s, logits, history, n_history)) return -1;
   const float *lp = s->lp;
   if (s->params.temperature == 0.0f) {
-    ids[0] = ci_argmax(lp, s->vocab);
+    ids[0] = ci_argmax(logits, s->vocab);
     probs[0] = 1.0f;
     return 1;
   }
@@ -530,6 +532,12 @@ int ci_sampler_distribution(ci_sampler *s, float *logits, const int32_t *history
     probs[i] = (float)(exp(((double)lp[t] - top) * inv_temperature) / sum);
   }
   return (int)c.n;
+}
+
+int ci_sampler_takes_row_picks(const ci_sampler *s) {
+  const ci_sampler_params *p = &s->params;
+  return p->temperature == 0.0f && p->n_logit_bias == 0 && p->penalties.repetition == 1.0f &&
+         p->penalties.presence == 0.0f && p->penalties.frequency == 0.0f;
 }
 
 int32_t ci_sampler_next(ci_sampler *s, float *logits, const int32_t *history, size_t n_history) {

@@ -67,6 +67,12 @@ int32_t ci_sampler_sample_at(ci_sampler *sampler, float *logits, const int32_t *
 int ci_sampler_distribution(ci_sampler *sampler, float *logits, const int32_t *history,
                             size_t n_history, uint64_t s, int32_t *ids, float *probs);
 
+/* Whether this sampler's choice is the greedy pick of the raw logits row (tensor/backend.h's
+ * ci_row_pick): temperature 0 and no logit bias or penalty, so that a step may return the pick
+ * instead of the row. The caller then emits pick.token and calls ci_sampler_advance(s, 1); the
+ * token is the one ci_sampler_next would give, the logprob that of the pick. */
+int ci_sampler_takes_row_picks(const ci_sampler *sampler);
+
 /* Moves the output index on by n tokens emitted at explicit indexes (ci_sampler_sample_at,
  * speculative verification). */
 void ci_sampler_advance(ci_sampler *sampler, uint64_t n);

@@ -10,6 +10,24 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* ==== Steps ==== */
+
+/* One copy of step output from backend memory to the host at step end. */
+typedef struct {
+  void *host;
+  const void *device;
+  size_t bytes;
+} ci_download;
+
+/* The greedy pick of a logits row: the lowest id holding the row's largest logit (NaN never
+ * wins), and that token's log-probability, logit - log(sum_t e^logit_t) with NaN logits left
+ * out of the sum (0 when the largest logit is +inf). token is -1 when every logit is -inf or NaN.
+ * A step that returns picks instead of whole rows downloads 8 bytes per row, not 4 * vocab. */
+typedef struct {
+  int32_t token;
+  float logprob;
+} ci_row_pick;
+
 /* ==== Rotary position embedding ==== */
 
 /* A RoPE table for one layer type. Pairs are (j, j + rot_dim/2) for j < rot_dim/2 (split-half)
@@ -149,10 +167,10 @@ typedef struct {
   /* Starts a step: the step descriptor (host_desc, bytes) goes to backend memory at desc, which
    * the step's ops then read (token ids, positions). Returns CI_OK or CI_ERR. */
   int (*step_begin)(ci_backend *be, void *desc, const void *host_desc, size_t bytes);
-  /* Ends a step: waits for its work, downloads logits_bytes of logits to host_logits (nothing to
-   * do when they are the same memory), and returns CI_OK or the first error an op raised during
-   * the step. */
-  int (*step_end)(ci_backend *be, float *host_logits, const float *logits, size_t logits_bytes);
+  /* Ends a step: waits for its work, makes the n downloads (each bytes from backend memory
+   * `device` to `host`; nothing to do when they are the same memory; a NULL host or 0 bytes is
+   * skipped), and returns CI_OK or the first error an op raised during the step. */
+  int (*step_end)(ci_backend *be, const ci_download *downloads, int n);
   /* Registers host memory that step_end downloads logits into, so that a device can write it
    * directly (page-locked); the caller unpins it before freeing it. Nothing to do on the CPU.
    * Returns CI_OK, or CI_ERR (downloads then stay correct, only slower). */
@@ -204,6 +222,10 @@ typedef struct {
   void (*softcap)(ci_backend *be, float *x, float cap, int64_t n);
   /* dst[i] = src[i]. */
   void (*copy)(ci_backend *be, float *dst, const float *src, int64_t n);
+  /* picks[r] = the greedy pick of logits row r of [rows, vocab] (ci_row_pick); picks is backend
+   * memory. A row's pick depends on that row alone. */
+  void (*pick_rows)(ci_backend *be, ci_row_pick *picks, const float *logits, int64_t rows,
+                    int64_t vocab);
   /* dst[i] = src[rows[i]] for m rows of width dim; rows is host memory. */
   void (*gather_rows)(ci_backend *be, float *dst, const float *src, const int32_t *rows, int64_t m,
                       int64_t dim);

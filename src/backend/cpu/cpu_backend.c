@@ -4,6 +4,7 @@
 #include "base/error.h"
 #include "backend/cpu/deltanet.h"
 #include "backend/cpu/kv_kernels.h"
+#include "backend/cpu/row_pick.h"
 #include "base/threadpool.h"
 
 #include <math.h>
@@ -154,11 +155,18 @@ static int cpu_step_begin(ci_backend *be, void *desc, const void *host_desc, siz
   return CI_OK;
 }
 
-/* CPU ops run synchronously and report errors as they return: only the copy is left. */
-static int cpu_step_end(ci_backend *be, float *host_logits, const float *logits,
-                        size_t logits_bytes) {
-  cpu_upload(be, host_logits, logits, logits_bytes);
+/* CPU ops run synchronously and report errors as they return: only the copies are left. */
+static int cpu_step_end(ci_backend *be, const ci_download *downloads, int n) {
+  for (int i = 0; i < n; i++)
+    if (downloads[i].host && downloads[i].device && downloads[i].bytes)
+      cpu_upload(be, downloads[i].host, downloads[i].device, downloads[i].bytes);
   return CI_OK;
+}
+
+static void cpu_pick_rows(ci_backend *be, ci_row_pick *picks, const float *logits, int64_t rows,
+                          int64_t vocab) {
+  (void)be;
+  for (int64_t r = 0; r < rows; r++) picks[r] = ci_row_pick_of(logits + r * vocab, vocab);
 }
 
 static void cpu_release(ci_backend *be, void *ptr) {
@@ -747,6 +755,7 @@ static const ci_backend_ops cpu_ops = {
     .fill = cpu_fill,
     .step_begin = cpu_step_begin,
     .step_end = cpu_step_end,
+    .pick_rows = cpu_pick_rows,
     .kv_convert_block = cpu_kv_convert_block,
     .allocation_count = cpu_allocation_count,
     .reserve_scratch = cpu_reserve_scratch,

@@ -121,6 +121,8 @@ static void cuda_destroy(ci_backend *be) {
   if (cu->stream) cudaStreamSynchronize(cu->stream);
   ci_cuda_graphs_destroy(cu);
   ci_cuda_blas_destroy(cu);
+  for (int i = 0; i < 3; i++)
+    if (cu->timing_events[i]) cudaEventDestroy(cu->timing_events[i]);
   for (int i = 0; i < cu->n_weights; i++) cudaFree(cu->weights[i]);
   free(cu->weights);
   for (int i = 0; i < CI_CUDA_SCRATCH_SLOTS; i++)
@@ -261,22 +263,39 @@ static int cuda_step_begin(ci_backend *be, void *desc, const void *host_desc, si
   if (cu->sticky_error) return ci_fail("%s", cu->sticky_message);
   cudaError_t err = cudaMemcpyAsync(desc, host_desc, bytes, cudaMemcpyHostToDevice, cu->stream);
   if (err != cudaSuccess) return ci_cuda_fail(cu, err, "step descriptor upload");
+  if (cu->timing) cu->step_started = ci_now_seconds();
   ci_cuda_record_begin(cu);
   return CI_OK;
 }
 
-static int cuda_step_end(ci_backend *be, float *host_logits, const float *logits,
-                         size_t logits_bytes) {
+static int cuda_step_end(ci_backend *be, const ci_download *downloads, int n_downloads) {
   ci_cuda *cu = ci_as_cuda(be);
   cudaError_t err = cudaSuccess;
+  const int timing = cu->timing;
+  if (timing) cudaEventRecord(cu->timing_events[0], cu->stream);
   if (ci_cuda_record_end(cu)) { /* ci_last_error names what failed */
     cudaStreamSynchronize(cu->stream);
     cu->ring.used = 0;
     return CI_ERR;
   }
-  if (host_logits && logits && logits_bytes)
-    err = cudaMemcpyAsync(host_logits, logits, logits_bytes, cudaMemcpyDeviceToHost, cu->stream);
+  const double launched = timing ? ci_now_seconds() : 0.0;
+  if (timing) cudaEventRecord(cu->timing_events[1], cu->stream);
+  for (int i = 0; i < n_downloads && err == cudaSuccess; i++)
+    if (downloads[i].host && downloads[i].device && downloads[i].bytes)
+      err = cudaMemcpyAsync(downloads[i].host, downloads[i].device, downloads[i].bytes,
+                            cudaMemcpyDeviceToHost, cu->stream);
+  if (timing) cudaEventRecord(cu->timing_events[2], cu->stream);
   if (err == cudaSuccess) err = cudaStreamSynchronize(cu->stream);
+  if (timing && err == cudaSuccess) {
+    float gpu_ms = 0.0f, download_ms = 0.0f;
+    cudaEventElapsedTime(&gpu_ms, cu->timing_events[0], cu->timing_events[2]);
+    cudaEventElapsedTime(&download_ms, cu->timing_events[1], cu->timing_events[2]);
+    cu->times.steps++;
+    cu->times.host_build_s += launched - cu->step_started;
+    cu->times.gpu_s += 1e-3 * gpu_ms;
+    cu->times.download_s += 1e-3 * download_ms;
+    cu->times.wall_s += ci_now_seconds() - cu->step_started;
+  }
   if (err == cudaSuccess) err = cudaGetLastError();
   cu->ring.used = 0;
   if (err != cudaSuccess) return ci_cuda_fail(cu, err, "step");
@@ -371,6 +390,18 @@ static void cuda_gelu_tanh_mul(ci_backend *be, float *gate, const float *up, int
 
 static void cuda_scale(ci_backend *be, float *x, float s, int64_t n) {
   emit_vec(ci_as_cuda(be), CMD_SCALE, x, NULL, 0, 0, 0, n, s);
+}
+
+static void cuda_pick_rows(ci_backend *be, ci_row_pick *picks, const float *logits, int64_t rows,
+                           int64_t vocab) {
+  ci_cuda_cmd cmd;
+  memset(&cmd, 0, sizeof cmd);
+  cmd.kind = CMD_PICK_ROWS;
+  cmd.a.pick.picks = picks;
+  cmd.a.pick.logits = logits;
+  cmd.a.pick.rows = rows;
+  cmd.a.pick.vocab = vocab;
+  ci_cuda_emit(ci_as_cuda(be), &cmd);
 }
 
 static void cuda_softcap(ci_backend *be, float *x, float cap, int64_t n) {
@@ -510,6 +541,7 @@ static ci_backend_ops make_ops(void) {
   ops.gelu_tanh_mul = cuda_gelu_tanh_mul;
   ops.scale = cuda_scale;
   ops.softcap = cuda_softcap;
+  ops.pick_rows = cuda_pick_rows;
   ops.copy = cuda_copy;
   ops.gather_rows = cuda_gather_rows;
   ops.scatter_add_rows = cuda_scatter_add_rows;
@@ -539,6 +571,16 @@ extern "C" void ci_cuda_profile_range(int on) {
     cudaProfilerStart();
   else
     cudaProfilerStop();
+}
+
+extern "C" void ci_cuda_step_timing(ci_backend *be, int on, ci_cuda_step_times *out) {
+  ci_cuda *cu = ci_as_cuda(be);
+  if (on && !cu->timing)
+    for (int i = 0; i < 3; i++)
+      if (!cu->timing_events[i] && cudaEventCreate(&cu->timing_events[i]) != cudaSuccess) return;
+  cu->timing = on;
+  if (out) *out = cu->times;
+  memset(&cu->times, 0, sizeof cu->times);
 }
 
 extern "C" void ci_cuda_set_input_planes(ci_backend *be, int planes) {

@@ -32,6 +32,19 @@ void ci_cuda_set_graphs(ci_backend *be, int enabled);
  * (cudaProfilerStart/Stop): benchmarks mark the steps worth profiling with it. */
 void ci_cuda_profile_range(int on);
 
+/* Where the steps' time goes, summed over the steps since the last call: host seconds from
+ * step_begin to the step's launch (recording the ops, hashing the list, launching it), GPU seconds
+ * from that launch to the end of the logits download (of which the download), and host seconds
+ * from step_begin to step_end's return. */
+typedef struct {
+  int64_t steps;
+  double host_build_s, gpu_s, download_s, wall_s;
+} ci_cuda_step_times;
+
+/* Turns the step timing on (on = 1: two CUDA events and a clock read per step) or off, and moves
+ * the sums so far into *out (may be NULL), starting them again from zero. */
+void ci_cuda_step_timing(ci_backend *be, int on, ci_cuda_step_times *out);
+
 /* Bytes of memory free and in total on GPU `gpu`, without starting a backend. Returns CI_OK, or
  * CI_ERR naming why (no GPU, an ordinal out of range). */
 int ci_cuda_device_memory(int gpu, size_t *free_bytes, size_t *total_bytes);

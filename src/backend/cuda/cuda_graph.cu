@@ -135,6 +135,9 @@ int ci_cuda_execute(ci_cuda *cu, const ci_cuda_cmd *c) {
   case CMD_FILL:
     ci_cuda_fill(cu, c->a.vec.x, c->a.vec.value, c->a.vec.n);
     return CI_OK;
+  case CMD_PICK_ROWS:
+    ci_cuda_pick_rows(cu, c->a.pick.picks, c->a.pick.logits, c->a.pick.rows, c->a.pick.vocab);
+    return CI_OK;
   case CMD_GATHER:
     ci_cuda_gather_rows(cu, c->a.rows.dst, c->a.rows.src, c->a.rows.rows, c->a.rows.m,
                         c->a.rows.dim);

@@ -6,6 +6,7 @@
 extern "C" {
 #include "backend/cuda/cuda_backend.h"
 #include "base/error.h"
+#include "base/timing.h"
 #include "tensor/backend.h"
 }
 
@@ -111,7 +112,8 @@ typedef enum {
   CMD_KV_STORE,
   CMD_ATTENTION,
   CMD_SIGMOID_MUL,
-  CMD_DELTANET
+  CMD_DELTANET,
+  CMD_PICK_ROWS
 } ci_cuda_cmd_kind;
 
 /* A gated DeltaNet launch (cuda_deltanet.cu): ci_deltanet_args with the per-sequence arrays as
@@ -164,6 +166,11 @@ typedef struct {
       const float *weights;
       int64_t m, dim;
     } rows;
+    struct {
+      ci_row_pick *picks;
+      const float *logits;
+      int64_t rows, vocab;
+    } pick;
     struct {
       float *x;
       int64_t n_rows;
@@ -232,6 +239,11 @@ typedef struct {
   struct ci_cuda_blas *blas;
   struct ci_cuda_graphs *graphs; /* the recorded step and its graph cache */
   int sticky_error;              /* a CUDA failure was met; reported by step_end */
+  /* step timing (ci_cuda_step_timing): events at the launch, before and after the download */
+  int timing;
+  cudaEvent_t timing_events[3];
+  double step_started;
+  ci_cuda_step_times times;
   char sticky_message[256];
 } ci_cuda;
 
@@ -333,6 +345,9 @@ void ci_cuda_gelu_tanh_mul(ci_cuda *cu, float *gate, const float *up, int64_t ro
                            int64_t up_stride);
 void ci_cuda_scale(ci_cuda *cu, float *x, float s, int64_t n);
 void ci_cuda_softcap(ci_cuda *cu, float *x, float cap, int64_t n);
+/* picks[r] = the greedy pick of logits row r (cuda_pick.cu). */
+void ci_cuda_pick_rows(ci_cuda *cu, ci_row_pick *picks, const float *logits, int64_t rows,
+                       int64_t vocab);
 void ci_cuda_fill(ci_cuda *cu, float *x, float value, int64_t n);
 void ci_cuda_gather_rows(ci_cuda *cu, float *dst, const float *src, const int32_t *rows_dev,
                          int64_t m, int64_t dim);

@@ -1,8 +1,9 @@
 /* A fast e^x for x <= 0 in f32 (relative error < 3e-7), written so that gcc vectorizes loops
  * over it at -O2: a softmax sum over a 262144-token vocabulary costs about a third of the libm
- * loop. x <= -87, -inf and NaN give 0 (positive x is taken as -|x|). Internal to src/sample. */
-#ifndef CI_SAMPLE_FAST_EXP_H
-#define CI_SAMPLE_FAST_EXP_H
+ * loop. x <= -87, -inf and NaN give 0 (positive x is taken as -|x|). Shared by the sampler and
+ * the CPU backend's row picks. */
+#ifndef CI_BASE_FAST_EXP_H
+#define CI_BASE_FAST_EXP_H
 
 #include <stdint.h>
 #include <string.h>
