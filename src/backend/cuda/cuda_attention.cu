@@ -67,8 +67,17 @@ static int layout_of(const ci_paged_kv *kv, kv_layout *out) {
   return CI_OK;
 }
 
-static int layout_equal(const kv_layout *a, const kv_layout *b) {
-  return memcmp(a, b, sizeof *a) == 0;
+/* Whether two views give the same layout (every field layout_of reads; the block tables may
+ * differ): a cheaper test than building both layouts, for the steps of many sequences. */
+static int same_layout(const ci_paged_kv *a, const ci_paged_kv *b) {
+  return a->format.codec == b->format.codec && a->format.k_bits == b->format.k_bits &&
+         a->format.v_bits == b->format.v_bits && a->format.group_size == b->format.group_size &&
+         a->block_tokens == b->block_tokens && a->n_kv_heads == b->n_kv_heads &&
+         a->head_dim == b->head_dim && a->slabs == b->slabs &&
+         a->blocks_per_slab == b->blocks_per_slab && a->block_stride == b->block_stride &&
+         a->k_offset == b->k_offset && a->v_offset == b->v_offset &&
+         a->k_row_bytes == b->k_row_bytes && a->v_row_bytes == b->v_row_bytes &&
+         a->signs == b->signs;
 }
 
 __device__ static inline uint8_t *row_address(const kv_layout &L, int value, int32_t block,
@@ -173,10 +182,7 @@ static int for_each_group(ci_cuda *cu, const ci_step_kv *seqs, int n_heads, Laun
                   &L, n_heads, ci_cuda_flash_warps(n_heads, L.n_kv_heads, max_rows_per_seq(seqs)))
             : 0;
     for (int i = first; i < seqs->n_seqs; i++) {
-      if (done[i] || seqs->n_rows[i] <= 0) continue;
-      kv_layout Li;
-      if (layout_of(&seqs->kv[i], &Li)) return CI_ERR;
-      if (!layout_equal(&L, &Li)) continue;
+      if (done[i] || seqs->n_rows[i] <= 0 || !same_layout(&seqs->kv[first], &seqs->kv[i])) continue;
       done[i] = 1;
       g.table[g.n] = seqs->kv[i].block_table;
       g.n_entries[g.n] = seqs->kv[i].n_table_entries;
