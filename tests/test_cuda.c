@@ -1274,7 +1274,8 @@ static float run_chunks(ci_model *model, ci_kv_codec codec, const int32_t *ids, 
 /* Decode steps of n_seq sequences batched equal their solo runs bit for bit, every other
  * sequence in TurboQuant KV (mixed codecs in one batch); steady-state batched steps allocate
  * nothing. */
-static void check_batch_invariance(ci_model *model, const char *name, int n_seq) {
+/* Returns 1 (after printing why) when a solo step fails, 0 when every check passed. */
+static int check_batch_invariance(ci_model *model, const char *name, int n_seq) {
   const int V = model->spec.vocab, steps = 4;
   /* every other sequence in affine 8-bit KV where head_dim allows its 32-wide groups */
   ci_kv_format mixed;
@@ -1310,11 +1311,16 @@ static void check_batch_invariance(ci_model *model, const char *name, int n_seq)
               *batch_picks = calloc((size_t)n_seq, sizeof *batch_picks);
   assert_true(ws && steps_of && solo_picks && batch_picks);
   float worst_logprob = 0.0f;
+  int failed = 0;
   for (int step = 0; step < steps; step++) {
     for (int i = 0; i < n_seq; i++) {
       const ci_step_seq one = {.seq = solo[i], .ids = &next[i], .n_rows = 1, .n_logit_rows = 1};
-      if (ci_model_step_picks(model, ws, &one, 1, solo_logits + (size_t)i * V, &solo_picks[i]))
-        fail_msg("%s: solo step %d of sequence %d: %s", name, step, i, ci_last_error());
+      if (ci_model_step_picks(model, ws, &one, 1, solo_logits + (size_t)i * V, &solo_picks[i])) {
+        printf("  FAIL: %s batch %d: solo step %d of sequence %d: %s\n", name, n_seq, step, i,
+               ci_last_error());
+        failed = 1;
+        goto done;
+      }
       steps_of[i] = (ci_step_seq){.seq = batch[i], .ids = &next[i], .n_rows = 1, .n_logit_rows = 1};
     }
     if (step == 2) allocations = model->be->ops->allocation_count(model->be);
@@ -1341,16 +1347,19 @@ static void check_batch_invariance(ci_model *model, const char *name, int n_seq)
       next[i] = batch_picks[i].token; /* greedy continuation */
     }
   }
+done:
   ci_workspace_free(ws);
   free(steps_of);
   free(solo_picks);
   free(batch_picks);
   const int64_t extra = model->be->ops->allocation_count(model->be) - allocations;
-  printf("  %-14s batch %3d (%s): logits and picks bit-identical to solo over %d greedy "
-         "steps (picks vs host: logprob within %.1e); %lld allocations in the last steps\n",
-         name, n_seq, mix ? "bf16 and affine:8:32 KV mixed" : "bf16 KV", steps,
-         (double)worst_logprob, (long long)extra);
-  assert_int_equal(extra, 0);
+  if (!failed) {
+    printf("  %-14s batch %3d (%s): logits and picks bit-identical to solo over %d greedy "
+           "steps (picks vs host: logprob within %.1e); %lld allocations in the last steps\n",
+           name, n_seq, mix ? "bf16 and affine:8:32 KV mixed" : "bf16 KV", steps,
+           (double)worst_logprob, (long long)extra);
+    assert_int_equal(extra, 0);
+  }
   for (int i = 0; i < n_seq; i++) {
     ci_kv_seq_free(solo[i]);
     ci_kv_seq_free(batch[i]);
@@ -1361,6 +1370,7 @@ static void check_batch_invariance(ci_model *model, const char *name, int n_seq)
   free(solo_logits);
   free(batch_logits);
   ci_kv_cache_free(cache);
+  return failed;
 }
 
 /* The greedy continuation of the prompt (f32 KV, prefill then decode steps) equals
@@ -1454,7 +1464,7 @@ static void test_fixtures(void **state) {
         !greedy_matches(model, dir, e->d_name, ids, n))
       failures++;
     const int batches[] = {1, 2, 3, 8, 16, 64};
-    for (int b = 0; b < 6; b++) check_batch_invariance(model, e->d_name, batches[b]);
+    for (int b = 0; b < 6; b++) failures += check_batch_invariance(model, e->d_name, batches[b]);
     free(ids);
     ci_model_free(model);
     be->ops->destroy(be);
