@@ -1305,28 +1305,24 @@ static int check_batch_invariance(ci_model *model, const char *name, int n_seq) 
     next[i] = (int32_t)((i * 7 + 3) % V);
   }
   int64_t allocations = 0;
-  ci_workspace *ws = ci_workspace_create(model->be);
-  ci_step_seq *steps_of = calloc((size_t)n_seq, sizeof *steps_of);
   ci_row_pick *solo_picks = calloc((size_t)n_seq, sizeof *solo_picks),
               *batch_picks = calloc((size_t)n_seq, sizeof *batch_picks);
-  assert_true(ws && steps_of && solo_picks && batch_picks);
+  assert_true(solo_picks && batch_picks);
   float worst_logprob = 0.0f;
   int failed = 0;
   for (int step = 0; step < steps; step++) {
-    for (int i = 0; i < n_seq; i++) {
-      const ci_step_seq one = {.seq = solo[i], .ids = &next[i], .n_rows = 1, .n_logit_rows = 1};
-      if (ci_model_step_picks(model, ws, &one, 1, solo_logits + (size_t)i * V, &solo_picks[i])) {
+    for (int i = 0; i < n_seq; i++)
+      if (ci_model_forward_decode_batch_picks(model, &solo[i], &next[i], 1,
+                                              solo_logits + (size_t)i * V, &solo_picks[i])) {
         printf("  FAIL: %s batch %d: solo step %d of sequence %d: %s\n", name, n_seq, step, i,
                ci_last_error());
         failed = 1;
         goto done;
       }
-      steps_of[i] = (ci_step_seq){.seq = batch[i], .ids = &next[i], .n_rows = 1, .n_logit_rows = 1};
-    }
     if (step == 2) allocations = model->be->ops->allocation_count(model->be);
     /* odd steps return the greedy picks alone, as the engine's step for greedy requests */
-    if (ci_model_step_picks(model, ws, steps_of, n_seq, step % 2 ? NULL : batch_logits,
-                            batch_picks))
+    if (ci_model_forward_decode_batch_picks(model, batch, next, n_seq,
+                                            step % 2 ? NULL : batch_logits, batch_picks))
       fail_msg("%s: batch of %d: %s", name, n_seq, ci_last_error());
     for (int i = 0; i < n_seq; i++) {
       if (step % 2 == 0 &&
@@ -1348,8 +1344,6 @@ static int check_batch_invariance(ci_model *model, const char *name, int n_seq) 
     }
   }
 done:
-  ci_workspace_free(ws);
-  free(steps_of);
   free(solo_picks);
   free(batch_picks);
   const int64_t extra = model->be->ops->allocation_count(model->be) - allocations;

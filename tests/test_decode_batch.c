@@ -126,8 +126,6 @@ static void check_fixture_in(const char *name, ci_precision precision) {
   float *logits = malloc((size_t)vocab * sizeof *logits);
   float *solo_logits = malloc((size_t)N_SEQ * vocab * sizeof *solo_logits);
   float *batch_logits = malloc((size_t)N_SEQ * vocab * sizeof *batch_logits);
-  ci_workspace *ws = ci_workspace_create(be);
-  assert_non_null(ws);
   for (int i = 0; i < N_SEQ; i++) {
     solo[i] = ci_kv_seq_create(cache);
     batch[i] = ci_kv_seq_create(cache);
@@ -145,11 +143,9 @@ static void check_fixture_in(const char *name, ci_precision precision) {
       assert_int_equal(ci_model_forward(model, solo[i], &next[i], 1, solo_logits + i * vocab, 1),
                        CI_OK);
     if (step % 2) { /* the greedy picks alone: each is the pick of the solo row */
-      ci_step_seq steps[N_SEQ];
       ci_row_pick picks[N_SEQ];
-      for (int i = 0; i < N_SEQ; i++)
-        steps[i] = (ci_step_seq){.seq = batch[i], .ids = &next[i], .n_rows = 1, .n_logit_rows = 1};
-      assert_int_equal(ci_model_step_picks(model, ws, steps, N_SEQ, NULL, picks), CI_OK);
+      assert_int_equal(ci_model_forward_decode_batch_picks(model, batch, next, N_SEQ, NULL, picks),
+                       CI_OK);
       check_picks(name, picks, solo_logits, N_SEQ, vocab);
       memcpy(batch_logits, solo_logits, (size_t)N_SEQ * vocab * sizeof(float));
     } else {
@@ -177,7 +173,6 @@ static void check_fixture_in(const char *name, ci_precision precision) {
   free(logits);
   free(solo_logits);
   free(batch_logits);
-  ci_workspace_free(ws);
   ci_kv_cache_free(cache);
   ci_model_free(model);
   be->ops->destroy(be);

@@ -505,6 +505,11 @@ int ci_model_forward_lora(ci_model *m, ci_kv_seq *seq, const ci_lora *lora, cons
 
 int ci_model_forward_decode_batch(ci_model *m, ci_kv_seq *const *seqs, const int32_t *ids, int n,
                                   float *logits) {
+  return ci_model_forward_decode_batch_picks(m, seqs, ids, n, logits, NULL);
+}
+
+int ci_model_forward_decode_batch_picks(ci_model *m, ci_kv_seq *const *seqs, const int32_t *ids,
+                                        int n, float *logits, ci_row_pick *picks) {
   if (n < 1) return ci_fail("forward: no sequences");
   ci_workspace *ws = own_workspace(m);
   ci_step_seq *steps = malloc((size_t)n * sizeof *steps);
@@ -513,9 +518,9 @@ int ci_model_forward_decode_batch(ci_model *m, ci_kv_seq *const *seqs, const int
     return ci_fail("forward: out of memory");
   }
   for (int i = 0; i < n; i++)
-    steps[i] =
-        (ci_step_seq){.seq = seqs[i], .ids = ids + i, .n_rows = 1, .n_logit_rows = logits ? 1 : 0};
-  const int status = ci_model_step(m, ws, steps, n, logits);
+    steps[i] = (ci_step_seq){
+        .seq = seqs[i], .ids = ids + i, .n_rows = 1, .n_logit_rows = logits || picks ? 1 : 0};
+  const int status = ci_model_step_picks(m, ws, steps, n, logits, picks);
   free(steps);
   return status;
 }

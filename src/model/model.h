@@ -155,4 +155,9 @@ int ci_model_forward_lora(ci_model *model, ci_kv_seq *seq, const struct ci_lora 
 int ci_model_forward_decode_batch(ci_model *model, ci_kv_seq *const *seqs, const int32_t *ids,
                                   int n, float *logits);
 
+/* ci_model_forward_decode_batch that also (or only: logits NULL) gives each sequence's greedy
+ * pick in picks[i] (ci_model_step_picks). */
+int ci_model_forward_decode_batch_picks(ci_model *model, ci_kv_seq *const *seqs, const int32_t *ids,
+                                        int n, float *logits, ci_row_pick *picks);
+
 #endif
