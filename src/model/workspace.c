@@ -42,26 +42,23 @@ static void release_buffers(ci_workspace *ws) {
   ws->max_rows = ws->max_seqs = 0;
 }
 
-float *ci_workspace_logits(ci_workspace *ws, int64_t n) {
-  if (n <= ws->logit_capacity) return ws->logits;
-  if (ws->logits) ws->be->ops->release(ws->be, ws->logits);
-  ws->logit_capacity = 0;
+/* `buffer` (backend memory, *capacity elements) or, when n is more, a new buffer of n elements
+ * of `size` bytes in its place (the old contents are not kept); NULL when that fails. */
+static void *grow(ci_workspace *ws, void *buffer, int64_t *capacity, int64_t n, size_t size) {
+  if (n <= *capacity) return buffer;
+  if (buffer) ws->be->ops->release(ws->be, buffer);
   ws->allocations++;
-  ws->logits = ws->be->ops->alloc(ws->be, (size_t)n * sizeof(float));
-  if (!ws->logits) return NULL;
-  ws->logit_capacity = n;
-  return ws->logits;
+  void *grown = ws->be->ops->alloc(ws->be, (size_t)n * size);
+  *capacity = grown ? n : 0;
+  return grown;
+}
+
+float *ci_workspace_logits(ci_workspace *ws, int64_t n) {
+  return ws->logits = grow(ws, ws->logits, &ws->logit_capacity, n, sizeof(float));
 }
 
 ci_row_pick *ci_workspace_picks(ci_workspace *ws, int64_t n) {
-  if (n <= ws->pick_capacity) return ws->picks;
-  if (ws->picks) ws->be->ops->release(ws->be, ws->picks);
-  ws->pick_capacity = 0;
-  ws->allocations++;
-  ws->picks = ws->be->ops->alloc(ws->be, (size_t)n * sizeof(ci_row_pick));
-  if (!ws->picks) return NULL;
-  ws->pick_capacity = n;
-  return ws->picks;
+  return ws->picks = grow(ws, ws->picks, &ws->pick_capacity, n, sizeof(ci_row_pick));
 }
 
 /* Releases the LoRA scratch (its sizes become 0). */

@@ -3,7 +3,7 @@
 #include "sample/logprobs.h"
 
 #include "base/error.h"
-#include "base/fast_exp.h"
+#include "base/float_lanes.h"
 
 #include <math.h>
 
@@ -21,46 +21,18 @@ static int has_nan(const float *z, int n) {
   return any;
 }
 
-/* Largest value (-inf if there is none; no NaN in z). */
-static float max_of(const float *z, int n) {
-  float lane[LANES];
-  for (int j = 0; j < LANES; j++) lane[j] = -INFINITY;
-  int i = 0;
-  for (; i + LANES <= n; i += LANES)
-    for (int j = 0; j < LANES; j++) {
-      const float v = z[i + j];
-      lane[j] = v > lane[j] ? v : lane[j];
-    }
-  float max = -INFINITY;
-  for (int j = 0; j < LANES; j++) max = lane[j] > max ? lane[j] : max;
-  for (; i < n; i++) max = z[i] > max ? z[i] : max;
-  return max;
-}
-
-/* sum of e^(z - max), in float lanes folded into a double. */
-static double sum_exp(const float *z, int n, float max) {
-  float lane[LANES] = {0};
-  int i = 0;
-  for (; i + LANES <= n; i += LANES)
-    for (int j = 0; j < LANES; j++) lane[j] += ci_exp_nonpositive(z[i + j] - max);
-  double sum = 0.0;
-  for (int j = 0; j < LANES; j++) sum += lane[j];
-  for (; i < n; i++) sum += ci_exp_nonpositive(z[i] - max);
-  return sum;
-}
-
 int ci_log_softmax(const float *z, int n, float *lp) {
   if (has_nan(z, n)) { /* rare: go on from a copy with NaN replaced by -inf */
     for (int i = 0; i < n; i++) lp[i] = z[i] == z[i] ? z[i] : -INFINITY;
     z = lp;
   }
-  const float max = max_of(z, n);
+  const float max = ci_max_of(z, n);
   if (max == -INFINITY) return ci_fail("every token has a logit of -inf (all tokens banned)");
   if (max == INFINITY) {
     for (int i = 0; i < n; i++) lp[i] = z[i] == INFINITY ? 0.0f : -INFINITY;
     return CI_OK;
   }
-  const float lse = (float)((double)max + log(sum_exp(z, n, max)));
+  const float lse = (float)((double)max + log(ci_sum_exp(z, n, max)));
   int i = 0;
   for (; i + LANES <= n; i += LANES) { /* through a block copy, since lp may alias z */
     float block[LANES];
