@@ -1406,15 +1406,20 @@ static void engine_step(ci_engine *e) {
                                              : 0};
     rows += entries[i].rows;
   }
-  /* whole logit rows only when a request needs one (a device then downloads them); every row's
-   * greedy pick always, so a greedy request's token never depends on its batch's needs */
-  int rows_needed = 0;
-  for (int i = 0; i < n; i++)
-    rows_needed |= e->step_seqs[i].n_logit_rows > 0 && !takes_pick(entries[i].r, entries[i].rows);
+  /* whole logit rows only when a request needs one (a device then downloads them); a greedy
+   * request takes its pick whatever the others need, so its tokens never depend on the batch */
+  int rows_needed = 0, picks_needed = 0;
+  for (int i = 0; i < n; i++) {
+    if (e->step_seqs[i].n_logit_rows == 0) continue;
+    const int picked = takes_pick(entries[i].r, entries[i].rows);
+    picks_needed |= picked;
+    rows_needed |= !picked;
+  }
   /* the policy weighs the forward (drafting is timed on its own, in draft_step) */
   const double t0 = ci_now_seconds();
-  const int step_status = ci_model_step_picks(e->model, e->ws, e->step_seqs, n,
-                                              rows_needed ? e->logits : NULL, e->picks);
+  const int step_status =
+      ci_model_step_picks(e->model, e->ws, e->step_seqs, n, rows_needed ? e->logits : NULL,
+                          picks_needed ? e->picks : NULL);
   if (!step_status)
     ci_spec_policy_observe_step(&e->policy, (int)rows, (ci_now_seconds() - t0) * 1e3);
   if (step_status) {
