@@ -1137,11 +1137,11 @@ static int take_pick(ci_engine *e, ci_engine_request *r, ci_row_pick pick, int *
   return CI_OK;
 }
 
-/* Whether a step's logit rows for entry r can be its greedy picks alone: one row sampled by a
- * sampler that takes picks, with no grammar mask, no top log-probabilities and no forked choices
- * reading the row. */
-static int takes_pick(const ci_engine_request *r, int rows) {
-  const int one_choice = r->state == REQ_DECODE ? rows == 1 : r->group_size <= 1;
+/* Whether a step's logit rows for entry r can be its greedy picks alone: rows sampled (or a
+ * speculative round verified) by a sampler that takes picks, with no grammar mask, no top
+ * log-probabilities and no forked choices reading a row. */
+static int takes_pick(const ci_engine_request *r) {
+  const int one_choice = r->state == REQ_DECODE || r->group_size <= 1;
   return one_choice && !r->matcher && r->top_logprobs == 0 &&
          ci_sampler_takes_row_picks(r->sampler);
 }
@@ -1232,9 +1232,10 @@ static int step_speculates(ci_engine *e, const step_entry *entries, int n, int n
  * and the next token one by one (round steps 4-6): greedy keeps the longest prefix matching the
  * argmax, sampling runs the rejection test of spec_verify.h. The target's KV then keeps x and the
  * accepted drafts that were followed by another emitted token; the last emitted token is the
- * new pending one. Returns CI_OK or CI_ERR; *finished says the request ended. */
-static int verify_round(ci_engine *e, ci_engine_request *r, float *logits, int rows, int *finished,
-                        ci_finish_reason *finish) {
+ * new pending one. With picks (a greedy request, takes_pick) the rows' picks stand for the
+ * rows. Returns CI_OK or CI_ERR; *finished says the request ended. */
+static int verify_round(ci_engine *e, ci_engine_request *r, float *logits, const ci_row_pick *picks,
+                        int rows, int *finished, ci_finish_reason *finish) {
   const int64_t vocab = e->model->spec.vocab;
   const int k = rows - 1;
   const int64_t n0 = r->seq->n - rows;
@@ -1246,12 +1247,17 @@ static int verify_round(ci_engine *e, ci_engine_request *r, float *logits, int r
     const uint64_t index = ci_sampler_index(r->sampler);
     int ok = 0;
     int32_t token;
-    if (j < k) /* draft d_{j+1} sits where the next token goes */
+    if (picks) { /* greedy: the row's pick is the token ci_spec_verify would take */
+      token = picks[j].token;
+      if (token < 0) ci_fail("every token has a logit of -inf (all tokens banned)");
+      ok = j < k && token == r->history[r->n_history];
+    } else if (j < k) { /* draft d_{j+1} sits where the next token goes */
       token =
           ci_spec_verify(r->sampler, &r->spec_scratch, row, r->history, (size_t)r->n_history, index,
                          r->history[r->n_history], q ? q + (int64_t)j * vocab : NULL, &ok);
-    else
+    } else {
       token = ci_sampler_sample_at(r->sampler, row, r->history, (size_t)r->n_history, index);
+    }
     if (token < 0) {
       status = CI_ERR;
       break;
@@ -1259,7 +1265,8 @@ static int verify_round(ci_engine *e, ci_engine_request *r, float *logits, int r
     ci_sampler_advance(r->sampler, 1);
     accepted += ok;
     emitted++;
-    *finished = take_token(e, r, token, ci_sampler_logprobs(r->sampler)[token], finish);
+    const float logprob = picks ? picks[j].logprob : ci_sampler_logprobs(r->sampler)[token];
+    *finished = take_token(e, r, token, logprob, finish);
     if (!ok) break;
   }
   r->spec_drafted += k;
@@ -1411,7 +1418,7 @@ static void engine_step(ci_engine *e) {
   int rows_needed = 0, picks_needed = 0;
   for (int i = 0; i < n; i++) {
     if (e->step_seqs[i].n_logit_rows == 0) continue;
-    const int picked = takes_pick(entries[i].r, entries[i].rows);
+    const int picked = takes_pick(entries[i].r);
     picks_needed |= picked;
     rows_needed |= !picked;
   }
@@ -1430,7 +1437,7 @@ static void engine_step(ci_engine *e) {
     for (int i = 0; i < n; i++) {
       ci_engine_request *r = entries[i].r;
       const int round = r->state == REQ_DECODE && entries[i].rows > 1;
-      const int picked = takes_pick(r, entries[i].rows);
+      const int picked = takes_pick(r);
       if (r->state == REQ_PREFILL) r->n_prefilled += entries[i].rows;
       if (!e->step_seqs[i].n_logit_rows) continue;
       const int forks = r->state == REQ_PREFILL && r->group_size > 1;
@@ -1438,9 +1445,10 @@ static void engine_step(ci_engine *e) {
       if (forks) fork_choices(e, r, row); /* before r's own sampling changes the row */
       int finished = 0;
       ci_finish_reason finish = CI_FINISH_STOP;
-      const int status = picked  ? take_pick(e, r, *pick, &finished, &finish)
-                         : round ? verify_round(e, r, row, entries[i].rows, &finished, &finish)
-                                 : sample_next(e, r, row, &finished, &finish);
+      const int status =
+          round ? verify_round(e, r, row, picked ? pick : NULL, entries[i].rows, &finished, &finish)
+          : picked ? take_pick(e, r, *pick, &finished, &finish)
+                   : sample_next(e, r, row, &finished, &finish);
       row += vocab * e->step_seqs[i].n_logit_rows;
       pick += e->step_seqs[i].n_logit_rows;
       end_in_step(e, r, status, finished, finish);
