@@ -58,7 +58,9 @@ static int teardown(void **state) {
 enum { N_REQ = 4, MAX_GEN = 16 };
 
 /* Request i: a prompt of 5 + 9 i tokens, max_tokens 5, 8, 11, 14, codec bf16 / affine 8 /
- * turbo 4 / affine 4 (from position 8). */
+ * turbo 4 / affine 4 (from position 8); 0 and 1 greedy (their steps return row picks), 2 greedy
+ * with top log-probabilities and 3 sampling at temperature 0.8 with a seed (their steps return
+ * whole rows), so batched steps mix picks and rows. */
 static void make_job(int i, int32_t *prompt, ci_engine_job *job) {
   memset(job, 0, sizeof *job);
   const int n = 5 + 9 * i;
@@ -67,7 +69,10 @@ static void make_job(int i, int32_t *prompt, ci_engine_job *job) {
   job->n_prompt = n;
   job->max_tokens = 5 + 3 * i;
   ci_sampler_params_default(&job->sampling);
-  job->sampling.temperature = 0;
+  job->sampling.temperature = i == 3 ? 0.8f : 0.0f;
+  job->sampling.seed = 7;
+  job->sampling.has_seed = 1;
+  job->top_logprobs = i == 2 ? 2 : 0;
   static const char *const codecs[N_REQ] = {"bf16", "affine", "turbo", "affine"};
   static const int bits[N_REQ] = {0, 8, 4, 4};
   if (i == 0) {
@@ -79,14 +84,16 @@ static void make_job(int i, int32_t *prompt, ci_engine_job *job) {
   }
 }
 
-/* Collects a request's tokens until DONE; returns the count. */
-static int collect(ci_engine_request *r, int32_t *out, ci_engine_event *done) {
+/* Collects a request's tokens (and, when lps is not NULL, their logprobs) until DONE; returns the
+ * count. */
+static int collect_lps(ci_engine_request *r, int32_t *out, float *lps, ci_engine_event *done) {
   int n = 0;
   ci_engine_event ev;
   for (;;) {
     assert_int_equal(ci_engine_request_next(r, &ev, 60.0), 1);
     if (ev.kind == CI_ENGINE_EVENT_TOKEN) {
       assert_true(n < MAX_GEN);
+      if (lps) lps[n] = ev.logprob;
       out[n++] = ev.token;
       continue;
     }
@@ -94,6 +101,10 @@ static int collect(ci_engine_request *r, int32_t *out, ci_engine_event *done) {
     *done = ev;
     return n;
   }
+}
+
+static int collect(ci_engine_request *r, int32_t *out, ci_engine_event *done) {
+  return collect_lps(r, out, NULL, done);
 }
 
 static ci_engine *small_engine(fixture *f, int batch, int batch_tokens) {
@@ -113,6 +124,7 @@ static void test_batch_invariance(void **state) {
   int32_t prompts[N_REQ][64];
   ci_engine_job jobs[N_REQ];
   int32_t solo[N_REQ][MAX_GEN], batched[N_REQ][MAX_GEN];
+  float solo_lps[N_REQ][MAX_GEN], batched_lps[N_REQ][MAX_GEN];
   int n_solo[N_REQ], n_batched[N_REQ];
   for (int i = 0; i < N_REQ; i++) make_job(i, prompts[i], &jobs[i]);
 
@@ -121,7 +133,7 @@ static void test_batch_invariance(void **state) {
     ci_engine_request *r;
     assert_int_equal(ci_engine_submit(e, &jobs[i], &r), CI_ENGINE_SUBMITTED);
     ci_engine_event done;
-    n_solo[i] = collect(r, solo[i], &done);
+    n_solo[i] = collect_lps(r, solo[i], solo_lps[i], &done);
     assert_int_equal(done.generated_tokens, jobs[i].max_tokens);
     assert_int_equal(done.finish, CI_FINISH_LENGTH);
     ci_engine_request_release(r);
@@ -139,14 +151,17 @@ static void test_batch_invariance(void **state) {
   for (int i = 1; i < N_REQ; i++)
     assert_int_equal(ci_engine_submit(e, &jobs[i], &reqs[i]), CI_ENGINE_SUBMITTED);
   batched[0][0] = first.token;
+  batched_lps[0][0] = first.logprob;
   for (int i = 0; i < N_REQ; i++) {
     ci_engine_event done;
-    n_batched[i] = collect(reqs[i], batched[i] + (i == 0), &done) + (i == 0);
+    n_batched[i] =
+        collect_lps(reqs[i], batched[i] + (i == 0), batched_lps[i] + (i == 0), &done) + (i == 0);
     ci_engine_request_release(reqs[i]);
   }
   for (int i = 0; i < N_REQ; i++) {
     assert_int_equal(n_batched[i], n_solo[i]);
     assert_memory_equal(batched[i], solo[i], (size_t)n_solo[i] * sizeof(int32_t));
+    assert_memory_equal(batched_lps[i], solo_lps[i], (size_t)n_solo[i] * sizeof(float));
   }
   ci_engine_stats st;
   for (int tries = 0; tries < 100; tries++) { /* the sweep runs at the next boundary */
