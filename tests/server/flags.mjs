@@ -46,11 +46,15 @@ const closedAt = await Promise.all(opened.map((sock) => new Promise((resolve) =>
 })));
 check(closedAt.every((t) => t > 0), 'idle connections are closed by the server (--idle-timeout)');
 // the server counts a connection gone once its close callback has run, which can come a moment
-// after the peer sees the socket close: a refused attempt in that moment is retried
+// after the peer sees the socket close: an attempt refused (or left unanswered) in that moment is
+// retried, each on a fresh connection with a short deadline
 let again = null;
 for (let attempt = 0; attempt < 20 && !again; attempt++) {
   try {
-    again = await fetch(`${base}/health`);
+    again = await fetch(`${base}/health`, {
+      headers: { connection: 'close' },
+      signal: AbortSignal.timeout(2000),
+    });
   } catch {
     await new Promise((r) => setTimeout(r, 100));
   }
