@@ -47,17 +47,6 @@ static int parse_list(const char *text, int *out, int max) {
   return n;
 }
 
-/* One decode step of B sequences as the engine runs it for greedy requests: each sequence's
- * next token, and each row's greedy pick (or, with logits, also its whole row: what a request
- * that samples needs). */
-static int decode_step(ci_model *model, ci_workspace *ws, ci_kv_seq **seqs, const int32_t *next,
-                       int B, float *logits, ci_row_pick *picks) {
-  ci_step_seq steps[256];
-  for (int i = 0; i < B; i++)
-    steps[i] = (ci_step_seq){.seq = seqs[i], .ids = next + i, .n_rows = 1, .n_logit_rows = 1};
-  return ci_model_step_picks(model, ws, steps, B, logits, picks);
-}
-
 /* Seconds of a synchronised step: the backend's step_end waits for the device. */
 static void sync_backend(ci_backend *be) {
   be->ops->step_end(be, NULL, 0);
@@ -179,7 +168,10 @@ int main(int argc, char **argv) {
   int n_kvs = 1;
   for (int i = 2; i < argc; i += 2) {
     if (!strcmp(argv[i], "--profile") || !strcmp(argv[i], "--rows")) {
-      *(argv[i][2] == 'p' ? &profile : &rows) = 1;
+      if (!strcmp(argv[i], "--profile"))
+        profile = 1;
+      else
+        rows = 1;
       i--; /* a flag without a value */
       continue;
     }
@@ -291,8 +283,7 @@ int main(int argc, char **argv) {
   /* as the engine does: the step's logits land in page-locked memory */
   const int pinned = be->ops->pin_host(be, logits, logits_bytes) == CI_OK;
   ci_row_pick *picks = malloc(256 * sizeof *picks);
-  ci_workspace *ws = ci_workspace_create(be);
-  if (!logits || !picks || !ws) {
+  if (!logits || !picks) {
     fprintf(stderr, "step_bench: out of memory\n");
     return 1;
   }
@@ -346,7 +337,10 @@ int main(int argc, char **argv) {
       }
       next[i] = token_at(i, depth, vocab);
     }
-    for (int w = 0; w < 2; w++) decode_step(model, ws, seqs, next, B, rows ? logits : NULL, picks);
+    /* as the engine's step for greedy requests: each row's greedy pick (with --rows also every
+     * sequence's whole logit row, what a request that samples needs) */
+    for (int w = 0; w < 2; w++)
+      ci_model_forward_decode_batch_picks(model, seqs, next, B, rows ? logits : NULL, picks);
 #ifdef CINFER_CUDA
     if (profile) ci_cuda_profile_range(1);
     ci_cuda_step_times times = {0};
@@ -354,7 +348,7 @@ int main(int argc, char **argv) {
 #endif
     double t0 = ci_now_seconds();
     for (int step = 0; step < gen; step++) {
-      if (decode_step(model, ws, seqs, next, B, rows ? logits : NULL, picks)) {
+      if (ci_model_forward_decode_batch_picks(model, seqs, next, B, rows ? logits : NULL, picks)) {
         fprintf(stderr, "step_bench: decode batch %d: %s\n", B, ci_last_error());
         return 1;
       }
@@ -396,7 +390,6 @@ int main(int argc, char **argv) {
   if (pinned) be->ops->unpin_host(be, logits);
   free(logits);
   free(picks);
-  ci_workspace_free(ws);
   ci_kv_cache_free(cache);
   ci_model_close(model);
   return 0;

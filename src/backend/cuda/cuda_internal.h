@@ -239,12 +239,12 @@ typedef struct {
   struct ci_cuda_blas *blas;
   struct ci_cuda_graphs *graphs; /* the recorded step and its graph cache */
   int sticky_error;              /* a CUDA failure was met; reported by step_end */
+  char sticky_message[256];
   /* step timing (ci_cuda_step_timing): events at the launch, before and after the download */
   int timing;
   cudaEvent_t timing_events[3];
   double step_started;
   ci_cuda_step_times times;
-  char sticky_message[256];
 } ci_cuda;
 
 /* kernel<<<grid, block, smem, cu->stream>>>(args...) through ci_launch_on (cuda_launch.cuh). */
