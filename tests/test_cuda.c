@@ -11,6 +11,7 @@
  *     the CPU's (bf16 -> codec, codec -> itself, codec -> bf16), sequences of different codecs in
  *     one call bit-identical to each alone, and each codec's KL against bf16 KV on two fixtures no
  *     worse than the CPU's (KL_SLACK, KL_FLOOR);
+ *   - matmuls of one input grouped in a step (mixed affine formats) equal each alone;
  *   - matmul rows bit-identical for every batch size (row r of an m-row product equals the
  *     1-row product of that row) on the shapes of the Llama-3.2-1B geometry;
  *   - logits of every float-weight fixture against transformers' (tests/fixtures), fed whole and
@@ -157,9 +158,9 @@ static void test_matmul_ops(void **state) {
  * rounds each weight to bf16 and, with one plane, the inputs too), and rows bit-identical between
  * the small-batch kernel (up to 8 rows) and cuBLASLt over bf16-dequantised slices (64 rows),
  * including a matrix taller than one 64 MB slice. */
-static void check_affine(ci_backend *cpu, ci_backend *cu, int bits, int group, ci_dtype sdtype,
-                         int64_t n, int64_t k, int compare_cpu) {
-  enum { MAX_M = 64 };
+/* An n x k MLX affine weight of random values (its codes, scales and biases malloc'd: free them
+ * with free_affine). */
+static ci_tensor random_affine(int bits, int group, ci_dtype sdtype, int64_t n, int64_t k) {
   float *wf = malloc((size_t)(n * k) * sizeof *wf);
   for (int64_t i = 0; i < n * k; i++) wf[i] = frand() * 0.1f;
   uint32_t *codes = malloc((size_t)(n * k * bits / 8));
@@ -169,14 +170,26 @@ static void check_affine(ci_backend *cpu, ci_backend *cu, int bits, int group, c
       ci_affine_quantize_matrix(wf, CI_F32, n, k, bits, group, codes, sdtype, scales, biases),
       CI_OK);
   free(wf);
-  ci_tensor w = {.dtype = bits == 4 ? CI_Q4 : CI_Q8,
-                 .ndim = 2,
-                 .shape = {n, k},
-                 .data = codes,
-                 .scales = scales,
-                 .biases = biases,
-                 .scale_dtype = sdtype,
-                 .group_size = group};
+  return (ci_tensor){.dtype = bits == 4 ? CI_Q4 : CI_Q8,
+                     .ndim = 2,
+                     .shape = {n, k},
+                     .data = codes,
+                     .scales = scales,
+                     .biases = biases,
+                     .scale_dtype = sdtype,
+                     .group_size = group};
+}
+
+static void free_affine(ci_tensor *w) { /* the buffers random_affine allocated */
+  free((void *)w->data);
+  free((void *)w->scales);
+  free((void *)w->biases);
+}
+
+static void check_affine(ci_backend *cpu, ci_backend *cu, int bits, int group, ci_dtype sdtype,
+                         int64_t n, int64_t k, int compare_cpu) {
+  enum { MAX_M = 64 };
+  ci_tensor w = random_affine(bits, group, sdtype, n, k);
   ci_tensor wg = w;
   assert_int_equal(cu->ops->prepare_weight(cu, &wg), CI_OK);
   float *x = malloc((size_t)(MAX_M * k) * sizeof *x);
@@ -220,9 +233,60 @@ static void check_affine(ci_backend *cpu, ci_backend *cu, int bits, int group, c
   free(y_cpu);
   free(full);
   free(got);
-  free(codes);
-  free(scales);
-  free(biases);
+  free_affine(&w);
+}
+
+/* Matmuls of one input recorded in a step run as one launch when they share a weight format and
+ * each fits the small-batch kernel, and through cuBLASLt over dequantised slices otherwise: a
+ * step pairing a q8 g64 matrix with a q8 g32 one (each small alone, not together) must size the
+ * dequantisation scratch for the pair as it runs it (it once sized it per matrix, for the
+ * small-batch kernel, and wrote the slices through a missing buffer). Rows equal the matrices'
+ * products alone (the small-batch kernel's rows are cuBLASLt's, bit for bit). */
+static void test_grouped_affine_parts(void **state) {
+  (void)state;
+  ci_backend *cu = gpu(); /* fresh: no scratch grown yet */
+  ci_cuda_set_input_planes(cu, 1);
+  enum { M = 4 };
+  const int64_t k = 2048, n[2] = {4096, 64};
+  const int groups[2] = {64, 32};
+  ci_tensor w[2], wg[2];
+  float *x = malloc((size_t)(M * k) * 4);
+  for (int64_t i = 0; i < M * k; i++) x[i] = frand();
+  float *dx = to_device(cu, x, (size_t)(M * k)), *alone[2], *dy[2], *got[2];
+  for (int p = 0; p < 2; p++) {
+    w[p] = wg[p] = random_affine(8, groups[p], CI_BF16, n[p], k);
+    assert_int_equal(cu->ops->prepare_weight(cu, &wg[p]), CI_OK);
+    dy[p] = cu->ops->alloc(cu, (size_t)(M * n[p]) * 4);
+    alone[p] = malloc((size_t)(M * n[p]) * 4);
+    got[p] = malloc((size_t)(M * n[p]) * 4);
+    assert_int_equal(cu->ops->matmul(cu, &wg[p], dx, M, dy[p], NULL), CI_OK);
+    from_device(cu, alone[p], dy[p], (size_t)(M * n[p]));
+  }
+  int32_t desc_host[2] = {0, 0};
+  void *desc = cu->ops->alloc(cu, sizeof desc_host);
+  for (int round = 0; round < 3; round++) { /* run, then captured, then replayed */
+    for (int p = 0; p < 2; p++) cu->ops->fill(cu, dy[p], 0.0f, M * n[p]);
+    assert_int_equal(cu->ops->step_begin(cu, desc, desc_host, sizeof desc_host), CI_OK);
+    for (int p = 0; p < 2; p++) cu->ops->matmul(cu, &wg[p], dx, M, dy[p], NULL);
+    const int rc = cu->ops->step_end(cu, NULL, 0);
+    if (rc) fail_msg("grouped step %d: %s", round, ci_last_error());
+    for (int p = 0; p < 2; p++) {
+      from_device(cu, got[p], dy[p], (size_t)(M * n[p]));
+      assert_memory_equal(got[p], alone[p], (size_t)(M * n[p]) * 4);
+    }
+  }
+  printf("  q8 g64 %lld x %lld beside q8 g32 %lld x %lld in one step: rows equal each alone\n",
+         (long long)n[0], (long long)k, (long long)n[1], (long long)k);
+  for (int p = 0; p < 2; p++) {
+    cu->ops->release(cu, dy[p]);
+    free(alone[p]);
+    free(got[p]);
+    free_affine(&w[p]);
+  }
+  cu->ops->release(cu, desc);
+  cu->ops->release(cu, dx);
+  free(x);
+  cu->ops->destroy(cu);
 }
 
 static void test_affine_matmul_ops(void **state) {
@@ -1655,6 +1719,6 @@ int main(void) {
       cmocka_unit_test(test_codec_kl),          cmocka_unit_test(test_matmul_ops),
       cmocka_unit_test(test_affine_matmul_ops), cmocka_unit_test(test_matmul_batch_invariance),
       cmocka_unit_test(test_fixtures),          cmocka_unit_test(test_window_release),
-      cmocka_unit_test(test_row_picks)};
+      cmocka_unit_test(test_row_picks),         cmocka_unit_test(test_grouped_affine_parts)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

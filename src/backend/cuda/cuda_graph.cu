@@ -207,6 +207,16 @@ static int same_input_matmul(const ci_cuda_cmd *a, const ci_cuda_cmd *b) {
          (const float *)b->a.matmul.y != b->a.matmul.x;
 }
 
+/* How many matmul commands from command i run as one launch (1 with the fusions off). */
+static int matmul_parts(const ci_cuda *cu, int i) {
+  const ci_cuda_graphs *g = cu->graphs;
+  int parts = 1;
+  while (cu->fuse && parts < CI_CUDA_GEMV_MAX_PARTS && i + parts < g->n_cmds &&
+         same_input_matmul(&g->cmds[i], &g->cmds[i + parts]))
+    parts++;
+  return parts;
+}
+
 /* 1 when rope commands a, b rotate two disjoint buffers (q, then k) of the same rows with the
  * same positions and table, which one launch runs (overlapping buffers would race in it). */
 static int rope_pair(const ci_cuda_cmd *a, const ci_cuda_cmd *b) {
@@ -264,10 +274,7 @@ static int run_all(ci_cuda *cu) {
       continue;
     }
     if (c->kind == CMD_MATMUL) {
-      int parts = 1;
-      while (parts < CI_CUDA_GEMV_MAX_PARTS && i + parts < g->n_cmds &&
-             same_input_matmul(c, c + parts))
-        parts++;
+      const int parts = matmul_parts(cu, i);
       if (ci_cuda_matmul_run(cu, c, parts)) return CI_ERR;
       if (cu->sticky_error) return CI_ERR;
       i += parts - 1;
@@ -308,11 +315,13 @@ static uint64_t hash_commands(const ci_cuda_cmd *cmds, int n) {
 static int reserve_for(ci_cuda *cu) {
   ci_cuda_graphs *g = cu->graphs;
   size_t need[CI_CUDA_SCRATCH_SLOTS] = {0};
-  for (int i = 0; i < g->n_cmds; i++) {
+  for (int i = 0, parts = 1; i < g->n_cmds; i += parts) {
     const ci_cuda_cmd *c = &g->cmds[i];
+    parts = 1;
     if (c->kind != CMD_MATMUL) continue;
+    parts = matmul_parts(cu, i);
     size_t n[CI_CUDA_SCRATCH_SLOTS];
-    ci_cuda_matmul_scratch(cu, c, n);
+    ci_cuda_matmul_scratch(cu, c, parts, n);
     for (int s = 0; s < CI_CUDA_SCRATCH_SLOTS; s++) need[s] = n[s] > need[s] ? n[s] : need[s];
   }
   for (int s = 0; s < CI_CUDA_SCRATCH_SLOTS; s++)

@@ -300,8 +300,9 @@ void ci_cuda_blas_destroy(ci_cuda *cu);
  * W^T each: small batches as one launch of the small-batch kernel (cuda_gemv.cu), others in
  * cuBLASLt (affine weights dequantised to bf16 slices first). Reserves the scratch they need. */
 int ci_cuda_matmul_run(ci_cuda *cu, const ci_cuda_cmd *c, int parts);
-/* Scratch bytes per slot that matmul command c needs. */
-void ci_cuda_matmul_scratch(const ci_cuda *cu, const ci_cuda_cmd *c,
+/* Scratch bytes per slot that matmul commands [c, c + parts), run as ci_cuda_matmul_run runs
+ * them, need. */
+void ci_cuda_matmul_scratch(const ci_cuda *cu, const ci_cuda_cmd *c, int parts,
                             size_t need[CI_CUDA_SCRATCH_SLOTS]);
 
 /* Copies `bytes` of a weight from the host into a new device allocation the backend frees at

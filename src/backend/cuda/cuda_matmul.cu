@@ -189,18 +189,37 @@ static int is_half(int dtype) {
   return dtype == CI_BF16 || dtype == CI_F16 || ci_dtype_is_affine((ci_dtype)dtype);
 }
 
-void ci_cuda_matmul_scratch(const ci_cuda *cu, const ci_cuda_cmd *c,
+/* 1 when matmul commands [c, c + parts) run as one launch of the small-batch kernel: every part
+ * fits it and all share the weight format (the same decision sizes the scratch and runs them). */
+static int parts_take_gemv(const ci_cuda *cu, const ci_cuda_cmd *c, int parts) {
+  const ci_cuda_weight *w0 = &c->a.matmul.w;
+  const int64_t k = c->a.matmul.k, m = c->a.matmul.m;
+  const int planes = is_half(w0->dtype) ? cu->input_planes : 1;
+  int small = parts <= CI_CUDA_GEMV_MAX_PARTS;
+  for (int p = 0; p < parts; p++)
+    small &= c[p].a.matmul.w.dtype == w0->dtype && c[p].a.matmul.w.group_size == w0->group_size &&
+             c[p].a.matmul.w.f16_pairs == w0->f16_pairs &&
+             ci_cuda_gemv_fits(w0->dtype, c[p].a.matmul.n, k, m, planes);
+  return small;
+}
+
+void ci_cuda_matmul_scratch(const ci_cuda *cu, const ci_cuda_cmd *c, int parts,
                             size_t need[CI_CUDA_SCRATCH_SLOTS]) {
   const int dtype = c->a.matmul.w.dtype;
-  const int64_t n = c->a.matmul.n, k = c->a.matmul.k, m = c->a.matmul.m;
+  const int64_t k = c->a.matmul.k, m = c->a.matmul.m;
   const int planes = is_half(dtype) ? cu->input_planes : 1;
-  const int small = ci_cuda_gemv_fits(dtype, n, k, m, planes);
+  const int small = parts_take_gemv(cu, c, parts);
   for (int s = 0; s < CI_CUDA_SCRATCH_SLOTS; s++) need[s] = 0;
   need[0] = is_half(dtype) ? (size_t)planes * m * k * sizeof(uint16_t) : 0;
-  need[1] = planes == 2 && !small ? (size_t)2 * m * n * sizeof(float) : 0;
-  need[3] = ci_dtype_is_affine((ci_dtype)dtype) && !small
-                ? (size_t)dequant_slice_rows(n, k) * k * sizeof(uint16_t)
-                : 0;
+  for (int p = 0; p < parts && !small; p++) {
+    const int64_t n = c[p].a.matmul.n;
+    const size_t sum = planes == 2 ? (size_t)2 * m * n * sizeof(float) : 0;
+    const size_t slice = ci_dtype_is_affine((ci_dtype)c[p].a.matmul.w.dtype)
+                             ? (size_t)dequant_slice_rows(n, k) * k * sizeof(uint16_t)
+                             : 0;
+    need[1] = sum > need[1] ? sum : need[1];
+    need[3] = slice > need[3] ? slice : need[3];
+  }
 }
 
 /* out[., ldc] = input W^T with cuBLASLt for an n-row W in a half type or f32 (input already in
@@ -244,12 +263,10 @@ int ci_cuda_matmul_run(ci_cuda *cu, const ci_cuda_cmd *c, int parts) {
   const int64_t k = c->a.matmul.k, m = c->a.matmul.m;
   const float *x = c->a.matmul.x;
   if (m <= 0) return CI_OK;
-  for (int p = 0; p < parts; p++) {
-    size_t need[CI_CUDA_SCRATCH_SLOTS];
-    ci_cuda_matmul_scratch(cu, &c[p], need);
-    for (int s = 0; s < CI_CUDA_SCRATCH_SLOTS; s++)
-      if (need[s] && !ci_cuda_scratch(cu, s, need[s])) return CI_ERR;
-  }
+  size_t need[CI_CUDA_SCRATCH_SLOTS];
+  ci_cuda_matmul_scratch(cu, c, parts, need);
+  for (int s = 0; s < CI_CUDA_SCRATCH_SLOTS; s++)
+    if (need[s] && !ci_cuda_scratch(cu, s, need[s])) return CI_ERR;
   const void *input = x;
   const int planes = is_half(w0->dtype) ? cu->input_planes : 1;
   if (is_half(w0->dtype)) { /* affine weights multiply bf16 inputs */
@@ -263,11 +280,7 @@ int ci_cuda_matmul_run(ci_cuda *cu, const ci_cuda_cmd *c, int parts) {
     }
     input = cu->scratch[0];
   }
-  int small = parts <= CI_CUDA_GEMV_MAX_PARTS;
-  for (int p = 0; p < parts; p++)
-    small &= c[p].a.matmul.w.dtype == w0->dtype && c[p].a.matmul.w.group_size == w0->group_size &&
-             c[p].a.matmul.w.f16_pairs == w0->f16_pairs &&
-             ci_cuda_gemv_fits(w0->dtype, c[p].a.matmul.n, k, m, planes);
+  const int small = parts_take_gemv(cu, c, parts);
   if (small) {
     ci_cuda_weight w[CI_CUDA_GEMV_MAX_PARTS];
     int64_t n[CI_CUDA_GEMV_MAX_PARTS];
