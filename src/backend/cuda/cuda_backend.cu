@@ -654,15 +654,6 @@ extern "C" ci_backend *ci_cuda_backend_create(int gpu, int n_threads) {
   /* CINFER_CUDA_FUSE=0: every recorded command its own launch (cuda_graph.cu) */
   const char *fuse_env = getenv("CINFER_CUDA_FUSE");
   cu->fuse = !(fuse_env && strcmp(fuse_env, "0") == 0);
-  /* CINFER_CUDA_FLASH_SPLIT (a multiple of 64) and CINFER_CUDA_GEMV_STAGES (4 or 8) override the
-   * tensor-core attention's split size and the small-batch kernel's pipeline depth, for A/B
-   * measurements; a run's rows depend on the split size (not on the depth) */
-  const char *split_env = getenv("CINFER_CUDA_FLASH_SPLIT");
-  const int split = split_env ? atoi(split_env) : 0;
-  cu->flash_split_keys = split >= 64 && split % 64 == 0 ? split : CI_CUDA_FLASH_SPLIT_KEYS;
-  const char *stages_env = getenv("CINFER_CUDA_GEMV_STAGES");
-  const int stages = stages_env ? atoi(stages_env) : 0;
-  cu->gemv_stages = stages == 4 || stages == 8 ? stages : 0;
   /* programmatic dependent launch needs compute capability 9.0; CINFER_CUDA_PDL=0 turns it off */
   int major = 0;
   const char *pdl_env = getenv("CINFER_CUDA_PDL");

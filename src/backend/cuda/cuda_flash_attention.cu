@@ -25,7 +25,7 @@
 
 /* FA_MAX_WARPS warps per block for prefill launches, one for decode launches (a row's arithmetic
  * does not depend on the block's width); 16 packed query rows per warp. */
-enum { FA_MAX_WARPS = 4, FA_MAX_ROWS = 16 * FA_MAX_WARPS, FA_KEYS = 64 };
+enum { FA_MAX_WARPS = 4, FA_MAX_ROWS = 16 * FA_MAX_WARPS, FA_KEYS = 64, FA_SPLIT = 128 };
 
 typedef ci_cuda_kv_layout kv_layout;
 typedef ci_cuda_seq_group seq_group;
@@ -150,7 +150,6 @@ __global__ static void __launch_bounds__(W * 32)
     p_max = p > p_max ? p : p_max;
     lo_min = lo < lo_min ? lo : lo_min;
   }
-  const int64_t FA_SPLIT = f.split_keys; /* a multiple of FA_KEYS, one per backend */
   const int64_t split_lo = lo_min / FA_SPLIT, split_hi = p_max / FA_SPLIT;
   int64_t first_split = split_lo, last_split = split_hi;
   if (f.parallel) {
@@ -465,7 +464,6 @@ __global__ static void flash_merge_kernel(const seq_group *g, attention_params a
   const int64_t base = ((int64_t)blockIdx.x * a.n_heads + h) * f.splits;
   const int d = threadIdx.x; /* blockDim.x == D */
   float tm = 0.0f, tl = 0.0f, t = 0.0f;
-  const int64_t FA_SPLIT = f.split_keys;
   for (int64_t first = lo / FA_SPLIT; first <= p / FA_SPLIT; first += MERGE_BATCH) {
     const int n = (int)min((int64_t)MERGE_BATCH, p / FA_SPLIT - first + 1);
     __syncthreads(); /* the previous batch's states are consumed */
@@ -504,14 +502,13 @@ int ci_cuda_flash_positions_per_tile(const kv_layout *L, int n_heads, int warps)
 }
 
 void ci_cuda_flash_plan(const kv_layout *L, const ci_cuda_seq_group *host_group, int n_heads,
-                        int warps, int n_sms, int exact, int split_keys, ci_cuda_flash_params *f) {
+                        int warps, int n_sms, int exact, ci_cuda_flash_params *f) {
   memset(f, 0, sizeof *f);
-  f->split_keys = split_keys;
   f->group = n_heads / L->n_kv_heads;
   f->warps = warps;
   f->exact = exact;
   const int total_rows = host_group->total_rows;
-  f->splits = ci_cuda_key_splits(host_group, L, split_keys);
+  f->splits = ci_cuda_key_splits(host_group, L, FA_SPLIT);
   const int64_t blocks = (int64_t)host_group->total_tiles * L->n_kv_heads;
   const size_t bytes = (size_t)total_rows * n_heads * f->splits * (L->head_dim + 2) * sizeof(float);
   /* split the keys over blocks when one block per tile leaves most SMs idle */

@@ -29,9 +29,7 @@
 #include <limits.h>
 
 enum {
-  GV_STAGES = 4,      /* stages in flight per warp */
-  GV_DEEP_STAGES = 8, /* ... when a launch has fewer than GV_DEEP_BELOW warps per SM */
-  GV_DEEP_BELOW = 3,
+  GV_STAGES = 4,     /* stages in flight per warp */
   GV_MAX_X_ROWS = 8, /* input rows (planes x rows) one warp multiplies with bf16 weights; more
                         run faster in cuBLASLt, which reuses each staged W tile over them */
   GV_MAX_X_ROWS_AFFINE = 16, /* with affine weights: two column groups of 8 per mma chain, which
@@ -316,18 +314,12 @@ __global__ static void __launch_bounds__(32)
   cp_async_wait<0>();
 }
 
-template <int BITS, int CHAINS, int PLANES, int STAGES, bool F16, int XG>
-static cudaError_t gv_set_depth_limit() {
-  return cudaFuncSetAttribute(gemv_kernel<BITS, CHAINS, PLANES, STAGES, gv_kc(BITS, XG), F16, XG>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)gv_smem_bytes(BITS, gv_kc(BITS, XG), STAGES, CHAINS,
-                                                 XG == 2 ? GV_MAX_X_ROWS_AFFINE : GV_MAX_X_ROWS));
-}
-
 template <int BITS, int CHAINS, int PLANES, bool F16, int XG> static cudaError_t gv_set_limit() {
-  const cudaError_t err = gv_set_depth_limit<BITS, CHAINS, PLANES, GV_STAGES, F16, XG>();
-  return err == cudaSuccess ? gv_set_depth_limit<BITS, CHAINS, PLANES, GV_DEEP_STAGES, F16, XG>()
-                            : err;
+  return cudaFuncSetAttribute(
+      gemv_kernel<BITS, CHAINS, PLANES, GV_STAGES, gv_kc(BITS, XG), F16, XG>,
+      cudaFuncAttributeMaxDynamicSharedMemorySize,
+      (int)gv_smem_bytes(BITS, gv_kc(BITS, XG), GV_STAGES, CHAINS,
+                         XG == 2 ? GV_MAX_X_ROWS_AFFINE : GV_MAX_X_ROWS));
 }
 
 template <int BITS, bool F16> static cudaError_t gv_set_limits() {
@@ -371,50 +363,31 @@ static int gv_blocks_per_sm(const ci_cuda *cu, size_t smem) {
   return by_smem < 1 ? 1 : by_smem > 32 ? 32 : by_smem;
 }
 
-template <int BITS, int STAGES, bool F16, int XG>
-static void gv_launch_depth(ci_cuda *cu, const gv_parts &P, int chains, int groups, int64_t k,
-                            const __nv_bfloat16 *x, int64_t m, int planes, dim3 grid, size_t smem) {
-  if constexpr (BITS == 16) { /* affine weights run one chain per warp */
-    if (chains == 2 && planes == 1) {
-      ci_launch(cu, gemv_kernel<BITS, 2, 1, STAGES, gv_kc(BITS, XG), F16, XG>, grid, 32, smem, P, x,
-                groups, (int)k, (int)m);
-      return;
-    }
-    if (chains == 2) {
-      ci_launch(cu, gemv_kernel<BITS, 2, 2, STAGES, gv_kc(BITS, XG), F16, XG>, grid, 32, smem, P, x,
-                groups, (int)k, (int)m);
-      return;
-    }
-  }
-  if (planes == 1)
-    ci_launch(cu, gemv_kernel<BITS, 1, 1, STAGES, gv_kc(BITS, XG), F16, XG>, grid, 32, smem, P, x,
-              groups, (int)k, (int)m);
-  else
-    ci_launch(cu, gemv_kernel<BITS, 1, 2, STAGES, gv_kc(BITS, XG), F16, XG>, grid, 32, smem, P, x,
-              groups, (int)k, (int)m);
-}
-
-/* The pipeline depth: GV_STAGES, or GV_DEEP_STAGES when the launch has so few warps per SM that
- * each needs more bytes in flight, and they all still fit at once (a warp running two groups
- * while others idle would cost more than the depth gains). */
 template <int BITS, bool F16, int XG>
 static void gv_launch(ci_cuda *cu, const gv_parts &P, int chains, int groups, int64_t k,
                       const __nv_bfloat16 *x, int64_t m, int planes) {
   constexpr int KC = gv_kc(BITS, XG);
   const size_t smem = gv_smem_bytes(BITS, KC, GV_STAGES, chains, (int)(planes * m));
-  const size_t deep_smem = gv_smem_bytes(BITS, KC, GV_DEEP_STAGES, chains, (int)(planes * m));
   const int64_t resident = (int64_t)cu->n_sms * gv_blocks_per_sm(cu, smem);
-  const int64_t deep_resident = (int64_t)cu->n_sms * gv_blocks_per_sm(cu, deep_smem);
-  const int deep = cu->gemv_stages
-                       ? cu->gemv_stages == GV_DEEP_STAGES
-                       : groups < GV_DEEP_BELOW * (int64_t)cu->n_sms && groups <= deep_resident;
-  const int64_t fit = deep ? deep_resident : resident;
-  const dim3 grid((unsigned)(groups < fit ? groups : fit));
-  if (deep)
-    gv_launch_depth<BITS, GV_DEEP_STAGES, F16, XG>(cu, P, chains, groups, k, x, m, planes, grid,
-                                                   deep_smem);
+  const dim3 grid((unsigned)(groups < resident ? groups : resident));
+  if constexpr (BITS == 16) { /* affine weights run one chain per warp */
+    if (chains == 2 && planes == 1) {
+      ci_launch(cu, gemv_kernel<BITS, 2, 1, GV_STAGES, KC, F16, XG>, grid, 32, smem, P, x, groups,
+                (int)k, (int)m);
+      return;
+    }
+    if (chains == 2) {
+      ci_launch(cu, gemv_kernel<BITS, 2, 2, GV_STAGES, KC, F16, XG>, grid, 32, smem, P, x, groups,
+                (int)k, (int)m);
+      return;
+    }
+  }
+  if (planes == 1)
+    ci_launch(cu, gemv_kernel<BITS, 1, 1, GV_STAGES, KC, F16, XG>, grid, 32, smem, P, x, groups,
+              (int)k, (int)m);
   else
-    gv_launch_depth<BITS, GV_STAGES, F16, XG>(cu, P, chains, groups, k, x, m, planes, grid, smem);
+    ci_launch(cu, gemv_kernel<BITS, 1, 2, GV_STAGES, KC, F16, XG>, grid, 32, smem, P, x, groups,
+              (int)k, (int)m);
 }
 
 /* Affine weights: one column group of inputs up to 8 input rows (planes x rows), two above. */

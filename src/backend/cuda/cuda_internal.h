@@ -68,7 +68,6 @@ static inline int ci_cuda_key_splits(const ci_cuda_seq_group *g, const ci_cuda_k
  * bf16 planes for q and P. partial and state are filled in at launch. */
 typedef struct {
   int group, warps, splits, parallel, exact;
-  int split_keys; /* keys per split (the backend's ci_cuda.flash_split_keys) */
   size_t scratch_bytes;
   float *partial, *state;
 } ci_cuda_flash_params;
@@ -221,11 +220,9 @@ typedef struct {
    * [2] per-split attention states, [3] dequantised slices of affine weights */
   void *scratch[CI_CUDA_SCRATCH_SLOTS];
   size_t scratch_bytes[CI_CUDA_SCRATCH_SLOTS];
-  int n_sms;            /* streaming multiprocessors of the device */
-  int smem_per_sm;      /* shared memory bytes per SM */
-  int flash_split_keys; /* keys per split of tensor-core attention (cuda_flash_attention.cu) */
-  int gemv_stages;      /* 0: the small-batch kernel picks its pipeline depth; 4 or 8: forced */
-  int pdl;              /* 1: kernels launch with programmatic dependent launch (cuda_launch.cuh) */
+  int n_sms;       /* streaming multiprocessors of the device */
+  int smem_per_sm; /* shared memory bytes per SM */
+  int pdl;         /* 1: kernels launch with programmatic dependent launch (cuda_launch.cuh) */
   int fuse; /* 1 (default): fused launches (cuda_graph.cu); CINFER_CUDA_FUSE=0 runs every command
                on its own, for measuring what the fusions save */
   /* the matmul input last converted into scratch[0] (NULL: none valid); q/k/v and gate/up
@@ -388,8 +385,6 @@ int ci_cuda_flash_init(ci_cuda *cu);
  * (1..CI_CUDA_GEMV_MAX_PARTS) matrices of one type and n[p] rows sharing the input x, which holds
  * `planes` bf16 planes of m rows each. */
 enum { CI_CUDA_GEMV_MAX_PARTS = 3 };
-/* Keys per split of the tensor-core attention (a multiple of its 64-key tile). */
-enum { CI_CUDA_FLASH_SPLIT_KEYS = 128 };
 int ci_cuda_gemv_init(ci_cuda *cu);
 int ci_cuda_gemv_fits(int dtype, int64_t n, int64_t k, int64_t m, int planes);
 void ci_cuda_gemv_launch(ci_cuda *cu, int parts, const ci_cuda_weight *w, const int64_t *n,
@@ -402,8 +397,7 @@ int ci_cuda_flash_warps(int n_heads, int n_kv_heads, int max_rows_per_seq);
 int ci_cuda_flash_positions_per_tile(const ci_cuda_kv_layout *L, int n_heads, int warps);
 /* Plans a launch over the host copy of its sequence group (tile_start and total_tiles set). */
 void ci_cuda_flash_plan(const ci_cuda_kv_layout *L, const ci_cuda_seq_group *host_group,
-                        int n_heads, int warps, int n_sms, int exact, int split_keys,
-                        ci_cuda_flash_params *f);
+                        int n_heads, int warps, int n_sms, int exact, ci_cuda_flash_params *f);
 int ci_cuda_flash_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
 
 /* ==== cuda_deltanet.cu ==== */
