@@ -46,7 +46,7 @@ void *ci_cuda_malloc(ci_cuda *cu, size_t bytes) {
   return p;
 }
 
-void *ci_cuda_stage(ci_cuda *cu, const void *host, size_t bytes) {
+void *ci_cuda_stage_reserve(ci_cuda *cu, size_t bytes, void **host) {
   size_t need = (bytes + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN;
   if (need > cu->ring.bytes) {
     ci_fail("CUDA: %zu bytes of step data exceed the %zu-byte staging ring", bytes, cu->ring.bytes);
@@ -57,17 +57,28 @@ void *ci_cuda_stage(ci_cuda *cu, const void *host, size_t bytes) {
     cudaStreamSynchronize(cu->stream);
     cu->ring.used = 0;
   }
-  uint8_t *h = cu->ring.host + cu->ring.used, *d = cu->ring.device + cu->ring.used;
+  *host = cu->ring.host + cu->ring.used;
+  void *device = cu->ring.device + cu->ring.used;
   cu->ring.used += need;
-  memcpy(h, host, bytes);
+  return device;
+}
+
+int ci_cuda_stage_send(ci_cuda *cu, void *device, const void *host, size_t bytes) {
   ci_cuda_cmd cmd;
   memset(&cmd, 0, sizeof cmd);
   cmd.kind = CMD_MEMCPY;
-  cmd.a.memcpy.dst = d;
-  cmd.a.memcpy.src = h;
+  cmd.a.memcpy.dst = device;
+  cmd.a.memcpy.src = host;
   cmd.a.memcpy.bytes = bytes;
   cmd.a.memcpy.kind = cudaMemcpyHostToDevice;
-  return ci_cuda_emit(cu, &cmd) ? NULL : d;
+  return ci_cuda_emit(cu, &cmd);
+}
+
+void *ci_cuda_stage(ci_cuda *cu, const void *host, size_t bytes) {
+  void *h = NULL, *d = ci_cuda_stage_reserve(cu, bytes, &h);
+  if (!d) return NULL;
+  memcpy(h, host, bytes);
+  return ci_cuda_stage_send(cu, d, h, bytes) ? NULL : d;
 }
 
 /* Emits a device-to-device copy. */

@@ -319,23 +319,24 @@ int ci_cuda_gated_deltanet(ci_cuda *cu, const ci_deltanet_args *a) {
       (int64_t)(a->conv_kernel - 1) * C + (int64_t)a->n_v_heads * a->k_head_dim * a->v_head_dim;
   if (C > INT32_MAX / 2 || state_floats > INT32_MAX)
     return ci_fail("gated deltanet on CUDA: %lld channels are too many", (long long)C);
-  dn_seq *host = (dn_seq *)malloc((size_t)a->n_seqs * sizeof *host);
-  if (!host) return ci_fail("out of memory");
   int64_t rows = 0;
   for (int i = 0; i < a->n_seqs; i++) {
-    if (a->n_rows[i] < 1 || a->first_row[i] != rows) {
-      free(host);
+    if (a->n_rows[i] < 1 || a->first_row[i] != rows)
       return ci_fail("gated deltanet: sequence %d's rows are not contiguous", i);
-    }
     rows += a->n_rows[i];
+  }
+  void *staged = NULL; /* the sequences' table, written straight into the staging ring */
+  const size_t table_bytes = (size_t)a->n_seqs * sizeof(dn_seq);
+  void *seqs = ci_cuda_stage_reserve(cu, table_bytes, &staged);
+  if (!seqs) return CI_ERR;
+  dn_seq *host = (dn_seq *)staged;
+  for (int i = 0; i < a->n_seqs; i++) {
     host[i].state = a->states[i];
     host[i].checkpoint = a->checkpoints ? a->checkpoints[i] : NULL;
     host[i].first_row = a->first_row[i];
     host[i].n_rows = a->n_rows[i];
   }
-  const void *seqs = ci_cuda_stage(cu, host, (size_t)a->n_seqs * sizeof *host);
-  free(host);
-  if (!seqs) return CI_ERR;
+  if (ci_cuda_stage_send(cu, seqs, staged, table_bytes)) return CI_ERR;
   ci_cuda_cmd cmd;
   memset(&cmd, 0, sizeof cmd);
   cmd.kind = CMD_DELTANET;

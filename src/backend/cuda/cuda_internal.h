@@ -271,6 +271,11 @@ void *ci_cuda_malloc(ci_cuda *cu, size_t bytes);
 /* Copies n bytes of host memory to the device through the ring; returns the device address
  * (valid until the next step end), or NULL with ci_last_error. */
 void *ci_cuda_stage(ci_cuda *cu, const void *host, size_t bytes);
+/* ci_cuda_stage in two halves, for callers that write the bytes in place instead of from a
+ * buffer of their own: reserve returns the device address and sets *host to the ring's pinned
+ * memory for them; once they are written, send copies them (returns CI_OK or CI_ERR). */
+void *ci_cuda_stage_reserve(ci_cuda *cu, size_t bytes, void **host);
+int ci_cuda_stage_send(ci_cuda *cu, void *device, const void *host, size_t bytes);
 
 /* ==== cuda_graph.cu: commands, step recording, graph replay ==== */
 int ci_cuda_graphs_create(ci_cuda *cu);
