@@ -236,19 +236,20 @@ static void check_affine(ci_backend *cpu, ci_backend *cu, int bits, int group, c
   free_affine(&w);
 }
 
-/* Matmuls of one input recorded in a step run as one launch when they share a weight format and
- * each fits the small-batch kernel, and through cuBLASLt over dequantised slices otherwise: a
- * step pairing a q8 g64 matrix with a q8 g32 one (each small alone, not together) must size the
- * dequantisation scratch for the pair as it runs it (it once sized it per matrix, for the
- * small-batch kernel, and wrote the slices through a missing buffer). Rows equal the matrices'
- * products alone (the small-batch kernel's rows are cuBLASLt's, bit for bit). */
-static void test_grouped_affine_parts(void **state) {
-  (void)state;
+/* Matmuls of one input recorded in a step run as one launch of the small-batch kernel when each
+ * fits it and they share a weight format, and each through cuBLASLt over dequantised slices
+ * otherwise; the step must size the dequantisation scratch for the group as it runs it. It once
+ * sized it per matrix, counting only the matrices that did not fit alone: a q8 g64 matrix beside
+ * a q8 g32 one (each fits alone, not together) wrote its slices through a missing buffer, and a
+ * large matrix beside a 4-row one (a gated-DeltaNet gate projection: not a multiple of 16 rows)
+ * through a buffer sized for 4 rows. Rows equal the matrices' products alone (the small-batch
+ * kernel's rows are cuBLASLt's, bit for bit). */
+static void check_grouped_parts(int64_t n0, int group0, int64_t n1, int group1) {
   ci_backend *cu = gpu(); /* fresh: no scratch grown yet */
   ci_cuda_set_input_planes(cu, 1);
   enum { M = 4 };
-  const int64_t k = 2048, n[2] = {4096, 64};
-  const int groups[2] = {64, 32};
+  const int64_t k = 2048, n[2] = {n0, n1};
+  const int groups[2] = {group0, group1};
   ci_tensor w[2], wg[2];
   float *x = malloc((size_t)(M * k) * 4);
   for (int64_t i = 0; i < M * k; i++) x[i] = frand();
@@ -275,8 +276,8 @@ static void test_grouped_affine_parts(void **state) {
       assert_memory_equal(got[p], alone[p], (size_t)(M * n[p]) * 4);
     }
   }
-  printf("  q8 g64 %lld x %lld beside q8 g32 %lld x %lld in one step: rows equal each alone\n",
-         (long long)n[0], (long long)k, (long long)n[1], (long long)k);
+  printf("  q8 g%d %lld x %lld beside q8 g%d %lld x %lld in one step: rows equal each alone\n",
+         groups[0], (long long)n[0], (long long)k, groups[1], (long long)n[1], (long long)k);
   for (int p = 0; p < 2; p++) {
     cu->ops->release(cu, dy[p]);
     free(alone[p]);
@@ -287,6 +288,12 @@ static void test_grouped_affine_parts(void **state) {
   cu->ops->release(cu, dx);
   free(x);
   cu->ops->destroy(cu);
+}
+
+static void test_grouped_affine_parts(void **state) {
+  (void)state;
+  check_grouped_parts(4096, 64, 64, 32);
+  check_grouped_parts(4096, 32, 4, 32);
 }
 
 static void test_affine_matmul_ops(void **state) {
