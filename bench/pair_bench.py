@@ -5,10 +5,13 @@ disturbs the figures; this says by how much). Prints one JSON object per run and
 the median of each measure.
 
 Usage: pair_bench.py MODEL_DIR MODEL.gguf [--rounds 3] [--threads 2] [--prompt 128] [--gen 8]
-                     [--step-bench build/step_bench] [--llama-bench PATH]
+                     [--precision exact|fast] [--step-bench build/step_bench]
+                     [--llama-bench PATH]
 
 cinfer: step_bench MODEL_DIR --device cpu --prompts P --batches 1,4 --gen G --context 64
-        --threads T (prefill of P tokens in one chunk, batch-1 and 4-sequence decode);
+        --threads T --precision exact|fast (prefill of P tokens in one chunk, batch-1 and
+        4-sequence decode; precision defaults to exact, step_bench's own default, so figures
+        recorded before the flag existed reproduce; `cinfer` itself defaults to fast);
 llama.cpp: llama-bench -m MODEL.gguf -p P -n G -r 1 -t T -o json (prefill and batch-1 decode).
 """
 
@@ -54,6 +57,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--gen", type=int, default=8)
+    ap.add_argument("--precision", choices=["exact", "fast"], default="exact")
     ap.add_argument("--step-bench", default="build/step_bench")
     ap.add_argument("--llama-bench", default="/work/llama.cpp/build/bin/llama-bench")
     a = ap.parse_args()
@@ -64,7 +68,7 @@ def main():
         out, wall, others, load = timed([
             a.step_bench, a.model_dir, "--device", "cpu", "--prompts", str(a.prompt),
             "--batches", "1,4", "--gen", str(a.gen), "--context", "64", "--threads",
-            str(a.threads)])
+            str(a.threads), "--precision", a.precision])
         j = json.loads(out)
         row = {"engine": "cinfer", "round": r, "prefill_tok_s": j["prefill"][0]["tok_s"],
                "decode_tok_s": j["decode"][0]["tok_s"], "decode4_tok_s": j["decode"][1]["tok_s"],
