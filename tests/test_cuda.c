@@ -154,10 +154,6 @@ static void test_matmul_ops(void **state) {
   cpu->ops->destroy(cpu);
 }
 
-/* MLX affine weights: the GPU's product against the CPU's exact one (f32 dequantisation; the GPU
- * rounds each weight to bf16 and, with one plane, the inputs too), and rows bit-identical between
- * the small-batch kernel (up to 8 rows) and cuBLASLt over bf16-dequantised slices (64 rows),
- * including a matrix taller than one 64 MB slice. */
 /* An n x k MLX affine weight of random values (its codes, scales and biases malloc'd: free them
  * with free_affine). */
 static ci_tensor random_affine(int bits, int group, ci_dtype sdtype, int64_t n, int64_t k) {
@@ -186,6 +182,10 @@ static void free_affine(ci_tensor *w) { /* the buffers random_affine allocated *
   free((void *)w->biases);
 }
 
+/* MLX affine weights: the GPU's product against the CPU's exact one (f32 dequantisation; the GPU
+ * rounds each weight to bf16 and, with one plane, the inputs too), and rows bit-identical between
+ * the small-batch kernel (up to 8 rows) and cuBLASLt over bf16-dequantised slices (64 rows),
+ * including a matrix taller than one 64 MB slice. */
 static void check_affine(ci_backend *cpu, ci_backend *cu, int bits, int group, ci_dtype sdtype,
                          int64_t n, int64_t k, int compare_cpu) {
   enum { MAX_M = 64 };
