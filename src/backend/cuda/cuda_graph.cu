@@ -207,7 +207,8 @@ static int same_input_matmul(const ci_cuda_cmd *a, const ci_cuda_cmd *b) {
          (const float *)b->a.matmul.y != b->a.matmul.x;
 }
 
-/* How many matmul commands from command i run as one launch (1 with the fusions off). */
+/* How many matmul commands from command i run as one launch (1 with the fusions off, and for a
+ * command that is no matmul). */
 static int matmul_parts(const ci_cuda *cu, int i) {
   const ci_cuda_graphs *g = cu->graphs;
   int parts = 1;
@@ -315,11 +316,10 @@ static uint64_t hash_commands(const ci_cuda_cmd *cmds, int n) {
 static int reserve_for(ci_cuda *cu) {
   ci_cuda_graphs *g = cu->graphs;
   size_t need[CI_CUDA_SCRATCH_SLOTS] = {0};
-  for (int i = 0, parts = 1; i < g->n_cmds; i += parts) {
+  for (int i = 0, parts; i < g->n_cmds; i += parts) {
     const ci_cuda_cmd *c = &g->cmds[i];
-    parts = 1;
-    if (c->kind != CMD_MATMUL) continue;
     parts = matmul_parts(cu, i);
+    if (c->kind != CMD_MATMUL) continue;
     size_t n[CI_CUDA_SCRATCH_SLOTS];
     ci_cuda_matmul_scratch(cu, c, parts, n);
     for (int s = 0; s < CI_CUDA_SCRATCH_SLOTS; s++) need[s] = n[s] > need[s] ? n[s] : need[s];
