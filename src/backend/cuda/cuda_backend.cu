@@ -64,6 +64,7 @@ void *ci_cuda_stage_reserve(ci_cuda *cu, size_t bytes, void **host) {
 }
 
 int ci_cuda_stage_send(ci_cuda *cu, void *device, const void *host, size_t bytes) {
+  if (ci_cuda_record_staged(cu, device, bytes)) return CI_OK; /* copied with the step's others */
   ci_cuda_cmd cmd;
   memset(&cmd, 0, sizeof cmd);
   cmd.kind = CMD_MEMCPY;

@@ -1,8 +1,11 @@
 /* The CUDA backend's steps as command lists and CUDA graphs.
  *
  * Between step_begin and step_end every op appends a command (its arguments by value) instead of
- * launching; small host arrays the step needs (the step descriptor, block-table updates, row
- * lists, the KV launches' sequence groups) go through the pinned staging ring as copy commands.
+ * launching; small host arrays the step needs (block-table updates, row lists, the KV launches'
+ * sequence groups) are written into the pinned staging ring, and the step copies all of them to
+ * the device in one copy before its first command (one graph node, not one per layer and KV
+ * launch: a copy node between two kernels costs a few microseconds and breaks the programmatic
+ * dependent launch of the kernel after it).
  * At step end the list is hashed: a list seen before (same ops, same pointers, same shapes: the
  * decode steps of a running batch) replays as one CUDA graph, so a step costs one launch instead
  * of hundreds; a list seen once runs command by command and is captured the second time. The
@@ -32,6 +35,7 @@ struct ci_cuda_graphs {
   uint64_t clock;
   int enabled;
   int capturing; /* run_all runs inside a stream capture (checks it after each command) */
+  size_t staged_from, staged_to; /* the staging ring's bytes the recorded step copies first */
 };
 
 int ci_cuda_graphs_create(ci_cuda *cu) {
@@ -186,7 +190,16 @@ void ci_cuda_record_begin(ci_cuda *cu) {
   if (!g || !g->enabled) return;
   g->recording = 1;
   g->n_cmds = 0;
+  g->staged_from = g->staged_to = cu->ring.used;
   cu->converted_x = NULL;
+}
+
+int ci_cuda_record_staged(ci_cuda *cu, const void *device, size_t bytes) {
+  ci_cuda_graphs *g = cu->graphs;
+  if (!g || !g->recording) return 0;
+  const size_t end = (size_t)((const uint8_t *)device - cu->ring.device) + bytes;
+  if (end > g->staged_to) g->staged_to = end;
+  return 1;
 }
 
 /* 1 when cmds a, b are a residual add x += y and an RMSNorm of that x, which one kernel runs. */
@@ -243,6 +256,12 @@ static int capture_broken(ci_cuda *cu) {
  * one input (q, k, v; gate, up) as one launch (each row's arithmetic unchanged). */
 static int run_all(ci_cuda *cu) {
   ci_cuda_graphs *g = cu->graphs;
+  if (g->staged_to > g->staged_from) { /* the step's staged bytes, in one copy */
+    const cudaError_t err =
+        cudaMemcpyAsync(cu->ring.device + g->staged_from, cu->ring.host + g->staged_from,
+                        g->staged_to - g->staged_from, cudaMemcpyHostToDevice, cu->stream);
+    if (err != cudaSuccess) return ci_cuda_fail(cu, err, "staged step data");
+  }
   for (int i = 0, last = -1; i <= g->n_cmds; last = i++) {
     if (g->capturing && last >= 0 && capture_broken(cu))
       return ci_fail("CUDA: command %d of the step (kind %d) broke the graph capture", last,
@@ -292,6 +311,7 @@ int ci_cuda_record_flush(ci_cuda *cu) {
   g->recording = 0;
   int rc = run_all(cu);
   g->n_cmds = 0;
+  g->staged_from = g->staged_to; /* copied */
   return rc;
 }
 
@@ -340,9 +360,12 @@ int ci_cuda_record_end(ci_cuda *cu) {
   ci_cuda_graphs *g = cu->graphs;
   if (!g || !g->recording) return CI_OK;
   g->recording = 0;
-  if (g->n_cmds == 0) return CI_OK;
+  if (g->n_cmds == 0) return run_all(cu); /* (its staged bytes, if any) */
   if (reserve_for(cu)) return CI_ERR;
-  const uint64_t h = hash_commands(g->cmds, g->n_cmds);
+  /* the staged range is part of what a graph replays (its copy node) */
+  const uint64_t h = hash_commands(g->cmds, g->n_cmds) ^
+                     ((uint64_t)g->staged_from * 0x9e3779b97f4a7c15ull) ^
+                     ((uint64_t)g->staged_to * 0xc2b2ae3d27d4eb4full);
   g->clock++;
   for (int i = 0; i < GRAPH_CACHE; i++)
     if (g->graphs[i].exec && g->graphs[i].hash == h) {

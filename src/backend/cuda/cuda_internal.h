@@ -284,6 +284,10 @@ void ci_cuda_graphs_destroy(ci_cuda *cu);
 int ci_cuda_emit(ci_cuda *cu, const ci_cuda_cmd *cmd);
 /* Starts recording a step's commands (graphs on) . */
 void ci_cuda_record_begin(ci_cuda *cu);
+/* While a step records: extends the range of staging-ring bytes the step copies to the device
+ * in one copy before its first command to cover [device, device + bytes), and returns 1; 0 when
+ * no step records (the caller copies them itself). */
+int ci_cuda_record_staged(ci_cuda *cu, const void *device, size_t bytes);
 /* Runs the recorded commands now and stops recording (an op must wait for the GPU mid-step). */
 int ci_cuda_record_flush(ci_cuda *cu);
 /* Ends the recorded step: runs its commands, through a cached CUDA graph when this list was seen
