@@ -1636,6 +1636,74 @@ static void codec_logits(ci_model *model, const ci_kv_format *fmt, const int32_t
   ci_kv_cache_free(cache);
 }
 
+/* The model at dir fed ids[0, prompt) in one step then ids[prompt, prompt + steps) one per step,
+ * on a backend with the given input planes: the prompt's last logits, then each step's
+ * ((steps + 1) rows of *vocab, malloc'd). */
+static float *stepped_logits(ci_backend *be, const char *dir, int planes, const int32_t *ids,
+                             int prompt, int steps, int *vocab) {
+  ci_cuda_set_input_planes(be, planes);
+  ci_model *model = ci_model_load(dir, be);
+  if (!model) fail_msg("load %s: %s", dir, ci_last_error());
+  const int V = *vocab = model->spec.vocab;
+  float *logits = malloc((size_t)(steps + 1) * V * sizeof *logits);
+  assert_non_null(logits);
+  ci_kv_cache *cache = new_cache(model, CI_KV_BF16);
+  ci_kv_seq *seq = ci_kv_seq_create(cache);
+  if (!seq) fail_msg("kv sequence: %s", ci_last_error());
+  if (ci_model_forward(model, seq, ids, prompt, logits, 1))
+    fail_msg("forward: %s", ci_last_error());
+  for (int t = 0; t < steps; t++)
+    if (ci_model_forward(model, seq, ids + prompt + t, 1, logits + (size_t)(t + 1) * V, 1))
+      fail_msg("forward: %s", ci_last_error());
+  ci_kv_seq_free(seq);
+  ci_kv_cache_free(cache);
+  ci_model_free(model);
+  return logits;
+}
+
+/* The fused launches (add + norm, the RoPE pair and the KV store after it, grouped matmuls, the
+ * tensor-core attention writing o_proj's input planes) give the unfused commands' logits bit for
+ * bit, with one and two input planes. The starter model (Gemma 4, head_dim 64) takes the
+ * tensor-core attention: a 100-token prompt (four-warp blocks, one key split), then 30 decode
+ * steps (one-warp blocks; from 128 tokens on the split-parallel launch and its merge); the Llama
+ * and Qwen2 fixtures (q and k rotated back to back) the fused RoPE + KV store. */
+static void test_fusions_bitwise(void **state) {
+  (void)state;
+  for (int m = 0; m < 3; m++) {
+    char dir[1024];
+    int n, V = 0;
+    int32_t *ids;
+    if (m == 0) {
+      snprintf(dir, sizeof dir, "%s/starter", CI_MODELS_DIR);
+      ids = starter_ids(&n);
+    } else {
+      snprintf(dir, sizeof dir, "%s/%s", CI_FIXTURE_DIR, m == 1 ? "llama" : "qwen2");
+      ids = fixture_read_ids(dir, &n);
+    }
+    const int prompt = m == 0 ? 100 : n / 2, steps = m == 0 ? 30 : n - n / 2;
+    assert_true(prompt > 0 && steps > 0 && prompt + steps <= n);
+    for (int planes = 1; planes <= 2; planes++) {
+      ci_backend *a = gpu();
+      setenv("CINFER_CUDA_FUSE", "0", 1);
+      ci_backend *b = gpu();
+      unsetenv("CINFER_CUDA_FUSE");
+      float *fused = stepped_logits(a, dir, planes, ids, prompt, steps, &V),
+            *plain = stepped_logits(b, dir, planes, ids, prompt, steps, &V);
+      const size_t total = (size_t)(steps + 1) * V;
+      size_t differ = 0;
+      for (size_t i = 0; i < total; i++) differ += memcmp(&fused[i], &plain[i], 4) != 0;
+      printf("  %s, %d input plane(s): %zu of %zu logits differ fused vs unfused\n", dir, planes,
+             differ, total);
+      if (differ) fail_msg("%s: fused and unfused launches differ", dir);
+      free(fused);
+      free(plain);
+      a->ops->destroy(a);
+      b->ops->destroy(b);
+    }
+    free(ids);
+  }
+}
+
 /* Mean over positions of KL(softmax(p) || softmax(q)), in nats. */
 static double mean_kl(const float *p, const float *q, int n, int V) {
   double total = 0.0;
@@ -1726,6 +1794,7 @@ int main(void) {
       cmocka_unit_test(test_codec_kl),          cmocka_unit_test(test_matmul_ops),
       cmocka_unit_test(test_affine_matmul_ops), cmocka_unit_test(test_matmul_batch_invariance),
       cmocka_unit_test(test_fixtures),          cmocka_unit_test(test_window_release),
-      cmocka_unit_test(test_row_picks),         cmocka_unit_test(test_grouped_affine_parts)};
+      cmocka_unit_test(test_row_picks),         cmocka_unit_test(test_grouped_affine_parts),
+      cmocka_unit_test(test_fusions_bitwise)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
