@@ -1661,12 +1661,12 @@ static float *stepped_logits(ci_backend *be, const char *dir, int planes, const 
   return logits;
 }
 
-/* The fused launches (add + norm, the RoPE pair and the KV store after it, grouped matmuls, the
- * tensor-core attention writing o_proj's input planes) give the unfused commands' logits bit for
- * bit, with one and two input planes. The starter model (Gemma 4, head_dim 64) takes the
+/* The fused launches (add + norm, norms and SiLU·up writing the next matmul's input planes, the
+ * RoPE of q and k in one launch, grouped matmuls) give the unfused commands' logits bit for bit,
+ * with one and two input planes. The starter model (Gemma 4, head_dim 64) also takes the
  * tensor-core attention: a 100-token prompt (four-warp blocks, one key split), then 30 decode
- * steps (one-warp blocks; from 128 tokens on the split-parallel launch and its merge); the Llama
- * and Qwen2 fixtures (q and k rotated back to back) the fused RoPE + KV store. */
+ * steps (one-warp blocks, several KV heads' per block; from 128 tokens on the split-parallel
+ * launch and its merge); the Llama and Qwen2 fixtures rotate q and k back to back. */
 static void test_fusions_bitwise(void **state) {
   (void)state;
   for (int m = 0; m < 3; m++) {

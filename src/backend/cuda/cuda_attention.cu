@@ -14,7 +14,6 @@
  * a row's result depends on its own sequence only (batch invariance). Sliding windows start at p -
  * W + 1; logit softcaps apply to the scaled score before the softmax. */
 #include "backend/cuda/cuda_kv_codec.cuh"
-#include "backend/cuda/cuda_rope.cuh"
 
 #include <string.h>
 
@@ -96,11 +95,12 @@ __device__ static inline int seq_of(const seq_group *g, int x) {
 
 /* ==== kv_store ==== */
 
-/* Writes the K and V rows of one (step row, KV head) into its block: bf16 or f32 rows, the
- * block's threads over the dims. */
-__device__ static inline void store_plain_rows(const kv_layout &L, const seq_group *g, int s,
-                                               int row, int h, const float *k, const float *v,
-                                               const int32_t *pos, int *error_flag) {
+__global__ static void kv_store_kernel(kv_layout L, const seq_group *g, const float *k,
+                                       const float *v, const int32_t *pos, int *error_flag) {
+  ci_grid_begin();
+  const int s = seq_of(g, blockIdx.x);
+  const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
+  const int h = blockIdx.y; /* one KV head per block */
   const int width = L.n_kv_heads * L.head_dim;
   const int64_t p = pos[row];
   const int64_t entry = p / L.block_tokens;
@@ -122,37 +122,6 @@ __device__ static inline void store_plain_rows(const kv_layout &L, const seq_gro
       ((__nv_bfloat16 *)vr)[d] = __float2bfloat16_rn(vs[d]);
     }
   }
-}
-
-__global__ static void kv_store_kernel(kv_layout L, const seq_group *g, const float *k,
-                                       const float *v, const int32_t *pos, int *error_flag) {
-  ci_grid_begin();
-  const int s = seq_of(g, blockIdx.x);
-  const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
-  store_plain_rows(L, g, s, row, blockIdx.y, k, v, pos, error_flag); /* one KV head per block */
-}
-
-/* The RoPE of q and k and the store of K and V in one launch (bf16 or f32 rows; the launch holds
- * every row of the step): block (row, KV head h) rotates the query heads of h's group and head h
- * of k as the RoPE kernel does (ci_rope_rotate), then stores the rows as kv_store_kernel. */
-__global__ static void rope_store_kernel(kv_layout L, const seq_group *g, float *q, int n_q_heads,
-                                         float *k, const float *v, const int32_t *pos,
-                                         const float *inv_freq, int half, int traditional,
-                                         float qk_scale, int *error_flag) {
-  ci_grid_begin();
-  const int s = seq_of(g, blockIdx.x);
-  const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
-  const int h = blockIdx.y, D = L.head_dim, G = n_q_heads / L.n_kv_heads;
-  const float p = (float)pos[row];
-  float *const qh = q + ((int64_t)row * n_q_heads + (int64_t)h * G) * D;
-  float *const kh = k + ((int64_t)row * L.n_kv_heads + h) * D;
-  for (int i = threadIdx.x; i < (G + 1) * half; i += blockDim.x) {
-    const int head = i / half, j = i % half;
-    ci_rope_rotate(head < G ? qh + (int64_t)head * D : kh, j, half, traditional, p * inv_freq[j],
-                   qk_scale);
-  }
-  __syncthreads(); /* k's rotated head, written by the block's threads, is what gets stored */
-  store_plain_rows(L, g, s, row, h, k, v, pos, error_flag);
 }
 
 /* Quantized rows: one block of two warps per (row, KV head); lane 0 of warp 0 encodes the K
@@ -262,28 +231,6 @@ void ci_cuda_kv_store_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
     ci_launch(cu, kv_store_quant_kernel, grid, 64, 0, cmd->a.kv.layout, cmd->a.kv.group,
               cmd->a.kv.k, cmd->a.kv.v, cmd->a.kv.pos, cu->error_flag);
   ci_cuda_check_launch(cu, "kv_store");
-}
-
-int ci_cuda_rope_store_fusable(const ci_cuda_cmd *rope_q, const ci_cuda_cmd *rope_k,
-                               const ci_cuda_cmd *store) {
-  const ci_rope *r = &rope_q->a.rope.rope;
-  const kv_layout &L = store->a.kv.layout;
-  return store->kind == CMD_KV_STORE && (L.codec == CI_KV_BF16 || L.codec == CI_KV_F32) &&
-         store->a.kv.k == rope_k->a.rope.x && store->a.kv.pos == rope_q->a.rope.pos &&
-         store->a.kv.total_rows == rope_q->a.rope.n_rows &&
-         rope_k->a.rope.n_heads == L.n_kv_heads && r->head_dim == L.head_dim &&
-         r->rot_dim == r->head_dim && r->rot_dim > 0 && rope_q->a.rope.n_heads % L.n_kv_heads == 0;
-}
-
-void ci_cuda_rope_store_launch(ci_cuda *cu, const ci_cuda_cmd *rope_q, const ci_cuda_cmd *rope_k,
-                               const ci_cuda_cmd *store) {
-  const ci_rope *r = &rope_q->a.rope.rope;
-  const dim3 grid((unsigned)store->a.kv.total_rows, (unsigned)store->a.kv.layout.n_kv_heads);
-  ci_launch(cu, rope_store_kernel, grid, 128, 0, store->a.kv.layout, store->a.kv.group,
-            rope_q->a.rope.x, rope_q->a.rope.n_heads, rope_k->a.rope.x, store->a.kv.v,
-            store->a.kv.pos, r->inv_freq, r->rot_dim / 2, r->traditional, r->qk_scale,
-            cu->error_flag);
-  ci_cuda_check_launch(cu, "rope + kv_store");
 }
 
 /* ==== attention ==== */

@@ -3,7 +3,6 @@
  * activations, scale, softcap, fill, row gather/scatter, RoPE, and f32 -> bf16/f16 conversion
  * of matmul inputs. Each computes what the CPU backend's op computes, in f32. */
 #include "backend/cuda/cuda_internal.h"
-#include "backend/cuda/cuda_rope.cuh"
 
 enum { THREADS = 256 };
 
@@ -321,7 +320,13 @@ __global__ static void rope_kernel(float *x, int n_heads, float *x2, int n_heads
     const int h = (int)(rh % heads);
     float *v = h < n_heads ? x + (r * n_heads + h) * head_dim
                            : x2 + (r * n_heads2 + (h - n_heads)) * head_dim;
-    ci_rope_rotate(v, j, half, traditional, (float)pos[r] * inv_freq[j], qk_scale);
+    float angle = (float)pos[r] * inv_freq[j];
+    float c = cosf(angle), s = sinf(angle);
+    int a = traditional ? 2 * j : j;
+    int b = traditional ? 2 * j + 1 : j + half;
+    float x0 = v[a], x1 = v[b];
+    v[a] = (x0 * c - x1 * s) * qk_scale;
+    v[b] = (x0 * s + x1 * c) * qk_scale;
   }
 }
 

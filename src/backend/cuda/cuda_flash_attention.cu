@@ -437,18 +437,12 @@ __global__ static void __launch_bounds__(W * 32)
   for (int h = 0; h < 2; h++) {
     if (!live[h]) continue;
     const float tl = tot[(SM::ACC_REGS + 2 * h + 1) * 32 + lane];
-    const int64_t at = ((int64_t)step_row[h] * a.n_heads + head[h]) * D;
+    float *out = a.out + ((int64_t)step_row[h] * a.n_heads + head[h]) * D;
 #pragma unroll
     for (int i = 0; i < D / 8; i++) {
       const float v0 = tot[(i * 4 + 2 * h) * 32 + lane], v1 = tot[(i * 4 + 2 * h + 1) * 32 + lane];
-      const float2 o =
+      *(float2 *)(out + 8 * i + 2 * tig) =
           tl > 0.0f ? make_float2(__fdiv_rn(v0, tl), __fdiv_rn(v1, tl)) : make_float2(0.0f, 0.0f);
-      const int64_t e = at + 8 * i + 2 * tig;
-      *(float2 *)(a.out + e) = o;
-      if (f.hi) { /* the next matmul's input planes, as to_bf16_planes_kernel writes them */
-        *(uint32_t *)((__nv_bfloat16 *)f.hi + e) = pack_bf16(o.x, o.y);
-        if (f.lo) *(uint32_t *)((__nv_bfloat16 *)f.lo + e) = pack_bf16_rest(o.x, o.y);
-      }
     }
   }
 }
@@ -487,14 +481,8 @@ __global__ static void flash_merge_kernel(const seq_group *g, attention_params a
       t = merge_value(t, part[i], ct, cp);
     }
   }
-  const int64_t e = ((int64_t)step_row * a.n_heads + h) * D + d;
-  const float o = tl > 0.0f ? __fdiv_rn(t, tl) : 0.0f;
-  a.out[e] = o;
-  if (f.hi) { /* the next matmul's input planes, as to_bf16_planes_kernel writes them */
-    const __nv_bfloat16 hi = __float2bfloat16_rn(o);
-    ((__nv_bfloat16 *)f.hi)[e] = hi;
-    if (f.lo) ((__nv_bfloat16 *)f.lo)[e] = __float2bfloat16_rn(o - __bfloat162float(hi));
-  }
+  float *out = a.out + ((int64_t)step_row * a.n_heads + h) * D;
+  out[d] = tl > 0.0f ? __fdiv_rn(t, tl) : 0.0f;
 }
 
 int ci_cuda_flash_supported(const kv_layout *L, int n_heads) {
@@ -571,8 +559,7 @@ static void launch_width(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flas
     launch_flash<D, EXACT, FA_MAX_WARPS>(cu, cmd, f);
 }
 
-int ci_cuda_flash_launch(ci_cuda *cu, const ci_cuda_cmd *cmd, void *planes_dst, int64_t planes_n,
-                         int planes) {
+int ci_cuda_flash_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
   ci_cuda_flash_params f = cmd->a.kv.plan;
   if (f.parallel) {
     const size_t slots = (size_t)cmd->a.kv.total_rows * cmd->a.kv.att.n_heads * f.splits;
@@ -581,8 +568,6 @@ int ci_cuda_flash_launch(ci_cuda *cu, const ci_cuda_cmd *cmd, void *planes_dst, 
     f.partial = scratch;
     f.state = scratch + slots * cmd->a.kv.layout.head_dim;
   }
-  f.hi = planes_dst;
-  f.lo = planes_dst && planes > 1 ? (__nv_bfloat16 *)planes_dst + planes_n : NULL;
   const int exact = f.exact;
   if (cmd->a.kv.layout.head_dim == 64) {
     if (exact)
@@ -595,6 +580,5 @@ int ci_cuda_flash_launch(ci_cuda *cu, const ci_cuda_cmd *cmd, void *planes_dst, 
     else
       launch_width<128, false>(cu, cmd, f);
   }
-  if (ci_cuda_check_launch(cu, "flash attention")) return CI_ERR;
-  return planes_dst != NULL;
+  return ci_cuda_check_launch(cu, "flash attention");
 }

@@ -160,7 +160,7 @@ int ci_cuda_execute(ci_cuda *cu, const ci_cuda_cmd *c) {
     ci_cuda_kv_store_launch(cu, c);
     return CI_OK;
   case CMD_ATTENTION:
-    if (c->a.kv.flash) return ci_cuda_flash_launch(cu, c, NULL, 0, 0) < 0 ? CI_ERR : CI_OK;
+    if (c->a.kv.flash) return ci_cuda_flash_launch(cu, c);
     return ci_cuda_attention_launch(cu, c);
   case CMD_SIGMOID_MUL:
     ci_cuda_sigmoid_mul_launch(cu, c->a.vec.x, c->a.vec.y, c->a.vec.n);
@@ -200,14 +200,6 @@ int ci_cuda_record_staged(ci_cuda *cu, const void *device, size_t bytes) {
   const size_t end = (size_t)((const uint8_t *)device - cu->ring.device) + bytes;
   if (end > g->staged_to) g->staged_to = end;
   return 1;
-}
-
-/* 1 when cmd a is a tensor-core attention launch whose output, all of it, is the input of the
- * matmul b (o_proj), so the attention can write b's input planes. */
-static int attention_feeds_matmul(const ci_cuda_cmd *a, const ci_cuda_cmd *b) {
-  return a->kind == CMD_ATTENTION && a->a.kv.flash && b->kind == CMD_MATMUL &&
-         b->a.matmul.x == a->a.kv.att.out && b->a.matmul.m == a->a.kv.total_rows &&
-         b->a.matmul.k == (int64_t)a->a.kv.att.n_heads * a->a.kv.layout.head_dim;
 }
 
 /* 1 when cmds a, b are a residual add x += y and an RMSNorm of that x, which one kernel runs. */
@@ -260,10 +252,8 @@ static int capture_broken(ci_cuda *cu) {
 }
 
 /* Runs the recorded commands in order, a residual add and the norm after it as one kernel (the
- * same arithmetic as the two), the RoPE of q and of k as one launch (with the KV store after it
- * where ci_cuda_rope_store_fusable), the tensor-core attention
- * writing o_proj's input planes beside its output, and consecutive matmuls of one input (q, k, v;
- * gate, up) as one launch (each row's arithmetic unchanged). */
+ * same arithmetic as the two), the RoPE of q and of k as one launch, and consecutive matmuls of
+ * one input (q, k, v; gate, up) as one launch (each row's arithmetic unchanged). */
 static int run_all(ci_cuda *cu) {
   ci_cuda_graphs *g = cu->graphs;
   if (g->staged_to > g->staged_from) { /* the step's staged bytes, in one copy */
@@ -295,13 +285,6 @@ static int run_all(ci_cuda *cu) {
       i++;
       continue;
     }
-    if (i + 2 < g->n_cmds && rope_pair(c, c + 1) && ci_cuda_rope_store_fusable(c, c + 1, c + 2)) {
-      cu->converted_x = NULL;
-      ci_cuda_rope_store_launch(cu, c, c + 1, c + 2);
-      if (cu->sticky_error) return CI_ERR;
-      i += 2;
-      continue;
-    }
     if (i + 1 < g->n_cmds && rope_pair(c, c + 1)) {
       cu->converted_x = NULL;
       ci_cuda_rope(cu, c->a.rope.x, c->a.rope.n_heads, c[1].a.rope.x, c[1].a.rope.n_heads,
@@ -309,15 +292,6 @@ static int run_all(ci_cuda *cu) {
       if (cu->sticky_error) return CI_ERR;
       i++;
       continue;
-    }
-    if (i + 1 < g->n_cmds && attention_feeds_matmul(c, c + 1)) {
-      cu->converted_x = NULL;
-      const int64_t n = c[1].a.matmul.m * c[1].a.matmul.k;
-      void *planes = planes_for(cu, n);
-      const int wrote = ci_cuda_flash_launch(cu, c, planes, n, cu->input_planes);
-      if (wrote < 0 || cu->sticky_error) return CI_ERR;
-      if (wrote) mark_converted(cu, c->a.kv.att.out, n);
-      continue; /* the matmul runs next, on the planes */
     }
     if (c->kind == CMD_MATMUL) {
       const int parts = matmul_parts(cu, i);

@@ -65,14 +65,11 @@ static inline int ci_cuda_key_splits(const ci_cuda_seq_group *g, const ci_cuda_k
 /* How one tensor-core attention launch runs (cuda_flash_attention.cu): `group` query heads per
  * KV head; keys in `splits` fixed splits, walked in one block per tile (parallel 0) or one block
  * per split plus a merge (parallel 1, which needs scratch_bytes of slot-2 scratch); exact: two
- * bf16 planes for q and P. partial and state are filled in at launch, and so are hi and lo: where
- * the output also goes to the next matmul's bf16 input planes (as ci_cuda_to_half writes them;
- * lo only with two planes), or NULL. */
+ * bf16 planes for q and P. partial and state are filled in at launch. */
 typedef struct {
   int group, warps, splits, parallel, exact;
   size_t scratch_bytes;
   float *partial, *state;
-  void *hi, *lo;
 } ci_cuda_flash_params;
 
 typedef struct {
@@ -380,14 +377,6 @@ int ci_cuda_kv_store(ci_cuda *cu, const ci_step_kv *seqs, const float *k, const 
                      const int32_t *pos);
 int ci_cuda_attention(ci_cuda *cu, const ci_attention_args *args);
 void ci_cuda_kv_store_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
-/* 1 when the RoPE of q (rope_q), the RoPE of k (rope_k) and the KV store after them (store) can
- * run as one launch (ci_cuda_rope_store_launch): bf16 or f32 rows, the store holding every row of
- * the RoPE and reading its k, every dim rotated (no scaled tail). */
-int ci_cuda_rope_store_fusable(const ci_cuda_cmd *rope_q, const ci_cuda_cmd *rope_k,
-                               const ci_cuda_cmd *store);
-/* Rotates q and k and stores K and V rows in one launch, the same bits as the three commands. */
-void ci_cuda_rope_store_launch(ci_cuda *cu, const ci_cuda_cmd *rope_q, const ci_cuda_cmd *rope_k,
-                               const ci_cuda_cmd *store);
 int ci_cuda_attention_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
 /* ==== cuda_kv_attention.cu: attention over quantized KV rows (CUDA cores) ==== */
 /* Plans a launch over the host copy of its sequence group: fixed key splits, walked in one block
@@ -418,12 +407,7 @@ int ci_cuda_flash_positions_per_tile(const ci_cuda_kv_layout *L, int n_heads, in
 /* Plans a launch over the host copy of its sequence group (tile_start and total_tiles set). */
 void ci_cuda_flash_plan(const ci_cuda_kv_layout *L, const ci_cuda_seq_group *host_group,
                         int n_heads, int warps, int n_sms, int exact, ci_cuda_flash_params *f);
-/* Launches a tensor-core attention command; with planes_dst (may be NULL) it also writes the
- * output's bf16 input planes for a matmul of planes_n = rows x heads x head_dim values (the
- * launch must cover every row of that matmul); returns 1 when it did, 0 when not, CI_ERR (-1) on
- * error. */
-int ci_cuda_flash_launch(ci_cuda *cu, const ci_cuda_cmd *cmd, void *planes_dst, int64_t planes_n,
-                         int planes);
+int ci_cuda_flash_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
 
 /* ==== cuda_deltanet.cu ==== */
 /* Emits x[i] *= sigmoid(gate[i]). */
