@@ -1,18 +1,18 @@
 /* The CUDA backend's steps as command lists and CUDA graphs.
  *
  * Between step_begin and step_end every op appends a command (its arguments by value) instead of
- * launching; small host arrays the step needs (block-table updates, row lists, the KV launches'
- * sequence groups) are written into the pinned staging ring, and the step copies all of them to
- * the device in one copy before its first command (one graph node, not one per layer and KV
- * launch: a copy node between two kernels costs a few microseconds and breaks the programmatic
- * dependent launch of the kernel after it).
- * At step end the list is hashed: a list seen before (same ops, same pointers, same shapes: the
- * decode steps of a running batch) replays as one CUDA graph, so a step costs one launch instead
- * of hundreds; a list seen once runs command by command and is captured the second time. The
- * data that changes from step to step (ids, positions, block tables, sequence groups) is read by
- * the kernels from device memory the graph's copy nodes refresh, so a replay computes exactly
- * what the command-by-command run computes. A step whose op must wait for the GPU (MoE routing)
- * runs its commands at that point and the rest of the step eagerly. */
+ * launching; small host arrays the step needs (row lists, the KV launches' sequence groups, the
+ * DeltaNet layers' sequence tables) are written into the pinned staging ring, and the step copies
+ * all of them to the device in one copy before its first command (one graph node, not one per layer
+ * and KV launch: a copy node between two kernels costs a few microseconds and breaks the
+ * programmatic dependent launch of the kernel after it). At step end the list is hashed: a list
+ * seen before (same ops, same pointers, same shapes: the decode steps of a running batch) replays
+ * as one CUDA graph, so a step costs one launch instead of hundreds; a list seen once runs command
+ * by command and is captured the second time. The data that changes from step to step (ids,
+ * positions, block tables, sequence groups) is read by the kernels from device memory that the
+ * step's uploads and its copy node refresh, so a replay computes exactly what the
+ * command-by-command run computes. A step whose op must wait for the GPU (MoE routing) runs its
+ * commands at that point and the rest of the step eagerly. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <stdlib.h>
