@@ -1796,5 +1796,8 @@ int main(void) {
       cmocka_unit_test(test_fixtures),          cmocka_unit_test(test_window_release),
       cmocka_unit_test(test_row_picks),         cmocka_unit_test(test_grouped_affine_parts),
       cmocka_unit_test(test_fusions_bitwise)};
+  /* CI_TEST_FILTER="*attention*": run only the tests whose names match (a quick check) */
+  const char *filter = getenv("CI_TEST_FILTER");
+  if (filter) cmocka_set_test_filter(filter);
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
