@@ -186,6 +186,18 @@ static inline void decode_rows(ci_kv_row_decoder decode, const ci_paged_kv *kv, 
   for (int r = 0; r < count; r++) decode(kv, row + r * row_bytes, tile + (size_t)r * D);
 }
 
+/* Element chunk c (16 values) of row r: from the decoded tile, or (bf16 rows, direct) widened
+ * straight from the block, the same f32 values without the tile's store and reload. */
+static inline __m512 row_chunk(const float *tile, const uint8_t *rows, size_t row_bytes, int D,
+                               int r, int c, int direct) {
+  if (direct)
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                              (const __m256i *)(const void *)(rows + r * row_bytes + 32 * c))),
+                          16));
+  return _mm512_loadu_ps(tile + (size_t)r * D + 16 * c);
+}
+
 void ci_kv_attend_avx512(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head,
                          const float *qp, int G, int64_t lo, int64_t hi, float scale, float softcap,
                          float *tile, float *out) {
@@ -227,8 +239,9 @@ void ci_kv_attend_avx512(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_h
           _mm_prefetch((const char *)next_v + off, _MM_HINT_T1);
       }
     }
-    decode_rows(k->decode_k, kv, krow, kv->k_row_bytes, count, ktile);
-    decode_rows(k->decode_v, kv, vrow, kv->v_row_bytes, count, vtile);
+    const int direct_k = k->decode_k == decode_bf16, direct_v = k->decode_v == decode_bf16;
+    if (!direct_k) decode_rows(k->decode_k, kv, krow, kv->k_row_bytes, count, ktile);
+    if (!direct_v) decode_rows(k->decode_v, kv, vrow, kv->v_row_bytes, count, vtile);
     /* Scores: for each key, the G query heads as independent FMA chains over D, 16 / G keys at
      * a time so that one reduce_add16 sums all their chains (unused chains stay zero). */
     float block_max[8];
@@ -240,7 +253,7 @@ void ci_kv_attend_avx512(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_h
       for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
       for (int c = 0; c < C; c++)
         for (int kk = 0; kk < nk; kk++) {
-          const __m512 k16 = _mm512_loadu_ps(ktile + (size_t)(r0 + kk) * D + 16 * c);
+          const __m512 k16 = row_chunk(ktile, krow, kv->k_row_bytes, D, r0 + kk, c, direct_k);
           for (int g = 0; g < G; g++)
             acc[kk * G + g] =
                 _mm512_fmadd_ps(_mm512_loadu_ps(qp + g * D + 16 * c), k16, acc[kk * G + g]);
@@ -278,9 +291,9 @@ void ci_kv_attend_avx512(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_h
           acc[c] = _mm512_mul_ps(_mm512_loadu_ps(o + 2 + 16 * (c0 + c)), rescale_v);
         for (int r = 0; r < count; r++) {
           const __m512 w = _mm512_set1_ps(scores[g][r]);
-          const float *v = vtile + (size_t)r * D + 16 * c0;
           for (int c = 0; c < cn; c++)
-            acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 16 * c), acc[c]);
+            acc[c] = _mm512_fmadd_ps(
+                w, row_chunk(vtile, vrow, kv->v_row_bytes, D, r, c0 + c, direct_v), acc[c]);
         }
         for (int c = 0; c < cn; c++) _mm512_storeu_ps(o + 2 + 16 * (c0 + c), acc[c]);
       }
