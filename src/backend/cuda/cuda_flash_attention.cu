@@ -23,8 +23,9 @@
 
 #include <string.h>
 
-/* FA_MAX_WARPS warps per block for prefill launches, one for decode launches (a row's arithmetic
- * does not depend on the block's width); 16 packed query rows per warp. */
+/* FA_MAX_WARPS warps per block, 16 packed query rows per warp for prefill launches; decode
+ * launches (one warp's 16 rows per tile) run cooperative blocks of FA_MAX_WARPS warps sharing
+ * those 16 rows (a row's arithmetic does not depend on the block's width or mode). */
 enum { FA_MAX_WARPS = 4, FA_MAX_ROWS = 16 * FA_MAX_WARPS, FA_KEYS = 64, FA_SPLIT = 128 };
 
 typedef ci_cuda_kv_layout kv_layout;
@@ -107,30 +108,46 @@ struct fa_shared_tail {
  * tiles [FA_KEYS][D + 8] bf16 (the next tile loads while the current one is used), then (walking
  * every split) the merged state of each warp's rows per lane, which a parallel launch does not
  * need (it launches with PARALLEL_BYTES, so more of its one-warp blocks fit an SM). */
-template <int D, int W> struct fa_smem {
+template <int D, int W, bool COOP = false> struct fa_smem {
   static constexpr int STRIDE = D + 8; /* bf16 elements per staged key row (bank spread) */
   static constexpr size_t STAGE_ELEMS = (size_t)2 * FA_KEYS * STRIDE;
   static constexpr size_t TAIL_BYTES = (sizeof(fa_shared_tail) + 15) / 16 * 16;
+  /* cooperative blocks: the tile's weights P [16][P_STRIDE] f32 and each warp's row maxima */
+  static constexpr int P_STRIDE = FA_KEYS + 4;
+  static constexpr size_t EXTRA_BYTES = COOP ? (size_t)(16 * P_STRIDE + W * 16) * 4 : 0;
   static constexpr size_t KV_BYTES = 2 * STAGE_ELEMS * 2;
   static constexpr int ACC_REGS = D / 8 * 4;
   static constexpr size_t TOTAL_BYTES = (size_t)W * (ACC_REGS + 4) * 32 * 4;
-  static constexpr size_t BYTES = TAIL_BYTES + KV_BYTES + TOTAL_BYTES;
-  static constexpr size_t PARALLEL_BYTES = TAIL_BYTES + KV_BYTES;
+  static constexpr size_t BYTES = TAIL_BYTES + EXTRA_BYTES + KV_BYTES + TOTAL_BYTES;
+  static constexpr size_t PARALLEL_BYTES = TAIL_BYTES + EXTRA_BYTES + KV_BYTES;
 };
 
-template <int D, bool EXACT, int W>
+/* COOP (decode): the W warps share one warp's 16 packed rows. Warp w computes the scores of keys
+ * [16 w, 16 w + 16) of each tile, the tile's row maxima meet in shared memory (a maximum is
+ * exact in any order), the weights P go through shared memory and every warp sums its rows' P
+ * in the one-warp order (per lane over the n-tiles in turn, then the two shuffles), and warp w
+ * accumulates P V for head dims [w D / W, (w + 1) D / W): each output keeps the arithmetic
+ * chain of the one-warp block, so the rows stay bit-identical to prefill rows. */
+template <int D, bool EXACT, int W, bool COOP>
 __global__ static void __launch_bounds__(W * 32)
     flash_attention_kernel(kv_layout L, const seq_group *g, attention_params a,
                            ci_cuda_flash_params f, int *error_flag) {
+  static_assert(!COOP || W == 4, "a cooperative block is four warps on 16 rows");
   ci_grid_begin();
-  typedef fa_smem<D, W> SM;
+  typedef fa_smem<D, W, COOP> SM;
   extern __shared__ __align__(16) uint8_t smem[];
   fa_shared_tail *tail = (fa_shared_tail *)smem;
   /* stage i: K at i * STAGE_ELEMS, V after it */
-  __nv_bfloat16 *stages = (__nv_bfloat16 *)(smem + SM::TAIL_BYTES);
-  float *total = (float *)(smem + SM::TAIL_BYTES + SM::KV_BYTES); /* [warp][ACC_REGS + 4][32] */
+  __nv_bfloat16 *stages = (__nv_bfloat16 *)(smem + SM::TAIL_BYTES + SM::EXTRA_BYTES);
+  float *total = (float *)(smem + SM::TAIL_BYTES + SM::EXTRA_BYTES +
+                           SM::KV_BYTES);                 /* [warp][ACC_REGS + 4][32] */
+  float *const p_tile = (float *)(smem + SM::TAIL_BYTES); /* COOP: [16][P_STRIDE] */
+  float *const row_max = p_tile + 16 * SM::P_STRIDE;      /* COOP: [W][16] */
+  /* COOP: the accumulators of this warp's head dims [dim0, dim0 + D / 4), ACC_N of them */
+  constexpr int ACC_N = COOP ? D / 32 : D / 8;
 
-  const int G = f.group, QP = 16 * W / G; /* query heads per KV head; positions per block */
+  const int G = f.group,
+            QP = 16 * (COOP ? 1 : W) / G; /* query heads per KV head; positions per block */
   const int s = fa_seq_of_tile(g, blockIdx.x);
   const int first_local = (blockIdx.x - g->tile_start[s]) * QP;
   const int n_pos = min(QP, g->n_rows[s] - first_local);
@@ -138,6 +155,8 @@ __global__ static void __launch_bounds__(W * 32)
   const int launch_row0 = g->row_start[s] + first_local; /* the launch's row of position 0 */
   const int kv_head = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row_warp = COOP ? 0 : warp; /* whose 16 packed rows this warp computes */
+  const int dim0 = COOP ? warp * (D / 4) : 0;
   const int gid = lane >> 2, tig = lane & 3;
 
   if (threadIdx.x < QP)
@@ -162,7 +181,7 @@ __global__ static void __launch_bounds__(W * 32)
   int live[2], step_row[2], launch_row[2], head[2];
 #pragma unroll
   for (int h = 0; h < 2; h++) {
-    const int r = warp * 16 + gid + 8 * h, qi = r / G;
+    const int r = row_warp * 16 + gid + 8 * h, qi = r / G;
     live[h] = qi < n_pos;
     step_row[h] = step_row0 + qi;
     launch_row[h] = launch_row0 + qi;
@@ -171,7 +190,7 @@ __global__ static void __launch_bounds__(W * 32)
     row_lo[h] = a.window > 0 && row_p[h] - a.window + 1 > 0 ? row_p[h] - a.window + 1 : 0;
     if (!live[h]) row_lo[h] = INT_MAX;
   }
-  const int warp_live = warp * 16 < n_pos * G;
+  const int warp_live = row_warp * 16 < n_pos * G;
 
   /* q as A fragments: k-step kk holds dims [16 kk, 16 kk + 16) */
   uint32_t qa[D / 16][4], ql[EXACT ? D / 16 : 1][4];
@@ -191,7 +210,7 @@ __global__ static void __launch_bounds__(W * 32)
     }
   }
 
-  float acc[D / 8][4];
+  float acc[ACC_N][4];
   float m[2], l[2];
   float *tot = total + (size_t)warp * (SM::ACC_REGS + 4) * 32;
   if (!f.parallel) {
@@ -266,13 +285,13 @@ __global__ static void __launch_bounds__(W * 32)
       for (int h = 0; h < 2; h++) {
         if (!live[h]) continue;
         const int64_t slot = ((int64_t)launch_row[h] * a.n_heads + head[h]) * f.splits + split;
-        if (tig == 0) {
+        if (tig == 0 && (!COOP || warp == 0)) { /* (every warp holds the same m and l) */
           f.state[2 * slot] = m[h];
           f.state[2 * slot + 1] = l[h];
         }
 #pragma unroll
-        for (int i = 0; i < D / 8; i++)
-          *(float2 *)(f.partial + slot * D + 8 * i + 2 * tig) =
+        for (int i = 0; i < ACC_N; i++)
+          *(float2 *)(f.partial + slot * D + dim0 + 8 * i + 2 * tig) =
               make_float2(acc[i][2 * h], acc[i][2 * h + 1]);
       }
     } else { /* merge into the running total in shared memory (each lane its own entries) */
@@ -285,7 +304,7 @@ __global__ static void __launch_bounds__(W * 32)
         tot[(SM::ACC_REGS + 2 * h) * 32 + lane] = tm;
         tot[(SM::ACC_REGS + 2 * h + 1) * 32 + lane] = tl;
 #pragma unroll
-        for (int i = 0; i < D / 8; i++)
+        for (int i = 0; i < ACC_N; i++)
 #pragma unroll
           for (int c = 2 * h; c < 2 * h + 2; c++) {
             float *t = &tot[(i * 4 + c) * 32 + lane];
@@ -294,7 +313,7 @@ __global__ static void __launch_bounds__(W * 32)
       }
     }
 #pragma unroll
-    for (int i = 0; i < D / 8; i++)
+    for (int i = 0; i < ACC_N; i++)
 #pragma unroll
       for (int c = 0; c < 4; c++) acc[i][c] = 0.0f;
     m[0] = m[1] = -INFINITY;
@@ -305,7 +324,7 @@ __global__ static void __launch_bounds__(W * 32)
   issue_copies(0);
   int64_t current_split = first_tile / FA_SPLIT;
 #pragma unroll
-  for (int i = 0; i < D / 8; i++)
+  for (int i = 0; i < ACC_N; i++)
 #pragma unroll
     for (int c = 0; c < 4; c++) acc[i][c] = 0.0f;
   m[0] = m[1] = -INFINITY;
@@ -330,102 +349,219 @@ __global__ static void __launch_bounds__(W * 32)
     const __nv_bfloat16 *sk = stages + stage * SM::STAGE_ELEMS;
     const __nv_bfloat16 *sv = sk + FA_KEYS * SM::STRIDE;
 
-    /* S = Q K^T for 64 keys: n-tile nt holds keys [8 nt, 8 nt + 8) */
-    float sc[FA_KEYS / 8][4];
+    if constexpr (COOP) {
+      /* S for keys [16 warp, 16 warp + 16) of the tile: n-tiles 2 warp and 2 warp + 1, each
+       * score the one-warp block's chain over kk */
+      float sc[2][4];
 #pragma unroll
-    for (int nt = 0; nt < FA_KEYS / 8; nt++)
+      for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-      for (int c = 0; c < 4; c++) sc[nt][c] = 0.0f;
+        for (int c = 0; c < 4; c++) sc[nt][c] = 0.0f;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-#pragma unroll
-      for (int nt2 = 0; nt2 < FA_KEYS / 16; nt2++) {
+      for (int kk = 0; kk < D / 16; kk++) {
         const int mi = lane >> 3;
-        const int key_in_tile = nt2 * 16 + (lane & 7) + (mi >> 1) * 8;
+        const int key_in_tile = warp * 16 + (lane & 7) + (mi >> 1) * 8;
         uint32_t b[4];
         ldmatrix_x4(b, sk + key_in_tile * SM::STRIDE + kk * 16 + (mi & 1) * 8);
-        mma_bf16(sc[2 * nt2], qa[kk], b[0], b[1]);
-        mma_bf16(sc[2 * nt2 + 1], qa[kk], b[2], b[3]);
+        mma_bf16(sc[0], qa[kk], b[0], b[1]);
+        mma_bf16(sc[1], qa[kk], b[2], b[3]);
         if (EXACT) {
-          mma_bf16(sc[2 * nt2], ql[EXACT ? kk : 0], b[0], b[1]);
-          mma_bf16(sc[2 * nt2 + 1], ql[EXACT ? kk : 0], b[2], b[3]);
+          mma_bf16(sc[0], ql[EXACT ? kk : 0], b[0], b[1]);
+          mma_bf16(sc[1], ql[EXACT ? kk : 0], b[2], b[3]);
         }
       }
-    }
-    /* scale, softcap, mask; row maxima */
-    float tile_max[2] = {-INFINITY, -INFINITY};
+      /* scale, softcap, mask; this warp's row maxima, then the tile's through shared memory */
+      float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int nt = 0; nt < FA_KEYS / 8; nt++)
+      for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-      for (int c = 0; c < 4; c++) {
-        const int h = c >> 1;
-        const int key = (int)tile0 + nt * 8 + 2 * tig + (c & 1);
-        float score = sc[nt][c] * a.scale;
-        if (a.softcap != 0.0f) score = a.softcap * tanhf(score / a.softcap);
-        if (key < row_lo[h] || key > row_p[h]) score = -INFINITY;
-        sc[nt][c] = score;
-        tile_max[h] = fmaxf(tile_max[h], score);
+        for (int c = 0; c < 4; c++) {
+          const int h = c >> 1;
+          const int key = (int)tile0 + (2 * warp + nt) * 8 + 2 * tig + (c & 1);
+          float score = sc[nt][c] * a.scale;
+          if (a.softcap != 0.0f) score = a.softcap * tanhf(score / a.softcap);
+          if (key < row_lo[h] || key > row_p[h]) score = -INFINITY;
+          sc[nt][c] = score;
+          tile_max[h] = fmaxf(tile_max[h], score);
+        }
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+        if (tig == 0) row_max[warp * 16 + gid + 8 * h] = tile_max[h];
       }
-    float correction[2];
+      __syncthreads(); /* every warp's maxima */
+      float correction[2];
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-      const float m_new = fmaxf(m[h], tile_max[h]);
-      if (tile_max[h] == -INFINITY) { /* no key of this row here: its state stays as it is */
-        correction[h] = 1.0f;
-        tile_max[h] = 0.0f; /* exponent base: every score is -inf, so every weight is 0 */
-      } else {
-        correction[h] = __expf(m[h] - m_new);
-        m[h] = m_new;
-        tile_max[h] = m_new;
+      for (int h = 0; h < 2; h++) {
+        const int r = gid + 8 * h;
+        tile_max[h] =
+            fmaxf(fmaxf(row_max[r], row_max[16 + r]), fmaxf(row_max[32 + r], row_max[48 + r]));
+        const float m_new = fmaxf(m[h], tile_max[h]);
+        if (tile_max[h] == -INFINITY) { /* no key of this row here: its state stays as it is */
+          correction[h] = 1.0f;
+          tile_max[h] = 0.0f;
+        } else {
+          correction[h] = __expf(m[h] - m_new);
+          m[h] = m_new;
+          tile_max[h] = m_new;
+        }
       }
-    }
-    float row_sum[2] = {0.0f, 0.0f};
+      /* this warp's weights into the tile's P */
 #pragma unroll
-    for (int nt = 0; nt < FA_KEYS / 8; nt++)
+      for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-      for (int c = 0; c < 4; c++) {
-        const int h = c >> 1;
-        const float p = sc[nt][c] == -INFINITY ? 0.0f : __expf(sc[nt][c] - tile_max[h]);
-        sc[nt][c] = p;
-        row_sum[h] += p;
-      }
+        for (int c = 0; c < 4; c++) {
+          const int h = c >> 1;
+          const float p = sc[nt][c] == -INFINITY ? 0.0f : __expf(sc[nt][c] - tile_max[h]);
+          p_tile[(gid + 8 * h) * SM::P_STRIDE + (2 * warp + nt) * 8 + 2 * tig + (c & 1)] = p;
+        }
+      __syncthreads(); /* the whole tile's P */
+      /* the row sums in the one-warp block's order: over n-tiles 0..7 in turn, then the shuffles */
+      float row_sum[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-      row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
-      row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
-      l[h] = __fadd_rn(__fmul_rn(l[h], correction[h]), row_sum[h]);
-    }
+      for (int nt = 0; nt < FA_KEYS / 8; nt++)
 #pragma unroll
-    for (int i = 0; i < D / 8; i++)
+        for (int c = 0; c < 4; c++) {
+          const int h = c >> 1;
+          row_sum[h] += p_tile[(gid + 8 * h) * SM::P_STRIDE + nt * 8 + 2 * tig + (c & 1)];
+        }
 #pragma unroll
-      for (int c = 0; c < 4; c++) acc[i][c] = __fmul_rn(acc[i][c], correction[c >> 1]);
-        /* O += P V: k-step j covers keys [16 j, 16 j + 16), P from the score fragments */
-#pragma unroll
-    for (int j = 0; j < FA_KEYS / 16; j++) {
-      uint32_t pa[4] = {pack_bf16(sc[2 * j][0], sc[2 * j][1]),
-                        pack_bf16(sc[2 * j][2], sc[2 * j][3]),
-                        pack_bf16(sc[2 * j + 1][0], sc[2 * j + 1][1]),
-                        pack_bf16(sc[2 * j + 1][2], sc[2 * j + 1][3])};
-      uint32_t pl[4];
-      if (EXACT) {
-        pl[0] = pack_bf16_rest(sc[2 * j][0], sc[2 * j][1]);
-        pl[1] = pack_bf16_rest(sc[2 * j][2], sc[2 * j][3]);
-        pl[2] = pack_bf16_rest(sc[2 * j + 1][0], sc[2 * j + 1][1]);
-        pl[3] = pack_bf16_rest(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+      for (int h = 0; h < 2; h++) {
+        row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+        row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+        l[h] = __fadd_rn(__fmul_rn(l[h], correction[h]), row_sum[h]);
       }
 #pragma unroll
-      for (int nd2 = 0; nd2 < D / 16; nd2++) {
-        const int mi = lane >> 3;
-        const int key_in_tile = 16 * j + (lane & 7) + (mi & 1) * 8;
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, sv + key_in_tile * SM::STRIDE + nd2 * 16 + (mi >> 1) * 8);
-        mma_bf16(acc[2 * nd2], pa, b[0], b[1]);
-        mma_bf16(acc[2 * nd2 + 1], pa, b[2], b[3]);
+      for (int i = 0; i < ACC_N; i++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[i][c] = __fmul_rn(acc[i][c], correction[c >> 1]);
+          /* O += P V for this warp's head dims: k-step j covers keys [16 j, 16 j + 16) */
+#pragma unroll
+      for (int j = 0; j < FA_KEYS / 16; j++) {
+        const float *pr0 = p_tile + gid * SM::P_STRIDE + 16 * j + 2 * tig;
+        const float *pr1 = pr0 + 8 * SM::P_STRIDE;
+        uint32_t pa[4] = {pack_bf16(pr0[0], pr0[1]), pack_bf16(pr1[0], pr1[1]),
+                          pack_bf16(pr0[8], pr0[9]), pack_bf16(pr1[8], pr1[9])};
+        uint32_t pl[4];
         if (EXACT) {
-          mma_bf16(acc[2 * nd2], pl, b[0], b[1]);
-          mma_bf16(acc[2 * nd2 + 1], pl, b[2], b[3]);
+          pl[0] = pack_bf16_rest(pr0[0], pr0[1]);
+          pl[1] = pack_bf16_rest(pr1[0], pr1[1]);
+          pl[2] = pack_bf16_rest(pr0[8], pr0[9]);
+          pl[3] = pack_bf16_rest(pr1[8], pr1[9]);
+        }
+#pragma unroll
+        for (int n = 0; n < ACC_N / 2; n++) {
+          const int mi = lane >> 3;
+          const int key_in_tile = 16 * j + (lane & 7) + (mi & 1) * 8;
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, sv + key_in_tile * SM::STRIDE + dim0 + n * 16 + (mi >> 1) * 8);
+          mma_bf16(acc[2 * n], pa, b[0], b[1]);
+          mma_bf16(acc[2 * n + 1], pa, b[2], b[3]);
+          if (EXACT) {
+            mma_bf16(acc[2 * n], pl, b[0], b[1]);
+            mma_bf16(acc[2 * n + 1], pl, b[2], b[3]);
+          }
+        }
+      }
+    } else {
+      /* S = Q K^T for 64 keys: n-tile nt holds keys [8 nt, 8 nt + 8) */
+      float sc[FA_KEYS / 8][4];
+#pragma unroll
+      for (int nt = 0; nt < FA_KEYS / 8; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) sc[nt][c] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; kk++) {
+#pragma unroll
+        for (int nt2 = 0; nt2 < FA_KEYS / 16; nt2++) {
+          const int mi = lane >> 3;
+          const int key_in_tile = nt2 * 16 + (lane & 7) + (mi >> 1) * 8;
+          uint32_t b[4];
+          ldmatrix_x4(b, sk + key_in_tile * SM::STRIDE + kk * 16 + (mi & 1) * 8);
+          mma_bf16(sc[2 * nt2], qa[kk], b[0], b[1]);
+          mma_bf16(sc[2 * nt2 + 1], qa[kk], b[2], b[3]);
+          if (EXACT) {
+            mma_bf16(sc[2 * nt2], ql[EXACT ? kk : 0], b[0], b[1]);
+            mma_bf16(sc[2 * nt2 + 1], ql[EXACT ? kk : 0], b[2], b[3]);
+          }
+        }
+      }
+      /* scale, softcap, mask; row maxima */
+      float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int nt = 0; nt < FA_KEYS / 8; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          const int h = c >> 1;
+          const int key = (int)tile0 + nt * 8 + 2 * tig + (c & 1);
+          float score = sc[nt][c] * a.scale;
+          if (a.softcap != 0.0f) score = a.softcap * tanhf(score / a.softcap);
+          if (key < row_lo[h] || key > row_p[h]) score = -INFINITY;
+          sc[nt][c] = score;
+          tile_max[h] = fmaxf(tile_max[h], score);
+        }
+      float correction[2];
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+        const float m_new = fmaxf(m[h], tile_max[h]);
+        if (tile_max[h] == -INFINITY) { /* no key of this row here: its state stays as it is */
+          correction[h] = 1.0f;
+          tile_max[h] = 0.0f; /* exponent base: every score is -inf, so every weight is 0 */
+        } else {
+          correction[h] = __expf(m[h] - m_new);
+          m[h] = m_new;
+          tile_max[h] = m_new;
+        }
+      }
+      float row_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int nt = 0; nt < FA_KEYS / 8; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+          const int h = c >> 1;
+          const float p = sc[nt][c] == -INFINITY ? 0.0f : __expf(sc[nt][c] - tile_max[h]);
+          sc[nt][c] = p;
+          row_sum[h] += p;
+        }
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+        row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+        l[h] = __fadd_rn(__fmul_rn(l[h], correction[h]), row_sum[h]);
+      }
+#pragma unroll
+      for (int i = 0; i < D / 8; i++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[i][c] = __fmul_rn(acc[i][c], correction[c >> 1]);
+          /* O += P V: k-step j covers keys [16 j, 16 j + 16), P from the score fragments */
+#pragma unroll
+      for (int j = 0; j < FA_KEYS / 16; j++) {
+        uint32_t pa[4] = {pack_bf16(sc[2 * j][0], sc[2 * j][1]),
+                          pack_bf16(sc[2 * j][2], sc[2 * j][3]),
+                          pack_bf16(sc[2 * j + 1][0], sc[2 * j + 1][1]),
+                          pack_bf16(sc[2 * j + 1][2], sc[2 * j + 1][3])};
+        uint32_t pl[4];
+        if (EXACT) {
+          pl[0] = pack_bf16_rest(sc[2 * j][0], sc[2 * j][1]);
+          pl[1] = pack_bf16_rest(sc[2 * j][2], sc[2 * j][3]);
+          pl[2] = pack_bf16_rest(sc[2 * j + 1][0], sc[2 * j + 1][1]);
+          pl[3] = pack_bf16_rest(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+        }
+#pragma unroll
+        for (int nd2 = 0; nd2 < D / 16; nd2++) {
+          const int mi = lane >> 3;
+          const int key_in_tile = 16 * j + (lane & 7) + (mi & 1) * 8;
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, sv + key_in_tile * SM::STRIDE + nd2 * 16 + (mi >> 1) * 8);
+          mma_bf16(acc[2 * nd2], pa, b[0], b[1]);
+          mma_bf16(acc[2 * nd2 + 1], pa, b[2], b[3]);
+          if (EXACT) {
+            mma_bf16(acc[2 * nd2], pl, b[0], b[1]);
+            mma_bf16(acc[2 * nd2 + 1], pl, b[2], b[3]);
+          }
         }
       }
     }
@@ -439,9 +575,9 @@ __global__ static void __launch_bounds__(W * 32)
     const float tl = tot[(SM::ACC_REGS + 2 * h + 1) * 32 + lane];
     float *out = a.out + ((int64_t)step_row[h] * a.n_heads + head[h]) * D;
 #pragma unroll
-    for (int i = 0; i < D / 8; i++) {
+    for (int i = 0; i < ACC_N; i++) {
       const float v0 = tot[(i * 4 + 2 * h) * 32 + lane], v1 = tot[(i * 4 + 2 * h + 1) * 32 + lane];
-      *(float2 *)(out + 8 * i + 2 * tig) =
+      *(float2 *)(out + dim0 + 8 * i + 2 * tig) =
           tl > 0.0f ? make_float2(__fdiv_rn(v0, tl), __fdiv_rn(v1, tl)) : make_float2(0.0f, 0.0f);
     }
   }
@@ -517,15 +653,15 @@ void ci_cuda_flash_plan(const kv_layout *L, const ci_cuda_seq_group *host_group,
   f->scratch_bytes = f->parallel ? bytes : 0;
 }
 
-template <int D, bool EXACT, int W> static cudaError_t set_smem_limit() {
-  return cudaFuncSetAttribute(flash_attention_kernel<D, EXACT, W>,
+template <int D, bool EXACT, int W, bool COOP> static cudaError_t set_smem_limit() {
+  return cudaFuncSetAttribute(flash_attention_kernel<D, EXACT, W, COOP>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)fa_smem<D, W>::BYTES);
+                              (int)fa_smem<D, W, COOP>::BYTES);
 }
 
 template <int D, bool EXACT> static cudaError_t set_smem_limits() {
-  cudaError_t err = set_smem_limit<D, EXACT, 1>();
-  return err == cudaSuccess ? set_smem_limit<D, EXACT, FA_MAX_WARPS>() : err;
+  cudaError_t err = set_smem_limit<D, EXACT, FA_MAX_WARPS, true>();
+  return err == cudaSuccess ? set_smem_limit<D, EXACT, FA_MAX_WARPS, false>() : err;
 }
 
 int ci_cuda_flash_init(ci_cuda *cu) {
@@ -536,14 +672,15 @@ int ci_cuda_flash_init(ci_cuda *cu) {
   return err == cudaSuccess ? CI_OK : ci_cuda_fail(cu, err, "flash attention setup");
 }
 
-template <int D, bool EXACT, int W>
+template <int D, bool EXACT, int W, bool COOP>
 static void launch_flash(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flash_params &f) {
-  static_assert(fa_smem<D, W>::BYTES <= 113 * 1024, "flash attention shared memory: 2 blocks/SM");
+  typedef fa_smem<D, W, COOP> SM;
+  static_assert(SM::BYTES <= 113 * 1024, "flash attention shared memory: 2 blocks/SM");
   const kv_layout &L = cmd->a.kv.layout;
   const dim3 grid((unsigned)cmd->a.kv.total_tiles, (unsigned)L.n_kv_heads,
                   f.parallel ? (unsigned)f.splits : 1u);
-  const size_t smem = f.parallel ? fa_smem<D, W>::PARALLEL_BYTES : fa_smem<D, W>::BYTES;
-  ci_launch(cu, flash_attention_kernel<D, EXACT, W>, grid, W * 32, smem, L, cmd->a.kv.group,
+  const size_t smem = f.parallel ? SM::PARALLEL_BYTES : SM::BYTES;
+  ci_launch(cu, flash_attention_kernel<D, EXACT, W, COOP>, grid, W * 32, smem, L, cmd->a.kv.group,
             cmd->a.kv.att, f, cu->error_flag);
   if (f.parallel)
     ci_launch(cu, flash_merge_kernel,
@@ -553,10 +690,11 @@ static void launch_flash(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flas
 
 template <int D, bool EXACT>
 static void launch_width(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flash_params &f) {
+  /* one-warp tiles (decode, short drafts) run as cooperative four-warp blocks */
   if (f.warps == 1)
-    launch_flash<D, EXACT, 1>(cu, cmd, f);
+    launch_flash<D, EXACT, FA_MAX_WARPS, true>(cu, cmd, f);
   else
-    launch_flash<D, EXACT, FA_MAX_WARPS>(cu, cmd, f);
+    launch_flash<D, EXACT, FA_MAX_WARPS, false>(cu, cmd, f);
 }
 
 int ci_cuda_flash_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
