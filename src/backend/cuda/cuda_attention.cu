@@ -370,7 +370,7 @@ int ci_cuda_attention(ci_cuda *cu, const ci_attention_args *args) {
           cmd.a.kv.total_tiles = host.total_tiles;
           ci_cuda_flash_plan(
               &L, &host, a.n_heads,
-              ci_cuda_flash_warps(a.n_heads, L.n_kv_heads, max_rows_per_seq(args->seqs)), cu->n_sms,
+              ci_cuda_flash_warps(a.n_heads, L.n_kv_heads, max_rows_per_seq(args->seqs)), cu,
               cu->input_planes == 2, &cmd.a.kv.plan);
         } else if (L.codec != CI_KV_BF16 && L.codec != CI_KV_F32) {
           ci_cuda_kv_attention_plan(&L, &host, a.n_heads, cu->n_sms, &cmd.a.kv.plan);

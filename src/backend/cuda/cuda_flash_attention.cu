@@ -638,7 +638,7 @@ int ci_cuda_flash_positions_per_tile(const kv_layout *L, int n_heads, int warps)
 }
 
 void ci_cuda_flash_plan(const kv_layout *L, const ci_cuda_seq_group *host_group, int n_heads,
-                        int warps, int n_sms, int exact, ci_cuda_flash_params *f) {
+                        int warps, const ci_cuda *cu, int exact, ci_cuda_flash_params *f) {
   memset(f, 0, sizeof *f);
   f->group = n_heads / L->n_kv_heads;
   f->warps = warps;
@@ -647,9 +647,15 @@ void ci_cuda_flash_plan(const kv_layout *L, const ci_cuda_seq_group *host_group,
   f->splits = ci_cuda_key_splits(host_group, L, FA_SPLIT);
   const int64_t blocks = (int64_t)host_group->total_tiles * L->n_kv_heads;
   const size_t bytes = (size_t)total_rows * n_heads * f->splits * (L->head_dim + 2) * sizeof(float);
-  /* split the keys over blocks when one block per tile leaves most SMs idle */
-  f->parallel =
-      f->splits > 1 && blocks < (warps == 1 ? 8 : 2) * n_sms && bytes <= ((size_t)256 << 20);
+  /* Split the keys over blocks when one block per tile leaves SMs idle: fewer blocks than the
+   * GPU holds at once (prefill), or fewer than one and a half such waves for the cooperative
+   * decode blocks, whose serial walk streams the next split's keys while this one computes and
+   * so beats many short parallel blocks once the waves are nearly full (H200, step_bench: 8B at
+   * 64 and 128 sequences serial is 7-10% faster, 1B at 64 sequences parallel 6-17% faster). */
+  const int64_t resident =
+      (int64_t)cu->n_sms * cu->flash_blocks_per_sm[L->head_dim == 128][exact != 0][warps == 1];
+  f->parallel = f->splits > 1 && (warps == 1 ? 2 * blocks < 3 * resident : blocks < resident) &&
+                bytes <= ((size_t)256 << 20);
   f->scratch_bytes = f->parallel ? bytes : 0;
 }
 
@@ -659,16 +665,29 @@ template <int D, bool EXACT, int W, bool COOP> static cudaError_t set_smem_limit
                               (int)fa_smem<D, W, COOP>::BYTES);
 }
 
-template <int D, bool EXACT> static cudaError_t set_smem_limits() {
-  cudaError_t err = set_smem_limit<D, EXACT, FA_MAX_WARPS, true>();
-  return err == cudaSuccess ? set_smem_limit<D, EXACT, FA_MAX_WARPS, false>() : err;
+/* Raises the kernel's shared-memory limit and records how many of its serial blocks an SM holds
+ * (the plan's measure of a full wave). */
+template <int D, bool EXACT, bool COOP> static cudaError_t flash_setup(ci_cuda *cu) {
+  typedef fa_smem<D, FA_MAX_WARPS, COOP> SM;
+  cudaError_t err = set_smem_limit<D, EXACT, FA_MAX_WARPS, COOP>();
+  int *per_sm = &cu->flash_blocks_per_sm[D == 128][EXACT][COOP];
+  if (err == cudaSuccess)
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        per_sm, flash_attention_kernel<D, EXACT, FA_MAX_WARPS, COOP>, FA_MAX_WARPS * 32, SM::BYTES);
+  if (err == cudaSuccess && *per_sm < 1) *per_sm = 1;
+  return err;
+}
+
+template <int D, bool EXACT> static cudaError_t flash_setup_both(ci_cuda *cu) {
+  cudaError_t err = flash_setup<D, EXACT, true>(cu);
+  return err == cudaSuccess ? flash_setup<D, EXACT, false>(cu) : err;
 }
 
 int ci_cuda_flash_init(ci_cuda *cu) {
-  cudaError_t err = set_smem_limits<64, false>();
-  if (err == cudaSuccess) err = set_smem_limits<64, true>();
-  if (err == cudaSuccess) err = set_smem_limits<128, false>();
-  if (err == cudaSuccess) err = set_smem_limits<128, true>();
+  cudaError_t err = flash_setup_both<64, false>(cu);
+  if (err == cudaSuccess) err = flash_setup_both<64, true>(cu);
+  if (err == cudaSuccess) err = flash_setup_both<128, false>(cu);
+  if (err == cudaSuccess) err = flash_setup_both<128, true>(cu);
   return err == cudaSuccess ? CI_OK : ci_cuda_fail(cu, err, "flash attention setup");
 }
 

@@ -222,7 +222,9 @@ typedef struct {
   size_t scratch_bytes[CI_CUDA_SCRATCH_SLOTS];
   int n_sms;       /* streaming multiprocessors of the device */
   int smem_per_sm; /* shared memory bytes per SM */
-  int pdl;         /* 1: kernels launch with programmatic dependent launch (cuda_launch.cuh) */
+  /* [head_dim 128][exact][cooperative decode]: serial flash-attention blocks one SM holds */
+  int flash_blocks_per_sm[2][2][2];
+  int pdl;  /* 1: kernels launch with programmatic dependent launch (cuda_launch.cuh) */
   int fuse; /* 1 (default): fused launches (cuda_graph.cu); CINFER_CUDA_FUSE=0 runs every command
                on its own, for measuring what the fusions save */
   /* the matmul input last converted into scratch[0] (NULL: none valid); q/k/v and gate/up
@@ -406,7 +408,8 @@ int ci_cuda_flash_warps(int n_heads, int n_kv_heads, int max_rows_per_seq);
 int ci_cuda_flash_positions_per_tile(const ci_cuda_kv_layout *L, int n_heads, int warps);
 /* Plans a launch over the host copy of its sequence group (tile_start and total_tiles set). */
 void ci_cuda_flash_plan(const ci_cuda_kv_layout *L, const ci_cuda_seq_group *host_group,
-                        int n_heads, int warps, int n_sms, int exact, ci_cuda_flash_params *f);
+                        int n_heads, int warps, const ci_cuda *cu, int exact,
+                        ci_cuda_flash_params *f);
 int ci_cuda_flash_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
 
 /* ==== cuda_deltanet.cu ==== */
