@@ -198,14 +198,14 @@ static inline __m512 row_chunk(const float *tile, const uint8_t *rows, size_t ro
   return _mm512_loadu_ps(tile + (size_t)r * D + 16 * c);
 }
 
-void ci_kv_attend_avx512(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head,
-                         const float *qp, int G, int64_t lo, int64_t hi, float scale, float softcap,
-                         float *tile, float *out) {
-  const int D = kv->head_dim, T = kv->block_tokens, C = D / 16;
-  if (G > 8 || T > 64) {
-    ci_kv_attend_ref(k, kv, kv_head, qp, G, lo, hi, scale, softcap, tile, out);
-    return;
-  }
+/* The attention loop for G query heads of D = 16 C dims. Always inlined: called with constant
+ * G and C for the common shapes, so that the accumulator arrays below (indexed by unrolled loop
+ * counters) live in registers instead of on the stack. */
+static inline __attribute__((always_inline)) void
+attend_impl(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const float *qp,
+            const int G, const int C, int64_t lo, int64_t hi, float scale, float softcap,
+            float *tile, float *out) {
+  const int D = 16 * C, T = kv->block_tokens;
   float *ktile = tile, *vtile = tile + (size_t)T * D;
   for (int g = 0; g < G; g++) {
     float *o = out + g * (D + 2);
@@ -252,27 +252,42 @@ void ci_kv_attend_avx512(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_h
       __m512 acc[16];
       for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
       for (int c = 0; c < C; c++)
-        for (int kk = 0; kk < nk; kk++) {
+        for (int kk = 0; kk < keys_per_batch; kk++) {
+          if (kk >= nk) break;
           const __m512 k16 = row_chunk(ktile, krow, kv->k_row_bytes, D, r0 + kk, c, direct_k);
           for (int g = 0; g < G; g++)
             acc[kk * G + g] =
                 _mm512_fmadd_ps(_mm512_loadu_ps(qp + g * D + 16 * c), k16, acc[kk * G + g]);
         }
-      float sums[16];
-      _mm512_storeu_ps(sums, reduce_add16(acc));
+      const __m512 sums = reduce_add16(acc);
+      if (G == 4 && softcap <= 0.0f) {
+        /* four heads: head g's keys are lanes 4 g .. 4 g + 3 */
+        float scaled[16];
+        _mm512_storeu_ps(scaled, _mm512_mul_ps(sums, _mm512_set1_ps(scale)));
+        for (int g = 0; g < 4; g++)
+          for (int kk = 0; kk < nk; kk++) {
+            const float sv = scaled[4 * g + kk];
+            scores[g][r0 + kk] = sv;
+            block_max[g] = sv > block_max[g] ? sv : block_max[g];
+          }
+        continue;
+      }
+      float sum_lanes[16];
+      _mm512_storeu_ps(sum_lanes, sums);
       for (int kk = 0; kk < nk; kk++)
         for (int g = 0; g < G; g++) {
           const int n = kk * G + g;
-          float s = sums[4 * (n % 4) + n / 4] * scale;
-          if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
-          scores[g][r0 + kk] = s;
-          if (s > block_max[g]) block_max[g] = s;
+          float sv = sum_lanes[4 * (n % 4) + n / 4] * scale;
+          if (softcap > 0.0f) sv = softcap * tanhf(sv / softcap);
+          scores[g][r0 + kk] = sv;
+          if (sv > block_max[g]) block_max[g] = sv;
         }
     }
+    float rescale[8];
     for (int g = 0; g < G; g++) {
       float *o = out + g * (D + 2);
-      const float rescale = o[1] > 0.0f ? expf(o[0] - block_max[g]) : 0.0f;
-      float sum = o[1] * rescale;
+      rescale[g] = o[1] > 0.0f ? expf(o[0] - block_max[g]) : 0.0f;
+      float sum = o[1] * rescale[g];
       for (int r = 0; r < count; r += 16) {
         const __mmask16 mask = count - r >= 16 ? 0xffff : (__mmask16)((1u << (count - r)) - 1);
         const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, scores[g] + r),
@@ -282,22 +297,48 @@ void ci_kv_attend_avx512(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_h
       }
       o[0] = block_max[g];
       o[1] = sum;
-      /* Weighted values: the D/16 output chunks as independent FMA chains over the keys. */
-      const __m512 rescale_v = _mm512_set1_ps(rescale);
-      for (int c0 = 0; c0 < C; c0 += 4) {
-        const int cn = C - c0 < 4 ? C - c0 : 4;
-        __m512 acc[4];
+    }
+    /* Weighted values: each output chunk of each head one FMA chain over the keys in order;
+     * every head's chunks at once, so that each V chunk is widened once for all G heads and the
+     * G x cn chains run side by side. */
+    const int chunks = G <= 4 ? 4 : 2;
+    for (int c0 = 0; c0 < C; c0 += chunks) {
+      const int cn = C - c0 < chunks ? C - c0 : chunks;
+      __m512 acc[16];
+      for (int g = 0; g < G; g++)
         for (int c = 0; c < cn; c++)
-          acc[c] = _mm512_mul_ps(_mm512_loadu_ps(o + 2 + 16 * (c0 + c)), rescale_v);
-        for (int r = 0; r < count; r++) {
+          acc[g * cn + c] = _mm512_mul_ps(_mm512_loadu_ps(out + g * (D + 2) + 2 + 16 * (c0 + c)),
+                                          _mm512_set1_ps(rescale[g]));
+      for (int r = 0; r < count; r++) {
+        __m512 v[4];
+        for (int c = 0; c < cn; c++)
+          v[c] = row_chunk(vtile, vrow, kv->v_row_bytes, D, r, c0 + c, direct_v);
+        for (int g = 0; g < G; g++) {
           const __m512 w = _mm512_set1_ps(scores[g][r]);
-          for (int c = 0; c < cn; c++)
-            acc[c] = _mm512_fmadd_ps(
-                w, row_chunk(vtile, vrow, kv->v_row_bytes, D, r, c0 + c, direct_v), acc[c]);
+          for (int c = 0; c < cn; c++) acc[g * cn + c] = _mm512_fmadd_ps(w, v[c], acc[g * cn + c]);
         }
-        for (int c = 0; c < cn; c++) _mm512_storeu_ps(o + 2 + 16 * (c0 + c), acc[c]);
       }
+      for (int g = 0; g < G; g++)
+        for (int c = 0; c < cn; c++)
+          _mm512_storeu_ps(out + g * (D + 2) + 2 + 16 * (c0 + c), acc[g * cn + c]);
     }
     j = end;
   }
+}
+
+void ci_kv_attend_avx512(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head,
+                         const float *qp, int G, int64_t lo, int64_t hi, float scale, float softcap,
+                         float *tile, float *out) {
+  const int C = kv->head_dim / 16;
+  if (G > 8 || kv->block_tokens > 64) {
+    ci_kv_attend_ref(k, kv, kv_head, qp, G, lo, hi, scale, softcap, tile, out);
+    return;
+  }
+  /* the same code either way; constants for the GQA-4 shapes of Llama 3 (head_dim 64, 128) */
+  if (G == 4 && C == 4)
+    attend_impl(k, kv, kv_head, qp, 4, 4, lo, hi, scale, softcap, tile, out);
+  else if (G == 4 && C == 8)
+    attend_impl(k, kv, kv_head, qp, 4, 8, lo, hi, scale, softcap, tile, out);
+  else
+    attend_impl(k, kv, kv_head, qp, G, C, lo, hi, scale, softcap, tile, out);
 }
