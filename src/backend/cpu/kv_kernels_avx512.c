@@ -334,11 +334,19 @@ void ci_kv_attend_avx512(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_h
     ci_kv_attend_ref(k, kv, kv_head, qp, G, lo, hi, scale, softcap, tile, out);
     return;
   }
-  /* the same code either way; constants for the GQA-4 shapes of Llama 3 (head_dim 64, 128) */
-  if (G == 4 && C == 4)
-    attend_impl(k, kv, kv_head, qp, 4, 4, lo, hi, scale, softcap, tile, out);
-  else if (G == 4 && C == 8)
-    attend_impl(k, kv, kv_head, qp, 4, 8, lo, hi, scale, softcap, tile, out);
-  else
-    attend_impl(k, kv, kv_head, qp, G, C, lo, hi, scale, softcap, tile, out);
+  /* the same code either way; constants for the common shapes: groups of 4 (Llama 3, Mistral,
+   * Qwen3-8B, Gemma 3 1B) and 2 (Qwen3-0.6B to 4B, Gemma 2) at head_dim 64, 128 and 256 */
+#define ATTEND_SHAPE(g, c)                                                                         \
+  if (G == g && C == c) {                                                                          \
+    attend_impl(k, kv, kv_head, qp, g, c, lo, hi, scale, softcap, tile, out);                      \
+    return;                                                                                        \
+  }
+  ATTEND_SHAPE(4, 4)
+  ATTEND_SHAPE(4, 8)
+  ATTEND_SHAPE(4, 16)
+  ATTEND_SHAPE(2, 4)
+  ATTEND_SHAPE(2, 8)
+  ATTEND_SHAPE(2, 16)
+#undef ATTEND_SHAPE
+  attend_impl(k, kv, kv_head, qp, G, C, lo, hi, scale, softcap, tile, out);
 }
