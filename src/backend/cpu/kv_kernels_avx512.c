@@ -186,15 +186,39 @@ static inline void decode_rows(ci_kv_row_decoder decode, const ci_paged_kv *kv, 
   for (int r = 0; r < count; r++) decode(kv, row + r * row_bytes, tile + (size_t)r * D);
 }
 
-/* Element chunk c (16 values) of row r: from the decoded tile, or (bf16 rows, direct) widened
- * straight from the block, the same f32 values without the tile's store and reload. */
-static inline __m512 row_chunk(const float *tile, const uint8_t *rows, size_t row_bytes, int D,
-                               int r, int c, int direct) {
-  if (direct)
-    return _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
-                              (const __m256i *)(const void *)(rows + r * row_bytes + 32 * c))),
-                          16));
+/* How the attention loop reads a block's rows: decoded into the f32 tile first (ROWS_TILE), or
+ * straight from the block, widening bf16 (ROWS_BF16) or dequantising affine 8/4-bit codes
+ * (ROWS_AFFINE8/4) chunk by chunk into the same f32 values the decoders write. */
+enum { ROWS_TILE, ROWS_BF16, ROWS_AFFINE8, ROWS_AFFINE4 };
+
+static int rows_mode(ci_kv_row_decoder decode, const ci_paged_kv *kv) {
+  if (decode == decode_bf16) return ROWS_BF16;
+  if (decode == decode_affine && kv->format.group_size >= 16)
+    return kv->format.k_bits == 8 ? ROWS_AFFINE8 : ROWS_AFFINE4;
+  return ROWS_TILE;
+}
+
+/* Element chunk c (16 values) of row r: from the decoded tile, or straight from the block (the
+ * same f32 values as decode_bf16 / decode_affine, without the tile's store and reload). */
+static inline __m512 row_chunk(const float *tile, const ci_paged_kv *kv, const uint8_t *rows,
+                               size_t row_bytes, int D, int r, int c, int mode) {
+  const uint8_t *row = rows + r * row_bytes;
+  if (mode == ROWS_BF16)
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(row + 32 * c))),
+        16));
+  if (mode == ROWS_AFFINE8 || mode == ROWS_AFFINE4) {
+    const int bits = mode == ROWS_AFFINE8 ? 8 : 4, group = kv->format.group_size;
+    const uint8_t *scales = row + (size_t)D * bits / 8, *biases = scales + 2 * (D / group);
+    const int g = 16 * c / group;
+    const __m512i codes =
+        bits == 8
+            ? _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(row + 16 * c)))
+            : nibbles16(row + 8 * c);
+    const __m512 prod =
+        _mm512_mul_ps(_mm512_set1_ps(ci_bf16_load(scales + 2 * g)), _mm512_cvtepi32_ps(codes));
+    return _mm512_add_ps(prod, _mm512_set1_ps(ci_bf16_load(biases + 2 * g)));
+  }
   return _mm512_loadu_ps(tile + (size_t)r * D + 16 * c);
 }
 
@@ -239,9 +263,9 @@ attend_impl(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const fl
           _mm_prefetch((const char *)next_v + off, _MM_HINT_T1);
       }
     }
-    const int direct_k = k->decode_k == decode_bf16, direct_v = k->decode_v == decode_bf16;
-    if (!direct_k) decode_rows(k->decode_k, kv, krow, kv->k_row_bytes, count, ktile);
-    if (!direct_v) decode_rows(k->decode_v, kv, vrow, kv->v_row_bytes, count, vtile);
+    const int mode_k = rows_mode(k->decode_k, kv), mode_v = rows_mode(k->decode_v, kv);
+    if (mode_k == ROWS_TILE) decode_rows(k->decode_k, kv, krow, kv->k_row_bytes, count, ktile);
+    if (mode_v == ROWS_TILE) decode_rows(k->decode_v, kv, vrow, kv->v_row_bytes, count, vtile);
     /* Scores: for each key, the G query heads as independent FMA chains over D, 16 / G keys at
      * a time so that one reduce_add16 sums all their chains (unused chains stay zero). */
     float block_max[8];
@@ -254,7 +278,7 @@ attend_impl(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const fl
       for (int c = 0; c < C; c++)
         for (int kk = 0; kk < keys_per_batch; kk++) {
           if (kk >= nk) break;
-          const __m512 k16 = row_chunk(ktile, krow, kv->k_row_bytes, D, r0 + kk, c, direct_k);
+          const __m512 k16 = row_chunk(ktile, kv, krow, kv->k_row_bytes, D, r0 + kk, c, mode_k);
           for (int g = 0; g < G; g++)
             acc[kk * G + g] =
                 _mm512_fmadd_ps(_mm512_loadu_ps(qp + g * D + 16 * c), k16, acc[kk * G + g]);
@@ -312,7 +336,7 @@ attend_impl(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const fl
       for (int r = 0; r < count; r++) {
         __m512 v[4];
         for (int c = 0; c < cn; c++)
-          v[c] = row_chunk(vtile, vrow, kv->v_row_bytes, D, r, c0 + c, direct_v);
+          v[c] = row_chunk(vtile, kv, vrow, kv->v_row_bytes, D, r, c0 + c, mode_v);
         for (int g = 0; g < G; g++) {
           const __m512 w = _mm512_set1_ps(scores[g][r]);
           for (int c = 0; c < cn; c++) acc[g * cn + c] = _mm512_fmadd_ps(w, v[c], acc[g * cn + c]);
