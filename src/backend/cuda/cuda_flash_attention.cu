@@ -83,6 +83,25 @@ __device__ static inline float merge_value(float t, float p, float ct, float cp)
 
 /* The launch's sequence owning query tile x: the number of sequences starting at or before x,
  * counted by one ballot per 32 sequences (every lane of the warp must call it). */
+/* The end of a tile's softmax step for a lane's two rows: the row sums completed over the four
+ * lanes of each row, the running sums l corrected and increased, the N accumulator fragments
+ * rescaled by the rows' corrections. One code for the one-warp and the cooperative blocks, so
+ * both keep the same arithmetic. */
+template <int N>
+__device__ static inline void fa_fold_tile(float (&row_sum)[2], float (&l)[2],
+                                           const float (&correction)[2], float (&acc)[N][4]) {
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+    l[h] = __fadd_rn(__fmul_rn(l[h], correction[h]), row_sum[h]);
+  }
+#pragma unroll
+  for (int i = 0; i < N; i++)
+#pragma unroll
+    for (int c = 0; c < 4; c++) acc[i][c] = __fmul_rn(acc[i][c], correction[c >> 1]);
+}
+
 __device__ static inline int fa_seq_of_tile(const seq_group *g, int x) {
   static_assert(CI_CUDA_MAX_SEQS <= 64, "two ballots cover the sequences of a launch");
   const int lane = threadIdx.x & 31;
@@ -426,17 +445,8 @@ __global__ static void __launch_bounds__(W * 32)
           const int h = c >> 1;
           row_sum[h] += p_tile[(gid + 8 * h) * SM::P_STRIDE + nt * 8 + 2 * tig + (c & 1)];
         }
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
-        row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
-        l[h] = __fadd_rn(__fmul_rn(l[h], correction[h]), row_sum[h]);
-      }
-#pragma unroll
-      for (int i = 0; i < ACC_N; i++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) acc[i][c] = __fmul_rn(acc[i][c], correction[c >> 1]);
-          /* O += P V for this warp's head dims: k-step j covers keys [16 j, 16 j + 16) */
+      fa_fold_tile(row_sum, l, correction, acc);
+      /* O += P V for this warp's head dims: k-step j covers keys [16 j, 16 j + 16) */
 #pragma unroll
       for (int j = 0; j < FA_KEYS / 16; j++) {
         const float *pr0 = p_tile + gid * SM::P_STRIDE + 16 * j + 2 * tig;
@@ -526,17 +536,8 @@ __global__ static void __launch_bounds__(W * 32)
           sc[nt][c] = p;
           row_sum[h] += p;
         }
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
-        row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
-        l[h] = __fadd_rn(__fmul_rn(l[h], correction[h]), row_sum[h]);
-      }
-#pragma unroll
-      for (int i = 0; i < D / 8; i++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) acc[i][c] = __fmul_rn(acc[i][c], correction[c >> 1]);
-          /* O += P V: k-step j covers keys [16 j, 16 j + 16), P from the score fragments */
+      fa_fold_tile(row_sum, l, correction, acc);
+      /* O += P V: k-step j covers keys [16 j, 16 j + 16), P from the score fragments */
 #pragma unroll
       for (int j = 0; j < FA_KEYS / 16; j++) {
         uint32_t pa[4] = {pack_bf16(sc[2 * j][0], sc[2 * j][1]),
