@@ -231,6 +231,7 @@ attend_impl(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const fl
             float *tile, float *out) {
   const int D = 16 * C, T = kv->block_tokens;
   float *ktile = tile, *vtile = tile + (size_t)T * D;
+  const int mode_k = rows_mode(k->decode_k, kv), mode_v = rows_mode(k->decode_v, kv);
   for (int g = 0; g < G; g++) {
     float *o = out + g * (D + 2);
     o[0] = -INFINITY;
@@ -263,7 +264,6 @@ attend_impl(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const fl
           _mm_prefetch((const char *)next_v + off, _MM_HINT_T1);
       }
     }
-    const int mode_k = rows_mode(k->decode_k, kv), mode_v = rows_mode(k->decode_v, kv);
     if (mode_k == ROWS_TILE) decode_rows(k->decode_k, kv, krow, kv->k_row_bytes, count, ktile);
     if (mode_v == ROWS_TILE) decode_rows(k->decode_v, kv, vrow, kv->v_row_bytes, count, vtile);
     /* Scores: for each key, the G query heads as independent FMA chains over D, 16 / G keys at
