@@ -1665,8 +1665,8 @@ static float *stepped_logits(ci_backend *be, const char *dir, int planes, const 
  * RoPE of q and k in one launch, grouped matmuls) give the unfused commands' logits bit for bit,
  * with one and two input planes. The starter model (Gemma 4, head_dim 64) also takes the
  * tensor-core attention: a 100-token prompt (four-warp blocks, one key split), then 30 decode
- * steps (one-warp blocks; from 128 tokens on the split-parallel launch and its merge); the
- * Llama and Qwen2 fixtures rotate q and k back to back. */
+ * steps (cooperative four-warp decode blocks; from 128 tokens on the split-parallel launch
+ * and its merge); the Llama and Qwen2 fixtures rotate q and k back to back. */
 static void test_fusions_bitwise(void **state) {
   (void)state;
   for (int m = 0; m < 3; m++) {

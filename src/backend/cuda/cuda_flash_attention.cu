@@ -81,12 +81,10 @@ __device__ static inline float merge_value(float t, float p, float ct, float cp)
   return __fadd_rn(__fmul_rn(t, ct), __fmul_rn(p, cp));
 }
 
-/* The launch's sequence owning query tile x: the number of sequences starting at or before x,
- * counted by one ballot per 32 sequences (every lane of the warp must call it). */
 /* The end of a tile's softmax step for a lane's two rows: the row sums completed over the four
  * lanes of each row, the running sums l corrected and increased, the N accumulator fragments
- * rescaled by the rows' corrections. One code for the one-warp and the cooperative blocks, so
- * both keep the same arithmetic. */
+ * rescaled by the rows' corrections. One code for the per-warp (prefill) and the cooperative
+ * (decode) blocks, so both keep the same arithmetic. */
 template <int N>
 __device__ static inline void fa_fold_tile(float (&row_sum)[2], float (&l)[2],
                                            const float (&correction)[2], float (&acc)[N][4]) {
@@ -102,6 +100,8 @@ __device__ static inline void fa_fold_tile(float (&row_sum)[2], float (&l)[2],
     for (int c = 0; c < 4; c++) acc[i][c] = __fmul_rn(acc[i][c], correction[c >> 1]);
 }
 
+/* The launch's sequence owning query tile x: the number of sequences starting at or before x,
+ * counted by one ballot per 32 sequences (every lane of the warp must call it). */
 __device__ static inline int fa_seq_of_tile(const seq_group *g, int x) {
   static_assert(CI_CUDA_MAX_SEQS <= 64, "two ballots cover the sequences of a launch");
   const int lane = threadIdx.x & 31;
@@ -126,7 +126,7 @@ struct fa_shared_tail {
 /* Shared memory: the tiles' row addresses and the block's positions, then two stages of K and V
  * tiles [FA_KEYS][D + 8] bf16 (the next tile loads while the current one is used), then (walking
  * every split) the merged state of each warp's rows per lane, which a parallel launch does not
- * need (it launches with PARALLEL_BYTES, so more of its one-warp blocks fit an SM). */
+ * need (it launches with PARALLEL_BYTES, so more of its blocks fit an SM). */
 template <int D, int W, bool COOP = false> struct fa_smem {
   static constexpr int STRIDE = D + 8; /* bf16 elements per staged key row (bank spread) */
   static constexpr size_t STAGE_ELEMS = (size_t)2 * FA_KEYS * STRIDE;
@@ -144,9 +144,9 @@ template <int D, int W, bool COOP = false> struct fa_smem {
 /* COOP (decode): the W warps share one warp's 16 packed rows. Warp w computes the scores of keys
  * [16 w, 16 w + 16) of each tile, the tile's row maxima meet in shared memory (a maximum is
  * exact in any order), the weights P go through shared memory and every warp sums its rows' P
- * in the one-warp order (per lane over the n-tiles in turn, then the two shuffles), and warp w
- * accumulates P V for head dims [w D / W, (w + 1) D / W): each output keeps the arithmetic
- * chain of the one-warp block, so the rows stay bit-identical to prefill rows. */
+ * in the per-warp (prefill) order (per lane over the n-tiles in turn, then the two shuffles), and
+ * warp w accumulates P V for head dims [w D / W, (w + 1) D / W): each output keeps the arithmetic
+ * chain of a per-warp (prefill) block, so the rows stay bit-identical to prefill rows. */
 template <int D, bool EXACT, int W, bool COOP>
 __global__ static void __launch_bounds__(W * 32)
     flash_attention_kernel(kv_layout L, const seq_group *g, attention_params a,
@@ -279,7 +279,7 @@ __global__ static void __launch_bounds__(W * 32)
   constexpr int CHUNKS = D / 8; /* 16-byte chunks of a key row */
   /* the 2 * FA_KEYS staged rows (K then V) in 16-byte chunks: thread t copies chunk t % CHUNKS
    * of rows t / CHUNKS, + ROWS_PER_PASS, ... (a fixed unrolled walk: a handful of instructions
-   * per copy, which a one-warp decode block issues alone) */
+   * per copy) */
   constexpr int ROWS_PER_PASS = W * 32 / CHUNKS, PASSES = 2 * FA_KEYS / ROWS_PER_PASS;
   static_assert(W * 32 % CHUNKS == 0 && 2 * FA_KEYS % ROWS_PER_PASS == 0, "copy walk");
   const unsigned copy_chunk = threadIdx.x % CHUNKS, copy_row0 = threadIdx.x / CHUNKS;
@@ -370,7 +370,7 @@ __global__ static void __launch_bounds__(W * 32)
 
     if constexpr (COOP) {
       /* S for keys [16 warp, 16 warp + 16) of the tile: n-tiles 2 warp and 2 warp + 1, each
-       * score the one-warp block's chain over kk */
+       * score the per-warp (prefill) block's chain over kk */
       float sc[2][4];
 #pragma unroll
       for (int nt = 0; nt < 2; nt++)
@@ -436,7 +436,8 @@ __global__ static void __launch_bounds__(W * 32)
           p_tile[(gid + 8 * h) * SM::P_STRIDE + (2 * warp + nt) * 8 + 2 * tig + (c & 1)] = p;
         }
       __syncthreads(); /* the whole tile's P */
-      /* the row sums in the one-warp block's order: over n-tiles 0..7 in turn, then the shuffles */
+      /* the row sums in the per-warp (prefill) block's order: over n-tiles 0..7 in turn, then the
+       * shuffles */
       float row_sum[2] = {0.0f, 0.0f};
 #pragma unroll
       for (int nt = 0; nt < FA_KEYS / 8; nt++)
