@@ -18,8 +18,9 @@
  *
  * Arithmetic. Every path that multiplies an affine matrix (the small-batch kernel, the
  * dequantisation ahead of cuBLASLt) turns code q of a group with scale s and bias b into the bf16
- * weight bf16(fma(s, q, b)) with the same function (ci_affine_fragment), so a row's product has
- * the same bits whichever path runs it. */
+ * weight bf16(fma(s, q, b)) with the same operations (ci_affine_fragment, and its half-fragment
+ * form for the small-batch kernel's two-warp blocks), so a row's product has the same bits
+ * whichever path runs it. */
 #ifndef CI_BACKEND_CUDA_CUDA_AFFINE_CUH
 #define CI_BACKEND_CUDA_CUDA_AFFINE_CUH
 
@@ -174,6 +175,48 @@ __device__ static inline void ci_affine_fragment(const uint32_t *words, const ci
                                  __fmaf_rn(rows.s[j & 1], q[j][1], rows.b[j & 1]));
     }
     a[j] = *(const uint32_t *)&w2;
+  }
+}
+
+/* Half an A fragment: the registers of the fragment's rows g + 8 half only (half 0: registers 0
+ * and 2; half 1: registers 1 and 3), placed in registers 0 and 2 with registers 1 and 3 zero, so
+ * a warp that owns 8 of a tile's 16 rows multiplies them as the fragment's rows g (its mma's
+ * rows g + 8 are zero). `rows` holds the scale and bias of row g + 8 half at index 0; `magic` is
+ * 0x43004300 in a register (q4: the nibble mask and the exponent bits then take one LOP3). Each
+ * weight is computed exactly as ci_affine_fragment computes it. */
+template <int BITS>
+__device__ static inline void ci_affine_half_fragment(const uint32_t *words, int half,
+                                                      const ci_affine_rows &rows, int f16,
+                                                      uint32_t magic, uint32_t a[4]) {
+  a[1] = a[3] = 0u;
+#pragma unroll
+  for (int r = 0; r < 2; r++) { /* fragment register j = half + 2 r */
+    float q0, q1;
+    uint32_t packed = 0u;
+    if (BITS == 4) {
+      const uint32_t codes = words[0] >> (4 * half + 8 * r); /* nibbles j, 16 + 4 j at 0, 16 */
+      packed = (codes & 0x000f000fu) | magic;
+      q0 = (float)(codes & 0xfu);
+      q1 = (float)((codes >> 16) & 0xfu);
+    } else {
+      q0 = ci_affine_byte_f32(words[r], 2 * half);
+      q1 = ci_affine_byte_f32(words[r], 2 * half + 1);
+    }
+    __nv_bfloat162 w2;
+    if (!f16) {
+      __nv_bfloat162 q2;
+      if (BITS == 4) {
+        const uint32_t c128 = 0x43004300u;
+        q2 = __hsub2(*(const __nv_bfloat162 *)&packed, *(const __nv_bfloat162 *)&c128);
+      } else {
+        q2 = __floats2bfloat162_rn(q0, q1);
+      }
+      w2 = __hfma2(rows.s2[0], q2, rows.b2[0]);
+    } else {
+      w2 = __floats2bfloat162_rn(__fmaf_rn(rows.s[0], q0, rows.b[0]),
+                                 __fmaf_rn(rows.s[0], q1, rows.b[0]));
+    }
+    a[2 * r] = *(const uint32_t *)&w2;
   }
 }
 #endif

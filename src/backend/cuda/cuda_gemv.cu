@@ -6,10 +6,13 @@
  * the input rows through shared memory in stages of gv_kc columns (cp.async, GV_STAGES deep) and
  * multiplies them with mma.sync m16n8k16: W is the A operand (16 rows per accumulator chain), the
  * inputs the B operand (8 columns, or two groups of 8 that share each A fragment: XG), accumulating
- * in f32. Affine stages hold the codes, already in
- * fragment order (cuda_affine.cuh), and the groups' (scale, bias) pairs: each lane reads its own
- * codes with one 16-byte load per 64 columns and dequantises them in registers straight into its
- * A fragments (ci_affine_fragment), so no bf16 tile is written or read back.
+ * in f32. Affine stages hold the codes, already in fragment order (cuda_affine.cuh), and the
+ * groups' (scale, bias) pairs: each lane reads its own codes with one 16-byte load per 64 columns
+ * and dequantises them in registers straight into its A fragments, so no bf16 tile is written or
+ * read back. An affine k-step is bound by instruction issue (dequantisation: ~22 instructions per
+ * mma for q4), not bytes, so affine blocks are two warps that share the staged tiles: warp h
+ * dequantises only the tile's rows 8h..8h+7 (ci_affine_half_fragment) into its fragment's rows
+ * 0-7, rows 8-15 zero. Each output is still one chain over K; twice the warps issue the work.
  *
  * Bit-identical to cuBLASLt: each output element is one chain of m16n8k16 products over K in
  * order, from zero, with no split of K. That is exactly how cuBLASLt (no workspace, no reduction
@@ -50,6 +53,13 @@ static constexpr int gv_kc(int bits, int xg = 1) {
  * (8B 1,283 -> 1,247 tok/s), where the input tiles grow with it. */
 enum { GV_WIDE_KC = 512, GV_WIDE_STAGES = 3, GV_WIDE_MAX_X_ROWS = 2 };
 
+/* Threads of a block: bf16, one warp; affine, two warps that share the staged tiles, each
+ * dequantising and multiplying 8 of every 16 rows (twice the warps per launch: the affine k-step
+ * is bound by instruction issue, not bytes). */
+static constexpr int gv_threads(int bits) {
+  return bits == 16 ? 32 : 64;
+}
+
 /* The matrices of one launch: part p owns groups [end[p - 1], end[p]) of CHAINS * 16 rows. */
 typedef struct {
   const void *w[GV_MAX_PARTS];         /* bf16 rows, or affine codes (cuda_affine.cuh) */
@@ -80,22 +90,34 @@ __device__ static inline int gv_part_of(const gv_parts &P, int group, int chains
   return p;
 }
 
-/* One warp per block. Warp b takes the groups of CHAINS * 16 W rows b, b + gridDim.x, ... and
- * streams their stages one after the other through a STAGES-deep cp.async pipeline, so the next
- * group's first stages load while the current one finishes. BITS 16 (bf16 W: A fragments by
+/* One warp per block (affine: two, each with half of every 16 rows). Block b takes the groups of
+ * CHAINS * 16 W rows b, b + gridDim.x, ... and streams their stages one after the other through a
+ * STAGES-deep cp.async pipeline, so the next group's first stages load while the current one
+ * finishes. BITS 16 (bf16 W: A fragments by
  * ldmatrix from the staged rows), 8 or 4 (affine: each lane reads its fragments' codes from the
  * staged tile, cuda_affine.cuh, and dequantises them in registers); PLANES 1 (bf16 inputs) or 2
  * (value and remainder planes, [plane][m][K]); F16: affine scales and biases in f16, not bf16 (a
  * template argument: a branch inside the unrolled k-steps would keep the compiler from overlapping
  * one step's loads with the previous step's products). */
 template <int BITS, int CHAINS, int PLANES, int STAGES, int KC, bool F16, int XG>
-__global__ static void __launch_bounds__(32)
+__global__ static void __launch_bounds__(gv_threads(BITS))
     gemv_kernel(const gv_parts P, const __nv_bfloat16 *__restrict__ x, int groups, int k, int m) {
   constexpr int R = CHAINS * 16, STRIDE = KC + 8;
   constexpr int TILE_CODES = 16 * KC * BITS / 8, TILE_PAIRS = KC / 32 * 16; /* bytes, words */
   constexpr int QUAD_BYTES = 128 * BITS;
+  constexpr int NT = gv_threads(BITS);
   extern __shared__ uint4 gv_smem[];
-  const int lane = threadIdx.x;
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int half = BITS == 16 ? 0 : tid >> 5; /* affine: the warp's 8 rows of each 16-row tile */
+  /* every thread's copies of a stage visible to the block, and every thread done reading one */
+  auto sync = [&]() {
+    if (NT == 32)
+      __syncwarp();
+    else
+      __syncthreads();
+  };
+  uint32_t magic = 0x43004300u; /* in a register: the q4 mask-and-or takes one LOP3 */
+  asm volatile("" : "+r"(magic));
   const int x_rows = PLANES * m;
   uint8_t *ring = (uint8_t *)gv_smem;
   /* bf16: the W ring; affine: the codes ring, then the pairs ring */
@@ -105,7 +127,7 @@ __global__ static void __launch_bounds__(32)
   __nv_bfloat16 *sx = BITS == 16 ? w_ring + STAGES * R * STRIDE
                                  : (__nv_bfloat16 *)(pairs + STAGES * CHAINS * TILE_PAIRS);
   __nv_bfloat16 *zero_row = sx + STAGES * x_rows * STRIDE;
-  for (int i = lane; i < STRIDE / 8; i += 32) ((uint4 *)zero_row)[i] = make_uint4(0, 0, 0, 0);
+  for (int i = tid; i < STRIDE / 8; i += NT) ((uint4 *)zero_row)[i] = make_uint4(0, 0, 0, 0);
 
   if ((int)blockIdx.x >= groups) { /* (the grid never exceeds the groups) */
     ci_grid_begin();
@@ -136,10 +158,10 @@ __global__ static void __launch_bounds__(32)
         const size_t tile = (size_t)(row0 / 16 + j);
         const uint8_t *src = (const uint8_t *)P.w[part] + (tile * quads + k0 / 64) * QUAD_BYTES;
         uint8_t *dc = codes + (slot * CHAINS + j) * TILE_CODES;
-        for (int c = lane; c < code_chunks; c += 32) cp_async16_stream(dc + c * 16, src + c * 16);
+        for (int c = tid; c < code_chunks; c += NT) cp_async16_stream(dc + c * 16, src + c * 16);
         const uint32_t *ps = P.pairs[part] + (tile * k_groups + (k0 >> P.group_shift)) * 16;
         uint32_t *dp = pairs + (slot * CHAINS + j) * TILE_PAIRS;
-        for (int c = lane; c < pair_chunks; c += 32) cp_async16_stream(dp + c * 4, ps + c * 4);
+        for (int c = tid; c < pair_chunks; c += NT) cp_async16_stream(dp + c * 4, ps + c * 4);
       }
     }
   };
@@ -147,7 +169,7 @@ __global__ static void __launch_bounds__(32)
   auto load_x = [&](int slot, int lk) {
     const int k0 = lk * KC, kn = min(KC, k - k0);
     __nv_bfloat16 *dx = sx + slot * x_rows * STRIDE;
-    for (int c = lane; c < kn / 8; c += 32)
+    for (int c = tid; c < kn / 8; c += NT)
       for (int r = 0; r < x_rows; r++)
         cp_async16_cached(dx + r * STRIDE + c * 8, x + (size_t)r * k + k0 + c * 8);
   };
@@ -200,7 +222,7 @@ __global__ static void __launch_bounds__(32)
   for (int j = 0; j < CHAINS; j++)
 #pragma unroll
     for (int cg = 0; cg < XG; cg++) c[j][cg][0] = c[j][cg][1] = c[j][cg][2] = c[j][cg][3] = 0.0f;
-  __syncwarp();
+  sync();
 
   /* The lane's codes of one quad (64 columns) of the stage, and its rows' scales and biases for
    * the quad's two halves (a group holds 32 columns or a multiple, so each half is in one). */
@@ -218,7 +240,7 @@ __global__ static void __launch_bounds__(32)
       for (int h = 0; h < 2; h++) {
         const uint32_t *pw =
             pairs + (slot * CHAINS + j) * TILE_PAIRS + ((q * 64 + h * 32) >> P.group_shift) * 16;
-        Q.rows[j][h] = ci_affine_rows_of(pw[g], pw[g + 8], F16);
+        Q.rows[j][h] = ci_affine_rows_of(pw[g + 8 * half], pw[g + 8 * half], F16);
       }
     }
   };
@@ -244,7 +266,7 @@ __global__ static void __launch_bounds__(32)
           words[0] = (s & 1) ? h.z : h.x;
           words[1] = (s & 1) ? h.w : h.y;
         }
-        ci_affine_fragment<BITS>(words, Q.rows[j][s >> 1], F16, a[j]);
+        ci_affine_half_fragment<BITS>(words, half, Q.rows[j][s >> 1], F16, magic, a[j]);
       }
     }
 #pragma unroll
@@ -256,7 +278,7 @@ __global__ static void __launch_bounds__(32)
   int group = 0, ks = 0;
   for (int s = 0; s < total; s++) {
     cp_async_wait<STAGES - 2>();
-    __syncwarp();
+    sync();
     const int slot = s % STAGES;
     const int kn = min(KC, k - ks * KC);
     const __nv_bfloat16 *b_base[XG];
@@ -280,7 +302,7 @@ __global__ static void __launch_bounds__(32)
           if (s4 < 2 || q * 64 + 32 < kn) step(slot, 4 * q + s4, s4, b_base, Q);
       }
     }
-    __syncwarp(); /* every lane is done with the slot the next load overwrites */
+    sync(); /* every thread is done with the slot the next load overwrites */
     if (s + STAGES - 1 < total) {
       const int slot_next = (s + STAGES - 1) % STAGES;
       load_w(slot_next, load_group, load_k);
@@ -293,15 +315,16 @@ __global__ static void __launch_bounds__(32)
       const int part = gv_part_of(P, (int)blockIdx.x + group * (int)gridDim.x, CHAINS, &n0);
       float *y = P.y[part];
       const int n = P.n[part];
-      /* accumulator (j, cg, lane): W rows n0 + 16j + g and + 8, input columns 8 cg + 2t and
-       * 8 cg + 2t + 1 (two planes: both columns are input row 4 cg + t) */
+      /* accumulator (j, cg, lane): W rows n0 + 16j + g and + 8 (affine: the warp's rows
+       * n0 + 16j + 8 half + g, as the mma's rows g), input columns 8 cg + 2t and 8 cg + 2t + 1
+       * (two planes: both columns are input row 4 cg + t) */
 #pragma unroll
       for (int j = 0; j < CHAINS; j++) {
 #pragma unroll
         for (int cg = 0; cg < XG; cg++) {
 #pragma unroll
-          for (int h = 0; h < 2; h++) {
-            const int col = n0 + 16 * j + g + 8 * h;
+          for (int h = 0; h < (BITS == 16 ? 2 : 1); h++) {
+            const int col = n0 + 16 * j + g + 8 * (h + half);
             const float *acc = c[j][cg];
             if (PLANES == 1) {
               const int r = 8 * cg + 2 * t;
@@ -385,22 +408,22 @@ static void gv_launch_at(ci_cuda *cu, const gv_parts &P, int chains, int groups,
   const dim3 grid((unsigned)(groups < resident ? groups : resident));
   if constexpr (BITS == 16) { /* affine weights run one chain per warp */
     if (chains == 2 && planes == 1) {
-      ci_launch(cu, gemv_kernel<BITS, 2, 1, STAGES, KC, F16, XG>, grid, 32, smem, P, x, groups,
-                (int)k, (int)m);
+      ci_launch(cu, gemv_kernel<BITS, 2, 1, STAGES, KC, F16, XG>, grid, gv_threads(BITS), smem, P,
+                x, groups, (int)k, (int)m);
       return;
     }
     if (chains == 2) {
-      ci_launch(cu, gemv_kernel<BITS, 2, 2, STAGES, KC, F16, XG>, grid, 32, smem, P, x, groups,
-                (int)k, (int)m);
+      ci_launch(cu, gemv_kernel<BITS, 2, 2, STAGES, KC, F16, XG>, grid, gv_threads(BITS), smem, P,
+                x, groups, (int)k, (int)m);
       return;
     }
   }
   if (planes == 1)
-    ci_launch(cu, gemv_kernel<BITS, 1, 1, STAGES, KC, F16, XG>, grid, 32, smem, P, x, groups,
-              (int)k, (int)m);
+    ci_launch(cu, gemv_kernel<BITS, 1, 1, STAGES, KC, F16, XG>, grid, gv_threads(BITS), smem, P, x,
+              groups, (int)k, (int)m);
   else
-    ci_launch(cu, gemv_kernel<BITS, 1, 2, STAGES, KC, F16, XG>, grid, 32, smem, P, x, groups,
-              (int)k, (int)m);
+    ci_launch(cu, gemv_kernel<BITS, 1, 2, STAGES, KC, F16, XG>, grid, gv_threads(BITS), smem, P, x,
+              groups, (int)k, (int)m);
 }
 
 /* The grid is the groups, at most one wave of resident warps (each then walks several groups).
