@@ -103,10 +103,27 @@ INLINE __m512i bf16_pair(__m512 even, __m512 odd) {
 }
 
 /* Decodes W[row:row+32, c0:c0+kc) into panel[ceil(kc/2)][32] bf16 column pairs (columns past
- * k are 0). */
+ * k are 0; rows past n repeat the last, as decode_16x16 does). bf16 weights: a pair of columns is
+ * one 32-bit word of the row, so whole 32-column blocks are a 16 x 16 transpose of words, with no
+ * round trip through f32. */
 INLINE void pack_pair_panel(const ci_matmul_job *job, ci_weight_format f, int64_t row, int64_t c0,
                             int64_t kc, uint32_t *panel) {
-  for (int64_t c = 0; c < kc; c += VW)
+  int64_t c = 0;
+  if (f == CI_WF_BF16) {
+    const uint16_t *w = (const uint16_t *)job->w;
+    for (; c + 2 * VW <= kc; c += 2 * VW)
+      for (int half = 0; half < 2; half++) {
+        __m512 v[16];
+        for (int j = 0; j < 16; j++) {
+          const int64_t r = row + 16 * half + j < job->n ? row + 16 * half + j : job->n - 1;
+          v[j] = _mm512_castsi512_ps(_mm512_loadu_si512(w + r * job->k + c0 + c));
+        }
+        transpose16x16(v); /* v[t]: word t (columns c0 + c + 2t, + 1) of the 16 rows */
+        for (int t = 0; t < VW; t++)
+          _mm512_store_si512(panel + (c / 2 + t) * GEMM_NR + 16 * half, _mm512_castps_si512(v[t]));
+      }
+  }
+  for (; c < kc; c += VW)
     for (int half = 0; half < 2; half++) {
       __m512 v[16];
       decode_16x16(job, f, row + 16 * half, c0 + c, v);
