@@ -9,6 +9,8 @@
  * Build and run on the GPU machine, from the repository root:
  *   nvcc -O3 --generate-code=arch=compute_90a,code=[sm_90a] -o build/mma_probe bench/mma_probe.cu
  *   build/mma_probe */
+#include "../src/backend/cuda/cuda_mma.cuh"
+
 #include <cuda_bf16.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -25,12 +27,6 @@
     }                                                                                              \
   } while (0)
 
-__device__ static inline void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 __device__ static inline uint64_t desc_of(const void *smem, int lbo, int sbo) {
   const uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
   return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
