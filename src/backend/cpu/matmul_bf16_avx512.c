@@ -117,6 +117,8 @@ INLINE void pack_pair_panel(const ci_matmul_job *job, ci_weight_format f, int64_
         for (int j = 0; j < 16; j++) {
           const int64_t r = row + 16 * half + j < job->n ? row + 16 * half + j : job->n - 1;
           v[j] = _mm512_castsi512_ps(_mm512_loadu_si512(w + r * job->k + c0 + c));
+          /* the next panel's same columns into L2: they are packed after this panel's tiles */
+          _mm_prefetch((const char *)(w + (r + GEMM_NR) * job->k + c0 + c), _MM_HINT_T1);
         }
         transpose16x16(v); /* v[t]: word t (columns c0 + c + 2t, + 1) of the 16 rows */
         for (int t = 0; t < VW; t++)
