@@ -4,6 +4,7 @@
 #include "api/api_internal.h"
 
 #include "base/error.h"
+#include "base/threadpool.h"
 #include "io/safetensors_write.h"
 #include "model/manifest.h"
 #include "tensor/affine_quant.h"
@@ -30,6 +31,16 @@ static uint64_t hash_name(const char *s) {
   return h;
 }
 
+/* The threads that draw and quantize rows, each with its own scratch row (an 8B model's rows
+ * are drawn and quantized in parallel: one thread took minutes for a quantized one). */
+typedef struct {
+  ci_threadpool *pool;
+  int n_threads;
+  float **row_f32;                     /* [n_threads][max_cols] */
+  uint32_t **row_codes;                /* [n_threads][max_cols * 8 / 32] */
+  uint16_t **row_scales, **row_biases; /* [n_threads][max_cols / 32] */
+} row_workers;
+
 /* One tensor being written: how its rows are drawn and stored. */
 typedef struct {
   uint64_t seed;
@@ -38,9 +49,7 @@ typedef struct {
   int bits, group_size;     /* bits 0 = bf16 */
   int part;                 /* quantized: 0 codes, 1 scales, 2 biases */
   float center, half_width; /* values are uniform in center +- half_width */
-  float *row_f32;           /* [cols] scratch */
-  uint32_t *row_codes;      /* [cols*bits/32] scratch */
-  uint16_t *row_scales, *row_biases;
+  const row_workers *workers;
 } tensor_source;
 
 /* Whether a tensor kind is stored as rows of `cols` values (else it is one vector). */
@@ -68,8 +77,52 @@ static void draw_row(const tensor_source *src, int64_t r, float *out, int64_t n)
   }
 }
 
+/* Writes stored row r of the tensor into dst (row_bytes), with thread `thread`'s scratch. */
+static int write_row(const tensor_source *src, int thread, int64_t r, uint8_t *dst,
+                     size_t row_bytes) {
+  const row_workers *wk = src->workers;
+  float *row = wk->row_f32[thread];
+  draw_row(src, r, row, src->cols);
+  if (src->bits == 0) {
+    uint16_t *out = (uint16_t *)dst;
+    for (int64_t c = 0; c < src->cols; c++) out[c] = ci_f32_to_bf16(row[c]);
+    return 0;
+  }
+  if (ci_affine_quantize_matrix(row, CI_F32, 1, src->cols, src->bits, src->group_size,
+                                wk->row_codes[thread], CI_BF16, wk->row_scales[thread],
+                                wk->row_biases[thread]))
+    return CI_ERR;
+  const void *part = src->part == 0   ? (const void *)wk->row_codes[thread]
+                     : src->part == 1 ? (const void *)wk->row_scales[thread]
+                                      : (const void *)wk->row_biases[thread];
+  memcpy(dst, part, row_bytes);
+  return 0;
+}
+
+/* Rows [first, first + count) of one fill, cut into tasks of consecutive rows. */
+typedef struct {
+  const tensor_source *src;
+  uint8_t *dst;
+  int64_t first, count;
+  size_t row_bytes;
+  int n_tasks;
+  int failed; /* set (atomically) by a task whose quantization failed */
+} fill_job;
+
+static void fill_task(void *ctx, int task, int thread) {
+  fill_job *job = ctx;
+  const int64_t lo = job->count * task / job->n_tasks, hi = job->count * (task + 1) / job->n_tasks;
+  for (int64_t i = lo; i < hi; i++)
+    if (write_row(job->src, thread, job->first + i, job->dst + (size_t)i * job->row_bytes,
+                  job->row_bytes)) {
+      __atomic_store_n(&job->failed, 1, __ATOMIC_RELAXED);
+      return;
+    }
+}
+
 static int fill_rows(void *user, void *buf, size_t offset, size_t len) {
   tensor_source *src = user;
+  const row_workers *wk = src->workers;
   size_t row_bytes;
   if (src->bits == 0) {
     row_bytes = (size_t)(is_row_major(src->kind) ? src->cols : src->rows) * 2;
@@ -79,30 +132,60 @@ static int fill_rows(void *user, void *buf, size_t offset, size_t len) {
     row_bytes = (size_t)(src->cols / src->group_size) * 2;
   }
   if (!is_row_major(src->kind)) { /* a vector is one row */
-    draw_row(src, 0, src->row_f32, src->rows);
+    float *row = wk->row_f32[0];
+    draw_row(src, 0, row, src->rows);
     uint16_t *dst = buf;
-    for (size_t i = 0; i < len / 2; i++) dst[i] = ci_f32_to_bf16(src->row_f32[offset / 2 + i]);
+    for (size_t i = 0; i < len / 2; i++) dst[i] = ci_f32_to_bf16(row[offset / 2 + i]);
     return 0;
   }
   if (offset % row_bytes || len % row_bytes)
     return ci_fail("init-random: row %zu bytes does not fit the write buffer", row_bytes);
-  uint8_t *dst = buf;
-  for (size_t r = offset / row_bytes; r < (offset + len) / row_bytes; r++, dst += row_bytes) {
-    draw_row(src, (int64_t)r, src->row_f32, src->cols);
-    if (src->bits == 0) {
-      uint16_t *out = (uint16_t *)dst;
-      for (int64_t c = 0; c < src->cols; c++) out[c] = ci_f32_to_bf16(src->row_f32[c]);
-      continue;
-    }
-    if (ci_affine_quantize_matrix(src->row_f32, CI_F32, 1, src->cols, src->bits, src->group_size,
-                                  src->row_codes, CI_BF16, src->row_scales, src->row_biases))
-      return CI_ERR;
-    const void *part = src->part == 0   ? (const void *)src->row_codes
-                       : src->part == 1 ? (const void *)src->row_scales
-                                        : (const void *)src->row_biases;
-    memcpy(dst, part, row_bytes);
-  }
+  fill_job job = {src, buf, (int64_t)(offset / row_bytes), (int64_t)(len / row_bytes), row_bytes,
+                  0,   0};
+  const int64_t tasks = (int64_t)wk->n_threads * 4;
+  job.n_tasks = (int)(job.count < tasks ? job.count : tasks);
+  if (job.n_tasks > 0) ci_threadpool_run(wk->pool, job.n_tasks, fill_task, &job);
+  if (__atomic_load_n(&job.failed, __ATOMIC_RELAXED))
+    return ci_fail("init-random: quantizing a row failed");
   return 0;
+}
+
+/* Creates the pool and every thread's scratch for rows of up to max_cols values. */
+static int row_workers_init(row_workers *wk, int64_t max_cols) {
+  memset(wk, 0, sizeof *wk);
+  wk->n_threads = ci_cpu_count();
+  wk->pool = ci_threadpool_create(wk->n_threads);
+  if (!wk->pool) return CI_ERR;
+  const size_t n = (size_t)wk->n_threads;
+  wk->row_f32 = calloc(n, sizeof *wk->row_f32);
+  wk->row_codes = calloc(n, sizeof *wk->row_codes);
+  wk->row_scales = calloc(n, sizeof *wk->row_scales);
+  wk->row_biases = calloc(n, sizeof *wk->row_biases);
+  if (!wk->row_f32 || !wk->row_codes || !wk->row_scales || !wk->row_biases)
+    return ci_fail("init-random: out of memory");
+  for (size_t t = 0; t < n; t++) {
+    wk->row_f32[t] = malloc((size_t)max_cols * sizeof(float) + 64);
+    wk->row_codes[t] = malloc((size_t)max_cols + 64); /* 8 bits a code at most */
+    wk->row_scales[t] = malloc((size_t)(max_cols / 32) * 2 + 64);
+    wk->row_biases[t] = malloc((size_t)(max_cols / 32) * 2 + 64);
+    if (!wk->row_f32[t] || !wk->row_codes[t] || !wk->row_scales[t] || !wk->row_biases[t])
+      return ci_fail("init-random: out of memory");
+  }
+  return CI_OK;
+}
+
+static void row_workers_free(row_workers *wk) {
+  for (int t = 0; t < wk->n_threads; t++) {
+    if (wk->row_f32) free(wk->row_f32[t]);
+    if (wk->row_codes) free(wk->row_codes[t]);
+    if (wk->row_scales) free(wk->row_scales[t]);
+    if (wk->row_biases) free(wk->row_biases[t]);
+  }
+  free(wk->row_f32);
+  free(wk->row_codes);
+  free(wk->row_scales);
+  free(wk->row_biases);
+  ci_threadpool_free(wk->pool);
 }
 
 /* ==== Declaring the tensors ==== */
@@ -113,6 +196,7 @@ typedef struct {
   int bits, group_size;
   tensor_source *sources; /* grows; one per written tensor */
   int n_sources, cap_sources;
+  row_workers workers;
 } init_job;
 
 static tensor_source *new_source(init_job *job, const ci_manifest_entry *e, int bits, int part,
@@ -135,15 +219,7 @@ static tensor_source *new_source(init_job *job, const ci_manifest_entry *e, int 
   if (len >= 6 && !strcmp(e->module + len - 6, ".A_log")) src->center = -3.0f;
   if (e->kind == CI_MANIFEST_CONV) src->half_width = 0.5f;
   (void)name;
-  int64_t n = is_row_major(e->kind) ? e->cols : e->rows;
-  src->row_f32 = malloc((size_t)n * sizeof(float) + 64);
-  if (bits) {
-    src->row_codes = malloc((size_t)e->cols * (size_t)bits / 8 + 64);
-    src->row_scales = malloc((size_t)(e->cols / job->group_size) * 2 + 64);
-    src->row_biases = malloc((size_t)(e->cols / job->group_size) * 2 + 64);
-  }
-  if (!src->row_f32 || (bits && (!src->row_codes || !src->row_scales || !src->row_biases)))
-    return NULL;
+  src->workers = &job->workers;
   return src;
 }
 
@@ -201,8 +277,17 @@ static int declare_entry(void *ctx, const ci_manifest_entry *e) {
   return 0;
 }
 
+/* The tensors to write and the longest row (or vector) among them. */
+typedef struct {
+  int tensors;
+  int64_t max_cols;
+} entry_count;
+
 static int count_entry(void *ctx, const ci_manifest_entry *e) {
-  (*(int *)ctx) += e->kind == CI_MANIFEST_MATRIX ? 3 : 1;
+  entry_count *count = ctx;
+  count->tensors += e->kind == CI_MANIFEST_MATRIX ? 3 : 1;
+  const int64_t n = is_row_major(e->kind) ? e->cols : e->rows;
+  if (n > count->max_cols) count->max_cols = n;
   return 0;
 }
 
@@ -257,8 +342,9 @@ cinfer_status cinfer_model_write_random(const char *config_path, const char *out
   init_job job = {.seed = options->seed * 0x9E3779B97F4A7C15ull + 12345u,
                   .bits = bits,
                   .group_size = group_size};
-  int n_tensors = 0;
-  ci_manifest_each(&spec, "model.", !spec.tied, count_entry, &n_tensors);
+  entry_count count = {0, 0};
+  ci_manifest_each(&spec, "model.", !spec.tied, count_entry, &count);
+  const int n_tensors = count.tensors;
   job.cap_sources = n_tensors;
   job.sources = calloc((size_t)n_tensors, sizeof *job.sources);
   job.writer = ci_st_writer_new();
@@ -268,17 +354,14 @@ cinfer_status cinfer_model_write_random(const char *config_path, const char *out
     ci_fail("cannot create %s", out_dir);
   } else if (!job.sources || !job.writer) {
     ci_fail("out of memory for %d tensors", n_tensors);
+  } else if (row_workers_init(&job.workers, count.max_cols)) {
+    /* (the error is set) */
   } else if (!ci_manifest_each(&spec, "model.", !spec.tied, declare_entry, &job) &&
              !ci_st_writer_write(job.writer, path) &&
              !write_config(config, out_dir, bits, group_size)) {
     status = CINFER_OK;
   }
-  for (int i = 0; i < job.n_sources; i++) {
-    free(job.sources[i].row_f32);
-    free(job.sources[i].row_codes);
-    free(job.sources[i].row_scales);
-    free(job.sources[i].row_biases);
-  }
+  row_workers_free(&job.workers);
   free(job.sources);
   ci_st_writer_free(job.writer);
   ci_model_spec_free(&spec);
