@@ -10,9 +10,10 @@
  * groups' (scale, bias) pairs: each lane reads its own codes with one 16-byte load per 64 columns
  * and dequantises them in registers straight into its A fragments, so no bf16 tile is written or
  * read back. An affine k-step is bound by instruction issue (dequantisation: ~22 instructions per
- * mma for q4), not bytes, so affine blocks are two warps that share the staged tiles: warp h
- * dequantises only the tile's rows 8h..8h+7 (ci_affine_half_fragment) into its fragment's rows
- * 0-7, rows 8-15 zero. Each output is still one chain over K; twice the warps issue the work.
+ * mma for q4), not bytes, so where one-warp blocks would leave an SM few warps to issue from
+ * (gv_affine_warps), affine blocks are two warps that share the staged tiles: warp h dequantises
+ * only the tile's rows 8h..8h+7 (ci_affine_half_fragment) into its fragment's rows 0-7, rows 8-15
+ * zero. Each output is still one chain over K; twice the warps issue the work.
  *
  * Bit-identical to cuBLASLt: each output element is one chain of m16n8k16 products over K in
  * order, from zero, with no split of K. That is exactly how cuBLASLt (no workspace, no reduction
@@ -53,13 +54,6 @@ static constexpr int gv_kc(int bits, int xg = 1) {
  * (8B 1,283 -> 1,247 tok/s), where the input tiles grow with it. */
 enum { GV_WIDE_KC = 512, GV_WIDE_STAGES = 3, GV_WIDE_MAX_X_ROWS = 2 };
 
-/* Threads of a block: bf16, one warp; affine, two warps that share the staged tiles, each
- * dequantising and multiplying 8 of every 16 rows (twice the warps per launch: the affine k-step
- * is bound by instruction issue, not bytes). */
-static constexpr int gv_threads(int bits) {
-  return bits == 16 ? 32 : 64;
-}
-
 /* The matrices of one launch: part p owns groups [end[p - 1], end[p]) of CHAINS * 16 rows. */
 typedef struct {
   const void *w[GV_MAX_PARTS];         /* bf16 rows, or affine codes (cuda_affine.cuh) */
@@ -81,16 +75,32 @@ static constexpr size_t gv_smem_bytes(int bits, int kc, int stages, int chains, 
   return w + ((size_t)stages * x_rows + 1) * bf16_row;
 }
 
+/* Entry p of a parameter array, by selects: indexing a kernel parameter with a runtime index
+ * makes the compiler copy the whole parameter block to local memory at entry and read it back
+ * from there (13 local stores, then local loads in the copy loops; 2-10% of the kernel's time on
+ * the H200). */
+template <typename T> __device__ static inline T gv_pick(const T (&a)[GV_MAX_PARTS], int p) {
+  T r = a[0];
+#pragma unroll
+  for (int i = 1; i < GV_MAX_PARTS; i++) r = p == i ? a[i] : r;
+  return r;
+}
+
 /* The part of group index `group` and the group's first W row within that part. */
 __device__ static inline int gv_part_of(const gv_parts &P, int group, int chains, int *row0) {
-  int p = 0;
+  int p = 0, first = 0;
 #pragma unroll
-  for (int i = 0; i + 1 < GV_MAX_PARTS; i++) p += group >= P.end[i];
-  *row0 = (group - (p ? P.end[p - 1] : 0)) * chains * 16;
+  for (int i = 0; i + 1 < GV_MAX_PARTS; i++)
+    if (group >= P.end[i]) {
+      p = i + 1;
+      first = P.end[i];
+    }
+  *row0 = (group - first) * chains * 16;
   return p;
 }
 
-/* One warp per block (affine: two, each with half of every 16 rows). Block b takes the groups of
+/* WARPS warps per block (bf16: one; affine: one, or two that each take half of every 16 rows,
+ * gv_affine_warps). Block b takes the groups of
  * CHAINS * 16 W rows b, b + gridDim.x, ... and streams their stages one after the other through a
  * STAGES-deep cp.async pipeline, so the next group's first stages load while the current one
  * finishes. BITS 16 (bf16 W: A fragments by
@@ -99,16 +109,16 @@ __device__ static inline int gv_part_of(const gv_parts &P, int group, int chains
  * (value and remainder planes, [plane][m][K]); F16: affine scales and biases in f16, not bf16 (a
  * template argument: a branch inside the unrolled k-steps would keep the compiler from overlapping
  * one step's loads with the previous step's products). */
-template <int BITS, int CHAINS, int PLANES, int STAGES, int KC, bool F16, int XG>
-__global__ static void __launch_bounds__(gv_threads(BITS))
+template <int BITS, int CHAINS, int PLANES, int STAGES, int KC, bool F16, int XG, int WARPS>
+__global__ static void __launch_bounds__(32 * WARPS)
     gemv_kernel(const gv_parts P, const __nv_bfloat16 *__restrict__ x, int groups, int k, int m) {
   constexpr int R = CHAINS * 16, STRIDE = KC + 8;
   constexpr int TILE_CODES = 16 * KC * BITS / 8, TILE_PAIRS = KC / 32 * 16; /* bytes, words */
   constexpr int QUAD_BYTES = 128 * BITS;
-  constexpr int NT = gv_threads(BITS);
+  constexpr int NT = 32 * WARPS;
   extern __shared__ uint4 gv_smem[];
   const int tid = threadIdx.x, lane = tid & 31;
-  const int half = BITS == 16 ? 0 : tid >> 5; /* affine: the warp's 8 rows of each 16-row tile */
+  const int half = WARPS == 2 ? tid >> 5 : 0; /* two warps: the warp's 8 rows of each tile */
   /* every thread's copies of a stage visible to the block, and every thread done reading one */
   auto sync = [&]() {
     if (NT == 32)
@@ -144,7 +154,7 @@ __global__ static void __launch_bounds__(gv_threads(BITS))
     int row0;
     const int part = gv_part_of(P, (int)blockIdx.x + lgroup * (int)gridDim.x, CHAINS, &row0);
     if (BITS == 16) { /* a warp copies 32 16-byte chunks of a row per instruction */
-      const __nv_bfloat16 *src = (const __nv_bfloat16 *)P.w[part] + (size_t)row0 * k + k0;
+      const __nv_bfloat16 *src = (const __nv_bfloat16 *)gv_pick(P.w, part) + (size_t)row0 * k + k0;
       for (int c = lane; c < kn / 8; c += 32) {
         __nv_bfloat16 *dw = w_ring + slot * R * STRIDE + c * 8;
 #pragma unroll
@@ -156,10 +166,12 @@ __global__ static void __launch_bounds__(gv_threads(BITS))
 #pragma unroll
       for (int j = 0; j < CHAINS; j++) {
         const size_t tile = (size_t)(row0 / 16 + j);
-        const uint8_t *src = (const uint8_t *)P.w[part] + (tile * quads + k0 / 64) * QUAD_BYTES;
+        const uint8_t *src =
+            (const uint8_t *)gv_pick(P.w, part) + (tile * quads + k0 / 64) * QUAD_BYTES;
         uint8_t *dc = codes + (slot * CHAINS + j) * TILE_CODES;
         for (int c = tid; c < code_chunks; c += NT) cp_async16_stream(dc + c * 16, src + c * 16);
-        const uint32_t *ps = P.pairs[part] + (tile * k_groups + (k0 >> P.group_shift)) * 16;
+        const uint32_t *ps =
+            gv_pick(P.pairs, part) + (tile * k_groups + (k0 >> P.group_shift)) * 16;
         uint32_t *dp = pairs + (slot * CHAINS + j) * TILE_PAIRS;
         for (int c = tid; c < pair_chunks; c += NT) cp_async16_stream(dp + c * 4, ps + c * 4);
       }
@@ -240,7 +252,8 @@ __global__ static void __launch_bounds__(gv_threads(BITS))
       for (int h = 0; h < 2; h++) {
         const uint32_t *pw =
             pairs + (slot * CHAINS + j) * TILE_PAIRS + ((q * 64 + h * 32) >> P.group_shift) * 16;
-        Q.rows[j][h] = ci_affine_rows_of(pw[g + 8 * half], pw[g + 8 * half], F16);
+        Q.rows[j][h] = WARPS == 2 ? ci_affine_rows_of(pw[g + 8 * half], pw[g + 8 * half], F16)
+                                  : ci_affine_rows_of(pw[g], pw[g + 8], F16);
       }
     }
   };
@@ -266,7 +279,10 @@ __global__ static void __launch_bounds__(gv_threads(BITS))
           words[0] = (s & 1) ? h.z : h.x;
           words[1] = (s & 1) ? h.w : h.y;
         }
-        ci_affine_half_fragment<BITS>(words, half, Q.rows[j][s >> 1], F16, magic, a[j]);
+        if (WARPS == 2)
+          ci_affine_half_fragment<BITS>(words, half, Q.rows[j][s >> 1], F16, magic, a[j]);
+        else
+          ci_affine_fragment<BITS>(words, Q.rows[j][s >> 1], F16, a[j]);
       }
     }
 #pragma unroll
@@ -313,8 +329,8 @@ __global__ static void __launch_bounds__(gv_threads(BITS))
     if (++ks == k_stages) { /* the group is done: write it, start the next from zero */
       int n0;
       const int part = gv_part_of(P, (int)blockIdx.x + group * (int)gridDim.x, CHAINS, &n0);
-      float *y = P.y[part];
-      const int n = P.n[part];
+      float *y = gv_pick(P.y, part);
+      const int n = gv_pick(P.n, part);
       /* accumulator (j, cg, lane): W rows n0 + 16j + g and + 8 (affine: the warp's rows
        * n0 + 16j + 8 half + g, as the mma's rows g), input columns 8 cg + 2t and 8 cg + 2t + 1
        * (two planes: both columns are input row 4 cg + t) */
@@ -323,7 +339,7 @@ __global__ static void __launch_bounds__(gv_threads(BITS))
 #pragma unroll
         for (int cg = 0; cg < XG; cg++) {
 #pragma unroll
-          for (int h = 0; h < (BITS == 16 ? 2 : 1); h++) {
+          for (int h = 0; h < (WARPS == 2 ? 1 : 2); h++) {
             const int col = n0 + 16 * j + g + 8 * (h + half);
             const float *acc = c[j][cg];
             if (PLANES == 1) {
@@ -344,30 +360,38 @@ __global__ static void __launch_bounds__(gv_threads(BITS))
   cp_async_wait<0>();
 }
 
-template <int BITS, int CHAINS, int PLANES, bool F16, int XG> static cudaError_t gv_set_limit() {
-  cudaError_t err =
-      cudaFuncSetAttribute(gemv_kernel<BITS, CHAINS, PLANES, GV_STAGES, gv_kc(BITS, XG), F16, XG>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           (int)gv_smem_bytes(BITS, gv_kc(BITS, XG), GV_STAGES, CHAINS,
-                                              XG == 2 ? GV_MAX_X_ROWS_AFFINE : GV_MAX_X_ROWS));
+template <int BITS, int CHAINS, int PLANES, bool F16, int XG, int WARPS>
+static cudaError_t gv_set_limit() {
+  cudaError_t err = cudaFuncSetAttribute(
+      gemv_kernel<BITS, CHAINS, PLANES, GV_STAGES, gv_kc(BITS, XG), F16, XG, WARPS>,
+      cudaFuncAttributeMaxDynamicSharedMemorySize,
+      (int)gv_smem_bytes(BITS, gv_kc(BITS, XG), GV_STAGES, CHAINS,
+                         XG == 2 ? GV_MAX_X_ROWS_AFFINE : GV_MAX_X_ROWS));
   if constexpr (BITS == 16)
     if (err == cudaSuccess)
       err = cudaFuncSetAttribute(
-          gemv_kernel<BITS, CHAINS, PLANES, GV_WIDE_STAGES, GV_WIDE_KC, F16, XG>,
+          gemv_kernel<BITS, CHAINS, PLANES, GV_WIDE_STAGES, GV_WIDE_KC, F16, XG, WARPS>,
           cudaFuncAttributeMaxDynamicSharedMemorySize,
           (int)gv_smem_bytes(BITS, GV_WIDE_KC, GV_WIDE_STAGES, CHAINS, GV_WIDE_MAX_X_ROWS));
   return err;
 }
 
 template <int BITS, bool F16> static cudaError_t gv_set_limits() {
-  cudaError_t err = gv_set_limit<BITS, 1, 1, F16, 1>();
-  if (err == cudaSuccess) err = gv_set_limit<BITS, 1, 2, F16, 1>();
+  cudaError_t err = cudaSuccess;
   if constexpr (BITS == 16) {
-    if (err == cudaSuccess) err = gv_set_limit<BITS, 2, 1, F16, 1>();
-    if (err == cudaSuccess) err = gv_set_limit<BITS, 2, 2, F16, 1>();
+    err = gv_set_limit<BITS, 1, 1, F16, 1, 1>();
+    if (err == cudaSuccess) err = gv_set_limit<BITS, 1, 2, F16, 1, 1>();
+    if (err == cudaSuccess) err = gv_set_limit<BITS, 2, 1, F16, 1, 1>();
+    if (err == cudaSuccess) err = gv_set_limit<BITS, 2, 2, F16, 1, 1>();
   } else {
-    if (err == cudaSuccess) err = gv_set_limit<BITS, 1, 1, F16, 2>();
-    if (err == cudaSuccess) err = gv_set_limit<BITS, 1, 2, F16, 2>();
+    if (err == cudaSuccess) err = gv_set_limit<BITS, 1, 1, F16, 1, 1>();
+    if (err == cudaSuccess) err = gv_set_limit<BITS, 1, 2, F16, 1, 1>();
+    if (err == cudaSuccess) err = gv_set_limit<BITS, 1, 1, F16, 2, 1>();
+    if (err == cudaSuccess) err = gv_set_limit<BITS, 1, 2, F16, 2, 1>();
+    if (err == cudaSuccess) err = gv_set_limit<BITS, 1, 1, F16, 1, 2>();
+    if (err == cudaSuccess) err = gv_set_limit<BITS, 1, 2, F16, 1, 2>();
+    if (err == cudaSuccess) err = gv_set_limit<BITS, 1, 1, F16, 2, 2>();
+    if (err == cudaSuccess) err = gv_set_limit<BITS, 1, 2, F16, 2, 2>();
   }
   return err;
 }
@@ -393,51 +417,81 @@ int ci_cuda_gemv_fits(int dtype, int64_t n, int64_t k, int64_t m, int planes) {
          k % (bits == 16 ? 16 : 32) == 0 && n <= ((int64_t)1 << 24) && k <= ((int64_t)1 << 24);
 }
 
-/* How many one-warp blocks fit on an SM (shared memory, and the 32-block limit, less one KB of
- * shared memory the runtime reserves per block). */
+/* How many blocks fit on an SM (shared memory, and the 32-block limit, less one KB of shared
+ * memory the runtime reserves per block). */
 static int gv_blocks_per_sm(const ci_cuda *cu, size_t smem) {
   const int by_smem = (int)((size_t)cu->smem_per_sm / (smem + 1024));
   return by_smem < 1 ? 1 : by_smem > 32 ? 32 : by_smem;
 }
 
-template <int BITS, bool F16, int XG, int STAGES, int KC>
+template <int BITS, bool F16, int XG, int STAGES, int KC, int WARPS>
 static void gv_launch_at(ci_cuda *cu, const gv_parts &P, int chains, int groups, int64_t k,
-                         const __nv_bfloat16 *x, int64_t m, int planes) {
-  const size_t smem = gv_smem_bytes(BITS, KC, STAGES, chains, (int)(planes * m));
-  const int64_t resident = (int64_t)cu->n_sms * gv_blocks_per_sm(cu, smem);
-  const dim3 grid((unsigned)(groups < resident ? groups : resident));
+                         const __nv_bfloat16 *x, int64_t m, int planes, dim3 grid, size_t smem) {
   if constexpr (BITS == 16) { /* affine weights run one chain per warp */
     if (chains == 2 && planes == 1) {
-      ci_launch(cu, gemv_kernel<BITS, 2, 1, STAGES, KC, F16, XG>, grid, gv_threads(BITS), smem, P,
+      ci_launch(cu, gemv_kernel<BITS, 2, 1, STAGES, KC, F16, XG, WARPS>, grid, 32 * WARPS, smem, P,
                 x, groups, (int)k, (int)m);
       return;
     }
     if (chains == 2) {
-      ci_launch(cu, gemv_kernel<BITS, 2, 2, STAGES, KC, F16, XG>, grid, gv_threads(BITS), smem, P,
+      ci_launch(cu, gemv_kernel<BITS, 2, 2, STAGES, KC, F16, XG, WARPS>, grid, 32 * WARPS, smem, P,
                 x, groups, (int)k, (int)m);
       return;
     }
   }
   if (planes == 1)
-    ci_launch(cu, gemv_kernel<BITS, 1, 1, STAGES, KC, F16, XG>, grid, gv_threads(BITS), smem, P, x,
+    ci_launch(cu, gemv_kernel<BITS, 1, 1, STAGES, KC, F16, XG, WARPS>, grid, 32 * WARPS, smem, P, x,
               groups, (int)k, (int)m);
   else
-    ci_launch(cu, gemv_kernel<BITS, 1, 2, STAGES, KC, F16, XG>, grid, gv_threads(BITS), smem, P, x,
+    ci_launch(cu, gemv_kernel<BITS, 1, 2, STAGES, KC, F16, XG, WARPS>, grid, 32 * WARPS, smem, P, x,
               groups, (int)k, (int)m);
 }
 
-/* The grid is the groups, at most one wave of resident warps (each then walks several groups).
- * The stage shape never changes a bit of the result: each output is the same chain over K. */
+/* Whether affine blocks run as two warps that split each tile's rows. The affine k-step is bound
+ * by instruction issue, so two warps pay where one-warp blocks would give an SM fewer than 7
+ * warps to issue from (few tiles, or few resident blocks: q8's larger stages). Where they already
+ * give it 7 or 8, the second warp only repeats the first's loads of codes and inputs and its
+ * half-empty products. With two column groups of inputs (XG 2) every fragment already feeds two
+ * products, so two warps pay only where block slots would stay empty. H200, one launch, us
+ * (one warp / two): q4 batch 1, 8B gate|up (1,792 tiles, 8 blocks an SM) 39.3 / 46.1, 1B gate|up
+ * (1,024) 14.5 / 16.5, 8B down (256) 47.9 / 39.8; q8 (5 blocks an SM) 8B gate|up 60.1 / 57.5, head
+ * 235 / 214; q4 16 rows, 1B gate|up 31.0 / 32.2, 8B down 86.4 / 79.0. */
+static int gv_affine_warps(const ci_cuda *cu, int groups, int64_t resident, int xg) {
+  if (xg == 2) return groups < resident ? 2 : 1;
+  const int64_t busy = groups < resident ? groups : resident; /* one-warp blocks at once */
+  return busy < 7 * (int64_t)cu->n_sms ? 2 : 1;
+}
+
+/* The grid is the groups, at most one wave of resident blocks (each then walks several groups).
+ * The stage shape and the warps of a block never change a bit of the result: each output is the
+ * same chain over K. */
 template <int BITS, bool F16, int XG>
 static void gv_launch(ci_cuda *cu, const gv_parts &P, int chains, int groups, int64_t k,
                       const __nv_bfloat16 *x, int64_t m, int planes) {
-  if constexpr (BITS == 16)
-    if (planes * m <= GV_WIDE_MAX_X_ROWS) {
-      gv_launch_at<BITS, F16, XG, GV_WIDE_STAGES, GV_WIDE_KC>(cu, P, chains, groups, k, x, m,
-                                                              planes);
-      return;
-    }
-  gv_launch_at<BITS, F16, XG, GV_STAGES, gv_kc(BITS, XG)>(cu, P, chains, groups, k, x, m, planes);
+  if constexpr (BITS == 16) {
+    const bool wide = planes * m <= GV_WIDE_MAX_X_ROWS;
+    const size_t smem =
+        wide ? gv_smem_bytes(BITS, GV_WIDE_KC, GV_WIDE_STAGES, chains, (int)(planes * m))
+             : gv_smem_bytes(BITS, gv_kc(BITS, XG), GV_STAGES, chains, (int)(planes * m));
+    const int64_t resident = (int64_t)cu->n_sms * gv_blocks_per_sm(cu, smem);
+    const dim3 grid((unsigned)(groups < resident ? groups : resident));
+    if (wide)
+      gv_launch_at<BITS, F16, XG, GV_WIDE_STAGES, GV_WIDE_KC, 1>(cu, P, chains, groups, k, x, m,
+                                                                 planes, grid, smem);
+    else
+      gv_launch_at<BITS, F16, XG, GV_STAGES, gv_kc(BITS, XG), 1>(cu, P, chains, groups, k, x, m,
+                                                                 planes, grid, smem);
+  } else {
+    const size_t smem = gv_smem_bytes(BITS, gv_kc(BITS, XG), GV_STAGES, 1, (int)(planes * m));
+    const int64_t resident = (int64_t)cu->n_sms * gv_blocks_per_sm(cu, smem);
+    const dim3 grid((unsigned)(groups < resident ? groups : resident));
+    if (gv_affine_warps(cu, groups, resident, XG) == 2)
+      gv_launch_at<BITS, F16, XG, GV_STAGES, gv_kc(BITS, XG), 2>(cu, P, 1, groups, k, x, m, planes,
+                                                                 grid, smem);
+    else
+      gv_launch_at<BITS, F16, XG, GV_STAGES, gv_kc(BITS, XG), 1>(cu, P, 1, groups, k, x, m, planes,
+                                                                 grid, smem);
+  }
 }
 
 /* Affine weights: one column group of inputs up to 8 input rows (planes x rows), two above. */
