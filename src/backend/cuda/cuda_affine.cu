@@ -112,7 +112,8 @@ __global__ static void __launch_bounds__(32 * DQ_STEPS)
         words[1] = v.y;
       }
       const int64_t pair0 = (tile * groups + step * 16 / group_size) * 16;
-      const ci_affine_rows rows_of = ci_affine_rows_of(pairs[pair0 + g], pairs[pair0 + g + 8], f16);
+      const ci_affine_rows rows_of =
+          ci_affine_rows_of<BITS>(pairs[pair0 + g], pairs[pair0 + g + 8], f16);
       uint32_t a[4];
       ci_affine_fragment<BITS>(words, rows_of, f16, a);
 #pragma unroll

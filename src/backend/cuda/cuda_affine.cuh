@@ -120,6 +120,11 @@ typedef struct {
   float s[2], b[2];
 } ci_affine_rows;
 
+/* The rows' scales and biases from their stored words. q4 takes each as the broadcast of one
+ * half of the stored word, which its bf16 fma reads as an operand swizzle (no instruction; q4 8B
+ * step 242 -> 260 tok/s with the one-LOP3 nibble below); q8 builds them from the halves, which
+ * measured 1-4% faster there than the broadcast form (H200, kernel alone). */
+template <int BITS>
 __device__ static inline ci_affine_rows ci_affine_rows_of(uint32_t pair_lo, uint32_t pair_hi,
                                                           int f16) {
   ci_affine_rows r;
@@ -128,6 +133,10 @@ __device__ static inline ci_affine_rows ci_affine_rows_of(uint32_t pair_lo, uint
     const uint32_t pair = h ? pair_hi : pair_lo;
     if (f16) {
       ci_affine_unpack(pair, 1, &r.s[h], &r.b[h]);
+    } else if (BITS == 4) {
+      const __nv_bfloat162 sb = *(const __nv_bfloat162 *)&pair;
+      r.s2[h] = __low2bfloat162(sb);
+      r.b2[h] = __high2bfloat162(sb);
     } else {
       const __nv_bfloat16 s = __ushort_as_bfloat16((uint16_t)(pair & 0xffffu));
       const __nv_bfloat16 b = __ushort_as_bfloat16((uint16_t)(pair >> 16));
@@ -135,6 +144,15 @@ __device__ static inline ci_affine_rows ci_affine_rows_of(uint32_t pair_lo, uint
       r.b2[h] = __halves2bfloat162(b, b);
     }
   }
+  return r;
+}
+
+/* (codes & 0x000f000f) | 0x43004300 in one LOP3: two nibbles as the bf16 pair (128 + q0, 128 + q1)
+ * (0x4300 | q is the bf16 of 128 + q, exactly). Written as PTX: from C the compiler emits an AND
+ * and an OR, each with its immediate. */
+__device__ static inline uint32_t ci_affine_q4_biased(uint32_t codes) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(codes), "n"(0x000f000f), "n"(0x43004300));
   return r;
 }
 
@@ -162,8 +180,8 @@ __device__ static inline void ci_affine_fragment(const uint32_t *words, const ci
     __nv_bfloat162 w2;
     if (!f16) {
       __nv_bfloat162 q2;
-      if (BITS == 4) { /* 0x4300 | q is the bf16 of 128 + q, exactly */
-        const uint32_t packed = ((words[0] >> (4 * j)) & 0x000f000fu) | 0x43004300u;
+      if (BITS == 4) {
+        const uint32_t packed = ci_affine_q4_biased(words[0] >> (4 * j));
         const uint32_t c128 = 0x43004300u; /* bf16 pair (128, 128) */
         q2 = __hsub2(*(const __nv_bfloat162 *)&packed, *(const __nv_bfloat162 *)&c128);
       } else {
@@ -181,13 +199,12 @@ __device__ static inline void ci_affine_fragment(const uint32_t *words, const ci
 /* Half an A fragment: the registers of the fragment's rows g + 8 half only (half 0: registers 0
  * and 2; half 1: registers 1 and 3), placed in registers 0 and 2 with registers 1 and 3 zero, so
  * a warp that owns 8 of a tile's 16 rows multiplies them as the fragment's rows g (its mma's
- * rows g + 8 are zero). `rows` holds the scale and bias of row g + 8 half at index 0; `magic` is
- * 0x43004300 in a register (q4: the nibble mask and the exponent bits then take one LOP3). Each
+ * rows g + 8 are zero). `rows` holds the scale and bias of row g + 8 half at index 0. Each
  * weight is computed exactly as ci_affine_fragment computes it. */
 template <int BITS>
 __device__ static inline void ci_affine_half_fragment(const uint32_t *words, int half,
                                                       const ci_affine_rows &rows, int f16,
-                                                      uint32_t magic, uint32_t a[4]) {
+                                                      uint32_t a[4]) {
   a[1] = a[3] = 0u;
 #pragma unroll
   for (int r = 0; r < 2; r++) { /* fragment register j = half + 2 r */
@@ -195,7 +212,7 @@ __device__ static inline void ci_affine_half_fragment(const uint32_t *words, int
     uint32_t packed = 0u;
     if (BITS == 4) {
       const uint32_t codes = words[0] >> (4 * half + 8 * r); /* nibbles j, 16 + 4 j at 0, 16 */
-      packed = (codes & 0x000f000fu) | magic;
+      packed = ci_affine_q4_biased(codes);
       q0 = (float)(codes & 0xfu);
       q1 = (float)((codes >> 16) & 0xfu);
     } else {

@@ -126,8 +126,6 @@ __global__ static void __launch_bounds__(32 * WARPS)
     else
       __syncthreads();
   };
-  uint32_t magic = 0x43004300u; /* in a register: the q4 mask-and-or takes one LOP3 */
-  asm volatile("" : "+r"(magic));
   const int x_rows = PLANES * m;
   uint8_t *ring = (uint8_t *)gv_smem;
   /* bf16: the W ring; affine: the codes ring, then the pairs ring */
@@ -252,8 +250,8 @@ __global__ static void __launch_bounds__(32 * WARPS)
       for (int h = 0; h < 2; h++) {
         const uint32_t *pw =
             pairs + (slot * CHAINS + j) * TILE_PAIRS + ((q * 64 + h * 32) >> P.group_shift) * 16;
-        Q.rows[j][h] = WARPS == 2 ? ci_affine_rows_of(pw[g + 8 * half], pw[g + 8 * half], F16)
-                                  : ci_affine_rows_of(pw[g], pw[g + 8], F16);
+        Q.rows[j][h] = WARPS == 2 ? ci_affine_rows_of<BITS>(pw[g + 8 * half], pw[g + 8 * half], F16)
+                                  : ci_affine_rows_of<BITS>(pw[g], pw[g + 8], F16);
       }
     }
   };
@@ -280,7 +278,7 @@ __global__ static void __launch_bounds__(32 * WARPS)
           words[1] = (s & 1) ? h.w : h.y;
         }
         if (WARPS == 2)
-          ci_affine_half_fragment<BITS>(words, half, Q.rows[j][s >> 1], F16, magic, a[j]);
+          ci_affine_half_fragment<BITS>(words, half, Q.rows[j][s >> 1], F16, a[j]);
         else
           ci_affine_fragment<BITS>(words, Q.rows[j][s >> 1], F16, a[j]);
       }
