@@ -100,10 +100,9 @@ __device__ static inline int gv_part_of(const gv_parts &P, int group, int chains
 }
 
 /* WARPS warps per block (bf16: one; affine: one, or two that each take half of every 16 rows,
- * gv_affine_warps). Block b takes the groups of
- * CHAINS * 16 W rows b, b + gridDim.x, ... and streams their stages one after the other through a
- * STAGES-deep cp.async pipeline, so the next group's first stages load while the current one
- * finishes. BITS 16 (bf16 W: A fragments by
+ * gv_affine_warps). Block b takes the groups of CHAINS * 16 W rows b, b + gridDim.x, ... and
+ * streams their stages one after the other through a STAGES-deep cp.async pipeline, so the next
+ * group's first stages load while the current one finishes. BITS 16 (bf16 W: A fragments by
  * ldmatrix from the staged rows), 8 or 4 (affine: each lane reads its fragments' codes from the
  * staged tile, cuda_affine.cuh, and dequantises them in registers); PLANES 1 (bf16 inputs) or 2
  * (value and remainder planes, [plane][m][K]); F16: affine scales and biases in f16, not bf16 (a
