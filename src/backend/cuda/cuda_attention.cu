@@ -146,6 +146,29 @@ __global__ static void kv_store_quant_kernel(kv_layout L, const seq_group *g, co
   ci_kv_dev_encode_row(L, value, x, row_address(L, value, block, p % L.block_tokens, h));
 }
 
+/* Affine rows (4 or 8 bits): one block of two warps per (row, KV head), warp 0 encoding the K row
+ * and warp 1 the V row with all their lanes (ci_kv_dev_affine_encode_warp: the one-thread rule's
+ * bytes). */
+__global__ static void kv_store_affine_kernel(kv_layout L, const seq_group *g, const float *k,
+                                              const float *v, const int32_t *pos, int *error_flag) {
+  ci_grid_begin();
+  __shared__ uint8_t codes[2][MAX_D];
+  const int s = seq_of(g, blockIdx.x);
+  const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
+  const int h = blockIdx.y, value = threadIdx.x / 32;
+  const int width = L.n_kv_heads * L.head_dim;
+  const int64_t p = pos[row];
+  const int64_t entry = p / L.block_tokens;
+  const int32_t block = p >= 0 && entry < g->n_entries[s] ? g->table[s][entry] : -1;
+  if (block < 0) {
+    if (threadIdx.x == 0) *error_flag = 1;
+    return;
+  }
+  const float *x = (value ? v : k) + (int64_t)row * width + (int64_t)h * L.head_dim;
+  ci_kv_dev_affine_encode_warp(x, L.head_dim, value ? L.v_bits : L.k_bits, L.group, codes[value],
+                               row_address(L, value, block, p % L.block_tokens, h));
+}
+
 /* Copies the group to the device (the step's staging ring) and calls launch(layout, host group,
  * group on the device). */
 template <typename Launch>
@@ -177,7 +200,7 @@ static int for_each_group(ci_cuda *cu, const ci_step_kv *seqs, int n_heads, Laun
     seq_group g;
     memset(&g, 0, sizeof g);
     const int tile_positions =
-        n_heads > 0 && ci_cuda_flash_supported(&L, n_heads)
+        n_heads > 0 && ci_cuda_flash_supported(&L, n_heads, cu->input_planes == 2)
             ? ci_cuda_flash_positions_per_tile(
                   &L, n_heads, ci_cuda_flash_warps(n_heads, L.n_kv_heads, max_rows_per_seq(seqs)))
             : 0;
@@ -227,6 +250,11 @@ void ci_cuda_kv_store_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
   if (codec == CI_KV_BF16 || codec == CI_KV_F32)
     ci_launch(cu, kv_store_kernel, grid, 128, 0, cmd->a.kv.layout, cmd->a.kv.group, cmd->a.kv.k,
               cmd->a.kv.v, cmd->a.kv.pos, cu->error_flag);
+  else if (codec == CI_KV_AFFINE && cmd->a.kv.layout.group % 32 == 0 &&
+           (cmd->a.kv.layout.k_bits == 4 || cmd->a.kv.layout.k_bits == 8) &&
+           (cmd->a.kv.layout.v_bits == 4 || cmd->a.kv.layout.v_bits == 8))
+    ci_launch(cu, kv_store_affine_kernel, grid, 64, 0, cmd->a.kv.layout, cmd->a.kv.group,
+              cmd->a.kv.k, cmd->a.kv.v, cmd->a.kv.pos, cu->error_flag);
   else
     ci_launch(cu, kv_store_quant_kernel, grid, 64, 0, cmd->a.kv.layout, cmd->a.kv.group,
               cmd->a.kv.k, cmd->a.kv.v, cmd->a.kv.pos, cu->error_flag);

@@ -126,20 +126,73 @@ struct fa_shared_tail {
 /* Shared memory: the tiles' row addresses and the block's positions, then two stages of K and V
  * tiles [FA_KEYS][D + 8] bf16 (the next tile loads while the current one is used), then (walking
  * every split) the merged state of each warp's rows per lane, which a parallel launch does not
- * need (it launches with PARALLEL_BYTES, so more of its blocks fit an SM). */
-template <int D, int W, bool COOP = false> struct fa_smem {
+ * need (it launches with PARALLEL_BYTES, so more of its blocks fit an SM).
+ *
+ * Affine KV (QB = 4 or 8 bits): the stored rows (codes, then the groups' bf16 scales and biases)
+ * are copied as they are into two stages of RAW_STRIDE-byte rows, and the block decodes the
+ * current stage into one bf16 tile, which the tensor cores then read as they read bf16 KV. */
+template <int D, int W, bool COOP = false, int QB = 0> struct fa_smem {
   static constexpr int STRIDE = D + 8; /* bf16 elements per staged key row (bank spread) */
   static constexpr size_t STAGE_ELEMS = (size_t)2 * FA_KEYS * STRIDE;
   static constexpr size_t TAIL_BYTES = (sizeof(fa_shared_tail) + 15) / 16 * 16;
   /* cooperative blocks: the tile's weights P [16][P_STRIDE] f32 and each warp's row maxima */
   static constexpr int P_STRIDE = FA_KEYS + 4;
   static constexpr size_t EXTRA_BYTES = COOP ? (size_t)(16 * P_STRIDE + W * 16) * 4 : 0;
-  static constexpr size_t KV_BYTES = 2 * STAGE_ELEMS * 2;
+  static constexpr size_t KV_BYTES = (QB ? 1 : 2) * STAGE_ELEMS * 2;
+  /* a stored affine row: D QB-bit codes, then a bf16 scale and bias per group (groups >= 32) */
+  static constexpr int RAW_STRIDE = QB ? (D * QB / 8 + 4 * (D / 32) + 15) / 16 * 16 : 0;
+  static constexpr size_t RAW_STAGE = (size_t)2 * FA_KEYS * RAW_STRIDE;
+  static constexpr size_t RAW_BYTES = 2 * RAW_STAGE;
   static constexpr int ACC_REGS = D / 8 * 4;
   static constexpr size_t TOTAL_BYTES = (size_t)W * (ACC_REGS + 4) * 32 * 4;
-  static constexpr size_t BYTES = TAIL_BYTES + EXTRA_BYTES + KV_BYTES + TOTAL_BYTES;
-  static constexpr size_t PARALLEL_BYTES = TAIL_BYTES + EXTRA_BYTES + KV_BYTES;
+  static constexpr size_t BYTES = TAIL_BYTES + EXTRA_BYTES + KV_BYTES + RAW_BYTES + TOTAL_BYTES;
+  static constexpr size_t PARALLEL_BYTES = TAIL_BYTES + EXTRA_BYTES + KV_BYTES + RAW_BYTES;
 };
+
+/* Decodes the RAW stage's 2 * FA_KEYS stored affine rows (K then V) into the bf16 tile: thread t
+ * takes dims [8 c, 8 c + 8) of rows t / (D / 8), + 128 / (D / 8), ... (c = t % (D / 8)), one
+ * group's scale and bias each, and writes them as one 16-byte store. Rows copied as zeros (no key
+ * of the block) decode to zeros. */
+template <int D, int QB, int THREADS>
+__device__ static inline void fa_decode_affine(const uint8_t *raw, int raw_stride,
+                                               __nv_bfloat16 *tile, int stride, int group_shift) {
+  constexpr int CHUNKS = D / 8, ROWS_PER_PASS = THREADS / CHUNKS;
+  static_assert(THREADS % CHUNKS == 0 && 2 * FA_KEYS % ROWS_PER_PASS == 0, "decode walk");
+  constexpr int GROUPS_MAX = D / 32;
+  (void)GROUPS_MAX;
+  const int c = threadIdx.x % CHUNKS, row0 = threadIdx.x / CHUNKS;
+  const int gi = (8 * c) >> group_shift, groups = D >> group_shift;
+  const int scale_at = D * QB / 8 + 2 * gi, bias_at = D * QB / 8 + 2 * (groups + gi);
+#pragma unroll 4
+  for (int r = row0; r < 2 * FA_KEYS; r += ROWS_PER_PASS) {
+    const uint8_t *row = raw + r * raw_stride;
+    const float scale = __uint_as_float((uint32_t) * (const uint16_t *)(row + scale_at) << 16);
+    const float bias = __uint_as_float((uint32_t) * (const uint16_t *)(row + bias_at) << 16);
+    uint32_t w[2];
+    if (QB == 8) {
+      const uint2 x = *(const uint2 *)(row + 8 * c);
+      w[0] = x.x, w[1] = x.y;
+    } else {
+      w[0] = *(const uint32_t *)(row + 4 * c), w[1] = 0;
+    }
+    uint32_t out[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      float v[2];
+#pragma unroll
+      for (int j = 0; j < 2; j++) {
+        const int e = 2 * i + j; /* element e: bits [QB e, QB e + QB) of the codes */
+        const uint32_t code =
+            QB == 8 ? (w[e >> 2] >> (8 * (e & 3))) & 0xffu : (w[0] >> (4 * e)) & 0xfu;
+        /* the code as a float, exactly: 2^23 + code, minus 2^23 */
+        const float x = __fsub_rn(__uint_as_float(0x4b000000u | code), 8388608.0f);
+        v[j] = __fmaf_rn(scale, x, bias);
+      }
+      out[i] = pack_bf16(v[0], v[1]);
+    }
+    *(uint4 *)(tile + r * stride + 8 * c) = make_uint4(out[0], out[1], out[2], out[3]);
+  }
+}
 
 /* COOP (decode): the W warps share one warp's 16 packed rows. Warp w computes the scores of keys
  * [16 w, 16 w + 16) of each tile, the tile's row maxima meet in shared memory (a maximum is
@@ -147,19 +200,21 @@ template <int D, int W, bool COOP = false> struct fa_smem {
  * in the per-warp (prefill) order (per lane over the n-tiles in turn, then the two shuffles), and
  * warp w accumulates P V for head dims [w D / W, (w + 1) D / W): each output keeps the arithmetic
  * chain of a per-warp (prefill) block, so the rows stay bit-identical to prefill rows. */
-template <int D, bool EXACT, int W, bool COOP>
+template <int D, bool EXACT, int W, bool COOP, int QB = 0>
 __global__ static void __launch_bounds__(W * 32)
     flash_attention_kernel(kv_layout L, const seq_group *g, attention_params a,
                            ci_cuda_flash_params f, int *error_flag) {
   static_assert(!COOP || W == 4, "a cooperative block is four warps on 16 rows");
+  static_assert(QB == 0 || (!EXACT && (QB == 4 || QB == 8)), "affine KV: 4 or 8 bits, fast");
   ci_grid_begin();
-  typedef fa_smem<D, W, COOP> SM;
+  typedef fa_smem<D, W, COOP, QB> SM;
   extern __shared__ __align__(16) uint8_t smem[];
   fa_shared_tail *tail = (fa_shared_tail *)smem;
-  /* stage i: K at i * STAGE_ELEMS, V after it */
+  /* stage i: K at i * STAGE_ELEMS, V after it (affine KV: one tile, decoded from raw stage i) */
   __nv_bfloat16 *stages = (__nv_bfloat16 *)(smem + SM::TAIL_BYTES + SM::EXTRA_BYTES);
-  float *total = (float *)(smem + SM::TAIL_BYTES + SM::EXTRA_BYTES +
-                           SM::KV_BYTES);                 /* [warp][ACC_REGS + 4][32] */
+  uint8_t *const raw = smem + SM::TAIL_BYTES + SM::EXTRA_BYTES + SM::KV_BYTES;
+  float *total = (float *)(smem + SM::TAIL_BYTES + SM::EXTRA_BYTES + SM::KV_BYTES +
+                           SM::RAW_BYTES);                /* [warp][ACC_REGS + 4][32] */
   float *const p_tile = (float *)(smem + SM::TAIL_BYTES); /* COOP: [16][P_STRIDE] */
   float *const row_max = p_tile + 16 * SM::P_STRIDE;      /* COOP: [W][16] */
   /* COOP: the accumulators of this warp's head dims [dim0, dim0 + D / 4), ACC_N of them */
@@ -283,7 +338,38 @@ __global__ static void __launch_bounds__(W * 32)
   constexpr int ROWS_PER_PASS = W * 32 / CHUNKS, PASSES = 2 * FA_KEYS / ROWS_PER_PASS;
   static_assert(W * 32 % CHUNKS == 0 && 2 * FA_KEYS % ROWS_PER_PASS == 0, "copy walk");
   const unsigned copy_chunk = threadIdx.x % CHUNKS, copy_row0 = threadIdx.x / CHUNKS;
+  /* affine KV: the stored rows' CHUNK-byte pieces (CHUNK 8 or 4, as the rows' alignment allows),
+   * thread t copying pieces t, t + THREADS, ... of the 2 * FA_KEYS rows in row order */
+  const int raw_bytes = (int)L.k_row_bytes;
+  const int raw_chunk =
+      QB && ((L.block_stride | L.k_offset | L.v_offset | L.k_row_bytes) & 7) ? 4 : 8;
+  const int raw_pieces = raw_bytes / raw_chunk; /* per row */
+  auto issue_raw_copies = [&](int stage) {
+    constexpr int THREADS = W * 32;
+    const int row_step = THREADS / raw_pieces, piece_step = THREADS % raw_pieces;
+    int r = threadIdx.x / raw_pieces, piece = threadIdx.x % raw_pieces;
+    const uint8_t *const *rows = &tail->rows[stage][0][0];
+    const unsigned dst_stage = (unsigned)__cvta_generic_to_shared(raw + stage * SM::RAW_STAGE);
+    for (int j = 0; j < raw_pieces; j++) { /* raw_pieces pieces per thread, exactly */
+      const uint8_t *row = rows[r];
+      const unsigned dst = dst_stage + r * SM::RAW_STRIDE + piece * raw_chunk;
+      const void *src = row ? (const void *)(row + piece * raw_chunk) : (const void *)L.slabs;
+      if (raw_chunk == 8)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src),
+                     "r"(row ? 8 : 0));
+      else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+                     "r"(row ? 4 : 0));
+      r += row_step, piece += piece_step;
+      if (piece >= raw_pieces) piece -= raw_pieces, r++;
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
   auto issue_copies = [&](int stage) {
+    if constexpr (QB != 0) {
+      issue_raw_copies(stage);
+      return;
+    }
     const unsigned dst0 = (unsigned)__cvta_generic_to_shared(
         stages + stage * SM::STAGE_ELEMS + copy_row0 * SM::STRIDE + 8 * copy_chunk);
     const uint8_t *const *rows = &tail->rows[stage][0][0] + copy_row0;
@@ -359,13 +445,18 @@ __global__ static void __launch_bounds__(W * 32)
     } else {
       asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     }
-    __syncthreads(); /* this tile has landed */
+    __syncthreads();         /* this tile has landed */
+    if constexpr (QB != 0) { /* decode it into the bf16 tile (every warp, live or not) */
+      fa_decode_affine<D, QB, W * 32>(raw + stage * SM::RAW_STAGE, SM::RAW_STRIDE, stages,
+                                      SM::STRIDE, __ffs(L.group) - 1);
+      __syncthreads();
+    }
     if (!warp_live) continue;
     if (tile0 / FA_SPLIT != current_split) { /* a split boundary: fold the finished split */
       finish_split(current_split);
       current_split = tile0 / FA_SPLIT;
     }
-    const __nv_bfloat16 *sk = stages + stage * SM::STAGE_ELEMS;
+    const __nv_bfloat16 *sk = stages + (QB ? 0 : stage) * SM::STAGE_ELEMS;
     const __nv_bfloat16 *sv = sk + FA_KEYS * SM::STRIDE;
 
     if constexpr (COOP) {
@@ -585,15 +676,20 @@ __global__ static void __launch_bounds__(W * 32)
   }
 }
 
-/* Merges the per-split states of each (row, head) of a parallel launch, in split order. The
- * merge is a chain (each split folds into the running total), so its loads are issued ahead of
- * it: the block stages MERGE_BATCH splits' (m, l) in shared memory and each thread holds its
- * output dim of those splits in registers before folding them in order. */
+/* Merges the per-split states of each (row, head) of a parallel launch, in split order, with the
+ * arithmetic of merge_scalars / merge_value. Only the output values and the sum l form chains;
+ * the factors (ct, cp) of each split depend on the running maximum alone, which is a prefix
+ * maximum (exact in any order). So warp 0 computes a batch of MERGE_BATCH splits' factors at once
+ * (a shuffle scan of the maxima of the splits with keys), while every thread loads its output dim
+ * of those splits; then each thread folds the batch in order with merge_value, two dependent
+ * operations per split. The factors are the ones the serial fold computes (same expressions on the
+ * same running maximum), so the result is bit-identical to it and to a block that walks every
+ * split (prefill). */
 enum { MERGE_BATCH = 32 };
 __global__ static void flash_merge_kernel(const seq_group *g, attention_params a,
                                           ci_cuda_flash_params f, int D) {
   ci_grid_begin();
-  __shared__ float2 ml[MERGE_BATCH];
+  __shared__ float4 coef[MERGE_BATCH]; /* (ct, cp, l of the split, unused) */
   const int s = fa_seq_of_row(g, blockIdx.x);
   const int step_row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
   const int h = blockIdx.y;
@@ -601,30 +697,79 @@ __global__ static void flash_merge_kernel(const seq_group *g, attention_params a
   const int64_t lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
   const int64_t base = ((int64_t)blockIdx.x * a.n_heads + h) * f.splits;
   const int d = threadIdx.x; /* blockDim.x == D */
-  float tm = 0.0f, tl = 0.0f, t = 0.0f;
+  const int lane = d & 31;
+  float run_max = -INFINITY; /* warp 0: the maximum over the splits with keys so far */
+  int run_any = 0;           /* warp 0: whether a split with keys came before */
+  float tl = 0.0f, t = 0.0f;
   for (int64_t first = lo / FA_SPLIT; first <= p / FA_SPLIT; first += MERGE_BATCH) {
     const int n = (int)min((int64_t)MERGE_BATCH, p / FA_SPLIT - first + 1);
-    __syncthreads(); /* the previous batch's states are consumed */
-    if (d < n) ml[d] = *(const float2 *)(f.state + 2 * (base + first + d));
     float part[MERGE_BATCH];
 #pragma unroll
     for (int i = 0; i < MERGE_BATCH; i++)
       part[i] = i < n ? f.partial[(base + first + i) * D + d] : 0.0f;
+    __syncthreads(); /* the previous batch's factors are consumed */
+    if (d < 32) {
+      float pm = 0.0f, pl = 0.0f;
+      if (lane < n) {
+        const float2 ml = *(const float2 *)(f.state + 2 * (base + first + lane));
+        pm = ml.x, pl = ml.y;
+      }
+      const int live = lane < n && !(pl == 0.0f); /* merge_scalars skips a split with l == 0 */
+      float v = live ? pm : -INFINITY;            /* inclusive prefix maximum over the batch */
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const float o = __shfl_up_sync(0xffffffffu, v, off);
+        if (lane >= off) v = fmaxf(v, o);
+      }
+      float before = __shfl_up_sync(0xffffffffu, v, 1);
+      if (lane == 0) before = -INFINITY;
+      before = fmaxf(run_max, before); /* the running maximum when this split folds in */
+      const unsigned live_mask = __ballot_sync(0xffffffffu, live);
+      const int any_before = run_any || (live_mask & ((1u << lane) - 1u)) != 0;
+      float ct = 1.0f, cp = 0.0f; /* no keys: nothing changes */
+      if (live && !any_before) {
+        ct = 0.0f, cp = 1.0f; /* the first split with keys is copied */
+      } else if (live) {
+        const float m = fmaxf(before, pm);
+        ct = __expf(before - m);
+        cp = __expf(pm - m);
+      }
+      if (lane < n) coef[lane] = make_float4(ct, cp, pl, 0.0f);
+      run_max = fmaxf(run_max, __shfl_sync(0xffffffffu, v, 31));
+      run_any = run_any || live_mask != 0;
+    }
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < MERGE_BATCH; i++) {
       if (i >= n) break;
-      float ct, cp;
-      merge_scalars(tm, tl, ml[i].x, ml[i].y, ct, cp);
-      t = merge_value(t, part[i], ct, cp);
+      const float4 c = coef[i];
+      tl = merge_value(tl, c.z, c.x, c.y);
+      t = merge_value(t, part[i], c.x, c.y);
     }
   }
   float *out = a.out + ((int64_t)step_row * a.n_heads + h) * D;
   out[d] = tl > 0.0f ? __fdiv_rn(t, tl) : 0.0f;
 }
 
-int ci_cuda_flash_supported(const kv_layout *L, int n_heads) {
-  if (L->codec != CI_KV_BF16 || (L->head_dim != 64 && L->head_dim != 128)) return 0;
+/* Affine KV the tensor-core kernel decodes: 4 or 8 bits on both sides, power-of-two groups of at
+ * least 32 dims, rows of equal size that fit RAW_STRIDE and start 4-byte aligned (cp.async). */
+static int affine_tiles_supported(const kv_layout *L) {
+  if (L->codec != CI_KV_AFFINE || L->k_bits != L->v_bits || (L->k_bits != 4 && L->k_bits != 8))
+    return 0;
+  if (L->group < 32 || L->group > L->head_dim || (L->group & (L->group - 1))) return 0;
+  const int64_t want = (int64_t)L->head_dim * L->k_bits / 8 + 4 * (L->head_dim / L->group);
+  const int64_t raw_stride = L->k_bits == 8
+                                 ? (L->head_dim == 128 ? fa_smem<128, 4, false, 8>::RAW_STRIDE
+                                                       : fa_smem<64, 4, false, 8>::RAW_STRIDE)
+                                 : (L->head_dim == 128 ? fa_smem<128, 4, false, 4>::RAW_STRIDE
+                                                       : fa_smem<64, 4, false, 4>::RAW_STRIDE);
+  if (L->k_row_bytes != want || L->v_row_bytes != want || want > raw_stride) return 0;
+  return ((L->block_stride | L->k_offset | L->v_offset | L->k_row_bytes) & 3) == 0;
+}
+
+int ci_cuda_flash_supported(const kv_layout *L, int n_heads, int exact) {
+  if (L->head_dim != 64 && L->head_dim != 128) return 0;
+  if (L->codec != CI_KV_BF16 && (exact || !affine_tiles_supported(L))) return 0;
   if (n_heads % L->n_kv_heads) return 0;
   const int group = n_heads / L->n_kv_heads;
   return group <= 16 && 16 % group == 0;
@@ -655,34 +800,36 @@ void ci_cuda_flash_plan(const kv_layout *L, const ci_cuda_seq_group *host_group,
    * so beats many short parallel blocks once the waves are nearly full (H200, step_bench: 8B at
    * 64 and 128 sequences serial is 7-10% faster, 1B at 64 sequences parallel 6-17% faster). */
   const int64_t resident =
-      (int64_t)cu->n_sms * cu->flash_blocks_per_sm[L->head_dim == 128][exact != 0][warps == 1];
+      (int64_t)cu->n_sms *
+      (L->codec == CI_KV_AFFINE
+           ? cu->flash_affine_blocks_per_sm[L->head_dim == 128][warps == 1]
+           : cu->flash_blocks_per_sm[L->head_dim == 128][exact != 0][warps == 1]);
   f->parallel = f->splits > 1 && (warps == 1 ? 2 * blocks < 3 * resident : blocks < resident) &&
                 bytes <= ((size_t)256 << 20);
   f->scratch_bytes = f->parallel ? bytes : 0;
 }
 
-template <int D, bool EXACT, int W, bool COOP> static cudaError_t set_smem_limit() {
-  return cudaFuncSetAttribute(flash_attention_kernel<D, EXACT, W, COOP>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)fa_smem<D, W, COOP>::BYTES);
-}
-
 /* Raises the kernel's shared-memory limit and records how many of its serial blocks an SM holds
- * (the plan's measure of a full wave). */
-template <int D, bool EXACT, bool COOP> static cudaError_t flash_setup(ci_cuda *cu) {
-  typedef fa_smem<D, FA_MAX_WARPS, COOP> SM;
-  cudaError_t err = set_smem_limit<D, EXACT, FA_MAX_WARPS, COOP>();
-  int *per_sm = &cu->flash_blocks_per_sm[D == 128][EXACT][COOP];
+ * (the plan's measure of a full wave; affine KV: that of the 8-bit kernel, the larger). */
+template <int D, bool EXACT, bool COOP, int QB> static cudaError_t flash_setup(ci_cuda *cu) {
+  typedef fa_smem<D, FA_MAX_WARPS, COOP, QB> SM;
+  cudaError_t err =
+      cudaFuncSetAttribute(flash_attention_kernel<D, EXACT, FA_MAX_WARPS, COOP, QB>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SM::BYTES);
+  if (QB == 4) return err;
+  int *per_sm = QB ? &cu->flash_affine_blocks_per_sm[D == 128][COOP]
+                   : &cu->flash_blocks_per_sm[D == 128][EXACT][COOP];
   if (err == cudaSuccess)
     err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        per_sm, flash_attention_kernel<D, EXACT, FA_MAX_WARPS, COOP>, FA_MAX_WARPS * 32, SM::BYTES);
+        per_sm, flash_attention_kernel<D, EXACT, FA_MAX_WARPS, COOP, QB>, FA_MAX_WARPS * 32,
+        SM::BYTES);
   if (err == cudaSuccess && *per_sm < 1) *per_sm = 1;
   return err;
 }
 
-template <int D, bool EXACT> static cudaError_t flash_setup_both(ci_cuda *cu) {
-  cudaError_t err = flash_setup<D, EXACT, true>(cu);
-  return err == cudaSuccess ? flash_setup<D, EXACT, false>(cu) : err;
+template <int D, bool EXACT, int QB = 0> static cudaError_t flash_setup_both(ci_cuda *cu) {
+  cudaError_t err = flash_setup<D, EXACT, true, QB>(cu);
+  return err == cudaSuccess ? flash_setup<D, EXACT, false, QB>(cu) : err;
 }
 
 int ci_cuda_flash_init(ci_cuda *cu) {
@@ -690,32 +837,44 @@ int ci_cuda_flash_init(ci_cuda *cu) {
   if (err == cudaSuccess) err = flash_setup_both<64, true>(cu);
   if (err == cudaSuccess) err = flash_setup_both<128, false>(cu);
   if (err == cudaSuccess) err = flash_setup_both<128, true>(cu);
+  if (err == cudaSuccess) err = flash_setup_both<64, false, 4>(cu);
+  if (err == cudaSuccess) err = flash_setup_both<64, false, 8>(cu);
+  if (err == cudaSuccess) err = flash_setup_both<128, false, 4>(cu);
+  if (err == cudaSuccess) err = flash_setup_both<128, false, 8>(cu);
   return err == cudaSuccess ? CI_OK : ci_cuda_fail(cu, err, "flash attention setup");
 }
 
-template <int D, bool EXACT, int W, bool COOP>
+template <int D, bool EXACT, int W, bool COOP, int QB>
 static void launch_flash(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flash_params &f) {
-  typedef fa_smem<D, W, COOP> SM;
+  typedef fa_smem<D, W, COOP, QB> SM;
   static_assert(SM::BYTES <= 113 * 1024, "flash attention shared memory: 2 blocks/SM");
   const kv_layout &L = cmd->a.kv.layout;
   const dim3 grid((unsigned)cmd->a.kv.total_tiles, (unsigned)L.n_kv_heads,
                   f.parallel ? (unsigned)f.splits : 1u);
   const size_t smem = f.parallel ? SM::PARALLEL_BYTES : SM::BYTES;
-  ci_launch(cu, flash_attention_kernel<D, EXACT, W, COOP>, grid, W * 32, smem, L, cmd->a.kv.group,
-            cmd->a.kv.att, f, cu->error_flag);
+  ci_launch(cu, flash_attention_kernel<D, EXACT, W, COOP, QB>, grid, W * 32, smem, L,
+            cmd->a.kv.group, cmd->a.kv.att, f, cu->error_flag);
   if (f.parallel)
     ci_launch(cu, flash_merge_kernel,
               dim3((unsigned)cmd->a.kv.total_rows, (unsigned)cmd->a.kv.att.n_heads), D, 0,
               cmd->a.kv.group, cmd->a.kv.att, f, D);
 }
 
-template <int D, bool EXACT>
+template <int D, bool EXACT, int QB = 0>
 static void launch_width(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flash_params &f) {
   /* one-warp tiles (decode, short drafts) run as cooperative four-warp blocks */
   if (f.warps == 1)
-    launch_flash<D, EXACT, FA_MAX_WARPS, true>(cu, cmd, f);
+    launch_flash<D, EXACT, FA_MAX_WARPS, true, QB>(cu, cmd, f);
   else
-    launch_flash<D, EXACT, FA_MAX_WARPS, false>(cu, cmd, f);
+    launch_flash<D, EXACT, FA_MAX_WARPS, false, QB>(cu, cmd, f);
+}
+
+template <int D>
+static void launch_affine(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flash_params &f) {
+  if (cmd->a.kv.layout.k_bits == 8)
+    launch_width<D, false, 8>(cu, cmd, f);
+  else
+    launch_width<D, false, 4>(cu, cmd, f);
 }
 
 int ci_cuda_flash_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
@@ -728,7 +887,12 @@ int ci_cuda_flash_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
     f.state = scratch + slots * cmd->a.kv.layout.head_dim;
   }
   const int exact = f.exact;
-  if (cmd->a.kv.layout.head_dim == 64) {
+  if (cmd->a.kv.layout.codec == CI_KV_AFFINE) { /* fast mode only (ci_cuda_flash_supported) */
+    if (cmd->a.kv.layout.head_dim == 64)
+      launch_affine<64>(cu, cmd, f);
+    else
+      launch_affine<128>(cu, cmd, f);
+  } else if (cmd->a.kv.layout.head_dim == 64) {
     if (exact)
       launch_width<64, true>(cu, cmd, f);
     else

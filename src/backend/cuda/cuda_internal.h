@@ -191,7 +191,7 @@ typedef struct {
       const float *k, *v;
       const int32_t *pos;
       ci_cuda_attention_params att;
-      int flash;                 /* 1: the tensor-core kernel (bf16 KV, head_dim 64/128) */
+      int flash;                 /* 1: the tensor-core kernel (bf16 or fast affine KV, D 64/128) */
       int total_tiles;           /* flash: query tiles of the launch */
       ci_cuda_flash_params plan; /* flash, and quantized KV (splits, parallel, scratch_bytes) */
     } kv;
@@ -224,6 +224,7 @@ typedef struct {
   int smem_per_sm; /* shared memory bytes per SM */
   /* [head_dim 128][exact][cooperative decode]: serial flash-attention blocks one SM holds */
   int flash_blocks_per_sm[2][2][2];
+  int flash_affine_blocks_per_sm[2][2]; /* [head_dim 128][cooperative]: the same, affine KV */
   int pdl;  /* 1: kernels launch with programmatic dependent launch (cuda_launch.cuh) */
   int fuse; /* 1 (default): fused launches (cuda_graph.cu); CINFER_CUDA_FUSE=0 runs every command
                on its own, for measuring what the fusions save */
@@ -400,8 +401,9 @@ int ci_cuda_gemv_init(ci_cuda *cu);
 int ci_cuda_gemv_fits(int dtype, int64_t n, int64_t k, int64_t m, int planes);
 void ci_cuda_gemv_launch(ci_cuda *cu, int parts, const ci_cuda_weight *w, const int64_t *n,
                          float *const *y, int64_t k, const void *x, int64_t m, int planes);
-/* 1 when the tensor-core kernel runs this layout with n_heads query heads. */
-int ci_cuda_flash_supported(const ci_cuda_kv_layout *L, int n_heads);
+/* 1 when the tensor-core kernel runs this layout with n_heads query heads: bf16 KV, and in fast
+ * mode (exact 0: one input plane) affine KV of 4 or 8 bits, decoded to bf16 tiles. */
+int ci_cuda_flash_supported(const ci_cuda_kv_layout *L, int n_heads, int exact);
 /* Warps per block for a launch whose sequences have at most max_rows_per_seq rows. */
 int ci_cuda_flash_warps(int n_heads, int n_kv_heads, int max_rows_per_seq);
 /* Query positions per tile (16 packed rows per warp / the GQA group). */

@@ -405,24 +405,93 @@ __global__ static void __launch_bounds__(WARPS * 32, GB <= 4 && PER_LANE <= 4 ? 
   }
 }
 
-/* Parallel mode: merges the per-split states of each (row, query head) in split order. */
+/* Parallel mode: merges the per-split states of each (row, query head) in split order, with
+ * merge_split's arithmetic. Only the output values and the sum form chains: a split's factors
+ * (expf(rm - m), expf(sm - m)) depend on the running maximum alone, a prefix maximum (exact in any
+ * order). Warp 0 computes a batch of KV_MERGE_BATCH splits' factors at once (a shuffle scan over
+ * the splits with keys) while every thread loads its output dims of those splits; then each
+ * thread folds them in order, two dependent operations per split: the result is bit-identical to
+ * the serial fold (and to kv_attention_kernel's in-block merge). */
+enum { KV_MERGE_BATCH = 32 };
+__device__ static inline void merge_with(float &r, float s, float4 c) {
+  if (c.w == 1.0f) /* the first split with keys: copied */
+    r = s;
+  else if (c.w == 2.0f)
+    r = __fadd_rn(__fmul_rn(r, c.x), __fmul_rn(s, c.y));
+}
+
 template <int CODEC>
 __global__ static void __launch_bounds__(WARPS * 32)
     kv_merge_kernel(kv_layout L, const seq_group *g, attention_params a, ci_cuda_flash_params f) {
   ci_grid_begin();
+  constexpr int PER_THREAD = MAX_D / (WARPS * 32);
   __shared__ float out_shared[MAX_D];
+  __shared__ float4 coef[KV_MERGE_BATCH]; /* (a, b, l of the split, 0 skip / 1 copy / 2 fold) */
   const int s = ci_kv_dev_seq_of(g, blockIdx.x);
   const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
-  const int h = blockIdx.y, D = L.head_dim;
+  const int h = blockIdx.y, D = L.head_dim, lane = threadIdx.x % 32;
   const int64_t p = a.pos[row];
   const int64_t lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
   const int64_t base = ((int64_t)blockIdx.x * a.n_heads + h) * f.splits;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float rm = -INFINITY, rl = 0.0f, ro = 0.0f;
-    for (int64_t split = lo / KV_SPLIT; split <= p / KV_SPLIT; split++)
-      merge_split(rm, rl, ro, f.state[2 * (base + split)], f.state[2 * (base + split) + 1],
-                  f.partial[(base + split) * D + d]);
-    out_shared[d] = rl > 0.0f ? __fdiv_rn(ro, rl) : 0.0f;
+  float run_max = -INFINITY; /* warp 0: the running maximum over the splits with keys */
+  int run_any = 0;
+  float rl = 0.0f, ro[PER_THREAD];
+#pragma unroll
+  for (int k = 0; k < PER_THREAD; k++) ro[k] = 0.0f;
+  for (int64_t first = lo / KV_SPLIT; first <= p / KV_SPLIT; first += KV_MERGE_BATCH) {
+    const int n = (int)min((int64_t)KV_MERGE_BATCH, p / KV_SPLIT - first + 1);
+    __syncthreads(); /* the previous batch's factors are consumed */
+    if (threadIdx.x < 32) {
+      float sm = 0.0f, sl = 0.0f;
+      if (lane < n)
+        sm = f.state[2 * (base + first + lane)], sl = f.state[2 * (base + first + lane) + 1];
+      const int live = lane < n && sl > 0.0f; /* merge_split skips !(sl > 0) */
+      float v = live ? sm : -INFINITY;        /* inclusive prefix maximum */
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const float o = __shfl_up_sync(0xffffffffu, v, off);
+        if (lane >= off) v = fmaxf(v, o);
+      }
+      float before = __shfl_up_sync(0xffffffffu, v, 1);
+      if (lane == 0) before = -INFINITY;
+      before = fmaxf(run_max, before);
+      const unsigned live_mask = __ballot_sync(0xffffffffu, live);
+      const int any_before = run_any || (live_mask & ((1u << lane) - 1u)) != 0;
+      float4 c = make_float4(0.0f, 0.0f, sl, 0.0f);
+      if (live && !any_before) {
+        c.w = 1.0f;
+      } else if (live) {
+        const float m = fmaxf(before, sm);
+        c = make_float4(expf(__fsub_rn(before, m)), expf(__fsub_rn(sm, m)), sl, 2.0f);
+      }
+      if (lane < n) coef[lane] = c;
+      run_max = fmaxf(run_max, __shfl_sync(0xffffffffu, v, 31));
+      run_any = run_any || live_mask != 0;
+    }
+    for (int i0 = 0; i0 < n; i0 += 8) { /* 8 splits' values in flight per thread */
+      float part[8][PER_THREAD];
+#pragma unroll
+      for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int k = 0; k < PER_THREAD; k++) {
+          const int d = threadIdx.x + k * WARPS * 32;
+          part[i][k] = i0 + i < n && d < D ? f.partial[(base + first + i0 + i) * D + d] : 0.0f;
+        }
+      if (i0 == 0) __syncthreads(); /* this batch's factors */
+#pragma unroll
+      for (int i = 0; i < 8; i++) {
+        if (i0 + i >= n) break;
+        const float4 c = coef[i0 + i];
+        merge_with(rl, c.z, c);
+#pragma unroll
+        for (int k = 0; k < PER_THREAD; k++) merge_with(ro[k], part[i][k], c);
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < PER_THREAD; k++) {
+    const int d = threadIdx.x + k * WARPS * 32;
+    if (d < D) out_shared[d] = rl > 0.0f ? __fdiv_rn(ro[k], rl) : 0.0f;
   }
   __syncthreads();
   write_output<CODEC>(L, out_shared, a.out + ((int64_t)row * a.n_heads + h) * D);

@@ -375,6 +375,66 @@ CI_KV_HD static inline void ci_kv_dev_turbo_v_value_encode(const float *x, int D
   ci_kv_dev_pack(codes, D, bits, row);
 }
 
+/* ==== Row encoders (one warp per row) ==== */
+
+/* ci_kv_dev_affine_encode with the 32 lanes of a warp (every lane calls it; D and group
+ * multiples of 32): lane l takes elements l, l + 32, ... Each code, scale and bias comes from the
+ * same operations on the same values as in the one-thread encoder, and a group's minimum and
+ * maximum are exact in any order (the one-thread rule keeps a NaN first element, which is
+ * repeated here; later NaNs are skipped by both), so the bytes are the same. codes: D bytes of
+ * scratch (shared memory) for the packing. */
+__device__ static inline void ci_kv_dev_affine_encode_warp(const float *x, int D, int bits,
+                                                           int group, uint8_t *codes,
+                                                           uint8_t *row) {
+  const int lane = threadIdx.x & 31, groups = D / group, per_lane = group / 32;
+  const float n = (float)((1 << bits) - 1);
+  uint8_t *scales = row + D * bits / 8, *biases = scales + 2 * groups;
+  for (int g = 0; g < groups; g++) {
+    const float *w = x + g * group;
+    float lo = INFINITY, hi = -INFINITY;
+    for (int k = 0; k < per_lane; k++) {
+      const float v = w[lane + 32 * k];
+      lo = fminf(lo, v); /* fminf/fmaxf skip NaNs, as `w[i] < lo` does */
+      hi = fmaxf(hi, v);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, off));
+      hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, off));
+    }
+    const float first = __shfl_sync(0xffffffffu, w[lane], 0);
+    if (isnan(first)) lo = hi = first; /* the one-thread rule starts from w[0] */
+    float s = CI_KV_FDIV(CI_KV_FSUB(hi, lo), n);
+    if (s < 1e-7f) s = 1e-7f;
+    float edge;
+    if (fabsf(lo) > fabsf(hi)) {
+      edge = lo;
+    } else {
+      edge = hi;
+      s = -s;
+    }
+    const float q0 = rintf(CI_KV_FDIV(edge, s));
+    float b = 0.0f;
+    if (q0 != 0.0f) {
+      s = CI_KV_FDIV(edge, q0);
+      b = edge;
+    }
+    for (int k = 0; k < per_lane; k++) {
+      const int i = lane + 32 * k;
+      codes[g * group + i] = ci_kv_dev_affine_code(CI_KV_FDIV(CI_KV_FSUB(w[i], b), s), n);
+    }
+    if (lane == 0) {
+      ci_kv_dev_put_bf16(scales + 2 * g, s);
+      ci_kv_dev_put_bf16(biases + 2 * g, b);
+    }
+  }
+  __syncwarp();
+  /* ci_kv_dev_pack's bytes (4 or 8 bits: whole codes per byte) */
+  for (int j = lane; j < D * bits / 8; j += 32)
+    row[j] = bits == 8 ? codes[j] : (uint8_t)(codes[2 * j] | (codes[2 * j + 1] << 4));
+  __syncwarp();
+}
+
 /* Encodes x[0..D) as a K (value 0) or V (value 1) row of the layout's codec
  * (ci_kv_encode_row). */
 CI_KV_HD static inline void ci_kv_dev_encode_row(const ci_cuda_kv_layout &L, int value,
