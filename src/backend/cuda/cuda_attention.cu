@@ -146,12 +146,13 @@ __global__ static void kv_store_quant_kernel(kv_layout L, const seq_group *g, co
   ci_kv_dev_encode_row(L, value, x, row_address(L, value, block, p % L.block_tokens, h));
 }
 
-/* Affine rows (4 or 8 bits): one block of two warps per (row, KV head), warp 0 encoding the K row
- * and warp 1 the V row with all their lanes (ci_kv_dev_affine_encode_warp: the one-thread rule's
- * bytes). */
-__global__ static void kv_store_affine_kernel(kv_layout L, const seq_group *g, const float *k,
-                                              const float *v, const int32_t *pos, int *error_flag) {
+/* Quantized rows of a layout ci_kv_dev_warp_encodes: one block of two warps per (row, KV head),
+ * warp 0 encoding the K row and warp 1 the V row with all their lanes (the one-thread rule's
+ * bytes, cuda_kv_codec.cuh). */
+__global__ static void kv_store_warp_kernel(kv_layout L, const seq_group *g, const float *k,
+                                            const float *v, const int32_t *pos, int *error_flag) {
   ci_grid_begin();
+  __shared__ float y[2][MAX_D];
   __shared__ uint8_t codes[2][MAX_D];
   const int s = seq_of(g, blockIdx.x);
   const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
@@ -165,8 +166,8 @@ __global__ static void kv_store_affine_kernel(kv_layout L, const seq_group *g, c
     return;
   }
   const float *x = (value ? v : k) + (int64_t)row * width + (int64_t)h * L.head_dim;
-  ci_kv_dev_affine_encode_warp(x, L.head_dim, value ? L.v_bits : L.k_bits, L.group, codes[value],
-                               row_address(L, value, block, p % L.block_tokens, h));
+  ci_kv_dev_encode_row_warp(L, value, x, y[value], codes[value],
+                            row_address(L, value, block, p % L.block_tokens, h));
 }
 
 /* Copies the group to the device (the step's staging ring) and calls launch(layout, host group,
@@ -250,11 +251,9 @@ void ci_cuda_kv_store_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
   if (codec == CI_KV_BF16 || codec == CI_KV_F32)
     ci_launch(cu, kv_store_kernel, grid, 128, 0, cmd->a.kv.layout, cmd->a.kv.group, cmd->a.kv.k,
               cmd->a.kv.v, cmd->a.kv.pos, cu->error_flag);
-  else if (codec == CI_KV_AFFINE && cmd->a.kv.layout.group % 32 == 0 &&
-           (cmd->a.kv.layout.k_bits == 4 || cmd->a.kv.layout.k_bits == 8) &&
-           (cmd->a.kv.layout.v_bits == 4 || cmd->a.kv.layout.v_bits == 8))
-    ci_launch(cu, kv_store_affine_kernel, grid, 64, 0, cmd->a.kv.layout, cmd->a.kv.group,
-              cmd->a.kv.k, cmd->a.kv.v, cmd->a.kv.pos, cu->error_flag);
+  else if (ci_kv_dev_warp_encodes(cmd->a.kv.layout))
+    ci_launch(cu, kv_store_warp_kernel, grid, 64, 0, cmd->a.kv.layout, cmd->a.kv.group, cmd->a.kv.k,
+              cmd->a.kv.v, cmd->a.kv.pos, cu->error_flag);
   else
     ci_launch(cu, kv_store_quant_kernel, grid, 64, 0, cmd->a.kv.layout, cmd->a.kv.group,
               cmd->a.kv.k, cmd->a.kv.v, cmd->a.kv.pos, cu->error_flag);

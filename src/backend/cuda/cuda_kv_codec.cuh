@@ -375,14 +375,68 @@ CI_KV_HD static inline void ci_kv_dev_turbo_v_value_encode(const float *x, int D
   ci_kv_dev_pack(codes, D, bits, row);
 }
 
-/* ==== Row encoders (one warp per row) ==== */
+/* ==== Row encoders (one warp per row) ====
+ *
+ * The same rows as the one-thread encoders above, byte for byte, with the 32 lanes of a warp
+ * (every lane calls them; D a multiple of 32): lane l takes elements l, l + 32, ... and every
+ * per-element operation is the one-thread encoder's. What the one-thread rule does in order is
+ * kept: a group's minimum and maximum are the first elements attaining them (a NaN first element
+ * stays, later NaNs are skipped, and of -0 and +0 the first one wins), and double or float sums
+ * run sequentially in one lane. The scratch (y: D floats, codes: D bytes) is the warp's shared
+ * memory. */
 
-/* ci_kv_dev_affine_encode with the 32 lanes of a warp (every lane calls it; D and group
- * multiples of 32): lane l takes elements l, l + 32, ... Each code, scale and bias comes from the
- * same operations on the same values as in the one-thread encoder, and a group's minimum and
- * maximum are exact in any order (the one-thread rule keeps a NaN first element, which is
- * repeated here; later NaNs are skipped by both), so the bytes are the same. codes: D bytes of
- * scratch (shared memory) for the packing. */
+/* ci_kv_dev_pack's bytes, the lanes over the bytes: byte j gathers the bits of every code that
+ * falls in it. */
+__device__ static inline void ci_kv_dev_pack_warp(const uint8_t *codes, int n, int bits,
+                                                  uint8_t *out) {
+  for (int j = (int)(threadIdx.x & 31); j < n * bits / 8; j += 32) {
+    unsigned v = 0;
+    for (int i = 8 * j / bits; i <= (8 * j + 7) / bits && i < n; i++) {
+      const int shift = i * bits - 8 * j;
+      v |= shift >= 0 ? (unsigned)codes[i] << shift : (unsigned)codes[i] >> -shift;
+    }
+    out[j] = (uint8_t)v;
+  }
+}
+
+/* The one-thread rule's extreme of w[0..32 * per_lane) (lane l holds w[l + 32 k] in v[k]):
+ * `w[i] < lo` (or > for the maximum) from lo = w[0]. */
+template <bool MAX>
+__device__ static inline float ci_kv_dev_first_extreme_warp(const float *v, int per_lane) {
+  float e = MAX ? -INFINITY : INFINITY;
+  for (int k = 0; k < per_lane; k++) e = MAX ? fmaxf(e, v[k]) : fminf(e, v[k]); /* skip NaNs */
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float o = __shfl_xor_sync(0xffffffffu, e, off);
+    e = MAX ? fmaxf(e, o) : fminf(e, o);
+  }
+  const float first = __shfl_sync(0xffffffffu, v[0], 0);
+  if (isnan(first)) return first;
+  for (int k = 0; k < per_lane; k++) { /* the first element equal to it (its sign, for zeros) */
+    const unsigned hit = __ballot_sync(0xffffffffu, v[k] == e);
+    if (hit) return __shfl_sync(0xffffffffu, v[k], __ffs(hit) - 1);
+  }
+  return e; /* every element NaN but the first: unreachable (the first would be NaN) */
+}
+
+/* In place x <- H_D x over the warp's shared memory (ci_kv_dev_fwht's butterflies). */
+__device__ static inline void ci_kv_dev_fwht_warp(float *x, int D) {
+  const int lane = threadIdx.x & 31;
+  for (int len = 1; len < D; len <<= 1) {
+    for (int t = lane; t < D / 2; t += 32) {
+      const int i = (t / len) * (len << 1) + t % len;
+      const float a = x[i], b = x[i + len];
+      x[i] = CI_KV_FADD(a, b);
+      x[i + len] = CI_KV_FSUB(a, b);
+    }
+    __syncwarp();
+  }
+  const float scale = 1.0f / sqrtf((float)D);
+  for (int i = lane; i < D; i += 32) x[i] = CI_KV_FMUL(x[i], scale);
+  __syncwarp();
+}
+
+/* ci_kv_dev_affine_encode (group a multiple of 32). */
 __device__ static inline void ci_kv_dev_affine_encode_warp(const float *x, int D, int bits,
                                                            int group, uint8_t *codes,
                                                            uint8_t *row) {
@@ -391,19 +445,10 @@ __device__ static inline void ci_kv_dev_affine_encode_warp(const float *x, int D
   uint8_t *scales = row + D * bits / 8, *biases = scales + 2 * groups;
   for (int g = 0; g < groups; g++) {
     const float *w = x + g * group;
-    float lo = INFINITY, hi = -INFINITY;
-    for (int k = 0; k < per_lane; k++) {
-      const float v = w[lane + 32 * k];
-      lo = fminf(lo, v); /* fminf/fmaxf skip NaNs, as `w[i] < lo` does */
-      hi = fmaxf(hi, v);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, off));
-      hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, off));
-    }
-    const float first = __shfl_sync(0xffffffffu, w[lane], 0);
-    if (isnan(first)) lo = hi = first; /* the one-thread rule starts from w[0] */
+    float v[CI_CUDA_KV_MAX_D / 32];
+    for (int k = 0; k < per_lane; k++) v[k] = w[lane + 32 * k];
+    const float lo = ci_kv_dev_first_extreme_warp<false>(v, per_lane),
+                hi = ci_kv_dev_first_extreme_warp<true>(v, per_lane);
     float s = CI_KV_FDIV(CI_KV_FSUB(hi, lo), n);
     if (s < 1e-7f) s = 1e-7f;
     float edge;
@@ -419,20 +464,147 @@ __device__ static inline void ci_kv_dev_affine_encode_warp(const float *x, int D
       s = CI_KV_FDIV(edge, q0);
       b = edge;
     }
-    for (int k = 0; k < per_lane; k++) {
-      const int i = lane + 32 * k;
-      codes[g * group + i] = ci_kv_dev_affine_code(CI_KV_FDIV(CI_KV_FSUB(w[i], b), s), n);
-    }
+    for (int k = 0; k < per_lane; k++)
+      codes[g * group + lane + 32 * k] =
+          ci_kv_dev_affine_code(CI_KV_FDIV(CI_KV_FSUB(v[k], b), s), n);
     if (lane == 0) {
       ci_kv_dev_put_bf16(scales + 2 * g, s);
       ci_kv_dev_put_bf16(biases + 2 * g, b);
     }
   }
   __syncwarp();
-  /* ci_kv_dev_pack's bytes (4 or 8 bits: whole codes per byte) */
-  for (int j = lane; j < D * bits / 8; j += 32)
-    row[j] = bits == 8 ? codes[j] : (uint8_t)(codes[2 * j] | (codes[2 * j + 1] << 4));
+  ci_kv_dev_pack_warp(codes, D, bits, row);
   __syncwarp();
+}
+
+/* ci_kv_dev_turbo_encode. */
+__device__ static inline void ci_kv_dev_turbo_encode_warp(const float *x, int D, int bits,
+                                                          const float *signs, float *y,
+                                                          uint8_t *codes, uint8_t *row) {
+  const int lane = threadIdx.x & 31;
+  for (int i = lane; i < D; i += 32) y[i] = x[i];
+  __syncwarp();
+  double norm2 = 0.0; /* the one-thread order: lane 0 alone */
+  if (lane == 0)
+    for (int i = 0; i < D; i++) norm2 = CI_KV_DADD(norm2, CI_KV_DMUL((double)y[i], (double)y[i]));
+  norm2 = __shfl_sync(0xffffffffu, norm2, 0);
+  __syncwarp();
+  const float gamma = (float)sqrt(norm2);
+  float nu = 0.0f;
+  if (gamma == 0.0f) {
+    for (int i = lane; i < D; i += 32) codes[i] = (uint8_t)(1 << (bits - 1));
+  } else {
+    for (int i = lane; i < D; i += 32) y[i] = CI_KV_FMUL(signs[i], y[i]);
+    __syncwarp();
+    ci_kv_dev_fwht_warp(y, D);
+    const float unit = CI_KV_FDIV(sqrtf((float)D), gamma);
+    for (int i = lane; i < D; i += 32)
+      codes[i] = ci_kv_dev_lloyd_code(CI_KV_FMUL(y[i], unit), bits);
+    __syncwarp();
+    if (lane == 0) {
+      const float *c = ci_kv_codebook(bits);
+      double decoded2 = 0.0;
+      for (int i = 0; i < D; i++)
+        decoded2 = CI_KV_DADD(decoded2, CI_KV_DMUL((double)c[codes[i]], (double)c[codes[i]]));
+      nu = (float)CI_KV_DDIV((double)gamma, sqrt(decoded2));
+    }
+  }
+  __syncwarp();
+  ci_kv_dev_pack_warp(codes, D, bits, row);
+  if (lane == 0) ci_kv_dev_put_f16(row + D * bits / 8, nu);
+  __syncwarp();
+}
+
+/* ci_kv_dev_turbo_v_key_encode (groups of 32: one element per lane). */
+__device__ static inline void ci_kv_dev_turbo_v_key_encode_warp(const float *x, int D, int bits,
+                                                                uint8_t *codes, uint8_t *row) {
+  const int lane = threadIdx.x & 31, G = CI_CUDA_TURBO_V_GROUP, groups = D / G;
+  static_assert(CI_CUDA_TURBO_V_GROUP == 32, "one element per lane");
+  uint8_t *sc_out = row + D * bits / 8, *zp_out = sc_out + 2 * groups;
+  for (int g = 0; g < groups; g++) {
+    const float v = x[g * G + lane];
+    float lo = ci_kv_dev_first_extreme_warp<false>(&v, 1),
+          hi = ci_kv_dev_first_extreme_warp<true>(&v, 1);
+    if (lo == hi) {
+      if (lo > 0)
+        lo = 0;
+      else
+        hi = 0;
+    }
+    float sc, zp;
+    int qmin, qmax;
+    if (bits == 8) {
+      sc = CI_KV_FDIV(CI_KV_FSUB(hi, lo), 254.0f);
+      zp = rintf(CI_KV_FDIV(CI_KV_FADD(hi, lo), CI_KV_FMUL(2.0f, CI_KV_FADD(sc, 1e-8f))));
+      qmin = -127, qmax = 127;
+    } else {
+      qmax = (1 << bits) - 1;
+      qmin = 0;
+      sc = CI_KV_FDIV(CI_KV_FSUB(hi, lo), (float)qmax);
+      zp = rintf(CI_KV_FDIV(lo, CI_KV_FADD(sc, 1e-8f)));
+    }
+    float q = rintf(CI_KV_FSUB(CI_KV_FDIV(v, CI_KV_FADD(sc, 1e-8f)), zp));
+    if (q < (float)qmin) q = (float)qmin;
+    if (q > (float)qmax) q = (float)qmax;
+    codes[g * G + lane] = (uint8_t)(int8_t)(int)q;
+    if (lane == 0) {
+      ci_kv_dev_put_f16(sc_out + 2 * g, sc);
+      ci_kv_dev_put_f16(zp_out + 2 * g, zp);
+    }
+  }
+  __syncwarp();
+  ci_kv_dev_pack_warp(codes, D, bits, row);
+  __syncwarp();
+}
+
+/* ci_kv_dev_turbo_v_value_encode (each group's sum of squares in order, by lane g). */
+__device__ static inline void ci_kv_dev_turbo_v_value_encode_warp(const float *x, int D, int bits,
+                                                                  const float *signs, float *y,
+                                                                  uint8_t *codes, uint8_t *row) {
+  const int lane = threadIdx.x & 31, G = CI_CUDA_TURBO_V_GROUP, groups = D / G;
+  for (int i = lane; i < D; i += 32) y[i] = CI_KV_FMUL(signs[i], x[i]);
+  __syncwarp();
+  ci_kv_dev_fwht_warp(y, D);
+  uint8_t *r_out = row + D * bits / 8;
+  float r_mine = 0.0f; /* lane g: group g's r */
+  if (lane < groups) {
+    const float *v = y + lane * G;
+    float sum = 0.0f;
+    for (int i = 0; i < G; i++) sum = CI_KV_FADD(sum, CI_KV_FMUL(v[i], v[i]));
+    r_mine = sqrtf(CI_KV_FDIV(sum, (float)G));
+    ci_kv_dev_put_f16(r_out + 2 * lane, r_mine);
+  }
+  for (int g = 0; g < groups; g++) {
+    const float r = __shfl_sync(0xffffffffu, r_mine, g);
+    codes[g * G + lane] =
+        ci_kv_dev_lloyd_code(CI_KV_FDIV(y[g * G + lane], CI_KV_FADD(r, 1e-8f)), bits);
+  }
+  __syncwarp();
+  ci_kv_dev_pack_warp(codes, D, bits, row);
+  __syncwarp();
+}
+
+/* 1 when ci_kv_dev_encode_row_warp encodes the layout's rows (quantized codecs, D a multiple of
+ * 32 up to CI_CUDA_KV_MAX_D, affine groups multiples of 32). */
+CI_KV_HD static inline int ci_kv_dev_warp_encodes(const ci_cuda_kv_layout &L) {
+  if (L.head_dim % 32 || L.head_dim > CI_CUDA_KV_MAX_D || L.head_dim < 32) return 0;
+  if (L.codec == CI_KV_AFFINE) return L.group % 32 == 0;
+  return L.codec == CI_KV_TURBO || L.codec == CI_KV_TURBO_V;
+}
+
+/* ci_kv_dev_encode_row for a layout ci_kv_dev_warp_encodes, by the calling warp. */
+__device__ static inline void ci_kv_dev_encode_row_warp(const ci_cuda_kv_layout &L, int value,
+                                                        const float *x, float *y, uint8_t *codes,
+                                                        uint8_t *row) {
+  const int D = L.head_dim, bits = value ? L.v_bits : L.k_bits;
+  if (L.codec == CI_KV_AFFINE)
+    ci_kv_dev_affine_encode_warp(x, D, bits, L.group, codes, row);
+  else if (L.codec == CI_KV_TURBO)
+    ci_kv_dev_turbo_encode_warp(x, D, bits, L.signs, y, codes, row);
+  else if (value)
+    ci_kv_dev_turbo_v_value_encode_warp(x, D, bits, L.signs, y, codes, row);
+  else
+    ci_kv_dev_turbo_v_key_encode_warp(x, D, bits, codes, row);
 }
 
 /* Encodes x[0..D) as a K (value 0) or V (value 1) row of the layout's codec
