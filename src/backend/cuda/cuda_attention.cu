@@ -146,9 +146,10 @@ __global__ static void kv_store_quant_kernel(kv_layout L, const seq_group *g, co
   ci_kv_dev_encode_row(L, value, x, row_address(L, value, block, p % L.block_tokens, h));
 }
 
-/* Quantized rows of a layout ci_kv_dev_warp_encodes: one block of two warps per (row, KV head),
- * warp 0 encoding the K row and warp 1 the V row with all their lanes (the one-thread rule's
- * bytes, cuda_kv_codec.cuh). */
+/* Quantized rows of a layout ci_kv_dev_warp_encodes: one block per (row, KV head), the first half
+ * of its warps encoding the K row and the second half the V row with all their lanes (the
+ * one-thread rule's bytes, cuda_kv_codec.cuh): one warp per row, or for affine rows one warp per
+ * group. */
 __global__ static void kv_store_warp_kernel(kv_layout L, const seq_group *g, const float *k,
                                             const float *v, const int32_t *pos, int *error_flag) {
   ci_grid_begin();
@@ -156,7 +157,8 @@ __global__ static void kv_store_warp_kernel(kv_layout L, const seq_group *g, con
   __shared__ uint8_t codes[2][MAX_D];
   const int s = seq_of(g, blockIdx.x);
   const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
-  const int h = blockIdx.y, value = threadIdx.x / 32;
+  const int h = blockIdx.y, half = blockDim.x / 64; /* warps per row */
+  const int value = threadIdx.x / 32 / half, part = threadIdx.x / 32 % half;
   const int width = L.n_kv_heads * L.head_dim;
   const int64_t p = pos[row];
   const int64_t entry = p / L.block_tokens;
@@ -167,7 +169,7 @@ __global__ static void kv_store_warp_kernel(kv_layout L, const seq_group *g, con
   }
   const float *x = (value ? v : k) + (int64_t)row * width + (int64_t)h * L.head_dim;
   ci_kv_dev_encode_row_warp(L, value, x, y[value], codes[value],
-                            row_address(L, value, block, p % L.block_tokens, h));
+                            row_address(L, value, block, p % L.block_tokens, h), part, half);
 }
 
 /* Copies the group to the device (the step's staging ring) and calls launch(layout, host group,
@@ -252,8 +254,10 @@ void ci_cuda_kv_store_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
     ci_launch(cu, kv_store_kernel, grid, 128, 0, cmd->a.kv.layout, cmd->a.kv.group, cmd->a.kv.k,
               cmd->a.kv.v, cmd->a.kv.pos, cu->error_flag);
   else if (ci_kv_dev_warp_encodes(cmd->a.kv.layout))
-    ci_launch(cu, kv_store_warp_kernel, grid, 64, 0, cmd->a.kv.layout, cmd->a.kv.group, cmd->a.kv.k,
-              cmd->a.kv.v, cmd->a.kv.pos, cu->error_flag);
+    ci_launch(
+        cu, kv_store_warp_kernel, grid,
+        codec == CI_KV_AFFINE ? 64 * (cmd->a.kv.layout.head_dim / cmd->a.kv.layout.group) : 64, 0,
+        cmd->a.kv.layout, cmd->a.kv.group, cmd->a.kv.k, cmd->a.kv.v, cmd->a.kv.pos, cu->error_flag);
   else
     ci_launch(cu, kv_store_quant_kernel, grid, 64, 0, cmd->a.kv.layout, cmd->a.kv.group,
               cmd->a.kv.k, cmd->a.kv.v, cmd->a.kv.pos, cu->error_flag);

@@ -401,10 +401,12 @@ __device__ static inline void ci_kv_dev_pack_warp(const uint8_t *codes, int n, i
 
 /* The one-thread rule's extreme of w[0..32 * per_lane) (lane l holds w[l + 32 k] in v[k]):
  * `w[i] < lo` (or > for the maximum) from lo = w[0]. */
-template <bool MAX>
-__device__ static inline float ci_kv_dev_first_extreme_warp(const float *v, int per_lane) {
+template <bool MAX, int N>
+__device__ static inline float ci_kv_dev_first_extreme_warp(const float (&v)[N], int per_lane) {
   float e = MAX ? -INFINITY : INFINITY;
-  for (int k = 0; k < per_lane; k++) e = MAX ? fmaxf(e, v[k]) : fminf(e, v[k]); /* skip NaNs */
+#pragma unroll
+  for (int k = 0; k < N; k++)
+    if (k < per_lane) e = MAX ? fmaxf(e, v[k]) : fminf(e, v[k]); /* skip NaNs */
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) {
     const float o = __shfl_xor_sync(0xffffffffu, e, off);
@@ -412,7 +414,9 @@ __device__ static inline float ci_kv_dev_first_extreme_warp(const float *v, int 
   }
   const float first = __shfl_sync(0xffffffffu, v[0], 0);
   if (isnan(first)) return first;
-  for (int k = 0; k < per_lane; k++) { /* the first element equal to it (its sign, for zeros) */
+#pragma unroll
+  for (int k = 0; k < N; k++) { /* the first element equal to it (its sign, for zeros) */
+    if (k >= per_lane) break;
     const unsigned hit = __ballot_sync(0xffffffffu, v[k] == e);
     if (hit) return __shfl_sync(0xffffffffu, v[k], __ffs(hit) - 1);
   }
@@ -436,17 +440,19 @@ __device__ static inline void ci_kv_dev_fwht_warp(float *x, int D) {
   __syncwarp();
 }
 
-/* ci_kv_dev_affine_encode (group a multiple of 32). */
+/* ci_kv_dev_affine_encode (group a multiple of 32) for groups g0, g0 + g_step, ... of the row:
+ * their codes, scales and biases (the groups' codes fill whole bytes). */
 __device__ static inline void ci_kv_dev_affine_encode_warp(const float *x, int D, int bits,
-                                                           int group, uint8_t *codes,
-                                                           uint8_t *row) {
+                                                           int group, int g0, int g_step,
+                                                           uint8_t *codes, uint8_t *row) {
   const int lane = threadIdx.x & 31, groups = D / group, per_lane = group / 32;
   const float n = (float)((1 << bits) - 1);
   uint8_t *scales = row + D * bits / 8, *biases = scales + 2 * groups;
-  for (int g = 0; g < groups; g++) {
+  for (int g = g0; g < groups; g += g_step) {
     const float *w = x + g * group;
-    float v[CI_CUDA_KV_MAX_D / 32];
-    for (int k = 0; k < per_lane; k++) v[k] = w[lane + 32 * k];
+    float v[4]; /* groups of up to 128 (ci_kv_dev_warp_encodes) */
+#pragma unroll
+    for (int k = 0; k < 4; k++) v[k] = k < per_lane ? w[lane + 32 * k] : 0.0f;
     const float lo = ci_kv_dev_first_extreme_warp<false>(v, per_lane),
                 hi = ci_kv_dev_first_extreme_warp<true>(v, per_lane);
     float s = CI_KV_FDIV(CI_KV_FSUB(hi, lo), n);
@@ -464,17 +470,19 @@ __device__ static inline void ci_kv_dev_affine_encode_warp(const float *x, int D
       s = CI_KV_FDIV(edge, q0);
       b = edge;
     }
-    for (int k = 0; k < per_lane; k++)
-      codes[g * group + lane + 32 * k] =
-          ci_kv_dev_affine_code(CI_KV_FDIV(CI_KV_FSUB(v[k], b), s), n);
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+      if (k < per_lane)
+        codes[g * group + lane + 32 * k] =
+            ci_kv_dev_affine_code(CI_KV_FDIV(CI_KV_FSUB(v[k], b), s), n);
     if (lane == 0) {
       ci_kv_dev_put_bf16(scales + 2 * g, s);
       ci_kv_dev_put_bf16(biases + 2 * g, b);
     }
+    __syncwarp();
+    ci_kv_dev_pack_warp(codes + g * group, group, bits, row + g * group * bits / 8);
+    __syncwarp();
   }
-  __syncwarp();
-  ci_kv_dev_pack_warp(codes, D, bits, row);
-  __syncwarp();
 }
 
 /* ci_kv_dev_turbo_encode. */
@@ -522,9 +530,9 @@ __device__ static inline void ci_kv_dev_turbo_v_key_encode_warp(const float *x, 
   static_assert(CI_CUDA_TURBO_V_GROUP == 32, "one element per lane");
   uint8_t *sc_out = row + D * bits / 8, *zp_out = sc_out + 2 * groups;
   for (int g = 0; g < groups; g++) {
-    const float v = x[g * G + lane];
-    float lo = ci_kv_dev_first_extreme_warp<false>(&v, 1),
-          hi = ci_kv_dev_first_extreme_warp<true>(&v, 1);
+    const float v[1] = {x[g * G + lane]};
+    float lo = ci_kv_dev_first_extreme_warp<false>(v, 1),
+          hi = ci_kv_dev_first_extreme_warp<true>(v, 1);
     if (lo == hi) {
       if (lo > 0)
         lo = 0;
@@ -543,7 +551,7 @@ __device__ static inline void ci_kv_dev_turbo_v_key_encode_warp(const float *x, 
       sc = CI_KV_FDIV(CI_KV_FSUB(hi, lo), (float)qmax);
       zp = rintf(CI_KV_FDIV(lo, CI_KV_FADD(sc, 1e-8f)));
     }
-    float q = rintf(CI_KV_FSUB(CI_KV_FDIV(v, CI_KV_FADD(sc, 1e-8f)), zp));
+    float q = rintf(CI_KV_FSUB(CI_KV_FDIV(v[0], CI_KV_FADD(sc, 1e-8f)), zp));
     if (q < (float)qmin) q = (float)qmin;
     if (q > (float)qmax) q = (float)qmax;
     codes[g * G + lane] = (uint8_t)(int8_t)(int)q;
@@ -585,20 +593,21 @@ __device__ static inline void ci_kv_dev_turbo_v_value_encode_warp(const float *x
 }
 
 /* 1 when ci_kv_dev_encode_row_warp encodes the layout's rows (quantized codecs, D a multiple of
- * 32 up to CI_CUDA_KV_MAX_D, affine groups multiples of 32). */
+ * 32 up to CI_CUDA_KV_MAX_D, affine groups of 32, 64 or 128). */
 CI_KV_HD static inline int ci_kv_dev_warp_encodes(const ci_cuda_kv_layout &L) {
   if (L.head_dim % 32 || L.head_dim > CI_CUDA_KV_MAX_D || L.head_dim < 32) return 0;
-  if (L.codec == CI_KV_AFFINE) return L.group % 32 == 0;
+  if (L.codec == CI_KV_AFFINE) return L.group % 32 == 0 && L.group <= 128;
   return L.codec == CI_KV_TURBO || L.codec == CI_KV_TURBO_V;
 }
 
-/* ci_kv_dev_encode_row for a layout ci_kv_dev_warp_encodes, by the calling warp. */
+/* ci_kv_dev_encode_row for a layout ci_kv_dev_warp_encodes, by the calling warp (affine: only
+ * groups g0, g0 + g_step, ...; other warps may encode the others). */
 __device__ static inline void ci_kv_dev_encode_row_warp(const ci_cuda_kv_layout &L, int value,
                                                         const float *x, float *y, uint8_t *codes,
-                                                        uint8_t *row) {
+                                                        uint8_t *row, int g0, int g_step) {
   const int D = L.head_dim, bits = value ? L.v_bits : L.k_bits;
   if (L.codec == CI_KV_AFFINE)
-    ci_kv_dev_affine_encode_warp(x, D, bits, L.group, codes, row);
+    ci_kv_dev_affine_encode_warp(x, D, bits, L.group, g0, g_step, codes, row);
   else if (L.codec == CI_KV_TURBO)
     ci_kv_dev_turbo_encode_warp(x, D, bits, L.signs, y, codes, row);
   else if (value)
