@@ -129,7 +129,8 @@ struct fa_shared_tail {
  * need (it launches with PARALLEL_BYTES, so more of its blocks fit an SM).
  *
  * Affine KV (QB = 4 or 8 bits): the stored rows (codes, then the groups' bf16 scales and biases)
- * are copied as they are into two stages of RAW_STRIDE-byte rows, and the block decodes the
+ * are copied as they are into two stages of raw_stride-byte slots (at most RAW_STRIDE: the
+ * launch sizes its shared memory for its rows), and the block decodes the
  * current stage into one bf16 tile, which the tensor cores then read as they read bf16 KV. */
 template <int D, int W, bool COOP = false, int QB = 0> struct fa_smem {
   static constexpr int STRIDE = D + 8; /* bf16 elements per staged key row (bank spread) */
@@ -147,6 +148,18 @@ template <int D, int W, bool COOP = false, int QB = 0> struct fa_smem {
   static constexpr size_t TOTAL_BYTES = (size_t)W * (ACC_REGS + 4) * 32 * 4;
   static constexpr size_t BYTES = TAIL_BYTES + EXTRA_BYTES + KV_BYTES + RAW_BYTES + TOTAL_BYTES;
   static constexpr size_t PARALLEL_BYTES = TAIL_BYTES + EXTRA_BYTES + KV_BYTES + RAW_BYTES;
+  /* the slot of a stored row of row_bytes, and the bytes a launch needs for such rows: head_dim
+   * 128 rounds the row up to 8 bytes (8-bit rows of groups of 64: 136-byte slots, three blocks
+   * per SM where 144-byte ones allow two; H200, 8B at 16k: 148 -> 152 tok/s); head_dim 64 keeps
+   * RAW_STRIDE (its blocks are bound by registers to four per SM either way, and the smaller
+   * slots measured 6% slower on the 1B geometry) */
+  __host__ __device__ static constexpr int raw_stride(int64_t row_bytes) {
+    return QB ? (D >= 128 ? (int)((row_bytes + 7) & ~(int64_t)7) : RAW_STRIDE) : 0;
+  }
+  static size_t launch_bytes(int64_t row_bytes, bool parallel) {
+    return (parallel ? PARALLEL_BYTES : BYTES) - RAW_BYTES +
+           (size_t)2 * 2 * FA_KEYS * raw_stride(row_bytes);
+  }
 };
 
 /* Decodes the RAW stage's 2 * FA_KEYS stored affine rows (K then V) into the bf16 tile: thread t
@@ -214,9 +227,10 @@ __global__ static void __launch_bounds__(W * 32)
   __nv_bfloat16 *stages = (__nv_bfloat16 *)(smem + SM::TAIL_BYTES + SM::EXTRA_BYTES);
   uint8_t *const raw = smem + SM::TAIL_BYTES + SM::EXTRA_BYTES + SM::KV_BYTES;
   float *total = (float *)(smem + SM::TAIL_BYTES + SM::EXTRA_BYTES + SM::KV_BYTES +
-                           SM::RAW_BYTES);                /* [warp][ACC_REGS + 4][32] */
-  float *const p_tile = (float *)(smem + SM::TAIL_BYTES); /* COOP: [16][P_STRIDE] */
-  float *const row_max = p_tile + 16 * SM::P_STRIDE;      /* COOP: [W][16] */
+                           (size_t)2 * 2 * FA_KEYS *
+                               SM::raw_stride(L.k_row_bytes)); /* [warp][ACC_REGS + 4][32] */
+  float *const p_tile = (float *)(smem + SM::TAIL_BYTES);      /* COOP: [16][P_STRIDE] */
+  float *const row_max = p_tile + 16 * SM::P_STRIDE;           /* COOP: [W][16] */
   /* COOP: the accumulators of this warp's head dims [dim0, dim0 + D / 4), ACC_N of them */
   constexpr int ACC_N = COOP ? D / 32 : D / 8;
 
@@ -341,6 +355,7 @@ __global__ static void __launch_bounds__(W * 32)
   /* affine KV: the stored rows' CHUNK-byte pieces (CHUNK 8 or 4, as the rows' alignment allows),
    * thread t copying pieces t, t + THREADS, ... of the 2 * FA_KEYS rows in row order */
   const int raw_bytes = (int)L.k_row_bytes;
+  const int raw_slot = SM::raw_stride(L.k_row_bytes); /* bytes per staged row */
   const int raw_chunk =
       QB && ((L.block_stride | L.k_offset | L.v_offset | L.k_row_bytes) & 7) ? 4 : 8;
   const int raw_pieces = raw_bytes / raw_chunk; /* per row */
@@ -349,10 +364,11 @@ __global__ static void __launch_bounds__(W * 32)
     const int row_step = THREADS / raw_pieces, piece_step = THREADS % raw_pieces;
     int r = threadIdx.x / raw_pieces, piece = threadIdx.x % raw_pieces;
     const uint8_t *const *rows = &tail->rows[stage][0][0];
-    const unsigned dst_stage = (unsigned)__cvta_generic_to_shared(raw + stage * SM::RAW_STAGE);
+    const unsigned dst_stage =
+        (unsigned)__cvta_generic_to_shared(raw + stage * 2 * FA_KEYS * raw_slot);
     for (int j = 0; j < raw_pieces; j++) { /* raw_pieces pieces per thread, exactly */
       const uint8_t *row = rows[r];
-      const unsigned dst = dst_stage + r * SM::RAW_STRIDE + piece * raw_chunk;
+      const unsigned dst = dst_stage + r * raw_slot + piece * raw_chunk;
       const void *src = row ? (const void *)(row + piece * raw_chunk) : (const void *)L.slabs;
       if (raw_chunk == 8)
         asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src),
@@ -447,7 +463,7 @@ __global__ static void __launch_bounds__(W * 32)
     }
     __syncthreads();         /* this tile has landed */
     if constexpr (QB != 0) { /* decode it into the bf16 tile (every warp, live or not) */
-      fa_decode_affine<D, QB, W * 32>(raw + stage * SM::RAW_STAGE, SM::RAW_STRIDE, stages,
+      fa_decode_affine<D, QB, W * 32>(raw + stage * 2 * FA_KEYS * raw_slot, raw_slot, stages,
                                       SM::STRIDE, __ffs(L.group) - 1);
       __syncthreads();
     }
@@ -851,7 +867,7 @@ static void launch_flash(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flas
   const kv_layout &L = cmd->a.kv.layout;
   const dim3 grid((unsigned)cmd->a.kv.total_tiles, (unsigned)L.n_kv_heads,
                   f.parallel ? (unsigned)f.splits : 1u);
-  const size_t smem = f.parallel ? SM::PARALLEL_BYTES : SM::BYTES;
+  const size_t smem = SM::launch_bytes(L.k_row_bytes, f.parallel);
   ci_launch(cu, flash_attention_kernel<D, EXACT, W, COOP, QB>, grid, W * 32, smem, L,
             cmd->a.kv.group, cmd->a.kv.att, f, cu->error_flag);
   if (f.parallel)
