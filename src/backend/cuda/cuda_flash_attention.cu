@@ -163,7 +163,7 @@ template <int D, int W, bool COOP = false, int QB = 0> struct fa_smem {
 };
 
 /* Decodes the RAW stage's 2 * FA_KEYS stored affine rows (K then V) into the bf16 tile: thread t
- * takes dims [8 c, 8 c + 8) of rows t / (D / 8), + 128 / (D / 8), ... (c = t % (D / 8)), one
+ * takes dims [8 c, 8 c + 8) of rows t / (D / 8), + THREADS / (D / 8), ... (c = t % (D / 8)), one
  * group's scale and bias each, and writes them as one 16-byte store. Rows copied as zeros (no key
  * of the block) decode to zeros. */
 template <int D, int QB, int THREADS>
@@ -171,8 +171,6 @@ __device__ static inline void fa_decode_affine(const uint8_t *raw, int raw_strid
                                                __nv_bfloat16 *tile, int stride, int group_shift) {
   constexpr int CHUNKS = D / 8, ROWS_PER_PASS = THREADS / CHUNKS;
   static_assert(THREADS % CHUNKS == 0 && 2 * FA_KEYS % ROWS_PER_PASS == 0, "decode walk");
-  constexpr int GROUPS_MAX = D / 32;
-  (void)GROUPS_MAX;
   const int c = threadIdx.x % CHUNKS, row0 = threadIdx.x / CHUNKS;
   const int gi = (8 * c) >> group_shift, groups = D >> group_shift;
   const int scale_at = D * QB / 8 + 2 * gi, bias_at = D * QB / 8 + 2 * (groups + gi);
