@@ -247,6 +247,29 @@ CI_KV_HD static inline void ci_kv_dev_pack(const uint8_t *codes, int n, int bits
 
 /* ==== Row encoders (one thread per row) ==== */
 
+/* An affine group's scale s and bias b from its minimum lo and maximum hi, n = 2^bits - 1
+ * (ci_affine_quantize_group's rule: the larger edge exact). Both affine encoders use it. */
+CI_KV_HD static inline void ci_kv_dev_affine_params(float lo, float hi, float n, float *s_out,
+                                                    float *b_out) {
+  float s = CI_KV_FDIV(CI_KV_FSUB(hi, lo), n);
+  if (s < 1e-7f) s = 1e-7f;
+  float edge;
+  if (fabsf(lo) > fabsf(hi)) {
+    edge = lo;
+  } else {
+    edge = hi;
+    s = -s;
+  }
+  const float q0 = rintf(CI_KV_FDIV(edge, s));
+  float b = 0.0f;
+  if (q0 != 0.0f) {
+    s = CI_KV_FDIV(edge, q0);
+    b = edge;
+  }
+  *s_out = s;
+  *b_out = b;
+}
+
 /* MLX affine per group: codes | bf16 scales | bf16 biases (ci_affine_quantize_group). */
 CI_KV_HD static inline void ci_kv_dev_affine_encode(const float *x, int D, int bits, int group,
                                                     uint8_t *row) {
@@ -261,21 +284,8 @@ CI_KV_HD static inline void ci_kv_dev_affine_encode(const float *x, int D, int b
       if (w[i] < lo) lo = w[i];
       if (w[i] > hi) hi = w[i];
     }
-    float s = CI_KV_FDIV(CI_KV_FSUB(hi, lo), n);
-    if (s < 1e-7f) s = 1e-7f;
-    float edge;
-    if (fabsf(lo) > fabsf(hi)) {
-      edge = lo;
-    } else {
-      edge = hi;
-      s = -s;
-    }
-    const float q0 = rintf(CI_KV_FDIV(edge, s));
-    float b = 0.0f;
-    if (q0 != 0.0f) {
-      s = CI_KV_FDIV(edge, q0);
-      b = edge;
-    }
+    float s, b;
+    ci_kv_dev_affine_params(lo, hi, n, &s, &b);
     for (int i = 0; i < group; i++)
       codes[g * group + i] = ci_kv_dev_affine_code(CI_KV_FDIV(CI_KV_FSUB(w[i], b), s), n);
     ci_kv_dev_put_bf16(scales + 2 * g, s);
@@ -455,21 +465,8 @@ __device__ static inline void ci_kv_dev_affine_encode_warp(const float *x, int D
     for (int k = 0; k < 4; k++) v[k] = k < per_lane ? w[lane + 32 * k] : 0.0f;
     const float lo = ci_kv_dev_first_extreme_warp<false>(v, per_lane),
                 hi = ci_kv_dev_first_extreme_warp<true>(v, per_lane);
-    float s = CI_KV_FDIV(CI_KV_FSUB(hi, lo), n);
-    if (s < 1e-7f) s = 1e-7f;
-    float edge;
-    if (fabsf(lo) > fabsf(hi)) {
-      edge = lo;
-    } else {
-      edge = hi;
-      s = -s;
-    }
-    const float q0 = rintf(CI_KV_FDIV(edge, s));
-    float b = 0.0f;
-    if (q0 != 0.0f) {
-      s = CI_KV_FDIV(edge, q0);
-      b = edge;
-    }
+    float s, b;
+    ci_kv_dev_affine_params(lo, hi, n, &s, &b);
 #pragma unroll
     for (int k = 0; k < 4; k++)
       if (k < per_lane)
