@@ -36,7 +36,9 @@ int ci_cuda_check_launch(ci_cuda *cu, const char *what) {
 
 void *ci_cuda_malloc(ci_cuda *cu, size_t bytes) {
   void *p = NULL;
-  cudaError_t err = cudaMalloc(&p, bytes ? bytes : 1);
+  /* CI_CUDA_READ_SLACK bytes more: the TurboQuant attention copies 16-byte windows that cover a
+   * KV row and may reach past the last one */
+  cudaError_t err = cudaMalloc(&p, bytes + CI_CUDA_READ_SLACK);
   if (err != cudaSuccess) {
     cudaGetLastError(); /* clear: an allocation failure is not sticky */
     ci_fail("CUDA: cannot allocate %zu bytes of GPU memory: %s", bytes, cudaGetErrorString(err));

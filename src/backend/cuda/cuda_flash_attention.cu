@@ -19,6 +19,7 @@
  * Precision: with two input planes (exact) q and P enter the tensor cores as bf16 value plus
  * bf16 remainder (about 16 mantissa bits, like the matmuls); with one plane as bf16. */
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_kv_codec.cuh"
 #include "backend/cuda/cuda_mma.cuh"
 
 #include <string.h>
@@ -27,6 +28,14 @@
  * launches (one warp's 16 rows per tile) run cooperative blocks of FA_MAX_WARPS warps sharing
  * those 16 rows (a row's arithmetic does not depend on the block's width or mode). */
 enum { FA_MAX_WARPS = 4, FA_MAX_ROWS = 16 * FA_MAX_WARPS, FA_KEYS = 64, FA_SPLIT = 128 };
+
+/* The template argument QB of the kernels: 0 bf16 KV, 4 or 8 affine KV of that many bits,
+ * FA_TURBO TurboQuant KV (2-4 bits per side, read at run time), FA_TURBO_V turbo-v KV (K 4
+ * bits, V 2-4 read at run time). The two TurboQuant codecs stage row windows (fa_smem). */
+enum { FA_TURBO = 1, FA_TURBO_V = 2 };
+__host__ __device__ constexpr bool fa_windows(int qb) {
+  return qb == FA_TURBO || qb == FA_TURBO_V;
+}
 
 typedef ci_cuda_kv_layout kv_layout;
 typedef ci_cuda_seq_group seq_group;
@@ -37,6 +46,11 @@ __device__ static inline const uint8_t *fa_row_address(const kv_layout &L, int v
   return L.slabs[block / L.blocks_per_slab] +
          (int64_t)(block % L.blocks_per_slab) * L.block_stride + (value ? L.v_offset : L.k_offset) +
          ((int64_t)head * L.block_tokens + slot) * (value ? L.v_row_bytes : L.k_row_bytes);
+}
+
+/* The bytes of the larger stored row (K or V): what a staging slot holds. */
+__host__ __device__ static inline int64_t fa_staged_row_bytes(const kv_layout &L) {
+  return L.k_row_bytes > L.v_row_bytes ? L.k_row_bytes : L.v_row_bytes;
 }
 
 __device__ static inline uint32_t pack_bf16(float lo, float hi) {
@@ -131,7 +145,13 @@ struct fa_shared_tail {
  * Affine KV (QB = 4 or 8 bits): the stored rows (codes, then the groups' bf16 scales and biases)
  * are copied as they are into two stages of raw_stride-byte slots (at most RAW_STRIDE: the
  * launch sizes its shared memory for its rows), and the block decodes the
- * current stage into one bf16 tile, which the tensor cores then read as they read bf16 KV. */
+ * current stage into one bf16 tile, which the tensor cores then read as they read bf16 KV.
+ * TurboQuant KV (QB = FA_TURBO): its rows (codes, then fp16 ν) are 2-byte aligned, so each slot
+ * holds the 16-byte-aligned window of global memory that covers its row (the row starts at byte
+ * address & 15 of the slot; the allocation's tail slack covers a window past the last row), and
+ * the tile holds ν·ĉ[code] in the rotated basis (the launch rotates q before and the output
+ * after). turbo-v KV (QB = FA_TURBO_V) stages windows the same way (its K and V rows differ in
+ * size); its K tile is in the model basis, its V tile in the rotated one (output un-rotated). */
 template <int D, int W, bool COOP = false, int QB = 0> struct fa_smem {
   static constexpr int STRIDE = D + 8; /* bf16 elements per staged key row (bank spread) */
   static constexpr size_t STAGE_ELEMS = (size_t)2 * FA_KEYS * STRIDE;
@@ -140,8 +160,12 @@ template <int D, int W, bool COOP = false, int QB = 0> struct fa_smem {
   static constexpr int P_STRIDE = FA_KEYS + 4;
   static constexpr size_t EXTRA_BYTES = COOP ? (size_t)(16 * P_STRIDE + W * 16) * 4 : 0;
   static constexpr size_t KV_BYTES = (QB ? 1 : 2) * STAGE_ELEMS * 2;
-  /* a stored affine row: D QB-bit codes, then a bf16 scale and bias per group (groups >= 32) */
-  static constexpr int RAW_STRIDE = QB ? (D * QB / 8 + 4 * (D / 32) + 15) / 16 * 16 : 0;
+  /* a stored affine row: D QB-bit codes, then a bf16 scale and bias per group (groups >= 32);
+   * TurboQuant: the window of a row of at most 4-bit codes and ν */
+  static constexpr int RAW_STRIDE = QB == FA_TURBO     ? D / 2 + 16
+                                    : QB == FA_TURBO_V ? (D / 2 + D / 8 + 14 + 15) / 16 * 16
+                                    : QB               ? (D * QB / 8 + 4 * (D / 32) + 15) / 16 * 16
+                                                       : 0;
   static constexpr size_t RAW_STAGE = (size_t)2 * FA_KEYS * RAW_STRIDE;
   static constexpr size_t RAW_BYTES = 2 * RAW_STAGE;
   static constexpr int ACC_REGS = D / 8 * 4;
@@ -152,9 +176,12 @@ template <int D, int W, bool COOP = false, int QB = 0> struct fa_smem {
    * 128 rounds the row up to 8 bytes (8-bit rows of groups of 64: 136-byte slots, three blocks
    * per SM where 144-byte ones allow two; H200, 8B at 16k: 148 -> 152 tok/s); head_dim 64 keeps
    * RAW_STRIDE (its blocks are bound by registers to four per SM either way, and the smaller
-   * slots measured 6% slower on the 1B geometry) */
+   * slots measured 6% slower on the 1B geometry); TurboQuant: the 16-byte windows covering a
+   * 2-byte-aligned row (row_bytes: the larger of the K and V rows) */
   __host__ __device__ static constexpr int raw_stride(int64_t row_bytes) {
-    return QB ? (D >= 128 ? (int)((row_bytes + 7) & ~(int64_t)7) : RAW_STRIDE) : 0;
+    return fa_windows(QB) ? (int)((row_bytes + 14 + 15) & ~(int64_t)15)
+           : QB           ? (D >= 128 ? (int)((row_bytes + 7) & ~(int64_t)7) : RAW_STRIDE)
+                          : 0;
   }
   static size_t launch_bytes(int64_t row_bytes, bool parallel) {
     return (parallel ? PARALLEL_BYTES : BYTES) - RAW_BYTES +
@@ -205,6 +232,90 @@ __device__ static inline void fa_decode_affine(const uint8_t *raw, int raw_strid
   }
 }
 
+/* Decodes the RAW stage's 2 * FA_KEYS TurboQuant row windows (K then V) into the bf16 tile in
+ * the rotated basis, ν·ĉ[code] per element: thread t takes dims [8 c, 8 c + 8) of rows
+ * t / (D / 8), + THREADS / (D / 8), ... (c = t % (D / 8)), whose codes are `bits` bytes of the
+ * LSB-first stream; lane i holds centroid i of the K (ck) and V (cv) codebooks, read by shuffle.
+ * rows[r] is row r's global address (NULL: copied as zeros, ν = 0, decodes to zeros). */
+template <int D, int THREADS>
+__device__ static inline void
+fa_decode_turbo(const uint8_t *raw, int raw_stride, const uint8_t *const *rows, __nv_bfloat16 *tile,
+                int stride, int k_bits, int v_bits, float ck, float cv) {
+  constexpr int CHUNKS = D / 8, ROWS_PER_PASS = THREADS / CHUNKS;
+  static_assert(THREADS % CHUNKS == 0 && FA_KEYS % ROWS_PER_PASS == 0, "decode walk");
+  const int c = threadIdx.x % CHUNKS, row0 = threadIdx.x / CHUNKS;
+#pragma unroll 4
+  for (int r = row0; r < 2 * FA_KEYS; r += ROWS_PER_PASS) {
+    const int value = r >= FA_KEYS, bits = value ? v_bits : k_bits;
+    const uint8_t *row = raw + r * raw_stride + ((uintptr_t)rows[r] & 15);
+    const float nu = __half2float(__ushort_as_half(*(const unsigned short *)(row + D * bits / 8)));
+    const int at = c * bits; /* the chunk's first byte; its bits bytes lie in one or two words */
+    const uint8_t *word = (const uint8_t *)((uintptr_t)(row + at) & ~(uintptr_t)3);
+    const uint32_t w0 = *(const uint32_t *)word;
+    const uint32_t w1 = *(const uint32_t *)((uintptr_t)(row + at + bits - 1) & ~(uintptr_t)3);
+    const uint32_t w = __funnelshift_r(w0, w1, 8 * (unsigned)((uintptr_t)(row + at) & 3));
+    const unsigned mask = (1u << bits) - 1u;
+    const float cb = value ? cv : ck;
+    uint32_t out[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const float x0 = __shfl_sync(0xffffffffu, cb, (int)((w >> (bits * (2 * i))) & mask));
+      const float x1 = __shfl_sync(0xffffffffu, cb, (int)((w >> (bits * (2 * i + 1))) & mask));
+      out[i] = pack_bf16(__fmul_rn(nu, x0), __fmul_rn(nu, x1));
+    }
+    *(uint4 *)(tile + r * stride + 8 * c) = make_uint4(out[0], out[1], out[2], out[3]);
+  }
+}
+
+/* The same for turbo-v row windows: K rows (4-bit codes, then per 32-group fp16 sc and zp)
+ * decode to (idx + zp)·sc in the model basis, V rows (2-4 bit codes, then a fp16 r per
+ * 32-group) to ĉ[code]·r in the rotated basis; lane i holds centroid i of the V codebook. */
+template <int D, int THREADS>
+__device__ static inline void fa_decode_turbo_v(const uint8_t *raw, int raw_stride,
+                                                const uint8_t *const *rows, __nv_bfloat16 *tile,
+                                                int stride, int v_bits, float cv) {
+  constexpr int CHUNKS = D / 8, ROWS_PER_PASS = THREADS / CHUNKS, GROUPS = D / 32;
+  static_assert(THREADS % CHUNKS == 0 && FA_KEYS % ROWS_PER_PASS == 0, "decode walk");
+  const int c = threadIdx.x % CHUNKS, row0 = threadIdx.x / CHUNKS, g = c / 4;
+#pragma unroll 4
+  for (int r = row0; r < 2 * FA_KEYS; r += ROWS_PER_PASS) {
+    const uint8_t *row = raw + r * raw_stride + ((uintptr_t)rows[r] & 15); /* 4-byte aligned */
+    uint32_t out[4];
+    if (r < FA_KEYS) {
+      const uint8_t *tail = row + D / 2;
+      const float sc = __half2float(__ushort_as_half(*(const unsigned short *)(tail + 2 * g)));
+      const float zp =
+          __half2float(__ushort_as_half(*(const unsigned short *)(tail + 2 * (GROUPS + g))));
+      const uint32_t w = *(const uint32_t *)(row + 4 * c);
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        float x[2];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+          const float idx = (float)((w >> (4 * (2 * i + j))) & 0xfu);
+          x[j] = __fmul_rn(__fadd_rn(idx, zp), sc);
+        }
+        out[i] = pack_bf16(x[0], x[1]);
+      }
+    } else {
+      const uint8_t *tail = row + D * v_bits / 8;
+      const float rms = __half2float(__ushort_as_half(*(const unsigned short *)(tail + 2 * g)));
+      const int at = c * v_bits;
+      const uint32_t w0 = *(const uint32_t *)((uintptr_t)(row + at) & ~(uintptr_t)3);
+      const uint32_t w1 = *(const uint32_t *)((uintptr_t)(row + at + v_bits - 1) & ~(uintptr_t)3);
+      const uint32_t w = __funnelshift_r(w0, w1, 8 * (unsigned)((uintptr_t)(row + at) & 3));
+      const unsigned mask = (1u << v_bits) - 1u;
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const float x0 = __shfl_sync(0xffffffffu, cv, (int)((w >> (v_bits * (2 * i))) & mask));
+        const float x1 = __shfl_sync(0xffffffffu, cv, (int)((w >> (v_bits * (2 * i + 1))) & mask));
+        out[i] = pack_bf16(__fmul_rn(x0, rms), __fmul_rn(x1, rms));
+      }
+    }
+    *(uint4 *)(tile + r * stride + 8 * c) = make_uint4(out[0], out[1], out[2], out[3]);
+  }
+}
+
 /* COOP (decode): the W warps share one warp's 16 packed rows. Warp w computes the scores of keys
  * [16 w, 16 w + 16) of each tile, the tile's row maxima meet in shared memory (a maximum is
  * exact in any order), the weights P go through shared memory and every warp sums its rows' P
@@ -216,7 +327,8 @@ __global__ static void __launch_bounds__(W * 32)
     flash_attention_kernel(kv_layout L, const seq_group *g, attention_params a,
                            ci_cuda_flash_params f, int *error_flag) {
   static_assert(!COOP || W == 4, "a cooperative block is four warps on 16 rows");
-  static_assert(QB == 0 || (!EXACT && (QB == 4 || QB == 8)), "affine KV: 4 or 8 bits, fast");
+  static_assert(QB == 0 || (!EXACT && (QB == 4 || QB == 8 || fa_windows(QB))),
+                "affine KV: 4 or 8 bits, fast; TurboQuant and turbo-v: fast");
   ci_grid_begin();
   typedef fa_smem<D, W, COOP, QB> SM;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -224,11 +336,12 @@ __global__ static void __launch_bounds__(W * 32)
   /* stage i: K at i * STAGE_ELEMS, V after it (affine KV: one tile, decoded from raw stage i) */
   __nv_bfloat16 *stages = (__nv_bfloat16 *)(smem + SM::TAIL_BYTES + SM::EXTRA_BYTES);
   uint8_t *const raw = smem + SM::TAIL_BYTES + SM::EXTRA_BYTES + SM::KV_BYTES;
-  float *total = (float *)(smem + SM::TAIL_BYTES + SM::EXTRA_BYTES + SM::KV_BYTES +
-                           (size_t)2 * 2 * FA_KEYS *
-                               SM::raw_stride(L.k_row_bytes)); /* [warp][ACC_REGS + 4][32] */
-  float *const p_tile = (float *)(smem + SM::TAIL_BYTES);      /* COOP: [16][P_STRIDE] */
-  float *const row_max = p_tile + 16 * SM::P_STRIDE;           /* COOP: [W][16] */
+  float *total =
+      (float *)(smem + SM::TAIL_BYTES + SM::EXTRA_BYTES + SM::KV_BYTES +
+                (size_t)2 * 2 * FA_KEYS *
+                    SM::raw_stride(fa_staged_row_bytes(L))); /* [warp][ACC_REGS + 4][32] */
+  float *const p_tile = (float *)(smem + SM::TAIL_BYTES);    /* COOP: [16][P_STRIDE] */
+  float *const row_max = p_tile + 16 * SM::P_STRIDE;         /* COOP: [W][16] */
   /* COOP: the accumulators of this warp's head dims [dim0, dim0 + D / 4), ACC_N of them */
   constexpr int ACC_N = COOP ? D / 32 : D / 8;
 
@@ -278,6 +391,14 @@ __global__ static void __launch_bounds__(W * 32)
   }
   const int warp_live = row_warp * 16 < n_pos * G;
 
+  /* TurboQuant: lane i's centroid i of the K and V codebooks (fa_decode_turbo), and q rotated
+   * by the launch (f.q_rotated, by launch row) */
+  float turbo_k_centroid = 0.0f, turbo_v_centroid = 0.0f;
+  if constexpr (fa_windows(QB)) {
+    if (QB == FA_TURBO)
+      turbo_k_centroid = lane < (1 << L.k_bits) ? ci_kv_centroids[L.k_bits][lane] : 0.0f;
+    turbo_v_centroid = lane < (1 << L.v_bits) ? ci_kv_centroids[L.v_bits][lane] : 0.0f;
+  }
   /* q as A fragments: k-step kk holds dims [16 kk, 16 kk + 16) */
   uint32_t qa[D / 16][4], ql[EXACT ? D / 16 : 1][4];
 #pragma unroll
@@ -288,8 +409,10 @@ __global__ static void __launch_bounds__(W * 32)
       for (int h = 0; h < 2; h++) {
         float2 x = make_float2(0.0f, 0.0f);
         if (live[h])
-          x = *(const float2 *)(a.q + ((int64_t)step_row[h] * a.n_heads + head[h]) * D + 16 * kk +
-                                8 * half + 2 * tig);
+          x = *(const float2 *)((QB == FA_TURBO
+                                     ? f.q_rotated + (int64_t)launch_row[h] * a.n_heads * D
+                                     : a.q + (int64_t)step_row[h] * a.n_heads * D) +
+                                (int64_t)head[h] * D + 16 * kk + 8 * half + 2 * tig);
         qa[kk][2 * half + h] = pack_bf16(x.x, x.y);
         if (EXACT) ql[EXACT ? kk : 0][2 * half + h] = pack_bf16_rest(x.x, x.y);
       }
@@ -352,11 +475,13 @@ __global__ static void __launch_bounds__(W * 32)
   const unsigned copy_chunk = threadIdx.x % CHUNKS, copy_row0 = threadIdx.x / CHUNKS;
   /* affine KV: the stored rows' CHUNK-byte pieces (CHUNK 8 or 4, as the rows' alignment allows),
    * thread t copying pieces t, t + THREADS, ... of the 2 * FA_KEYS rows in row order */
-  const int raw_bytes = (int)L.k_row_bytes;
-  const int raw_slot = SM::raw_stride(L.k_row_bytes); /* bytes per staged row */
-  const int raw_chunk =
-      QB && ((L.block_stride | L.k_offset | L.v_offset | L.k_row_bytes) & 7) ? 4 : 8;
-  const int raw_pieces = raw_bytes / raw_chunk; /* per row */
+  /* TurboQuant: the row's covering window in 16-byte pieces, from the row's address & ~15 */
+  const int raw_slot = SM::raw_stride(fa_staged_row_bytes(L)); /* bytes per staged row */
+  const int raw_chunk = fa_windows(QB) ? 16
+                        : QB && ((L.block_stride | L.k_offset | L.v_offset | L.k_row_bytes) & 7)
+                            ? 4
+                            : 8;
+  const int raw_pieces = (fa_windows(QB) ? raw_slot : (int)L.k_row_bytes) / raw_chunk; /* per row */
   auto issue_raw_copies = [&](int stage) {
     constexpr int THREADS = W * 32;
     const int row_step = THREADS / raw_pieces, piece_step = THREADS % raw_pieces;
@@ -366,9 +491,13 @@ __global__ static void __launch_bounds__(W * 32)
         (unsigned)__cvta_generic_to_shared(raw + stage * 2 * FA_KEYS * raw_slot);
     for (int j = 0; j < raw_pieces; j++) { /* raw_pieces pieces per thread, exactly */
       const uint8_t *row = rows[r];
+      if (fa_windows(QB)) row = (const uint8_t *)((uintptr_t)row & ~(uintptr_t)15);
       const unsigned dst = dst_stage + r * raw_slot + piece * raw_chunk;
       const void *src = row ? (const void *)(row + piece * raw_chunk) : (const void *)L.slabs;
-      if (raw_chunk == 8)
+      if (fa_windows(QB))
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                     "r"(row ? 16 : 0));
+      else if (raw_chunk == 8)
         asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src),
                      "r"(row ? 8 : 0));
       else
@@ -459,8 +588,18 @@ __global__ static void __launch_bounds__(W * 32)
     } else {
       asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     }
-    __syncthreads();         /* this tile has landed */
-    if constexpr (QB != 0) { /* decode it into the bf16 tile (every warp, live or not) */
+    __syncthreads();                /* this tile has landed */
+    if constexpr (QB == FA_TURBO) { /* decode it into the bf16 tile (every warp, live or not) */
+      fa_decode_turbo<D, W * 32>(raw + stage * 2 * FA_KEYS * raw_slot, raw_slot,
+                                 &tail->rows[stage][0][0], stages, SM::STRIDE, L.k_bits, L.v_bits,
+                                 turbo_k_centroid, turbo_v_centroid);
+      __syncthreads();
+    } else if constexpr (QB == FA_TURBO_V) {
+      fa_decode_turbo_v<D, W * 32>(raw + stage * 2 * FA_KEYS * raw_slot, raw_slot,
+                                   &tail->rows[stage][0][0], stages, SM::STRIDE, L.v_bits,
+                                   turbo_v_centroid);
+      __syncthreads();
+    } else if constexpr (QB != 0) {
       fa_decode_affine<D, QB, W * 32>(raw + stage * 2 * FA_KEYS * raw_slot, raw_slot, stages,
                                       SM::STRIDE, __ffs(L.group) - 1);
       __syncthreads();
@@ -699,11 +838,58 @@ __global__ static void __launch_bounds__(W * 32)
  * operations per split. The factors are the ones the serial fold computes (same expressions on the
  * same running maximum), so the result is bit-identical to it and to a block that walks every
  * split (prefill). */
+/* x <- H_D x for the D threads of a block (blockDim.x == D), through buf[D] in shared memory,
+ * with the butterflies of ci_kv_dev_fwht (each element sees the same operations in the same
+ * order as the sequential transform), then its 1/sqrt(D) scale. */
+__device__ static inline float fa_block_fwht(float x, float *buf, int D) {
+  const int d = threadIdx.x;
+  buf[d] = x;
+  __syncthreads();
+  for (int len = 1; len < D; len <<= 1) {
+    float a = 0.0f, b = 0.0f;
+    int i = 0;
+    if (d < D / 2) {
+      i = (d / len) * (len << 1) + d % len;
+      a = buf[i], b = buf[i + len];
+    }
+    __syncthreads();
+    if (d < D / 2) {
+      buf[i] = __fadd_rn(a, b);
+      buf[i + len] = __fsub_rn(a, b);
+    }
+    __syncthreads();
+  }
+  return __fmul_rn(buf[d], 1.0f / sqrtf((float)D));
+}
+
+/* TurboQuant KV around the tensor-core kernel, one block of D threads per (launch row, query
+ * head): query 1 writes q~ = H (s . q) to f.q_rotated (by launch row); query 0 un-rotates the
+ * serial launch's output in place, o = s . H o~ (the merge kernel does it for parallel ones). */
+__global__ static void fa_rotate_kernel(const seq_group *g, attention_params a,
+                                        ci_cuda_flash_params f, const float *signs, int D,
+                                        int query) {
+  ci_grid_begin();
+  __shared__ float buf[CI_CUDA_KV_MAX_D];
+  const int s = fa_seq_of_row(g, blockIdx.x);
+  const int step_row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
+  const int h = blockIdx.y, d = threadIdx.x;
+  if (query) {
+    const float x = a.q[((int64_t)step_row * a.n_heads + h) * D + d];
+    f.q_rotated[((int64_t)blockIdx.x * a.n_heads + h) * D + d] =
+        fa_block_fwht(__fmul_rn(signs[d], x), buf, D);
+  } else {
+    float *out = a.out + ((int64_t)step_row * a.n_heads + h) * D;
+    out[d] = __fmul_rn(signs[d], fa_block_fwht(out[d], buf, D));
+  }
+}
+
 enum { MERGE_BATCH = 32 };
+/* signs: TurboQuant KV's sign vector (the output is un-rotated, o = s . H o~), else NULL. */
 __global__ static void flash_merge_kernel(const seq_group *g, attention_params a,
-                                          ci_cuda_flash_params f, int D) {
+                                          ci_cuda_flash_params f, int D, const float *signs) {
   ci_grid_begin();
   __shared__ float4 coef[MERGE_BATCH]; /* (ct, cp, l of the split, unused) */
+  __shared__ float rotate_buf[CI_CUDA_KV_MAX_D];
   const int s = fa_seq_of_row(g, blockIdx.x);
   const int step_row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
   const int h = blockIdx.y;
@@ -762,7 +948,8 @@ __global__ static void flash_merge_kernel(const seq_group *g, attention_params a
     }
   }
   float *out = a.out + ((int64_t)step_row * a.n_heads + h) * D;
-  out[d] = tl > 0.0f ? __fdiv_rn(t, tl) : 0.0f;
+  const float o = tl > 0.0f ? __fdiv_rn(t, tl) : 0.0f;
+  out[d] = signs ? __fmul_rn(signs[d], fa_block_fwht(o, rotate_buf, D)) : o;
 }
 
 /* Affine KV the tensor-core kernel decodes: 4 or 8 bits on both sides, power-of-two groups of at
@@ -781,9 +968,35 @@ static int affine_tiles_supported(const kv_layout *L) {
   return ((L->block_stride | L->k_offset | L->v_offset | L->k_row_bytes) & 3) == 0;
 }
 
+/* TurboQuant KV the tensor-core kernel decodes: 2-4 bits per side, rows of codes and fp16 ν,
+ * 16-byte aligned blocks and regions (the row windows are copied in 16-byte pieces). */
+static int turbo_tiles_supported(const kv_layout *L) {
+  if (L->codec != CI_KV_TURBO || !L->signs) return 0;
+  if (L->k_bits < 2 || L->k_bits > 4 || L->v_bits < 2 || L->v_bits > 4) return 0;
+  if (L->k_row_bytes != (int64_t)L->head_dim * L->k_bits / 8 + 2 ||
+      L->v_row_bytes != (int64_t)L->head_dim * L->v_bits / 8 + 2)
+    return 0;
+  return ((L->block_stride | L->k_offset | L->v_offset) & 15) == 0;
+}
+
+/* turbo-v KV the tensor-core kernel decodes: K 4 bits, V 2-4, groups of 32 with fp16
+ * parameters, 16-byte aligned blocks and regions (8-bit K rows would need staging slots too large
+ * for two blocks per SM: they stay on the CUDA-core kernel). */
+static int turbo_v_tiles_supported(const kv_layout *L) {
+  if (L->codec != CI_KV_TURBO_V || !L->signs) return 0;
+  if (L->k_bits != 4 || L->v_bits < 2 || L->v_bits > 4) return 0;
+  const int groups = L->head_dim / CI_CUDA_TURBO_V_GROUP;
+  if (L->k_row_bytes != (int64_t)L->head_dim * L->k_bits / 8 + 4 * groups ||
+      L->v_row_bytes != (int64_t)L->head_dim * L->v_bits / 8 + 2 * groups)
+    return 0;
+  return ((L->block_stride | L->k_offset | L->v_offset) & 15) == 0;
+}
+
 int ci_cuda_flash_supported(const kv_layout *L, int n_heads, int exact) {
   if (L->head_dim != 64 && L->head_dim != 128) return 0;
-  if (L->codec != CI_KV_BF16 && (exact || !affine_tiles_supported(L))) return 0;
+  if (L->codec != CI_KV_BF16 && (exact || !(affine_tiles_supported(L) || turbo_tiles_supported(L) ||
+                                            turbo_v_tiles_supported(L))))
+    return 0;
   if (n_heads % L->n_kv_heads) return 0;
   const int group = n_heads / L->n_kv_heads;
   return group <= 16 && 16 % group == 0;
@@ -808,6 +1021,8 @@ void ci_cuda_flash_plan(const kv_layout *L, const ci_cuda_seq_group *host_group,
   f->splits = ci_cuda_key_splits(host_group, L, FA_SPLIT);
   const int64_t blocks = (int64_t)host_group->total_tiles * L->n_kv_heads;
   const size_t bytes = (size_t)total_rows * n_heads * f->splits * (L->head_dim + 2) * sizeof(float);
+  const size_t q_bytes =
+      L->codec == CI_KV_TURBO ? (size_t)total_rows * n_heads * L->head_dim * sizeof(float) : 0;
   /* Split the keys over blocks when one block per tile leaves SMs idle: fewer blocks than the
    * GPU holds at once (prefill), or fewer than one and a half such waves for the cooperative
    * decode blocks, whose serial walk streams the next split's keys while this one computes and
@@ -815,12 +1030,14 @@ void ci_cuda_flash_plan(const kv_layout *L, const ci_cuda_seq_group *host_group,
    * 64 and 128 sequences serial is 7-10% faster, 1B at 64 sequences parallel 6-17% faster). */
   const int64_t resident =
       (int64_t)cu->n_sms *
-      (L->codec == CI_KV_AFFINE
-           ? cu->flash_affine_blocks_per_sm[L->head_dim == 128][warps == 1]
+      (L->codec == CI_KV_AFFINE  ? cu->flash_affine_blocks_per_sm[L->head_dim == 128][warps == 1]
+       : L->codec == CI_KV_TURBO ? cu->flash_turbo_blocks_per_sm[L->head_dim == 128][warps == 1]
+       : L->codec == CI_KV_TURBO_V
+           ? cu->flash_turbo_v_blocks_per_sm[L->head_dim == 128][warps == 1]
            : cu->flash_blocks_per_sm[L->head_dim == 128][exact != 0][warps == 1]);
   f->parallel = f->splits > 1 && (warps == 1 ? 2 * blocks < 3 * resident : blocks < resident) &&
                 bytes <= ((size_t)256 << 20);
-  f->scratch_bytes = f->parallel ? bytes : 0;
+  f->scratch_bytes = (f->parallel ? bytes : 0) + q_bytes;
 }
 
 /* Raises the kernel's shared-memory limit and records how many of its serial blocks an SM holds
@@ -831,8 +1048,10 @@ template <int D, bool EXACT, bool COOP, int QB> static cudaError_t flash_setup(c
       cudaFuncSetAttribute(flash_attention_kernel<D, EXACT, FA_MAX_WARPS, COOP, QB>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SM::BYTES);
   if (QB == 4) return err;
-  int *per_sm = QB ? &cu->flash_affine_blocks_per_sm[D == 128][COOP]
-                   : &cu->flash_blocks_per_sm[D == 128][EXACT][COOP];
+  int *per_sm = QB == FA_TURBO_V ? &cu->flash_turbo_v_blocks_per_sm[D == 128][COOP]
+                : QB == FA_TURBO ? &cu->flash_turbo_blocks_per_sm[D == 128][COOP]
+                : QB             ? &cu->flash_affine_blocks_per_sm[D == 128][COOP]
+                                 : &cu->flash_blocks_per_sm[D == 128][EXACT][COOP];
   if (err == cudaSuccess)
     err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         per_sm, flash_attention_kernel<D, EXACT, FA_MAX_WARPS, COOP, QB>, FA_MAX_WARPS * 32,
@@ -855,6 +1074,10 @@ int ci_cuda_flash_init(ci_cuda *cu) {
   if (err == cudaSuccess) err = flash_setup_both<64, false, 8>(cu);
   if (err == cudaSuccess) err = flash_setup_both<128, false, 4>(cu);
   if (err == cudaSuccess) err = flash_setup_both<128, false, 8>(cu);
+  if (err == cudaSuccess) err = flash_setup_both<64, false, FA_TURBO>(cu);
+  if (err == cudaSuccess) err = flash_setup_both<128, false, FA_TURBO>(cu);
+  if (err == cudaSuccess) err = flash_setup_both<64, false, FA_TURBO_V>(cu);
+  if (err == cudaSuccess) err = flash_setup_both<128, false, FA_TURBO_V>(cu);
   return err == cudaSuccess ? CI_OK : ci_cuda_fail(cu, err, "flash attention setup");
 }
 
@@ -865,13 +1088,19 @@ static void launch_flash(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flas
   const kv_layout &L = cmd->a.kv.layout;
   const dim3 grid((unsigned)cmd->a.kv.total_tiles, (unsigned)L.n_kv_heads,
                   f.parallel ? (unsigned)f.splits : 1u);
-  const size_t smem = SM::launch_bytes(L.k_row_bytes, f.parallel);
+  const size_t smem = SM::launch_bytes(fa_staged_row_bytes(L), f.parallel);
+  const dim3 row_heads((unsigned)cmd->a.kv.total_rows, (unsigned)cmd->a.kv.att.n_heads);
+  const float *signs = fa_windows(QB) ? L.signs : NULL; /* the output is rotated */
+  if (QB == FA_TURBO)
+    ci_launch(cu, fa_rotate_kernel, row_heads, D, 0, cmd->a.kv.group, cmd->a.kv.att, f, signs, D,
+              1);
   ci_launch(cu, flash_attention_kernel<D, EXACT, W, COOP, QB>, grid, W * 32, smem, L,
             cmd->a.kv.group, cmd->a.kv.att, f, cu->error_flag);
   if (f.parallel)
-    ci_launch(cu, flash_merge_kernel,
-              dim3((unsigned)cmd->a.kv.total_rows, (unsigned)cmd->a.kv.att.n_heads), D, 0,
-              cmd->a.kv.group, cmd->a.kv.att, f, D);
+    ci_launch(cu, flash_merge_kernel, row_heads, D, 0, cmd->a.kv.group, cmd->a.kv.att, f, D, signs);
+  else if (fa_windows(QB))
+    ci_launch(cu, fa_rotate_kernel, row_heads, D, 0, cmd->a.kv.group, cmd->a.kv.att, f, signs, D,
+              0);
 }
 
 template <int D, bool EXACT, int QB = 0>
@@ -893,15 +1122,29 @@ static void launch_affine(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_fla
 
 int ci_cuda_flash_launch(ci_cuda *cu, const ci_cuda_cmd *cmd) {
   ci_cuda_flash_params f = cmd->a.kv.plan;
-  if (f.parallel) {
+  if (f.scratch_bytes) {
     const size_t slots = (size_t)cmd->a.kv.total_rows * cmd->a.kv.att.n_heads * f.splits;
     float *scratch = (float *)ci_cuda_scratch(cu, 2, f.scratch_bytes);
     if (!scratch) return CI_ERR;
-    f.partial = scratch;
-    f.state = scratch + slots * cmd->a.kv.layout.head_dim;
+    if (f.parallel) {
+      f.partial = scratch;
+      f.state = scratch + slots * cmd->a.kv.layout.head_dim;
+      scratch = f.state + 2 * slots;
+    }
+    f.q_rotated = scratch; /* TurboQuant KV */
   }
   const int exact = f.exact;
-  if (cmd->a.kv.layout.codec == CI_KV_AFFINE) { /* fast mode only (ci_cuda_flash_supported) */
+  if (cmd->a.kv.layout.codec == CI_KV_TURBO) { /* fast mode only (ci_cuda_flash_supported) */
+    if (cmd->a.kv.layout.head_dim == 64)
+      launch_width<64, false, FA_TURBO>(cu, cmd, f);
+    else
+      launch_width<128, false, FA_TURBO>(cu, cmd, f);
+  } else if (cmd->a.kv.layout.codec == CI_KV_TURBO_V) { /* fast mode only */
+    if (cmd->a.kv.layout.head_dim == 64)
+      launch_width<64, false, FA_TURBO_V>(cu, cmd, f);
+    else
+      launch_width<128, false, FA_TURBO_V>(cu, cmd, f);
+  } else if (cmd->a.kv.layout.codec == CI_KV_AFFINE) { /* fast mode only */
     if (cmd->a.kv.layout.head_dim == 64)
       launch_affine<64>(cu, cmd, f);
     else

@@ -34,6 +34,8 @@ typedef struct {
 } ci_cuda_kv_layout;
 
 enum { CI_CUDA_MAX_SEQS = 64, CI_CUDA_SCRATCH_SLOTS = 4 };
+/* Bytes every device allocation has past its end, which kernels may read (never write). */
+enum { CI_CUDA_READ_SLACK = 64 };
 
 /* The sequences of one KV launch, in device memory (staged per step): rows
  * [first_row, first_row + n_rows) of the step; row_start is the launch's running row count. */
@@ -64,12 +66,13 @@ static inline int ci_cuda_key_splits(const ci_cuda_seq_group *g, const ci_cuda_k
 
 /* How one tensor-core attention launch runs (cuda_flash_attention.cu): `group` query heads per
  * KV head; keys in `splits` fixed splits, walked in one block per tile (parallel 0) or one block
- * per split plus a merge (parallel 1, which needs scratch_bytes of slot-2 scratch); exact: two
- * bf16 planes for q and P. partial and state are filled in at launch. */
+ * per split plus a merge (parallel 1, whose split states need slot-2 scratch); exact: two bf16
+ * planes for q and P; TurboQuant KV also keeps q rotated in slot-2 scratch. scratch_bytes is
+ * all of it; partial, state and q_rotated are filled in at launch. */
 typedef struct {
   int group, warps, splits, parallel, exact;
   size_t scratch_bytes;
-  float *partial, *state;
+  float *partial, *state, *q_rotated;
 } ci_cuda_flash_params;
 
 typedef struct {
@@ -224,7 +227,9 @@ typedef struct {
   int smem_per_sm; /* shared memory bytes per SM */
   /* [head_dim 128][exact][cooperative decode]: serial flash-attention blocks one SM holds */
   int flash_blocks_per_sm[2][2][2];
-  int flash_affine_blocks_per_sm[2][2]; /* [head_dim 128][cooperative]: the same, affine KV */
+  int flash_affine_blocks_per_sm[2][2];  /* [head_dim 128][cooperative]: the same, affine KV */
+  int flash_turbo_blocks_per_sm[2][2];   /* the same, TurboQuant KV */
+  int flash_turbo_v_blocks_per_sm[2][2]; /* the same, turbo-v KV */
   int pdl;  /* 1: kernels launch with programmatic dependent launch (cuda_launch.cuh) */
   int fuse; /* 1 (default): fused launches (cuda_graph.cu); CINFER_CUDA_FUSE=0 runs every command
                on its own, for measuring what the fusions save */
@@ -402,7 +407,8 @@ int ci_cuda_gemv_fits(int dtype, int64_t n, int64_t k, int64_t m, int planes);
 void ci_cuda_gemv_launch(ci_cuda *cu, int parts, const ci_cuda_weight *w, const int64_t *n,
                          float *const *y, int64_t k, const void *x, int64_t m, int planes);
 /* 1 when the tensor-core kernel runs this layout with n_heads query heads: bf16 KV, and in fast
- * mode (exact 0: one input plane) affine KV of 4 or 8 bits, decoded to bf16 tiles. */
+ * mode (exact 0: one input plane) affine KV of 4 or 8 bits, TurboQuant and turbo-v KV, decoded
+ * to bf16 tiles. */
 int ci_cuda_flash_supported(const ci_cuda_kv_layout *L, int n_heads, int exact);
 /* Warps per block for a launch whose sequences have at most max_rows_per_seq rows. */
 int ci_cuda_flash_warps(int n_heads, int n_kv_heads, int max_rows_per_seq);
