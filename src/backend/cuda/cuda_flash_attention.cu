@@ -214,19 +214,35 @@ __device__ static inline void fa_decode_affine(const uint8_t *raw, int raw_strid
       w[0] = *(const uint32_t *)(row + 4 * c), w[1] = 0;
     }
     uint32_t out[4];
+    if (QB == 4) {
+      /* in bf16 pairs: byte i of the codes holds elements 2 i (low nibble) and 2 i + 1; the
+       * pair as bf16 exactly (128 + code, minus 128), then code * scale + bias, rounded once */
+      const uint32_t high = w[0] >> 4;
+      const __nv_bfloat162 s2 = __bfloat162bfloat162(__float2bfloat16_rn(scale));
+      const __nv_bfloat162 b2 = __bfloat162bfloat162(__float2bfloat16_rn(bias));
+      const __nv_bfloat162 magic = __bfloat162bfloat162(__float2bfloat16_rn(128.0f));
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-      float v[2];
-#pragma unroll
-      for (int j = 0; j < 2; j++) {
-        const int e = 2 * i + j; /* element e: bits [QB e, QB e + QB) of the codes */
-        const uint32_t code =
-            QB == 8 ? (w[e >> 2] >> (8 * (e & 3))) & 0xffu : (w[0] >> (4 * e)) & 0xfu;
-        /* the code as a float, exactly: 2^23 + code, minus 2^23 */
-        const float x = __fsub_rn(__uint_as_float(0x4b000000u | code), 8388608.0f);
-        v[j] = __fmaf_rn(scale, x, bias);
+      for (int i = 0; i < 4; i++) {
+        uint32_t x = __byte_perm(w[0], high, (uint32_t)(i | (4 + i) << 8)) & 0x000f000fu;
+        x |= 0x43004300u;
+        const __nv_bfloat162 c2 = __hsub2(*(const __nv_bfloat162 *)&x, magic);
+        const __nv_bfloat162 v2 = __hfma2(c2, s2, b2);
+        out[i] = *(const uint32_t *)&v2;
       }
-      out[i] = pack_bf16(v[0], v[1]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        float v[2];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+          const int e = 2 * i + j; /* element e: byte e of the codes */
+          const uint32_t code = (w[e >> 2] >> (8 * (e & 3))) & 0xffu;
+          /* the code as a float, exactly: 2^23 + code, minus 2^23 */
+          const float x = __fsub_rn(__uint_as_float(0x4b000000u | code), 8388608.0f);
+          v[j] = __fmaf_rn(scale, x, bias);
+        }
+        out[i] = pack_bf16(v[0], v[1]);
+      }
     }
     *(uint4 *)(tile + r * stride + 8 * c) = make_uint4(out[0], out[1], out[2], out[3]);
   }

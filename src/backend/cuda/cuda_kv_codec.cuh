@@ -489,9 +489,12 @@ __device__ static inline void ci_kv_dev_turbo_encode_warp(const float *x, int D,
   const int lane = threadIdx.x & 31;
   for (int i = lane; i < D; i += 32) y[i] = x[i];
   __syncwarp();
-  double norm2 = 0.0; /* the one-thread order: lane 0 alone */
+  double norm2 = 0.0; /* the one-thread order: lane 0 alone, 16 loads ahead of the chain */
   if (lane == 0)
-    for (int i = 0; i < D; i++) norm2 = CI_KV_DADD(norm2, CI_KV_DMUL((double)y[i], (double)y[i]));
+    for (int i0 = 0; i0 < D; i0 += 16) /* D is a multiple of 32 */
+#pragma unroll
+      for (int i = i0; i < i0 + 16; i++)
+        norm2 = CI_KV_DADD(norm2, CI_KV_DMUL((double)y[i], (double)y[i]));
   norm2 = __shfl_sync(0xffffffffu, norm2, 0);
   __syncwarp();
   const float gamma = (float)sqrt(norm2);
@@ -503,14 +506,19 @@ __device__ static inline void ci_kv_dev_turbo_encode_warp(const float *x, int D,
     __syncwarp();
     ci_kv_dev_fwht_warp(y, D);
     const float unit = CI_KV_FDIV(sqrtf((float)D), gamma);
-    for (int i = lane; i < D; i += 32)
-      codes[i] = ci_kv_dev_lloyd_code(CI_KV_FMUL(y[i], unit), bits);
+    const float *c = ci_kv_codebook(bits);
+    for (int i = lane; i < D; i += 32) { /* y[i] becomes the code's centroid */
+      const int code = ci_kv_dev_lloyd_code(CI_KV_FMUL(y[i], unit), bits);
+      codes[i] = (uint8_t)code;
+      y[i] = c[code];
+    }
     __syncwarp();
     if (lane == 0) {
-      const float *c = ci_kv_codebook(bits);
       double decoded2 = 0.0;
-      for (int i = 0; i < D; i++)
-        decoded2 = CI_KV_DADD(decoded2, CI_KV_DMUL((double)c[codes[i]], (double)c[codes[i]]));
+      for (int i0 = 0; i0 < D; i0 += 16)
+#pragma unroll
+        for (int i = i0; i < i0 + 16; i++)
+          decoded2 = CI_KV_DADD(decoded2, CI_KV_DMUL((double)y[i], (double)y[i]));
       nu = (float)CI_KV_DDIV((double)gamma, sqrt(decoded2));
     }
   }
