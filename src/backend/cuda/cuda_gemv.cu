@@ -107,8 +107,12 @@ __device__ static inline int gv_part_of(const gv_parts &P, int group, int chains
  * staged tile, cuda_affine.cuh, and dequantises them in registers); PLANES 1 (bf16 inputs) or 2
  * (value and remainder planes, [plane][m][K]); F16: affine scales and biases in f16, not bf16 (a
  * template argument: a branch inside the unrolled k-steps would keep the compiler from overlapping
- * one step's loads with the previous step's products). */
-template <int BITS, int CHAINS, int PLANES, int STAGES, int KC, bool F16, int XG, int WARPS>
+ * one step's loads with the previous step's products); GSHIFT: log2 of the affine group size
+ * when it is a compile-time constant (6: groups of 64, MLX's default), else 0 (P.group_shift: the
+ * pairs' addressing then shifts by a register; a constant saved 1-10% of the q4/q8 kernels' time
+ * on the H200). */
+template <int BITS, int CHAINS, int PLANES, int STAGES, int KC, bool F16, int XG, int WARPS,
+          int GSHIFT = 0>
 __global__ static void __launch_bounds__(32 * WARPS)
     gemv_kernel(const gv_parts P, const __nv_bfloat16 *__restrict__ x, int groups, int k, int m) {
   constexpr int R = CHAINS * 16, STRIDE = KC + 8;
@@ -143,7 +147,8 @@ __global__ static void __launch_bounds__(32 * WARPS)
   const int my_groups = (groups - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
   const int k_stages = (k + KC - 1) / KC;
   const int total = my_groups * k_stages;
-  const int quads = (k + 63) / 64, k_groups = k >> P.group_shift;
+  const int group_shift = GSHIFT ? GSHIFT : P.group_shift;
+  const int quads = (k + 63) / 64, k_groups = k >> group_shift;
   int load_group = 0, load_k = 0; /* the next stage to load: my group index, k stage */
   /* the W part of stage (lgroup, lk) into ring slot `slot` */
   auto load_w = [&](int slot, int lgroup, int lk) {
@@ -159,7 +164,7 @@ __global__ static void __launch_bounds__(32 * WARPS)
       }
     } else { /* each tile's stage is one contiguous run of codes, and one of pairs */
       const int code_chunks = (kn + 63) / 64 * QUAD_BYTES / 16;
-      const int pair_chunks = (kn >> P.group_shift) * 4;
+      const int pair_chunks = (kn >> group_shift) * 4;
 #pragma unroll
       for (int j = 0; j < CHAINS; j++) {
         const size_t tile = (size_t)(row0 / 16 + j);
@@ -167,8 +172,7 @@ __global__ static void __launch_bounds__(32 * WARPS)
             (const uint8_t *)gv_pick(P.w, part) + (tile * quads + k0 / 64) * QUAD_BYTES;
         uint8_t *dc = codes + (slot * CHAINS + j) * TILE_CODES;
         for (int c = tid; c < code_chunks; c += NT) cp_async16_stream(dc + c * 16, src + c * 16);
-        const uint32_t *ps =
-            gv_pick(P.pairs, part) + (tile * k_groups + (k0 >> P.group_shift)) * 16;
+        const uint32_t *ps = gv_pick(P.pairs, part) + (tile * k_groups + (k0 >> group_shift)) * 16;
         uint32_t *dp = pairs + (slot * CHAINS + j) * TILE_PAIRS;
         for (int c = tid; c < pair_chunks; c += NT) cp_async16_stream(dp + c * 4, ps + c * 4);
       }
@@ -248,7 +252,7 @@ __global__ static void __launch_bounds__(32 * WARPS)
 #pragma unroll
       for (int h = 0; h < 2; h++) {
         const uint32_t *pw =
-            pairs + (slot * CHAINS + j) * TILE_PAIRS + ((q * 64 + h * 32) >> P.group_shift) * 16;
+            pairs + (slot * CHAINS + j) * TILE_PAIRS + ((q * 64 + h * 32) >> group_shift) * 16;
         Q.rows[j][h] = WARPS == 2 ? ci_affine_rows_of<BITS>(pw[g + 8 * half], pw[g + 8 * half], F16)
                                   : ci_affine_rows_of<BITS>(pw[g], pw[g + 8], F16);
       }
@@ -364,12 +368,19 @@ static cudaError_t gv_set_limit() {
       cudaFuncAttributeMaxDynamicSharedMemorySize,
       (int)gv_smem_bytes(BITS, gv_kc(BITS, XG), GV_STAGES, CHAINS,
                          XG == 2 ? GV_MAX_X_ROWS_AFFINE : GV_MAX_X_ROWS));
-  if constexpr (BITS == 16)
+  if constexpr (BITS == 16) {
     if (err == cudaSuccess)
       err = cudaFuncSetAttribute(
           gemv_kernel<BITS, CHAINS, PLANES, GV_WIDE_STAGES, GV_WIDE_KC, F16, XG, WARPS>,
           cudaFuncAttributeMaxDynamicSharedMemorySize,
           (int)gv_smem_bytes(BITS, GV_WIDE_KC, GV_WIDE_STAGES, CHAINS, GV_WIDE_MAX_X_ROWS));
+  } else if (err == cudaSuccess) { /* the groups-of-64 form */
+    err = cudaFuncSetAttribute(
+        gemv_kernel<BITS, CHAINS, PLANES, GV_STAGES, gv_kc(BITS, XG), F16, XG, WARPS, 6>,
+        cudaFuncAttributeMaxDynamicSharedMemorySize,
+        (int)gv_smem_bytes(BITS, gv_kc(BITS, XG), GV_STAGES, CHAINS,
+                           XG == 2 ? GV_MAX_X_ROWS_AFFINE : GV_MAX_X_ROWS));
+  }
   return err;
 }
 
@@ -421,7 +432,7 @@ static int gv_blocks_per_sm(const ci_cuda *cu, size_t smem) {
   return by_smem < 1 ? 1 : by_smem > 32 ? 32 : by_smem;
 }
 
-template <int BITS, bool F16, int XG, int STAGES, int KC, int WARPS>
+template <int BITS, bool F16, int XG, int STAGES, int KC, int WARPS, int GSHIFT = 0>
 static void gv_launch_at(ci_cuda *cu, const gv_parts &P, int chains, int groups, int64_t k,
                          const __nv_bfloat16 *x, int64_t m, int planes, dim3 grid, size_t smem) {
   if constexpr (BITS == 16) { /* affine weights run one chain per warp */
@@ -437,11 +448,11 @@ static void gv_launch_at(ci_cuda *cu, const gv_parts &P, int chains, int groups,
     }
   }
   if (planes == 1)
-    ci_launch(cu, gemv_kernel<BITS, 1, 1, STAGES, KC, F16, XG, WARPS>, grid, 32 * WARPS, smem, P, x,
-              groups, (int)k, (int)m);
+    ci_launch(cu, gemv_kernel<BITS, 1, 1, STAGES, KC, F16, XG, WARPS, GSHIFT>, grid, 32 * WARPS,
+              smem, P, x, groups, (int)k, (int)m);
   else
-    ci_launch(cu, gemv_kernel<BITS, 1, 2, STAGES, KC, F16, XG, WARPS>, grid, 32 * WARPS, smem, P, x,
-              groups, (int)k, (int)m);
+    ci_launch(cu, gemv_kernel<BITS, 1, 2, STAGES, KC, F16, XG, WARPS, GSHIFT>, grid, 32 * WARPS,
+              smem, P, x, groups, (int)k, (int)m);
 }
 
 /* Whether affine blocks run as two warps that split each tile's rows. The affine k-step is bound
@@ -462,7 +473,7 @@ static int gv_affine_warps(const ci_cuda *cu, int groups, int64_t resident, int 
 /* The grid is the groups, at most one wave of resident blocks (each then walks several groups).
  * The stage shape and the warps of a block never change a bit of the result: each output is the
  * same chain over K. */
-template <int BITS, bool F16, int XG>
+template <int BITS, bool F16, int XG, int GSHIFT = 0>
 static void gv_launch(ci_cuda *cu, const gv_parts &P, int chains, int groups, int64_t k,
                       const __nv_bfloat16 *x, int64_t m, int planes) {
   if constexpr (BITS == 16) {
@@ -483,22 +494,26 @@ static void gv_launch(ci_cuda *cu, const gv_parts &P, int chains, int groups, in
     const int64_t resident = (int64_t)cu->n_sms * gv_blocks_per_sm(cu, smem);
     const dim3 grid((unsigned)(groups < resident ? groups : resident));
     if (gv_affine_warps(cu, groups, resident, XG) == 2)
-      gv_launch_at<BITS, F16, XG, GV_STAGES, gv_kc(BITS, XG), 2>(cu, P, 1, groups, k, x, m, planes,
-                                                                 grid, smem);
+      gv_launch_at<BITS, F16, XG, GV_STAGES, gv_kc(BITS, XG), 2, GSHIFT>(cu, P, 1, groups, k, x, m,
+                                                                         planes, grid, smem);
     else
-      gv_launch_at<BITS, F16, XG, GV_STAGES, gv_kc(BITS, XG), 1>(cu, P, 1, groups, k, x, m, planes,
-                                                                 grid, smem);
+      gv_launch_at<BITS, F16, XG, GV_STAGES, gv_kc(BITS, XG), 1, GSHIFT>(cu, P, 1, groups, k, x, m,
+                                                                         planes, grid, smem);
   }
 }
 
-/* Affine weights: one column group of inputs up to 8 input rows (planes x rows), two above. */
+/* Affine weights: one column group of inputs up to 8 input rows (planes x rows), two above;
+ * groups of 64 with the group size a constant of the kernel. */
 template <int BITS, bool F16>
 static void gv_launch_affine(ci_cuda *cu, const gv_parts &P, int groups, int64_t k,
                              const __nv_bfloat16 *x, int64_t m, int planes) {
-  if (planes * m > GV_MAX_X_ROWS)
-    gv_launch<BITS, F16, 2>(cu, P, 1, groups, k, x, m, planes);
+  const bool wide = planes * m > GV_MAX_X_ROWS;
+  if (P.group_shift == 6)
+    wide ? gv_launch<BITS, F16, 2, 6>(cu, P, 1, groups, k, x, m, planes)
+         : gv_launch<BITS, F16, 1, 6>(cu, P, 1, groups, k, x, m, planes);
   else
-    gv_launch<BITS, F16, 1>(cu, P, 1, groups, k, x, m, planes);
+    wide ? gv_launch<BITS, F16, 2>(cu, P, 1, groups, k, x, m, planes)
+         : gv_launch<BITS, F16, 1>(cu, P, 1, groups, k, x, m, planes);
 }
 
 void ci_cuda_gemv_launch(ci_cuda *cu, int parts, const ci_cuda_weight *w, const int64_t *n,
