@@ -674,7 +674,7 @@ static void at_run(ci_backend *be, at_cache *c, int gpu_side, const float *q_dev
 }
 
 /* fast 0: exact mode (two input planes); 1: fast mode (one plane; bf16, 4/8-bit affine,
- * TurboQuant and 4-bit-K turbo-v KV at head_dim 64 and 128 run in the tensor-core kernel). */
+ * TurboQuant and turbo-v KV at head_dim 64 and 128 run in the tensor-core kernel). */
 static void check_attention(ci_backend *cpu, ci_backend *cu, int D, int window, float softcap,
                             const ci_kv_format *fmt, int fast) {
   char name[32];
@@ -684,8 +684,7 @@ static void check_attention(ci_backend *cpu, ci_backend *cu, int D, int window, 
   const int tensor_cores =
       !ci_kv_format_is_quantized(fmt) ||
       (fast && ((fmt->codec == CI_KV_AFFINE && fmt->k_bits == fmt->v_bits) ||
-                ((fmt->codec == CI_KV_TURBO || (fmt->codec == CI_KV_TURBO_V && fmt->k_bits == 4)) &&
-                 D <= 128)));
+                ((fmt->codec == CI_KV_TURBO || fmt->codec == CI_KV_TURBO_V) && D <= 128)));
   /* 2200 positions: the all-rows call has enough query tiles (141 x 2 KV heads) to walk the
    * splits inside each block on a 132-SM H200; the short calls below run one block per split */
   /* quantized KV: 600 positions give the all-rows call enough blocks to walk its splits of 256
@@ -836,9 +835,8 @@ static void test_quantized_attention(void **state) {
   ci_kv_format affine;
   assert_int_equal(ci_kv_format_parse("affine", 4, 0, 64, &affine), CI_OK);
   check_attention(cpu, cu, 128, 300, 30.0f, &affine, 0);
-  /* fast mode: bf16, affine KV (4 and 8 bits, every group), TurboQuant (every bit width) and
-   * 4-bit-K turbo-v KV in the tensor-core kernel, 8-bit-K turbo-v in the CUDA-core one; rows
-   * bit-identical in every launch mode as above */
+  /* fast mode: bf16, affine KV (4 and 8 bits, every group), TurboQuant and turbo-v KV (every
+   * bit width) in the tensor-core kernel; rows bit-identical in every launch mode as above */
   for (int d = 1; d < 3; d++) {
     ci_kv_format formats[16];
     const int n = quantized_formats(dims[d], formats);

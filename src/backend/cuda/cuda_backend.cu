@@ -36,8 +36,8 @@ int ci_cuda_check_launch(ci_cuda *cu, const char *what) {
 
 void *ci_cuda_malloc(ci_cuda *cu, size_t bytes) {
   void *p = NULL;
-  /* CI_CUDA_READ_SLACK bytes more: the TurboQuant attention copies 16-byte windows that cover a
-   * KV row and may reach past the last one */
+  /* CI_CUDA_READ_SLACK bytes more: the TurboQuant and turbo-v attention copies aligned windows as
+   * large as the larger of a KV layer's K and V rows, which may reach past the last row */
   cudaError_t err = cudaMalloc(&p, bytes + CI_CUDA_READ_SLACK);
   if (err != cudaSuccess) {
     cudaGetLastError(); /* clear: an allocation failure is not sticky */

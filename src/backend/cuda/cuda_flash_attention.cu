@@ -31,10 +31,17 @@ enum { FA_MAX_WARPS = 4, FA_MAX_ROWS = 16 * FA_MAX_WARPS, FA_KEYS = 64, FA_SPLIT
 
 /* The template argument QB of the kernels: 0 bf16 KV, 4 or 8 affine KV of that many bits,
  * FA_TURBO TurboQuant KV (2-4 bits per side, read at run time), FA_TURBO_V turbo-v KV (K 4
- * bits, V 2-4 read at run time). The two TurboQuant codecs stage row windows (fa_smem). */
+ * or 8 bits, V 2-4, read at run time). The two TurboQuant codecs stage row windows (fa_smem). */
 enum { FA_TURBO = 1, FA_TURBO_V = 2 };
 __host__ __device__ constexpr bool fa_windows(int qb) {
   return qb == FA_TURBO || qb == FA_TURBO_V;
+}
+/* The alignment of the staged windows (and the size of their copies): TurboQuant rows are 2-byte
+ * aligned, 16-byte windows; turbo-v rows 4-byte aligned, 16-byte windows too, but 8-byte ones
+ * with 8-bit K rows, whose slots then stay small enough for two blocks per SM (H200, 8B at 16k:
+ * turbo-v 4,3 with 8-byte windows 142.6 tok/s, 16-byte ones 146-148). */
+__host__ __device__ constexpr int fa_window_align(int qb, int k_bits) {
+  return qb == FA_TURBO_V && k_bits == 8 ? 8 : 16;
 }
 
 typedef ci_cuda_kv_layout kv_layout;
@@ -150,8 +157,9 @@ struct fa_shared_tail {
  * holds the 16-byte-aligned window of global memory that covers its row (the row starts at byte
  * address & 15 of the slot; the allocation's tail slack covers a window past the last row), and
  * the tile holds ν·ĉ[code] in the rotated basis (the launch rotates q before and the output
- * after). turbo-v KV (QB = FA_TURBO_V) stages windows the same way (its K and V rows differ in
- * size); its K tile is in the model basis, its V tile in the rotated one (output un-rotated). */
+ * after). turbo-v KV (QB = FA_TURBO_V) stages 8-byte-aligned windows of its 4-byte-aligned rows
+ * the same way (its K and V rows differ in size); its K tile is in the model basis, its V tile
+ * in the rotated one (output un-rotated). */
 template <int D, int W, bool COOP = false, int QB = 0> struct fa_smem {
   static constexpr int STRIDE = D + 8; /* bf16 elements per staged key row (bank spread) */
   static constexpr size_t STAGE_ELEMS = (size_t)2 * FA_KEYS * STRIDE;
@@ -163,7 +171,7 @@ template <int D, int W, bool COOP = false, int QB = 0> struct fa_smem {
   /* a stored affine row: D QB-bit codes, then a bf16 scale and bias per group (groups >= 32);
    * TurboQuant: the window of a row of at most 4-bit codes and ν */
   static constexpr int RAW_STRIDE = QB == FA_TURBO     ? D / 2 + 16
-                                    : QB == FA_TURBO_V ? (D / 2 + D / 8 + 14 + 15) / 16 * 16
+                                    : QB == FA_TURBO_V ? (D + D / 8 + 4 + 7) / 8 * 8
                                     : QB               ? (D * QB / 8 + 4 * (D / 32) + 15) / 16 * 16
                                                        : 0;
   static constexpr size_t RAW_STAGE = (size_t)2 * FA_KEYS * RAW_STRIDE;
@@ -178,14 +186,17 @@ template <int D, int W, bool COOP = false, int QB = 0> struct fa_smem {
    * RAW_STRIDE (its blocks are bound by registers to four per SM either way, and the smaller
    * slots measured 6% slower on the 1B geometry); TurboQuant: the 16-byte windows covering a
    * 2-byte-aligned row (row_bytes: the larger of the K and V rows) */
-  __host__ __device__ static constexpr int raw_stride(int64_t row_bytes) {
-    return fa_windows(QB) ? (int)((row_bytes + 14 + 15) & ~(int64_t)15)
-           : QB           ? (D >= 128 ? (int)((row_bytes + 7) & ~(int64_t)7) : RAW_STRIDE)
-                          : 0;
+  __host__ __device__ static constexpr int raw_stride(int64_t row_bytes, int k_bits) {
+    return QB == FA_TURBO     ? (int)((row_bytes + 14 + 15) & ~(int64_t)15)
+           : QB == FA_TURBO_V ? (int)((row_bytes + fa_window_align(QB, k_bits) - 4 +
+                                       fa_window_align(QB, k_bits) - 1) &
+                                      ~(int64_t)(fa_window_align(QB, k_bits) - 1))
+           : QB               ? (D >= 128 ? (int)((row_bytes + 7) & ~(int64_t)7) : RAW_STRIDE)
+                              : 0;
   }
-  static size_t launch_bytes(int64_t row_bytes, bool parallel) {
+  static size_t launch_bytes(int64_t row_bytes, int k_bits, bool parallel) {
     return (parallel ? PARALLEL_BYTES : BYTES) - RAW_BYTES +
-           (size_t)2 * 2 * FA_KEYS * raw_stride(row_bytes);
+           (size_t)2 * 2 * FA_KEYS * raw_stride(row_bytes, k_bits);
   }
 };
 
@@ -283,32 +294,37 @@ fa_decode_turbo(const uint8_t *raw, int raw_stride, const uint8_t *const *rows, 
   }
 }
 
-/* The same for turbo-v row windows: K rows (4-bit codes, then per 32-group fp16 sc and zp)
- * decode to (idx + zp)·sc in the model basis, V rows (2-4 bit codes, then a fp16 r per
- * 32-group) to ĉ[code]·r in the rotated basis; lane i holds centroid i of the V codebook. */
+/* The same for turbo-v row windows: K rows (4-bit codes, or 8-bit signed ones, then per
+ * 32-group fp16 sc and zp) decode to (idx + zp)·sc in the model basis, V rows (2-4 bit codes, then
+ * a fp16 r per 32-group) to ĉ[code]·r in the rotated basis; lane i holds centroid i of the V
+ * codebook. */
 template <int D, int THREADS>
-__device__ static inline void fa_decode_turbo_v(const uint8_t *raw, int raw_stride,
-                                                const uint8_t *const *rows, __nv_bfloat16 *tile,
-                                                int stride, int v_bits, float cv) {
+__device__ static inline void
+fa_decode_turbo_v(const uint8_t *raw, int raw_stride, const uint8_t *const *rows,
+                  __nv_bfloat16 *tile, int stride, int window, int k_bits, int v_bits, float cv) {
   constexpr int CHUNKS = D / 8, ROWS_PER_PASS = THREADS / CHUNKS, GROUPS = D / 32;
   static_assert(THREADS % CHUNKS == 0 && FA_KEYS % ROWS_PER_PASS == 0, "decode walk");
   const int c = threadIdx.x % CHUNKS, row0 = threadIdx.x / CHUNKS, g = c / 4;
 #pragma unroll 4
   for (int r = row0; r < 2 * FA_KEYS; r += ROWS_PER_PASS) {
-    const uint8_t *row = raw + r * raw_stride + ((uintptr_t)rows[r] & 15); /* 4-byte aligned */
+    /* the row in its window (4-byte aligned) */
+    const uint8_t *row = raw + r * raw_stride + ((uintptr_t)rows[r] & (uintptr_t)(window - 1));
     uint32_t out[4];
     if (r < FA_KEYS) {
-      const uint8_t *tail = row + D / 2;
+      const uint8_t *tail = row + D * k_bits / 8;
       const float sc = __half2float(__ushort_as_half(*(const unsigned short *)(tail + 2 * g)));
       const float zp =
           __half2float(__ushort_as_half(*(const unsigned short *)(tail + 2 * (GROUPS + g))));
-      const uint32_t w = *(const uint32_t *)(row + 4 * c);
+      const uint32_t w0 = *(const uint32_t *)(row + c * k_bits);
+      const uint32_t w1 = k_bits == 8 ? *(const uint32_t *)(row + c * k_bits + 4) : 0u;
 #pragma unroll
       for (int i = 0; i < 4; i++) {
         float x[2];
 #pragma unroll
         for (int j = 0; j < 2; j++) {
-          const float idx = (float)((w >> (4 * (2 * i + j))) & 0xfu);
+          const int e = 2 * i + j;
+          const float idx = k_bits == 8 ? (float)(int8_t)((e < 4 ? w0 : w1) >> (8 * (e & 3)))
+                                        : (float)((w0 >> (4 * e)) & 0xfu);
           x[j] = __fmul_rn(__fadd_rn(idx, zp), sc);
         }
         out[i] = pack_bf16(x[0], x[1]);
@@ -352,12 +368,12 @@ __global__ static void __launch_bounds__(W * 32)
   /* stage i: K at i * STAGE_ELEMS, V after it (affine KV: one tile, decoded from raw stage i) */
   __nv_bfloat16 *stages = (__nv_bfloat16 *)(smem + SM::TAIL_BYTES + SM::EXTRA_BYTES);
   uint8_t *const raw = smem + SM::TAIL_BYTES + SM::EXTRA_BYTES + SM::KV_BYTES;
-  float *total =
-      (float *)(smem + SM::TAIL_BYTES + SM::EXTRA_BYTES + SM::KV_BYTES +
-                (size_t)2 * 2 * FA_KEYS *
-                    SM::raw_stride(fa_staged_row_bytes(L))); /* [warp][ACC_REGS + 4][32] */
-  float *const p_tile = (float *)(smem + SM::TAIL_BYTES);    /* COOP: [16][P_STRIDE] */
-  float *const row_max = p_tile + 16 * SM::P_STRIDE;         /* COOP: [W][16] */
+  float *total = (float *)(smem + SM::TAIL_BYTES + SM::EXTRA_BYTES + SM::KV_BYTES +
+                           (size_t)2 * 2 * FA_KEYS *
+                               SM::raw_stride(fa_staged_row_bytes(L),
+                                              L.k_bits)); /* [warp][ACC_REGS + 4][32] */
+  float *const p_tile = (float *)(smem + SM::TAIL_BYTES); /* COOP: [16][P_STRIDE] */
+  float *const row_max = p_tile + 16 * SM::P_STRIDE;      /* COOP: [W][16] */
   /* COOP: the accumulators of this warp's head dims [dim0, dim0 + D / 4), ACC_N of them */
   constexpr int ACC_N = COOP ? D / 32 : D / 8;
 
@@ -491,9 +507,10 @@ __global__ static void __launch_bounds__(W * 32)
   const unsigned copy_chunk = threadIdx.x % CHUNKS, copy_row0 = threadIdx.x / CHUNKS;
   /* affine KV: the stored rows' CHUNK-byte pieces (CHUNK 8 or 4, as the rows' alignment allows),
    * thread t copying pieces t, t + THREADS, ... of the 2 * FA_KEYS rows in row order */
-  /* TurboQuant: the row's covering window in 16-byte pieces, from the row's address & ~15 */
-  const int raw_slot = SM::raw_stride(fa_staged_row_bytes(L)); /* bytes per staged row */
-  const int raw_chunk = fa_windows(QB) ? 16
+  /* TurboQuant, turbo-v: the row's covering window in pieces of fa_window_align(QB) bytes, from
+   * the row's address rounded down to that alignment */
+  const int raw_slot = SM::raw_stride(fa_staged_row_bytes(L), L.k_bits); /* bytes per slot */
+  const int raw_chunk = fa_windows(QB) ? fa_window_align(QB, L.k_bits)
                         : QB && ((L.block_stride | L.k_offset | L.v_offset | L.k_row_bytes) & 7)
                             ? 4
                             : 8;
@@ -507,10 +524,10 @@ __global__ static void __launch_bounds__(W * 32)
         (unsigned)__cvta_generic_to_shared(raw + stage * 2 * FA_KEYS * raw_slot);
     for (int j = 0; j < raw_pieces; j++) { /* raw_pieces pieces per thread, exactly */
       const uint8_t *row = rows[r];
-      if (fa_windows(QB)) row = (const uint8_t *)((uintptr_t)row & ~(uintptr_t)15);
+      if (fa_windows(QB)) row = (const uint8_t *)((uintptr_t)row & ~(uintptr_t)(raw_chunk - 1));
       const unsigned dst = dst_stage + r * raw_slot + piece * raw_chunk;
       const void *src = row ? (const void *)(row + piece * raw_chunk) : (const void *)L.slabs;
-      if (fa_windows(QB))
+      if (fa_windows(QB) && raw_chunk == 16)
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                      "r"(row ? 16 : 0));
       else if (raw_chunk == 8)
@@ -612,8 +629,8 @@ __global__ static void __launch_bounds__(W * 32)
       __syncthreads();
     } else if constexpr (QB == FA_TURBO_V) {
       fa_decode_turbo_v<D, W * 32>(raw + stage * 2 * FA_KEYS * raw_slot, raw_slot,
-                                   &tail->rows[stage][0][0], stages, SM::STRIDE, L.v_bits,
-                                   turbo_v_centroid);
+                                   &tail->rows[stage][0][0], stages, SM::STRIDE, raw_chunk,
+                                   L.k_bits, L.v_bits, turbo_v_centroid);
       __syncthreads();
     } else if constexpr (QB != 0) {
       fa_decode_affine<D, QB, W * 32>(raw + stage * 2 * FA_KEYS * raw_slot, raw_slot, stages,
@@ -995,12 +1012,11 @@ static int turbo_tiles_supported(const kv_layout *L) {
   return ((L->block_stride | L->k_offset | L->v_offset) & 15) == 0;
 }
 
-/* turbo-v KV the tensor-core kernel decodes: K 4 bits, V 2-4, groups of 32 with fp16
- * parameters, 16-byte aligned blocks and regions (8-bit K rows would need staging slots too large
- * for two blocks per SM: they stay on the CUDA-core kernel). */
+/* turbo-v KV the tensor-core kernel decodes: K 4 or 8 bits, V 2-4, groups of 32 with fp16
+ * parameters, 16-byte aligned blocks and regions. */
 static int turbo_v_tiles_supported(const kv_layout *L) {
   if (L->codec != CI_KV_TURBO_V || !L->signs) return 0;
-  if (L->k_bits != 4 || L->v_bits < 2 || L->v_bits > 4) return 0;
+  if ((L->k_bits != 4 && L->k_bits != 8) || L->v_bits < 2 || L->v_bits > 4) return 0;
   const int groups = L->head_dim / CI_CUDA_TURBO_V_GROUP;
   if (L->k_row_bytes != (int64_t)L->head_dim * L->k_bits / 8 + 4 * groups ||
       L->v_row_bytes != (int64_t)L->head_dim * L->v_bits / 8 + 2 * groups)
@@ -1104,7 +1120,7 @@ static void launch_flash(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flas
   const kv_layout &L = cmd->a.kv.layout;
   const dim3 grid((unsigned)cmd->a.kv.total_tiles, (unsigned)L.n_kv_heads,
                   f.parallel ? (unsigned)f.splits : 1u);
-  const size_t smem = SM::launch_bytes(fa_staged_row_bytes(L), f.parallel);
+  const size_t smem = SM::launch_bytes(fa_staged_row_bytes(L), L.k_bits, f.parallel);
   const dim3 row_heads((unsigned)cmd->a.kv.total_rows, (unsigned)cmd->a.kv.att.n_heads);
   const float *signs = fa_windows(QB) ? L.signs : NULL; /* the output is rotated */
   if (QB == FA_TURBO)

@@ -35,7 +35,7 @@ typedef struct {
 
 enum { CI_CUDA_MAX_SEQS = 64, CI_CUDA_SCRATCH_SLOTS = 4 };
 /* Bytes every device allocation has past its end, which kernels may read (never write). */
-enum { CI_CUDA_READ_SLACK = 64 };
+enum { CI_CUDA_READ_SLACK = 256 };
 
 /* The sequences of one KV launch, in device memory (staged per step): rows
  * [first_row, first_row + n_rows) of the step; row_start is the launch's running row count. */

@@ -482,6 +482,30 @@ __device__ static inline void ci_kv_dev_affine_encode_warp(const float *x, int D
   }
 }
 
+/* ci_kv_dev_lloyd_code for every lane of the warp at once (each its own u): the same binary
+ * search, its thresholds read by shuffle from the lanes (lane j holds threshold j,
+ * ci_kv_dev_lloyd_lane), not by lane-divergent constant loads. */
+__device__ static inline uint8_t ci_kv_dev_lloyd_code_warp(float u, int bits, float t_lane) {
+  int lo = 0, hi = (1 << bits) - 1;
+  for (int it = 0; it < bits; it++) { /* bits halvings settle 2^bits codes */
+    const int mid = (lo + hi) / 2;
+    const float t = __shfl_sync(0xffffffffu, t_lane, mid);
+    if (lo < hi) {
+      if (t < u)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+  }
+  return (uint8_t)lo;
+}
+
+/* The calling lane's threshold for ci_kv_dev_lloyd_code_warp. */
+__device__ static inline float ci_kv_dev_lloyd_lane(int bits) {
+  const int lane = threadIdx.x & 31;
+  return lane < (1 << bits) - 1 ? ci_kv_codebook_thresholds(bits)[lane] : 0.0f;
+}
+
 /* ci_kv_dev_turbo_encode. */
 __device__ static inline void ci_kv_dev_turbo_encode_warp(const float *x, int D, int bits,
                                                           const float *signs, float *y,
@@ -507,8 +531,9 @@ __device__ static inline void ci_kv_dev_turbo_encode_warp(const float *x, int D,
     ci_kv_dev_fwht_warp(y, D);
     const float unit = CI_KV_FDIV(sqrtf((float)D), gamma);
     const float *c = ci_kv_codebook(bits);
+    const float t_lane = ci_kv_dev_lloyd_lane(bits);
     for (int i = lane; i < D; i += 32) { /* y[i] becomes the code's centroid */
-      const int code = ci_kv_dev_lloyd_code(CI_KV_FMUL(y[i], unit), bits);
+      const int code = ci_kv_dev_lloyd_code_warp(CI_KV_FMUL(y[i], unit), bits, t_lane);
       codes[i] = (uint8_t)code;
       y[i] = c[code];
     }
@@ -587,10 +612,11 @@ __device__ static inline void ci_kv_dev_turbo_v_value_encode_warp(const float *x
     r_mine = sqrtf(CI_KV_FDIV(sum, (float)G));
     ci_kv_dev_put_f16(r_out + 2 * lane, r_mine);
   }
+  const float t_lane = ci_kv_dev_lloyd_lane(bits);
   for (int g = 0; g < groups; g++) {
     const float r = __shfl_sync(0xffffffffu, r_mine, g);
     codes[g * G + lane] =
-        ci_kv_dev_lloyd_code(CI_KV_FDIV(y[g * G + lane], CI_KV_FADD(r, 1e-8f)), bits);
+        ci_kv_dev_lloyd_code_warp(CI_KV_FDIV(y[g * G + lane], CI_KV_FADD(r, 1e-8f)), bits, t_lane);
   }
   __syncwarp();
   ci_kv_dev_pack_warp(codes, D, bits, row);
