@@ -862,15 +862,6 @@ __global__ static void __launch_bounds__(W * 32)
   }
 }
 
-/* Merges the per-split states of each (row, head) of a parallel launch, in split order, with the
- * arithmetic of merge_scalars / merge_value. Only the output values and the sum l form chains;
- * the factors (ct, cp) of each split depend on the running maximum alone, which is a prefix
- * maximum (exact in any order). So warp 0 computes a batch of MERGE_BATCH splits' factors at once
- * (a shuffle scan of the maxima of the splits with keys), while every thread loads its output dim
- * of those splits; then each thread folds the batch in order with merge_value, two dependent
- * operations per split. The factors are the ones the serial fold computes (same expressions on the
- * same running maximum), so the result is bit-identical to it and to a block that walks every
- * split (prefill). */
 /* x <- H_D x for the D threads of a block (blockDim.x == D), through buf[D] in shared memory,
  * with the butterflies of ci_kv_dev_fwht (each element sees the same operations in the same
  * order as the sequential transform), then its 1/sqrt(D) scale. */
@@ -895,9 +886,10 @@ __device__ static inline float fa_block_fwht(float x, float *buf, int D) {
   return __fmul_rn(buf[d], 1.0f / sqrtf((float)D));
 }
 
-/* TurboQuant KV around the tensor-core kernel, one block of D threads per (launch row, query
- * head): query 1 writes q~ = H (s . q) to f.q_rotated (by launch row); query 0 un-rotates the
- * serial launch's output in place, o = s . H o~ (the merge kernel does it for parallel ones). */
+/* TurboQuant and turbo-v KV around the tensor-core kernel, one block of D threads per (launch
+ * row, query head): query 1 (TurboQuant) writes q~ = H (s . q) to f.q_rotated (by launch row);
+ * query 0 un-rotates a serial launch's output in place, o = s . H o~ (the merge kernel does it
+ * for parallel ones, with the same fa_block_fwht). */
 __global__ static void fa_rotate_kernel(const seq_group *g, attention_params a,
                                         ci_cuda_flash_params f, const float *signs, int D,
                                         int query) {
@@ -916,8 +908,18 @@ __global__ static void fa_rotate_kernel(const seq_group *g, attention_params a,
   }
 }
 
+/* Merges the per-split states of each (row, head) of a parallel launch, in split order, with the
+ * arithmetic of merge_scalars / merge_value. Only the output values and the sum l form chains;
+ * the factors (ct, cp) of each split depend on the running maximum alone, which is a prefix
+ * maximum (exact in any order). So warp 0 computes a batch of MERGE_BATCH splits' factors at once
+ * (a shuffle scan of the maxima of the splits with keys), while every thread loads its output dim
+ * of those splits; then each thread folds the batch in order with merge_value, two dependent
+ * operations per split. The factors are the ones the serial fold computes (same expressions on the
+ * same running maximum), so the result is bit-identical to it and to a block that walks every
+ * split (prefill). */
 enum { MERGE_BATCH = 32 };
-/* signs: TurboQuant KV's sign vector (the output is un-rotated, o = s . H o~), else NULL. */
+/* signs: the TurboQuant / turbo-v sign vector (the output is un-rotated, o = s . H o~), else
+ * NULL. */
 __global__ static void flash_merge_kernel(const seq_group *g, attention_params a,
                                           ci_cuda_flash_params f, int D, const float *signs) {
   ci_grid_begin();
