@@ -169,7 +169,8 @@ template <int D, int W, bool COOP = false, int QB = 0> struct fa_smem {
   static constexpr size_t EXTRA_BYTES = COOP ? (size_t)(16 * P_STRIDE + W * 16) * 4 : 0;
   static constexpr size_t KV_BYTES = (QB ? 1 : 2) * STAGE_ELEMS * 2;
   /* a stored affine row: D QB-bit codes, then a bf16 scale and bias per group (groups >= 32);
-   * TurboQuant: the window of a row of at most 4-bit codes and ν */
+   * TurboQuant: the window of a row of at most 4-bit codes and ν; turbo-v: the 8-byte window of
+   * a K row of 8-bit codes and its groups' sc and zp (the larger row) */
   static constexpr int RAW_STRIDE = QB == FA_TURBO     ? D / 2 + 16
                                     : QB == FA_TURBO_V ? (D + D / 8 + 4 + 7) / 8 * 8
                                     : QB               ? (D * QB / 8 + 4 * (D / 32) + 15) / 16 * 16
@@ -184,15 +185,15 @@ template <int D, int W, bool COOP = false, int QB = 0> struct fa_smem {
    * 128 rounds the row up to 8 bytes (8-bit rows of groups of 64: 136-byte slots, three blocks
    * per SM where 144-byte ones allow two; H200, 8B at 16k: 148 -> 152 tok/s); head_dim 64 keeps
    * RAW_STRIDE (its blocks are bound by registers to four per SM either way, and the smaller
-   * slots measured 6% slower on the 1B geometry); TurboQuant: the 16-byte windows covering a
-   * 2-byte-aligned row (row_bytes: the larger of the K and V rows) */
+   * slots measured 6% slower on the 1B geometry); TurboQuant and turbo-v: the aligned windows
+   * covering a 2- (TurboQuant) or 4-byte-aligned (turbo-v) row, fa_window_align (row_bytes: the
+   * larger of the K and V rows) */
   __host__ __device__ static constexpr int raw_stride(int64_t row_bytes, int k_bits) {
-    return QB == FA_TURBO     ? (int)((row_bytes + 14 + 15) & ~(int64_t)15)
-           : QB == FA_TURBO_V ? (int)((row_bytes + fa_window_align(QB, k_bits) - 4 +
-                                       fa_window_align(QB, k_bits) - 1) &
-                                      ~(int64_t)(fa_window_align(QB, k_bits) - 1))
-           : QB               ? (D >= 128 ? (int)((row_bytes + 7) & ~(int64_t)7) : RAW_STRIDE)
-                              : 0;
+    if (fa_windows(QB)) {
+      const int align = fa_window_align(QB, k_bits), row_align = QB == FA_TURBO ? 2 : 4;
+      return (int)((row_bytes + align - row_align + align - 1) & ~(int64_t)(align - 1));
+    }
+    return QB ? (D >= 128 ? (int)((row_bytes + 7) & ~(int64_t)7) : RAW_STRIDE) : 0;
   }
   static size_t launch_bytes(int64_t row_bytes, int k_bits, bool parallel) {
     return (parallel ? PARALLEL_BYTES : BYTES) - RAW_BYTES +
