@@ -150,9 +150,15 @@ struct fa_shared_tail {
  * need (it launches with PARALLEL_BYTES, so more of its blocks fit an SM).
  *
  * Affine KV (QB = 4 or 8 bits): the stored rows (codes, then the groups' bf16 scales and biases)
- * are copied as they are into two stages of raw_stride-byte slots (at most RAW_STRIDE: the
- * launch sizes its shared memory for its rows), and the block decodes the
- * current stage into one bf16 tile, which the tensor cores then read as they read bf16 KV.
+ * are copied as they are into stages of raw_stride-byte slots (at most RAW_STRIDE: the launch
+ * sizes its shared memory for its rows), and the block decodes the current stage into one bf16
+ * tile, which the tensor cores then read as they read bf16 KV. Prefill blocks keep two stages;
+ * cooperative (decode) blocks one, which they refill with the next tile as soon as the current
+ * one is decoded, and they are held to 128 registers: four blocks per SM where the smaller
+ * shared memory allows it (head_dim 128: 4-bit affine, TurboQuant, turbo-v with 4-bit K; H200,
+ * 8B at 16k, batch 1: affine:4 157.0 -> 158.4-159.9 tok/s, turbo:4 143.6 -> 146.0-146.7,
+ * turbo-v:8,3 135.2 -> 140.5-140.7 (three blocks either way, fewer barriers); 16 sequences of
+ * 4k: turbo-v:8,3 1,210 -> 1,391).
  * TurboQuant KV (QB = FA_TURBO): its rows (codes, then fp16 ν) are 2-byte aligned, so each slot
  * holds the 16-byte-aligned window of global memory that covers its row (the row starts at byte
  * address & 15 of the slot; the allocation's tail slack covers a window past the last row), and
@@ -176,14 +182,19 @@ template <int D, int W, bool COOP = false, int QB = 0> struct fa_smem {
                                     : QB               ? (D * QB / 8 + 4 * (D / 32) + 15) / 16 * 16
                                                        : 0;
   static constexpr size_t RAW_STAGE = (size_t)2 * FA_KEYS * RAW_STRIDE;
-  static constexpr size_t RAW_BYTES = 2 * RAW_STAGE;
+  /* stored-row stages: cooperative (decode) blocks decode a tile as soon as it lands and copy
+   * the next one into the same stage while they compute, so one stage serves them (and the
+   * smaller blocks fit four per SM) */
+  static constexpr int RAW_STAGES = COOP ? 1 : 2;
+  static constexpr size_t RAW_BYTES = RAW_STAGES * RAW_STAGE;
   static constexpr int ACC_REGS = D / 8 * 4;
   static constexpr size_t TOTAL_BYTES = (size_t)W * (ACC_REGS + 4) * 32 * 4;
   static constexpr size_t BYTES = TAIL_BYTES + EXTRA_BYTES + KV_BYTES + RAW_BYTES + TOTAL_BYTES;
   static constexpr size_t PARALLEL_BYTES = TAIL_BYTES + EXTRA_BYTES + KV_BYTES + RAW_BYTES;
   /* the slot of a stored row of row_bytes, and the bytes a launch needs for such rows: head_dim
-   * 128 rounds the row up to 8 bytes (8-bit rows of groups of 64: 136-byte slots, three blocks
-   * per SM where 144-byte ones allow two; H200, 8B at 16k: 148 -> 152 tok/s); head_dim 64 keeps
+   * 128 rounds the row up to 8 bytes (8-bit rows of groups of 64: 136-byte slots; with two
+   * stages they allowed three blocks per SM where 144-byte ones allowed two; H200, 8B at 16k:
+   * 148 -> 152 tok/s); head_dim 64 keeps
    * RAW_STRIDE (its blocks are bound by registers to four per SM either way, and the smaller
    * slots measured 6% slower on the 1B geometry); TurboQuant and turbo-v: the aligned windows
    * covering a 2- (TurboQuant) or 4-byte-aligned (turbo-v) row, fa_window_align (row_bytes: the
@@ -197,7 +208,7 @@ template <int D, int W, bool COOP = false, int QB = 0> struct fa_smem {
   }
   static size_t launch_bytes(int64_t row_bytes, int k_bits, bool parallel) {
     return (parallel ? PARALLEL_BYTES : BYTES) - RAW_BYTES +
-           (size_t)2 * 2 * FA_KEYS * raw_stride(row_bytes, k_bits);
+           (size_t)RAW_STAGES * 2 * FA_KEYS * raw_stride(row_bytes, k_bits);
   }
 };
 
@@ -356,7 +367,7 @@ fa_decode_turbo_v(const uint8_t *raw, int raw_stride, const uint8_t *const *rows
  * warp w accumulates P V for head dims [w D / W, (w + 1) D / W): each output keeps the arithmetic
  * chain of a per-warp (prefill) block, so the rows stay bit-identical to prefill rows. */
 template <int D, bool EXACT, int W, bool COOP, int QB = 0>
-__global__ static void __launch_bounds__(W * 32)
+__global__ static void __launch_bounds__(W * 32, COOP &&QB ? 4 : 0) /* fa_smem: occupancy */
     flash_attention_kernel(kv_layout L, const seq_group *g, attention_params a,
                            ci_cuda_flash_params f, int *error_flag) {
   static_assert(!COOP || W == 4, "a cooperative block is four warps on 16 rows");
@@ -370,7 +381,7 @@ __global__ static void __launch_bounds__(W * 32)
   __nv_bfloat16 *stages = (__nv_bfloat16 *)(smem + SM::TAIL_BYTES + SM::EXTRA_BYTES);
   uint8_t *const raw = smem + SM::TAIL_BYTES + SM::EXTRA_BYTES + SM::KV_BYTES;
   float *total = (float *)(smem + SM::TAIL_BYTES + SM::EXTRA_BYTES + SM::KV_BYTES +
-                           (size_t)2 * 2 * FA_KEYS *
+                           (size_t)SM::RAW_STAGES * 2 * FA_KEYS *
                                SM::raw_stride(fa_staged_row_bytes(L),
                                               L.k_bits)); /* [warp][ACC_REGS + 4][32] */
   float *const p_tile = (float *)(smem + SM::TAIL_BYTES); /* COOP: [16][P_STRIDE] */
@@ -516,13 +527,15 @@ __global__ static void __launch_bounds__(W * 32)
                             ? 4
                             : 8;
   const int raw_pieces = (fa_windows(QB) ? raw_slot : (int)L.k_row_bytes) / raw_chunk; /* per row */
+  auto raw_stage = [&](int stage) {
+    return raw + (SM::RAW_STAGES == 1 ? 0 : stage * 2 * FA_KEYS * raw_slot);
+  };
   auto issue_raw_copies = [&](int stage) {
     constexpr int THREADS = W * 32;
     const int row_step = THREADS / raw_pieces, piece_step = THREADS % raw_pieces;
     int r = threadIdx.x / raw_pieces, piece = threadIdx.x % raw_pieces;
     const uint8_t *const *rows = &tail->rows[stage][0][0];
-    const unsigned dst_stage =
-        (unsigned)__cvta_generic_to_shared(raw + stage * 2 * FA_KEYS * raw_slot);
+    const unsigned dst_stage = (unsigned)__cvta_generic_to_shared(raw_stage(stage));
     for (int j = 0; j < raw_pieces; j++) { /* raw_pieces pieces per thread, exactly */
       const uint8_t *row = rows[r];
       if (fa_windows(QB)) row = (const uint8_t *)((uintptr_t)row & ~(uintptr_t)(raw_chunk - 1));
@@ -611,32 +624,45 @@ __global__ static void __launch_bounds__(W * 32)
     for (int c = 0; c < 4; c++) acc[i][c] = 0.0f;
   m[0] = m[1] = -INFINITY;
   l[0] = l[1] = 0.0f;
+  /* quantized KV: decodes the landed stored rows of `stage` into the bf16 tile (every warp, live
+   * or not) */
+  auto decode_tile = [&](int stage) {
+    if constexpr (QB == FA_TURBO)
+      fa_decode_turbo<D, W * 32>(raw_stage(stage), raw_slot, &tail->rows[stage][0][0], stages,
+                                 SM::STRIDE, L.k_bits, L.v_bits, turbo_k_centroid,
+                                 turbo_v_centroid);
+    else if constexpr (QB == FA_TURBO_V)
+      fa_decode_turbo_v<D, W * 32>(raw_stage(stage), raw_slot, &tail->rows[stage][0][0], stages,
+                                   SM::STRIDE, raw_chunk, L.k_bits, L.v_bits, turbo_v_centroid);
+    else if constexpr (QB != 0)
+      fa_decode_affine<D, QB, W * 32>(raw_stage(stage), raw_slot, stages, SM::STRIDE,
+                                      __ffs(L.group) - 1);
+  };
   int stage = 0;
   for (int64_t tile0 = first_tile; tile0 <= key_to; tile0 += FA_KEYS, stage ^= 1) {
     const int has_next = tile0 + FA_KEYS <= key_to;
     if (has_next) find_rows(tile0 + FA_KEYS, stage ^ 1);
-    __syncthreads(); /* addresses visible; the other stage's previous tile is consumed */
-    if (has_next) {
-      issue_copies(stage ^ 1);
-      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-    } else {
+    if constexpr (QB != 0 && SM::RAW_STAGES == 1) {
+      /* one stored-row stage: this tile is decoded as soon as it lands, then the next one is
+       * copied into the stage while this one computes */
       asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    }
-    __syncthreads();                /* this tile has landed */
-    if constexpr (QB == FA_TURBO) { /* decode it into the bf16 tile (every warp, live or not) */
-      fa_decode_turbo<D, W * 32>(raw + stage * 2 * FA_KEYS * raw_slot, raw_slot,
-                                 &tail->rows[stage][0][0], stages, SM::STRIDE, L.k_bits, L.v_bits,
-                                 turbo_k_centroid, turbo_v_centroid);
-      __syncthreads();
-    } else if constexpr (QB == FA_TURBO_V) {
-      fa_decode_turbo_v<D, W * 32>(raw + stage * 2 * FA_KEYS * raw_slot, raw_slot,
-                                   &tail->rows[stage][0][0], stages, SM::STRIDE, raw_chunk,
-                                   L.k_bits, L.v_bits, turbo_v_centroid);
-      __syncthreads();
-    } else if constexpr (QB != 0) {
-      fa_decode_affine<D, QB, W * 32>(raw + stage * 2 * FA_KEYS * raw_slot, raw_slot, stages,
-                                      SM::STRIDE, __ffs(L.group) - 1);
-      __syncthreads();
+      __syncthreads(); /* landed; the next addresses visible; the previous tile consumed */
+      decode_tile(stage);
+      __syncthreads(); /* the decoded tile visible; the stage free */
+      if (has_next) issue_copies(stage ^ 1);
+    } else {
+      __syncthreads(); /* addresses visible; the other stage's previous tile is consumed */
+      if (has_next) {
+        issue_copies(stage ^ 1);
+        asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+      } else {
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+      }
+      __syncthreads(); /* this tile has landed */
+      if constexpr (QB != 0) {
+        decode_tile(stage);
+        __syncthreads();
+      }
     }
     if (!warp_live) continue;
     if (tile0 / FA_SPLIT != current_split) { /* a split boundary: fold the finished split */
