@@ -703,6 +703,16 @@ static void check_attention(ci_backend *cpu, ci_backend *cu, int D, int window, 
     k[i] = frand() * 2;
     v[i] = frand();
   }
+  /* four K rows whose norm lies within 2^-47 of a midpoint between two floats (a, b, 0, ...
+   * with a^2 + b^2 ~ (a + ulp(a) / 2)^2): the GPU's TurboQuant encoder cannot settle their
+   * gamma from its tree sum and takes the sequential one (the bytes must still be the CPU's) */
+  for (int r = 0; r < 4; r++) {
+    float *row = k + (size_t)r * KD;
+    const float a = 1.0f + 0.1875f * (float)r, ulp = nextafterf(a, 2.0f * a) - a;
+    memset(row, 0, (size_t)D * sizeof(float));
+    row[0] = a;
+    row[1] = sqrtf(a * ulp + 0.25f * ulp * ulp);
+  }
   for (int i = 0; i < AT_SEQS; i++)
     for (int p = 0; p < n_pos[i]; p++) pos[offset[i] + p] = p;
   float *dq = to_device(cu, q, (size_t)total * HD), *dk = to_device(cu, k, (size_t)total * KD),

@@ -72,6 +72,37 @@ __device__ static inline uint32_t pack_bf16_rest(float lo, float hi) {
   return pack_bf16(rl, rh);
 }
 
+/* x <- H_D (s . x) / sqrt(D) for one vector held by a warp (lane l holds element l + 32 j in
+ * v[j]): the butterflies of ci_kv_dev_fwht in its stage order (len = 1, 2, ... D / 2; the lower
+ * element of a pair becomes a + b, the upper a - b), lanes exchanging by shuffle where len < 32,
+ * so each element sees the operations of fa_block_fwht in the same order and the result is the
+ * same to the bit. */
+template <int D>
+__device__ static inline void fa_warp_rotate(float (&v)[D / 32], const float *signs) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int j = 0; j < D / 32; j++) v[j] = __fmul_rn(signs[lane + 32 * j], v[j]);
+#pragma unroll
+  for (int len = 1; len < 32; len <<= 1)
+#pragma unroll
+    for (int j = 0; j < D / 32; j++) {
+      const float other = __shfl_xor_sync(0xffffffffu, v[j], len);
+      v[j] = lane & len ? __fsub_rn(other, v[j]) : __fadd_rn(v[j], other);
+    }
+#pragma unroll
+  for (int stride = 1; stride < D / 32; stride <<= 1) /* len = 32 stride */
+#pragma unroll
+    for (int j = 0; j < D / 32; j++)
+      if (!(j & stride)) {
+        const float a = v[j], b = v[j + stride];
+        v[j] = __fadd_rn(a, b);
+        v[j + stride] = __fsub_rn(a, b);
+      }
+  const float scale = 1.0f / sqrtf((float)D);
+#pragma unroll
+  for (int j = 0; j < D / 32; j++) v[j] = __fmul_rn(v[j], scale);
+}
+
 /* Folds one split's softmax state (pm, pl, pacc) into the running total (tm, tl, tacc). A split
  * with no key of the row (pl == 0) changes nothing; the first split with keys is copied. The
  * explicit roundings keep the compiler from contracting differently at the two call sites. */
@@ -162,10 +193,11 @@ struct fa_shared_tail {
  * TurboQuant KV (QB = FA_TURBO): its rows (codes, then fp16 ν) are 2-byte aligned, so each slot
  * holds the 16-byte-aligned window of global memory that covers its row (the row starts at byte
  * address & 15 of the slot; the allocation's tail slack covers a window past the last row), and
- * the tile holds ν·ĉ[code] in the rotated basis (the launch rotates q before and the output
- * after). turbo-v KV (QB = FA_TURBO_V) stages 8-byte-aligned windows of its 4-byte-aligned rows
- * the same way (its K and V rows differ in size); its K tile is in the model basis, its V tile
- * in the rotated one (output un-rotated). */
+ * the tile holds ν·ĉ[code] in the rotated basis (q is rotated before: by a small kernel for
+ * prefill launches, inside cooperative decode blocks (H200, 8B at 128 tokens: turbo:4 +1-2%,
+ * level at 16k); the output after, by the merge or that kernel). turbo-v KV (QB = FA_TURBO_V)
+ * stages 8-byte-aligned windows of its 4-byte-aligned rows the same way (its K and V rows differ in
+ * size); its K tile is in the model basis, its V tile in the rotated one (output un-rotated). */
 template <int D, int W, bool COOP = false, int QB = 0> struct fa_smem {
   static constexpr int STRIDE = D + 8; /* bf16 elements per staged key row (bank spread) */
   static constexpr size_t STAGE_ELEMS = (size_t)2 * FA_KEYS * STRIDE;
@@ -435,13 +467,30 @@ __global__ static void __launch_bounds__(W * 32, COOP &&QB ? 4 : 0) /* fa_smem: 
   }
   const int warp_live = row_warp * 16 < n_pos * G;
 
-  /* TurboQuant: lane i's centroid i of the K and V codebooks (fa_decode_turbo), and q rotated
-   * by the launch (f.q_rotated, by launch row) */
+  /* TurboQuant: lane i's centroid i of the K and V codebooks (fa_decode_turbo) */
   float turbo_k_centroid = 0.0f, turbo_v_centroid = 0.0f;
   if constexpr (fa_windows(QB)) {
     if (QB == FA_TURBO)
       turbo_k_centroid = lane < (1 << L.k_bits) ? ci_kv_centroids[L.k_bits][lane] : 0.0f;
     turbo_v_centroid = lane < (1 << L.v_bits) ? ci_kv_centroids[L.v_bits][lane] : 0.0f;
+  }
+  /* TurboQuant, cooperative blocks: each warp rotates some of the 16 packed rows' q into the
+   * decoded-tile area (free until the first tile is decoded), q~ = H (s . q) / sqrt(D); prefill
+   * blocks read q~ from f.q_rotated, written by fa_rotate_kernel */
+  constexpr bool ROTATE_Q = COOP && QB == FA_TURBO;
+  float *const q_rotated = (float *)stages; /* ROTATE_Q: [16][D] */
+  if constexpr (ROTATE_Q) {
+    for (int r = warp; r < 16; r += W) {
+      if (r / G >= n_pos) break; /* the live rows come first */
+      const float *src = a.q + ((int64_t)(step_row0 + r / G) * a.n_heads + kv_head * G + r % G) * D;
+      float v[D / 32];
+#pragma unroll
+      for (int j = 0; j < D / 32; j++) v[j] = src[lane + 32 * j];
+      fa_warp_rotate<D>(v, L.signs);
+#pragma unroll
+      for (int j = 0; j < D / 32; j++) q_rotated[r * D + lane + 32 * j] = v[j];
+    }
+    __syncthreads();
   }
   /* q as A fragments: k-step kk holds dims [16 kk, 16 kk + 16) */
   uint32_t qa[D / 16][4], ql[EXACT ? D / 16 : 1][4];
@@ -452,7 +501,9 @@ __global__ static void __launch_bounds__(W * 32, COOP &&QB ? 4 : 0) /* fa_smem: 
 #pragma unroll
       for (int h = 0; h < 2; h++) {
         float2 x = make_float2(0.0f, 0.0f);
-        if (live[h])
+        if (live[h] && ROTATE_Q)
+          x = *(const float2 *)(q_rotated + (gid + 8 * h) * D + 16 * kk + 8 * half + 2 * tig);
+        else if (live[h])
           x = *(const float2 *)((QB == FA_TURBO
                                      ? f.q_rotated + (int64_t)launch_row[h] * a.n_heads * D
                                      : a.q + (int64_t)step_row[h] * a.n_heads * D) +
@@ -914,7 +965,8 @@ __device__ static inline float fa_block_fwht(float x, float *buf, int D) {
 }
 
 /* TurboQuant and turbo-v KV around the tensor-core kernel, one block of D threads per (launch
- * row, query head): query 1 (TurboQuant) writes q~ = H (s . q) to f.q_rotated (by launch row);
+ * row, query head): query 1 (TurboQuant, prefill launches; cooperative blocks rotate their own q,
+ * fa_warp_rotate) writes q~ = H (s . q) / sqrt(D) to f.q_rotated (by launch row);
  * query 0 un-rotates a serial launch's output in place, o = s . H o~ (the merge kernel does it
  * for parallel ones, with the same fa_block_fwht). */
 __global__ static void fa_rotate_kernel(const seq_group *g, attention_params a,
@@ -1082,8 +1134,9 @@ void ci_cuda_flash_plan(const kv_layout *L, const ci_cuda_seq_group *host_group,
   f->splits = ci_cuda_key_splits(host_group, L, FA_SPLIT);
   const int64_t blocks = (int64_t)host_group->total_tiles * L->n_kv_heads;
   const size_t bytes = (size_t)total_rows * n_heads * f->splits * (L->head_dim + 2) * sizeof(float);
-  const size_t q_bytes =
-      L->codec == CI_KV_TURBO ? (size_t)total_rows * n_heads * L->head_dim * sizeof(float) : 0;
+  const size_t q_bytes = L->codec == CI_KV_TURBO && warps != 1 /* cooperative: in the block */
+                             ? (size_t)total_rows * n_heads * L->head_dim * sizeof(float)
+                             : 0;
   /* Split the keys over blocks when one block per tile leaves SMs idle: fewer blocks than the
    * GPU holds at once (prefill), or fewer than one and a half such waves for the cooperative
    * decode blocks, whose serial walk streams the next split's keys while this one computes and
@@ -1152,7 +1205,7 @@ static void launch_flash(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flas
   const size_t smem = SM::launch_bytes(fa_staged_row_bytes(L), L.k_bits, f.parallel);
   const dim3 row_heads((unsigned)cmd->a.kv.total_rows, (unsigned)cmd->a.kv.att.n_heads);
   const float *signs = fa_windows(QB) ? L.signs : NULL; /* the output is rotated */
-  if (QB == FA_TURBO)
+  if (QB == FA_TURBO && !COOP)                          /* cooperative blocks rotate q themselves */
     ci_launch(cu, fa_rotate_kernel, row_heads, D, 0, cmd->a.kv.group, cmd->a.kv.att, f, signs, D,
               1);
   ci_launch(cu, flash_attention_kernel<D, EXACT, W, COOP, QB>, grid, W * 32, smem, L,

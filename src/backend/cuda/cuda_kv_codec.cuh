@@ -13,6 +13,7 @@ extern "C" {
 #include "tensor/kv_format.h"
 }
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -391,9 +392,11 @@ CI_KV_HD static inline void ci_kv_dev_turbo_v_value_encode(const float *x, int D
  * (every lane calls them; D a multiple of 32): lane l takes elements l, l + 32, ... and every
  * per-element operation is the one-thread encoder's. What the one-thread rule does in order is
  * kept: a group's minimum and maximum are the first elements attaining them (a NaN first element
- * stays, later NaNs are skipped, and of -0 and +0 the first one wins), and double or float sums
- * run sequentially in one lane. The scratch (y: D floats, codes: D bytes) is the warp's shared
- * memory. */
+ * stays, later NaNs are skipped, and of -0 and +0 the first one wins), and float sums run
+ * sequentially in one lane. TurboQuant's two double sums of squares are taken by the whole warp
+ * (a tree) and redone sequentially in one lane only when the float they lead to could differ
+ * from the sequential sum's (ci_kv_dev_settled_float). The scratch (y: D floats, codes: D bytes)
+ * is the warp's shared memory. */
 
 /* ci_kv_dev_pack's bytes, the lanes over the bytes: byte j gathers the bits of every code that
  * falls in it. */
@@ -438,7 +441,7 @@ __device__ static inline void ci_kv_dev_fwht_warp(float *x, int D) {
   const int lane = threadIdx.x & 31;
   for (int len = 1; len < D; len <<= 1) {
     for (int t = lane; t < D / 2; t += 32) {
-      const int i = (t / len) * (len << 1) + t % len;
+      const int i = ((t & -len) << 1) | (t & (len - 1)); /* (t / len) 2 len + t % len */
       const float a = x[i], b = x[i + len];
       x[i] = CI_KV_FADD(a, b);
       x[i + len] = CI_KV_FSUB(a, b);
@@ -506,6 +509,46 @@ __device__ static inline float ci_kv_dev_lloyd_lane(int bits) {
   return lane < (1 << bits) - 1 ? ci_kv_codebook_thresholds(bits)[lane] : 0.0f;
 }
 
+/* sum_i x[i]^2 over x[0..D) in double, the products exact: each lane sums its elements in index
+ * order, then the lanes' sums meet in a shuffle tree (every lane gets the same value). */
+__device__ static inline double ci_kv_dev_square_sum_warp(const float *x, int D) {
+  const int lane = threadIdx.x & 31;
+  double sum = 0.0;
+  for (int i = lane; i < D; i += 32) sum = CI_KV_DADD(sum, CI_KV_DMUL((double)x[i], (double)x[i]));
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1)
+    sum = CI_KV_DADD(sum, __shfl_xor_sync(0xffffffffu, sum, off));
+  return sum;
+}
+
+/* The one-thread rule's sequential sum_i x[i]^2 (lane 0 alone, 16 loads ahead of the chain),
+ * broadcast to the warp. */
+__device__ static inline double ci_kv_dev_square_sum_lane0(const float *x, int D) {
+  double sum = 0.0;
+  if ((threadIdx.x & 31) == 0)
+    for (int i0 = 0; i0 < D; i0 += 16) /* D is a multiple of 32 */
+#pragma unroll
+      for (int i = i0; i < i0 + 16; i++)
+        sum = CI_KV_DADD(sum, CI_KV_DMUL((double)x[i], (double)x[i]));
+  return __shfl_sync(0xffffffffu, sum, 0);
+}
+
+/* Whether (float)r is also the float of every double within 2^-42 of r (relative): then a value
+ * computed as r is, but from a sum of the same n <= 512 nonnegative terms taken in another order,
+ * rounds to the same float. Two summation orders of n nonnegative doubles agree within
+ * 2 (n - 1) 2^-53 of the sum; sqrt halves that, and the correctly rounded sqrt and division add
+ * at most 2^-53 each per side, so the two derived values differ by at most (n + 3) 2^-53
+ * relative, under 2^-44 (a quarter of the margin). False for zero, non-finite values and the
+ * largest float. */
+__device__ static inline bool ci_kv_dev_settled_float(double r) {
+  const float f = __double2float_rn(r);
+  if (!(r > 0.0) || !isfinite(f) || f == FLT_MAX || f == 0.0f) return false;
+  const double below = 0.5 * ((double)f + (double)nextafterf(f, 0.0f)); /* rounding boundaries */
+  const double above = 0.5 * ((double)f + (double)nextafterf(f, INFINITY));
+  const double margin = r * 0x1p-42;
+  return r - below > margin && above - r > margin;
+}
+
 /* ci_kv_dev_turbo_encode. */
 __device__ static inline void ci_kv_dev_turbo_encode_warp(const float *x, int D, int bits,
                                                           const float *signs, float *y,
@@ -513,13 +556,12 @@ __device__ static inline void ci_kv_dev_turbo_encode_warp(const float *x, int D,
   const int lane = threadIdx.x & 31;
   for (int i = lane; i < D; i += 32) y[i] = x[i];
   __syncwarp();
-  double norm2 = 0.0; /* the one-thread order: lane 0 alone, 16 loads ahead of the chain */
-  if (lane == 0)
-    for (int i0 = 0; i0 < D; i0 += 16) /* D is a multiple of 32 */
-#pragma unroll
-      for (int i = i0; i < i0 + 16; i++)
-        norm2 = CI_KV_DADD(norm2, CI_KV_DMUL((double)y[i], (double)y[i]));
-  norm2 = __shfl_sync(0xffffffffu, norm2, 0);
+  /* gamma = (float)sqrt(sum of squares) in the one-thread order's value: the warp's tree sum
+   * gives the same float unless the value is near a rounding boundary; then lane 0 sums in
+   * order (a sum of zero is zero in any order) */
+  double norm2 = ci_kv_dev_square_sum_warp(y, D);
+  if (norm2 != 0.0 && !ci_kv_dev_settled_float(sqrt(norm2)))
+    norm2 = ci_kv_dev_square_sum_lane0(y, D);
   __syncwarp();
   const float gamma = (float)sqrt(norm2);
   float nu = 0.0f;
@@ -530,22 +572,21 @@ __device__ static inline void ci_kv_dev_turbo_encode_warp(const float *x, int D,
     __syncwarp();
     ci_kv_dev_fwht_warp(y, D);
     const float unit = CI_KV_FDIV(sqrtf((float)D), gamma);
-    const float *c = ci_kv_codebook(bits);
     const float t_lane = ci_kv_dev_lloyd_lane(bits);
+    /* lane j holds centroid j: the codes' centroids by shuffle, not by lane-divergent constant
+     * loads */
+    const float c_lane = lane < (1 << bits) ? ci_kv_codebook(bits)[lane] : 0.0f;
     for (int i = lane; i < D; i += 32) { /* y[i] becomes the code's centroid */
       const int code = ci_kv_dev_lloyd_code_warp(CI_KV_FMUL(y[i], unit), bits, t_lane);
       codes[i] = (uint8_t)code;
-      y[i] = c[code];
+      y[i] = __shfl_sync(0xffffffffu, c_lane, code);
     }
     __syncwarp();
-    if (lane == 0) {
-      double decoded2 = 0.0;
-      for (int i0 = 0; i0 < D; i0 += 16)
-#pragma unroll
-        for (int i = i0; i < i0 + 16; i++)
-          decoded2 = CI_KV_DADD(decoded2, CI_KV_DMUL((double)y[i], (double)y[i]));
-      nu = (float)CI_KV_DDIV((double)gamma, sqrt(decoded2));
-    }
+    /* nu = gamma / |decoded|, the same way (the centroids are never zero) */
+    const double ratio = CI_KV_DDIV((double)gamma, sqrt(ci_kv_dev_square_sum_warp(y, D)));
+    nu = ci_kv_dev_settled_float(ratio)
+             ? (float)ratio
+             : (float)CI_KV_DDIV((double)gamma, sqrt(ci_kv_dev_square_sum_lane0(y, D)));
   }
   __syncwarp();
   ci_kv_dev_pack_warp(codes, D, bits, row);
