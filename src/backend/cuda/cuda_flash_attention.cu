@@ -199,7 +199,10 @@ struct fa_shared_tail {
  * stages 8-byte-aligned windows of its 4-byte-aligned rows the same way (its K and V rows differ in
  * size); its K tile is in the model basis, its V tile in the rotated one (output un-rotated). */
 template <int D, int W, bool COOP = false, int QB = 0> struct fa_smem {
-  static constexpr int STRIDE = D + 8; /* bf16 elements per staged key row (bank spread) */
+  /* decoded quantized tiles of decode blocks: no padding, chunks swizzled (fa_tile_at), so that
+   * more of these blocks fit an SM */
+  static constexpr bool SWIZZLE = COOP && QB != 0;
+  static constexpr int STRIDE = SWIZZLE ? D : D + 8; /* bf16 elements per staged key row */
   static constexpr size_t STAGE_ELEMS = (size_t)2 * FA_KEYS * STRIDE;
   static constexpr size_t TAIL_BYTES = (sizeof(fa_shared_tail) + 15) / 16 * 16;
   /* cooperative blocks: the tile's weights P [16][P_STRIDE] f32 and each warp's row maxima */
@@ -244,11 +247,19 @@ template <int D, int W, bool COOP = false, int QB = 0> struct fa_smem {
   }
 };
 
+/* The element offset of 16-byte chunk c (dims [8 c, 8 c + 8)) of row r of a bf16 tile of
+ * `stride` elements per row. SWIZZLE tiles (decoded quantized KV in decode blocks) have no padding
+ * (stride D) and keep chunk c at c ^ (r & 7), so the 8 rows an ldmatrix reads at once still fall
+ * in 8 different bank groups; the others spread rows by their 8 elements of padding. */
+template <bool SWIZZLE> __device__ static inline int fa_tile_at(int r, int c, int stride) {
+  return r * stride + 8 * (SWIZZLE ? c ^ (r & 7) : c);
+}
+
 /* Decodes the RAW stage's 2 * FA_KEYS stored affine rows (K then V) into the bf16 tile: thread t
  * takes dims [8 c, 8 c + 8) of rows t / (D / 8), + THREADS / (D / 8), ... (c = t % (D / 8)), one
  * group's scale and bias each, and writes them as one 16-byte store. Rows copied as zeros (no key
  * of the block) decode to zeros. */
-template <int D, int QB, int THREADS>
+template <int D, int QB, int THREADS, bool SWIZZLE>
 __device__ static inline void fa_decode_affine(const uint8_t *raw, int raw_stride,
                                                __nv_bfloat16 *tile, int stride, int group_shift) {
   constexpr int CHUNKS = D / 8, ROWS_PER_PASS = THREADS / CHUNKS;
@@ -299,7 +310,8 @@ __device__ static inline void fa_decode_affine(const uint8_t *raw, int raw_strid
         out[i] = pack_bf16(v[0], v[1]);
       }
     }
-    *(uint4 *)(tile + r * stride + 8 * c) = make_uint4(out[0], out[1], out[2], out[3]);
+    *(uint4 *)(tile + fa_tile_at<SWIZZLE>(r, c, stride)) =
+        make_uint4(out[0], out[1], out[2], out[3]);
   }
 }
 
@@ -308,7 +320,7 @@ __device__ static inline void fa_decode_affine(const uint8_t *raw, int raw_strid
  * t / (D / 8), + THREADS / (D / 8), ... (c = t % (D / 8)), whose codes are `bits` bytes of the
  * LSB-first stream; lane i holds centroid i of the K (ck) and V (cv) codebooks, read by shuffle.
  * rows[r] is row r's global address (NULL: copied as zeros, ν = 0, decodes to zeros). */
-template <int D, int THREADS>
+template <int D, int THREADS, bool SWIZZLE>
 __device__ static inline void
 fa_decode_turbo(const uint8_t *raw, int raw_stride, const uint8_t *const *rows, __nv_bfloat16 *tile,
                 int stride, int k_bits, int v_bits, float ck, float cv) {
@@ -334,7 +346,8 @@ fa_decode_turbo(const uint8_t *raw, int raw_stride, const uint8_t *const *rows, 
       const float x1 = __shfl_sync(0xffffffffu, cb, (int)((w >> (bits * (2 * i + 1))) & mask));
       out[i] = pack_bf16(__fmul_rn(nu, x0), __fmul_rn(nu, x1));
     }
-    *(uint4 *)(tile + r * stride + 8 * c) = make_uint4(out[0], out[1], out[2], out[3]);
+    *(uint4 *)(tile + fa_tile_at<SWIZZLE>(r, c, stride)) =
+        make_uint4(out[0], out[1], out[2], out[3]);
   }
 }
 
@@ -342,7 +355,7 @@ fa_decode_turbo(const uint8_t *raw, int raw_stride, const uint8_t *const *rows, 
  * 32-group fp16 sc and zp) decode to (idx + zp)·sc in the model basis, V rows (2-4 bit codes, then
  * a fp16 r per 32-group) to ĉ[code]·r in the rotated basis; lane i holds centroid i of the V
  * codebook. */
-template <int D, int THREADS>
+template <int D, int THREADS, bool SWIZZLE>
 __device__ static inline void
 fa_decode_turbo_v(const uint8_t *raw, int raw_stride, const uint8_t *const *rows,
                   __nv_bfloat16 *tile, int stride, int window, int k_bits, int v_bits, float cv) {
@@ -388,7 +401,8 @@ fa_decode_turbo_v(const uint8_t *raw, int raw_stride, const uint8_t *const *rows
         out[i] = pack_bf16(__fmul_rn(x0, rms), __fmul_rn(x1, rms));
       }
     }
-    *(uint4 *)(tile + r * stride + 8 * c) = make_uint4(out[0], out[1], out[2], out[3]);
+    *(uint4 *)(tile + fa_tile_at<SWIZZLE>(r, c, stride)) =
+        make_uint4(out[0], out[1], out[2], out[3]);
   }
 }
 
@@ -679,15 +693,16 @@ __global__ static void __launch_bounds__(W * 32, COOP &&QB ? 4 : 0) /* fa_smem: 
    * or not) */
   auto decode_tile = [&](int stage) {
     if constexpr (QB == FA_TURBO)
-      fa_decode_turbo<D, W * 32>(raw_stage(stage), raw_slot, &tail->rows[stage][0][0], stages,
-                                 SM::STRIDE, L.k_bits, L.v_bits, turbo_k_centroid,
-                                 turbo_v_centroid);
+      fa_decode_turbo<D, W * 32, SM::SWIZZLE>(raw_stage(stage), raw_slot, &tail->rows[stage][0][0],
+                                              stages, SM::STRIDE, L.k_bits, L.v_bits,
+                                              turbo_k_centroid, turbo_v_centroid);
     else if constexpr (QB == FA_TURBO_V)
-      fa_decode_turbo_v<D, W * 32>(raw_stage(stage), raw_slot, &tail->rows[stage][0][0], stages,
-                                   SM::STRIDE, raw_chunk, L.k_bits, L.v_bits, turbo_v_centroid);
+      fa_decode_turbo_v<D, W * 32, SM::SWIZZLE>(raw_stage(stage), raw_slot,
+                                                &tail->rows[stage][0][0], stages, SM::STRIDE,
+                                                raw_chunk, L.k_bits, L.v_bits, turbo_v_centroid);
     else if constexpr (QB != 0)
-      fa_decode_affine<D, QB, W * 32>(raw_stage(stage), raw_slot, stages, SM::STRIDE,
-                                      __ffs(L.group) - 1);
+      fa_decode_affine<D, QB, W * 32, SM::SWIZZLE>(raw_stage(stage), raw_slot, stages, SM::STRIDE,
+                                                   __ffs(L.group) - 1);
   };
   int stage = 0;
   for (int64_t tile0 = first_tile; tile0 <= key_to; tile0 += FA_KEYS, stage ^= 1) {
@@ -736,7 +751,10 @@ __global__ static void __launch_bounds__(W * 32, COOP &&QB ? 4 : 0) /* fa_smem: 
         const int mi = lane >> 3;
         const int key_in_tile = warp * 16 + (lane & 7) + (mi >> 1) * 8;
         uint32_t b[4];
-        ldmatrix_x4(b, sk + key_in_tile * SM::STRIDE + kk * 16 + (mi & 1) * 8);
+        if constexpr (SM::SWIZZLE)
+          ldmatrix_x4(b, sk + fa_tile_at<true>(key_in_tile, 2 * kk + (mi & 1), SM::STRIDE));
+        else
+          ldmatrix_x4(b, sk + key_in_tile * SM::STRIDE + kk * 16 + (mi & 1) * 8);
         mma_bf16(sc[0], qa[kk], b[0], b[1]);
         mma_bf16(sc[1], qa[kk], b[2], b[3]);
         if (EXACT) {
@@ -821,7 +839,11 @@ __global__ static void __launch_bounds__(W * 32, COOP &&QB ? 4 : 0) /* fa_smem: 
           const int mi = lane >> 3;
           const int key_in_tile = 16 * j + (lane & 7) + (mi & 1) * 8;
           uint32_t b[4];
-          ldmatrix_x4_trans(b, sv + key_in_tile * SM::STRIDE + dim0 + n * 16 + (mi >> 1) * 8);
+          if constexpr (SM::SWIZZLE)
+            ldmatrix_x4_trans(
+                b, sv + fa_tile_at<true>(key_in_tile, dim0 / 8 + 2 * n + (mi >> 1), SM::STRIDE));
+          else
+            ldmatrix_x4_trans(b, sv + key_in_tile * SM::STRIDE + dim0 + n * 16 + (mi >> 1) * 8);
           mma_bf16(acc[2 * n], pa, b[0], b[1]);
           mma_bf16(acc[2 * n + 1], pa, b[2], b[3]);
           if (EXACT) {
