@@ -176,7 +176,7 @@ struct fa_shared_tail {
 };
 
 /* Shared memory: the tiles' row addresses and the block's positions, then two stages of K and V
- * tiles [FA_KEYS][D + 8] bf16 (the next tile loads while the current one is used), then (walking
+ * tiles [FA_KEYS][STRIDE] bf16 (the next tile loads while the current one is used), then (walking
  * every split) the merged state of each warp's rows per lane, which a parallel launch does not
  * need (it launches with PARALLEL_BYTES, so more of its blocks fit an SM).
  *
@@ -185,11 +185,12 @@ struct fa_shared_tail {
  * sizes its shared memory for its rows), and the block decodes the current stage into one bf16
  * tile, which the tensor cores then read as they read bf16 KV. Prefill blocks keep two stages;
  * cooperative (decode) blocks one, which they refill with the next tile as soon as the current
- * one is decoded, and they are held to 128 registers: four blocks per SM where the smaller
- * shared memory allows it (head_dim 128: 4-bit affine, TurboQuant, turbo-v with 4-bit K; H200,
- * 8B at 16k, batch 1: affine:4 157.0 -> 158.4-159.9 tok/s, turbo:4 143.6 -> 146.0-146.7,
- * turbo-v:8,3 135.2 -> 140.5-140.7 (three blocks either way, fewer barriers); 16 sequences of
- * 4k: turbo-v:8,3 1,210 -> 1,391).
+ * one is decoded; they are held to 128 registers and their decoded tile has no padding (chunks
+ * swizzled, fa_tile_at): four blocks per SM where the shared memory allows it (head_dim 128:
+ * affine, TurboQuant, turbo-v with 4-bit K; H200, 8B at 16k, batch 1: affine:4 157.0 ->
+ * 158.4-159.9 tok/s, affine:8 150.8 -> 153.9, turbo:4 143.6 -> 146.0-146.7, turbo-v:8,3 135.2
+ * -> 140.5-140.7 (three blocks either way, fewer barriers); 16 sequences of 4k: turbo-v:8,3
+ * 1,210 -> 1,391, affine:8 1,609 -> 1,693).
  * TurboQuant KV (QB = FA_TURBO): its rows (codes, then fp16 ν) are 2-byte aligned, so each slot
  * holds the 16-byte-aligned window of global memory that covers its row (the row starts at byte
  * address & 15 of the slot; the allocation's tail slack covers a window past the last row), and
