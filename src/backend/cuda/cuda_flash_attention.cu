@@ -413,8 +413,8 @@ fa_decode_turbo_v(const uint8_t *raw, int raw_stride, const uint8_t *const *rows
  * in the per-warp (prefill) order (per lane over the n-tiles in turn, then the two shuffles), and
  * warp w accumulates P V for head dims [w D / W, (w + 1) D / W): each output keeps the arithmetic
  * chain of a per-warp (prefill) block, so the rows stay bit-identical to prefill rows. */
-template <int D, bool EXACT, int W, bool COOP, int QB = 0>
-__global__ static void __launch_bounds__(W * 32, COOP &&QB ? 4 : 0) /* fa_smem: occupancy */
+template <int D, bool EXACT, int W, bool COOP, int QB = 0> /* launch bounds: see fa_smem */
+__global__ static void __launch_bounds__(W * 32, (COOP && QB != 0) ? 4 : 0)
     flash_attention_kernel(kv_layout L, const seq_group *g, attention_params a,
                            ci_cuda_flash_params f, int *error_flag) {
   static_assert(!COOP || W == 4, "a cooperative block is four warps on 16 rows");

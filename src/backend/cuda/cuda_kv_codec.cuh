@@ -538,8 +538,8 @@ __device__ static inline double ci_kv_dev_square_sum_lane0(const float *x, int D
  * rounds to the same float. Two summation orders of n nonnegative doubles agree within
  * 2 (n - 1) 2^-53 of the sum; sqrt halves that, and the correctly rounded sqrt and division add
  * at most 2^-53 each per side, so the two derived values differ by at most (n + 3) 2^-53
- * relative, under 2^-44 (a quarter of the margin). False for zero, non-finite values and the
- * largest float. */
+ * relative, about 2^-44 at n = 512 (a quarter of the margin). False for zero, non-finite values and
+ * the largest float. */
 __device__ static inline bool ci_kv_dev_settled_float(double r) {
   const float f = __double2float_rn(r);
   if (!(r > 0.0) || !isfinite(f) || f == FLT_MAX || f == 0.0f) return false;
