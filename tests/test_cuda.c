@@ -713,6 +713,7 @@ static void check_attention(ci_backend *cpu, ci_backend *cu, int D, int window, 
     row[0] = a;
     row[1] = sqrtf(a * ulp + 0.25f * ulp * ulp);
   }
+  memset(k + (size_t)4 * KD, 0, (size_t)D * sizeof(float)); /* and a zero K row (gamma 0) */
   for (int i = 0; i < AT_SEQS; i++)
     for (int p = 0; p < n_pos[i]; p++) pos[offset[i] + p] = p;
   float *dq = to_device(cu, q, (size_t)total * HD), *dk = to_device(cu, k, (size_t)total * KD),
@@ -838,6 +839,11 @@ static void test_quantized_attention(void **state) {
     const int n = quantized_formats(dims[d], formats);
     for (int f = 0; f < n; f++) check_attention(cpu, cu, dims[d], 0, 0.0f, &formats[f], 0);
   }
+  /* head_dim 512 (Gemma 4's full-attention layers): the Hadamard codecs' widest encoder */
+  ci_kv_format wide[16];
+  const int n_wide = quantized_formats(512, wide);
+  for (int f = 0; f < n_wide; f++)
+    if (wide[f].codec != CI_KV_AFFINE) check_attention(cpu, cu, 512, 0, 0.0f, &wide[f], 0);
   ci_kv_format turbo;
   assert_int_equal(ci_kv_format_parse("turbo", 4, 3, 0, &turbo), CI_OK);
   check_attention(cpu, cu, 128, 300, 0.0f, &turbo, 0);

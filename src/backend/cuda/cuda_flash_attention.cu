@@ -217,7 +217,10 @@ template <int D, int W, bool COOP = false, int QB = 0> struct fa_smem {
                                     : QB == FA_TURBO_V ? (D + D / 8 + 4 + 7) / 8 * 8
                                     : QB               ? (D * QB / 8 + 4 * (D / 32) + 15) / 16 * 16
                                                        : 0;
-  static constexpr size_t RAW_STAGE = (size_t)2 * FA_KEYS * RAW_STRIDE;
+  /* the V slots' bound: as K, but turbo-v decode blocks' V slots with 8-bit K rows are their own
+   * (k_slot), and with 4-bit ones both slots are at most D / 2 + 16 bytes */
+  static constexpr int V_RAW_STRIDE = QB == FA_TURBO_V && COOP ? D / 2 + 16 : RAW_STRIDE;
+  static constexpr size_t RAW_STAGE = (size_t)FA_KEYS * (RAW_STRIDE + V_RAW_STRIDE);
   /* stored-row stages: cooperative (decode) blocks decode a tile as soon as it lands and copy
    * the next one into the same stage while they compute, so one stage serves them (and the
    * smaller blocks fit four per SM) */
@@ -242,9 +245,24 @@ template <int D, int W, bool COOP = false, int QB = 0> struct fa_smem {
     }
     return QB ? (D >= 128 ? (int)((row_bytes + 7) & ~(int64_t)7) : RAW_STRIDE) : 0;
   }
-  static size_t launch_bytes(int64_t row_bytes, int k_bits, bool parallel) {
+  /* the slots of a stage's K rows and of its V rows (FA_KEYS K slots, then FA_KEYS V slots):
+   * alike (the larger row's), but turbo-v decode blocks with 8-bit K rows give each side the
+   * window of its own row (head_dim 128, 3-bit V: 152- and 64-byte slots instead of 152 for
+   * both, so four blocks fit an SM instead of three; H200, 8B at 16k, batch 1: turbo-v 8,3
+   * 142.7-143.2 -> 147.8-148.0 tok/s, 16 sequences at 4k 1,421 -> 1,507; own slots for every
+   * windowed codec cost the others ~1%) */
+  __host__ __device__ static bool own_slots(const kv_layout &L) {
+    return QB == FA_TURBO_V && COOP && L.k_bits == 8;
+  }
+  __host__ __device__ static int k_slot(const kv_layout &L) {
+    return raw_stride(own_slots(L) ? L.k_row_bytes : fa_staged_row_bytes(L), L.k_bits);
+  }
+  __host__ __device__ static int v_slot(const kv_layout &L) {
+    return raw_stride(own_slots(L) ? L.v_row_bytes : fa_staged_row_bytes(L), L.k_bits);
+  }
+  static size_t launch_bytes(const kv_layout &L, bool parallel) {
     return (parallel ? PARALLEL_BYTES : BYTES) - RAW_BYTES +
-           (size_t)RAW_STAGES * 2 * FA_KEYS * raw_stride(row_bytes, k_bits);
+           (size_t)RAW_STAGES * FA_KEYS * (k_slot(L) + v_slot(L));
   }
 };
 
@@ -355,54 +373,60 @@ fa_decode_turbo(const uint8_t *raw, int raw_stride, const uint8_t *const *rows, 
 /* The same for turbo-v row windows: K rows (4-bit codes, or 8-bit signed ones, then per
  * 32-group fp16 sc and zp) decode to (idx + zp)·sc in the model basis, V rows (2-4 bit codes, then
  * a fp16 r per 32-group) to ĉ[code]·r in the rotated basis; lane i holds centroid i of the V
- * codebook. */
+ * codebook. The stage holds FA_KEYS K slots of k_slot bytes, then FA_KEYS V slots of v_slot. */
 template <int D, int THREADS, bool SWIZZLE>
 __device__ static inline void
-fa_decode_turbo_v(const uint8_t *raw, int raw_stride, const uint8_t *const *rows,
+fa_decode_turbo_v(const uint8_t *raw, int k_slot, int v_slot, const uint8_t *const *rows,
                   __nv_bfloat16 *tile, int stride, int window, int k_bits, int v_bits, float cv) {
   constexpr int CHUNKS = D / 8, ROWS_PER_PASS = THREADS / CHUNKS, GROUPS = D / 32;
   static_assert(THREADS % CHUNKS == 0 && FA_KEYS % ROWS_PER_PASS == 0, "decode walk");
   const int c = threadIdx.x % CHUNKS, row0 = threadIdx.x / CHUNKS, g = c / 4;
+  /* the K rows, then the V rows (each in its window, 4-byte aligned) */
 #pragma unroll 4
-  for (int r = row0; r < 2 * FA_KEYS; r += ROWS_PER_PASS) {
-    /* the row in its window (4-byte aligned) */
-    const uint8_t *row = raw + r * raw_stride + ((uintptr_t)rows[r] & (uintptr_t)(window - 1));
+  for (int r = row0; r < FA_KEYS; r += ROWS_PER_PASS) {
+    const uint8_t *row = raw + r * k_slot + ((uintptr_t)rows[r] & (uintptr_t)(window - 1));
+    const uint8_t *tail = row + D * k_bits / 8;
+    const float sc = __half2float(__ushort_as_half(*(const unsigned short *)(tail + 2 * g)));
+    const float zp =
+        __half2float(__ushort_as_half(*(const unsigned short *)(tail + 2 * (GROUPS + g))));
+    const uint32_t w0 = *(const uint32_t *)(row + c * k_bits);
+    const uint32_t w1 = k_bits == 8 ? *(const uint32_t *)(row + c * k_bits + 4) : 0u;
     uint32_t out[4];
-    if (r < FA_KEYS) {
-      const uint8_t *tail = row + D * k_bits / 8;
-      const float sc = __half2float(__ushort_as_half(*(const unsigned short *)(tail + 2 * g)));
-      const float zp =
-          __half2float(__ushort_as_half(*(const unsigned short *)(tail + 2 * (GROUPS + g))));
-      const uint32_t w0 = *(const uint32_t *)(row + c * k_bits);
-      const uint32_t w1 = k_bits == 8 ? *(const uint32_t *)(row + c * k_bits + 4) : 0u;
 #pragma unroll
-      for (int i = 0; i < 4; i++) {
-        float x[2];
+    for (int i = 0; i < 4; i++) {
+      float x[2];
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-          const int e = 2 * i + j;
-          const float idx = k_bits == 8 ? (float)(int8_t)((e < 4 ? w0 : w1) >> (8 * (e & 3)))
-                                        : (float)((w0 >> (4 * e)) & 0xfu);
-          x[j] = __fmul_rn(__fadd_rn(idx, zp), sc);
-        }
-        out[i] = pack_bf16(x[0], x[1]);
+      for (int j = 0; j < 2; j++) {
+        const int e = 2 * i + j;
+        const float idx = k_bits == 8 ? (float)(int8_t)((e < 4 ? w0 : w1) >> (8 * (e & 3)))
+                                      : (float)((w0 >> (4 * e)) & 0xfu);
+        x[j] = __fmul_rn(__fadd_rn(idx, zp), sc);
       }
-    } else {
-      const uint8_t *tail = row + D * v_bits / 8;
-      const float rms = __half2float(__ushort_as_half(*(const unsigned short *)(tail + 2 * g)));
-      const int at = c * v_bits;
-      const uint32_t w0 = *(const uint32_t *)((uintptr_t)(row + at) & ~(uintptr_t)3);
-      const uint32_t w1 = *(const uint32_t *)((uintptr_t)(row + at + v_bits - 1) & ~(uintptr_t)3);
-      const uint32_t w = __funnelshift_r(w0, w1, 8 * (unsigned)((uintptr_t)(row + at) & 3));
-      const unsigned mask = (1u << v_bits) - 1u;
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        const float x0 = __shfl_sync(0xffffffffu, cv, (int)((w >> (v_bits * (2 * i))) & mask));
-        const float x1 = __shfl_sync(0xffffffffu, cv, (int)((w >> (v_bits * (2 * i + 1))) & mask));
-        out[i] = pack_bf16(__fmul_rn(x0, rms), __fmul_rn(x1, rms));
-      }
+      out[i] = pack_bf16(x[0], x[1]);
     }
     *(uint4 *)(tile + fa_tile_at<SWIZZLE>(r, c, stride)) =
+        make_uint4(out[0], out[1], out[2], out[3]);
+  }
+  const uint8_t *const v_raw = raw + FA_KEYS * k_slot;
+  const unsigned mask = (1u << v_bits) - 1u;
+#pragma unroll 4
+  for (int r = row0; r < FA_KEYS; r += ROWS_PER_PASS) {
+    const uint8_t *row =
+        v_raw + r * v_slot + ((uintptr_t)rows[FA_KEYS + r] & (uintptr_t)(window - 1));
+    const uint8_t *tail = row + D * v_bits / 8;
+    const float rms = __half2float(__ushort_as_half(*(const unsigned short *)(tail + 2 * g)));
+    const int at = c * v_bits;
+    const uint32_t w0 = *(const uint32_t *)((uintptr_t)(row + at) & ~(uintptr_t)3);
+    const uint32_t w1 = *(const uint32_t *)((uintptr_t)(row + at + v_bits - 1) & ~(uintptr_t)3);
+    const uint32_t w = __funnelshift_r(w0, w1, 8 * (unsigned)((uintptr_t)(row + at) & 3));
+    uint32_t out[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const float x0 = __shfl_sync(0xffffffffu, cv, (int)((w >> (v_bits * (2 * i))) & mask));
+      const float x1 = __shfl_sync(0xffffffffu, cv, (int)((w >> (v_bits * (2 * i + 1))) & mask));
+      out[i] = pack_bf16(__fmul_rn(x0, rms), __fmul_rn(x1, rms));
+    }
+    *(uint4 *)(tile + fa_tile_at<SWIZZLE>(FA_KEYS + r, c, stride)) =
         make_uint4(out[0], out[1], out[2], out[3]);
   }
 }
@@ -427,10 +451,12 @@ __global__ static void __launch_bounds__(W * 32, (COOP && QB != 0) ? 4 : 0)
   /* stage i: K at i * STAGE_ELEMS, V after it (affine KV: one tile, decoded from raw stage i) */
   __nv_bfloat16 *stages = (__nv_bfloat16 *)(smem + SM::TAIL_BYTES + SM::EXTRA_BYTES);
   uint8_t *const raw = smem + SM::TAIL_BYTES + SM::EXTRA_BYTES + SM::KV_BYTES;
+  /* raw: RAW_STAGES stages of FA_KEYS K slots, then FA_KEYS V slots */
+  const int k_slot = SM::k_slot(L); /* bytes per slot */
+  const int v_slot = QB == FA_TURBO_V && COOP ? SM::v_slot(L) : k_slot;
   float *total = (float *)(smem + SM::TAIL_BYTES + SM::EXTRA_BYTES + SM::KV_BYTES +
-                           (size_t)SM::RAW_STAGES * 2 * FA_KEYS *
-                               SM::raw_stride(fa_staged_row_bytes(L),
-                                              L.k_bits)); /* [warp][ACC_REGS + 4][32] */
+                           (size_t)SM::RAW_STAGES * FA_KEYS *
+                               (k_slot + v_slot));        /* [warp][ACC_REGS + 4][32] */
   float *const p_tile = (float *)(smem + SM::TAIL_BYTES); /* COOP: [16][P_STRIDE] */
   float *const row_max = p_tile + 16 * SM::P_STRIDE;      /* COOP: [W][16] */
   /* COOP: the accumulators of this warp's head dims [dim0, dim0 + D / 4), ACC_N of them */
@@ -587,17 +613,51 @@ __global__ static void __launch_bounds__(W * 32, (COOP && QB != 0) ? 4 : 0)
    * thread t copying pieces t, t + THREADS, ... of the 2 * FA_KEYS rows in row order */
   /* TurboQuant, turbo-v: the row's covering window in pieces of fa_window_align(QB) bytes, from
    * the row's address rounded down to that alignment */
-  const int raw_slot = SM::raw_stride(fa_staged_row_bytes(L), L.k_bits); /* bytes per slot */
+  const int raw_slot = k_slot; /* K and V slots alike (but see issue_raw_copies) */
   const int raw_chunk = fa_windows(QB) ? fa_window_align(QB, L.k_bits)
                         : QB && ((L.block_stride | L.k_offset | L.v_offset | L.k_row_bytes) & 7)
                             ? 4
                             : 8;
   const int raw_pieces = (fa_windows(QB) ? raw_slot : (int)L.k_row_bytes) / raw_chunk; /* per row */
   auto raw_stage = [&](int stage) {
-    return raw + (SM::RAW_STAGES == 1 ? 0 : stage * 2 * FA_KEYS * raw_slot);
+    return raw + (SM::RAW_STAGES == 1 ? 0 : stage * FA_KEYS * (k_slot + v_slot));
+  };
+  /* turbo-v with own K and V slots: the windows of the FA_KEYS rows of `rows` into slots of `slot`
+   * bytes from dst, in pieces of raw_chunk bytes: thread t copying pieces t, t + THREADS, ... in
+   * row order */
+  auto issue_window_copies = [&](const uint8_t *const *rows, unsigned dst, int slot) {
+    constexpr int THREADS = W * 32;
+    const int pieces = slot / raw_chunk, row_step = THREADS / pieces, piece_step = THREADS % pieces;
+    int r = threadIdx.x / pieces, piece = threadIdx.x % pieces;
+    for (int j = 0; j < FA_KEYS * pieces; j += THREADS) {
+      if (r < FA_KEYS) {
+        const uint8_t *row =
+            (const uint8_t *)((uintptr_t)rows[r] & ~(uintptr_t)(raw_chunk - 1)); /* window */
+        const unsigned at = dst + r * slot + piece * raw_chunk;
+        const void *src = rows[r] ? (const void *)(row + piece * raw_chunk) : (const void *)L.slabs;
+        if (raw_chunk == 16)
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(at), "l"(src),
+                       "r"(rows[r] ? 16 : 0));
+        else
+          asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(at), "l"(src),
+                       "r"(rows[r] ? 8 : 0));
+      }
+      r += row_step, piece += piece_step;
+      if (piece >= pieces) piece -= pieces, r++;
+    }
   };
   auto issue_raw_copies = [&](int stage) {
     constexpr int THREADS = W * 32;
+    if constexpr (QB == FA_TURBO_V && COOP) {
+      if (k_slot != v_slot) {
+        const uint8_t *const *rows = &tail->rows[stage][0][0];
+        const unsigned dst_stage = (unsigned)__cvta_generic_to_shared(raw_stage(stage));
+        issue_window_copies(rows, dst_stage, k_slot);
+        issue_window_copies(rows + FA_KEYS, dst_stage + FA_KEYS * k_slot, v_slot);
+        asm volatile("cp.async.commit_group;\n" ::);
+        return;
+      }
+    }
     const int row_step = THREADS / raw_pieces, piece_step = THREADS % raw_pieces;
     int r = threadIdx.x / raw_pieces, piece = threadIdx.x % raw_pieces;
     const uint8_t *const *rows = &tail->rows[stage][0][0];
@@ -698,7 +758,7 @@ __global__ static void __launch_bounds__(W * 32, (COOP && QB != 0) ? 4 : 0)
                                               stages, SM::STRIDE, L.k_bits, L.v_bits,
                                               turbo_k_centroid, turbo_v_centroid);
     else if constexpr (QB == FA_TURBO_V)
-      fa_decode_turbo_v<D, W * 32, SM::SWIZZLE>(raw_stage(stage), raw_slot,
+      fa_decode_turbo_v<D, W * 32, SM::SWIZZLE>(raw_stage(stage), k_slot, v_slot,
                                                 &tail->rows[stage][0][0], stages, SM::STRIDE,
                                                 raw_chunk, L.k_bits, L.v_bits, turbo_v_centroid);
     else if constexpr (QB != 0)
@@ -1225,7 +1285,7 @@ static void launch_flash(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flas
   const kv_layout &L = cmd->a.kv.layout;
   const dim3 grid((unsigned)cmd->a.kv.total_tiles, (unsigned)L.n_kv_heads,
                   f.parallel ? (unsigned)f.splits : 1u);
-  const size_t smem = SM::launch_bytes(fa_staged_row_bytes(L), L.k_bits, f.parallel);
+  const size_t smem = SM::launch_bytes(L, f.parallel);
   const dim3 row_heads((unsigned)cmd->a.kv.total_rows, (unsigned)cmd->a.kv.att.n_heads);
   const float *signs = fa_windows(QB) ? L.signs : NULL; /* the output is rotated */
   if (QB == FA_TURBO && !COOP)                          /* cooperative blocks rotate q themselves */
