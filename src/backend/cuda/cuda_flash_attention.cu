@@ -453,6 +453,8 @@ __global__ static void __launch_bounds__(W * 32, (COOP && QB != 0) ? 4 : 0)
   uint8_t *const raw = smem + SM::TAIL_BYTES + SM::EXTRA_BYTES + SM::KV_BYTES;
   /* raw: RAW_STAGES stages of FA_KEYS K slots, then FA_KEYS V slots */
   const int k_slot = SM::k_slot(L); /* bytes per slot */
+  /* (SM::v_slot equals k_slot but for turbo-v decode blocks; spelled out so that the other
+   * kernels know it at compile time) */
   const int v_slot = QB == FA_TURBO_V && COOP ? SM::v_slot(L) : k_slot;
   float *total = (float *)(smem + SM::TAIL_BYTES + SM::EXTRA_BYTES + SM::KV_BYTES +
                            (size_t)SM::RAW_STAGES * FA_KEYS *
