@@ -250,11 +250,11 @@ static void check_affine(ci_backend *cpu, ci_backend *cu, int bits, int group, c
  * large matrix beside a 4-row one (a gated-DeltaNet gate projection: not a multiple of 16 rows)
  * through a buffer sized for 4 rows. Rows equal the matrices' products alone (the small-batch
  * kernel's rows are cuBLASLt's, bit for bit). */
-static void check_grouped_parts(int64_t n0, int group0, int64_t n1, int group1) {
+static void check_grouped_parts(int64_t k, int64_t n0, int group0, int64_t n1, int group1) {
   ci_backend *cu = gpu(); /* fresh: no scratch grown yet */
   ci_cuda_set_input_planes(cu, 1);
   enum { M = 4 };
-  const int64_t k = 2048, n[2] = {n0, n1};
+  const int64_t n[2] = {n0, n1};
   const int groups[2] = {group0, group1};
   ci_tensor w[2], wg[2];
   float *x = malloc((size_t)(M * k) * 4);
@@ -298,8 +298,10 @@ static void check_grouped_parts(int64_t n0, int group0, int64_t n1, int group1) 
 
 static void test_grouped_affine_parts(void **state) {
   (void)state;
-  check_grouped_parts(4096, 64, 64, 32);
-  check_grouped_parts(4096, 32, 4, 32);
+  check_grouped_parts(2048, 4096, 64, 64, 32);
+  check_grouped_parts(2048, 4096, 32, 4, 32);
+  /* rows long enough to be cut into K segments (ci_cuda_k_segment) */
+  check_grouped_parts(8192, 1024, 64, 512, 64);
 }
 
 static void test_affine_matmul_ops(void **state) {
@@ -312,6 +314,11 @@ static void test_affine_matmul_ops(void **state) {
   check_affine(cpu, cu, 8, 64, CI_BF16, 6144, 4096, 1);
   /* taller than one dequantisation slice (16384 rows of 2048) */
   check_affine(cpu, cu, 4, 64, CI_BF16, 16400, 2048, 0);
+  /* rows cut into K segments (ci_cuda_k_segment), a shorter last one, and a dequantisation slice
+   * of a down-projection shape */
+  check_affine(cpu, cu, 4, 64, CI_BF16, 512, 14336, 1);
+  check_affine(cpu, cu, 8, 128, CI_BF16, 256, 8704, 1);
+  check_affine(cpu, cu, 4, 32, CI_F16, 4096, 14336, 0);
   ci_cuda_set_input_planes(cu, 2);
   cu->ops->destroy(cu);
   cpu->ops->destroy(cpu);

@@ -135,6 +135,7 @@ static void cuda_destroy(ci_backend *be) {
   if (cu->stream) cudaStreamSynchronize(cu->stream);
   ci_cuda_graphs_destroy(cu);
   ci_cuda_blas_destroy(cu);
+  ci_cuda_gemv_destroy(cu);
   for (int i = 0; i < 3; i++)
     if (cu->timing_events[i]) cudaEventDestroy(cu->timing_events[i]);
   for (int i = 0; i < cu->n_weights; i++) cudaFree(cu->weights[i]);

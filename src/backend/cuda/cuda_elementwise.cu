@@ -401,3 +401,26 @@ void ci_cuda_sum(ci_cuda *cu, float *y, const float *a, const float *b, int64_t 
   ci_launch(cu, sum_kernel, blocks_for(n), THREADS, 0, y, a, b, n);
   ci_cuda_check_launch(cu, "sum");
 }
+
+__global__ static void segment_sum_kernel(float *y, const float *part, int segs, int64_t m,
+                                          int64_t n, int planes) {
+  ci_grid_begin();
+  const int64_t seg_stride = planes * m * n;
+  FOR_EACH(i, m * n) {
+    float v = part[i];
+    for (int s = 1; s < segs; s++) v += part[s * seg_stride + i];
+    if (planes == 2) {
+      float r = part[m * n + i];
+      for (int s = 1; s < segs; s++) r += part[s * seg_stride + m * n + i];
+      v = v + r;
+    }
+    y[i] = v;
+  }
+}
+
+void ci_cuda_segment_sum(ci_cuda *cu, float *y, const float *part, int segs, int64_t m, int64_t n,
+                         int planes) {
+  if (m * n <= 0) return;
+  ci_launch(cu, segment_sum_kernel, blocks_for(m * n), THREADS, 0, y, part, segs, m, n, planes);
+  ci_cuda_check_launch(cu, "segment sum");
+}

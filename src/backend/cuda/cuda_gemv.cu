@@ -31,6 +31,7 @@
 #include "backend/cuda/cuda_mma.cuh"
 
 #include <limits.h>
+#include <stdlib.h>
 
 enum {
   GV_STAGES = 4,     /* stages in flight per warp */
@@ -62,6 +63,13 @@ typedef struct {
   int n[GV_MAX_PARTS];
   int end[GV_MAX_PARTS]; /* unused parts: INT_MAX */
   int group_shift;       /* affine: log2 of the group size */
+  /* K segments (ci_cuda_k_segment): segs of seg_cols columns (the last: the rest of K); with more
+   * than one, unit u of the launch is row group u / segs, segment u % segs, and its chains go to
+   * partial[u][rows][planes * m]; the last of a group's units to finish (count[group] reaching
+   * segs - 1) adds them in order into y and resets the count */
+  int segs, seg_cols;
+  float *partial;
+  unsigned *count;
 } gv_parts;
 
 /* Shared memory of one warp: the W ring (bf16: [STAGES][R][KC + 8] elements, rows 16 bytes apart
@@ -112,7 +120,7 @@ __device__ static inline int gv_part_of(const gv_parts &P, int group, int chains
  * pairs' addressing then shifts by a register; a constant saved 1-10% of the q4/q8 kernels' time
  * on the H200). */
 template <int BITS, int CHAINS, int PLANES, int STAGES, int KC, bool F16, int XG, int WARPS,
-          int GSHIFT = 0>
+          int GSHIFT = 0, bool SEG = false>
 __global__ static void __launch_bounds__(32 * WARPS)
     gemv_kernel(const gv_parts P, const __nv_bfloat16 *__restrict__ x, int groups, int k, int m) {
   constexpr int R = CHAINS * 16, STRIDE = KC + 8;
@@ -140,21 +148,38 @@ __global__ static void __launch_bounds__(32 * WARPS)
   __nv_bfloat16 *zero_row = sx + STAGES * x_rows * STRIDE;
   for (int i = tid; i < STRIDE / 8; i += NT) ((uint4 *)zero_row)[i] = make_uint4(0, 0, 0, 0);
 
-  if ((int)blockIdx.x >= groups) { /* (the grid never exceeds the groups) */
+  const int segs = SEG ? P.segs : 1, units = groups * segs;
+  if ((int)blockIdx.x >= units) { /* (the grid never exceeds the units) */
     ci_grid_begin();
     return;
   }
-  const int my_groups = (groups - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
-  const int k_stages = (k + KC - 1) / KC;
-  const int total = my_groups * k_stages;
+  const int my_units = (units - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
+  const int last_cols = k - (segs - 1) * P.seg_cols;
+  const int seg_stages = P.seg_cols / KC, last_stages = (last_cols + KC - 1) / KC;
   const int group_shift = GSHIFT ? GSHIFT : P.group_shift;
   const int quads = (k + 63) / 64, k_groups = k >> group_shift;
-  int load_group = 0, load_k = 0; /* the next stage to load: my group index, k stage */
-  /* the W part of stage (lgroup, lk) into ring slot `slot` */
-  auto load_w = [&](int slot, int lgroup, int lk) {
-    const int k0 = lk * KC, kn = min(KC, k - k0);
+  /* my i-th unit: its index, row group, K columns [first, end) and stages (worked out once a
+   * unit: a division by a runtime count in every stage cost the q4 kernel ~15%) */
+  struct unit_info {
+    int unit, group, first, end, stages;
+  };
+  auto info_of = [&](int i) {
+    unit_info u;
+    u.unit = (int)blockIdx.x + i * (int)gridDim.x;
+    const int seg = segs == 1 ? 0 : u.unit % segs;
+    u.group = segs == 1 ? u.unit : u.unit / segs;
+    u.first = seg * P.seg_cols;
+    u.end = seg == segs - 1 ? k : u.first + P.seg_cols;
+    u.stages = seg == segs - 1 ? last_stages : seg_stages;
+    return u;
+  };
+  int load_i = 0, load_k = 0; /* the next stage to load: my unit index, k stage within it */
+  unit_info load_u = info_of(0);
+  /* the W part of stage lk of unit u into ring slot `slot` */
+  auto load_w = [&](int slot, const unit_info &u, int lk) {
+    const int k0 = u.first + lk * KC, kn = min(KC, u.end - k0);
     int row0;
-    const int part = gv_part_of(P, (int)blockIdx.x + lgroup * (int)gridDim.x, CHAINS, &row0);
+    const int part = gv_part_of(P, u.group, CHAINS, &row0);
     if (BITS == 16) { /* a warp copies 32 16-byte chunks of a row per instruction */
       const __nv_bfloat16 *src = (const __nv_bfloat16 *)gv_pick(P.w, part) + (size_t)row0 * k + k0;
       for (int c = lane; c < kn / 8; c += 32) {
@@ -178,35 +203,38 @@ __global__ static void __launch_bounds__(32 * WARPS)
       }
     }
   };
-  /* the input part of k stage lk into ring slot `slot` */
-  auto load_x = [&](int slot, int lk) {
-    const int k0 = lk * KC, kn = min(KC, k - k0);
+  /* the input part of stage lk of unit u into ring slot `slot` */
+  auto load_x = [&](int slot, const unit_info &u, int lk) {
+    const int k0 = u.first + lk * KC, kn = min(KC, u.end - k0);
     __nv_bfloat16 *dx = sx + slot * x_rows * STRIDE;
     for (int c = tid; c < kn / 8; c += NT)
       for (int r = 0; r < x_rows; r++)
         cp_async16_cached(dx + r * STRIDE + c * 8, x + (size_t)r * k + k0 + c * 8);
   };
   auto advance = [&]() {
-    if (++load_k == k_stages) {
+    if (++load_k == load_u.stages) {
       load_k = 0;
-      load_group++;
+      if (++load_i < my_units) load_u = info_of(load_i);
     }
   };
   /* The weights never depend on an earlier kernel: the first stages' W tiles load before the
    * wait for the previous kernel (cuda_launch.cuh), the inputs after it. The first commit group
    * then holds those W tiles and stage 0's inputs, so waiting for it still covers stage 0. */
-  for (int s = 0, lgroup = 0, lk = 0; s < STAGES - 1 && s < total; s++) {
-    load_w(s, lgroup, lk);
-    if (++lk == k_stages) {
-      lk = 0;
-      lgroup++;
+  {
+    unit_info u = load_u;
+    for (int s = 0, li = 0, lk = 0; s < STAGES - 1 && li < my_units; s++) {
+      load_w(s, u, lk);
+      if (++lk == u.stages) {
+        lk = 0;
+        if (++li < my_units) u = info_of(li);
+      }
     }
   }
   ci_grid_begin();
 #pragma unroll
   for (int s = 0; s < STAGES - 1; s++) {
-    if (s < total) {
-      load_x(s, load_k);
+    if (load_i < my_units) {
+      load_x(s, load_u, load_k);
       advance();
     }
     cp_async_commit();
@@ -292,12 +320,14 @@ __global__ static void __launch_bounds__(32 * WARPS)
       for (int cg = 0; cg < XG; cg++) mma_bf16(c[j][cg], a[j], b[cg][0], b[cg][1]);
   };
 
-  int group = 0, ks = 0;
-  for (int s = 0; s < total; s++) {
+  __shared__ int gv_last; /* the block finishes its row group's last segment */
+  int cur = 0, ks = 0;
+  unit_info cur_u = info_of(0);
+  for (int s = 0; cur < my_units; s++) {
     cp_async_wait<STAGES - 2>();
     sync();
     const int slot = s % STAGES;
-    const int kn = min(KC, k - ks * KC);
+    const int kn = min(KC, cur_u.end - cur_u.first - ks * KC);
     const __nv_bfloat16 *b_base[XG];
 #pragma unroll
     for (int cg = 0; cg < XG; cg++)
@@ -320,42 +350,91 @@ __global__ static void __launch_bounds__(32 * WARPS)
       }
     }
     sync(); /* every thread is done with the slot the next load overwrites */
-    if (s + STAGES - 1 < total) {
+    if (load_i < my_units) {
       const int slot_next = (s + STAGES - 1) % STAGES;
-      load_w(slot_next, load_group, load_k);
-      load_x(slot_next, load_k);
+      load_w(slot_next, load_u, load_k);
+      load_x(slot_next, load_u, load_k);
       advance();
     }
     cp_async_commit();
-    if (++ks == k_stages) { /* the group is done: write it, start the next from zero */
+    if (++ks == cur_u.stages) { /* the unit is done: write it, start the next from zero */
+      const int unit = cur_u.unit, group = cur_u.group;
       int n0;
-      const int part = gv_part_of(P, (int)blockIdx.x + group * (int)gridDim.x, CHAINS, &n0);
+      const int part = gv_part_of(P, group, CHAINS, &n0);
       float *y = gv_pick(P.y, part);
       const int n = gv_pick(P.n, part);
-      /* accumulator (j, cg, lane): W rows n0 + 16j + g and + 8 (affine: the warp's rows
-       * n0 + 16j + 8 half + g, as the mma's rows g), input columns 8 cg + 2t and 8 cg + 2t + 1
-       * (two planes: both columns are input row 4 cg + t) */
+      if (SEG) { /* this segment's chains into its partial; the group's last unit sums */
+        float *mine = P.partial + (size_t)unit * R * x_rows;
 #pragma unroll
-      for (int j = 0; j < CHAINS; j++) {
+        for (int j = 0; j < CHAINS; j++)
 #pragma unroll
-        for (int cg = 0; cg < XG; cg++) {
+          for (int cg = 0; cg < XG; cg++)
 #pragma unroll
-          for (int h = 0; h < (WARPS == 2 ? 1 : 2); h++) {
-            const int col = n0 + 16 * j + g + 8 * (h + half);
-            const float *acc = c[j][cg];
-            if (PLANES == 1) {
-              const int r = 8 * cg + 2 * t;
-              if (r < m) y[(size_t)r * n + col] = acc[2 * h];
-              if (r + 1 < m) y[(size_t)(r + 1) * n + col] = acc[2 * h + 1];
-            } else if (4 * cg + t < m) {
-              y[(size_t)(4 * cg + t) * n + col] = acc[2 * h] + acc[2 * h + 1];
+            for (int h = 0; h < (WARPS == 2 ? 1 : 2); h++)
+#pragma unroll
+              for (int e = 0; e < 2; e++) {
+                const int col = 8 * cg + 2 * t + e; /* input column */
+                const int xr = PLANES == 1 ? col : (col & 1) * m + (col >> 1);
+                if ((PLANES == 1 ? col : col >> 1) < m)
+                  mine[(16 * j + g + 8 * (h + half)) * x_rows + xr] = c[j][cg][2 * h + e];
+              }
+        __threadfence();
+        sync();
+        if (tid == 0) gv_last = atomicAdd(&P.count[group], 1u) == (unsigned)(segs - 1);
+        sync();
+        if (gv_last) {
+          __threadfence();
+          const float *first_part = P.partial + (size_t)group * segs * R * x_rows;
+          const int unit_floats = R * x_rows;
+          /* the block's threads share the group's outputs: R rows of m inputs (two planes: the
+           * values' sum plus the remainders' sum) */
+#pragma unroll 1
+          for (int o = tid; o < R * m; o += NT) {
+            const int row = o / m, r = o - row * m;
+            const float *at = first_part + row * x_rows + r;
+            float v = __ldcg(at);
+#pragma unroll 1
+            for (int q = 1; q < segs; q++) v += __ldcg(at + q * unit_floats);
+            if (PLANES == 2) {
+              float rem = __ldcg(at + m);
+#pragma unroll 1
+              for (int q = 1; q < segs; q++) rem += __ldcg(at + q * unit_floats + m);
+              v = v + rem;
+            }
+            y[(size_t)r * n + n0 + row] = v;
+          }
+          if (tid == 0) P.count[group] = 0;
+        }
+      } else {
+        /* accumulator (j, cg, lane): W rows n0 + 16j + g and + 8 (affine: the warp's rows
+         * n0 + 16j + 8 half + g, as the mma's rows g), input columns 8 cg + 2t and 8 cg + 2t + 1
+         * (two planes: both columns are input row 4 cg + t) */
+#pragma unroll
+        for (int j = 0; j < CHAINS; j++) {
+#pragma unroll
+          for (int cg = 0; cg < XG; cg++) {
+#pragma unroll
+            for (int h = 0; h < (WARPS == 2 ? 1 : 2); h++) {
+              const int col = n0 + 16 * j + g + 8 * (h + half);
+              const float *acc = c[j][cg];
+              if (PLANES == 1) {
+                const int r = 8 * cg + 2 * t;
+                if (r < m) y[(size_t)r * n + col] = acc[2 * h];
+                if (r + 1 < m) y[(size_t)(r + 1) * n + col] = acc[2 * h + 1];
+              } else if (4 * cg + t < m) {
+                y[(size_t)(4 * cg + t) * n + col] = acc[2 * h] + acc[2 * h + 1];
+              }
             }
           }
-          c[j][cg][0] = c[j][cg][1] = c[j][cg][2] = c[j][cg][3] = 0.0f;
         }
       }
+#pragma unroll
+      for (int j = 0; j < CHAINS; j++)
+#pragma unroll
+        for (int cg = 0; cg < XG; cg++)
+          c[j][cg][0] = c[j][cg][1] = c[j][cg][2] = c[j][cg][3] = 0.0f;
       ks = 0;
-      group++;
+      if (++cur < my_units) cur_u = info_of(cur);
     }
   }
   cp_async_wait<0>();
@@ -374,12 +453,19 @@ static cudaError_t gv_set_limit() {
           gemv_kernel<BITS, CHAINS, PLANES, GV_WIDE_STAGES, GV_WIDE_KC, F16, XG, WARPS>,
           cudaFuncAttributeMaxDynamicSharedMemorySize,
           (int)gv_smem_bytes(BITS, GV_WIDE_KC, GV_WIDE_STAGES, CHAINS, GV_WIDE_MAX_X_ROWS));
-  } else if (err == cudaSuccess) { /* the groups-of-64 form */
-    err = cudaFuncSetAttribute(
-        gemv_kernel<BITS, CHAINS, PLANES, GV_STAGES, gv_kc(BITS, XG), F16, XG, WARPS, 6>,
-        cudaFuncAttributeMaxDynamicSharedMemorySize,
-        (int)gv_smem_bytes(BITS, gv_kc(BITS, XG), GV_STAGES, CHAINS,
-                           XG == 2 ? GV_MAX_X_ROWS_AFFINE : GV_MAX_X_ROWS));
+  } else if (err == cudaSuccess) { /* the groups-of-64 form, and both with K segments */
+    const int bytes = (int)gv_smem_bytes(BITS, gv_kc(BITS, XG), GV_STAGES, CHAINS,
+                                         XG == 2 ? GV_MAX_X_ROWS_AFFINE : GV_MAX_X_ROWS);
+    constexpr int KC = gv_kc(BITS, XG);
+    const cudaFuncAttribute a = cudaFuncAttributeMaxDynamicSharedMemorySize;
+    err = cudaFuncSetAttribute(gemv_kernel<BITS, CHAINS, PLANES, GV_STAGES, KC, F16, XG, WARPS, 6>,
+                               a, bytes);
+    if (err == cudaSuccess)
+      err = cudaFuncSetAttribute(
+          gemv_kernel<BITS, CHAINS, PLANES, GV_STAGES, KC, F16, XG, WARPS, 0, true>, a, bytes);
+    if (err == cudaSuccess)
+      err = cudaFuncSetAttribute(
+          gemv_kernel<BITS, CHAINS, PLANES, GV_STAGES, KC, F16, XG, WARPS, 6, true>, a, bytes);
   }
   return err;
 }
@@ -405,7 +491,20 @@ template <int BITS, bool F16> static cudaError_t gv_set_limits() {
 }
 
 int ci_cuda_gemv_init(ci_cuda *cu) {
-  cudaError_t err = gv_set_limits<16, false>();
+  cu->gemv_counts = (unsigned *)ci_cuda_malloc(cu, CI_CUDA_GEMV_COUNTS * sizeof(unsigned));
+  if (!cu->gemv_counts) return CI_ERR;
+  cudaError_t err = cudaMemset(cu->gemv_counts, 0, CI_CUDA_GEMV_COUNTS * sizeof(unsigned));
+  /* CINFER_CUDA_K_SEGMENT=COLS[,ABOVE]: segments of about COLS columns for rows longer than ABOVE
+   * (measuring and testing; 0: none) */
+  const char *seg_env = getenv("CINFER_CUDA_K_SEGMENT");
+  cu->k_segment_cols = 4096;
+  cu->k_segment_above = 4096;
+  if (seg_env) {
+    char *end = NULL;
+    cu->k_segment_cols = (int)strtol(seg_env, &end, 10);
+    if (end && *end == ',') cu->k_segment_above = (int)strtol(end + 1, NULL, 10);
+  }
+  if (err == cudaSuccess) err = gv_set_limits<16, false>();
   if (err == cudaSuccess) err = gv_set_limits<8, false>();
   if (err == cudaSuccess) err = gv_set_limits<8, true>();
   if (err == cudaSuccess) err = gv_set_limits<4, false>();
@@ -416,6 +515,11 @@ int ci_cuda_gemv_init(ci_cuda *cu) {
   cu->smem_per_sm = smem;
   return err == cudaSuccess ? CI_OK
                             : ci_fail("CUDA: matmul kernel setup: %s", cudaGetErrorString(err));
+}
+
+void ci_cuda_gemv_destroy(ci_cuda *cu) {
+  if (cu->gemv_counts) cudaFree(cu->gemv_counts);
+  cu->gemv_counts = NULL;
 }
 
 int ci_cuda_gemv_fits(int dtype, int64_t n, int64_t k, int64_t m, int planes) {
@@ -447,6 +551,17 @@ static void gv_launch_at(ci_cuda *cu, const gv_parts &P, int chains, int groups,
       return;
     }
   }
+  if constexpr (BITS != 16) { /* affine weights may be cut into K segments */
+    if (P.segs > 1) {
+      if (planes == 1)
+        ci_launch(cu, gemv_kernel<BITS, 1, 1, STAGES, KC, F16, XG, WARPS, GSHIFT, true>, grid,
+                  32 * WARPS, smem, P, x, groups, (int)k, (int)m);
+      else
+        ci_launch(cu, gemv_kernel<BITS, 1, 2, STAGES, KC, F16, XG, WARPS, GSHIFT, true>, grid,
+                  32 * WARPS, smem, P, x, groups, (int)k, (int)m);
+      return;
+    }
+  }
   if (planes == 1)
     ci_launch(cu, gemv_kernel<BITS, 1, 1, STAGES, KC, F16, XG, WARPS, GSHIFT>, grid, 32 * WARPS,
               smem, P, x, groups, (int)k, (int)m);
@@ -464,9 +579,9 @@ static void gv_launch_at(ci_cuda *cu, const gv_parts &P, int chains, int groups,
  * (one warp / two): q4 batch 1, 8B gate|up (1,792 tiles, 8 blocks an SM) 39.3 / 46.1, 1B gate|up
  * (1,024) 14.5 / 16.5, 8B down (256) 47.9 / 39.8; q8 (5 blocks an SM) 8B gate|up 60.1 / 57.5, head
  * 235 / 214; q4 16 rows, 1B gate|up 31.0 / 32.2, 8B down 86.4 / 79.0. */
-static int gv_affine_warps(const ci_cuda *cu, int groups, int64_t resident, int xg) {
-  if (xg == 2) return groups < resident ? 2 : 1;
-  const int64_t busy = groups < resident ? groups : resident; /* one-warp blocks at once */
+static int gv_affine_warps(const ci_cuda *cu, int64_t units, int64_t resident, int xg) {
+  if (xg == 2) return units < resident ? 2 : 1;
+  const int64_t busy = units < resident ? units : resident; /* one-warp blocks at once */
   return busy < 7 * (int64_t)cu->n_sms ? 2 : 1;
 }
 
@@ -482,7 +597,8 @@ static void gv_launch(ci_cuda *cu, const gv_parts &P, int chains, int groups, in
         wide ? gv_smem_bytes(BITS, GV_WIDE_KC, GV_WIDE_STAGES, chains, (int)(planes * m))
              : gv_smem_bytes(BITS, gv_kc(BITS, XG), GV_STAGES, chains, (int)(planes * m));
     const int64_t resident = (int64_t)cu->n_sms * gv_blocks_per_sm(cu, smem);
-    const dim3 grid((unsigned)(groups < resident ? groups : resident));
+    const int64_t units = (int64_t)groups * P.segs;
+    const dim3 grid((unsigned)(units < resident ? units : resident));
     if (wide)
       gv_launch_at<BITS, F16, XG, GV_WIDE_STAGES, GV_WIDE_KC, 1>(cu, P, chains, groups, k, x, m,
                                                                  planes, grid, smem);
@@ -492,8 +608,9 @@ static void gv_launch(ci_cuda *cu, const gv_parts &P, int chains, int groups, in
   } else {
     const size_t smem = gv_smem_bytes(BITS, gv_kc(BITS, XG), GV_STAGES, 1, (int)(planes * m));
     const int64_t resident = (int64_t)cu->n_sms * gv_blocks_per_sm(cu, smem);
-    const dim3 grid((unsigned)(groups < resident ? groups : resident));
-    if (gv_affine_warps(cu, groups, resident, XG) == 2)
+    const int64_t units = (int64_t)groups * P.segs;
+    const dim3 grid((unsigned)(units < resident ? units : resident));
+    if (gv_affine_warps(cu, units, resident, XG) == 2)
       gv_launch_at<BITS, F16, XG, GV_STAGES, gv_kc(BITS, XG), 2, GSHIFT>(cu, P, 1, groups, k, x, m,
                                                                          planes, grid, smem);
     else
@@ -517,7 +634,8 @@ static void gv_launch_affine(ci_cuda *cu, const gv_parts &P, int groups, int64_t
 }
 
 void ci_cuda_gemv_launch(ci_cuda *cu, int parts, const ci_cuda_weight *w, const int64_t *n,
-                         float *const *y, int64_t k, const void *x, int64_t m, int planes) {
+                         float *const *y, int64_t k, const void *x, int64_t m, int planes,
+                         int64_t seg_cols, float *partial) {
   /* two chains per warp where that still leaves two warps per SM */
   int64_t rows = 0;
   int even = 1;
@@ -541,6 +659,10 @@ void ci_cuda_gemv_launch(ci_cuda *cu, int parts, const ci_cuda_weight *w, const 
     P.end[p] = used ? groups : INT_MAX;
   }
   P.group_shift = w[0].group_size > 0 ? __builtin_ctz((unsigned)w[0].group_size) : 0;
+  P.segs = (int)((k + seg_cols - 1) / seg_cols);
+  P.seg_cols = (int)seg_cols;
+  P.partial = partial;
+  P.count = cu->gemv_counts;
   const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x;
   const bool f16 = w[0].f16_pairs;
   if (w[0].dtype == CI_Q4 && f16)

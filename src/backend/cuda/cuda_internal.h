@@ -33,7 +33,7 @@ typedef struct {
   const float *signs; /* [head_dim] TurboQuant sign vector (turbo, turbo-v; else NULL) */
 } ci_cuda_kv_layout;
 
-enum { CI_CUDA_MAX_SEQS = 64, CI_CUDA_SCRATCH_SLOTS = 4 };
+enum { CI_CUDA_MAX_SEQS = 64, CI_CUDA_SCRATCH_SLOTS = 5 };
 /* Bytes every device allocation has past its end, which kernels may read (never write). */
 enum { CI_CUDA_READ_SLACK = 256 };
 
@@ -220,7 +220,8 @@ typedef struct {
   int *error_flag;     /* device int: kernels set it when they meet bad data */
   ci_cuda_ring ring;
   /* scratch: [0] half-precision copies of matmul inputs, [1] f32 products of both planes,
-   * [2] per-split attention states, [3] dequantised slices of affine weights */
+   * [2] per-split attention states, [3] dequantised slices of affine weights, [4] the partial
+   * products of a matmul's K segments (ci_cuda_k_segment) */
   void *scratch[CI_CUDA_SCRATCH_SLOTS];
   size_t scratch_bytes[CI_CUDA_SCRATCH_SLOTS];
   int n_sms;       /* streaming multiprocessors of the device */
@@ -239,7 +240,11 @@ typedef struct {
   int64_t converted_n;
   int converted_kind;
   int input_planes; /* 2: matmul inputs as bf16 hi + lo planes (about 16 mantissa bits); 1: bf16 */
-  float *host_scores; /* pinned host copy of MoE router scores */
+  /* ci_cuda_k_segment: rows longer than k_segment_above columns are cut into segments of about
+   * k_segment_cols */
+  int k_segment_cols, k_segment_above;
+  unsigned *gemv_counts; /* [CI_CUDA_GEMV_COUNTS] zeroed: segments done per small-batch row group */
+  float *host_scores;    /* pinned host copy of MoE router scores */
   size_t host_scores_bytes;
   /* weights copied to the device at load, freed at destroy */
   void **weights;
@@ -322,6 +327,15 @@ int ci_cuda_matmul_run(ci_cuda *cu, const ci_cuda_cmd *c, int parts);
 void ci_cuda_matmul_scratch(const ci_cuda *cu, const ci_cuda_cmd *c, int parts,
                             size_t need[CI_CUDA_SCRATCH_SLOTS]);
 
+/* The summation order of every product with an [n, k] matrix, whatever the number of rows:
+ * K is cut into segments of the returned number of columns (the last may be shorter; k itself:
+ * one segment), each output is one chain of tensor-core products over each segment from zero, and
+ * the segments' sums are added in order, (s0 + s1) + s2 .... Long rows of affine (q8/q4) weights
+ * (the down projection) are cut so that a batch-1 product has enough independent chains to keep
+ * the GPU's SMs issuing; the small-batch kernel and cuBLASLt both follow it, so rows stay
+ * bit-identical across them. */
+int64_t ci_cuda_k_segment(const ci_cuda *cu, int dtype, int64_t n, int64_t k);
+
 /* Copies `bytes` of a weight from the host into a new device allocation the backend frees at
  * destroy. NULL (with the error set) on failure. */
 void *ci_cuda_upload_weight(ci_cuda *cu, const void *host, size_t bytes);
@@ -379,6 +393,10 @@ void ci_cuda_rope(ci_cuda *cu, float *x, int n_heads, float *x2, int n_heads2, i
 void ci_cuda_to_half(ci_cuda *cu, void *dst, const float *src, int64_t n, int bf16, int planes);
 /* y[i] = a[i] + b[i]. */
 void ci_cuda_sum(ci_cuda *cu, float *y, const float *a, const float *b, int64_t n);
+/* y[m, n] = the in-order sum of `segs` partial products part[s][planes * m][n] (two planes: the
+ * values' sum plus the remainders' sum, as ci_cuda_sum adds them). */
+void ci_cuda_segment_sum(ci_cuda *cu, float *y, const float *part, int segs, int64_t m, int64_t n,
+                         int planes);
 
 /* ==== cuda_attention.cu ==== */
 int ci_cuda_kv_store(ci_cuda *cu, const ci_step_kv *seqs, const float *k, const float *v,
@@ -401,11 +419,15 @@ int ci_cuda_flash_init(ci_cuda *cu);
  * k % 32 == 0 for affine weights). launch: y[p] = x @ w[p]^T for `parts`
  * (1..CI_CUDA_GEMV_MAX_PARTS) matrices of one type and n[p] rows sharing the input x, which holds
  * `planes` bf16 planes of m rows each. */
-enum { CI_CUDA_GEMV_MAX_PARTS = 3 };
+enum { CI_CUDA_GEMV_MAX_PARTS = 3, CI_CUDA_GEMV_COUNTS = 1 << 16 };
 int ci_cuda_gemv_init(ci_cuda *cu);
+void ci_cuda_gemv_destroy(ci_cuda *cu);
 int ci_cuda_gemv_fits(int dtype, int64_t n, int64_t k, int64_t m, int planes);
+/* seg_cols: ci_cuda_k_segment of the matrices (the same for every part); partial: with segments,
+ * scratch of planes * m * segments * (sum of n) floats. */
 void ci_cuda_gemv_launch(ci_cuda *cu, int parts, const ci_cuda_weight *w, const int64_t *n,
-                         float *const *y, int64_t k, const void *x, int64_t m, int planes);
+                         float *const *y, int64_t k, const void *x, int64_t m, int planes,
+                         int64_t seg_cols, float *partial);
 /* 1 when the tensor-core kernel runs this layout with n_heads query heads: bf16 KV, and in fast
  * mode (exact 0: one input plane) affine KV of 4 or 8 bits, TurboQuant and turbo-v KV, decoded
  * to bf16 tiles. */

@@ -18,7 +18,9 @@
 enum { PLAN_CACHE = 1024 };
 
 typedef struct {
-  int64_t n, k, m, ldc;
+  int64_t n, k, lda, m, ldc;
+  int batch;                   /* products in one call (K segments), 1: one */
+  int64_t stride_ab, stride_c; /* elements between the batch's operands and outputs */
   int dtype;
   int valid;
   cublasLtMatmulDesc_t desc;
@@ -37,6 +39,7 @@ struct ci_cuda_blas {
   decltype(&cublasLtMatmulDescSetAttribute) desc_set;
   decltype(&cublasLtMatrixLayoutCreate) layout_create;
   decltype(&cublasLtMatrixLayoutDestroy) layout_destroy;
+  decltype(&cublasLtMatrixLayoutSetAttribute) layout_set;
   decltype(&cublasLtMatmulPreferenceCreate) pref_create;
   decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy;
   decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set;
@@ -73,6 +76,7 @@ int ci_cuda_blas_create(ci_cuda *cu) {
                 resolve(b->lib, "cublasLtMatmulDescSetAttribute", &b->desc_set) |
                 resolve(b->lib, "cublasLtMatrixLayoutCreate", &b->layout_create) |
                 resolve(b->lib, "cublasLtMatrixLayoutDestroy", &b->layout_destroy) |
+                resolve(b->lib, "cublasLtMatrixLayoutSetAttribute", &b->layout_set) |
                 resolve(b->lib, "cublasLtMatmulPreferenceCreate", &b->pref_create) |
                 resolve(b->lib, "cublasLtMatmulPreferenceDestroy", &b->pref_destroy) |
                 resolve(b->lib, "cublasLtMatmulPreferenceSetAttribute", &b->pref_set) |
@@ -125,14 +129,20 @@ static cudaDataType_t cuda_type(int dtype) {
   return dtype == CI_BF16 ? CUDA_R_16BF : dtype == CI_F16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
-/* Column-major view: C[N, m] = op(A)[N, K] . B[K, m] with A = W stored [N][K] (K x N col-major,
- * transposed), B = x stored [m][K] (K x m), C = y stored [m][N] (N x m). */
-static plan *plan_get(ci_cuda *cu, int64_t n, int64_t k, int64_t m, int64_t ldc, int dtype) {
+/* Column-major view: C[N, m] = op(A)[N, K] . B[K, m] with A = W stored [N][lda] (K x N col-major,
+ * transposed), B = x stored [m][lda] (K x m), C = y stored [m][ldc] (N x m); K <= lda (a segment
+ * of the rows' columns). */
+static plan *plan_get(ci_cuda *cu, int64_t n, int64_t k, int64_t lda, int64_t m, int64_t ldc,
+                      int dtype, int batch, int64_t stride_ab, int64_t stride_c) {
   ci_cuda_blas *b = cu->blas;
-  unsigned h = (unsigned)(((n * 31 + k) * 131 + m * 7 + dtype) * 17 + ldc) % PLAN_CACHE;
+  unsigned h =
+      (unsigned)(((((n * 31 + k) * 131 + m * 7 + dtype) * 17 + ldc) * 13 + lda) * 7 + batch) %
+      PLAN_CACHE;
   for (int probe = 0; probe < 8; probe++) {
     plan *p = &b->plans[(h + probe) % PLAN_CACHE];
-    if (p->valid && p->n == n && p->k == k && p->m == m && p->ldc == ldc && p->dtype == dtype)
+    if (p->valid && p->n == n && p->k == k && p->lda == lda && p->m == m && p->ldc == ldc &&
+        p->dtype == dtype && p->batch == batch && p->stride_ab == stride_ab &&
+        p->stride_c == stride_c)
       return p;
   }
   plan *p = NULL;
@@ -150,10 +160,20 @@ static plan *plan_get(ci_cuda *cu, int64_t n, int64_t k, int64_t m, int64_t ldc,
   }
   b->desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa);
   b->desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb);
-  int ok = b->layout_create(&p->a, t, (uint64_t)k, (uint64_t)n, k) == CUBLAS_STATUS_SUCCESS;
-  ok = ok && b->layout_create(&p->b, t, (uint64_t)k, (uint64_t)m, k) == CUBLAS_STATUS_SUCCESS;
+  int ok = b->layout_create(&p->a, t, (uint64_t)k, (uint64_t)n, lda) == CUBLAS_STATUS_SUCCESS;
+  ok = ok && b->layout_create(&p->b, t, (uint64_t)k, (uint64_t)m, lda) == CUBLAS_STATUS_SUCCESS;
   ok = ok &&
        b->layout_create(&p->c, CUDA_R_32F, (uint64_t)n, (uint64_t)m, ldc) == CUBLAS_STATUS_SUCCESS;
+  if (ok && batch > 1) { /* strided batch: operands stride_ab elements apart, outputs stride_c */
+    const int32_t count = batch;
+    const cublasLtMatrixLayoutAttribute_t nb = CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                          off = CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET;
+    cublasLtMatrixLayout_t layouts[3] = {p->a, p->b, p->c};
+    const int64_t strides[3] = {stride_ab, stride_ab, stride_c};
+    for (int i = 0; i < 3 && ok; i++)
+      ok = b->layout_set(layouts[i], nb, &count, sizeof count) == CUBLAS_STATUS_SUCCESS &&
+           b->layout_set(layouts[i], off, &strides[i], sizeof strides[i]) == CUBLAS_STATUS_SUCCESS;
+  }
   cublasLtMatmulHeuristicResult_t result;
   int found = 0;
   if (ok && b->heuristic(b->handle, p->desc, p->a, p->b, p->c, p->c, b->pref, 1, &result, &found) !=
@@ -169,10 +189,31 @@ static plan *plan_get(ci_cuda *cu, int64_t n, int64_t k, int64_t m, int64_t ldc,
   p->algo = result.algo;
   p->n = n;
   p->k = k;
+  p->lda = lda;
+  p->batch = batch;
+  p->stride_ab = stride_ab;
+  p->stride_c = stride_c;
   p->m = m;
   p->ldc = ldc;
   p->dtype = dtype;
   return p;
+}
+
+int64_t ci_cuda_k_segment(const ci_cuda *cu, int dtype, int64_t n, int64_t k) {
+  const int64_t target = cu->k_segment_cols;
+  /* bf16 rows stream near the bandwidth as one chain each; cutting them measured slower */
+  if (!ci_dtype_is_affine((ci_dtype)dtype)) return k;
+  /* (the row bound keeps a small-batch launch's row groups within its segment counters) */
+  if (target <= 0 || k <= cu->k_segment_above ||
+      n > 16 * (CI_CUDA_GEMV_COUNTS / CI_CUDA_GEMV_MAX_PARTS))
+    return k;
+  const int64_t segs = (k + target - 1) / target;
+  const int64_t cols = ((k + segs - 1) / segs + 511) / 512 * 512; /* whole small-batch stages */
+  return cols < k ? cols : k;
+}
+
+static int segments_of(int64_t k, int64_t seg_cols) {
+  return (int)((k + seg_cols - 1) / seg_cols);
 }
 
 enum { DEQUANT_SLICE_BYTES = 64 << 20 };
@@ -195,10 +236,12 @@ static int parts_take_gemv(const ci_cuda *cu, const ci_cuda_cmd *c, int parts) {
   const ci_cuda_weight *w0 = &c->a.matmul.w;
   const int64_t k = c->a.matmul.k, m = c->a.matmul.m;
   const int planes = is_half(w0->dtype) ? cu->input_planes : 1;
+  const int64_t seg_cols = ci_cuda_k_segment(cu, w0->dtype, c->a.matmul.n, k);
   int small = parts <= CI_CUDA_GEMV_MAX_PARTS;
   for (int p = 0; p < parts; p++)
     small &= c[p].a.matmul.w.dtype == w0->dtype && c[p].a.matmul.w.group_size == w0->group_size &&
              c[p].a.matmul.w.f16_pairs == w0->f16_pairs &&
+             ci_cuda_k_segment(cu, w0->dtype, c[p].a.matmul.n, k) == seg_cols &&
              ci_cuda_gemv_fits(w0->dtype, c[p].a.matmul.n, k, m, planes);
   return small;
 }
@@ -211,9 +254,17 @@ void ci_cuda_matmul_scratch(const ci_cuda *cu, const ci_cuda_cmd *c, int parts,
   const int small = parts_take_gemv(cu, c, parts);
   for (int s = 0; s < CI_CUDA_SCRATCH_SLOTS; s++) need[s] = 0;
   need[0] = is_half(dtype) ? (size_t)planes * m * k * sizeof(uint16_t) : 0;
+  size_t partial = 0; /* the segments' partial products: [segments][planes * m][n] a part */
+  for (int p = 0; p < parts; p++) {
+    const int64_t n = c[p].a.matmul.n, segs = segments_of(k, ci_cuda_k_segment(cu, dtype, n, k));
+    partial += segs > 1 ? (size_t)(segs * planes * m * n) * sizeof(float) : 0;
+  }
+  need[4] = partial;
   for (int p = 0; p < parts && !small; p++) {
     const int64_t n = c[p].a.matmul.n;
-    const size_t sum = planes == 2 ? (size_t)2 * m * n * sizeof(float) : 0;
+    const size_t sum = planes == 2 && segments_of(k, ci_cuda_k_segment(cu, dtype, n, k)) == 1
+                           ? (size_t)2 * m * n * sizeof(float)
+                           : 0;
     const size_t slice = ci_dtype_is_affine((ci_dtype)c[p].a.matmul.w.dtype)
                              ? (size_t)dequant_slice_rows(n, k) * k * sizeof(uint16_t)
                              : 0;
@@ -223,10 +274,12 @@ void ci_cuda_matmul_scratch(const ci_cuda *cu, const ci_cuda_cmd *c, int parts,
 }
 
 /* out[., ldc] = input W^T with cuBLASLt for an n-row W in a half type or f32 (input already in
- * W's type, planes * m rows). */
-static int blas_launch(ci_cuda *cu, const void *w, int dtype, int64_t n, int64_t k,
-                       const void *input, int64_t rows, float *out, int64_t ldc) {
-  plan *p = plan_get(cu, n, k, rows, ldc, dtype);
+ * W's type, planes * m rows), over k columns of rows lda apart; with batch > 1, as many products
+ * of the next k columns each (K segments), their outputs stride_c floats apart. */
+static int blas_launch(ci_cuda *cu, const void *w, int dtype, int64_t n, int64_t k, int64_t lda,
+                       const void *input, int64_t rows, float *out, int64_t ldc, int batch,
+                       int64_t stride_c) {
+  plan *p = plan_get(cu, n, k, lda, rows, ldc, dtype, batch, k, stride_c);
   if (!p) return CI_ERR;
   const float one = 1.0f, zero = 0.0f;
   cublasStatus_t st = cu->blas->matmul(cu->blas->handle, p->desc, &one, w, p->a, input, p->b, &zero,
@@ -238,23 +291,42 @@ static int blas_launch(ci_cuda *cu, const void *w, int dtype, int64_t n, int64_t
   return CI_OK;
 }
 
-/* One matrix in cuBLASLt: affine weights slice by slice through their bf16 dequantisation; with
- * two planes the products of both land in scratch[1] and are summed. */
+/* One matrix in cuBLASLt, K segment by K segment (ci_cuda_k_segment: each segment's product into
+ * its partial, then their sum in order): affine weights slice by slice through their bf16
+ * dequantisation; with two planes the products of both land in scratch (slot 1, or the partials)
+ * and are summed. */
 static int blas_matmul(ci_cuda *cu, const ci_cuda_weight *w, int64_t n, int64_t k,
                        const void *input, int64_t m, int planes, float *y) {
-  float *out = planes == 2 ? (float *)cu->scratch[1] : y; /* rows [0, m): values, then remainders */
-  if (ci_dtype_is_affine((ci_dtype)w->dtype)) {
-    const int64_t slice = dequant_slice_rows(n, k);
-    for (int64_t r0 = 0; r0 < n; r0 += slice) {
-      const int64_t rows = n - r0 < slice ? n - r0 : slice;
+  const int64_t seg_cols = ci_cuda_k_segment(cu, w->dtype, n, k), rows_in = planes * m;
+  const int segs = segments_of(k, seg_cols);
+  /* rows [0, m): values, then remainders; segment s's products rows_in * n floats further on */
+  float *out = segs > 1 ? (float *)cu->scratch[4] : planes == 2 ? (float *)cu->scratch[1] : y;
+  const int affine = ci_dtype_is_affine((ci_dtype)w->dtype);
+  const int dtype = affine ? CI_BF16 : w->dtype;
+  const size_t elem = dtype == CI_F32 ? 4 : 2; /* bytes of a weight and of an input element */
+  const int64_t slice = affine ? dequant_slice_rows(n, k) : n;
+  for (int64_t r0 = 0; r0 < n; r0 += slice) {
+    const int64_t rows = n - r0 < slice ? n - r0 : slice;
+    const uint8_t *wr = (const uint8_t *)w->data;
+    if (affine) {
       ci_cuda_affine_dequant(cu, w, r0, rows, k, cu->scratch[3]);
-      if (blas_launch(cu, cu->scratch[3], CI_BF16, rows, k, input, planes * m, out + r0, n))
-        return CI_ERR;
+      wr = (const uint8_t *)cu->scratch[3];
     }
-  } else if (blas_launch(cu, w->data, w->dtype, n, k, input, planes * m, out, n)) {
-    return CI_ERR;
+    /* the segments of seg_cols columns in one strided call, then a shorter last one */
+    const int whole = (int)(k / seg_cols), rest = (int)(k - whole * seg_cols);
+    const size_t seg_out = (size_t)rows_in * n;
+    if (blas_launch(cu, wr, dtype, rows, seg_cols, k, input, rows_in, out + r0, n, whole,
+                    (int64_t)seg_out))
+      return CI_ERR;
+    if (rest && blas_launch(cu, wr + (size_t)whole * seg_cols * elem, dtype, rows, rest, k,
+                            (const uint8_t *)input + (size_t)whole * seg_cols * elem, rows_in,
+                            out + whole * seg_out + r0, n, 1, 0))
+      return CI_ERR;
   }
-  if (planes == 2) ci_cuda_sum(cu, y, out, out + m * n, m * n);
+  if (segs > 1)
+    ci_cuda_segment_sum(cu, y, out, segs, m, n, planes);
+  else if (planes == 2)
+    ci_cuda_sum(cu, y, out, out + m * n, m * n);
   return CI_OK;
 }
 
@@ -290,7 +362,8 @@ int ci_cuda_matmul_run(ci_cuda *cu, const ci_cuda_cmd *c, int parts) {
       n[p] = c[p].a.matmul.n;
       y[p] = c[p].a.matmul.y;
     }
-    ci_cuda_gemv_launch(cu, parts, w, n, y, k, input, m, planes);
+    ci_cuda_gemv_launch(cu, parts, w, n, y, k, input, m, planes,
+                        ci_cuda_k_segment(cu, w[0].dtype, n[0], k), (float *)cu->scratch[4]);
     return CI_OK;
   }
   for (int p = 0; p < parts; p++)
