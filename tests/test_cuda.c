@@ -15,7 +15,10 @@
  *     fast);
  *   - matmuls of one input grouped in a step (mixed affine formats) equal each alone;
  *   - matmul rows bit-identical for every batch size (row r of an m-row product equals the
- *     1-row product of that row) on the shapes of the Llama-3.2-1B geometry;
+ *     1-row product of that row) on the shapes of the Llama-3.2-1B and 3.1-8B geometries, and
+ *     affine rows the small-batch kernel sums in K segments bit-identical to cuBLASLt's strided
+ *     segments; a q4 model with its down projection in K segments batch-invariant and within
+ *     summation-order noise of the uncut model;
  *   - logits of every float-weight fixture against transformers' (tests/fixtures), fed whole and
  *     in chunks of 1 and 3, within CUDA_TOLERANCE and with the same argmax everywhere (the
  *     Qwen3.5 hybrid too, whose greedy continuation must also equal transformers');
@@ -43,6 +46,7 @@
 #include "backend/cpu/row_pick.h"
 #include "backend/cuda/cuda_backend.h"
 #include "base/error.h"
+#include "cinfer.h"
 #include "engine/session.h"
 #include "tensor/affine_quant.h"
 #include "model/model.h"
@@ -1600,6 +1604,86 @@ static void test_fixtures(void **state) {
   assert_int_equal(failures, 0);
 }
 
+/* ==== K segments in a whole model ==== */
+
+/* The last-position logits of a prompt on a fresh sequence. */
+static void prompt_logits(ci_model *model, const int32_t *ids, int n, float *logits) {
+  ci_kv_cache *cache = new_cache(model, CI_KV_BF16);
+  ci_kv_seq *seq = ci_kv_seq_create(cache);
+  if (!seq || ci_model_forward(model, seq, ids, n, logits, 1))
+    fail_msg("forward: %s", ci_last_error());
+  ci_kv_seq_free(seq);
+  ci_kv_cache_free(cache);
+}
+
+/* A q4 model whose down projection (1280 columns) is cut into K segments (forced from 512
+ * columns up; real models cut rows longer than 4096): decode steps batched stay bit-identical to
+ * solo ones through the small-batch kernel (captured and replayed as graphs, whose segment
+ * counters must reset) and through cuBLASLt's strided segments (17 and 64 rows), and the logits
+ * stay within f32 summation-order noise of the uncut model's. */
+static void test_k_segment_model(void **state) {
+  (void)state;
+  char dir[] = "/tmp/cinfer_kseg_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char config[1100];
+  snprintf(config, sizeof config, "%s/source.json", dir);
+  FILE *f = fopen(config, "w");
+  assert_non_null(f);
+  fputs("{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", "
+        "\"hidden_size\": 256, \"intermediate_size\": 1280, \"num_hidden_layers\": 2, "
+        "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 64, "
+        "\"hidden_act\": \"silu\", \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, "
+        "\"max_position_embeddings\": 2048, \"vocab_size\": 1024, "
+        "\"tie_word_embeddings\": true, \"torch_dtype\": \"bfloat16\"}\n",
+        f);
+  fclose(f);
+  const cinfer_random_model_options options = {.dtype = "q4", .group_size = 64, .seed = 7};
+  if (cinfer_model_write_random(config, dir, &options) != CINFER_OK)
+    fail_msg("random model: %s", ci_last_error());
+  ci_backend *plain = gpu();
+  setenv("CINFER_CUDA_K_SEGMENTS", "4,512", 1);
+  ci_backend *cut = gpu();
+  unsetenv("CINFER_CUDA_K_SEGMENTS");
+  ci_model *pm = ci_model_load(dir, plain), *cm = ci_model_load(dir, cut);
+  if (!pm || !cm) fail_msg("load %s: %s", dir, ci_last_error());
+  int32_t ids[40];
+  for (int t = 0; t < 40; t++) ids[t] = (int32_t)((t * 37 + 5) % 1024);
+  const int V = pm->spec.vocab;
+  float *a = malloc((size_t)V * 4), *b = malloc((size_t)V * 4);
+  int failures = 0;
+  for (int planes = 1; planes <= 2; planes++) {
+    ci_cuda_set_input_planes(plain, planes);
+    ci_cuda_set_input_planes(cut, planes);
+    prompt_logits(pm, ids, 40, a);
+    prompt_logits(cm, ids, 40, b);
+    float diff = 0.0f, scale = 0.0f;
+    int best_a = 0, best_b = 0;
+    for (int v = 0; v < V; v++) {
+      diff = fmaxf(diff, fabsf(a[v] - b[v]));
+      scale = fmaxf(scale, fabsf(a[v]));
+      best_a = a[v] > a[best_a] ? v : best_a;
+      best_b = b[v] > b[best_b] ? v : best_b;
+    }
+    printf("  q4 model, down projection in K segments, %d plane(s): max |dlogit| vs uncut %.2e "
+           "(scale %.2e), argmax %d / %d\n",
+           planes, diff, scale, best_b, best_a);
+    assert_true(diff <= 1e-4f * (1.0f + scale));
+    assert_int_equal(best_a, best_b);
+    const int batches[] = {1, 3, 17, 64};
+    for (int i = 0; i < 4; i++) failures += check_batch_invariance(cm, "q4 K segments", batches[i]);
+  }
+  free(a);
+  free(b);
+  ci_model_free(pm);
+  ci_model_free(cm);
+  plain->ops->destroy(plain);
+  cut->ops->destroy(cut);
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+  assert_int_equal(failures, 0);
+}
+
 /* ==== Sliding-window blocks released while a recorded step still reads them ==== */
 
 /* The first sequence of the starter model's held-out ids (models/starter/eval_ids.json, whose
@@ -1857,15 +1941,22 @@ int main(void) {
     fprintf(stderr, "test_cuda: no CUDA GPU visible (run it on a GPU machine)\n");
     return 1;
   }
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_elementwise_ops),   cmocka_unit_test(test_attention_ops),
-      cmocka_unit_test(test_deltanet_ops),      cmocka_unit_test(test_quantized_attention),
-      cmocka_unit_test(test_kv_convert),        cmocka_unit_test(test_mixed_codecs),
-      cmocka_unit_test(test_codec_kl),          cmocka_unit_test(test_matmul_ops),
-      cmocka_unit_test(test_affine_matmul_ops), cmocka_unit_test(test_matmul_batch_invariance),
-      cmocka_unit_test(test_fixtures),          cmocka_unit_test(test_window_release),
-      cmocka_unit_test(test_row_picks),         cmocka_unit_test(test_grouped_affine_parts),
-      cmocka_unit_test(test_fusions_bitwise)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_elementwise_ops),
+                                     cmocka_unit_test(test_attention_ops),
+                                     cmocka_unit_test(test_deltanet_ops),
+                                     cmocka_unit_test(test_quantized_attention),
+                                     cmocka_unit_test(test_kv_convert),
+                                     cmocka_unit_test(test_mixed_codecs),
+                                     cmocka_unit_test(test_codec_kl),
+                                     cmocka_unit_test(test_matmul_ops),
+                                     cmocka_unit_test(test_affine_matmul_ops),
+                                     cmocka_unit_test(test_matmul_batch_invariance),
+                                     cmocka_unit_test(test_fixtures),
+                                     cmocka_unit_test(test_k_segment_model),
+                                     cmocka_unit_test(test_window_release),
+                                     cmocka_unit_test(test_row_picks),
+                                     cmocka_unit_test(test_grouped_affine_parts),
+                                     cmocka_unit_test(test_fusions_bitwise)};
   /* CI_TEST_FILTER="*attention*": run only the tests whose names match (a quick check) */
   const char *filter = getenv("CI_TEST_FILTER");
   if (filter) cmocka_set_test_filter(filter);

@@ -494,14 +494,14 @@ int ci_cuda_gemv_init(ci_cuda *cu) {
   cu->gemv_counts = (unsigned *)ci_cuda_malloc(cu, CI_CUDA_GEMV_COUNTS * sizeof(unsigned));
   if (!cu->gemv_counts) return CI_ERR;
   cudaError_t err = cudaMemset(cu->gemv_counts, 0, CI_CUDA_GEMV_COUNTS * sizeof(unsigned));
-  /* CINFER_CUDA_K_SEGMENT=COLS[,ABOVE]: segments of about COLS columns for rows longer than ABOVE
-   * (measuring and testing; 0: none) */
-  const char *seg_env = getenv("CINFER_CUDA_K_SEGMENT");
-  cu->k_segment_cols = 4096;
+  /* CINFER_CUDA_K_SEGMENTS=N[,ABOVE]: N segments for affine rows longer than ABOVE columns
+   * (default 4 above 4096; 0 or 1: none), for measuring and for tests that cut small models */
+  const char *seg_env = getenv("CINFER_CUDA_K_SEGMENTS");
+  cu->k_segments = 4;
   cu->k_segment_above = 4096;
   if (seg_env) {
     char *end = NULL;
-    cu->k_segment_cols = (int)strtol(seg_env, &end, 10);
+    cu->k_segments = (int)strtol(seg_env, &end, 10);
     if (end && *end == ',') cu->k_segment_above = (int)strtol(end + 1, NULL, 10);
   }
   if (err == cudaSuccess) err = gv_set_limits<16, false>();

@@ -240,9 +240,9 @@ typedef struct {
   int64_t converted_n;
   int converted_kind;
   int input_planes; /* 2: matmul inputs as bf16 hi + lo planes (about 16 mantissa bits); 1: bf16 */
-  /* ci_cuda_k_segment: rows longer than k_segment_above columns are cut into segments of about
-   * k_segment_cols */
-  int k_segment_cols, k_segment_above;
+  /* ci_cuda_k_segment: affine rows longer than k_segment_above columns are cut into k_segments
+   * segments of whole 512-column stages */
+  int k_segments, k_segment_above;
   unsigned *gemv_counts; /* [CI_CUDA_GEMV_COUNTS] zeroed: segments done per small-batch row group */
   float *host_scores;    /* pinned host copy of MoE router scores */
   size_t host_scores_bytes;

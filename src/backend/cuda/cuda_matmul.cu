@@ -200,14 +200,16 @@ static plan *plan_get(ci_cuda *cu, int64_t n, int64_t k, int64_t lda, int64_t m,
 }
 
 int64_t ci_cuda_k_segment(const ci_cuda *cu, int dtype, int64_t n, int64_t k) {
-  const int64_t target = cu->k_segment_cols;
-  /* bf16 rows stream near the bandwidth as one chain each; cutting them measured slower */
+  /* bf16 rows stream near the bandwidth as one chain each; cutting them measured slower (8B
+   * down projection, H200). Affine rows: four segments measured best for both the 8B (14336
+   * columns: 3,584 a segment beat 2,048 and 1,024) and the 1B down projection (8192: 2,048 beat
+   * 4,096; 1,024 won at batch 1 and lost at 16); rows of up to 4096 columns lost when cut. */
   if (!ci_dtype_is_affine((ci_dtype)dtype)) return k;
   /* (the row bound keeps a small-batch launch's row groups within its segment counters) */
-  if (target <= 0 || k <= cu->k_segment_above ||
+  const int64_t segs = cu->k_segments;
+  if (segs < 2 || k <= cu->k_segment_above ||
       n > 16 * (CI_CUDA_GEMV_COUNTS / CI_CUDA_GEMV_MAX_PARTS))
     return k;
-  const int64_t segs = (k + target - 1) / target;
   const int64_t cols = ((k + segs - 1) / segs + 511) / 512 * 512; /* whole small-batch stages */
   return cols < k ? cols : k;
 }
