@@ -21,7 +21,10 @@
  * benchmark models at 1 to 2048 rows and with either operand order — so a row gives the same bits
  * whether its step runs here (up to 8 rows) or in cuBLASLt (more rows; affine weights are first
  * dequantised to bf16 by the same function): batch invariance holds across the switch. Exact
- * mode adds the two planes' products as the cuBLASLt path does (value + remainder).
+ * mode adds the two planes' products as the cuBLASLt path does (value + remainder). Affine rows
+ * longer than 4096 columns are the one exception, for both paths alike (ci_cuda_k_segment): a
+ * chain from zero over each K segment, the segments' sums added in order; here each (row group,
+ * segment) is a unit of its own block, and the group's last unit to finish adds the partials.
  *
  * One launch may take up to GV_MAX_PARTS matrices that multiply the same input (q, k and v; gate
  * and up): their row groups form one list, so the small ones do not each pay a launch and a

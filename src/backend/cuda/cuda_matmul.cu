@@ -2,7 +2,8 @@
  * weights. x is f32 in the workspace; for half-precision weights it is rounded to the weight's
  * type first (one conversion kernel), and the product accumulates in f32. cuBLASLt runs with no
  * workspace, so it never splits K across blocks: a row's result is the same for every m, which
- * keeps batched rows bit-identical to solo ones (tested on the GPU). Up to 16 input rows of bf16
+ * keeps batched rows bit-identical to solo ones (tested on the GPU). Long affine rows are summed
+ * in K segments (ci_cuda_k_segment) in one strided-batched call and an in-order sum. Up to 16 input rows of bf16
  * weights go to the small-batch kernel of cuda_gemv.cu instead, which computes the same bits at
  * the bandwidth limit. Plans (layouts and the
  * chosen algorithm) are cached per shape; cuBLASLt itself is opened at run time, so programs that
