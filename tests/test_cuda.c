@@ -254,7 +254,8 @@ static void check_affine(ci_backend *cpu, ci_backend *cu, int bits, int group, c
  * large matrix beside a 4-row one (a gated-DeltaNet gate projection: not a multiple of 16 rows)
  * through a buffer sized for 4 rows. Rows equal the matrices' products alone (the small-batch
  * kernel's rows are cuBLASLt's, bit for bit). */
-static void check_grouped_parts(int64_t k, int64_t n0, int group0, int64_t n1, int group1) {
+static void check_grouped_parts(int bits, int64_t k, int64_t n0, int group0, int64_t n1,
+                                int group1) {
   ci_backend *cu = gpu(); /* fresh: no scratch grown yet */
   ci_cuda_set_input_planes(cu, 1);
   enum { M = 4 };
@@ -265,7 +266,7 @@ static void check_grouped_parts(int64_t k, int64_t n0, int group0, int64_t n1, i
   for (int64_t i = 0; i < M * k; i++) x[i] = frand();
   float *dx = to_device(cu, x, (size_t)(M * k)), *alone[2], *dy[2], *got[2];
   for (int p = 0; p < 2; p++) {
-    w[p] = wg[p] = random_affine(8, groups[p], CI_BF16, n[p], k);
+    w[p] = wg[p] = random_affine(bits, groups[p], CI_BF16, n[p], k);
     assert_int_equal(cu->ops->prepare_weight(cu, &wg[p]), CI_OK);
     dy[p] = cu->ops->alloc(cu, (size_t)(M * n[p]) * 4);
     alone[p] = malloc((size_t)(M * n[p]) * 4);
@@ -286,7 +287,7 @@ static void check_grouped_parts(int64_t k, int64_t n0, int group0, int64_t n1, i
       assert_memory_equal(got[p], alone[p], (size_t)(M * n[p]) * 4);
     }
   }
-  printf("  q8 g%d %lld x %lld beside q8 g%d %lld x %lld in one step: rows equal each alone\n",
+  printf("  q%d g%d %lld x %lld beside g%d %lld x %lld in one step: rows equal each alone\n", bits,
          groups[0], (long long)n[0], (long long)k, groups[1], (long long)n[1], (long long)k);
   for (int p = 0; p < 2; p++) {
     cu->ops->release(cu, dy[p]);
@@ -302,10 +303,12 @@ static void check_grouped_parts(int64_t k, int64_t n0, int group0, int64_t n1, i
 
 static void test_grouped_affine_parts(void **state) {
   (void)state;
-  check_grouped_parts(2048, 4096, 64, 64, 32);
-  check_grouped_parts(2048, 4096, 32, 4, 32);
-  /* rows long enough to be cut into K segments (ci_cuda_k_segment) */
-  check_grouped_parts(8192, 1024, 64, 512, 64);
+  check_grouped_parts(8, 2048, 4096, 64, 64, 32);
+  check_grouped_parts(8, 2048, 4096, 32, 4, 32);
+  /* rows long enough to be cut into K segments (ci_cuda_k_segment); q4 matrices of 4096 columns
+   * cut in two only up to 4096 rows, so the two run as launches of their own */
+  check_grouped_parts(8, 8192, 1024, 64, 512, 64);
+  check_grouped_parts(4, 4096, 4608, 64, 1024, 64);
 }
 
 static void test_affine_matmul_ops(void **state) {

@@ -497,15 +497,18 @@ int ci_cuda_gemv_init(ci_cuda *cu) {
   cu->gemv_counts = (unsigned *)ci_cuda_malloc(cu, CI_CUDA_GEMV_COUNTS * sizeof(unsigned));
   if (!cu->gemv_counts) return CI_ERR;
   cudaError_t err = cudaMemset(cu->gemv_counts, 0, CI_CUDA_GEMV_COUNTS * sizeof(unsigned));
-  /* CINFER_CUDA_K_SEGMENTS=N[,ABOVE]: N segments for affine rows longer than ABOVE columns
-   * (default 4 above 4096; 0 or 1: none), for measuring and for tests that cut small models */
+  /* CINFER_CUDA_K_SEGMENTS=N[,ABOVE[,SHORT]]: N segments for affine rows longer than ABOVE
+   * columns, SHORT for q4 rows of 2048 to ABOVE columns in matrices of up to 4096 rows (default
+   * 4,4096,2; 0 or 1: none), for measuring and for tests that cut small models */
   const char *seg_env = getenv("CINFER_CUDA_K_SEGMENTS");
   cu->k_segments = 4;
   cu->k_segment_above = 4096;
+  cu->k_segments_short = 2;
   if (seg_env) {
     char *end = NULL;
     cu->k_segments = (int)strtol(seg_env, &end, 10);
-    if (end && *end == ',') cu->k_segment_above = (int)strtol(end + 1, NULL, 10);
+    if (end && *end == ',') cu->k_segment_above = (int)strtol(end + 1, &end, 10);
+    if (end && *end == ',') cu->k_segments_short = (int)strtol(end + 1, NULL, 10);
   }
   if (err == cudaSuccess) err = gv_set_limits<16, false>();
   if (err == cudaSuccess) err = gv_set_limits<8, false>();

@@ -241,8 +241,8 @@ typedef struct {
   int converted_kind;
   int input_planes; /* 2: matmul inputs as bf16 hi + lo planes (about 16 mantissa bits); 1: bf16 */
   /* ci_cuda_k_segment: affine rows longer than k_segment_above columns are cut into k_segments
-   * segments of whole 512-column stages */
-  int k_segments, k_segment_above;
+   * segments of whole 512-column stages, shorter q4 rows of small matrices into k_segments_short */
+  int k_segments, k_segment_above, k_segments_short;
   unsigned *gemv_counts; /* [CI_CUDA_GEMV_COUNTS] zeroed: segments done per small-batch row group */
   float *host_scores;    /* pinned host copy of MoE router scores */
   size_t host_scores_bytes;

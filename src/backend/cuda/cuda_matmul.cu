@@ -3,11 +3,10 @@
  * type first (one conversion kernel), and the product accumulates in f32. cuBLASLt runs with no
  * workspace, so it never splits K across blocks: a row's result is the same for every m, which
  * keeps batched rows bit-identical to solo ones (tested on the GPU). Long affine rows are summed
- * in K segments (ci_cuda_k_segment) in one strided-batched call and an in-order sum. Up to 16 input rows of bf16
- * weights go to the small-batch kernel of cuda_gemv.cu instead, which computes the same bits at
- * the bandwidth limit. Plans (layouts and the
- * chosen algorithm) are cached per shape; cuBLASLt itself is opened at run time, so programs that
- * never start a GPU never load it. */
+ * in K segments (ci_cuda_k_segment) in one strided-batched call and an in-order sum. Up to 16 input
+ * rows of bf16 weights go to the small-batch kernel of cuda_gemv.cu instead, which computes the
+ * same bits at the bandwidth limit. Plans (layouts and the chosen algorithm) are cached per shape;
+ * cuBLASLt itself is opened at run time, so programs that never start a GPU never load it. */
 #include "backend/cuda/cuda_internal.h"
 
 #include <cublasLt.h>
@@ -202,15 +201,17 @@ static plan *plan_get(ci_cuda *cu, int64_t n, int64_t k, int64_t lda, int64_t m,
 
 int64_t ci_cuda_k_segment(const ci_cuda *cu, int dtype, int64_t n, int64_t k) {
   /* bf16 rows stream near the bandwidth as one chain each; cutting them measured slower (8B
-   * down projection, H200). Affine rows: four segments measured best for both the 8B (14336
-   * columns: 3,584 a segment beat 2,048 and 1,024) and the 1B down projection (8192: 2,048 beat
-   * 4,096; 1,024 won at batch 1 and lost at 16); rows of up to 4096 columns lost when cut. */
+   * down projection, H200). Affine rows longer than 4096 columns: four segments measured best
+   * for both the 8B (14336 columns: 3,584 a segment beat 2,048 and 1,024) and the 1B down
+   * projection (8192: 2,048 beat 4,096; 1,024 won at batch 1 and lost at 16). Rows of 2048 to
+   * 4096 columns of matrices of at most 4096 rows (q, k, v, o): two segments for q4 (8B batch 1
+   * +3%, 1B +2%), none for q8 (-2%); cutting the gate and up rows too lost. */
   if (!ci_dtype_is_affine((ci_dtype)dtype)) return k;
+  int64_t segs = cu->k_segments;
+  if (k <= cu->k_segment_above)
+    segs = dtype == CI_Q4 && n <= 4096 && k >= 2048 ? cu->k_segments_short : 1;
   /* (the row bound keeps a small-batch launch's row groups within its segment counters) */
-  const int64_t segs = cu->k_segments;
-  if (segs < 2 || k <= cu->k_segment_above ||
-      n > 16 * (CI_CUDA_GEMV_COUNTS / CI_CUDA_GEMV_MAX_PARTS))
-    return k;
+  if (segs < 2 || n > 16 * (CI_CUDA_GEMV_COUNTS / CI_CUDA_GEMV_MAX_PARTS)) return k;
   const int64_t cols = ((k + segs - 1) / segs + 511) / 512 * 512; /* whole small-batch stages */
   return cols < k ? cols : k;
 }
@@ -233,18 +234,17 @@ static int is_half(int dtype) {
   return dtype == CI_BF16 || dtype == CI_F16 || ci_dtype_is_affine((ci_dtype)dtype);
 }
 
-/* 1 when matmul commands [c, c + parts) run as one launch of the small-batch kernel: every part
- * fits it and all share the weight format (the same decision sizes the scratch and runs them). */
+/* 1 when matmul commands [c, c + parts) run in the small-batch kernel: every part fits it and all
+ * share the weight format (the same decision sizes the scratch and runs them); consecutive parts
+ * cut into the same K segments run as one launch. */
 static int parts_take_gemv(const ci_cuda *cu, const ci_cuda_cmd *c, int parts) {
   const ci_cuda_weight *w0 = &c->a.matmul.w;
   const int64_t k = c->a.matmul.k, m = c->a.matmul.m;
   const int planes = is_half(w0->dtype) ? cu->input_planes : 1;
-  const int64_t seg_cols = ci_cuda_k_segment(cu, w0->dtype, c->a.matmul.n, k);
   int small = parts <= CI_CUDA_GEMV_MAX_PARTS;
   for (int p = 0; p < parts; p++)
     small &= c[p].a.matmul.w.dtype == w0->dtype && c[p].a.matmul.w.group_size == w0->group_size &&
              c[p].a.matmul.w.f16_pairs == w0->f16_pairs &&
-             ci_cuda_k_segment(cu, w0->dtype, c[p].a.matmul.n, k) == seg_cols &&
              ci_cuda_gemv_fits(w0->dtype, c[p].a.matmul.n, k, m, planes);
   return small;
 }
@@ -360,13 +360,18 @@ int ci_cuda_matmul_run(ci_cuda *cu, const ci_cuda_cmd *c, int parts) {
     ci_cuda_weight w[CI_CUDA_GEMV_MAX_PARTS];
     int64_t n[CI_CUDA_GEMV_MAX_PARTS];
     float *y[CI_CUDA_GEMV_MAX_PARTS];
+    int64_t seg_cols[CI_CUDA_GEMV_MAX_PARTS];
     for (int p = 0; p < parts; p++) {
       w[p] = c[p].a.matmul.w;
       n[p] = c[p].a.matmul.n;
       y[p] = c[p].a.matmul.y;
+      seg_cols[p] = ci_cuda_k_segment(cu, w[p].dtype, n[p], k);
     }
-    ci_cuda_gemv_launch(cu, parts, w, n, y, k, input, m, planes,
-                        ci_cuda_k_segment(cu, w[0].dtype, n[0], k), (float *)cu->scratch[4]);
+    for (int p = 0, run; p < parts; p += run) {
+      for (run = 1; p + run < parts && seg_cols[p + run] == seg_cols[p];) run++;
+      ci_cuda_gemv_launch(cu, run, w + p, n + p, y + p, k, input, m, planes, seg_cols[p],
+                          (float *)cu->scratch[4]);
+    }
     return CI_OK;
   }
   for (int p = 0; p < parts; p++)
