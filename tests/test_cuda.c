@@ -326,6 +326,8 @@ static void test_affine_matmul_ops(void **state) {
   check_affine(cpu, cu, 4, 64, CI_BF16, 512, 14336, 1);
   check_affine(cpu, cu, 8, 128, CI_BF16, 256, 8704, 1);
   check_affine(cpu, cu, 4, 32, CI_F16, 4096, 14336, 0);
+  /* q8 rows of the 8B down projection: two segments (q8 aims at ~512 units) */
+  check_affine(cpu, cu, 8, 64, CI_BF16, 4096, 14336, 0);
   ci_cuda_set_input_planes(cu, 2);
   cu->ops->destroy(cu);
   cpu->ops->destroy(cpu);

@@ -498,17 +498,20 @@ int ci_cuda_gemv_init(ci_cuda *cu) {
   if (!cu->gemv_counts) return CI_ERR;
   cudaError_t err = cudaMemset(cu->gemv_counts, 0, CI_CUDA_GEMV_COUNTS * sizeof(unsigned));
   /* CINFER_CUDA_K_SEGMENTS=N[,ABOVE[,SHORT]]: N segments for affine rows longer than ABOVE
-   * columns, SHORT for q4 rows of 2048 to ABOVE columns in matrices of up to 4096 rows (default
-   * 4,4096,2; 0 or 1: none), for measuring and for tests that cut small models */
+   * columns (q8 too; by default q8 takes as many as give ~512 units, at most N), SHORT for q4
+   * rows of 2048 to ABOVE columns in matrices of up to 4096 rows (default 4,4096,2; 0 or 1:
+   * none), for measuring and for tests that cut small models */
   const char *seg_env = getenv("CINFER_CUDA_K_SEGMENTS");
   cu->k_segments = 4;
   cu->k_segment_above = 4096;
   cu->k_segments_short = 2;
+  cu->q8_segment_units = 512;
   if (seg_env) {
     char *end = NULL;
     cu->k_segments = (int)strtol(seg_env, &end, 10);
     if (end && *end == ',') cu->k_segment_above = (int)strtol(end + 1, &end, 10);
     if (end && *end == ',') cu->k_segments_short = (int)strtol(end + 1, NULL, 10);
+    cu->q8_segment_units = 0; /* N applies to q8 too */
   }
   if (err == cudaSuccess) err = gv_set_limits<16, false>();
   if (err == cudaSuccess) err = gv_set_limits<8, false>();

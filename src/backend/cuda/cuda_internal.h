@@ -243,6 +243,7 @@ typedef struct {
   /* ci_cuda_k_segment: affine rows longer than k_segment_above columns are cut into k_segments
    * segments of whole 512-column stages, shorter q4 rows of small matrices into k_segments_short */
   int k_segments, k_segment_above, k_segments_short;
+  int q8_segment_units;  /* q8 long rows: segments for about this many units (0: k_segments) */
   unsigned *gemv_counts; /* [CI_CUDA_GEMV_COUNTS] zeroed: segments done per small-batch row group */
   float *host_scores;    /* pinned host copy of MoE router scores */
   size_t host_scores_bytes;

@@ -201,15 +201,22 @@ static plan *plan_get(ci_cuda *cu, int64_t n, int64_t k, int64_t lda, int64_t m,
 
 int64_t ci_cuda_k_segment(const ci_cuda *cu, int dtype, int64_t n, int64_t k) {
   /* bf16 rows stream near the bandwidth as one chain each; cutting them measured slower (8B
-   * down projection, H200). Affine rows longer than 4096 columns: four segments measured best
-   * for both the 8B (14336 columns: 3,584 a segment beat 2,048 and 1,024) and the 1B down
-   * projection (8192: 2,048 beat 4,096; 1,024 won at batch 1 and lost at 16). Rows of 2048 to
-   * 4096 columns of matrices of at most 4096 rows (q, k, v, o): two segments for q4 (8B batch 1
-   * +3%, 1B +2%), none for q8 (-2%); cutting the gate and up rows too lost. */
+   * down projection, H200). Affine rows longer than 4096 columns (the down projection), measured
+   * on the 8B (14336 columns, 256 row groups) and 1B (8192, 128) geometries: q4 in four
+   * segments (8B: 3,584 columns beat 2,048 and 1,024; 1B: 2,048 beat 4,096, and 1,024 won at
+   * batch 1 but lost at 16); q8, whose larger stages leave fewer blocks an SM, in about 512
+   * (row group, segment) units: two segments for the 8B (+3% at batch 1 over four), four for
+   * the 1B (+3% over two). Rows of 2048 to 4096 columns of matrices of at most 4096 rows (q, k,
+   * v, o): two segments for q4 (8B batch 1 +2%, 1B +3%), none for q8 (-2%); cutting the gate
+   * and up rows too lost. */
   if (!ci_dtype_is_affine((ci_dtype)dtype)) return k;
   int64_t segs = cu->k_segments;
-  if (k <= cu->k_segment_above)
+  if (k <= cu->k_segment_above) {
     segs = dtype == CI_Q4 && n <= 4096 && k >= 2048 ? cu->k_segments_short : 1;
+  } else if (dtype == CI_Q8 && cu->q8_segment_units > 0) {
+    const int64_t groups = (n + 15) / 16, want = (cu->q8_segment_units + groups / 2) / groups;
+    segs = want < 2 ? 2 : want > segs ? segs : want;
+  }
   /* (the row bound keeps a small-batch launch's row groups within its segment counters) */
   if (segs < 2 || n > 16 * (CI_CUDA_GEMV_COUNTS / CI_CUDA_GEMV_MAX_PARTS)) return k;
   const int64_t cols = ((k + segs - 1) / segs + 511) / 512 * 512; /* whole small-batch stages */
