@@ -332,9 +332,10 @@ void ci_cuda_matmul_scratch(const ci_cuda *cu, const ci_cuda_cmd *c, int parts,
  * K is cut into segments of the returned number of columns (the last may be shorter; k itself:
  * one segment), each output is one chain of tensor-core products over each segment from zero, and
  * the segments' sums are added in order, (s0 + s1) + s2 .... Long rows of affine (q8/q4) weights
- * (the down projection) are cut so that a batch-1 product has enough independent chains to keep
- * the GPU's SMs issuing; the small-batch kernel and cuBLASLt both follow it, so rows stay
- * bit-identical across them. */
+ * (the down projection; for q4 also the 2048-4096-column rows of q, k, v and o) are cut so that
+ * a batch-1 product has enough independent chains to keep the GPU's SMs issuing; the small-batch
+ * kernel and cuBLASLt both follow it, so rows stay bit-identical across them. The cut depends on
+ * the matrix alone (dtype, rows, columns), never on the batch. */
 int64_t ci_cuda_k_segment(const ci_cuda *cu, int dtype, int64_t n, int64_t k);
 
 /* Copies `bytes` of a weight from the host into a new device allocation the backend frees at
