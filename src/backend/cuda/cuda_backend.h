@@ -69,6 +69,11 @@ uint32_t ci_cuda_affine_repacked_word_host(const uint8_t *raw, int bits, int64_t
                                            int64_t i);
 int64_t ci_cuda_affine_code_offset_host(int bits, int64_t k, int64_t r, int64_t c, int *shift);
 
+/* Where products with an [n, k] matrix of weight dtype `dtype` (ci_dtype) cut K under the
+ * default rule (cuda_internal.h, ci_cuda_k_segment): the columns of every segment but the last,
+ * k when the rows stay one chain. On the host, for tests without a GPU. */
+int64_t ci_cuda_k_segment_host(int dtype, int64_t n, int64_t k);
+
 #ifdef __cplusplus
 }
 #endif

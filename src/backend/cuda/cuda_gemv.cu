@@ -502,16 +502,13 @@ int ci_cuda_gemv_init(ci_cuda *cu) {
    * rows of 2048 to ABOVE columns in matrices of up to 4096 rows (default 4,4096,2; 0 or 1:
    * none), for measuring and for tests that cut small models */
   const char *seg_env = getenv("CINFER_CUDA_K_SEGMENTS");
-  cu->k_segments = 4;
-  cu->k_segment_above = 4096;
-  cu->k_segments_short = 2;
-  cu->q8_segment_units = 512;
+  cu->k_rule = ci_cuda_k_rule_default();
   if (seg_env) {
     char *end = NULL;
-    cu->k_segments = (int)strtol(seg_env, &end, 10);
-    if (end && *end == ',') cu->k_segment_above = (int)strtol(end + 1, &end, 10);
-    if (end && *end == ',') cu->k_segments_short = (int)strtol(end + 1, NULL, 10);
-    cu->q8_segment_units = 0; /* N applies to q8 too */
+    cu->k_rule.segments = (int)strtol(seg_env, &end, 10);
+    if (end && *end == ',') cu->k_rule.above = (int)strtol(end + 1, &end, 10);
+    if (end && *end == ',') cu->k_rule.short_segments = (int)strtol(end + 1, NULL, 10);
+    cu->k_rule.q8_units = 0; /* N applies to q8 too */
   }
   if (err == cudaSuccess) err = gv_set_limits<16, false>();
   if (err == cudaSuccess) err = gv_set_limits<8, false>();

@@ -211,6 +211,21 @@ typedef struct {
   size_t bytes, used;
 } ci_cuda_ring;
 
+/* How ci_cuda_k_segment cuts affine rows: rows longer than `above` columns into `segments`
+ * segments of whole 512-column stages (q8: as many, 2 to `segments`, as give about `q8_units`
+ * (row group, segment) units; q8_units 0: `segments`), q4 rows of 2048 to `above` columns of
+ * matrices of up to 4096 rows into `short_segments`. */
+typedef struct {
+  int segments, above, short_segments, q8_units;
+} ci_cuda_k_rule;
+
+/* The rule ci_cuda_k_segment follows unless CINFER_CUDA_K_SEGMENTS overrides it (measured:
+ * cuda_matmul.cu). */
+static inline ci_cuda_k_rule ci_cuda_k_rule_default(void) {
+  const ci_cuda_k_rule rule = {4, 4096, 2, 512};
+  return rule;
+}
+
 /* The backend. Every op enqueues on `stream`; step_end waits for it. */
 typedef struct {
   ci_backend base;
@@ -240,10 +255,7 @@ typedef struct {
   int64_t converted_n;
   int converted_kind;
   int input_planes; /* 2: matmul inputs as bf16 hi + lo planes (about 16 mantissa bits); 1: bf16 */
-  /* ci_cuda_k_segment: affine rows longer than k_segment_above columns are cut into k_segments
-   * segments of whole 512-column stages, shorter q4 rows of small matrices into k_segments_short */
-  int k_segments, k_segment_above, k_segments_short;
-  int q8_segment_units;  /* q8 long rows: segments for about this many units (0: k_segments) */
+  ci_cuda_k_rule k_rule; /* how ci_cuda_k_segment cuts rows (CINFER_CUDA_K_SEGMENTS) */
   unsigned *gemv_counts; /* [CI_CUDA_GEMV_COUNTS] zeroed: segments done per small-batch row group */
   float *host_scores;    /* pinned host copy of MoE router scores */
   size_t host_scores_bytes;

@@ -199,7 +199,7 @@ static plan *plan_get(ci_cuda *cu, int64_t n, int64_t k, int64_t lda, int64_t m,
   return p;
 }
 
-int64_t ci_cuda_k_segment(const ci_cuda *cu, int dtype, int64_t n, int64_t k) {
+static int64_t k_segment_of(const ci_cuda_k_rule *rule, int dtype, int64_t n, int64_t k) {
   /* bf16 rows stream near the bandwidth as one chain each; cutting them measured slower (8B
    * down projection, H200). Affine rows longer than 4096 columns (the down projection), measured
    * on the 8B (14336 columns, 256 row groups) and 1B (8192, 128) geometries: q4 in four
@@ -210,17 +210,26 @@ int64_t ci_cuda_k_segment(const ci_cuda *cu, int dtype, int64_t n, int64_t k) {
    * v, o): two segments for q4 (8B batch 1 +2%, 1B +3%), none for q8 (-2%); cutting the gate
    * and up rows too lost. */
   if (!ci_dtype_is_affine((ci_dtype)dtype)) return k;
-  int64_t segs = cu->k_segments;
-  if (k <= cu->k_segment_above) {
-    segs = dtype == CI_Q4 && n <= 4096 && k >= 2048 ? cu->k_segments_short : 1;
-  } else if (dtype == CI_Q8 && cu->q8_segment_units > 0) {
-    const int64_t groups = (n + 15) / 16, want = (cu->q8_segment_units + groups / 2) / groups;
+  int64_t segs = rule->segments;
+  if (k <= rule->above) {
+    segs = dtype == CI_Q4 && n <= 4096 && k >= 2048 ? rule->short_segments : 1;
+  } else if (dtype == CI_Q8 && rule->q8_units > 0) {
+    const int64_t groups = (n + 15) / 16, want = (rule->q8_units + groups / 2) / groups;
     segs = want < 2 ? 2 : want > segs ? segs : want;
   }
   /* (the row bound keeps a small-batch launch's row groups within its segment counters) */
   if (segs < 2 || n > 16 * (CI_CUDA_GEMV_COUNTS / CI_CUDA_GEMV_MAX_PARTS)) return k;
   const int64_t cols = ((k + segs - 1) / segs + 511) / 512 * 512; /* whole small-batch stages */
   return cols < k ? cols : k;
+}
+
+int64_t ci_cuda_k_segment(const ci_cuda *cu, int dtype, int64_t n, int64_t k) {
+  return k_segment_of(&cu->k_rule, dtype, n, k);
+}
+
+extern "C" int64_t ci_cuda_k_segment_host(int dtype, int64_t n, int64_t k) {
+  const ci_cuda_k_rule rule = ci_cuda_k_rule_default();
+  return k_segment_of(&rule, dtype, n, k);
 }
 
 static int segments_of(int64_t k, int64_t seg_cols) {
