@@ -19,8 +19,8 @@ enum { PLAN_CACHE = 1024 };
 
 typedef struct {
   int64_t n, k, lda, m, ldc;
-  int batch;                   /* products in one call (K segments), 1: one */
-  int64_t stride_ab, stride_c; /* elements between the batch's operands and outputs */
+  int batch;        /* products in one call (K segments, k elements apart in A and B), 1: one */
+  int64_t stride_c; /* floats between the batch's outputs */
   int dtype;
   int valid;
   cublasLtMatmulDesc_t desc;
@@ -133,7 +133,7 @@ static cudaDataType_t cuda_type(int dtype) {
  * transposed), B = x stored [m][lda] (K x m), C = y stored [m][ldc] (N x m); K <= lda (a segment
  * of the rows' columns). */
 static plan *plan_get(ci_cuda *cu, int64_t n, int64_t k, int64_t lda, int64_t m, int64_t ldc,
-                      int dtype, int batch, int64_t stride_ab, int64_t stride_c) {
+                      int dtype, int batch, int64_t stride_c) {
   ci_cuda_blas *b = cu->blas;
   unsigned h =
       (unsigned)(((((n * 31 + k) * 131 + m * 7 + dtype) * 17 + ldc) * 13 + lda) * 7 + batch) %
@@ -141,8 +141,7 @@ static plan *plan_get(ci_cuda *cu, int64_t n, int64_t k, int64_t lda, int64_t m,
   for (int probe = 0; probe < 8; probe++) {
     plan *p = &b->plans[(h + probe) % PLAN_CACHE];
     if (p->valid && p->n == n && p->k == k && p->lda == lda && p->m == m && p->ldc == ldc &&
-        p->dtype == dtype && p->batch == batch && p->stride_ab == stride_ab &&
-        p->stride_c == stride_c)
+        p->dtype == dtype && p->batch == batch && p->stride_c == stride_c)
       return p;
   }
   plan *p = NULL;
@@ -164,12 +163,12 @@ static plan *plan_get(ci_cuda *cu, int64_t n, int64_t k, int64_t lda, int64_t m,
   ok = ok && b->layout_create(&p->b, t, (uint64_t)k, (uint64_t)m, lda) == CUBLAS_STATUS_SUCCESS;
   ok = ok &&
        b->layout_create(&p->c, CUDA_R_32F, (uint64_t)n, (uint64_t)m, ldc) == CUBLAS_STATUS_SUCCESS;
-  if (ok && batch > 1) { /* strided batch: operands stride_ab elements apart, outputs stride_c */
+  if (ok && batch > 1) { /* strided batch: the next k columns, outputs stride_c floats apart */
     const int32_t count = batch;
     const cublasLtMatrixLayoutAttribute_t nb = CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
                                           off = CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET;
     cublasLtMatrixLayout_t layouts[3] = {p->a, p->b, p->c};
-    const int64_t strides[3] = {stride_ab, stride_ab, stride_c};
+    const int64_t strides[3] = {k, k, stride_c};
     for (int i = 0; i < 3 && ok; i++)
       ok = b->layout_set(layouts[i], nb, &count, sizeof count) == CUBLAS_STATUS_SUCCESS &&
            b->layout_set(layouts[i], off, &strides[i], sizeof strides[i]) == CUBLAS_STATUS_SUCCESS;
@@ -191,7 +190,6 @@ static plan *plan_get(ci_cuda *cu, int64_t n, int64_t k, int64_t lda, int64_t m,
   p->k = k;
   p->lda = lda;
   p->batch = batch;
-  p->stride_ab = stride_ab;
   p->stride_c = stride_c;
   p->m = m;
   p->ldc = ldc;
@@ -298,7 +296,7 @@ void ci_cuda_matmul_scratch(const ci_cuda *cu, const ci_cuda_cmd *c, int parts,
 static int blas_launch(ci_cuda *cu, const void *w, int dtype, int64_t n, int64_t k, int64_t lda,
                        const void *input, int64_t rows, float *out, int64_t ldc, int batch,
                        int64_t stride_c) {
-  plan *p = plan_get(cu, n, k, lda, rows, ldc, dtype, batch, k, stride_c);
+  plan *p = plan_get(cu, n, k, lda, rows, ldc, dtype, batch, stride_c);
   if (!p) return CI_ERR;
   const float one = 1.0f, zero = 0.0f;
   cublasStatus_t st = cu->blas->matmul(cu->blas->handle, p->desc, &one, w, p->a, input, p->b, &zero,
