@@ -19,6 +19,9 @@
  *   stores bf16; --prompts 0 skips it.
  * --rows: the decode steps download each sequence's whole logit row, as for a request that
  *   samples (default: only each row's greedy pick, as the engine's step for greedy requests).
+ * --init CONFIG:DTYPE: first writes a random-weight model (cinfer_model_write_random: seed 1,
+ *   groups of 64) of that config and dtype (bf16, q8, q4) at MODEL_DIR unless MODEL_DIR already
+ *   has a config.json, so a GPU machine needs no other binary (nor `cinfer`'s libraries).
  * --profile: marks the timed decode steps as the profiler's range (run under
  *   `ncu --profile-from-start off`).
  * On a GPU each decode entry also splits its steps' time (per step, ms): host_build (recording
@@ -28,6 +31,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "base/error.h"
 #include "base/timing.h"
+#include "cinfer.h"
 #include "engine/model_open.h"
 #include "model/model.h"
 #include "tensor/kv_format.h"
@@ -197,7 +201,27 @@ int main(int argc, char **argv) {
       device.precision = CI_PRECISION_FAST;
     else if (!strcmp(argv[i], "--precision") && !strcmp(argv[i + 1], "exact"))
       device.precision = CI_PRECISION_EXACT;
-    else if (!strcmp(argv[i], "--graphs"))
+    else if (!strcmp(argv[i], "--init")) {
+      char spec[512], path[1024];
+      snprintf(spec, sizeof spec, "%s", argv[i + 1]);
+      char *colon = strrchr(spec, ':');
+      if (!colon) {
+        fprintf(stderr, "step_bench: --init %s: expected CONFIG:DTYPE\n", argv[i + 1]);
+        return 2;
+      }
+      *colon = '\0';
+      snprintf(path, sizeof path, "%s/config.json", argv[1]);
+      FILE *existing = fopen(path, "r");
+      if (existing) {
+        fclose(existing);
+      } else {
+        const cinfer_random_model_options options = {colon + 1, 64, 1};
+        if (cinfer_model_write_random(spec, argv[1], &options) != CINFER_OK) {
+          fprintf(stderr, "step_bench: --init: %s\n", cinfer_last_error());
+          return 1;
+        }
+      }
+    } else if (!strcmp(argv[i], "--graphs"))
       graphs = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--kv")) {
       char list[256];
