@@ -3,7 +3,7 @@
  * planes), near the HBM bandwidth.
  *
  * One warp owns 16 or 32 output columns (rows of W) and every input row. It streams its W rows and
- * the input rows through shared memory in stages of gv_kc columns (cp.async, GV_STAGES deep) and
+ * the input rows through shared memory in stages of gv_kc columns (cp.async, 3-4 deep) and
  * multiplies them with mma.sync m16n8k16: W is the A operand (16 rows per accumulator chain), the
  * inputs the B operand (8 columns, or two groups of 8 that share each A fragment: XG), accumulating
  * in f32. Affine stages hold the codes, already in fragment order (cuda_affine.cuh), and the
@@ -50,6 +50,20 @@ enum {
 static constexpr int gv_kc(int bits, int xg = 1) {
   return bits == 16 || xg == 2 ? 256 : 512;
 }
+
+/* Affine weights times up to 8 input rows (one column group) stream in one of two stage shapes:
+ * 512 columns three deep, or 256 four deep, which halves a block's shared memory and so lets an
+ * SM hold about twice the blocks, at twice the stage bookkeeping per k-step. The kernel is bound
+ * by latency, not issue (8B q4 gate|up at batch 1: 1.8 warps a scheduler, 44% of issue slots
+ * used), so the narrow shape pays exactly where a launch has more units than the wide shape's
+ * blocks can hold at once (gv_launch_affine_shape). H200, q4, one launch (us, 512x4 / 512x3 /
+ * 256x4), 8B gate|up (1,792 units) 34.2 / 33.4 / 30.7, down (1,024) 19.8 / 19.2 / 22.3, q|k|v
+ * (768) 13.6 / 13.3 / 14.9, o (512) 11.2 / 10.7 / 13.0. */
+enum { GV_AFFINE_STAGES = 3, GV_NARROW_KC = 256, GV_NARROW_STAGES = 4 };
+/* Decode steps against 512 x 4 for every launch (H200, tok/s, batch 1 / 2 / 4 / 8): 8B q4 312 ->
+ * 327 / 549 -> 645 / 940 -> 1,131 / 1,736 -> 2,068; 1B q4 1,039 -> 1,061 / 1,870 -> 2,064 /
+ * 3,576 -> 4,041 / 7,000 -> 7,378; 8B q8 225 -> 226 / 430 -> 443 / 841 -> 898 / 1,349 -> 1,608;
+ * 1B q8 824 -> 891 / 1,654 -> 1,731 / 3,279 -> 3,424 / 5,365 -> 5,994. */
 
 /* bf16 weights times one or two input rows (batch 1, or exact batch 1's two planes) stream in
  * wider, shallower stages: 512 columns (1 KB of each W row, 16 KB per 16 rows), three deep. On
@@ -443,34 +457,50 @@ __global__ static void __launch_bounds__(32 * WARPS)
   cp_async_wait<0>();
 }
 
+/* Shared memory limits of an affine stage shape: the runtime group size and groups of 64, each
+ * with and without K segments. */
+template <int BITS, int CHAINS, int PLANES, bool F16, int XG, int WARPS, int STAGES, int KC>
+static cudaError_t gv_set_affine_limit() {
+  const int bytes =
+      (int)gv_smem_bytes(BITS, KC, STAGES, CHAINS, XG == 2 ? GV_MAX_X_ROWS_AFFINE : GV_MAX_X_ROWS);
+  const cudaFuncAttribute a = cudaFuncAttributeMaxDynamicSharedMemorySize;
+  cudaError_t err =
+      cudaFuncSetAttribute(gemv_kernel<BITS, CHAINS, PLANES, STAGES, KC, F16, XG, WARPS>, a, bytes);
+  if (err == cudaSuccess)
+    err = cudaFuncSetAttribute(gemv_kernel<BITS, CHAINS, PLANES, STAGES, KC, F16, XG, WARPS, 6>, a,
+                               bytes);
+  if (err == cudaSuccess)
+    err = cudaFuncSetAttribute(
+        gemv_kernel<BITS, CHAINS, PLANES, STAGES, KC, F16, XG, WARPS, 0, true>, a, bytes);
+  if (err == cudaSuccess)
+    err = cudaFuncSetAttribute(
+        gemv_kernel<BITS, CHAINS, PLANES, STAGES, KC, F16, XG, WARPS, 6, true>, a, bytes);
+  return err;
+}
+
 template <int BITS, int CHAINS, int PLANES, bool F16, int XG, int WARPS>
 static cudaError_t gv_set_limit() {
-  cudaError_t err = cudaFuncSetAttribute(
-      gemv_kernel<BITS, CHAINS, PLANES, GV_STAGES, gv_kc(BITS, XG), F16, XG, WARPS>,
-      cudaFuncAttributeMaxDynamicSharedMemorySize,
-      (int)gv_smem_bytes(BITS, gv_kc(BITS, XG), GV_STAGES, CHAINS,
-                         XG == 2 ? GV_MAX_X_ROWS_AFFINE : GV_MAX_X_ROWS));
   if constexpr (BITS == 16) {
+    cudaError_t err = cudaFuncSetAttribute(
+        gemv_kernel<BITS, CHAINS, PLANES, GV_STAGES, gv_kc(BITS, XG), F16, XG, WARPS>,
+        cudaFuncAttributeMaxDynamicSharedMemorySize,
+        (int)gv_smem_bytes(BITS, gv_kc(BITS, XG), GV_STAGES, CHAINS, GV_MAX_X_ROWS));
     if (err == cudaSuccess)
       err = cudaFuncSetAttribute(
           gemv_kernel<BITS, CHAINS, PLANES, GV_WIDE_STAGES, GV_WIDE_KC, F16, XG, WARPS>,
           cudaFuncAttributeMaxDynamicSharedMemorySize,
           (int)gv_smem_bytes(BITS, GV_WIDE_KC, GV_WIDE_STAGES, CHAINS, GV_WIDE_MAX_X_ROWS));
-  } else if (err == cudaSuccess) { /* the groups-of-64 form, and both with K segments */
-    const int bytes = (int)gv_smem_bytes(BITS, gv_kc(BITS, XG), GV_STAGES, CHAINS,
-                                         XG == 2 ? GV_MAX_X_ROWS_AFFINE : GV_MAX_X_ROWS);
-    constexpr int KC = gv_kc(BITS, XG);
-    const cudaFuncAttribute a = cudaFuncAttributeMaxDynamicSharedMemorySize;
-    err = cudaFuncSetAttribute(gemv_kernel<BITS, CHAINS, PLANES, GV_STAGES, KC, F16, XG, WARPS, 6>,
-                               a, bytes);
+    return err;
+  } else if constexpr (XG == 2) { /* every stage shape of affine weights */
+    return gv_set_affine_limit<BITS, CHAINS, PLANES, F16, XG, WARPS, GV_STAGES, gv_kc(BITS, XG)>();
+  } else {
+    cudaError_t err = gv_set_affine_limit<BITS, CHAINS, PLANES, F16, XG, WARPS, GV_AFFINE_STAGES,
+                                          gv_kc(BITS, XG)>();
     if (err == cudaSuccess)
-      err = cudaFuncSetAttribute(
-          gemv_kernel<BITS, CHAINS, PLANES, GV_STAGES, KC, F16, XG, WARPS, 0, true>, a, bytes);
-    if (err == cudaSuccess)
-      err = cudaFuncSetAttribute(
-          gemv_kernel<BITS, CHAINS, PLANES, GV_STAGES, KC, F16, XG, WARPS, 6, true>, a, bytes);
+      err = gv_set_affine_limit<BITS, CHAINS, PLANES, F16, XG, WARPS, GV_NARROW_STAGES,
+                                GV_NARROW_KC>();
+    return err;
   }
-  return err;
 }
 
 template <int BITS, bool F16> static cudaError_t gv_set_limits() {
@@ -591,6 +621,22 @@ static int gv_affine_warps(const ci_cuda *cu, int64_t units, int64_t resident, i
   return busy < 7 * (int64_t)cu->n_sms ? 2 : 1;
 }
 
+/* Affine weights in stages of KC columns, STAGES deep: the grid and the warps of a block. */
+template <int BITS, bool F16, int XG, int STAGES, int KC, int GSHIFT>
+static void gv_launch_affine_shape(ci_cuda *cu, const gv_parts &P, int groups, int64_t k,
+                                   const __nv_bfloat16 *x, int64_t m, int planes) {
+  const size_t smem = gv_smem_bytes(BITS, KC, STAGES, 1, (int)(planes * m));
+  const int64_t resident = (int64_t)cu->n_sms * gv_blocks_per_sm(cu, smem);
+  const int64_t units = (int64_t)groups * P.segs;
+  const dim3 grid((unsigned)(units < resident ? units : resident));
+  if (gv_affine_warps(cu, units, resident, XG) == 2)
+    gv_launch_at<BITS, F16, XG, STAGES, KC, 2, GSHIFT>(cu, P, 1, groups, k, x, m, planes, grid,
+                                                       smem);
+  else
+    gv_launch_at<BITS, F16, XG, STAGES, KC, 1, GSHIFT>(cu, P, 1, groups, k, x, m, planes, grid,
+                                                       smem);
+}
+
 /* The grid is the groups, at most one wave of resident blocks (each then walks several groups).
  * The stage shape and the warps of a block never change a bit of the result: each output is the
  * same chain over K. */
@@ -611,17 +657,18 @@ static void gv_launch(ci_cuda *cu, const gv_parts &P, int chains, int groups, in
     else
       gv_launch_at<BITS, F16, XG, GV_STAGES, gv_kc(BITS, XG), 1>(cu, P, chains, groups, k, x, m,
                                                                  planes, grid, smem);
+  } else if constexpr (XG == 2) {
+    gv_launch_affine_shape<BITS, F16, XG, GV_STAGES, gv_kc(BITS, XG), GSHIFT>(cu, P, groups, k, x,
+                                                                              m, planes);
+  } else if ((int64_t)groups * P.segs > /* more units than wide blocks an SM holds at once */
+             (int64_t)cu->n_sms *
+                 gv_blocks_per_sm(cu, gv_smem_bytes(BITS, gv_kc(BITS, XG), GV_AFFINE_STAGES, 1,
+                                                    (int)(planes * m)))) {
+    gv_launch_affine_shape<BITS, F16, XG, GV_NARROW_STAGES, GV_NARROW_KC, GSHIFT>(cu, P, groups, k,
+                                                                                  x, m, planes);
   } else {
-    const size_t smem = gv_smem_bytes(BITS, gv_kc(BITS, XG), GV_STAGES, 1, (int)(planes * m));
-    const int64_t resident = (int64_t)cu->n_sms * gv_blocks_per_sm(cu, smem);
-    const int64_t units = (int64_t)groups * P.segs;
-    const dim3 grid((unsigned)(units < resident ? units : resident));
-    if (gv_affine_warps(cu, units, resident, XG) == 2)
-      gv_launch_at<BITS, F16, XG, GV_STAGES, gv_kc(BITS, XG), 2, GSHIFT>(cu, P, 1, groups, k, x, m,
-                                                                         planes, grid, smem);
-    else
-      gv_launch_at<BITS, F16, XG, GV_STAGES, gv_kc(BITS, XG), 1, GSHIFT>(cu, P, 1, groups, k, x, m,
-                                                                         planes, grid, smem);
+    gv_launch_affine_shape<BITS, F16, XG, GV_AFFINE_STAGES, gv_kc(BITS, XG), GSHIFT>(
+        cu, P, groups, k, x, m, planes);
   }
 }
 
