@@ -179,6 +179,8 @@ __global__ static void __launch_bounds__(32 * WARPS)
    * unit: a division by the runtime segment count in every stage cost the uncut q4 kernel ~4%) */
   struct unit_info {
     int unit, group, first, end, stages;
+    const uint8_t *codes;  /* affine: the group's first tile's codes from column `first` on */
+    const uint32_t *pairs; /* affine: its (scale, bias) words from column `first` on */
   };
   auto info_of = [&](int i) {
     unit_info u;
@@ -188,6 +190,13 @@ __global__ static void __launch_bounds__(32 * WARPS)
     u.first = seg * P.seg_cols;
     u.end = seg == segs - 1 ? k : u.first + P.seg_cols;
     u.stages = seg == segs - 1 ? last_stages : seg_stages;
+    if (BITS != 16) { /* the part's pointers once a unit, not once a stage */
+      int row0;
+      const int part = gv_part_of(P, u.group, CHAINS, &row0);
+      const size_t tile = (size_t)(row0 / 16);
+      u.codes = (const uint8_t *)gv_pick(P.w, part) + (tile * quads + u.first / 64) * QUAD_BYTES;
+      u.pairs = gv_pick(P.pairs, part) + (tile * k_groups + (u.first >> group_shift)) * 16;
+    }
     return u;
   };
   int load_i = 0, load_k = 0; /* the next stage to load: my unit index, k stage within it */
@@ -195,35 +204,58 @@ __global__ static void __launch_bounds__(32 * WARPS)
   /* the W part of stage lk of unit u into ring slot `slot` */
   auto load_w = [&](int slot, const unit_info &u, int lk) {
     const int k0 = u.first + lk * KC, kn = min(KC, u.end - k0);
-    int row0;
-    const int part = gv_part_of(P, u.group, CHAINS, &row0);
-    if (BITS == 16) { /* a warp copies 32 16-byte chunks of a row per instruction */
+    if (BITS == 16) {
+      int row0;
+      const int part = gv_part_of(
+          P, u.group, CHAINS, &row0); /* a warp copies 32 16-byte chunks of a row per instruction */
       const __nv_bfloat16 *src = (const __nv_bfloat16 *)gv_pick(P.w, part) + (size_t)row0 * k + k0;
       for (int c = lane; c < kn / 8; c += 32) {
         __nv_bfloat16 *dw = w_ring + slot * R * STRIDE + c * 8;
 #pragma unroll
         for (int r = 0; r < R; r++) cp_async16_stream(dw + r * STRIDE, src + (size_t)r * k + c * 8);
       }
-    } else { /* each tile's stage is one contiguous run of codes, and one of pairs */
-      const int code_chunks = (kn + 63) / 64 * QUAD_BYTES / 16;
-      const int pair_chunks = (kn >> group_shift) * 4;
+    } else { /* each tile's stage is one contiguous run of codes, and one of pairs (affine
+              * blocks run one chain: CHAINS is 1) */
+      const uint8_t *src = u.codes + (size_t)(lk * KC / 64) * QUAD_BYTES;
+      const uint32_t *ps = u.pairs + (size_t)((lk * KC) >> group_shift) * 16;
+      uint8_t *dc = codes + slot * TILE_CODES;
+      uint32_t *dp = pairs + slot * TILE_PAIRS;
+      if (kn == KC) { /* a whole stage: copy counts known at compile time */
+        constexpr int CODE_CHUNKS = KC / 64 * QUAD_BYTES / 16;
 #pragma unroll
-      for (int j = 0; j < CHAINS; j++) {
-        const size_t tile = (size_t)(row0 / 16 + j);
-        const uint8_t *src =
-            (const uint8_t *)gv_pick(P.w, part) + (tile * quads + k0 / 64) * QUAD_BYTES;
-        uint8_t *dc = codes + (slot * CHAINS + j) * TILE_CODES;
+        for (int i = 0; i < CODE_CHUNKS / NT; i++)
+          cp_async16_stream(dc + (tid + i * NT) * 16, src + (tid + i * NT) * 16);
+        if (GSHIFT) {
+          constexpr int PAIR_CHUNKS = GSHIFT ? (KC >> GSHIFT) * 4 : 1;
+#pragma unroll
+          for (int i = 0; i < (PAIR_CHUNKS + NT - 1) / NT; i++)
+            if (PAIR_CHUNKS % NT == 0 || tid + i * NT < PAIR_CHUNKS)
+              cp_async16_stream(dp + (tid + i * NT) * 4, ps + (tid + i * NT) * 4);
+          return;
+        }
+      } else {
+        const int code_chunks = (kn + 63) / 64 * QUAD_BYTES / 16;
         for (int c = tid; c < code_chunks; c += NT) cp_async16_stream(dc + c * 16, src + c * 16);
-        const uint32_t *ps = gv_pick(P.pairs, part) + (tile * k_groups + (k0 >> group_shift)) * 16;
-        uint32_t *dp = pairs + (slot * CHAINS + j) * TILE_PAIRS;
-        for (int c = tid; c < pair_chunks; c += NT) cp_async16_stream(dp + c * 4, ps + c * 4);
       }
+      const int pair_chunks = (kn >> group_shift) * 4;
+      for (int c = tid; c < pair_chunks; c += NT) cp_async16_stream(dp + c * 4, ps + c * 4);
     }
   };
   /* the input part of stage lk of unit u into ring slot `slot` */
   auto load_x = [&](int slot, const unit_info &u, int lk) {
     const int k0 = u.first + lk * KC, kn = min(KC, u.end - k0);
     __nv_bfloat16 *dx = sx + slot * x_rows * STRIDE;
+    if (BITS != 16 && kn == KC) { /* a whole stage: the chunk count known at compile time */
+      constexpr int X_CHUNKS = KC / 8;
+#pragma unroll
+      for (int i = 0; i < (X_CHUNKS + NT - 1) / NT; i++) {
+        const int c = tid + i * NT;
+        if (X_CHUNKS % NT == 0 || c < X_CHUNKS)
+          for (int r = 0; r < x_rows; r++)
+            cp_async16_cached(dx + r * STRIDE + c * 8, x + (size_t)r * k + k0 + c * 8);
+      }
+      return;
+    }
     for (int c = tid; c < kn / 8; c += NT)
       for (int r = 0; r < x_rows; r++)
         cp_async16_cached(dx + r * STRIDE + c * 8, x + (size_t)r * k + k0 + c * 8);
