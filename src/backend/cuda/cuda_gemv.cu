@@ -179,7 +179,7 @@ __global__ static void __launch_bounds__(32 * WARPS)
    * unit: a division by the runtime segment count in every stage cost the uncut q4 kernel ~4%) */
   struct unit_info {
     int unit, group, first, end, stages;
-    const uint8_t *codes;  /* affine: the group's first tile's codes from column `first` on */
+    const uint8_t *codes;  /* the group's first tile's codes (bf16: rows) from column `first` on */
     const uint32_t *pairs; /* affine: its (scale, bias) words from column `first` on */
   };
   auto info_of = [&](int i) {
@@ -190,9 +190,13 @@ __global__ static void __launch_bounds__(32 * WARPS)
     u.first = seg * P.seg_cols;
     u.end = seg == segs - 1 ? k : u.first + P.seg_cols;
     u.stages = seg == segs - 1 ? last_stages : seg_stages;
-    if (BITS != 16) { /* the part's pointers once a unit, not once a stage */
-      int row0;
-      const int part = gv_part_of(P, u.group, CHAINS, &row0);
+    /* the part's pointers once a unit, not once a stage (bf16: the group's first row at column
+     * `first`) */
+    int row0;
+    const int part = gv_part_of(P, u.group, CHAINS, &row0);
+    if (BITS == 16) {
+      u.codes = (const uint8_t *)gv_pick(P.w, part) + ((size_t)row0 * k + u.first) * 2;
+    } else {
       const size_t tile = (size_t)(row0 / 16);
       u.codes = (const uint8_t *)gv_pick(P.w, part) + (tile * quads + u.first / 64) * QUAD_BYTES;
       u.pairs = gv_pick(P.pairs, part) + (tile * k_groups + (u.first >> group_shift)) * 16;
@@ -204,11 +208,19 @@ __global__ static void __launch_bounds__(32 * WARPS)
   /* the W part of stage lk of unit u into ring slot `slot` */
   auto load_w = [&](int slot, const unit_info &u, int lk) {
     const int k0 = u.first + lk * KC, kn = min(KC, u.end - k0);
-    if (BITS == 16) {
-      int row0;
-      const int part = gv_part_of(
-          P, u.group, CHAINS, &row0); /* a warp copies 32 16-byte chunks of a row per instruction */
-      const __nv_bfloat16 *src = (const __nv_bfloat16 *)gv_pick(P.w, part) + (size_t)row0 * k + k0;
+    if (BITS == 16) { /* a warp copies 32 16-byte chunks of a row per instruction */
+      const __nv_bfloat16 *src = (const __nv_bfloat16 *)u.codes + lk * KC;
+      if (kn == KC) { /* a whole stage: the chunk count known at compile time */
+#pragma unroll
+        for (int i = 0; i < KC / 8 / 32; i++) {
+          const int c = lane + 32 * i;
+          __nv_bfloat16 *dw = w_ring + slot * R * STRIDE + c * 8;
+#pragma unroll
+          for (int r = 0; r < R; r++)
+            cp_async16_stream(dw + r * STRIDE, src + (size_t)r * k + c * 8);
+        }
+        return;
+      }
       for (int c = lane; c < kn / 8; c += 32) {
         __nv_bfloat16 *dw = w_ring + slot * R * STRIDE + c * 8;
 #pragma unroll
@@ -245,7 +257,7 @@ __global__ static void __launch_bounds__(32 * WARPS)
   auto load_x = [&](int slot, const unit_info &u, int lk) {
     const int k0 = u.first + lk * KC, kn = min(KC, u.end - k0);
     __nv_bfloat16 *dx = sx + slot * x_rows * STRIDE;
-    if (BITS != 16 && kn == KC) { /* a whole stage: the chunk count known at compile time */
+    if (kn == KC) { /* a whole stage: the chunk count known at compile time */
       constexpr int X_CHUNKS = KC / 8;
 #pragma unroll
       for (int i = 0; i < (X_CHUNKS + NT - 1) / NT; i++) {
