@@ -319,8 +319,11 @@ static void test_affine_matmul_ops(void **state) {
     for (int g = 0; g < 3; g++) check_affine(cpu, cu, bits, groups[g], CI_BF16, 320, 1152, 1);
   check_affine(cpu, cu, 4, 64, CI_F16, 2048, 2048, 1);
   check_affine(cpu, cu, 8, 64, CI_BF16, 6144, 4096, 1);
-  /* taller than one dequantisation slice (16384 rows of 2048) */
+  /* taller than one dequantisation slice (16384 rows of 2048); with more row groups than blocks
+   * of the small-batch kernel's wide stages fit on the GPU at once, both in its narrow stages
+   * (q4 from 4 input rows, q8 from 1) */
   check_affine(cpu, cu, 4, 64, CI_BF16, 16400, 2048, 0);
+  check_affine(cpu, cu, 8, 64, CI_BF16, 16400, 2048, 0);
   /* rows cut into K segments (ci_cuda_k_segment), a shorter last one, and a dequantisation slice
    * of a down-projection shape */
   check_affine(cpu, cu, 4, 64, CI_BF16, 512, 14336, 1);
