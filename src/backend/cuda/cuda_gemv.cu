@@ -144,6 +144,7 @@ __global__ static void __launch_bounds__(32 * WARPS)
   constexpr int TILE_CODES = 16 * KC * BITS / 8, TILE_PAIRS = KC / 32 * 16; /* bytes, words */
   constexpr int QUAD_BYTES = 128 * BITS;
   constexpr int NT = 32 * WARPS;
+  static_assert(BITS == 16 || CHAINS == 1, "affine blocks run one chain of 16 rows");
   extern __shared__ uint4 gv_smem[];
   const int tid = threadIdx.x, lane = tid & 31;
   const int half = WARPS == 2 ? tid >> 5 : 0; /* two warps: the warp's 8 rows of each tile */
