@@ -132,9 +132,17 @@ if [ -n "${llama_build:-}" ] && ! wait "$llama_build"; then
   LLAMA_BENCH=""
 fi
 
+# The report from whatever results exist so far: written after every measured point, so a run
+# stopped by a time limit still leaves the points it measured (the missing ones read n/a).
+write_report() {
+  "$PY" bench/threads_report.py --results "$RESULTS" --config "$CONFIG" --dtypes "$DTYPES" \
+    --threads "$THREADS" --prompt "$PROMPT" --gen "$GEN" --runs "$RUNS" --precision "$PRECISION" \
+    --seconds $(($(date +%s) - start)) >"$REPORT.partial" && mv "$REPORT.partial" "$REPORT"
+}
+
 # 4. Measurements: per dtype and thread count, cinfer then llama.cpp (weights read into
 # allocated memory: -lm none), so that drifts of the machine touch both alike.
-rm -f "$RESULTS"/cinfer-*.json "$RESULTS"/llama-*.json
+rm -f "$RESULTS"/cinfer-*.json "$RESULTS"/llama-*.json "$RESULTS"/pool-*.json
 for pair in $DTYPES; do
   dtype=${pair%%:*}
   gtype=${pair##*:}
@@ -143,11 +151,13 @@ for pair in $DTYPES; do
     build/cinfer bench --device cpu --model "$WORK/$name-$dtype" -p "$PROMPT" -n "$GEN" \
       --runs "$RUNS" --threads "$t" --precision "$PRECISION" --json >"$RESULTS/cinfer-$dtype-$t.json" \
       2>"$RESULTS/cinfer-$dtype-$t.err" || log "cinfer failed (see $RESULTS/cinfer-$dtype-$t.err)"
+    write_report
     [ -n "$LLAMA_BENCH" ] || continue
     log "llama.cpp $gtype, $t threads"
     "$LLAMA_BENCH" -m "$WORK/$name-$gtype.gguf" -p "$PROMPT" -n "$GEN" -r "$RUNS" -t "$t" \
       -lm none -o json >"$RESULTS/llama-$gtype-$t.json" 2>"$RESULTS/llama-$gtype-$t.err" ||
       log "llama-bench failed (see $RESULTS/llama-$gtype-$t.err)"
+    write_report
   done
 done
 
@@ -175,7 +185,5 @@ CINFER_POOL_SPIN_US=20 build/cinfer bench --device cpu --model "$WORK/$name-$las
   -p "$PROMPT" -n "$GEN" --runs "$RUNS" --threads "$max_t" --precision "$PRECISION" --json \
   >"$RESULTS/cinfer-spin20-$last-$max_t.json" 2>/dev/null || true
 
-"$PY" bench/threads_report.py --results "$RESULTS" --config "$CONFIG" --dtypes "$DTYPES" \
-  --threads "$THREADS" --prompt "$PROMPT" --gen "$GEN" --runs "$RUNS" --precision "$PRECISION" \
-  --seconds $(($(date +%s) - start)) >"$REPORT"
+write_report
 log "wrote $REPORT in $(($(date +%s) - start)) s"
