@@ -56,7 +56,7 @@ static constexpr int gv_kc(int bits, int xg = 1) {
  * SM hold about twice the blocks, at twice the stage bookkeeping per k-step. The kernel is bound
  * by latency, not issue (8B q4 gate|up at batch 1: 1.8 warps a scheduler, 44% of issue slots
  * used), so the narrow shape pays exactly where a launch has more units than the wide shape's
- * blocks can hold at once (gv_launch_affine_shape). H200, q4, one launch (us, 512x4 / 512x3 /
+ * blocks can hold at once (gv_affine_narrow). H200, q4, one launch (us, 512x4 / 512x3 /
  * 256x4), 8B gate|up (1,792 units) 34.2 / 33.4 / 30.7, down (1,024) 19.8 / 19.2 / 22.3, q|k|v
  * (768) 13.6 / 13.3 / 14.9, o (512) 11.2 / 10.7 / 13.0. */
 enum { GV_AFFINE_STAGES = 3, GV_NARROW_KC = 256, GV_NARROW_STAGES = 4 };
@@ -612,9 +612,25 @@ int ci_cuda_gemv_fits(int dtype, int64_t n, int64_t k, int64_t m, int planes) {
 
 /* How many blocks fit on an SM (shared memory, and the 32-block limit, less one KB of shared
  * memory the runtime reserves per block). */
-static int gv_blocks_per_sm(const ci_cuda *cu, size_t smem) {
-  const int by_smem = (int)((size_t)cu->smem_per_sm / (smem + 1024));
+static int gv_blocks_per_sm_of(int smem_per_sm, size_t smem) {
+  const int by_smem = (int)((size_t)smem_per_sm / (smem + 1024));
   return by_smem < 1 ? 1 : by_smem > 32 ? 32 : by_smem;
+}
+static int gv_blocks_per_sm(const ci_cuda *cu, size_t smem) {
+  return gv_blocks_per_sm_of(cu->smem_per_sm, smem);
+}
+
+/* Whether an affine launch of `units` (row group, segment) units times x_rows input rows (one
+ * column group) streams the narrow stages: it has more units than blocks of the wide shape fit on
+ * the GPU at once (GV_AFFINE_STAGES). */
+static bool gv_affine_narrow(int bits, int64_t units, int64_t x_rows, int n_sms, int smem_per_sm) {
+  const size_t wide = gv_smem_bytes(bits, gv_kc(bits), GV_AFFINE_STAGES, 1, (int)x_rows);
+  return units > (int64_t)n_sms * gv_blocks_per_sm_of(smem_per_sm, wide);
+}
+
+extern "C" int ci_cuda_gemv_narrow_host(int dtype, int64_t units, int64_t x_rows, int n_sms,
+                                        int smem_per_sm) {
+  return gv_affine_narrow(dtype == CI_Q8 ? 8 : 4, units, x_rows, n_sms, smem_per_sm);
 }
 
 template <int BITS, bool F16, int XG, int STAGES, int KC, int WARPS, int GSHIFT = 0>
@@ -705,10 +721,8 @@ static void gv_launch(ci_cuda *cu, const gv_parts &P, int chains, int groups, in
   } else if constexpr (XG == 2) {
     gv_launch_affine_shape<BITS, F16, XG, GV_STAGES, gv_kc(BITS, XG), GSHIFT>(cu, P, groups, k, x,
                                                                               m, planes);
-  } else if ((int64_t)groups * P.segs > /* more units than wide blocks an SM holds at once */
-             (int64_t)cu->n_sms *
-                 gv_blocks_per_sm(cu, gv_smem_bytes(BITS, gv_kc(BITS, XG), GV_AFFINE_STAGES, 1,
-                                                    (int)(planes * m)))) {
+  } else if (gv_affine_narrow(BITS, (int64_t)groups * P.segs, planes * m, cu->n_sms,
+                              cu->smem_per_sm)) {
     gv_launch_affine_shape<BITS, F16, XG, GV_NARROW_STAGES, GV_NARROW_KC, GSHIFT>(cu, P, groups, k,
                                                                                   x, m, planes);
   } else {
