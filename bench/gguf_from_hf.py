@@ -723,7 +723,7 @@ def legacy_tensors(cfg, st, geo, arch, layer_plan, final_norm_op, extra):
         if head in st and not tied:
             plan.append(("output.weight", head, None))
             break
-    if any(k.startswith(("model.layers.", "layers.")) and ".bias" in k for k in st.names()):
+    if any(k.startswith(("model.layers.", "layers.")) and k.endswith(".bias") for k in st.names()):
         raise SystemExit("attention/MLP biases are not handled by this converter")
     tensors = [Tensor(g, a.shape, False, lambda a=a: a) for g, a in extra.items()]
     for gname, sname, op in plan:

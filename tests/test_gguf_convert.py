@@ -194,8 +194,35 @@ def test_starter_draft(root, tmp):
     check(np.array_equal(got, want), "starter-draft: MLX q8 row dequantized exactly")
 
 
+def test_llama_affine(root, tmp):
+    """A Mistral (Llama-family) folder of MLX q4 weights: their `.biases` (the groups' offsets)
+    are not attention or MLP biases, and fold into the weights as the scales do."""
+    folder = os.path.join(root, "tests/fixtures/mistral-q4g64")
+    src = source_tensors(folder)
+    out = os.path.join(tmp, "mistral-q4.gguf")
+    r = convert(root, folder, out, "f32")
+    if not converted(r, "mistral-q4g64 (MLX q4) converts"):
+        return
+    ts = tensors_of(gguf.GGUFReader(out))
+    check(len(ts) == expected_count(src), "mistral q4: scales/biases folded in")
+    # One MLX row by hand: W = scale * q + bias, eight 4-bit codes per little-endian uint32 word.
+    name = "model.layers.0.mlp.up_proj"
+    words = np.frombuffer(src[name + ".weight"][2], np.uint32)
+    per_row = src[name + ".weight"][1][1]
+    row = words[:per_row]
+    codes = ((row[:, None] >> (4 * np.arange(8, dtype=np.uint32))) & 15).reshape(-1)
+    scales = bf16(src[name + ".scales"][2])
+    biases = bf16(src[name + ".biases"][2])
+    groups = src[name + ".scales"][1][1]
+    want = codes.astype(np.float32) * np.repeat(scales[:groups], 64) + np.repeat(
+        biases[:groups], 64)
+    got = np.asarray(ts["blk.0.ffn_up.weight"].data, dtype=np.float32)[0]
+    check(np.array_equal(got, want), "mistral q4: MLX q4 row dequantized exactly")
+
+
 def test_refusals(root, tmp):
-    for name, word in (("gemma4-ple", "not handled"), ("gemma4-moe", "not handled")):
+    for name, word in (("gemma4-ple", "not handled"), ("gemma4-moe", "not handled"),
+                       ("llama3-tied-q8g32", "biases are not handled")):
         r = convert(root, os.path.join(root, "tests/fixtures", name),
                     os.path.join(tmp, name + ".gguf"), "bf16")
         check(r.returncode != 0 and word in r.stderr and "Traceback" not in r.stderr,
@@ -209,6 +236,7 @@ def main():
         test_qwen35(root, tmp)
         test_gemma4(root, tmp)
         test_starter_draft(root, tmp)
+        test_llama_affine(root, tmp)
         test_refusals(root, tmp)
     print(f"{failures} failed" if failures else "all passed")
     return 1 if failures else 0
