@@ -120,7 +120,10 @@ extern const ci_matmul_rows_fn ci_matmul_gemv_int8_avx512_vnni[CI_WF_COUNT];
 void ci_quantize_x_planes_avx512(int8_t *planes, float *units, const float *x, int64_t m, int64_t k,
                                  int group, int bits, int64_t stride, int n_planes);
 
-/* The AVX512_BF16 kernels of fast precision (see ci_matmul_kernels.gemv_bf16_dot). */
+/* The AVX512_BF16 kernels of fast precision (see ci_matmul_kernels.gemv_bf16_dot). The panel
+ * kernels decode two panels of CI_BF16_PANEL_PAIRS column pairs by 32 rows into the per-thread
+ * scratch: the table's scratch_floats must hold CI_BF16_GEMM_SCRATCH_WORDS. */
+enum { CI_BF16_PANEL_PAIRS = 256, CI_BF16_GEMM_SCRATCH_WORDS = 2 * CI_BF16_PANEL_PAIRS * 32 };
 extern const ci_matmul_rows_fn ci_matmul_gemv_bf16_dot_avx512[CI_WF_COUNT];
 extern const ci_matmul_rows_fn ci_matmul_gemm_bf16_dot_avx512[CI_WF_COUNT];
 

@@ -24,6 +24,8 @@ enum {
   FLOAT_PREFETCH_BYTES = 32768,
   AFFINE_PREFETCH_BYTES = 32768,
 };
+_Static_assert(GEMM_KC *GEMM_NR >= CI_BF16_GEMM_SCRATCH_WORDS,
+               "the scratch of the panel kernels holds the bf16 kernels' two panels");
 
 /* ==== Row kernels (small m) ==== */
 

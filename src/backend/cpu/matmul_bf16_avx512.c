@@ -16,7 +16,7 @@ enum {
   X_BLOCK = 4,   /* x rows per row-kernel block */
   GEMM_MR = 12,  /* x rows per register tile: as the f32 panel kernels (x_pairs layout) */
   GEMM_NR = 32,  /* weight rows per panel */
-  GEMM_KC = 512, /* columns per panel (256 pairs) */
+  GEMM_KC = 2 * CI_BF16_PANEL_PAIRS, /* columns per panel (256 pairs) */
 };
 
 /* 32 bf16 as the operand type of vdpbf16ps. */
@@ -190,22 +190,89 @@ static void gemm_tile(int64_t pairs, const uint32_t *x_panel, const uint32_t *pa
   }
 }
 
-/* Panel kernel template: for each block of GEMM_KC columns, decode each 32-row panel of the
- * chunk once into bf16 pairs and multiply it by every 12-row tile of x. */
+/* y[i0:i0+rows, col:col+cols] (+)= x pairs . the pairs of two panels side by side (columns 0-31
+ * from pa, 32-63 from pb), 32 < cols <= 64, rows <= MR / 2 a compile-time constant: four weight
+ * vectors per broadcast x pair instead of two. Each output is the same chain of vdpbf16ps over
+ * the pairs as in gemm_tile_rows. */
+INLINE void gemm_tile64_rows(int64_t pairs, const uint32_t *x_panel, const uint32_t *pa,
+                             const uint32_t *pb, float *y, int64_t ldy, int rows, int cols,
+                             int accumulate) {
+  __m512 acc[GEMM_MR / 2][4];
+  for (int i = 0; i < rows; i++)
+    for (int v = 0; v < 4; v++) acc[i][v] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; p++) {
+    const __m512i w[4] = {
+        _mm512_load_si512(pa + p * GEMM_NR), _mm512_load_si512(pa + p * GEMM_NR + VW),
+        _mm512_load_si512(pb + p * GEMM_NR), _mm512_load_si512(pb + p * GEMM_NR + VW)};
+    for (int i = 0; i < rows; i++) {
+      const __m512i xv = _mm512_set1_epi32((int)x_panel[p * GEMM_MR + i]);
+      for (int v = 0; v < 4; v++) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], as_bh(w[v]), as_bh(xv));
+    }
+  }
+  __mmask16 mask[4];
+  for (int v = 0; v < 4; v++) {
+    const int left = cols - VW * v;
+    mask[v] = left >= VW ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+  }
+  for (int i = 0; i < rows; i++) {
+    float *out = y + i * ldy;
+    for (int v = 0; v < 4; v++) {
+      if (accumulate)
+        acc[i][v] = _mm512_add_ps(acc[i][v], _mm512_maskz_loadu_ps(mask[v], out + VW * v));
+      _mm512_mask_storeu_ps(out + VW * v, mask[v], acc[i][v]);
+    }
+  }
+}
+
+/* gemm_tile64_rows for any rows in 1..MR / 2. */
+static void gemm_tile64(int64_t pairs, const uint32_t *x_panel, const uint32_t *pa,
+                        const uint32_t *pb, float *y, int64_t ldy, int rows, int cols,
+                        int accumulate) {
+  switch (rows) {
+#define TILE_CASE(n)                                                                               \
+  case n:                                                                                          \
+    gemm_tile64_rows(pairs, x_panel, pa, pb, y, ldy, n, cols, accumulate);                         \
+    break;
+    TILE_CASE(1)
+    TILE_CASE(2)
+    TILE_CASE(3)
+    TILE_CASE(4)
+    TILE_CASE(5)
+#undef TILE_CASE
+  default:
+    gemm_tile64_rows(pairs, x_panel, pa, pb, y, ldy, GEMM_MR / 2, cols, accumulate);
+    break;
+  }
+}
+
+/* Panel kernel template: for each block of GEMM_KC columns, decode the chunk's 32-row panels two
+ * at a time into bf16 pairs and multiply them by every 12-row tile of x (as two 6-row tiles over
+ * both panels). */
 INLINE void gemm_rows(const ci_matmul_job *job, ci_weight_format f, int64_t row_begin,
                       int64_t row_end, float *scratch) {
   const int64_t k = job->k, m = job->m, x_pairs = (k + 1) / 2;
   uint32_t *panel = (uint32_t *)scratch;
+  uint32_t *panel_b = panel + GEMM_KC / 2 * GEMM_NR; /* the scratch holds two panels */
   for (int64_t c0 = 0; c0 < k; c0 += GEMM_KC) {
     const int64_t kc = k - c0 < GEMM_KC ? k - c0 : GEMM_KC;
     const int64_t pairs = (kc + 1) / 2;
-    for (int64_t row = row_begin; row < row_end; row += GEMM_NR) {
-      const int cols = row_end - row < GEMM_NR ? (int)(row_end - row) : GEMM_NR;
+    for (int64_t row = row_begin; row < row_end; row += 2 * GEMM_NR) {
+      const int cols = row_end - row < 2 * GEMM_NR ? (int)(row_end - row) : 2 * GEMM_NR;
       pack_pair_panel(job, f, row, c0, kc, panel);
+      if (cols > GEMM_NR) pack_pair_panel(job, f, row + GEMM_NR, c0, kc, panel_b);
       for (int64_t i0 = 0; i0 < m; i0 += GEMM_MR) {
         const uint32_t *x_panel = job->x_pairs + i0 * x_pairs + c0 / 2 * GEMM_MR;
         const int rows = m - i0 < GEMM_MR ? (int)(m - i0) : GEMM_MR;
-        gemm_tile(pairs, x_panel, panel, job->y + i0 * job->n + row, job->n, rows, cols, c0 > 0);
+        float *y = job->y + i0 * job->n + row;
+        if (cols <= GEMM_NR) {
+          gemm_tile(pairs, x_panel, panel, y, job->n, rows, cols, c0 > 0);
+          continue;
+        }
+        const int first = rows < GEMM_MR / 2 ? rows : GEMM_MR / 2;
+        gemm_tile64(pairs, x_panel, panel, panel_b, y, job->n, first, cols, c0 > 0);
+        if (rows > first)
+          gemm_tile64(pairs, x_panel + first, panel, panel_b, y + first * job->n, job->n,
+                      rows - first, cols, c0 > 0);
       }
     }
   }
