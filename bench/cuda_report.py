@@ -60,7 +60,11 @@ def runs(results):
         model, _, dtype = name.rpartition("-")
         if model and dtype in DTYPE_ORDER and os.path.isdir(os.path.join(results, name)):
             found.append((model, dtype, os.path.join(results, name)))
-    size = lambda m: float(m.rsplit("-", 1)[-1].rstrip("b")) if m[-1] == "b" else 0.0
+    def size(model):  # "llama-3.1-8b" -> 8.0; names without a size first
+        try:
+            return float(model.rsplit("-", 1)[-1].removesuffix("b"))
+        except ValueError:
+            return 0.0
     return sorted(found, key=lambda r: (size(r[0]), r[0], DTYPE_ORDER[r[1]]))
 
 
