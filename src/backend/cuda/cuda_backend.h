@@ -74,11 +74,15 @@ int64_t ci_cuda_affine_code_offset_host(int bits, int64_t k, int64_t r, int64_t 
  * k when the rows stay one chain. On the host, for tests without a GPU. */
 int64_t ci_cuda_k_segment_host(int dtype, int64_t n, int64_t k);
 
-/* Whether the small-batch kernel streams a product of `units` (row group, segment) units of an
- * affine weight (dtype CI_Q8 or CI_Q4) times x_rows input rows (up to 8) in its narrow stages, on
- * a GPU of n_sms SMs with smem_per_sm bytes of shared memory each (cuda_gemv.cu). On the host,
- * for tests without a GPU. */
-int ci_cuda_gemv_narrow_host(int dtype, int64_t units, int64_t x_rows, int n_sms, int smem_per_sm);
+/* The small-batch kernel's stage shapes for affine weights: columns x depth. */
+enum { CI_CUDA_GEMV_512x3, CI_CUDA_GEMV_256x4, CI_CUDA_GEMV_256x3 };
+
+/* The stage shape the small-batch kernel streams a product of `units` (row group, segment) units
+ * of an affine weight (dtype CI_Q8 or CI_Q4, groups of `group`) times x_rows input rows (up to 8)
+ * in, on a GPU of n_sms SMs with smem_per_sm bytes of shared memory each (cuda_gemv.cu). On the
+ * host, for tests without a GPU. */
+int ci_cuda_gemv_shape_host(int dtype, int64_t units, int64_t x_rows, int group, int n_sms,
+                            int smem_per_sm);
 
 #ifdef __cplusplus
 }

@@ -127,10 +127,15 @@ __device__ static inline void merge_scalars(float &tm, float &tl, float pm, floa
   tm = m;
 }
 
+/* cp == 0: nothing to add; ct == 0: the first split with keys. Selects, not branches: in a fold of
+ * many splits the dependent chain is then a multiply, an add and the selects a split. As branches,
+ * ~30 instructions a split waited on each other (Nsight Compute: a warp issued once per 6.6
+ * cycles, mostly on fixed-latency dependencies); the merge of the 8B's 129 splits at 16k tokens
+ * took 15.2 us a launch, 9.6 with the selects and the chunked factors of flash_merge_kernel (8B
+ * bf16 batch-1 decode at 16k tokens 160.5 -> 166.0 tok/s, H200). */
 __device__ static inline float merge_value(float t, float p, float ct, float cp) {
-  if (cp == 0.0f) return t; /* nothing to add */
-  if (ct == 0.0f) return p; /* first split with keys */
-  return __fadd_rn(__fmul_rn(t, ct), __fmul_rn(p, cp));
+  const float merged = __fadd_rn(__fmul_rn(t, ct), __fmul_rn(p, cp));
+  return cp == 0.0f ? t : ct == 0.0f ? p : merged;
 }
 
 /* The end of a tile's softmax step for a lane's two rows: the row sums completed over the four
@@ -1075,76 +1080,123 @@ __global__ static void fa_rotate_kernel(const seq_group *g, attention_params a,
 /* Merges the per-split states of each (row, head) of a parallel launch, in split order, with the
  * arithmetic of merge_scalars / merge_value. Only the output values and the sum l form chains;
  * the factors (ct, cp) of each split depend on the running maximum alone, which is a prefix
- * maximum (exact in any order). So warp 0 computes a batch of MERGE_BATCH splits' factors at once
- * (a shuffle scan of the maxima of the splits with keys), while every thread loads its output dim
- * of those splits; then each thread folds the batch in order with merge_value, two dependent
- * operations per split. The factors are the ones the serial fold computes (same expressions on the
- * same running maximum), so the result is bit-identical to it and to a block that walks every
- * split (prefill). */
-enum { MERGE_BATCH = 32 };
+ * maximum (exact in any order). So the block first works out the factors of a chunk of up to
+ * MERGE_CHUNK splits at once: each thread loads the states of MERGE_CHUNK / D consecutive splits,
+ * a block-wide scan of the threads' maxima gives each split the maximum of the splits with keys
+ * before it, and the factors go to shared memory. Then each thread folds its output dim of the
+ * chunk's splits in order with merge_value, two dependent operations per split, its loads of the
+ * partial outputs MERGE_LOADS splits ahead of the fold. The factors are the ones the serial fold
+ * computes (same expressions on the same running maximum), so the result is bit-identical to it
+ * and to a block that walks every split (prefill). (A first form worked in batches of 32 splits,
+ * one warp computing their factors while the others waited, each batch a round trip to memory and
+ * two barriers: with the same selects, 8B bf16 batch-1 decode at 16k tokens 164.7-164.8 tok/s
+ * against 166.0-166.1 in this form, H200.) */
+enum { MERGE_CHUNK = 512, MERGE_LOADS = 32 };
 /* signs: the TurboQuant / turbo-v sign vector (the output is un-rotated, o = s . H o~), else
  * NULL. */
-__global__ static void flash_merge_kernel(const seq_group *g, attention_params a,
-                                          ci_cuda_flash_params f, int D, const float *signs) {
+template <int D>
+__global__ static void __launch_bounds__(D)
+    flash_merge_kernel(const seq_group *g, attention_params a, ci_cuda_flash_params f,
+                       const float *signs) {
+  constexpr int PER = MERGE_CHUNK / D, WARPS = D / 32;
   ci_grid_begin();
-  __shared__ float4 coef[MERGE_BATCH]; /* (ct, cp, l of the split, unused) */
-  __shared__ float rotate_buf[CI_CUDA_KV_MAX_D];
+  __shared__ float4 coef[MERGE_CHUNK]; /* (ct, cp, l of the split, unused) */
+  __shared__ float rotate_buf[D];
+  __shared__ float warp_max[WARPS];
+  __shared__ int warp_any[WARPS];
   const int s = fa_seq_of_row(g, blockIdx.x);
   const int step_row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
   const int h = blockIdx.y;
   const int64_t p = a.pos[step_row];
   const int64_t lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
   const int64_t base = ((int64_t)blockIdx.x * a.n_heads + h) * f.splits;
-  const int d = threadIdx.x; /* blockDim.x == D */
-  const int lane = d & 31;
-  float run_max = -INFINITY; /* warp 0: the maximum over the splits with keys so far */
-  int run_any = 0;           /* warp 0: whether a split with keys came before */
+  const int d = threadIdx.x, lane = d & 31, warp = d >> 5;
+  float run_max = -INFINITY; /* the maximum over the splits with keys so far */
+  int run_any = 0;           /* whether a split with keys came before */
   float tl = 0.0f, t = 0.0f;
-  for (int64_t first = lo / FA_SPLIT; first <= p / FA_SPLIT; first += MERGE_BATCH) {
-    const int n = (int)min((int64_t)MERGE_BATCH, p / FA_SPLIT - first + 1);
-    float part[MERGE_BATCH];
+  for (int64_t first = lo / FA_SPLIT; first <= p / FA_SPLIT; first += MERGE_CHUNK) {
+    const int n = (int)min((int64_t)MERGE_CHUNK, p / FA_SPLIT - first + 1);
+    /* this thread's splits PER d .. PER d + PER - 1 of the chunk */
+    float pm[PER], pl[PER];
+    float mine = -INFINITY; /* the maximum over my splits with keys */
+    int mine_any = 0;
 #pragma unroll
-    for (int i = 0; i < MERGE_BATCH; i++)
-      part[i] = i < n ? f.partial[(base + first + i) * D + d] : 0.0f;
-    __syncthreads(); /* the previous batch's factors are consumed */
-    if (d < 32) {
-      float pm = 0.0f, pl = 0.0f;
-      if (lane < n) {
-        const float2 ml = *(const float2 *)(f.state + 2 * (base + first + lane));
-        pm = ml.x, pl = ml.y;
+    for (int j = 0; j < PER; j++) {
+      const int i = PER * d + j;
+      pm[j] = 0.0f, pl[j] = 0.0f;
+      if (i < n) {
+        const float2 ml = *(const float2 *)(f.state + 2 * (base + first + i));
+        pm[j] = ml.x, pl[j] = ml.y;
       }
-      const int live = lane < n && !(pl == 0.0f); /* merge_scalars skips a split with l == 0 */
-      float v = live ? pm : -INFINITY;            /* inclusive prefix maximum over the batch */
+      if (i < n && !(pl[j] == 0.0f)) { /* merge_scalars skips a split with l == 0 */
+        mine = fmaxf(mine, pm[j]);
+        mine_any = 1;
+      }
+    }
+    /* inclusive scan over the block's threads, in thread order: within the warp by shuffles,
+     * then across the warps */
+    float v = mine;
+    int any = mine_any;
 #pragma unroll
-      for (int off = 1; off < 32; off <<= 1) {
-        const float o = __shfl_up_sync(0xffffffffu, v, off);
-        if (lane >= off) v = fmaxf(v, o);
-      }
-      float before = __shfl_up_sync(0xffffffffu, v, 1);
-      if (lane == 0) before = -INFINITY;
-      before = fmaxf(run_max, before); /* the running maximum when this split folds in */
-      const unsigned live_mask = __ballot_sync(0xffffffffu, live);
-      const int any_before = run_any || (live_mask & ((1u << lane) - 1u)) != 0;
+    for (int off = 1; off < 32; off <<= 1) {
+      const float o = __shfl_up_sync(0xffffffffu, v, off);
+      const int oa = __shfl_up_sync(0xffffffffu, any, off);
+      if (lane >= off) v = fmaxf(v, o), any |= oa;
+    }
+    if (lane == 31) warp_max[warp] = v, warp_any[warp] = any;
+    float before = __shfl_up_sync(0xffffffffu, v, 1); /* exclusive: the splits before mine */
+    int any_before = __shfl_up_sync(0xffffffffu, any, 1);
+    if (lane == 0) before = -INFINITY, any_before = 0;
+    __syncthreads();
+    float chunk_max = -INFINITY;
+    int chunk_any = 0;
+#pragma unroll
+    for (int w = 0; w < WARPS; w++) {
+      if (w < warp) before = fmaxf(before, warp_max[w]), any_before |= warp_any[w];
+      chunk_max = fmaxf(chunk_max, warp_max[w]), chunk_any |= warp_any[w];
+    }
+    before = fmaxf(run_max, before); /* the running maximum when my first split folds in */
+    any_before |= run_any;
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+      const int i = PER * d + j;
+      const int live = i < n && !(pl[j] == 0.0f);
       float ct = 1.0f, cp = 0.0f; /* no keys: nothing changes */
       if (live && !any_before) {
         ct = 0.0f, cp = 1.0f; /* the first split with keys is copied */
       } else if (live) {
-        const float m = fmaxf(before, pm);
+        const float m = fmaxf(before, pm[j]);
         ct = __expf(before - m);
-        cp = __expf(pm - m);
+        cp = __expf(pm[j] - m);
       }
-      if (lane < n) coef[lane] = make_float4(ct, cp, pl, 0.0f);
-      run_max = fmaxf(run_max, __shfl_sync(0xffffffffu, v, 31));
-      run_any = run_any || live_mask != 0;
+      if (i < n) coef[i] = make_float4(ct, cp, pl[j], 0.0f);
+      if (live) before = fmaxf(before, pm[j]), any_before = 1;
     }
+    run_max = fmaxf(run_max, chunk_max);
+    run_any = run_any || chunk_any;
     __syncthreads();
+    /* fold my dim of the chunk's splits in order, loading MERGE_LOADS splits ahead */
+    const float *src = f.partial + (base + first) * D + d;
+    float cur[MERGE_LOADS], next[MERGE_LOADS];
 #pragma unroll
-    for (int i = 0; i < MERGE_BATCH; i++) {
-      if (i >= n) break;
-      const float4 c = coef[i];
-      tl = merge_value(tl, c.z, c.x, c.y);
-      t = merge_value(t, part[i], c.x, c.y);
+    for (int j = 0; j < MERGE_LOADS; j++) cur[j] = j < n ? src[(int64_t)j * D] : 0.0f;
+    for (int i0 = 0; i0 < n; i0 += MERGE_LOADS) {
+#pragma unroll
+      for (int j = 0; j < MERGE_LOADS; j++) {
+        const int i = i0 + MERGE_LOADS + j;
+        next[j] = i < n ? src[(int64_t)i * D] : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < MERGE_LOADS; j++) {
+        if (i0 + j < n) {
+          const float4 c = coef[i0 + j];
+          tl = merge_value(tl, c.z, c.x, c.y);
+          t = merge_value(t, cur[j], c.x, c.y);
+        }
+        cur[j] = next[j];
+      }
     }
+    __syncthreads(); /* the chunk's factors and maxima are consumed */
   }
   float *out = a.out + ((int64_t)step_row * a.n_heads + h) * D;
   const float o = tl > 0.0f ? __fdiv_rn(t, tl) : 0.0f;
@@ -1296,7 +1348,7 @@ static void launch_flash(ci_cuda *cu, const ci_cuda_cmd *cmd, const ci_cuda_flas
   ci_launch(cu, flash_attention_kernel<D, EXACT, W, COOP, QB>, grid, W * 32, smem, L,
             cmd->a.kv.group, cmd->a.kv.att, f, cu->error_flag);
   if (f.parallel)
-    ci_launch(cu, flash_merge_kernel, row_heads, D, 0, cmd->a.kv.group, cmd->a.kv.att, f, D, signs);
+    ci_launch(cu, flash_merge_kernel<D>, row_heads, D, 0, cmd->a.kv.group, cmd->a.kv.att, f, signs);
   else if (fa_windows(QB))
     ci_launch(cu, fa_rotate_kernel, row_heads, D, 0, cmd->a.kv.group, cmd->a.kv.att, f, signs, D,
               0);

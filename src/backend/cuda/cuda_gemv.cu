@@ -51,15 +51,17 @@ static constexpr int gv_kc(int bits, int xg = 1) {
   return bits == 16 || xg == 2 ? 256 : 512;
 }
 
-/* Affine weights times up to 8 input rows (one column group) stream in one of two stage shapes:
- * 512 columns three deep, or 256 four deep, which halves a block's shared memory and so lets an
- * SM hold about twice the blocks, at twice the stage bookkeeping per k-step. The kernel is bound
- * by latency, not issue (8B q4 gate|up at batch 1: 1.8 warps a scheduler, 44% of issue slots
- * used), so the narrow shape pays exactly where a launch has more units than the wide shape's
- * blocks can hold at once (gv_affine_narrow). H200, q4, one launch (us, 512x4 / 512x3 /
- * 256x4), 8B gate|up (1,792 units) 34.2 / 33.4 / 30.7, down (1,024) 19.8 / 19.2 / 22.3, q|k|v
- * (768) 13.6 / 13.3 / 14.9, o (512) 11.2 / 10.7 / 13.0. */
-enum { GV_AFFINE_STAGES = 3, GV_NARROW_KC = 256, GV_NARROW_STAGES = 4 };
+/* Affine weights times up to 8 input rows (one column group) stream in one of three stage shapes:
+ * 512 columns three deep, 256 four deep or 256 three deep; the narrower ones let an SM hold more
+ * blocks, at more stage bookkeeping per k-step (gv_affine_shape picks one). Nsight Compute on the
+ * 8B q4 gate|up launch at batch 1 (256 x 4, 11.5 warps an SM): a warp issues once per 5.5 cycles,
+ * its stalls a third on fixed-latency dependencies between the dequantising instructions and a
+ * fifth issuing; 48% of issue slots used, DRAM 52% busy. H200, q4, one launch (us, 512x4 / 512x3
+ * / 256x4), 8B gate|up (1,792 units) 34.2 / 33.4 / 30.7, down (1,024) 19.8 / 19.2 / 22.3, q|k|v
+ * (768) 13.6 / 13.3 / 14.9, o (512) 11.2 / 10.7 / 13.0 (before the pairs ring held only the
+ * groups a stage has). 128-column stages, four or six deep, measured slower on every launch (8B q4
+ * batch 1 ~290 tok/s against ~345). */
+enum { GV_AFFINE_STAGES = 3, GV_NARROW_KC = 256, GV_NARROW_STAGES = 4, GV_SHALLOW_STAGES = 3 };
 /* Decode steps against 512 x 4 for every launch (H200, tok/s, batch 1 / 2 / 4 / 8): 8B q4 312 ->
  * 327 / 549 -> 645 / 940 -> 1,131 / 1,736 -> 2,068; 1B q4 1,039 -> 1,061 / 1,870 -> 2,064 /
  * 3,576 -> 4,041 / 7,000 -> 7,378; 8B q8 225 -> 226 / 430 -> 443 / 841 -> 898 / 1,349 -> 1,608;
@@ -91,12 +93,15 @@ typedef struct {
 
 /* Shared memory of one warp: the W ring (bf16: [STAGES][R][KC + 8] elements, rows 16 bytes apart
  * in the banks; affine: codes [STAGES][CHAINS][16 KC BITS / 8] bytes, then pairs
- * [STAGES][CHAINS][KC / 32 groups x 16 words]), the input ring [STAGES][x_rows][KC + 8] bf16 and a
+ * [STAGES][CHAINS][KC / group groups x 16 words], groups of 32 where the kernel does not know the
+ * group size), the input ring [STAGES][x_rows][KC + 8] bf16 and a
  * zero row. */
-static constexpr size_t gv_smem_bytes(int bits, int kc, int stages, int chains, int x_rows) {
+static constexpr size_t gv_smem_bytes(int bits, int kc, int stages, int chains, int x_rows,
+                                      int gshift = 0) {
   const size_t rows = (size_t)chains * 16, bf16_row = (size_t)(kc + 8) * sizeof(__nv_bfloat16);
   const size_t w = bits == 16 ? stages * rows * bf16_row
-                              : (size_t)stages * chains * (16 * kc * bits / 8 + kc / 32 * 64);
+                              : (size_t)stages * chains *
+                                    (16 * kc * bits / 8 + (kc >> (gshift ? gshift : 5)) * 64);
   return w + ((size_t)stages * x_rows + 1) * bf16_row;
 }
 
@@ -141,7 +146,8 @@ template <int BITS, int CHAINS, int PLANES, int STAGES, int KC, bool F16, int XG
 __global__ static void __launch_bounds__(32 * WARPS)
     gemv_kernel(const gv_parts P, const __nv_bfloat16 *__restrict__ x, int groups, int k, int m) {
   constexpr int R = CHAINS * 16, STRIDE = KC + 8;
-  constexpr int TILE_CODES = 16 * KC * BITS / 8, TILE_PAIRS = KC / 32 * 16; /* bytes, words */
+  /* bytes, words (pairs: 16 a group; with the group size unknown, as many as groups of 32 need) */
+  constexpr int TILE_CODES = 16 * KC * BITS / 8, TILE_PAIRS = (KC >> (GSHIFT ? GSHIFT : 5)) * 16;
   constexpr int QUAD_BYTES = 128 * BITS;
   constexpr int NT = 32 * WARPS;
   static_assert(BITS == 16 || CHAINS == 1, "affine blocks run one chain of 16 rows");
@@ -544,6 +550,9 @@ static cudaError_t gv_set_limit() {
     if (err == cudaSuccess)
       err = gv_set_affine_limit<BITS, CHAINS, PLANES, F16, XG, WARPS, GV_NARROW_STAGES,
                                 GV_NARROW_KC>();
+    if (err == cudaSuccess)
+      err = gv_set_affine_limit<BITS, CHAINS, PLANES, F16, XG, WARPS, GV_SHALLOW_STAGES,
+                                GV_NARROW_KC>();
     return err;
   }
 }
@@ -585,6 +594,13 @@ int ci_cuda_gemv_init(ci_cuda *cu) {
     if (end && *end == ',') cu->k_rule.short_segments = (int)strtol(end + 1, NULL, 10);
     cu->k_rule.q8_units = 0; /* N applies to q8 too */
   }
+  /* CINFER_CUDA_GEMV_SHAPE=512x3|256x4|256x3: every affine launch of up to 8 input rows streams
+   * that stage shape (gv_affine_shape), for measuring */
+  const char *shape_env = getenv("CINFER_CUDA_GEMV_SHAPE");
+  cu->gemv_shape = !shape_env                    ? -1
+                   : !strcmp(shape_env, "256x4") ? CI_CUDA_GEMV_256x4
+                   : !strcmp(shape_env, "256x3") ? CI_CUDA_GEMV_256x3
+                                                 : CI_CUDA_GEMV_512x3;
   if (err == cudaSuccess) err = gv_set_limits<16, false>();
   if (err == cudaSuccess) err = gv_set_limits<8, false>();
   if (err == cudaSuccess) err = gv_set_limits<8, true>();
@@ -620,17 +636,29 @@ static int gv_blocks_per_sm(const ci_cuda *cu, size_t smem) {
   return gv_blocks_per_sm_of(cu->smem_per_sm, smem);
 }
 
-/* Whether an affine launch of `units` (row group, segment) units times x_rows input rows (one
- * column group) streams the narrow stages: it has more units than blocks of the wide shape fit on
- * the GPU at once (GV_AFFINE_STAGES). */
-static bool gv_affine_narrow(int bits, int64_t units, int64_t x_rows, int n_sms, int smem_per_sm) {
-  const size_t wide = gv_smem_bytes(bits, gv_kc(bits), GV_AFFINE_STAGES, 1, (int)x_rows);
-  return units > (int64_t)n_sms * gv_blocks_per_sm_of(smem_per_sm, wide);
+/* The stage shape of an affine launch of `units` (row group, segment) units times x_rows input
+ * rows (one column group), GSHIFT as the kernel's: the first of 512 x 3, 256 x 4 and 256 x 3 whose
+ * blocks all fit on the GPU at once (one block a unit, so the launch runs as one wave). Where none
+ * does, each block walks several units either way: 256 x 4 for q4 times several input rows, else
+ * 512 x 3 (measured, H200, 8B geometry: the q4 head at one row 92 us in 512 x 3, 105 in 256 x 4;
+ * q4 at 8 rows, gate|up and head in 256 x 4 decode 2,250-2,280 tok/s, in 512 x 3 1,910-1,930;
+ * q8 at 8 rows 1,760-1,780 in 512 x 3, 1,650-1,660 in 256 x 4). */
+static int gv_affine_shape(int bits, int64_t units, int64_t x_rows, int gshift, int n_sms,
+                           int smem_per_sm) {
+  static const int shapes[][3] = {{CI_CUDA_GEMV_512x3, 512, GV_AFFINE_STAGES},
+                                  {CI_CUDA_GEMV_256x4, GV_NARROW_KC, GV_NARROW_STAGES},
+                                  {CI_CUDA_GEMV_256x3, GV_NARROW_KC, GV_SHALLOW_STAGES}};
+  for (const auto &sh : shapes) {
+    const size_t smem = gv_smem_bytes(bits, sh[1], sh[2], 1, (int)x_rows, gshift);
+    if (units <= (int64_t)n_sms * gv_blocks_per_sm_of(smem_per_sm, smem)) return sh[0];
+  }
+  return bits == 4 && x_rows > 1 ? CI_CUDA_GEMV_256x4 : CI_CUDA_GEMV_512x3;
 }
 
-extern "C" int ci_cuda_gemv_narrow_host(int dtype, int64_t units, int64_t x_rows, int n_sms,
-                                        int smem_per_sm) {
-  return gv_affine_narrow(dtype == CI_Q8 ? 8 : 4, units, x_rows, n_sms, smem_per_sm);
+extern "C" int ci_cuda_gemv_shape_host(int dtype, int64_t units, int64_t x_rows, int group,
+                                       int n_sms, int smem_per_sm) {
+  const int gshift = group == 64 ? 6 : 0; /* as gv_launch_affine picks the kernel */
+  return gv_affine_shape(dtype == CI_Q8 ? 8 : 4, units, x_rows, gshift, n_sms, smem_per_sm);
 }
 
 template <int BITS, bool F16, int XG, int STAGES, int KC, int WARPS, int GSHIFT = 0>
@@ -686,7 +714,7 @@ static int gv_affine_warps(const ci_cuda *cu, int64_t units, int64_t resident, i
 template <int BITS, bool F16, int XG, int STAGES, int KC, int GSHIFT>
 static void gv_launch_affine_shape(ci_cuda *cu, const gv_parts &P, int groups, int64_t k,
                                    const __nv_bfloat16 *x, int64_t m, int planes) {
-  const size_t smem = gv_smem_bytes(BITS, KC, STAGES, 1, (int)(planes * m));
+  const size_t smem = gv_smem_bytes(BITS, KC, STAGES, 1, (int)(planes * m), GSHIFT);
   const int64_t resident = (int64_t)cu->n_sms * gv_blocks_per_sm(cu, smem);
   const int64_t units = (int64_t)groups * P.segs;
   const dim3 grid((unsigned)(units < resident ? units : resident));
@@ -721,13 +749,20 @@ static void gv_launch(ci_cuda *cu, const gv_parts &P, int chains, int groups, in
   } else if constexpr (XG == 2) {
     gv_launch_affine_shape<BITS, F16, XG, GV_STAGES, gv_kc(BITS, XG), GSHIFT>(cu, P, groups, k, x,
                                                                               m, planes);
-  } else if (gv_affine_narrow(BITS, (int64_t)groups * P.segs, planes * m, cu->n_sms,
-                              cu->smem_per_sm)) {
-    gv_launch_affine_shape<BITS, F16, XG, GV_NARROW_STAGES, GV_NARROW_KC, GSHIFT>(cu, P, groups, k,
-                                                                                  x, m, planes);
   } else {
-    gv_launch_affine_shape<BITS, F16, XG, GV_AFFINE_STAGES, gv_kc(BITS, XG), GSHIFT>(
-        cu, P, groups, k, x, m, planes);
+    int shape = cu->gemv_shape; /* CINFER_CUDA_GEMV_SHAPE, for measuring */
+    if (shape < 0)
+      shape = gv_affine_shape(BITS, (int64_t)groups * P.segs, planes * m, GSHIFT, cu->n_sms,
+                              cu->smem_per_sm);
+    if (shape == CI_CUDA_GEMV_256x4)
+      gv_launch_affine_shape<BITS, F16, XG, GV_NARROW_STAGES, GV_NARROW_KC, GSHIFT>(
+          cu, P, groups, k, x, m, planes);
+    else if (shape == CI_CUDA_GEMV_256x3)
+      gv_launch_affine_shape<BITS, F16, XG, GV_SHALLOW_STAGES, GV_NARROW_KC, GSHIFT>(
+          cu, P, groups, k, x, m, planes);
+    else
+      gv_launch_affine_shape<BITS, F16, XG, GV_AFFINE_STAGES, gv_kc(BITS, XG), GSHIFT>(
+          cu, P, groups, k, x, m, planes);
   }
 }
 

@@ -257,7 +257,8 @@ typedef struct {
   int input_planes; /* 2: matmul inputs as bf16 hi + lo planes (about 16 mantissa bits); 1: bf16 */
   ci_cuda_k_rule k_rule; /* how ci_cuda_k_segment cuts rows (CINFER_CUDA_K_SEGMENTS) */
   unsigned *gemv_counts; /* [CI_CUDA_GEMV_COUNTS] zeroed: segments done per small-batch row group */
-  float *host_scores;    /* pinned host copy of MoE router scores */
+  int gemv_shape;     /* affine small-batch stage shape forced (CI_CUDA_GEMV_*), -1: by its rule */
+  float *host_scores; /* pinned host copy of MoE router scores */
   size_t host_scores_bytes;
   /* weights copied to the device at load, freed at destroy */
   void **weights;
