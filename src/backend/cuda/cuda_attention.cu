@@ -97,7 +97,7 @@ __device__ static inline int seq_of(const seq_group *g, int x) {
 
 __global__ static void kv_store_kernel(kv_layout L, const seq_group *g, const float *k,
                                        const float *v, const int32_t *pos, int *error_flag) {
-  ci_grid_begin();
+  /* the row's block from the step's inputs, before the wait (cuda_launch.cuh) */
   const int s = seq_of(g, blockIdx.x);
   const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
   const int h = blockIdx.y; /* one KV head per block */
@@ -105,6 +105,7 @@ __global__ static void kv_store_kernel(kv_layout L, const seq_group *g, const fl
   const int64_t p = pos[row];
   const int64_t entry = p / L.block_tokens;
   const int32_t block = entry < g->n_entries[s] ? g->table[s][entry] : -1;
+  ci_grid_begin();
   if (block < 0) {
     if (threadIdx.x == 0) *error_flag = 1;
     return;
@@ -128,16 +129,17 @@ __global__ static void kv_store_kernel(kv_layout L, const seq_group *g, const fl
  * row, lane 0 of warp 1 the V row, each with the CPU's sequential rule (cuda_kv_codec.cuh). */
 __global__ static void kv_store_quant_kernel(kv_layout L, const seq_group *g, const float *k,
                                              const float *v, const int32_t *pos, int *error_flag) {
-  ci_grid_begin();
+  /* the row's block from the step's inputs, before the wait (cuda_launch.cuh) */
   const int s = seq_of(g, blockIdx.x);
   const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
   const int h = blockIdx.y;
-  if (threadIdx.x % 32 != 0) return;
   const int value = threadIdx.x / 32;
   const int width = L.n_kv_heads * L.head_dim;
   const int64_t p = pos[row];
   const int64_t entry = p / L.block_tokens;
   const int32_t block = p >= 0 && entry < g->n_entries[s] ? g->table[s][entry] : -1;
+  ci_grid_begin();
+  if (threadIdx.x % 32 != 0) return;
   if (block < 0) {
     *error_flag = 1;
     return;
@@ -152,9 +154,9 @@ __global__ static void kv_store_quant_kernel(kv_layout L, const seq_group *g, co
  * group. */
 __global__ static void kv_store_warp_kernel(kv_layout L, const seq_group *g, const float *k,
                                             const float *v, const int32_t *pos, int *error_flag) {
-  ci_grid_begin();
   __shared__ float y[2][MAX_D];
   __shared__ uint8_t codes[2][MAX_D];
+  /* the row's block from the step's inputs, before the wait (cuda_launch.cuh) */
   const int s = seq_of(g, blockIdx.x);
   const int row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
   const int h = blockIdx.y, half = blockDim.x / 64; /* warps per row */
@@ -163,6 +165,7 @@ __global__ static void kv_store_warp_kernel(kv_layout L, const seq_group *g, con
   const int64_t p = pos[row];
   const int64_t entry = p / L.block_tokens;
   const int32_t block = p >= 0 && entry < g->n_entries[s] ? g->table[s][entry] : -1;
+  ci_grid_begin();
   if (block < 0) {
     if (threadIdx.x == 0) *error_flag = 1;
     return;

@@ -75,10 +75,17 @@ template <int V>
 __global__ static void rmsnorm_vec_kernel(float *out, const float *x, const float *w, int64_t dim,
                                           float eps, float w_offset, __nv_bfloat16 *hi,
                                           __nv_bfloat16 *lo, const float *add) {
-  ci_grid_begin();
   const float4 *src = (const float4 *)(x + blockIdx.x * dim);
   float4 *dst = (float4 *)(out + blockIdx.x * dim);
   const int64_t n4 = dim / 4;
+  /* the norm weights (written only at load) load before the wait (cuda_launch.cuh) */
+  float4 gw[V];
+#pragma unroll
+  for (int j = 0; j < V; j++) {
+    const int64_t i = threadIdx.x + (int64_t)j * THREADS;
+    gw[j] = w && i < n4 ? ((const float4 *)w)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  ci_grid_begin();
   float4 v[V];
   float sum = 0.0f;
 #pragma unroll
@@ -90,13 +97,6 @@ __global__ static void rmsnorm_vec_kernel(float *out, const float *x, const floa
       v[j].x += a.x, v[j].y += a.y, v[j].z += a.z, v[j].w += a.w;
       ((float4 *)(const_cast<float *>(x) + blockIdx.x * dim))[i] = v[j];
     }
-  }
-  /* the norm weights load while the sum is reduced */
-  float4 gw[V];
-#pragma unroll
-  for (int j = 0; j < V; j++) {
-    const int64_t i = threadIdx.x + (int64_t)j * THREADS;
-    gw[j] = w && i < n4 ? ((const float4 *)w)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
 #pragma unroll
   for (int j = 0; j < V; j++)
@@ -311,8 +311,16 @@ void ci_cuda_scatter_add_rows(ci_cuda *cu, float *dst, const float *src, const i
 __global__ static void rope_kernel(float *x, int n_heads, float *x2, int n_heads2, int64_t n_rows,
                                    const int32_t *pos, const float *inv_freq, int head_dim,
                                    int half, int traditional, float qk_scale) {
-  ci_grid_begin();
   const int heads = n_heads + n_heads2;
+  /* the rotation of this thread's first element: from the positions (a step input) and the
+   * frequencies (written at load), before the wait (cuda_launch.cuh) */
+  const int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  float c0 = 1.0f, s0 = 0.0f;
+  if (first < n_rows * heads * half) {
+    const float angle = (float)pos[first / half / heads] * inv_freq[first % half];
+    c0 = cosf(angle), s0 = sinf(angle);
+  }
+  ci_grid_begin();
   FOR_EACH(i, n_rows * heads * half) {
     int64_t rh = i / half;
     int j = (int)(i % half);
@@ -320,8 +328,11 @@ __global__ static void rope_kernel(float *x, int n_heads, float *x2, int n_heads
     const int h = (int)(rh % heads);
     float *v = h < n_heads ? x + (r * n_heads + h) * head_dim
                            : x2 + (r * n_heads2 + (h - n_heads)) * head_dim;
-    float angle = (float)pos[r] * inv_freq[j];
-    float c = cosf(angle), s = sinf(angle);
+    float c = c0, s = s0;
+    if (i != first) {
+      const float angle = (float)pos[r] * inv_freq[j];
+      c = cosf(angle), s = sinf(angle);
+    }
     int a = traditional ? 2 * j : j;
     int b = traditional ? 2 * j + 1 : j + half;
     float x0 = v[a], x1 = v[b];

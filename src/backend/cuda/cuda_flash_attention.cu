@@ -449,7 +449,6 @@ __global__ static void __launch_bounds__(W * 32, (COOP && QB != 0) ? 4 : 0)
   static_assert(!COOP || W == 4, "a cooperative block is four warps on 16 rows");
   static_assert(QB == 0 || (!EXACT && (QB == 4 || QB == 8 || fa_windows(QB))),
                 "affine KV: 4 or 8 bits, fast; TurboQuant and turbo-v: fast");
-  ci_grid_begin();
   typedef fa_smem<D, W, COOP, QB> SM;
   extern __shared__ __align__(16) uint8_t smem[];
   fa_shared_tail *tail = (fa_shared_tail *)smem;
@@ -482,8 +481,10 @@ __global__ static void __launch_bounds__(W * 32, (COOP && QB != 0) ? 4 : 0)
   const int dim0 = COOP ? warp * (D / 4) : 0;
   const int gid = lane >> 2, tig = lane & 3;
 
+  /* the block's positions: step inputs, read before the wait (cuda_launch.cuh) */
   if (threadIdx.x < QP)
     tail->pos[threadIdx.x] = threadIdx.x < n_pos ? a.pos[step_row0 + threadIdx.x] : 0;
+  ci_grid_begin();
   __syncthreads();
   int64_t p_max = -1, lo_min = INT64_MAX;
   for (int i = 0; i < n_pos; i++) {
@@ -1099,15 +1100,16 @@ __global__ static void __launch_bounds__(D)
     flash_merge_kernel(const seq_group *g, attention_params a, ci_cuda_flash_params f,
                        const float *signs) {
   constexpr int PER = MERGE_CHUNK / D, WARPS = D / 32;
-  ci_grid_begin();
   __shared__ float4 coef[MERGE_CHUNK]; /* (ct, cp, l of the split, unused) */
   __shared__ float rotate_buf[D];
   __shared__ float warp_max[WARPS];
   __shared__ int warp_any[WARPS];
+  /* the row's position: a step input, read before the wait (cuda_launch.cuh) */
   const int s = fa_seq_of_row(g, blockIdx.x);
   const int step_row = g->first_row[s] + (blockIdx.x - g->row_start[s]);
   const int h = blockIdx.y;
   const int64_t p = a.pos[step_row];
+  ci_grid_begin();
   const int64_t lo = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
   const int64_t base = ((int64_t)blockIdx.x * a.n_heads + h) * f.splits;
   const int d = threadIdx.x, lane = d & 31, warp = d >> 5;

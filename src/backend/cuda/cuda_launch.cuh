@@ -12,7 +12,12 @@
  * reads or writes any memory another kernel touches (its first statement; the small-batch
  * matmul issues only its weight-tile copies before it: weights are written only at load, which
  * synchronises the stream before any step). Then a kernel's completion still implies the
- * completion of everything before it on the stream, as without PDL. Kernels of other
+ * completion of everything before it on the stream, as without PDL. Reads of the step's inputs
+ * (positions, sequence groups, block tables: uploaded or copied before the step's first kernel,
+ * written by no kernel) may come before it too: a kernel's blocks start only once the previous
+ * kernel has passed its own wait, so the step's first kernel, and the copies before it, are done.
+ * So may reads of weights. The KV kernels look up their rows' blocks there, RoPE works out its
+ * angles and RMSNorm loads its weights, off the dependent chain between launches. Kernels of other
  * libraries (cuBLASLt) are launched without the attribute and wait as before. CINFER_CUDA_PDL=0
  * turns the attribute off (every launch then waits for the previous kernel to finish). */
 #ifndef CI_BACKEND_CUDA_CUDA_LAUNCH_CUH
