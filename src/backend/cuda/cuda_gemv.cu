@@ -645,7 +645,7 @@ static int gv_blocks_per_sm(const ci_cuda *cu, size_t smem) {
  * q8 at 8 rows 1,760-1,780 in 512 x 3, 1,650-1,660 in 256 x 4). */
 static int gv_affine_shape(int bits, int64_t units, int64_t x_rows, int gshift, int n_sms,
                            int smem_per_sm) {
-  static const int shapes[][3] = {{CI_CUDA_GEMV_512x3, 512, GV_AFFINE_STAGES},
+  static const int shapes[][3] = {{CI_CUDA_GEMV_512x3, gv_kc(8), GV_AFFINE_STAGES},
                                   {CI_CUDA_GEMV_256x4, GV_NARROW_KC, GV_NARROW_STAGES},
                                   {CI_CUDA_GEMV_256x3, GV_NARROW_KC, GV_SHALLOW_STAGES}};
   for (const auto &sh : shapes) {
