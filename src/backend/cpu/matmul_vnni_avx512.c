@@ -16,9 +16,13 @@ enum {
   ROW_BLOCK = 4,      /* weight rows per block: factors made and prefetched together */
   X_BLOCK = 2,        /* x rows per block */
   SCALE_CHUNK = 2048, /* columns whose factors s_g * u_g are computed at a time */
-  /* How far ahead (bytes) each weight row's stream is prefetched, into L2 (not L1: 4 streams
-   * this far ahead would thrash it). Measured on Zen 4 streaming from DRAM with 2 threads:
-   * 8 KiB into L1 reached ~22 GB/s, 32 KiB into L2 ~30-32 GB/s. */
+  /* How far ahead (bytes) each thread's weight stream is prefetched (prefetcht0: one stream per
+   * thread since the rows run one at a time). Measured on Zen 4 streaming from DRAM with 2
+   * threads, 1B geometry decode: with four interleaved row streams, 8 KiB into L1 reached ~22
+   * GB/s and 32 KiB into L2 ~30-32 GB/s; with one stream, 32 KiB ahead with prefetcht0 against
+   * prefetcht1: q8 +12% (31.6-33.8 -> 34.5-37.2 tok/s, four alternating pairs), q4 level
+   * (54.6-57.0 against 50.4-56.8); 16 KiB and 64 KiB alike within the drift, 128 KiB slower, no
+   * prefetch -30% (q4) / -50% (q8). */
   PREFETCH_BYTES = 32768,
 };
 
@@ -100,70 +104,66 @@ INLINE __m512 lane_factors(const int8_consts *kc, const float *f) {
   return _mm512_permutexvar_ps(kc->lane_group, _mm512_castps128_ps512(_mm_loadu_ps(f)));
 }
 
-/* One super block (a group, or a 64-byte code block holding several groups) of rows
- * r..r+rb-1 against xb x rows: total[j][i] += lane sums of code * x, scaled by the groups'
+/* One super block (a group, or a 64-byte code block holding several groups) of one weight row
+ * (its codes at w) against xb x rows: total[i] += lane sums of code * x, scaled by the groups'
  * factors. `bytes` < 64 loads a last, partial code block under a mask (then blocks_per_super
  * is 1); the planes past k are 0. */
-INLINE void super_block(const int8_consts *kc, const uint8_t *const w[ROW_BLOCK], int64_t w_off,
-                        const int8_t *planes, int64_t plane_stride, int rb, int xb, int bytes,
-                        float *const factors[ROW_BLOCK][X_BLOCK], int64_t group,
-                        __m512 total[ROW_BLOCK][X_BLOCK]) {
+INLINE void super_block(const int8_consts *kc, const uint8_t *w, const int8_t *planes,
+                        int64_t plane_stride, int xb, int bytes, float *const factors[X_BLOCK],
+                        int64_t group, __m512 total[X_BLOCK]) {
   const int n_nibbles = kc->bits == 8 ? 1 : 2; /* 4-bit: low and high nibble vectors */
   const int64_t plane_bytes = kc->plane_block / 3;
   const __m512i nibble = _mm512_set1_epi8(0x0f);
-#pragma GCC unroll 4
-  for (int j = 0; j < rb; j++) {
-    __m512i acc[X_BLOCK][3]; /* per x row, the h, m and l plane sums */
+  __m512i acc[X_BLOCK][3]; /* per x row, the h, m and l plane sums */
 #pragma GCC unroll 2
-    for (int i = 0; i < xb; i++) acc[i][0] = acc[i][1] = acc[i][2] = _mm512_setzero_si512();
+  for (int i = 0; i < xb; i++) acc[i][0] = acc[i][1] = acc[i][2] = _mm512_setzero_si512();
 #pragma GCC unroll 2
-    for (int b = 0; b < kc->blocks_per_super; b++) {
-      const uint8_t *p = w[j] + w_off + 64 * b;
-      __m512i raw;
-      if (bytes == 64) {
-        _mm_prefetch((const char *)p + PREFETCH_BYTES, _MM_HINT_T1);
-        raw = _mm512_loadu_si512(p);
-      } else {
-        raw = _mm512_maskz_loadu_epi8(((__mmask64)1 << bytes) - 1, p);
-      }
-      __m512i codes[2];
-      if (kc->bits == 8) {
-        codes[0] = raw;
-      } else {
-        codes[0] = _mm512_and_si512(raw, nibble);
-        codes[1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
-      }
-      const int8_t *block = planes + b * kc->plane_block;
+  for (int b = 0; b < kc->blocks_per_super; b++) {
+    const uint8_t *p = w + 64 * b;
+    __m512i raw;
+    if (bytes == 64) {
+      _mm_prefetch((const char *)p + PREFETCH_BYTES, _MM_HINT_T0);
+      raw = _mm512_loadu_si512(p);
+    } else {
+      raw = _mm512_maskz_loadu_epi8(((__mmask64)1 << bytes) - 1, p);
+    }
+    __m512i codes[2];
+    if (kc->bits == 8) {
+      codes[0] = raw;
+    } else {
+      codes[0] = _mm512_and_si512(raw, nibble);
+      codes[1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
+    }
+    const int8_t *block = planes + b * kc->plane_block;
 #pragma GCC unroll 2
-      for (int q = 0; q < n_nibbles; q++)
+    for (int q = 0; q < n_nibbles; q++)
 #pragma GCC unroll 2
-        for (int i = 0; i < xb; i++)
+      for (int i = 0; i < xb; i++)
 #pragma GCC unroll 3
-          for (int p3 = 0; p3 < kc->n_planes; p3++)
-            acc[i][p3] = _mm512_dpbusd_epi32(
-                acc[i][p3], codes[q],
-                _mm512_load_si512(block + i * plane_stride + p3 * plane_bytes + 64 * q));
-    }
+        for (int p3 = 0; p3 < kc->n_planes; p3++)
+          acc[i][p3] = _mm512_dpbusd_epi32(
+              acc[i][p3], codes[q],
+              _mm512_load_si512(block + i * plane_stride + p3 * plane_bytes + 64 * q));
+  }
 #pragma GCC unroll 2
-    for (int i = 0; i < xb; i++) {
-      __m512 dot;
-      if (kc->n_planes == 1) {
-        dot = _mm512_cvtepi32_ps(acc[i][0]);
-      } else if (kc->n_planes == 2) {
-        dot = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(acc[i][0], 8), acc[i][1]));
-      } else if (kc->bits == 4) {
-        /* |sum| <= 8 * 15 * 128 per lane, so 65536 h + 256 m + l fits in int32 */
-        __m512i hm = _mm512_add_epi32(_mm512_slli_epi32(acc[i][0], 8), acc[i][1]);
-        dot = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(hm, 8), acc[i][2]));
-      } else {
-        /* |sum| <= 8 * 255 * 128 per lane (two blocks): 256 h + m fits in int32, l joins in
-         * f32 (256 * t is exact) */
-        __m512i hm = _mm512_add_epi32(_mm512_slli_epi32(acc[i][0], 8), acc[i][1]);
-        dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hm), _mm512_set1_ps(256.0f),
-                              _mm512_cvtepi32_ps(acc[i][2]));
-      }
-      total[j][i] = _mm512_fmadd_ps(dot, lane_factors(kc, factors[j][i] + group), total[j][i]);
+  for (int i = 0; i < xb; i++) {
+    __m512 dot;
+    if (kc->n_planes == 1) {
+      dot = _mm512_cvtepi32_ps(acc[i][0]);
+    } else if (kc->n_planes == 2) {
+      dot = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(acc[i][0], 8), acc[i][1]));
+    } else if (kc->bits == 4) {
+      /* |sum| <= 8 * 15 * 128 per lane, so 65536 h + 256 m + l fits in int32 */
+      __m512i hm = _mm512_add_epi32(_mm512_slli_epi32(acc[i][0], 8), acc[i][1]);
+      dot = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(hm, 8), acc[i][2]));
+    } else {
+      /* |sum| <= 8 * 255 * 128 per lane (two blocks): 256 h + m fits in int32, l joins in
+       * f32 (256 * t is exact) */
+      __m512i hm = _mm512_add_epi32(_mm512_slli_epi32(acc[i][0], 8), acc[i][1]);
+      dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hm), _mm512_set1_ps(256.0f),
+                            _mm512_cvtepi32_ps(acc[i][2]));
     }
+    total[i] = _mm512_fmadd_ps(dot, lane_factors(kc, factors[i] + group), total[i]);
   }
 }
 
@@ -202,13 +202,13 @@ INLINE void gemv_int8_block(const ci_matmul_job *job, ci_dtype sdt, int64_t r, i
        * row by row 48-50 and 31-35); each row's sums keep their order, so the bits are the same */
       int64_t c = chunk;
       for (; c + kc->super_cols <= chunk_end; c += kc->super_cols)
-        super_block(kc, w + j, c * kc->bits / 8, planes + c / kc->cols_per_block * kc->plane_block,
-                    job->x_plane_stride, 1, xb, 64, factors + j, (c - chunk) >> kc->group_shift,
-                    total + j);
+        super_block(kc, w[j] + c * kc->bits / 8, planes + c / kc->cols_per_block * kc->plane_block,
+                    job->x_plane_stride, xb, 64, factors[j], (c - chunk) >> kc->group_shift,
+                    total[j]);
       if (c < chunk_end) /* last, partial code block of the row (SCALE_CHUNK is whole blocks) */
-        super_block(kc, w + j, c * kc->bits / 8, planes + c / kc->cols_per_block * kc->plane_block,
-                    job->x_plane_stride, 1, xb, (int)((chunk_end - c) * kc->bits / 8), factors + j,
-                    (c - chunk) >> kc->group_shift, total + j);
+        super_block(kc, w[j] + c * kc->bits / 8, planes + c / kc->cols_per_block * kc->plane_block,
+                    job->x_plane_stride, xb, (int)((chunk_end - c) * kc->bits / 8), factors[j],
+                    (c - chunk) >> kc->group_shift, total[j]);
     }
   }
   for (int i = 0; i < xb; i++)
