@@ -122,8 +122,8 @@ llama.cpp decode | prefill ratio | decode ratio | cinfer TTFT ms | cinfer peak R
 {mode_table}
 ### fast and exact precision
 
-cinfer's default `--precision fast` (bf16 activations into bf16 products; q8/q4 decode with one
-int8 plane of x) beside `--precision exact` (f32 activations, three int8 planes: logits within
+cinfer's default `--precision fast` (bf16 activations into bf16 products; q8/q4 decode with two
+int8 planes of x, 16-bit fixed point per group) beside `--precision exact` (f32 activations, three int8 planes: logits within
 1e-3 of transformers in f32), each exact figure also against llama.cpp's best.
 
 | dtype | prefill fast | prefill exact | fast / exact | exact / llama.cpp | decode fast | decode exact | fast / exact | exact / llama.cpp |
