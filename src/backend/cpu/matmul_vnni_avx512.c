@@ -20,9 +20,10 @@ enum {
    * thread since the rows run one at a time). Measured on Zen 4 streaming from DRAM with 2
    * threads, 1B geometry decode: with four interleaved row streams, 8 KiB into L1 reached ~22
    * GB/s and 32 KiB into L2 ~30-32 GB/s; with one stream, 32 KiB ahead with prefetcht0 against
-   * prefetcht1: q8 +12% (31.6-33.8 -> 34.5-37.2 tok/s, four alternating pairs), q4 level
-   * (54.6-57.0 against 50.4-56.8); 16 KiB and 64 KiB alike within the drift, 128 KiB slower, no
-   * prefetch -30% (q4) / -50% (q8). */
+   * prefetcht1: q8 +12% (34.5-37.2 against 31.6-33.8 tok/s, four alternating pairs), q4 level
+   * (50.4-56.8 against 54.6-57.0); 16 KiB and 64 KiB alike within the drift, 128 KiB slower, no
+   * prefetch -30% (q4) / -50% (q8), a prefetch on every other line about as slow as none, two per
+   * line (L1 and L2 distances) 4-18% slower. */
   PREFETCH_BYTES = 32768,
 };
 
