@@ -43,6 +43,48 @@ def ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 
 
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def round_files(res, stem, rounds):
+    """The loaded results of stem's rounds (None where a round has none), in round order."""
+    return [load(os.path.join(res, f"{stem}.r{r}.json")) for r in range(1, rounds + 1)]
+
+
+def cinfer_figures(runs):
+    """{field: median over rounds} of cinfer bench's JSON, and {field: per-round values}."""
+    fields = ("prefill_tok_s", "decode_tok_s", "ttft_ms", "peak_rss_mb", "weights_bytes")
+    per_round = {f: [(r or {}).get(f) for r in runs] for f in fields}
+    return {f: median(v) for f, v in per_round.items()}, per_round
+
+
+def llama_figures(runs, n_prompt, n_gen):
+    """llama.cpp per load mode: ({mode: [median prefill, median decode] over rounds}, {mode:
+    ([per-round prefill], [per-round decode])})."""
+    per_round = [llama_medians(r, n_prompt, n_gen) for r in runs]
+    modes = sorted({m for r in per_round for m in r})
+    series = {m: ([r.get(m, [None, None])[0] for r in per_round],
+                  [r.get(m, [None, None])[1] for r in per_round]) for m in modes}
+    return {m: [median(p), median(d)] for m, (p, d) in series.items()}, series
+
+
+def paired_ratio(ours, theirs):
+    """(median, min, max) of the per-round ratios ours[r] / theirs[r], or Nones."""
+    rs = [ratio(a, b) for a, b in zip(ours, theirs)]
+    rs = [r for r in rs if r is not None]
+    return (statistics.median(rs), min(rs), max(rs)) if rs else (None, None, None)
+
+
+def fmt_ratio(r):
+    """A paired ratio as "median (min-max)" over rounds, or the median alone for one round."""
+    mid, lo, hi = r
+    if mid is None:
+        return "n/a"
+    return fmt(mid, 2) if lo == hi else f"{mid:.2f} ({lo:.2f}-{hi:.2f})"
+
+
 def parse_pairs(text):
     """"bf16:bf16,q4:q4_0" -> [("bf16", "bf16"), ("q4", "q4_0")] (cinfer dtype, GGUF type)."""
     return [tuple(p.split(":", 1)) for p in text.split(",") if p]
@@ -72,12 +114,18 @@ def model_section(a, name, config, pairs, have_llama, roof, membw):
     cfg = {**cfg, **(cfg.get("text_config") or {})}
     rows, bw_rows, mode_rows, exact_rows = [], [], [], []
     for cdt, gdt in pairs:
-        c = load(os.path.join(res, f"cinfer-{cdt}.json")) or {}
-        cp, cd = c.get("prefill_tok_s"), c.get("decode_tok_s")
-        wbytes = c.get("weights_bytes")
+        c, c_rounds = cinfer_figures(round_files(res, f"cinfer-{cdt}", a.rounds))
+        cp, cd = c["prefill_tok_s"], c["decode_tok_s"]
+        wbytes = c["weights_bytes"]
+        lp_rounds = ld_rounds = [None] * a.rounds
         if have_llama:
-            modes = llama_medians(load(os.path.join(res, f"llama-{gdt}.json")), a.prompt, a.gen)
+            modes, series = llama_figures(round_files(res, f"llama-{gdt}", a.rounds), a.prompt,
+                                          a.gen)
             (lp, lpm), (ld, ldm) = best(modes, 0), best(modes, 1)
+            if lpm:
+                lp_rounds = series[lpm][0]
+            if ldm:
+                ld_rounds = series[ldm][1]
             lp_s = fmt(lp) + (f" ({lpm})" if lpm else "")
             ld_s = fmt(ld) + (f" ({ldm})" if ldm else "")
             for m, (p, d) in sorted(modes.items()):
@@ -86,13 +134,18 @@ def model_section(a, name, config, pairs, have_llama, roof, membw):
             lp = ld = None
             lp_s = ld_s = NO_LLAMA
         rows.append(f"| {cdt} / {gdt} | {fmt(cp)} | {fmt(cd)} | {lp_s} | {ld_s} | "
-                    f"{fmt(ratio(cp, lp), 2)} | {fmt(ratio(cd, ld), 2)} | "
-                    f"{fmt(c.get('ttft_ms'))} | {fmt(c.get('peak_rss_mb'), 0)} |")
-        e = load(os.path.join(res, f"cinfer-exact-{cdt}.json")) or {}
-        ep, ed = e.get("prefill_tok_s"), e.get("decode_tok_s")
-        exact_rows.append(f"| {cdt} | {fmt(cp)} | {fmt(ep)} | {fmt(ratio(cp, ep), 2)} | "
-                          f"{fmt(ratio(ep, lp), 2)} | {fmt(cd)} | {fmt(ed)} | "
-                          f"{fmt(ratio(cd, ed), 2)} | {fmt(ratio(ed, ld), 2)} |")
+                    f"{fmt_ratio(paired_ratio(c_rounds['prefill_tok_s'], lp_rounds))} | "
+                    f"{fmt_ratio(paired_ratio(c_rounds['decode_tok_s'], ld_rounds))} | "
+                    f"{fmt(c['ttft_ms'])} | {fmt(c['peak_rss_mb'], 0)} |")
+        e, e_rounds = cinfer_figures(round_files(res, f"cinfer-exact-{cdt}", a.rounds))
+        ep, ed = e["prefill_tok_s"], e["decode_tok_s"]
+        exact_rows.append(
+            f"| {cdt} | {fmt(cp)} | {fmt(ep)} | "
+            f"{fmt_ratio(paired_ratio(c_rounds['prefill_tok_s'], e_rounds['prefill_tok_s']))} | "
+            f"{fmt_ratio(paired_ratio(e_rounds['prefill_tok_s'], lp_rounds))} | {fmt(cd)} | "
+            f"{fmt(ed)} | "
+            f"{fmt_ratio(paired_ratio(c_rounds['decode_tok_s'], e_rounds['decode_tok_s']))} | "
+            f"{fmt_ratio(paired_ratio(e_rounds['decode_tok_s'], ld_rounds))} |")
         c_bw = None if wbytes is None or cd is None else wbytes * cd / 1e9
         l_bw = None if wbytes is None or ld is None else wbytes * ld / 1e9
         bw_rows.append(f"| {cdt} | {fmt(None if wbytes is None else wbytes / 1e6, 0)} | "
@@ -101,10 +154,13 @@ def model_section(a, name, config, pairs, have_llama, roof, membw):
     conditions = []
     for stem in ([f"cinfer-{c}" for c, _ in pairs] + [f"cinfer-exact-{c}" for c, _ in pairs] +
                  [f"llama-{g}" for _, g in pairs]):
-        meta = load(os.path.join(res, f"{stem}.json.meta.json"))
-        if meta:
-            conditions.append(f"{name}/{stem} {100 * meta['interference']:.1f}% "
-                              f"({meta['attempts']} attempt{'s' if meta['attempts'] > 1 else ''})")
+        metas = [m for m in (load(os.path.join(res, f"{stem}.r{r}.json.meta.json"))
+                             for r in range(1, a.rounds + 1)) if m]
+        if metas:
+            attempts = sum(m["attempts"] for m in metas)
+            conditions.append(f"{name}/{stem} at most "
+                              f"{100 * max(m['interference'] for m in metas):.1f}% "
+                              f"({attempts} attempts over {len(metas)} rounds)")
     mode_table = ""
     if mode_rows:
         mode_table = ("\n| llama.cpp type | load mode | prefill | decode |\n|---|---|---|---|\n" +
@@ -150,6 +206,7 @@ def main():
     ap.add_argument("--prompt", type=int, required=True)
     ap.add_argument("--gen", type=int, required=True)
     ap.add_argument("--runs", type=int, required=True)
+    ap.add_argument("--rounds", type=int, required=True)
     ap.add_argument("--llama-bench", required=True)
     ap.add_argument("--model", nargs=3, action="append", required=True,
                     metavar=("NAME", "CONFIG", "PAIRS"),
@@ -165,7 +222,7 @@ def main():
     llama_commit = "not built"
     for name, _, pairs in a.model:  # llama-bench reports the commit it was built from
         for _, gdt in parse_pairs(pairs):
-            for test in load(os.path.join(a.results, name, f"llama-{gdt}.json")) or []:
+            for test in load(os.path.join(a.results, name, f"llama-{gdt}.r1.json")) or []:
                 llama_commit = str(test.get("build_commit"))
     if llama_commit == "unknown":  # built from a tree without .git
         llama_commit = os.environ.get("LLAMA_CPP_COMMIT", "unknown (see bench/README.md)")
@@ -189,7 +246,8 @@ Random-weight models, one section each below. cinfer q8/q4 are
 MLX affine with group size 64 (bf16 scale + bias: 8.5 / 4.5 bits per weight); llama.cpp runs the
 same weights converted by `bench/gguf_from_hf.py` to bf16 / Q8_0 / Q4_0 (8.5 / 4.5 bits per
 weight, every matrix including the embedding). Prefill = {a.prompt}-token prompt, decode =
-{a.gen} generated tokens, median of {a.runs} runs, {a.threads} threads.
+{a.gen} generated tokens, {a.threads} threads. Every measurement runs in {a.rounds} rounds (each
+invocation timing {a.runs} run{"s" if a.runs > 1 else ""} after a warm-up); a figure is the median over the rounds.
 
 - Machine: {cpu_model()}, {a.threads} threads (`nproc` = {os.cpu_count()})
 - Date: {now}
@@ -199,9 +257,10 @@ weight, every matrix including the embedding). Prefill = {a.prompt}-token prompt
 Throughput ratios are cinfer / llama.cpp (above 1: cinfer faster); the throughput table is cinfer
 in its default fast precision, exact beside it in its own table. llama.cpp is run with both
 weight load modes (`-lm none,mmap`: weights read into allocated memory, or used in place from
-the mapped file) and the faster one is shown in parentheses. Each engine's run of a dtype
-follows the other's directly; on a shared host, memory bandwidth drifts by 20-30% over minutes,
-so compare ratios rather than absolute numbers across reports. Decode bandwidth: achieved =
+the mapped file) and the faster one (by median) is shown in parentheses. In each round, each
+engine's run of a dtype follows the other's directly; on a shared host, memory bandwidth drifts by
+20-30% over minutes, so a ratio is the median of the per-round ratios (their range over the rounds
+in parentheses), and ratios compare across reports better than absolute numbers. Decode bandwidth: achieved =
 bytes of weights read per decoded token (reported by cinfer; the tied embedding counts once, as
 the output head) x decode tok/s; the llama.cpp column applies the same byte count (its formats
 have the same bits per weight).
@@ -210,9 +269,11 @@ have the same bits per weight).
 ## Run conditions
 
 CPU time taken by other processes during each measurement, as a share of all CPUs (each is
-retried up to `BENCH_ATTEMPTS` times, keeping the cleanest run): {", ".join(conditions) or "n/a"}.
+retried up to `BENCH_ATTEMPTS` times, keeping the cleanest run; the worst round shown): {", ".join(conditions) or "n/a"}.
 
 ## Commands
+
+Each measurement command below ran once per round ({a.rounds} rounds).
 
 ```
 {commands}

@@ -4,8 +4,8 @@
 # precision), plus the machine's read-bandwidth roofline; writes bench/cpu.md (keeping the notes
 # below its KEPT marker, see report.py).
 # Run from the repo root after build/cinfer and build/membw exist. Overridable through the
-# environment: CINFER, MEMBW, LLAMA_CPP_DIR, BENCH_THREADS, BENCH_PROMPT, BENCH_GEN, BENCH_RUNS,
-# BENCH_MODELS (a subset of "llama1b gemma3-1b", space-separated), BENCH_CONFIG (the llama1b
+# environment: CINFER, MEMBW, LLAMA_CPP_DIR, BENCH_THREADS, BENCH_PROMPT, BENCH_GEN, BENCH_RUNS
+# (timed runs per invocation), BENCH_ROUNDS (rounds of invocations, see step 3), BENCH_MODELS (a subset of "llama1b gemma3-1b", space-separated), BENCH_CONFIG (the llama1b
 # config), BENCH_GEMMA_CONFIG (the gemma3-1b config), BENCH_WORK (model/result folder),
 # BENCH_REPORT (the markdown written), BENCH_ATTEMPTS (retries of a measurement disturbed by
 # other processes; see isolated_run.py), CINFER_COMMIT (the commit the report names, for a
@@ -20,7 +20,8 @@ LLAMA_BENCH=$LLAMA_CPP_DIR/build/bin/llama-bench
 THREADS=${BENCH_THREADS:-$(nproc)}
 PROMPT=${BENCH_PROMPT:-512}
 GEN=${BENCH_GEN:-64}
-RUNS=${BENCH_RUNS:-3}
+RUNS=${BENCH_RUNS:-1}
+ROUNDS=${BENCH_ROUNDS:-3}
 WORK=${BENCH_WORK:-bench/work}
 REPORT=${BENCH_REPORT:-bench/cpu.md}
 ATTEMPTS=${BENCH_ATTEMPTS:-3}
@@ -118,36 +119,42 @@ for model in $MODELS; do
     done
   fi
 
-  # 3. Measurements, each engine right after the other for one dtype, so that slow drifts of
-  # the machine (other tenants of the host) affect both sides alike.
-  for pair in $pairs; do
-    dtype=${pair%%:*}
-    gtype=${pair##*:}
-    out=$RESULTS/$model
-    # cinfer in its default (fast) precision, then in exact precision (f32 activations)
-    for precision in fast exact; do
-      stem=cinfer-$dtype
-      [ "$precision" = fast ] || stem=cinfer-exact-$dtype
-      cmd=("$CINFER" bench --device cpu --model "$WORK/$model-$dtype" -p "$PROMPT" -n "$GEN" --runs "$RUNS"
-           --threads "$THREADS" --precision "$precision" --json)
-      log "${cmd[*]}"
-      record "${cmd[*]}"
-      if ! isolated "$out/$stem.json" "$out/$stem.err" "${cmd[@]}"; then
-        log "cinfer bench failed for $model $dtype $precision (see $out/$stem.err)"
-        rm -f "$out/$stem.json"
+  # 3. Measurements in ROUNDS rounds; in each, every dtype's engines run one right after the
+  # other (cinfer fast, cinfer exact, llama.cpp). A shared host's memory bandwidth drifts by
+  # 20-30% over minutes: interleaving puts both engines under the same drift, and the report
+  # takes the median over rounds of each engine and of the per-round ratios.
+  for round in $(seq "$ROUNDS"); do
+    for pair in $pairs; do
+      dtype=${pair%%:*}
+      gtype=${pair##*:}
+      out=$RESULTS/$model
+      # cinfer in its default (fast) precision, then in exact precision (f32 activations)
+      for precision in fast exact; do
+        stem=cinfer-$dtype
+        [ "$precision" = fast ] || stem=cinfer-exact-$dtype
+        cmd=("$CINFER" bench --device cpu --model "$WORK/$model-$dtype" -p "$PROMPT" -n "$GEN"
+             --runs "$RUNS" --threads "$THREADS" --precision "$precision" --json)
+        log "round $round: ${cmd[*]}"
+        [ "$round" != 1 ] || record "${cmd[*]}"
+        if ! isolated "$out/$stem.r$round.json" "$out/$stem.r$round.err" "${cmd[@]}"; then
+          log "cinfer bench failed for $model $dtype $precision (see $out/$stem.r$round.err)"
+          rm -f "$out/$stem.r$round.json"
+        fi
+      done
+      [ "$have_llama" = 1 ] || continue
+      # Both weight load modes: "mmap" leaves the weights in 4 KiB page-cache pages, "none"
+      # reads them into anonymous memory; which one is faster varies, and the report takes the
+      # better.
+      cmd=("$LLAMA_BENCH" -m "$WORK/$model-$gtype.gguf" -p "$PROMPT" -n "$GEN" -r "$RUNS"
+           -t "$THREADS" -lm "none,mmap" -o json)
+      log "round $round: ${cmd[*]}"
+      [ "$round" != 1 ] || record "${cmd[*]}"
+      if ! isolated "$out/llama-$gtype.r$round.json" "$out/llama-$gtype.r$round.err" "${cmd[@]}"
+      then
+        log "llama-bench failed for $model $gtype (see $out/llama-$gtype.r$round.err)"
+        rm -f "$out/llama-$gtype.r$round.json"
       fi
     done
-    [ "$have_llama" = 1 ] || continue
-    # Both weight load modes: "mmap" leaves the weights in 4 KiB page-cache pages, "none" reads
-    # them into anonymous memory; which one is faster varies, and the report takes the better.
-    cmd=("$LLAMA_BENCH" -m "$WORK/$model-$gtype.gguf" -p "$PROMPT" -n "$GEN" -r "$RUNS"
-         -t "$THREADS" -lm "none,mmap" -o json)
-    log "${cmd[*]}"
-    record "${cmd[*]}"
-    if ! isolated "$out/llama-$gtype.json" "$out/llama-$gtype.err" "${cmd[@]}"; then
-      log "llama-bench failed for $model $gtype (see $out/llama-$gtype.err)"
-      rm -f "$out/llama-$gtype.json"
-    fi
   done
 done
 
@@ -164,6 +171,6 @@ for model in $MODELS; do
   report_models+=(--model "$model" "${CONFIG_OF[$model]}" "${pairs// /,}")
 done
 "$PY" bench/report.py --results "$RESULTS" --threads "$THREADS" --prompt "$PROMPT" \
-  --gen "$GEN" --runs "$RUNS" --llama-bench "$LLAMA_BENCH" "${report_models[@]}" --out "$REPORT"
+  --gen "$GEN" --runs "$RUNS" --rounds "$ROUNDS" --llama-bench "$LLAMA_BENCH" "${report_models[@]}" --out "$REPORT"
 log "wrote $REPORT"
 cat "$REPORT"
