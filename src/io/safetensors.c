@@ -315,13 +315,29 @@ static char *join_path(const char *dir, const char *file) {
   return path;
 }
 
-enum { HUGE_PAGE = 2 << 20 };
+enum { HUGE_PAGE = 2 << 20, CACHE_LINE = 64 };
+
+/* Bytes to shift a file image by so that its data section (after the 8-byte header length and
+ * the header) starts on a cache line: tensors sit at offsets of the data section that writers
+ * make multiples of 64 for any sizeable tensor, so their rows then start on cache lines too.
+ * Without the shift the 64-byte loads of the row kernels each span two cache lines wherever
+ * 8 + header length is not a multiple of 64 (on Zen 4 that cost a third of the read rate of a
+ * plain stream). 0 when the file is too short to say (the parser rejects it). */
+static size_t data_alignment_shift(int fd, size_t size) {
+  uint8_t head[8];
+  if (size < sizeof head || pread(fd, head, sizeof head, 0) != (ssize_t)sizeof head) return 0;
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; i--) header_len = header_len << 8 | head[i];
+  return (CACHE_LINE - (size_t)((8 + header_len) % CACHE_LINE)) % CACHE_LINE;
+}
 
 /* Reads the whole file into anonymous memory aligned to 2 MiB and advised for transparent huge
  * pages, so the weights are read through few TLB entries (a page-cache mapping uses 4 KiB
- * pages). The reading thread faults the pages in. */
+ * pages), placed so that the data section starts on a cache line. The reading thread faults the
+ * pages in. */
 static int read_into_huge_pages(st_shard *shard, int fd) {
-  const size_t rounded = (shard->size + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+  const size_t shift = data_alignment_shift(fd, shard->size);
+  const size_t rounded = (shard->size + shift + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
   const size_t total = rounded + HUGE_PAGE;
   uint8_t *region = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (region == MAP_FAILED)
@@ -329,8 +345,9 @@ static int read_into_huge_pages(st_shard *shard, int fd) {
                    strerror(errno));
   uint8_t *aligned = (uint8_t *)(((uintptr_t)region + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
   madvise(aligned, rounded, MADV_HUGEPAGE); /* advice only: 4 KiB pages still work */
+  uint8_t *image = aligned + shift;
   for (size_t done = 0; done < shard->size;) {
-    const ssize_t got = pread(fd, aligned + done, shard->size - done, (off_t)done);
+    const ssize_t got = pread(fd, image + done, shard->size - done, (off_t)done);
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) {
       const int err = got < 0 ? errno : EIO;
@@ -340,7 +357,7 @@ static int read_into_huge_pages(st_shard *shard, int fd) {
     done += (size_t)got;
   }
   mprotect(aligned, rounded, PROT_READ);
-  shard->map = aligned;
+  shard->map = image;
   shard->region = region;
   shard->region_size = total;
   return CI_OK;
