@@ -460,8 +460,10 @@ int ci_cpu_matmul_segments_multi(ci_threadpool *pool, ci_isa isa, ci_precision p
     thread_scratch = take_floats(scratch, scratch_stride * (size_t)n_threads);
     if (!thread_scratch) return ci_fail("matmul: out of memory for panel scratch");
   }
-  /* chunks of weight rows: whole row blocks of every kernel in use */
-  int64_t unit = any_panel ? kernels->gemm_nr : GEMV_ROW_UNIT;
+  /* chunks of weight rows: whole row blocks of every kernel in use; the bf16 dot-product panel
+   * kernel multiplies two panels side by side (a 32-row chunk end takes its narrower, slower tile:
+   * the same bits either way) */
+  int64_t unit = any_panel ? kernels->gemm_nr * (plan.bf16_dot ? 2 : 1) : GEMV_ROW_UNIT;
   if (any_panel && any_rows) unit = unit / gcd64(unit, GEMV_ROW_UNIT) * GEMV_ROW_UNIT;
   int64_t rows_per_task[CI_MATMUL_MAX_WEIGHTS];
   int first_task[CI_MATMUL_MAX_WEIGHTS + 1] = {0};
