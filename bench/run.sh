@@ -5,9 +5,10 @@
 # below its KEPT marker, see report.py).
 # Run from the repo root after build/cinfer and build/membw exist. Overridable through the
 # environment: CINFER, MEMBW, LLAMA_CPP_DIR, BENCH_THREADS, BENCH_PROMPT, BENCH_GEN, BENCH_RUNS
-# (timed runs per invocation), BENCH_ROUNDS (rounds of invocations, see step 3), BENCH_MODELS (a subset of "llama1b gemma3-1b", space-separated), BENCH_CONFIG (the llama1b
-# config), BENCH_GEMMA_CONFIG (the gemma3-1b config), BENCH_WORK (model/result folder),
-# BENCH_REPORT (the markdown written), BENCH_ATTEMPTS (retries of a measurement disturbed by
+# (timed runs per invocation), BENCH_ROUNDS (rounds of invocations, see step 3), BENCH_MODELS (a
+# subset of "llama1b gemma3-1b", space-separated), BENCH_CONFIG (the llama1b config),
+# BENCH_GEMMA_CONFIG (the gemma3-1b config), BENCH_WORK (model/result folder), BENCH_REPORT (the
+# markdown written), BENCH_ATTEMPTS (retries of a measurement disturbed by
 # other processes; see isolated_run.py), CINFER_COMMIT (the commit the report names, for a
 # binary built from another checkout; default: this checkout's HEAD).
 set -euo pipefail
@@ -171,6 +172,7 @@ for model in $MODELS; do
   report_models+=(--model "$model" "${CONFIG_OF[$model]}" "${pairs// /,}")
 done
 "$PY" bench/report.py --results "$RESULTS" --threads "$THREADS" --prompt "$PROMPT" \
-  --gen "$GEN" --runs "$RUNS" --rounds "$ROUNDS" --llama-bench "$LLAMA_BENCH" "${report_models[@]}" --out "$REPORT"
+  --gen "$GEN" --runs "$RUNS" --rounds "$ROUNDS" --llama-bench "$LLAMA_BENCH" \
+  "${report_models[@]}" --out "$REPORT"
 log "wrote $REPORT"
 cat "$REPORT"

@@ -326,9 +326,7 @@ enum { HUGE_PAGE = 2 << 20, CACHE_LINE = 64 };
 static size_t data_alignment_shift(int fd, size_t size) {
   uint8_t head[8];
   if (size < sizeof head || pread(fd, head, sizeof head, 0) != (ssize_t)sizeof head) return 0;
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; i--) header_len = header_len << 8 | head[i];
-  return (CACHE_LINE - (size_t)((8 + header_len) % CACHE_LINE)) % CACHE_LINE;
+  return (CACHE_LINE - (size_t)((8 + read_u64_le(head)) % CACHE_LINE)) % CACHE_LINE;
 }
 
 /* Reads the whole file into anonymous memory aligned to 2 MiB and advised for transparent huge
