@@ -253,6 +253,20 @@ INLINE void gemv_int8_row_block(const ci_matmul_job *job, ci_dtype sdt, int64_t 
   if (i < job->m) gemv_int8_block(job, sdt, r, rb, i, 1, kc);
 }
 
+/* Prefetches the first PREFETCH_BYTES of the codes of rows [row_begin, row_end) into L1: the
+ * walk prefetches PREFETCH_BYTES ahead of itself, so without this a task's first 32 KiB (half of
+ * a 64 KiB task, all of a 16-row one) waits on its misses one demand load at a time. On 2 Zen 4
+ * cores, 1B geometry decode (8 tasks per matrix, the K and V projections 64 KiB each): q4 +2 to
+ * +10% (six alternating pairs), q8 level; into L2 instead of L1 about half the q4 gain. */
+INLINE void prefetch_task_head(const ci_matmul_job *job, int bits, int64_t row_begin,
+                               int64_t row_end) {
+  const int64_t row_bytes = job->k * bits / 8;
+  int64_t head = (row_end - row_begin) * row_bytes;
+  if (head > PREFETCH_BYTES) head = PREFETCH_BYTES;
+  const char *start = (const char *)job->w + row_begin * row_bytes;
+  for (int64_t b = 0; b < head; b += 64) _mm_prefetch(start + b, _MM_HINT_T0);
+}
+
 /* Weight rows [row_begin, row_end) in blocks of ROW_BLOCK, the leftover rows one by one, for
  * a compile-time format and group size. */
 INLINE void gemv_int8_rows_planes(const ci_matmul_job *job, ci_weight_format f, int group,
@@ -261,6 +275,7 @@ INLINE void gemv_int8_rows_planes(const ci_matmul_job *job, ci_weight_format f, 
   const int8_consts kc =
       make_consts(job, ci_weight_format_dtype(f) == CI_Q8 ? 8 : 4, group, n_planes);
   int64_t r = row_begin;
+  prefetch_task_head(job, kc.bits, row_begin, row_end);
   if (r + ROW_BLOCK <= row_end) prefetch_row_factors(job, sdt, r, ROW_BLOCK, kc.n_groups);
   for (; r + ROW_BLOCK <= row_end; r += ROW_BLOCK) {
     /* the next block's factors load while this block streams its codes */
