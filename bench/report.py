@@ -246,7 +246,8 @@ Random-weight models, one section each below. cinfer q8/q4 are
 MLX affine with group size 64 (bf16 scale + bias: 8.5 / 4.5 bits per weight); llama.cpp runs the
 same weights converted by `bench/gguf_from_hf.py` to bf16 / Q8_0 / Q4_0 (8.5 / 4.5 bits per
 weight, every matrix including the embedding). Prefill = {a.prompt}-token prompt, decode =
-{a.gen} generated tokens, {a.threads} threads. Every measurement runs in {a.rounds} rounds (each
+{a.gen} generated tokens from an empty context (both engines time the two apart, as llama-bench's
+pp and tg tests), {a.threads} threads. Every measurement runs in {a.rounds} rounds (each
 invocation timing {a.runs} run{"s" if a.runs > 1 else ""} after a warm-up); a figure is the median over the rounds.
 
 - Machine: {cpu_model()}, {a.threads} threads (`nproc` = {os.cpu_count()})

@@ -303,6 +303,31 @@ static void test_short_flags(void **state) {
   free(longer);
 }
 
+/* `bench --json`: prefill and decode timed in their own sessions (as llama-bench's pp and tg
+ * tests), each figure positive, the counts as asked, KV storage reported at the depth. */
+static void test_bench_json(void **state) {
+  (void)state;
+  char cmd[2048];
+  int status;
+  snprintf(cmd, sizeof cmd,
+           "%s bench -m %s -p 8 -n 4 --depth 3 --runs 1 --warmup 0 --threads 2 --json 2>/dev/null",
+           CI_CINFER_BIN, STARTER);
+  char *out = run(cmd, &status);
+  assert_int_equal(status, 0);
+  json_error_t err;
+  json_t *root = json_loads(out, 0, &err);
+  assert_non_null(root);
+  assert_true(json_real_value(json_object_get(root, "prefill_tok_s")) > 0.0);
+  assert_true(json_real_value(json_object_get(root, "decode_tok_s")) > 0.0);
+  assert_true(json_real_value(json_object_get(root, "ttft_ms")) > 0.0);
+  assert_int_equal(json_integer_value(json_object_get(root, "prompt_tokens")), 8);
+  assert_int_equal(json_integer_value(json_object_get(root, "gen_tokens")), 4);
+  assert_int_equal(json_integer_value(json_object_get(root, "depth")), 3);
+  assert_true(json_integer_value(json_object_get(root, "kv_bytes")) > 0);
+  json_decref(root);
+  free(out);
+}
+
 /* --threads above the online CPUs runs on them, with one warning line. */
 static void test_threads_cap(void **state) {
   (void)state;
@@ -438,6 +463,7 @@ int main(void) {
       cmocka_unit_test(test_threads_cap),
       cmocka_unit_test(test_errors_in_plain_words),
       cmocka_unit_test(test_help_order),
+      cmocka_unit_test(test_bench_json),
       cmocka_unit_test(test_chat_multiline_and_truncation),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
