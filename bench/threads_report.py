@@ -52,7 +52,8 @@ def main():
     out = []
     out.append("# Thread scaling: cinfer vs llama.cpp on the CPU\n")
     out.append(f"Random-weight model from `{a.config}`; prefill = {a.prompt}-token prompt, "
-               f"decode = {a.gen} generated tokens from an empty context, median of {a.runs} runs (llama.cpp: mean); "
+               f"decode = {a.gen} generated tokens from an empty context, median of {a.runs} runs "
+               "(llama.cpp: mean); "
                f"cinfer `--precision {a.precision}`, llama.cpp `-lm none` (weights in allocated "
                "memory). Ratios are cinfer / llama.cpp (above 1: cinfer faster); speed-up is "
                "each engine's figure over its own 1-thread figure.\n")

@@ -3,7 +3,8 @@
  * text before it, and `chat` keeps a multi-turn history on piped input with /reset. And the
  * command line as a llama.cpp user types it: short flags, --prompt-file - (standard input), the
  * --threads cap, usage errors, file errors in plain words, the verb list of --help, multi-line
- * chat messages and the truncated-reply mark. (The chat REPL on a terminal: test_chat_pty.) */
+ * chat messages, the truncated-reply mark and `bench --json`. (The chat REPL on a terminal:
+ * test_chat_pty.) */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
