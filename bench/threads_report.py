@@ -32,6 +32,26 @@ def ratio(a, b):
     return None if a is None or not b else a / b
 
 
+def prefill_kernels():
+    """Which panel kernels cinfer's fast prefill runs on this CPU (its flags, as cinfer's CPUID
+    check sees them) and whether llama.cpp has the same hardware to hand."""
+    flags = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    if "amx_bf16" in flags and "avx512_bf16" in flags:
+        return ("AMX-BF16 tile products (this CPU has AMX; `CINFER_AMX=0` turns them off), "
+                "against llama.cpp built with AMX off")
+    if "avx512_bf16" in flags:
+        return "AVX512-BF16 `vdpbf16ps`"
+    return "f32 FMA on x rounded to bf16"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--results", required=True)
@@ -58,6 +78,7 @@ def main():
                "memory). Ratios are cinfer / llama.cpp (above 1: cinfer faster); speed-up is "
                "each engine's figure over its own 1-thread figure.\n")
     out.append(f"- CPU: {cpu_model()} (`nproc` = {sh(['nproc'])})")
+    out.append(f"- cinfer's prefill products: {prefill_kernels()}")
     out.append(f"- Date: {now}; whole run {a.seconds} s")
     out.append(f"- cinfer commit: {commit_of_binary()}")
     out.append("- Command: `bench/threads.sh`" + ("" if have_llama else

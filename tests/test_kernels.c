@@ -514,6 +514,40 @@ static void test_threaded_matches_single(void **state) {
   ci_threadpool_free(pool);
 }
 
+/* The panel kernels compute each x row from its own values only: the first rows of a call
+ * are bit-identical to a call of those rows alone, in both precisions, for every ISA (with AMX
+ * where the CPU has it: its padded x tiles must not leak into real rows). */
+static void test_panel_rows_independent(void **state) {
+  (void)state;
+  test_rng rng = {29};
+  ci_threadpool *pool = ci_threadpool_create(2);
+  assert_non_null(pool);
+  const ci_dtype dtypes[] = {CI_BF16, CI_Q8, CI_Q4};
+  for (int isa = 1; isa < CI_ISA_COUNT; isa++) { /* the reference has no panel kernels */
+    if (!ci_isa_supported((ci_isa)isa)) continue;
+    for (size_t d = 0; d < sizeof dtypes / sizeof *dtypes; d++) {
+      const int64_t n = 75, k = 576, m_few = 133, m_many = 150;
+      test_weight w = make_weight(&rng, dtypes[d], n, k, CI_BF16, 64);
+      float *x = make_x(&rng, m_many, k);
+      float *y_few = make_y(m_few, n), *y_many = make_y(m_many, n);
+      for (int p = 0; p < 2; p++) {
+        const ci_precision precision = p ? CI_PRECISION_FAST : CI_PRECISION_EXACT;
+        assert_int_equal(ci_cpu_matmul_with(pool, (ci_isa)isa, precision, &w.t, x, m_few, y_few, 0),
+                         CI_OK);
+        assert_int_equal(
+            ci_cpu_matmul_with(pool, (ci_isa)isa, precision, &w.t, x, m_many, y_many, 0), CI_OK);
+        assert_memory_equal(y_few, y_many, (size_t)(m_few * n) * sizeof(float));
+        check_guard(y_few, m_few, n);
+      }
+      free(x);
+      free(y_few);
+      free(y_many);
+      free_weight(&w);
+    }
+  }
+  ci_threadpool_free(pool);
+}
+
 /* ci_cpu_matmul_rows: every row of a many-row call (threaded, below and above the panel
  * kernels' threshold) is bit-identical to a one-row call on that row alone, in both
  * precisions. */
@@ -636,12 +670,15 @@ static void test_fast_matmul_error_bound(void **state) {
   (void)state;
   test_rng rng = {23};
   const ci_dtype dtypes[] = {CI_BF16, CI_Q8, CI_Q4};
-  const char *const toggles[][2] = {{"1", "1"}, {"0", "1"}, {"1", "0"}}; /* CINFER_BF16, INT8 */
+  /* CINFER_BF16, INT8, AMX (AMX only where the CPU has it, else the first row again) */
+  const char *const toggles[][3] = {
+      {"1", "1", "1"}, {"0", "1", "1"}, {"1", "0", "1"}, {"1", "1", "0"}};
   for (int isa = 0; isa < CI_ISA_COUNT; isa++) {
     if (!ci_isa_supported((ci_isa)isa)) continue;
-    for (size_t t = 0; t < (isa == CI_ISA_AVX512 ? 3u : 1u); t++) {
+    for (size_t t = 0; t < (isa == CI_ISA_AVX512 ? 4u : 1u); t++) {
       setenv("CINFER_BF16", toggles[t][0], 1);
       setenv("CINFER_INT8", toggles[t][1], 1);
+      setenv("CINFER_AMX", toggles[t][2], 1);
       for (size_t d = 0; d < sizeof dtypes / sizeof *dtypes; d++) {
         const int64_t ks[] = {7, 101, 640};
         for (size_t ki = 0; ki < 3; ki++) {
@@ -663,9 +700,9 @@ static void test_fast_matmul_error_bound(void **state) {
             int moved = 0;
             for (int64_t i = 0; i < m * n; i++) {
               if (!(fabs(y[i] - want[i]) <= 1e-2 * abs_sum[i] + 1e-30))
-                fail_msg("fast isa=%s bf16=%s int8=%s dtype=%s m=%lld k=%lld: y[%lld]=%.9g, "
+                fail_msg("fast isa=%s bf16=%s int8=%s amx=%s dtype=%s m=%lld k=%lld: y[%lld]=%.9g, "
                          "want %.9g (sum of |terms| %.3g)",
-                         ci_isa_name((ci_isa)isa), toggles[t][0], toggles[t][1],
+                         ci_isa_name((ci_isa)isa), toggles[t][0], toggles[t][1], toggles[t][2],
                          ci_dtype_get(w.t.dtype)->name, (long long)m, (long long)k, (long long)i,
                          y[i], want[i], abs_sum[i]);
               moved |= y[i] != y_exact[i];
@@ -684,6 +721,7 @@ static void test_fast_matmul_error_bound(void **state) {
   }
   unsetenv("CINFER_BF16");
   unsetenv("CINFER_INT8");
+  unsetenv("CINFER_AMX");
 }
 
 /* Bad arguments fail with a message instead of computing garbage. */
@@ -913,6 +951,7 @@ int main(void) {
       cmocka_unit_test(test_matmul_rows_batch_invariant),
       cmocka_unit_test(test_matmul_multi_matches_single),
       cmocka_unit_test(test_fast_matmul_error_bound),
+      cmocka_unit_test(test_panel_rows_independent),
       cmocka_unit_test(test_matmul_rejects_bad_weights),
       cmocka_unit_test(test_vec_dot_axpy),
       cmocka_unit_test(test_vec_f32_to_bf16),

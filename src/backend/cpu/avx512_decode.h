@@ -1,7 +1,8 @@
 /* Decoding weights into AVX-512 registers, shared by the AVX-512 kernel files (matmul_avx512.c,
- * matmul_bf16_avx512.c): scale and element loads of every weight format, code unpacking, a 16x16
- * transpose, and the decode of a 16-row x 16-column block of W to f32. Include only from files
- * compiled for AVX-512. */
+ * matmul_bf16_avx512.c, matmul_amx.c): scale and element loads of every weight format, code
+ * unpacking, a 16x16 transpose, the decode of a 16-row x 16-column block of W to f32, and the
+ * bf16 column-pair panels of the bf16 panel kernels. Include only from files compiled for
+ * AVX-512 (with AVX512_BF16). */
 #ifndef CI_BACKEND_CPU_AVX512_DECODE_H
 #define CI_BACKEND_CPU_AVX512_DECODE_H
 
@@ -95,6 +96,52 @@ CI_AVX512_INLINE void decode_16x16(const ci_matmul_job *job, ci_weight_format f,
     __m512 q = dt == CI_Q8 ? q8_codes(codes + c) : q4_codes(codes + c / 2);
     v[j] = _mm512_fmadd_ps(q, scale, bias);
   }
+}
+
+/* Rows per bf16 pair panel (ci_pack_pair_panel). */
+enum { CI_PAIR_PANEL_ROWS = 32 };
+
+/* Pairs (v[2t], v[2t+1]) of 16 f32 row-vectors rounded to bf16, as 16 words each: low half the
+ * even column. */
+CI_AVX512_INLINE __m512i bf16_pair(__m512 even, __m512 odd) {
+  const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(even));
+  const __m512i hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(odd));
+  return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+}
+
+/* Decodes W[row:row+32, c0:c0+kc) into panel[ceil(kc/2)][32] bf16 column pairs (columns past
+ * k are 0; rows past n repeat the last, as decode_16x16 does): word p * 32 + r holds columns
+ * c0 + 2p (low half) and c0 + 2p + 1 of row row + r. bf16 weights: a pair of columns is one
+ * 32-bit word of the row, so whole 32-column blocks are a 16 x 16 transpose of words, with no
+ * round trip through f32. */
+CI_AVX512_INLINE void ci_pack_pair_panel(const ci_matmul_job *job, ci_weight_format f, int64_t row,
+                                         int64_t c0, int64_t kc, uint32_t *panel) {
+  enum { NR = CI_PAIR_PANEL_ROWS };
+  int64_t c = 0;
+  if (f == CI_WF_BF16) {
+    const uint16_t *w = (const uint16_t *)job->w;
+    for (; c + 32 <= kc; c += 32)
+      for (int half = 0; half < 2; half++) {
+        __m512 v[16];
+        for (int j = 0; j < 16; j++) {
+          const int64_t r = row + 16 * half + j < job->n ? row + 16 * half + j : job->n - 1;
+          v[j] = _mm512_castsi512_ps(_mm512_loadu_si512(w + r * job->k + c0 + c));
+          /* the next panel's same columns into L2: they are packed after this panel's tiles */
+          _mm_prefetch((const char *)(w + (r + NR) * job->k + c0 + c), _MM_HINT_T1);
+        }
+        transpose16x16(v); /* v[t]: word t (columns c0 + c + 2t, + 1) of the 16 rows */
+        for (int t = 0; t < 16; t++)
+          _mm512_store_si512(panel + (c / 2 + t) * NR + 16 * half, _mm512_castps_si512(v[t]));
+      }
+  }
+  for (; c < kc; c += 16)
+    for (int half = 0; half < 2; half++) {
+      __m512 v[16];
+      decode_16x16(job, f, row + 16 * half, c0 + c, v);
+      transpose16x16(v); /* v[t]: column c0+c+t of the 16 rows */
+      for (int t = 0; t < 8; t++)
+        _mm512_store_si512(panel + (c / 2 + t) * NR + 16 * half, bf16_pair(v[2 * t], v[2 * t + 1]));
+    }
 }
 
 #endif

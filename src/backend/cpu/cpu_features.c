@@ -1,6 +1,8 @@
 /* CPU feature detection: which kernel ISA this CPU and OS can run (and whether AVX-512 VNNI
- * integer and AVX512_BF16 dot products are there too), from CPUID and XGETBV, optionally lowered
- * by the CINFER_ISA / CINFER_INT8 / CINFER_BF16 environment variables. CPUID traps to the
+ * integer and AVX512_BF16 dot products, and AMX-BF16 tile products, are there too), from CPUID
+ * and XGETBV (AMX also needs the kernel's permission for its tile state, asked for once with
+ * arch_prctl), optionally lowered by the CINFER_ISA / CINFER_INT8 / CINFER_BF16 / CINFER_AMX
+ * environment variables. CPUID traps to the
  * hypervisor in a virtual machine (~14 us each on the KVM guests we run on), so the hardware answer
  * is computed once, under pthread_once, and cached; the environment is read on every call. */
 #include "backend/cpu/kernels_impl.h"
@@ -10,6 +12,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 /* CPUID leaf 1 ECX bits. */
 enum { ECX1_FMA = 1u << 12, ECX1_OSXSAVE = 1u << 27, ECX1_AVX = 1u << 28, ECX1_F16C = 1u << 29 };
@@ -21,12 +25,17 @@ enum {
   EBX7_AVX512BW = 1u << 30,
   EBX7_AVX512VL = 1u << 31,
 };
-/* CPUID leaf 7 subleaf 0 ECX bits. */
-enum { ECX7_AVX512_VNNI = 1u << 11 };
+/* CPUID leaf 7 subleaf 0 ECX and EDX bits. */
+enum { ECX7_AVX512_VNNI = 1u << 11, EDX7_AMX_BF16 = 1u << 22, EDX7_AMX_TILE = 1u << 24 };
 /* CPUID leaf 7 subleaf 1 EAX bits. */
 enum { EAX71_AVX512_BF16 = 1u << 5 };
 /* XCR0 state components the OS must save: SSE+AVX (bits 1,2), and opmask+ZMM (bits 5,6,7). */
 enum { XCR0_AVX_STATE = 0x6, XCR0_AVX512_STATE = 0xe0 };
+/* XCR0 state components of AMX: the tile configuration (bit 17) and the tile data (bit 18). */
+#define XCR0_AMX_STATE 0x60000ull
+/* Linux arch_prctl request for permission to use an extended state component, and AMX's tile
+ * data component number (asm/prctl.h; spelled out for older headers). */
+enum { ARCH_REQ_XCOMP_PERM_CODE = 0x1023, XFEATURE_XTILEDATA_NUMBER = 18 };
 
 /* Reads XCR0 (the OS-enabled register state); only valid when OSXSAVE is set. */
 static uint64_t read_xcr0(void) {
@@ -40,13 +49,15 @@ typedef struct {
   ci_isa isa;
   int avx512_vnni; /* 1 when isa is AVX512 and AVX512_VNNI is there too */
   int avx512_bf16; /* 1 when isa is AVX512 and AVX512_BF16 is there too */
+  int amx_bf16;    /* 1 when avx512_bf16 and AMX-BF16 are there and this process may use AMX */
 } hardware_features;
 
 /* The best ISA the hardware and OS support, ignoring the environment; sets *vnni (*bf16) when
  * that ISA is AVX512 and the CPU also has AVX512_VNNI (AVX512_BF16). */
-static ci_isa detect_hardware_isa(int *vnni, int *bf16) {
+static ci_isa detect_hardware_isa(int *vnni, int *bf16, int *amx) {
   *vnni = 0;
   *bf16 = 0;
+  *amx = 0;
   unsigned eax, ebx, ecx, edx;
   if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return CI_ISA_REF;
   unsigned need1 = ECX1_FMA | ECX1_OSXSAVE | ECX1_AVX | ECX1_F16C;
@@ -59,8 +70,13 @@ static ci_isa detect_hardware_isa(int *vnni, int *bf16) {
   if ((ebx & need512) != need512) return CI_ISA_AVX2;
   if ((xcr0 & XCR0_AVX512_STATE) != XCR0_AVX512_STATE) return CI_ISA_AVX2;
   *vnni = (ecx & ECX7_AVX512_VNNI) != 0;
+  const int amx_cpu = (edx & (EDX7_AMX_BF16 | EDX7_AMX_TILE)) == (EDX7_AMX_BF16 | EDX7_AMX_TILE);
   if (eax >= 1 && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx))
     *bf16 = (eax & EAX71_AVX512_BF16) != 0;
+  /* the OS enables the tile state in XCR0 and grants it per process on request (a process that
+   * uses tiles without the grant gets SIGILL) */
+  *amx = *bf16 && amx_cpu && (xcr0 & XCR0_AMX_STATE) == XCR0_AMX_STATE &&
+         syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM_CODE, XFEATURE_XTILEDATA_NUMBER) == 0;
   return CI_ISA_AVX512;
 }
 
@@ -71,7 +87,8 @@ static hardware_features hardware;
 
 /* pthread_once body: fills hardware. */
 static void compute_hardware(void) {
-  hardware.isa = detect_hardware_isa(&hardware.avx512_vnni, &hardware.avx512_bf16);
+  hardware.isa =
+      detect_hardware_isa(&hardware.avx512_vnni, &hardware.avx512_bf16, &hardware.amx_bf16);
 }
 
 /* The best ISA the hardware and OS support, computed once. */
@@ -118,5 +135,12 @@ int ci_cpu_bf16_dot_enabled(void) {
   pthread_once(&hardware_once, compute_hardware);
   if (!hardware.avx512_bf16) return 0;
   const char *requested = getenv("CINFER_BF16");
+  return !(requested && strcmp(requested, "0") == 0);
+}
+
+int ci_cpu_amx_enabled(void) {
+  pthread_once(&hardware_once, compute_hardware);
+  if (!hardware.amx_bf16) return 0;
+  const char *requested = getenv("CINFER_AMX");
   return !(requested && strcmp(requested, "0") == 0);
 }

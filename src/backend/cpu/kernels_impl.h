@@ -106,6 +106,11 @@ typedef struct {
    * gemm_mr, gemm_nr, gemm_min_m and scratch as the f32 panel kernels. */
   const ci_matmul_rows_fn *gemv_bf16_dot;
   const ci_matmul_rows_fn *gemm_bf16_dot;
+  /* Fast precision with AMX-BF16 tile products (NULL where absent, used for panels instead of
+   * gemm_bf16_dot when ci_cpu_amx_enabled() and k is a multiple of 32): panel kernels reading
+   * x_bf16 with its rows padded to a multiple of 16 (zeros), decoding W as gemm_bf16_dot does.
+   * Same gemm_nr and gemm_min_m; scratch_floats >= CI_AMX_GEMM_SCRATCH_FLOATS. */
+  const ci_matmul_rows_fn *gemm_amx;
 } ci_matmul_kernels;
 
 /* Each ISA's kernel tables: static and immutable, safe to share between threads. The SIMD
@@ -126,6 +131,16 @@ void ci_quantize_x_planes_avx512(int8_t *planes, float *units, const float *x, i
 enum { CI_BF16_PANEL_PAIRS = 256, CI_BF16_GEMM_SCRATCH_WORDS = 2 * CI_BF16_PANEL_PAIRS * 32 };
 extern const ci_matmul_rows_fn ci_matmul_gemv_bf16_dot_avx512[CI_WF_COUNT];
 extern const ci_matmul_rows_fn ci_matmul_gemm_bf16_dot_avx512[CI_WF_COUNT];
+
+/* The AMX-BF16 panel kernels (see ci_matmul_kernels.gemm_amx): two bf16 pair panels and a
+ * staged 16 x 16 output tile per thread. */
+enum { CI_AMX_GEMM_SCRATCH_FLOATS = CI_BF16_GEMM_SCRATCH_WORDS + 256 };
+extern const ci_matmul_rows_fn ci_matmul_gemm_amx[CI_WF_COUNT];
+
+/* 1 when the CPU runs AVX512_BF16 and AMX-BF16, the OS has granted this process the AMX tile
+ * state, and the environment variable CINFER_AMX is not "0": fast precision's panel kernels may
+ * then use tile products. */
+int ci_cpu_amx_enabled(void);
 
 /* 1 when the CPU runs AVX-512 with AVX512_BF16 and the environment variable CINFER_BF16 is not
  * "0": fast precision may then use the bf16 dot-product kernels. */

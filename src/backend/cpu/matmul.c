@@ -1,7 +1,7 @@
 /* Matmul dispatch: checks the weight, splits the activation rows into parts (a panel part per
  * segment large enough for the panel kernels, merged runs of row-kernel segments), prepares each
  * part's activations in scratch for its precision (group sums, word-lane order, int8 planes,
- * bf16 rows, GEMM panels of f32 or of bf16 pairs), and
+ * bf16 rows, GEMM panels of f32 or of bf16 pairs, bf16 rows in whole tiles for AMX), and
  * splits the weight rows over the thread pool so that every part uses each chunk of the weights
  * while it is in cache. */
 #include "backend/cpu/kernels_impl.h"
@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Below this many multiply-adds per task, splitting the work costs more than it saves. */
 enum { MIN_MACS_PER_TASK = 1 << 17 };
@@ -147,6 +148,28 @@ static void round_rows_bf16(uint16_t *dst_bf16, float *dst_f32, const float *x, 
   }
 }
 
+/* Job of rounding x [m, k] to bf16 rows for the AMX panel kernels: rows [m, padded) are zero. */
+typedef struct {
+  uint16_t *dst;
+  const float *x;
+  int64_t m, k, padded;
+} x_tile_rounding;
+
+enum { AMX_TILE_ROWS = 16 };
+
+/* Pool task: rounds the 16 rows of x tile `task`. */
+static void round_x_tile(void *ctx, int task, int thread) {
+  (void)thread;
+  const x_tile_rounding *r = ctx;
+  for (int64_t row = (int64_t)task * AMX_TILE_ROWS;
+       row < (int64_t)(task + 1) * AMX_TILE_ROWS && row < r->padded; row++) {
+    if (row < r->m)
+      round_rows_bf16(r->dst + row * r->k, NULL, r->x + row * r->k, r->k);
+    else
+      memset(r->dst + row * r->k, 0, (size_t)r->k * sizeof *r->dst);
+  }
+}
+
 /* dst = x with each group of each row rounded to n_planes int8 planes, u_g * round(x / u_g) with
  * u_g = max|x_g| / 127 / 256^(n_planes-1) (the values the fast VNNI kernels multiply, for the
  * kernels without them); a group holding Inf or NaN, or all zero, is copied as is. */
@@ -236,6 +259,7 @@ typedef struct {
   int fast;     /* CI_PRECISION_FAST */
   int int8;     /* the VNNI int8-plane row kernels (affine formats) */
   int bf16_dot; /* the AVX512_BF16 kernels (fast only) */
+  int amx;      /* the AMX-BF16 panel kernels (fast only, with bf16_dot) */
 } matmul_plan;
 
 /* Prepares the activations of one part (rows [0, job->m) of job->x) for its kernel: int8 planes,
@@ -252,7 +276,22 @@ static int prepare_part(ci_threadpool *pool, ci_arena *scratch, const matmul_pla
   const int affine = ci_dtype_is_affine(w->dtype);
   const int bf16_weight = w->dtype == CI_BF16;
   if (plan->fast && (bf16_weight || (affine && part->panel))) {
-    /* bf16 products: the dot-product kernels, or the exact ones on x rounded to bf16 */
+    /* bf16 products: tile products, the dot-product kernels, or the exact ones on x rounded to
+     * bf16 */
+    if (plan->amx && part->panel && kernels->gemm_amx[job->format] && k % 32 == 0) {
+      const int64_t padded = (m + AMX_TILE_ROWS - 1) / AMX_TILE_ROWS * AMX_TILE_ROWS;
+      uint16_t *rows = ci_arena_take(scratch, (size_t)(padded * k) * sizeof *rows);
+      if (!rows) return CI_ERR;
+      x_tile_rounding rounding = {.dst = rows, .x = job->x, .m = m, .k = k, .padded = padded};
+      const int n_tiles = (int)(padded / AMX_TILE_ROWS);
+      if (pool)
+        ci_threadpool_run(pool, n_tiles, round_x_tile, &rounding);
+      else
+        for (int t = 0; t < n_tiles; t++) round_x_tile(&rounding, t, 0);
+      job->x_bf16 = rows;
+      part->fn = kernels->gemm_amx[job->format];
+      return CI_OK;
+    }
     if (plan->bf16_dot && part->panel && kernels->gemm_bf16_dot[job->format]) {
       const int mr = kernels->gemm_mr;
       uint32_t *pairs =
@@ -401,6 +440,8 @@ int ci_cpu_matmul_segments_multi(ci_threadpool *pool, ci_isa isa, ci_precision p
               kernels->quantize_x_planes && ci_cpu_int8_matmul_enabled(),
       .bf16_dot = precision == CI_PRECISION_FAST && kernels->gemv_bf16_dot &&
                   kernels->gemm_bf16_dot && ci_cpu_bf16_dot_enabled(),
+      .amx = precision == CI_PRECISION_FAST && kernels->gemm_bf16_dot && kernels->gemm_amx &&
+             ci_cpu_bf16_dot_enabled() && ci_cpu_amx_enabled(),
   };
   const ci_matmul_job base = {
       .format = format,

@@ -424,12 +424,14 @@ const ci_matmul_kernels *ci_matmul_kernels_avx512(void) {
       .gemm_min_m = {128, 128, 128, 24, 24, 24, 24, 24, 24},
       .gemm_mr = GEMM_MR,
       .gemm_nr = GEMM_NR,
-      .scratch_floats = GEMM_KC * GEMM_NR,
+      .scratch_floats = GEMM_KC * GEMM_NR > CI_AMX_GEMM_SCRATCH_FLOATS ? GEMM_KC * GEMM_NR
+                                                                       : CI_AMX_GEMM_SCRATCH_FLOATS,
       .word_lanes = VW,
       .gemv_int8 = ci_matmul_gemv_int8_avx512_vnni,
       .quantize_x_planes = ci_quantize_x_planes_avx512,
       .gemv_bf16_dot = ci_matmul_gemv_bf16_dot_avx512,
       .gemm_bf16_dot = ci_matmul_gemm_bf16_dot_avx512,
+      .gemm_amx = ci_matmul_gemm_amx,
   };
   return &kernels;
 }

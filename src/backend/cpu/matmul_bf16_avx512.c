@@ -15,7 +15,7 @@ enum {
   ROW_BLOCK = 4, /* weight rows per row-kernel block */
   X_BLOCK = 4,   /* x rows per row-kernel block */
   GEMM_MR = 12,  /* x rows per register tile: as the f32 panel kernels (x_pairs layout) */
-  GEMM_NR = 32,  /* weight rows per panel */
+  GEMM_NR = CI_PAIR_PANEL_ROWS,      /* weight rows per panel */
   GEMM_KC = 2 * CI_BF16_PANEL_PAIRS, /* columns per panel (256 pairs) */
 };
 
@@ -93,48 +93,6 @@ static void gemv_bf16(const ci_matmul_job *job, int64_t row_begin, int64_t row_e
 }
 
 /* ==== Panel kernels (every format, large m) ==== */
-
-/* Pairs (v[2t], v[2t+1]) of 16 f32 rows-vectors rounded to bf16, as 16 words each: low half the
- * even column. */
-INLINE __m512i bf16_pair(__m512 even, __m512 odd) {
-  const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(even));
-  const __m512i hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(odd));
-  return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
-}
-
-/* Decodes W[row:row+32, c0:c0+kc) into panel[ceil(kc/2)][32] bf16 column pairs (columns past
- * k are 0; rows past n repeat the last, as decode_16x16 does). bf16 weights: a pair of columns is
- * one 32-bit word of the row, so whole 32-column blocks are a 16 x 16 transpose of words, with no
- * round trip through f32. */
-INLINE void pack_pair_panel(const ci_matmul_job *job, ci_weight_format f, int64_t row, int64_t c0,
-                            int64_t kc, uint32_t *panel) {
-  int64_t c = 0;
-  if (f == CI_WF_BF16) {
-    const uint16_t *w = (const uint16_t *)job->w;
-    for (; c + 2 * VW <= kc; c += 2 * VW)
-      for (int half = 0; half < 2; half++) {
-        __m512 v[16];
-        for (int j = 0; j < 16; j++) {
-          const int64_t r = row + 16 * half + j < job->n ? row + 16 * half + j : job->n - 1;
-          v[j] = _mm512_castsi512_ps(_mm512_loadu_si512(w + r * job->k + c0 + c));
-          /* the next panel's same columns into L2: they are packed after this panel's tiles */
-          _mm_prefetch((const char *)(w + (r + GEMM_NR) * job->k + c0 + c), _MM_HINT_T1);
-        }
-        transpose16x16(v); /* v[t]: word t (columns c0 + c + 2t, + 1) of the 16 rows */
-        for (int t = 0; t < VW; t++)
-          _mm512_store_si512(panel + (c / 2 + t) * GEMM_NR + 16 * half, _mm512_castps_si512(v[t]));
-      }
-  }
-  for (; c < kc; c += VW)
-    for (int half = 0; half < 2; half++) {
-      __m512 v[16];
-      decode_16x16(job, f, row + 16 * half, c0 + c, v);
-      transpose16x16(v); /* v[t]: column c0+c+t of the 16 rows */
-      for (int t = 0; t < 8; t++)
-        _mm512_store_si512(panel + (c / 2 + t) * GEMM_NR + 16 * half,
-                           bf16_pair(v[2 * t], v[2 * t + 1]));
-    }
-}
 
 /* y[i0:i0+rows, col:col+cols] (+)= x pairs . panel pairs over `pairs` column pairs, cols <= 32,
  * rows <= MR a compile-time constant. Accumulates into y when `accumulate`, else overwrites. */
@@ -258,8 +216,8 @@ INLINE void gemm_rows(const ci_matmul_job *job, ci_weight_format f, int64_t row_
     const int64_t pairs = (kc + 1) / 2;
     for (int64_t row = row_begin; row < row_end; row += 2 * GEMM_NR) {
       const int cols = row_end - row < 2 * GEMM_NR ? (int)(row_end - row) : 2 * GEMM_NR;
-      pack_pair_panel(job, f, row, c0, kc, panel);
-      if (cols > GEMM_NR) pack_pair_panel(job, f, row + GEMM_NR, c0, kc, panel_b);
+      ci_pack_pair_panel(job, f, row, c0, kc, panel);
+      if (cols > GEMM_NR) ci_pack_pair_panel(job, f, row + GEMM_NR, c0, kc, panel_b);
       for (int64_t i0 = 0; i0 < m; i0 += GEMM_MR) {
         const uint32_t *x_panel = job->x_pairs + i0 * x_pairs + c0 / 2 * GEMM_MR;
         const int rows = m - i0 < GEMM_MR ? (int)(m - i0) : GEMM_MR;
