@@ -27,6 +27,18 @@ enum { GEMV_ROW_UNIT = 16 };
 enum { FAST_X_PLANES = 2 };
 _Static_assert(FAST_X_PLANES == 2, "the VNNI row kernels are instantiated for 2 and 3 planes");
 
+/* The vector loops of an ISA. */
+static const ci_cpu_vec_kernels *vec_kernels_for(ci_isa isa) {
+  switch (isa) {
+  case CI_ISA_AVX2:
+    return ci_vec_kernels_avx2();
+  case CI_ISA_AVX512:
+    return ci_vec_kernels_avx512();
+  default:
+    return ci_vec_kernels_ref();
+  }
+}
+
 /* The kernel table of an ISA. */
 static const ci_matmul_kernels *kernels_for(ci_isa isa) {
   switch (isa) {
@@ -139,13 +151,9 @@ static void pack_x_pair_panel(void *ctx, int task, int thread) {
   }
 }
 
-/* x [m, k] rounded to bf16 (round to nearest even), as bf16 or as f32 values. */
-static void round_rows_bf16(uint16_t *dst_bf16, float *dst_f32, const float *x, int64_t n) {
-  for (int64_t i = 0; i < n; i++) {
-    const uint16_t h = ci_f32_to_bf16(x[i]);
-    if (dst_bf16) dst_bf16[i] = h;
-    if (dst_f32) dst_f32[i] = ci_bf16_to_f32(h);
-  }
+/* x [m, k] rounded to bf16 (round to nearest even), as f32 values. */
+static void round_rows_bf16(float *dst, const float *x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) dst[i] = ci_bf16_to_f32(ci_f32_to_bf16(x[i]));
 }
 
 /* Job of rounding x [m, k] to bf16 rows for the AMX panel kernels: rows [m, padded) are zero. */
@@ -153,6 +161,7 @@ typedef struct {
   uint16_t *dst;
   const float *x;
   int64_t m, k, padded;
+  void (*to_bf16)(uint16_t *dst, const float *src, int64_t n); /* the ISA's conversion loop */
 } x_tile_rounding;
 
 enum { AMX_TILE_ROWS = 16 };
@@ -164,7 +173,7 @@ static void round_x_tile(void *ctx, int task, int thread) {
   for (int64_t row = (int64_t)task * AMX_TILE_ROWS;
        row < (int64_t)(task + 1) * AMX_TILE_ROWS && row < r->padded; row++) {
     if (row < r->m)
-      round_rows_bf16(r->dst + row * r->k, NULL, r->x + row * r->k, r->k);
+      r->to_bf16(r->dst + row * r->k, r->x + row * r->k, r->k);
     else
       memset(r->dst + row * r->k, 0, (size_t)r->k * sizeof *r->dst);
   }
@@ -256,10 +265,11 @@ static float *take_floats(ci_arena *scratch, size_t n) {
 /* How a call computes: the kernels of its ISA and which fast-precision variants it uses. */
 typedef struct {
   const ci_matmul_kernels *kernels;
-  int fast;     /* CI_PRECISION_FAST */
-  int int8;     /* the VNNI int8-plane row kernels (affine formats) */
-  int bf16_dot; /* the AVX512_BF16 kernels (fast only) */
-  int amx;      /* the AMX-BF16 panel kernels (fast only, with bf16_dot) */
+  const ci_cpu_vec_kernels *vec; /* the ISA's vector loops (bf16 rounding, bit-exact) */
+  int fast;                      /* CI_PRECISION_FAST */
+  int int8;                      /* the VNNI int8-plane row kernels (affine formats) */
+  int bf16_dot;                  /* the AVX512_BF16 kernels (fast only) */
+  int amx;                       /* the AMX-BF16 panel kernels (fast only, with bf16_dot) */
 } matmul_plan;
 
 /* Prepares the activations of one part (rows [0, job->m) of job->x) for its kernel: int8 planes,
@@ -282,7 +292,12 @@ static int prepare_part(ci_threadpool *pool, ci_arena *scratch, const matmul_pla
       const int64_t padded = (m + AMX_TILE_ROWS - 1) / AMX_TILE_ROWS * AMX_TILE_ROWS;
       uint16_t *rows = ci_arena_take(scratch, (size_t)(padded * k) * sizeof *rows);
       if (!rows) return CI_ERR;
-      x_tile_rounding rounding = {.dst = rows, .x = job->x, .m = m, .k = k, .padded = padded};
+      x_tile_rounding rounding = {.dst = rows,
+                                  .x = job->x,
+                                  .m = m,
+                                  .k = k,
+                                  .padded = padded,
+                                  .to_bf16 = plan->vec->f32_to_bf16};
       const int n_tiles = (int)(padded / AMX_TILE_ROWS);
       if (pool)
         ci_threadpool_run(pool, n_tiles, round_x_tile, &rounding);
@@ -310,14 +325,14 @@ static int prepare_part(ci_threadpool *pool, ci_arena *scratch, const matmul_pla
     if (plan->bf16_dot && !part->panel && kernels->gemv_bf16_dot[job->format]) {
       uint16_t *rounded = ci_arena_take(scratch, (size_t)(m * k) * 2 + 2);
       if (!rounded) return CI_ERR;
-      round_rows_bf16(rounded, NULL, job->x, m * k);
+      plan->vec->f32_to_bf16(rounded, job->x, m * k);
       job->x_bf16 = rounded;
       part->fn = kernels->gemv_bf16_dot[job->format];
       return CI_OK;
     }
     float *rounded = take_floats(scratch, (size_t)(m * k));
     if (!rounded) return CI_ERR;
-    round_rows_bf16(NULL, rounded, job->x, m * k);
+    round_rows_bf16(rounded, job->x, m * k);
     job->x = rounded;
   }
   if (part->panel) {
@@ -435,6 +450,7 @@ int ci_cpu_matmul_segments_multi(ci_threadpool *pool, ci_isa isa, ci_precision p
   const int affine = ci_dtype_is_affine(w->dtype);
   const matmul_plan plan = {
       .kernels = kernels,
+      .vec = vec_kernels_for(isa),
       .fast = precision == CI_PRECISION_FAST,
       .int8 = affine && kernels->gemv_int8 && kernels->gemv_int8[format] &&
               kernels->quantize_x_planes && ci_cpu_int8_matmul_enabled(),
