@@ -1,18 +1,21 @@
 /* numerics: how far `--precision fast` moves a model's output from `--precision exact`, on the CPU
  * backend. For every test fixture (tests/fixtures/NAME with ids.txt) the logits of its token ids,
- * fed whole (the prefill kernels) and one token at a time (the decode kernels), f32 KV, in each
- * precision: KL(exact || fast) per position (mean and max) and top-1 agreement. Every fixture with
- * a logits.f32 (transformers' logits) is one. For the starter
- * model, the held-out sequences of eval_ids.json in chunks of 256 tokens: the same, plus the
- * held-out perplexity in each precision. Prints the tables of bench/numerics.md (markdown) on
- * stdout; with --check also fails (exit 1) when a bound is broken:
- *   starter: mean KL <= 1e-4 nats, perplexities within 0.1%, top-1 agreement >= 98%;
- *   fixtures: mean KL <= 5e-3 nats, max KL <= 1e-1, top-1 agreement >= 90% per run (the tiny
+ * fed whole (the prefill kernels) and one token at a time (the decode kernels), f32 KV (--kv), in
+ * each precision: KL(exact || fast) per position (mean and max) and top-1 agreement. Every fixture
+ * with a logits.f32 (transformers' logits) is one. For the starter model, the held-out sequences of
+ * eval_ids.json in chunks of 256 tokens: the same, plus the held-out perplexity in each precision.
+ * Prints the tables of bench/numerics.md (markdown) on stdout; with --check also fails (exit 1)
+ * when a bound is broken: starter: mean KL <= 1e-4 nats, perplexities within 0.1%, top-1 agreement
+ * >= 98%; fixtures: mean KL <= 5e-3 nats, max KL <= 1e-1, top-1 agreement >= 90% per run (the tiny
  *   random fixtures with their large weights amplify rounding: gemma4-ple, whose per-layer
  *   inputs and layer scalars amplify most, sits at 3.3e-3; the others below 4e-4).
  * (ctest runs it as test_numerics with --check on the first held-out sequence.)
  *
- * usage: numerics [--fixtures DIR] [--starter DIR] [--sequences N] [--threads N] [--check] */
+ * --kv bf16 runs both precisions on bf16 KV instead of f32 (fast then also scores q rounded to
+ * bf16 against the stored rows; ctest runs that as test_numerics_bf16_kv).
+ *
+ * usage: numerics [--fixtures DIR] [--starter DIR] [--sequences N] [--threads N] [--kv f32|bf16]
+ *                 [--check] */
 #include "backend/cpu/cpu_backend.h"
 #include "base/error.h"
 #include "model/model.h"
@@ -34,6 +37,7 @@ static const double fixture_mean_kl_bound = 5e-3, fixture_max_kl_bound = 1e-1,
 typedef struct {
   ci_backend *be[2];
   ci_model *model[2]; /* [0] exact, [1] fast */
+  ci_kv_codec kv;     /* the KV cache of both */
 } model_pair;
 
 static void pair_free(model_pair *p) {
@@ -44,8 +48,9 @@ static void pair_free(model_pair *p) {
 }
 
 /* Loads `dir` on an exact and a fast CPU backend; 0 or -1 (printed). */
-static int pair_load(model_pair *p, const char *dir, int threads) {
+static int pair_load(model_pair *p, const char *dir, int threads, ci_kv_codec kv) {
   memset(p, 0, sizeof *p);
+  p->kv = kv;
   const ci_precision precision[2] = {CI_PRECISION_EXACT, CI_PRECISION_FAST};
   for (int i = 0; i < 2; i++) {
     p->be[i] = ci_cpu_backend_create_with(threads, precision[i]);
@@ -114,7 +119,7 @@ static int run_pair(model_pair *p, const int32_t *ids, int n, int chunk, const i
   int status = logits[0] && logits[1] && scratch ? 0 : -1;
   if (status) fprintf(stderr, "numerics: out of memory\n");
   for (int i = 0; i < 2 && !status; i++) {
-    cache[i] = ci_model_kv_cache_create(p->model[i], CI_KV_F32, 16, 0);
+    cache[i] = ci_model_kv_cache_create(p->model[i], p->kv, 16, 0);
     seq[i] = cache[i] ? ci_kv_seq_create(cache[i]) : NULL;
     if (!seq[i]) status = -1;
   }
@@ -186,7 +191,7 @@ static int fixture_row(const char *name, const char *weights, const char *path, 
 }
 
 /* Every fixture of dir; returns the number of broken bounds, or -1 on an error. */
-static int run_fixtures(const char *dir, int threads, int check) {
+static int run_fixtures(const char *dir, int threads, int check, ci_kv_codec kv) {
   DIR *d = opendir(dir);
   if (!d) {
     fprintf(stderr, "numerics: cannot open %s\n", dir);
@@ -214,7 +219,7 @@ static int run_fixtures(const char *dir, int threads, int check) {
     int n = 0;
     int32_t *ids = read_ids(path, &n);
     model_pair p;
-    if (!ids || n < 1 || pair_load(&p, path, threads)) {
+    if (!ids || n < 1 || pair_load(&p, path, threads, kv)) {
       free(ids);
       broken = -1;
       break;
@@ -282,7 +287,7 @@ static int run_starter(model_pair *p, json_t *seqs, int n_sequences, int chunk, 
  * first `decode_positions` positions of each sequence (0: all), the decode kernels (one token at a
  * time). Returns the number of broken bounds, or -1 on an error. */
 static int run_starter_model(const char *dir, int n_sequences, int decode_positions, int threads,
-                             int check) {
+                             int check, ci_kv_codec kv) {
   char path[4096];
   snprintf(path, sizeof path, "%s/eval_ids.json", dir);
   json_error_t err;
@@ -294,7 +299,7 @@ static int run_starter_model(const char *dir, int n_sequences, int decode_positi
     return -1;
   }
   model_pair p;
-  if (pair_load(&p, dir, threads)) {
+  if (pair_load(&p, dir, threads, kv)) {
     json_decref(root);
     return -1;
   }
@@ -317,6 +322,7 @@ static int run_starter_model(const char *dir, int n_sequences, int decode_positi
 int main(int argc, char **argv) {
   const char *fixtures = NULL, *starter = NULL;
   int sequences = 0, decode_positions = 0, threads = 2, check = 0;
+  ci_kv_codec kv = CI_KV_F32;
   for (int i = 1; i < argc; i++) {
     const int has_value = i + 1 < argc;
     if (!strcmp(argv[i], "--fixtures") && has_value)
@@ -331,9 +337,13 @@ int main(int argc, char **argv) {
       threads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--check"))
       check = 1;
+    else if (!strcmp(argv[i], "--kv") && has_value && !strcmp(argv[i + 1], "f32"))
+      kv = CI_KV_F32, i++;
+    else if (!strcmp(argv[i], "--kv") && has_value && !strcmp(argv[i + 1], "bf16"))
+      kv = CI_KV_BF16, i++;
     else {
       fprintf(stderr, "usage: numerics [--fixtures DIR] [--starter DIR] [--sequences N] "
-                      "[--decode-positions N] [--threads N] [--check]\n");
+                      "[--decode-positions N] [--threads N] [--kv f32|bf16] [--check]\n");
       return 2;
     }
   }
@@ -343,13 +353,13 @@ int main(int argc, char **argv) {
   }
   int broken = 0;
   if (starter) {
-    const int r = run_starter_model(starter, sequences, decode_positions, threads, check);
+    const int r = run_starter_model(starter, sequences, decode_positions, threads, check, kv);
     if (r < 0) return 1;
     broken += r;
     printf("\n");
   }
   if (fixtures) {
-    const int r = run_fixtures(fixtures, threads, check);
+    const int r = run_fixtures(fixtures, threads, check, kv);
     if (r < 0) return 1;
     broken += r;
   }

@@ -698,14 +698,15 @@ static int cpu_attention(ci_backend *be, const ci_attention_args *args) {
     const int units = n_rows * kv->n_kv_heads;
     int splits = 1;
     while (units * splits < 2 * threads && max_keys / (splits * 2) >= SPLIT_MIN_KEYS) splits *= 2;
-    seqs[i] = (attention_seq){.kv = kv,
-                              .kernels = ci_cpu_kv_kernels(cpu->isa, &kv->format, D),
-                              .first_row = first_row,
-                              .n_rows = n_rows,
-                              .splits = splits,
-                              .first_task = n_tasks,
-                              .first_merge = n_merges,
-                              .partial0 = partial_floats};
+    seqs[i] =
+        (attention_seq){.kv = kv,
+                        .kernels = ci_cpu_kv_kernels(cpu->isa, &kv->format, D, cpu->precision),
+                        .first_row = first_row,
+                        .n_rows = n_rows,
+                        .splits = splits,
+                        .first_task = n_tasks,
+                        .first_merge = n_merges,
+                        .partial0 = partial_floats};
     n_tasks += units * splits;
     n_merges += n_rows * args->n_heads;
     partial_floats += (int64_t)n_rows * args->n_heads * splits * (D + 2);

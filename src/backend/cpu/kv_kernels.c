@@ -2,6 +2,8 @@
  * reference for every codec; AVX-512 decoders replace them where kv_kernels_avx512.c has one. */
 #include "backend/cpu/kv_kernels.h"
 
+#include "backend/cpu/kernels_impl.h"
+
 #include "base/error.h"
 #include "tensor/dtype.h"
 #include "tensor/turbo_quant.h"
@@ -141,7 +143,8 @@ void ci_kv_attend_ref(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head
   }
 }
 
-ci_kv_kernels ci_cpu_kv_kernels(ci_isa isa, const ci_kv_format *format, int head_dim) {
+ci_kv_kernels ci_cpu_kv_kernels(ci_isa isa, const ci_kv_format *format, int head_dim,
+                                ci_precision precision) {
   ci_kv_kernels k = {.vec = ci_cpu_vec_kernels_get(isa),
                      .attend = ci_kv_attend_ref,
                      .prepare = prepare_copy,
@@ -170,6 +173,8 @@ ci_kv_kernels ci_cpu_kv_kernels(ci_isa isa, const ci_kv_format *format, int head
     ci_kv_row_decoder fast_v = ci_kv_decoder_avx512(format, 1);
     if (fast_k) k.decode_k = fast_k;
     if (fast_v) k.decode_v = fast_v;
+    k.bf16_scores = precision == CI_PRECISION_FAST && format->codec == CI_KV_BF16 &&
+                    head_dim % 32 == 0 && ci_cpu_bf16_dot_enabled();
   }
   return k;
 }

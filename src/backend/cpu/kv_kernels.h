@@ -29,10 +29,15 @@ struct ci_kv_kernels {
   void (*decode_v)(const ci_paged_kv *kv, const uint8_t *row, float *x);
   /* out = acc mapped back to the model basis (acc may be clobbered). */
   void (*finish)(const ci_paged_kv *kv, float *acc, float *out);
+  /* Fast precision, bf16 K rows, AVX512-BF16 and D a multiple of 32: the AVX-512 loop scores q
+   * rounded to bf16 against the stored rows with vdpbf16ps (the products exact, f32 sums),
+   * half the instructions of widening each row to f32. */
+  int bf16_scores;
 };
 
-/* The kernels for `format` rows of head_dim D on `isa`. */
-ci_kv_kernels ci_cpu_kv_kernels(ci_isa isa, const ci_kv_format *format, int head_dim);
+/* The kernels for `format` rows of head_dim D on `isa` in `precision`. */
+ci_kv_kernels ci_cpu_kv_kernels(ci_isa isa, const ci_kv_format *format, int head_dim,
+                                ci_precision precision);
 
 /* AVX-512 row decoders for the formats that have one (NULL otherwise); used by
  * ci_cpu_kv_kernels. */
