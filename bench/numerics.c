@@ -11,8 +11,8 @@
  *   inputs and layer scalars amplify most, sits at 3.3e-3; the others below 4e-4).
  * (ctest runs it as test_numerics with --check on the first held-out sequence.)
  *
- * --kv bf16 runs both precisions on bf16 KV instead of f32 (fast then also scores q rounded to
- * bf16 against the stored rows; ctest runs that as test_numerics_bf16_kv).
+ * --kv bf16 runs both precisions on bf16 KV instead of f32 (fast then also multiplies the stored
+ * rows in bf16 in attention; ctest runs that as test_numerics_bf16_kv).
  *
  * usage: numerics [--fixtures DIR] [--starter DIR] [--sequences N] [--threads N] [--kv f32|bf16]
  *                 [--check] */

@@ -53,7 +53,8 @@ typedef struct {
 } hardware_features;
 
 /* The best ISA the hardware and OS support, ignoring the environment; sets *vnni (*bf16) when
- * that ISA is AVX512 and the CPU also has AVX512_VNNI (AVX512_BF16). */
+ * that ISA is AVX512 and the CPU also has AVX512_VNNI (AVX512_BF16), and *amx when it also has
+ * AMX-BF16 and Linux grants this process the tile state. */
 static ci_isa detect_hardware_isa(int *vnni, int *bf16, int *amx) {
   *vnni = 0;
   *bf16 = 0;

@@ -173,8 +173,8 @@ ci_kv_kernels ci_cpu_kv_kernels(ci_isa isa, const ci_kv_format *format, int head
     ci_kv_row_decoder fast_v = ci_kv_decoder_avx512(format, 1);
     if (fast_k) k.decode_k = fast_k;
     if (fast_v) k.decode_v = fast_v;
-    k.bf16_scores = precision == CI_PRECISION_FAST && format->codec == CI_KV_BF16 &&
-                    head_dim % 32 == 0 && ci_cpu_bf16_dot_enabled();
+    k.bf16_dots = precision == CI_PRECISION_FAST && format->codec == CI_KV_BF16 &&
+                  head_dim % 32 == 0 && ci_cpu_bf16_dot_enabled();
   }
   return k;
 }

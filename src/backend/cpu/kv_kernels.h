@@ -29,10 +29,11 @@ struct ci_kv_kernels {
   void (*decode_v)(const ci_paged_kv *kv, const uint8_t *row, float *x);
   /* out = acc mapped back to the model basis (acc may be clobbered). */
   void (*finish)(const ci_paged_kv *kv, float *acc, float *out);
-  /* Fast precision, bf16 K rows, AVX512-BF16 and D a multiple of 32: the AVX-512 loop scores q
-   * rounded to bf16 against the stored rows with vdpbf16ps (the products exact, f32 sums),
-   * half the instructions of widening each row to f32. */
-  int bf16_scores;
+  /* Fast precision, bf16 K/V rows, AVX512-BF16 and D a multiple of 32: the AVX-512 loop scores
+   * q rounded to bf16 against the stored K rows and weighs the stored V rows by the softmax
+   * weights rounded to bf16, both with vdpbf16ps (the products exact, f32 sums), about half the
+   * instructions of widening each row to f32. */
+  int bf16_dots;
 };
 
 /* The kernels for `format` rows of head_dim D on `isa` in `precision`. */

@@ -222,13 +222,83 @@ static inline __m512 row_chunk(const float *tile, const ci_paged_kv *kv, const u
   return _mm512_loadu_ps(tile + (size_t)r * D + 16 * c);
 }
 
+/* out[g] = out[g] * rescale[g] + sum_r p[g][r] V[r] for the `count` bf16 V rows of a block (row
+ * stride kv->v_row_bytes from vrow), with the weights p (scores, f32) rounded to bf16: keys in
+ * pairs (r, r + 1) through vdpbf16ps, each 32-dim chunk of the two rows interleaved word by word
+ * (unpacklo/hi), so the accumulators hold the dims of each 128-bit lane in two halves (lo: the
+ * lane's first 4 dims, hi: the next 4), permuted to and from the output's order once per block.
+ * An odd last key pairs with a zero row and weight. G and C compile-time constants after
+ * inlining (G * 2 * chunks <= 16 accumulators). */
+static inline __attribute__((always_inline)) void
+weigh_values_bf16(const ci_paged_kv *kv, const uint8_t *vrow, const int G, const int C, int count,
+                  float scores[8][64], const float *rescale, float *out) {
+  const int D = 16 * C;
+  /* the weights as bf16, a pair (r, r + 1) one 32-bit word, zero past count */
+  _Alignas(64) uint16_t p[8][64 + 32];
+  for (int g = 0; g < G; g++) {
+    for (int r = 0; r < count; r += 16) {
+      const __mmask16 mask = count - r >= 16 ? 0xffff : (__mmask16)((1u << (count - r)) - 1);
+      _mm256_storeu_si256((__m256i *)(void *)(p[g] + r),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, scores[g] + r)));
+    }
+    p[g][count] = 0;
+  }
+  /* output order <-> lo/hi halves of a 32-dim chunk (n0: dims 0-15, n1: dims 16-31) */
+  const __m512i to_lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+  const __m512i to_hi = _mm512_add_epi32(to_lo, _mm512_set1_epi32(4));
+  const __m512i to_n0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i to_n1 = _mm512_add_epi32(to_n0, _mm512_set1_epi32(8));
+  const int per_pass = G <= 4 ? 2 : 1; /* 32-dim chunks per pass: 2 G per_pass accumulators */
+  for (int c0 = 0; c0 < C / 2; c0 += per_pass) {
+    const int cn = C / 2 - c0 < per_pass ? C / 2 - c0 : per_pass;
+    __m512 acc[16]; /* [g][c][lo, hi] */
+    for (int g = 0; g < G; g++)
+      for (int c = 0; c < cn; c++) {
+        const float *o = out + g * (D + 2) + 2 + 32 * (c0 + c);
+        const __m512 n0 = _mm512_loadu_ps(o), n1 = _mm512_loadu_ps(o + 16);
+        const __m512 w = _mm512_set1_ps(rescale[g]);
+        acc[(g * cn + c) * 2] = _mm512_mul_ps(_mm512_permutex2var_ps(n0, to_lo, n1), w);
+        acc[(g * cn + c) * 2 + 1] = _mm512_mul_ps(_mm512_permutex2var_ps(n0, to_hi, n1), w);
+      }
+    for (int r = 0; r < count; r += 2) {
+      __m512i lo[2], hi[2];
+      for (int c = 0; c < cn; c++) {
+        const uint8_t *at = vrow + (size_t)r * kv->v_row_bytes + 64 * (c0 + c);
+        const __m512i va = _mm512_loadu_si512(at);
+        const __m512i vb =
+            r + 1 < count ? _mm512_loadu_si512(at + kv->v_row_bytes) : _mm512_setzero_si512();
+        lo[c] = _mm512_unpacklo_epi16(va, vb);
+        hi[c] = _mm512_unpackhi_epi16(va, vb);
+      }
+      for (int g = 0; g < G; g++) {
+        uint32_t pair;
+        memcpy(&pair, p[g] + r, sizeof pair);
+        const __m512bh w = (__m512bh)_mm512_set1_epi32((int)pair);
+        for (int c = 0; c < cn; c++) {
+          acc[(g * cn + c) * 2] = _mm512_dpbf16_ps(acc[(g * cn + c) * 2], (__m512bh)lo[c], w);
+          acc[(g * cn + c) * 2 + 1] =
+              _mm512_dpbf16_ps(acc[(g * cn + c) * 2 + 1], (__m512bh)hi[c], w);
+        }
+      }
+    }
+    for (int g = 0; g < G; g++)
+      for (int c = 0; c < cn; c++) {
+        float *o = out + g * (D + 2) + 2 + 32 * (c0 + c);
+        const __m512 lo = acc[(g * cn + c) * 2], hi = acc[(g * cn + c) * 2 + 1];
+        _mm512_storeu_ps(o, _mm512_permutex2var_ps(lo, to_n0, hi));
+        _mm512_storeu_ps(o + 16, _mm512_permutex2var_ps(lo, to_n1, hi));
+      }
+  }
+}
+
 /* The attention loop for G query heads of D = 16 C dims. Always inlined: called with constant
  * G and C for the common shapes, so that the accumulator arrays below (indexed by unrolled loop
- * counters) live in registers instead of on the stack. With k->bf16_scores (fast precision, bf16
- * K rows) the scores are vdpbf16ps of q rounded to bf16 against the stored rows, 32 dims per
- * instruction and no widening: at 16,384 positions (Llama-3.2-1B geometry, q4, 2 Zen 4 threads)
- * decode 16.4 -> 18.3 tok/s (three interleaved rounds, bench/cpu.md); the starter's held-out
- * KL against exact on bf16 KV 5.82e-5 -> 5.86e-5 nats (bench/numerics.md). */
+ * counters) live in registers instead of on the stack. With k->bf16_dots (fast precision, bf16
+ * K/V rows) the scores are vdpbf16ps of q rounded to bf16 against the stored rows, 32 dims per
+ * instruction and no widening, and the V rows are weighed by weigh_values_bf16: at 16,384
+ * positions (Llama-3.2-1B geometry, q4, 2 Zen 4 threads) decode 20.2 -> 22.1 (scores) -> 23.5
+ * tok/s (both), at 4,096 41.5 -> 45.6 (bench/cpu.md); the starter's held-out KL against exact on
+ * bf16 KV 5.82e-5 -> 5.94e-5 nats (bench/numerics.md). */
 static inline __attribute__((always_inline)) void
 attend_impl(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const float *qp,
             const int G, const int C, int64_t lo, int64_t hi, float scale, float softcap,
@@ -244,7 +314,8 @@ attend_impl(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const fl
   }
   float scores[8][64];
   /* q rounded to bf16, 32 dims a vector, for the bf16 dot-product scores */
-  const int bf16_scores = k->bf16_scores && mode_k == ROWS_BF16 && C % 2 == 0;
+  const int bf16_scores = k->bf16_dots && mode_k == ROWS_BF16 && C % 2 == 0;
+  const int bf16_values = k->bf16_dots && mode_v == ROWS_BF16 && C % 2 == 0;
   __m512i q_bf16[8][8];
   for (int g = 0; g < G && bf16_scores; g++)
     for (int c2 = 0; c2 < C / 2; c2++)
@@ -343,6 +414,11 @@ attend_impl(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const fl
       }
       o[0] = block_max[g];
       o[1] = sum;
+    }
+    if (bf16_values) {
+      weigh_values_bf16(kv, vrow, G, C, count, scores, rescale, out);
+      j = end;
+      continue;
     }
     /* Weighted values: each output chunk of each head one FMA chain over the keys in order;
      * every head's chunks at once, so that each V chunk is widened once for all G heads and the

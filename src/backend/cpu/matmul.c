@@ -27,18 +27,6 @@ enum { GEMV_ROW_UNIT = 16 };
 enum { FAST_X_PLANES = 2 };
 _Static_assert(FAST_X_PLANES == 2, "the VNNI row kernels are instantiated for 2 and 3 planes");
 
-/* The vector loops of an ISA. */
-static const ci_cpu_vec_kernels *vec_kernels_for(ci_isa isa) {
-  switch (isa) {
-  case CI_ISA_AVX2:
-    return ci_vec_kernels_avx2();
-  case CI_ISA_AVX512:
-    return ci_vec_kernels_avx512();
-  default:
-    return ci_vec_kernels_ref();
-  }
-}
-
 /* The kernel table of an ISA. */
 static const ci_matmul_kernels *kernels_for(ci_isa isa) {
   switch (isa) {
@@ -450,7 +438,7 @@ int ci_cpu_matmul_segments_multi(ci_threadpool *pool, ci_isa isa, ci_precision p
   const int affine = ci_dtype_is_affine(w->dtype);
   const matmul_plan plan = {
       .kernels = kernels,
-      .vec = vec_kernels_for(isa),
+      .vec = ci_cpu_vec_kernels_get(isa),
       .fast = precision == CI_PRECISION_FAST,
       .int8 = affine && kernels->gemv_int8 && kernels->gemv_int8[format] &&
               kernels->quantize_x_planes && ci_cpu_int8_matmul_enabled(),
