@@ -100,6 +100,14 @@ static void sum_groups(float *sums, const float *x, int64_t m, int64_t k, int gr
   }
 }
 
+/* Runs fn over tasks [0, n) on the pool, or one after another on this thread without one. */
+static void run_tasks(ci_threadpool *pool, int n, ci_task_fn fn, void *ctx) {
+  if (pool)
+    ci_threadpool_run(pool, n, fn, ctx);
+  else
+    for (int t = 0; t < n; t++) fn(ctx, t, 0);
+}
+
 /* Panel packing job: x [m, k] into panels of mr rows, [ceil(m/mr)][k][mr], zero past row m. */
 typedef struct {
   float *dst;
@@ -287,10 +295,7 @@ static int prepare_part(ci_threadpool *pool, ci_arena *scratch, const matmul_pla
                                   .padded = padded,
                                   .to_bf16 = plan->vec->f32_to_bf16};
       const int n_tiles = (int)(padded / AMX_TILE_ROWS);
-      if (pool)
-        ci_threadpool_run(pool, n_tiles, round_x_tile, &rounding);
-      else
-        for (int t = 0; t < n_tiles; t++) round_x_tile(&rounding, t, 0);
+      run_tasks(pool, n_tiles, round_x_tile, &rounding);
       job->x_bf16 = rows;
       part->fn = kernels->gemm_amx[job->format];
       return CI_OK;
@@ -302,10 +307,7 @@ static int prepare_part(ci_threadpool *pool, ci_arena *scratch, const matmul_pla
       if (!pairs) return CI_ERR;
       x_panel_packing packing = {.dst = (float *)pairs, .x = job->x, .m = m, .k = k, .mr = mr};
       const int n_panels = (int)((m + mr - 1) / mr);
-      if (pool)
-        ci_threadpool_run(pool, n_panels, pack_x_pair_panel, &packing);
-      else
-        for (int p = 0; p < n_panels; p++) pack_x_pair_panel(&packing, p, 0);
+      run_tasks(pool, n_panels, pack_x_pair_panel, &packing);
       job->x_pairs = pairs;
       part->fn = kernels->gemm_bf16_dot[job->format];
       return CI_OK;
@@ -329,10 +331,7 @@ static int prepare_part(ci_threadpool *pool, ci_arena *scratch, const matmul_pla
     if (!packed) return CI_ERR;
     x_panel_packing packing = {.dst = packed, .x = job->x, .m = m, .k = k, .mr = mr};
     const int n_panels = (int)((m + mr - 1) / mr);
-    if (pool)
-      ci_threadpool_run(pool, n_panels, pack_x_panel, &packing);
-    else
-      for (int p = 0; p < n_panels; p++) pack_x_panel(&packing, p, 0);
+    run_tasks(pool, n_panels, pack_x_panel, &packing);
     job->x_packed = packed;
     part->fn = kernels->gemm[job->format];
     return CI_OK;
