@@ -7,8 +7,8 @@
  * chain is kept across the 512-column blocks through y (exact f32), so an x row's result depends
  * on its own values only (batch invariance). One TDPBF16PS (16 x 16 outputs, 32 columns) took
  * 6 ns on the GPU machine's Xeon where a vdpbf16ps (16 outputs, 2 columns) took ~1 ns: ~40x the
- * products per second of the AVX512_BF16 kernels (bench/amx_probe.c measures both). Called only when ci_cpu_amx_enabled() says
- * the CPU and OS run AMX and the process may use its tile state. */
+ * products per second of the AVX512_BF16 kernels (bench/amx_probe.c measures both). Called only
+ * when ci_cpu_amx_enabled() says the CPU and OS run AMX and the process may use its tile state. */
 #include "backend/cpu/avx512_decode.h"
 
 #include <string.h>
