@@ -180,9 +180,10 @@ static int64_t cpu_allocation_count(ci_backend *be) {
 }
 
 /* Scratch floats per thread of one attention task (see attention_task). */
-static int64_t attention_thread_floats(int group, int head_dim, int block_tokens) {
-  return (int64_t)group * head_dim + (int64_t)group * (head_dim + 2) +
-         2 * (int64_t)block_tokens * head_dim;
+static int64_t attention_thread_floats(int query_heads, int head_dim, int block_tokens) {
+  const int64_t floats = ci_kv_attend_scratch_floats(block_tokens, head_dim, query_heads) +
+                         (int64_t)query_heads * head_dim + (int64_t)query_heads * (head_dim + 2);
+  return (floats + 15) / 16 * 16; /* each thread's scratch 64-byte aligned */
 }
 
 /* The most scratch a step of max_rows rows can take: the larger of a matmul's preparation (one
@@ -561,12 +562,14 @@ static int cpu_kv_convert_block(ci_backend *be, const ci_paged_kv *src, int32_t 
   return CI_OK;
 }
 
-/* Attention work is split into tasks of (query row, KV head, key range): each task scores its
- * keys for every query head of the KV head's group (each stored row is decoded once and used G
- * times) and leaves a partial softmax (max, sum, unnormalised output) that merge_task combines.
- * Key ranges split long contexts only when a sequence's rows x KV heads alone would leave
- * threads idle; the split depends on that sequence only, so its result does not depend on the
- * other sequences of the step. The tasks of every sequence run in one pool run. */
+/* Attention work is split into tasks of (query row, group of KV heads, key range): each task
+ * scores its keys for every query head of its KV heads (each stored row is decoded once and used
+ * G times), the heads of a block one after another (one contiguous run of the cache), and leaves
+ * a partial softmax (max, sum, unnormalised output) per query head that merge_task combines. A
+ * task takes every KV head and splits the keys while the sequence's rows alone would leave
+ * threads idle, and halves its heads when the context is too short to split; both depend on
+ * that sequence only, so its result does not depend on the other sequences of the step. The
+ * tasks of every sequence run in one pool run. */
 enum { SPLIT_MIN_KEYS = 512 };
 
 /* One sequence of an attention call. */
@@ -574,10 +577,11 @@ typedef struct {
   const ci_paged_kv *kv;
   ci_kv_kernels kernels;
   int first_row, n_rows;
-  int splits;       /* key ranges per (row, KV head) */
-  int first_task;   /* its attention tasks: [first_task, first_task + n_rows*Hkv*splits) */
-  int first_merge;  /* its merge tasks: [first_merge, first_merge + n_rows*Hq) */
-  int64_t partial0; /* floats: its partials start here */
+  int heads_per_task; /* KV heads per task, dividing n_kv_heads */
+  int splits;         /* key ranges per (row, head group) */
+  int first_task;     /* its attention tasks: [first_task, first_task + n_rows*groups*splits) */
+  int first_merge;    /* its merge tasks: [first_merge, first_merge + n_rows*Hq) */
+  int64_t partial0;   /* floats: its partials start here */
 } attention_seq;
 
 typedef struct {
@@ -585,7 +589,7 @@ typedef struct {
   const attention_seq *seqs;
   int n_seqs;
   int group;                  /* G = query heads per KV head */
-  int64_t scratch_per_thread; /* floats: prepared queries, partial outputs, row tiles */
+  int64_t scratch_per_thread; /* floats: the kernel's scratch, prepared queries, partials */
   float *scratch;             /* [threads][scratch_per_thread] */
   float *partial;             /* per sequence [rows][Hq][splits][D + 2]: max, sum, output */
 } attention_job;
@@ -617,25 +621,26 @@ static void attention_task(void *ctx, int task, int thread) {
   const attention_seq *s = seq_of_task(job, task, 0);
   const ci_paged_kv *kv = s->kv;
   const ci_kv_kernels *k = &s->kernels;
-  const int D = kv->head_dim, G = job->group, splits = s->splits;
+  const int D = kv->head_dim, G = job->group, splits = s->splits, heads = s->heads_per_task;
   const int local = task - s->first_task;
   const int split = local % splits;
-  const int kv_head = local / splits % kv->n_kv_heads;
-  const int row_in_seq = local / splits / kv->n_kv_heads;
+  const int head0 = local / splits % (kv->n_kv_heads / heads) * heads;
+  const int row_in_seq = local / splits / (kv->n_kv_heads / heads);
   const int row = s->first_row + row_in_seq;
   int64_t first, last;
   visible_keys(a, row, &first, &last);
   const int64_t n_keys = last - first + 1;
   const int64_t lo = first + n_keys * split / splits, hi = first + n_keys * (split + 1) / splits;
-  float *qp = job->scratch + (int64_t)thread * job->scratch_per_thread;
-  float *out = qp + G * D, *tile = out + G * (D + 2);
-  for (int g = 0; g < G; g++)
-    k->prepare(kv, a->q + ((int64_t)row * a->n_heads + kv_head * G + g) * D, qp + g * D);
-  k->attend(k, kv, kv_head, qp, G, lo, hi, a->scale, a->softcap, tile, out);
-  for (int g = 0; g < G; g++)
+  float *scratch = job->scratch + (int64_t)thread * job->scratch_per_thread;
+  float *qp = scratch + ci_kv_attend_scratch_floats(kv->block_tokens, D, a->n_heads);
+  float *out = qp + (int64_t)heads * G * D;
+  for (int g = 0; g < heads * G; g++)
+    k->prepare(kv, a->q + ((int64_t)row * a->n_heads + head0 * G + g) * D, qp + (int64_t)g * D);
+  k->attend(k, kv, head0, heads, qp, G, lo, hi, a->scale, a->softcap, scratch, out);
+  for (int g = 0; g < heads * G; g++)
     memcpy(job->partial + s->partial0 +
-               (((int64_t)row_in_seq * a->n_heads + kv_head * G + g) * splits + split) * (D + 2),
-           out + g * (D + 2), (size_t)(D + 2) * sizeof(float));
+               (((int64_t)row_in_seq * a->n_heads + head0 * G + g) * splits + split) * (D + 2),
+           out + (int64_t)g * (D + 2), (size_t)(D + 2) * sizeof(float));
 }
 
 /* Combines the key ranges of one (row, query head) and maps the result to the model basis. */
@@ -695,19 +700,26 @@ static int cpu_attention(ci_backend *be, const ci_attention_args *args) {
       if (args->pos[r] / kv->block_tokens >= kv->n_table_entries)
         return ci_fail("attention: position %d is beyond the stored KV", args->pos[r]);
     }
-    const int units = n_rows * kv->n_kv_heads;
-    int splits = 1;
-    while (units * splits < 2 * threads && max_keys / (splits * 2) >= SPLIT_MIN_KEYS) splits *= 2;
+    int heads_per_task = kv->n_kv_heads, splits = 1;
+    while (n_rows * (kv->n_kv_heads / heads_per_task) * splits < 2 * threads) {
+      if (max_keys / (splits * 2) >= SPLIT_MIN_KEYS)
+        splits *= 2;
+      else if (heads_per_task % 2 == 0)
+        heads_per_task /= 2;
+      else
+        break;
+    }
     seqs[i] =
         (attention_seq){.kv = kv,
                         .kernels = ci_cpu_kv_kernels(cpu->isa, &kv->format, D, cpu->precision),
                         .first_row = first_row,
                         .n_rows = n_rows,
+                        .heads_per_task = heads_per_task,
                         .splits = splits,
                         .first_task = n_tasks,
                         .first_merge = n_merges,
                         .partial0 = partial_floats};
-    n_tasks += units * splits;
+    n_tasks += n_rows * (kv->n_kv_heads / heads_per_task) * splits;
     n_merges += n_rows * args->n_heads;
     partial_floats += (int64_t)n_rows * args->n_heads * splits * (D + 2);
   }
@@ -715,7 +727,8 @@ static int cpu_attention(ci_backend *be, const ci_attention_args *args) {
                        .seqs = seqs,
                        .n_seqs = step->n_seqs,
                        .group = G,
-                       .scratch_per_thread = attention_thread_floats(G, D, kv0->block_tokens)};
+                       .scratch_per_thread =
+                           attention_thread_floats(args->n_heads, D, kv0->block_tokens)};
   job.scratch = ci_arena_take(&cpu->scratch,
                               (size_t)threads * (size_t)job.scratch_per_thread * sizeof(float));
   job.partial = ci_arena_take(&cpu->scratch, (size_t)partial_floats * sizeof(float));

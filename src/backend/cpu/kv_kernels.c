@@ -99,9 +99,10 @@ static void decode_turbo_v_value(const ci_paged_kv *kv, const uint8_t *row, floa
 
 /* ==== The attention loop ==== */
 
-void ci_kv_attend_ref(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const float *qp,
-                      int G, int64_t lo, int64_t hi, float scale, float softcap, float *tile,
-                      float *out) {
+/* One KV head: its G query heads over keys [lo, hi). */
+static void attend_head_ref(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head,
+                            const float *qp, int G, int64_t lo, int64_t hi, float scale,
+                            float softcap, float *tile, float *out) {
   const int D = kv->head_dim, T = kv->block_tokens;
   float *ktile = tile, *vtile = tile + (size_t)T * D;
   for (int g = 0; g < G; g++) {
@@ -141,6 +142,15 @@ void ci_kv_attend_ref(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head
     }
     j = end;
   }
+}
+
+void ci_kv_attend_ref(const ci_kv_kernels *k, const ci_paged_kv *kv, int head0, int n_heads,
+                      const float *qp, int G, int64_t lo, int64_t hi, float scale, float softcap,
+                      float *scratch, float *out) {
+  const int D = kv->head_dim;
+  for (int h = 0; h < n_heads; h++)
+    attend_head_ref(k, kv, head0 + h, qp + (size_t)h * G * D, G, lo, hi, scale, softcap, scratch,
+                    out + (size_t)h * G * (D + 2));
 }
 
 ci_kv_kernels ci_cpu_kv_kernels(ci_isa isa, const ci_kv_format *format, int head_dim,

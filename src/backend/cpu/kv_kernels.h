@@ -10,13 +10,25 @@
 
 typedef struct ci_kv_kernels ci_kv_kernels;
 
-/* Attends the G query heads of one KV head over keys [lo, hi) with an online softmax, block
- * by block: qp[G][D] are the prepared queries; tile is scratch of 2 * block_tokens * D floats.
- * Writes out[g] = {max score, sum of exp(score - max), unnormalised output[D]} in the
- * accumulation basis. */
-typedef void (*ci_kv_attend_fn)(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head,
-                                const float *qp, int G, int64_t lo, int64_t hi, float scale,
-                                float softcap, float *tile, float *out);
+/* Attends the G query heads of each KV head in [head0, head0 + n_heads) over keys [lo, hi)
+ * with an online softmax, block by block: qp[n_heads][G][D] are the prepared queries; scratch is
+ * ci_kv_attend_scratch_floats floats, 64-byte aligned. Writes out[h][g] = {max score, sum of
+ * exp(score - max), unnormalised output[D]} in the accumulation basis. Each head's result
+ * does not depend on head0 and n_heads. */
+typedef void (*ci_kv_attend_fn)(const ci_kv_kernels *k, const ci_paged_kv *kv, int head0,
+                                int n_heads, const float *qp, int G, int64_t lo, int64_t hi,
+                                float scale, float softcap, float *scratch, float *out);
+
+/* The decoded K and V tile of one block (the first floats of the scratch). */
+static inline int64_t ci_kv_attend_tile_floats(const ci_paged_kv *kv) {
+  return 2 * (int64_t)kv->block_tokens * kv->head_dim;
+}
+
+/* Scratch of an attend call over query_heads = n_heads x G query heads: the tile and the queries
+ * rounded to bf16. */
+static inline int64_t ci_kv_attend_scratch_floats(int block_tokens, int head_dim, int query_heads) {
+  return 2 * (int64_t)block_tokens * head_dim + (int64_t)query_heads * head_dim / 2 + 16;
+}
 
 struct ci_kv_kernels {
   const ci_cpu_vec_kernels *vec; /* the ISA's f32/bf16 loops */
@@ -46,12 +58,12 @@ typedef void (*ci_kv_row_decoder)(const ci_paged_kv *kv, const uint8_t *row, flo
 ci_kv_row_decoder ci_kv_decoder_avx512(const ci_kv_format *format, int value);
 
 /* The attention loops: plain C (any D) and AVX-512 (D a multiple of 16, G <= 8). */
-void ci_kv_attend_ref(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const float *qp,
-                      int G, int64_t lo, int64_t hi, float scale, float softcap, float *tile,
-                      float *out);
-void ci_kv_attend_avx512(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head,
+void ci_kv_attend_ref(const ci_kv_kernels *k, const ci_paged_kv *kv, int head0, int n_heads,
+                      const float *qp, int G, int64_t lo, int64_t hi, float scale, float softcap,
+                      float *scratch, float *out);
+void ci_kv_attend_avx512(const ci_kv_kernels *k, const ci_paged_kv *kv, int head0, int n_heads,
                          const float *qp, int G, int64_t lo, int64_t hi, float scale, float softcap,
-                         float *tile, float *out);
+                         float *scratch, float *out);
 
 /* Encodes n_rows K/V rows into the paged KV at positions pos (the kv_store op); bf16 uses the
  * ISA's conversion loop. Returns CI_OK, or CI_ERR for a position without a block. */

@@ -153,8 +153,6 @@ static inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-enum { PREFETCH_BLOCKS = 4 }; /* how many blocks ahead the L2 prefetch reaches */
-
 /* The horizontal sums of 16 vectors at once: vector n's sum lands in lane 4 (n % 4) + n / 4.
  * Each sum pairs the lanes exactly as _mm512_reduce_add_ps does (lane i with i + 8, then i + 4,
  * i + 2, i + 1), so every sum is bit-identical to a reduce of its own, at about a quarter of the
@@ -291,176 +289,183 @@ weigh_values_bf16(const ci_paged_kv *kv, const uint8_t *vrow, const int G, const
   }
 }
 
-/* The attention loop for G query heads of D = 16 C dims. Always inlined: called with constant
- * G and C for the common shapes, so that the accumulator arrays below (indexed by unrolled loop
- * counters) live in registers instead of on the stack. With k->bf16_dots (fast precision, bf16
- * K/V rows) the scores are vdpbf16ps of q rounded to bf16 against the stored rows, 32 dims per
- * instruction and no widening, and the V rows are weighed by weigh_values_bf16: at 16,384
- * positions (Llama-3.2-1B geometry, q4, 2 Zen 4 threads) decode 20.2 -> 22.1 (scores) -> 23.5
- * tok/s (both), at 4,096 41.5 -> 45.6 (bench/cpu.md); the starter's held-out KL against exact on
- * bf16 KV 5.82e-5 -> 5.94e-5 nats (bench/numerics.md). */
+/* One block of keys [j, end) for the G query heads of one KV head: scores, the online softmax's
+ * update of out[g] = {max, sum, unnormalised output}, and the weighted values. q_bf16 is the
+ * head's queries rounded to bf16 (G x C/2 vectors) when bf16_scores. Always inlined: called with
+ * constant G and C for the common shapes, so that the accumulator arrays below (indexed by
+ * unrolled loop counters) live in registers instead of on the stack. */
 static inline __attribute__((always_inline)) void
-attend_impl(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const float *qp,
-            const int G, const int C, int64_t lo, int64_t hi, float scale, float softcap,
-            float *tile, float *out) {
+attend_block(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const float *qp,
+             const __m512i *q_bf16, const int G, const int C, int64_t j, int count, float scale,
+             float softcap, int mode_k, int mode_v, int bf16_scores, int bf16_values, float *tile,
+             float *out, const uint8_t *next_k, const uint8_t *next_v) {
   const int D = 16 * C, T = kv->block_tokens;
   float *ktile = tile, *vtile = tile + (size_t)T * D;
-  const int mode_k = rows_mode(k->decode_k, kv), mode_v = rows_mode(k->decode_v, kv);
+  float scores[8][64];
+  const uint8_t *krow = ci_kv_row_at(kv, 0, j, kv_head), *vrow = ci_kv_row_at(kv, 1, j, kv_head);
+  if (mode_k == ROWS_TILE) decode_rows(k->decode_k, kv, krow, kv->k_row_bytes, count, ktile);
+  if (mode_v == ROWS_TILE) decode_rows(k->decode_v, kv, vrow, kv->v_row_bytes, count, vtile);
+  /* Scores: for each key, the G query heads as independent FMA chains over D, 16 / G keys at
+   * a time so that one reduce_add16 sums all their chains (unused chains stay zero). */
+  float block_max[8];
+  for (int g = 0; g < G; g++) block_max[g] = out[g * (D + 2)];
+  const int keys_per_batch = 16 / G;
+  for (int r0 = 0; r0 < count; r0 += keys_per_batch) {
+    const int nk = count - r0 < keys_per_batch ? count - r0 : keys_per_batch;
+    if (next_k) { /* the same rows of this head's next block, into L1 */
+      for (size_t at = r0 * kv->k_row_bytes; at < (r0 + nk) * kv->k_row_bytes; at += 64)
+        _mm_prefetch((const char *)next_k + at, _MM_HINT_T0);
+      for (size_t at = r0 * kv->v_row_bytes; at < (r0 + nk) * kv->v_row_bytes; at += 64)
+        _mm_prefetch((const char *)next_v + at, _MM_HINT_T0);
+    }
+    __m512 acc[16];
+    for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
+    if (bf16_scores) {
+      for (int c2 = 0; c2 < C / 2; c2++)
+        for (int kk = 0; kk < keys_per_batch; kk++) {
+          if (kk >= nk) break;
+          const __m512i k32 = _mm512_loadu_si512(krow + (r0 + kk) * kv->k_row_bytes + 64 * c2);
+          for (int g = 0; g < G; g++)
+            acc[kk * G + g] = _mm512_dpbf16_ps(acc[kk * G + g], (__m512bh)q_bf16[g * (C / 2) + c2],
+                                               (__m512bh)k32);
+        }
+    } else {
+      for (int c = 0; c < C; c++)
+        for (int kk = 0; kk < keys_per_batch; kk++) {
+          if (kk >= nk) break;
+          const __m512 k16 = row_chunk(ktile, kv, krow, kv->k_row_bytes, D, r0 + kk, c, mode_k);
+          for (int g = 0; g < G; g++)
+            acc[kk * G + g] =
+                _mm512_fmadd_ps(_mm512_loadu_ps(qp + g * D + 16 * c), k16, acc[kk * G + g]);
+        }
+    }
+    const __m512 sums = reduce_add16(acc);
+    if (G == 4 && softcap <= 0.0f) {
+      /* four heads: head g's keys are lanes 4 g .. 4 g + 3 */
+      float scaled[16];
+      _mm512_storeu_ps(scaled, _mm512_mul_ps(sums, _mm512_set1_ps(scale)));
+      for (int g = 0; g < 4; g++)
+        for (int kk = 0; kk < nk; kk++) {
+          const float sv = scaled[4 * g + kk];
+          scores[g][r0 + kk] = sv;
+          block_max[g] = sv > block_max[g] ? sv : block_max[g];
+        }
+      continue;
+    }
+    float sum_lanes[16];
+    _mm512_storeu_ps(sum_lanes, sums);
+    for (int kk = 0; kk < nk; kk++)
+      for (int g = 0; g < G; g++) {
+        const int n = kk * G + g;
+        float sv = sum_lanes[4 * (n % 4) + n / 4] * scale;
+        if (softcap > 0.0f) sv = softcap * tanhf(sv / softcap);
+        scores[g][r0 + kk] = sv;
+        if (sv > block_max[g]) block_max[g] = sv;
+      }
+  }
+  float rescale[8];
   for (int g = 0; g < G; g++) {
+    float *o = out + g * (D + 2);
+    rescale[g] = o[1] > 0.0f ? expf(o[0] - block_max[g]) : 0.0f;
+    float sum = o[1] * rescale[g];
+    for (int r = 0; r < count; r += 16) {
+      const __mmask16 mask = count - r >= 16 ? 0xffff : (__mmask16)((1u << (count - r)) - 1);
+      const __m512 e = exp16(
+          _mm512_sub_ps(_mm512_maskz_loadu_ps(mask, scores[g] + r), _mm512_set1_ps(block_max[g])));
+      _mm512_mask_storeu_ps(scores[g] + r, mask, e);
+      sum += _mm512_mask_reduce_add_ps(mask, e);
+    }
+    o[0] = block_max[g];
+    o[1] = sum;
+  }
+  if (bf16_values) {
+    weigh_values_bf16(kv, vrow, G, C, count, scores, rescale, out);
+    return;
+  }
+  /* Weighted values: each output chunk of each head one FMA chain over the keys in order;
+   * every head's chunks at once, so that each V chunk is widened once for all G heads and the
+   * G x cn chains run side by side. */
+  const int chunks = G <= 4 ? 4 : 2;
+  for (int c0 = 0; c0 < C; c0 += chunks) {
+    const int cn = C - c0 < chunks ? C - c0 : chunks;
+    __m512 acc[16];
+    for (int g = 0; g < G; g++)
+      for (int c = 0; c < cn; c++)
+        acc[g * cn + c] = _mm512_mul_ps(_mm512_loadu_ps(out + g * (D + 2) + 2 + 16 * (c0 + c)),
+                                        _mm512_set1_ps(rescale[g]));
+    for (int r = 0; r < count; r++) {
+      __m512 v[4];
+      for (int c = 0; c < cn; c++)
+        v[c] = row_chunk(vtile, kv, vrow, kv->v_row_bytes, D, r, c0 + c, mode_v);
+      for (int g = 0; g < G; g++) {
+        const __m512 w = _mm512_set1_ps(scores[g][r]);
+        for (int c = 0; c < cn; c++) acc[g * cn + c] = _mm512_fmadd_ps(w, v[c], acc[g * cn + c]);
+      }
+    }
+    for (int g = 0; g < G; g++)
+      for (int c = 0; c < cn; c++)
+        _mm512_storeu_ps(out + g * (D + 2) + 2 + 16 * (c0 + c), acc[g * cn + c]);
+  }
+}
+
+/* The attention loop for KV heads [head0, head0 + n_heads), G query heads each, of D = 16 C
+ * dims: block by block, every head of a block before the next block (a block's K rows of
+ * consecutive heads are one contiguous run, likewise V), and while a head scores its keys, the
+ * same rows of its next block are prefetched into L1, a few lines per batch of keys. One head at a
+ * time over its whole range with a burst of prefetches a block and four blocks ahead (before
+ * 2026-12-05) read the cache slower: at 16,384 positions (Llama-3.2-1B geometry, q4, 2 Zen 4
+ * threads) decode 21.4 -> 29.7 tok/s (bench/cpu.md). Each head's result is the same bits either
+ * way. With k->bf16_dots (fast precision, bf16 K/V rows) the scores are vdpbf16ps of q rounded to
+ * bf16 against the stored rows, 32 dims per instruction and no widening, and the V rows are
+ * weighed by weigh_values_bf16. */
+static inline __attribute__((always_inline)) void
+attend_impl(const ci_kv_kernels *k, const ci_paged_kv *kv, int head0, int n_heads, const float *qp,
+            const int G, const int C, int64_t lo, int64_t hi, float scale, float softcap,
+            float *scratch, float *out) {
+  const int D = 16 * C, T = kv->block_tokens;
+  const int mode_k = rows_mode(k->decode_k, kv), mode_v = rows_mode(k->decode_v, kv);
+  for (int g = 0; g < n_heads * G; g++) {
     float *o = out + g * (D + 2);
     o[0] = -INFINITY;
     o[1] = 0.0f;
     memset(o + 2, 0, (size_t)D * sizeof(float));
   }
-  float scores[8][64];
   /* q rounded to bf16, 32 dims a vector, for the bf16 dot-product scores */
   const int bf16_scores = k->bf16_dots && mode_k == ROWS_BF16 && C % 2 == 0;
   const int bf16_values = k->bf16_dots && mode_v == ROWS_BF16 && C % 2 == 0;
-  __m512i q_bf16[8][8];
-  for (int g = 0; g < G && bf16_scores; g++)
+  float *tile = scratch;
+  __m512i *q_bf16 = (__m512i *)(void *)(scratch + ci_kv_attend_tile_floats(kv));
+  for (int g = 0; g < n_heads * G && bf16_scores; g++)
     for (int c2 = 0; c2 < C / 2; c2++)
-      q_bf16[g][c2] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(qp + g * D + 32 * c2 + 16),
-                                                   _mm512_loadu_ps(qp + g * D + 32 * c2));
+      _mm512_store_si512(q_bf16 + g * (C / 2) + c2,
+                         (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(qp + g * D + 32 * c2 + 16),
+                                                      _mm512_loadu_ps(qp + g * D + 32 * c2)));
   for (int64_t j = lo; j < hi;) {
     const int64_t end = (j / T + 1) * T < hi ? (j / T + 1) * T : hi;
-    const int count = (int)(end - j);
-    const uint8_t *krow = ci_kv_row_at(kv, 0, j, kv_head), *vrow = ci_kv_row_at(kv, 1, j, kv_head);
-    /* Blocks of this head live elsewhere in the pool (a new page each, out of the hardware
-     * prefetchers' reach): the block PREFETCH_BLOCKS ahead is fetched into L2 and the next one
-     * into L1, so that several blocks' misses are in flight while this one is used. */
-    const size_t k_bytes = (size_t)T * kv->k_row_bytes, v_bytes = (size_t)T * kv->v_row_bytes;
-    for (int ahead = 1; ahead <= PREFETCH_BLOCKS; ahead += PREFETCH_BLOCKS - 1) {
-      const int64_t at = end + (int64_t)(ahead - 1) * T;
-      if (at >= hi) break;
-      const uint8_t *next_k = ci_kv_row_at(kv, 0, at, kv_head);
-      const uint8_t *next_v = ci_kv_row_at(kv, 1, at, kv_head);
-      if (ahead == 1) {
-        for (size_t off = 0; off < k_bytes; off += 64)
-          _mm_prefetch((const char *)next_k + off, _MM_HINT_T0);
-        for (size_t off = 0; off < v_bytes; off += 64)
-          _mm_prefetch((const char *)next_v + off, _MM_HINT_T0);
-      } else {
-        for (size_t off = 0; off < k_bytes; off += 64)
-          _mm_prefetch((const char *)next_k + off, _MM_HINT_T1);
-        for (size_t off = 0; off < v_bytes; off += 64)
-          _mm_prefetch((const char *)next_v + off, _MM_HINT_T1);
-      }
-    }
-    if (mode_k == ROWS_TILE) decode_rows(k->decode_k, kv, krow, kv->k_row_bytes, count, ktile);
-    if (mode_v == ROWS_TILE) decode_rows(k->decode_v, kv, vrow, kv->v_row_bytes, count, vtile);
-    /* Scores: for each key, the G query heads as independent FMA chains over D, 16 / G keys at
-     * a time so that one reduce_add16 sums all their chains (unused chains stay zero). */
-    float block_max[8];
-    for (int g = 0; g < G; g++) block_max[g] = out[g * (D + 2)];
-    const int keys_per_batch = 16 / G;
-    for (int r0 = 0; r0 < count; r0 += keys_per_batch) {
-      const int nk = count - r0 < keys_per_batch ? count - r0 : keys_per_batch;
-      __m512 acc[16];
-      for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
-      if (bf16_scores) {
-        for (int c2 = 0; c2 < C / 2; c2++)
-          for (int kk = 0; kk < keys_per_batch; kk++) {
-            if (kk >= nk) break;
-            const __m512i k32 = _mm512_loadu_si512(krow + (r0 + kk) * kv->k_row_bytes + 64 * c2);
-            for (int g = 0; g < G; g++)
-              acc[kk * G + g] =
-                  _mm512_dpbf16_ps(acc[kk * G + g], (__m512bh)q_bf16[g][c2], (__m512bh)k32);
-          }
-      } else {
-        for (int c = 0; c < C; c++)
-          for (int kk = 0; kk < keys_per_batch; kk++) {
-            if (kk >= nk) break;
-            const __m512 k16 = row_chunk(ktile, kv, krow, kv->k_row_bytes, D, r0 + kk, c, mode_k);
-            for (int g = 0; g < G; g++)
-              acc[kk * G + g] =
-                  _mm512_fmadd_ps(_mm512_loadu_ps(qp + g * D + 16 * c), k16, acc[kk * G + g]);
-          }
-      }
-      const __m512 sums = reduce_add16(acc);
-      if (G == 4 && softcap <= 0.0f) {
-        /* four heads: head g's keys are lanes 4 g .. 4 g + 3 */
-        float scaled[16];
-        _mm512_storeu_ps(scaled, _mm512_mul_ps(sums, _mm512_set1_ps(scale)));
-        for (int g = 0; g < 4; g++)
-          for (int kk = 0; kk < nk; kk++) {
-            const float sv = scaled[4 * g + kk];
-            scores[g][r0 + kk] = sv;
-            block_max[g] = sv > block_max[g] ? sv : block_max[g];
-          }
-        continue;
-      }
-      float sum_lanes[16];
-      _mm512_storeu_ps(sum_lanes, sums);
-      for (int kk = 0; kk < nk; kk++)
-        for (int g = 0; g < G; g++) {
-          const int n = kk * G + g;
-          float sv = sum_lanes[4 * (n % 4) + n / 4] * scale;
-          if (softcap > 0.0f) sv = softcap * tanhf(sv / softcap);
-          scores[g][r0 + kk] = sv;
-          if (sv > block_max[g]) block_max[g] = sv;
-        }
-    }
-    float rescale[8];
-    for (int g = 0; g < G; g++) {
-      float *o = out + g * (D + 2);
-      rescale[g] = o[1] > 0.0f ? expf(o[0] - block_max[g]) : 0.0f;
-      float sum = o[1] * rescale[g];
-      for (int r = 0; r < count; r += 16) {
-        const __mmask16 mask = count - r >= 16 ? 0xffff : (__mmask16)((1u << (count - r)) - 1);
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, scores[g] + r),
-                                             _mm512_set1_ps(block_max[g])));
-        _mm512_mask_storeu_ps(scores[g] + r, mask, e);
-        sum += _mm512_mask_reduce_add_ps(mask, e);
-      }
-      o[0] = block_max[g];
-      o[1] = sum;
-    }
-    if (bf16_values) {
-      weigh_values_bf16(kv, vrow, G, C, count, scores, rescale, out);
-      j = end;
-      continue;
-    }
-    /* Weighted values: each output chunk of each head one FMA chain over the keys in order;
-     * every head's chunks at once, so that each V chunk is widened once for all G heads and the
-     * G x cn chains run side by side. */
-    const int chunks = G <= 4 ? 4 : 2;
-    for (int c0 = 0; c0 < C; c0 += chunks) {
-      const int cn = C - c0 < chunks ? C - c0 : chunks;
-      __m512 acc[16];
-      for (int g = 0; g < G; g++)
-        for (int c = 0; c < cn; c++)
-          acc[g * cn + c] = _mm512_mul_ps(_mm512_loadu_ps(out + g * (D + 2) + 2 + 16 * (c0 + c)),
-                                          _mm512_set1_ps(rescale[g]));
-      for (int r = 0; r < count; r++) {
-        __m512 v[4];
-        for (int c = 0; c < cn; c++)
-          v[c] = row_chunk(vtile, kv, vrow, kv->v_row_bytes, D, r, c0 + c, mode_v);
-        for (int g = 0; g < G; g++) {
-          const __m512 w = _mm512_set1_ps(scores[g][r]);
-          for (int c = 0; c < cn; c++) acc[g * cn + c] = _mm512_fmadd_ps(w, v[c], acc[g * cn + c]);
-        }
-      }
-      for (int g = 0; g < G; g++)
-        for (int c = 0; c < cn; c++)
-          _mm512_storeu_ps(out + g * (D + 2) + 2 + 16 * (c0 + c), acc[g * cn + c]);
+    for (int h = 0; h < n_heads; h++) {
+      attend_block(k, kv, head0 + h, qp + (size_t)h * G * D, q_bf16 + h * G * (C / 2), G, C, j,
+                   (int)(end - j), scale, softcap, mode_k, mode_v, bf16_scores, bf16_values, tile,
+                   out + (size_t)h * G * (D + 2),
+                   end < hi ? ci_kv_row_at(kv, 0, end, head0 + h) : NULL,
+                   end < hi ? ci_kv_row_at(kv, 1, end, head0 + h) : NULL);
     }
     j = end;
   }
 }
 
-void ci_kv_attend_avx512(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head,
+void ci_kv_attend_avx512(const ci_kv_kernels *k, const ci_paged_kv *kv, int head0, int n_heads,
                          const float *qp, int G, int64_t lo, int64_t hi, float scale, float softcap,
-                         float *tile, float *out) {
+                         float *scratch, float *out) {
   const int C = kv->head_dim / 16;
   if (G > 8 || kv->block_tokens > 64) {
-    ci_kv_attend_ref(k, kv, kv_head, qp, G, lo, hi, scale, softcap, tile, out);
+    ci_kv_attend_ref(k, kv, head0, n_heads, qp, G, lo, hi, scale, softcap, scratch, out);
     return;
   }
   /* the same code either way; constants for the common shapes: groups of 4 (Llama 3, Mistral,
    * Qwen3-8B, Gemma 3 1B) and 2 (Qwen3-0.6B to 4B, Gemma 2) at head_dim 64, 128 and 256 */
 #define ATTEND_SHAPE(g, c)                                                                         \
   if (G == g && C == c) {                                                                          \
-    attend_impl(k, kv, kv_head, qp, g, c, lo, hi, scale, softcap, tile, out);                      \
+    attend_impl(k, kv, head0, n_heads, qp, g, c, lo, hi, scale, softcap, scratch, out);            \
     return;                                                                                        \
   }
   ATTEND_SHAPE(4, 4)
@@ -470,5 +475,5 @@ void ci_kv_attend_avx512(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_h
   ATTEND_SHAPE(2, 8)
   ATTEND_SHAPE(2, 16)
 #undef ATTEND_SHAPE
-  attend_impl(k, kv, kv_head, qp, G, C, lo, hi, scale, softcap, tile, out);
+  attend_impl(k, kv, head0, n_heads, qp, G, C, lo, hi, scale, softcap, scratch, out);
 }
