@@ -306,76 +306,103 @@ attend_block(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const f
   if (mode_k == ROWS_TILE) decode_rows(k->decode_k, kv, krow, kv->k_row_bytes, count, ktile);
   if (mode_v == ROWS_TILE) decode_rows(k->decode_v, kv, vrow, kv->v_row_bytes, count, vtile);
   /* Scores: for each key, the G query heads as independent FMA chains over D, 16 / G keys at
-   * a time so that one reduce_add16 sums all their chains (unused chains stay zero). */
-  float block_max[8];
-  for (int g = 0; g < G; g++) block_max[g] = out[g * (D + 2)];
-  const int keys_per_batch = 16 / G;
-  for (int r0 = 0; r0 < count; r0 += keys_per_batch) {
-    const int nk = count - r0 < keys_per_batch ? count - r0 : keys_per_batch;
-    if (next_k) { /* the same rows of this head's next block, into L1 */
-      for (size_t at = r0 * kv->k_row_bytes; at < (r0 + nk) * kv->k_row_bytes; at += 64)
-        _mm_prefetch((const char *)next_k + at, _MM_HINT_T0);
-      for (size_t at = r0 * kv->v_row_bytes; at < (r0 + nk) * kv->v_row_bytes; at += 64)
-        _mm_prefetch((const char *)next_v + at, _MM_HINT_T0);
+   * a time so that one reduce_add16 sums all their chains (unused chains stay zero), the chain of
+   * (key kk, head g) placed so that its sum lands in lane g * 16 / G + kk: head-major lanes. */
+  const int keys_per_batch = 16 / G, chunk = keys_per_batch * G; /* chunk <= 16 */
+  __m512 block_max[8]; /* lane-wise maxima of each head's scores */
+  for (int g = 0; g < G; g++) block_max[g] = _mm512_set1_ps(out[g * (D + 2)]);
+  for (int c0 = 0; c0 < count; c0 += chunk) {
+    __m512 sums[8]; /* batch b of this chunk: keys c0 + b * keys_per_batch ... */
+    for (int b = 0; b < G; b++) {
+      const int r0 = c0 + b * keys_per_batch;
+      const int nk = count - r0 < keys_per_batch ? count - r0 : keys_per_batch;
+      sums[b] = _mm512_setzero_ps();
+      if (nk <= 0) continue;
+      if (next_k) { /* the same rows of this head's next block, into L1 */
+        for (size_t at = r0 * kv->k_row_bytes; at < (r0 + nk) * kv->k_row_bytes; at += 64)
+          _mm_prefetch((const char *)next_k + at, _MM_HINT_T0);
+        for (size_t at = r0 * kv->v_row_bytes; at < (r0 + nk) * kv->v_row_bytes; at += 64)
+          _mm_prefetch((const char *)next_v + at, _MM_HINT_T0);
+      }
+      __m512 acc[16];
+      for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
+#define CHAIN(kk, g) (4 * (((g)*keys_per_batch + (kk)) % 4) + ((g)*keys_per_batch + (kk)) / 4)
+      if (bf16_scores) {
+        for (int c2 = 0; c2 < C / 2; c2++)
+          for (int kk = 0; kk < keys_per_batch; kk++) {
+            if (kk >= nk) break;
+            const __m512i k32 = _mm512_loadu_si512(krow + (r0 + kk) * kv->k_row_bytes + 64 * c2);
+            for (int g = 0; g < G; g++)
+              acc[CHAIN(kk, g)] = _mm512_dpbf16_ps(
+                  acc[CHAIN(kk, g)], (__m512bh)q_bf16[g * (C / 2) + c2], (__m512bh)k32);
+          }
+      } else {
+        for (int c = 0; c < C; c++)
+          for (int kk = 0; kk < keys_per_batch; kk++) {
+            if (kk >= nk) break;
+            const __m512 k16 = row_chunk(ktile, kv, krow, kv->k_row_bytes, D, r0 + kk, c, mode_k);
+            for (int g = 0; g < G; g++)
+              acc[CHAIN(kk, g)] =
+                  _mm512_fmadd_ps(_mm512_loadu_ps(qp + g * D + 16 * c), k16, acc[CHAIN(kk, g)]);
+          }
+      }
+#undef CHAIN
+      sums[b] = _mm512_mul_ps(reduce_add16(acc), _mm512_set1_ps(scale));
     }
-    __m512 acc[16];
-    for (int a = 0; a < 16; a++) acc[a] = _mm512_setzero_ps();
-    if (bf16_scores) {
-      for (int c2 = 0; c2 < C / 2; c2++)
-        for (int kk = 0; kk < keys_per_batch; kk++) {
-          if (kk >= nk) break;
-          const __m512i k32 = _mm512_loadu_si512(krow + (r0 + kk) * kv->k_row_bytes + 64 * c2);
-          for (int g = 0; g < G; g++)
-            acc[kk * G + g] = _mm512_dpbf16_ps(acc[kk * G + g], (__m512bh)q_bf16[g * (C / 2) + c2],
-                                               (__m512bh)k32);
-        }
-    } else {
-      for (int c = 0; c < C; c++)
-        for (int kk = 0; kk < keys_per_batch; kk++) {
-          if (kk >= nk) break;
-          const __m512 k16 = row_chunk(ktile, kv, krow, kv->k_row_bytes, D, r0 + kk, c, mode_k);
-          for (int g = 0; g < G; g++)
-            acc[kk * G + g] =
-                _mm512_fmadd_ps(_mm512_loadu_ps(qp + g * D + 16 * c), k16, acc[kk * G + g]);
-        }
-    }
-    const __m512 sums = reduce_add16(acc);
-    if (G == 4 && softcap <= 0.0f) {
-      /* four heads: head g's keys are lanes 4 g .. 4 g + 3 */
-      float scaled[16];
-      _mm512_storeu_ps(scaled, _mm512_mul_ps(sums, _mm512_set1_ps(scale)));
-      for (int g = 0; g < 4; g++)
-        for (int kk = 0; kk < nk; kk++) {
-          const float sv = scaled[4 * g + kk];
-          scores[g][r0 + kk] = sv;
-          block_max[g] = sv > block_max[g] ? sv : block_max[g];
-        }
+    const int left = count - c0 < 16 ? count - c0 : 16;
+    const __mmask16 mask = left == 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+    if ((G == 1 || G == 2 || G == 4) && softcap <= 0.0f) {
+      /* head g's 16 keys in order: lane block g of each batch (a 4 x 4 transpose of 128-bit
+       * blocks for G = 4, halves for G = 2) */
+      __m512 head[4];
+      if (G == 1) {
+        head[0] = sums[0];
+      } else if (G == 2) {
+        head[0] = _mm512_shuffle_f32x4(sums[0], sums[1], 0x44);
+        head[1] = _mm512_shuffle_f32x4(sums[0], sums[1], 0xEE);
+      } else {
+        const __m512 lo01 = _mm512_shuffle_f32x4(sums[0], sums[1], 0x44);
+        const __m512 hi01 = _mm512_shuffle_f32x4(sums[0], sums[1], 0xEE);
+        const __m512 lo23 = _mm512_shuffle_f32x4(sums[2], sums[3], 0x44);
+        const __m512 hi23 = _mm512_shuffle_f32x4(sums[2], sums[3], 0xEE);
+        head[0] = _mm512_shuffle_f32x4(lo01, lo23, 0x88);
+        head[1] = _mm512_shuffle_f32x4(lo01, lo23, 0xDD);
+        head[2] = _mm512_shuffle_f32x4(hi01, hi23, 0x88);
+        head[3] = _mm512_shuffle_f32x4(hi01, hi23, 0xDD);
+      }
+      for (int g = 0; g < G; g++) {
+        _mm512_storeu_ps(scores[g] + c0, head[g]);
+        block_max[g] = _mm512_mask_max_ps(block_max[g], mask, block_max[g], head[g]);
+      }
       continue;
     }
-    float sum_lanes[16];
-    _mm512_storeu_ps(sum_lanes, sums);
-    for (int kk = 0; kk < nk; kk++)
-      for (int g = 0; g < G; g++) {
-        const int n = kk * G + g;
-        float sv = sum_lanes[4 * (n % 4) + n / 4] * scale;
-        if (softcap > 0.0f) sv = softcap * tanhf(sv / softcap);
-        scores[g][r0 + kk] = sv;
-        if (sv > block_max[g]) block_max[g] = sv;
-      }
+    for (int b = 0; b < G; b++) {
+      float lanes[16];
+      _mm512_storeu_ps(lanes, sums[b]);
+      for (int kk = 0; kk < keys_per_batch && c0 + b * keys_per_batch + kk < count; kk++)
+        for (int g = 0; g < G; g++) {
+          float sv = lanes[g * keys_per_batch + kk];
+          if (softcap > 0.0f) sv = softcap * tanhf(sv / softcap);
+          const int r = c0 + b * keys_per_batch + kk;
+          scores[g][r] = sv;
+          block_max[g] = _mm512_mask_max_ps(block_max[g], 1, block_max[g], _mm512_set1_ps(sv));
+        }
+    }
   }
   float rescale[8];
   for (int g = 0; g < G; g++) {
     float *o = out + g * (D + 2);
-    rescale[g] = o[1] > 0.0f ? expf(o[0] - block_max[g]) : 0.0f;
+    const float head_max = _mm512_reduce_max_ps(block_max[g]);
+    rescale[g] = o[1] > 0.0f ? expf(o[0] - head_max) : 0.0f;
     float sum = o[1] * rescale[g];
     for (int r = 0; r < count; r += 16) {
       const __mmask16 mask = count - r >= 16 ? 0xffff : (__mmask16)((1u << (count - r)) - 1);
       const __m512 e = exp16(
-          _mm512_sub_ps(_mm512_maskz_loadu_ps(mask, scores[g] + r), _mm512_set1_ps(block_max[g])));
+          _mm512_sub_ps(_mm512_maskz_loadu_ps(mask, scores[g] + r), _mm512_set1_ps(head_max)));
       _mm512_mask_storeu_ps(scores[g] + r, mask, e);
       sum += _mm512_mask_reduce_add_ps(mask, e);
     }
-    o[0] = block_max[g];
+    o[0] = head_max;
     o[1] = sum;
   }
   if (bf16_values) {
