@@ -447,10 +447,9 @@ attend_block(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const f
  * weighed by weigh_values_bf16. */
 static inline __attribute__((always_inline)) void
 attend_impl(const ci_kv_kernels *k, const ci_paged_kv *kv, int head0, int n_heads, const float *qp,
-            const int G, const int C, int64_t lo, int64_t hi, float scale, float softcap,
-            float *scratch, float *out) {
+            const int G, const int C, const int mode_k, const int mode_v, int64_t lo, int64_t hi,
+            float scale, float softcap, float *scratch, float *out) {
   const int D = 16 * C, T = kv->block_tokens;
-  const int mode_k = rows_mode(k->decode_k, kv), mode_v = rows_mode(k->decode_v, kv);
   for (int g = 0; g < n_heads * G; g++) {
     float *o = out + g * (D + 2);
     o[0] = -INFINITY;
@@ -469,38 +468,72 @@ attend_impl(const ci_kv_kernels *k, const ci_paged_kv *kv, int head0, int n_head
                                                       _mm512_loadu_ps(qp + g * D + 32 * c2)));
   for (int64_t j = lo; j < hi;) {
     const int64_t end = (j / T + 1) * T < hi ? (j / T + 1) * T : hi;
-    for (int h = 0; h < n_heads; h++) {
+    for (int h = 0; h < n_heads; h++)
       attend_block(k, kv, head0 + h, qp + (size_t)h * G * D, q_bf16 + h * G * (C / 2), G, C, j,
                    (int)(end - j), scale, softcap, mode_k, mode_v, bf16_scores, bf16_values, tile,
                    out + (size_t)h * G * (D + 2),
                    end < hi ? ci_kv_row_at(kv, 0, end, head0 + h) : NULL,
                    end < hi ? ci_kv_row_at(kv, 1, end, head0 + h) : NULL);
-    }
     j = end;
   }
 }
 
-void ci_kv_attend_avx512(const ci_kv_kernels *k, const ci_paged_kv *kv, int head0, int n_heads,
-                         const float *qp, int G, int64_t lo, int64_t hi, float scale, float softcap,
-                         float *scratch, float *out) {
-  const int C = kv->head_dim / 16;
+/* The common shapes with constant G and C: groups of 4 (Llama 3, Mistral, Qwen3-8B, Gemma 3 1B)
+ * and 2 (Qwen3-0.6B to 4B, Gemma 2) at head_dim 64, 128 and 256; any other shape as variables. */
+#define ATTEND_SHAPES(mk, mv)                                                                      \
+  do {                                                                                             \
+    const int C = kv->head_dim / 16;                                                               \
+    ATTEND_SHAPE(4, 4, mk, mv)                                                                     \
+    ATTEND_SHAPE(4, 8, mk, mv)                                                                     \
+    ATTEND_SHAPE(4, 16, mk, mv)                                                                    \
+    ATTEND_SHAPE(2, 4, mk, mv)                                                                     \
+    ATTEND_SHAPE(2, 8, mk, mv)                                                                     \
+    ATTEND_SHAPE(2, 16, mk, mv)                                                                    \
+    attend_impl(k, kv, head0, n_heads, qp, G, C, mk, mv, lo, hi, scale, softcap, scratch, out);    \
+  } while (0)
+#define ATTEND_SHAPE(g, c, mk, mv)                                                                 \
+  if (G == g && C == c) {                                                                          \
+    attend_impl(k, kv, head0, n_heads, qp, g, c, mk, mv, lo, hi, scale, softcap, scratch, out);    \
+    return;                                                                                        \
+  }
+#define ATTEND_ARGS                                                                                \
+  const ci_kv_kernels *k, const ci_paged_kv *kv, int head0, int n_heads, const float *qp, int G,   \
+      int64_t lo, int64_t hi, float scale, float softcap, float *scratch, float *out
+
+/* The in-place affine modes and the decoded tile with the row mode a constant too, each in a
+ * function of its own: a mode tested inside the chunk loops kept their values off registers
+ * (affine 8-bit 29.5 -> 16 ns per key and KV head alone, bench/attend_bench), and the same code
+ * inlined beside the bf16 loop slowed the bf16 decode at depth by ~5%. */
+static __attribute__((noinline)) void attend_affine8(ATTEND_ARGS) {
+  ATTEND_SHAPES(ROWS_AFFINE8, ROWS_AFFINE8);
+}
+static __attribute__((noinline)) void attend_affine4(ATTEND_ARGS) {
+  ATTEND_SHAPES(ROWS_AFFINE4, ROWS_AFFINE4);
+}
+static __attribute__((noinline)) void attend_tile(ATTEND_ARGS) {
+  ATTEND_SHAPES(ROWS_TILE, ROWS_TILE);
+}
+
+void ci_kv_attend_avx512(ATTEND_ARGS) {
   if (G > 8 || kv->block_tokens > 64) {
     ci_kv_attend_ref(k, kv, head0, n_heads, qp, G, lo, hi, scale, softcap, scratch, out);
     return;
   }
-  /* the same code either way; constants for the common shapes: groups of 4 (Llama 3, Mistral,
-   * Qwen3-8B, Gemma 3 1B) and 2 (Qwen3-0.6B to 4B, Gemma 2) at head_dim 64, 128 and 256 */
-#define ATTEND_SHAPE(g, c)                                                                         \
-  if (G == g && C == c) {                                                                          \
-    attend_impl(k, kv, head0, n_heads, qp, g, c, lo, hi, scale, softcap, scratch, out);            \
-    return;                                                                                        \
+  const int mode_k = rows_mode(k->decode_k, kv), mode_v = rows_mode(k->decode_v, kv);
+  if (mode_k == ROWS_AFFINE8 && mode_v == ROWS_AFFINE8) {
+    attend_affine8(k, kv, head0, n_heads, qp, G, lo, hi, scale, softcap, scratch, out);
+    return;
   }
-  ATTEND_SHAPE(4, 4)
-  ATTEND_SHAPE(4, 8)
-  ATTEND_SHAPE(4, 16)
-  ATTEND_SHAPE(2, 4)
-  ATTEND_SHAPE(2, 8)
-  ATTEND_SHAPE(2, 16)
-#undef ATTEND_SHAPE
-  attend_impl(k, kv, head0, n_heads, qp, G, C, lo, hi, scale, softcap, scratch, out);
+  if (mode_k == ROWS_AFFINE4 && mode_v == ROWS_AFFINE4) {
+    attend_affine4(k, kv, head0, n_heads, qp, G, lo, hi, scale, softcap, scratch, out);
+    return;
+  }
+  if (mode_k == ROWS_TILE && mode_v == ROWS_TILE) {
+    attend_tile(k, kv, head0, n_heads, qp, G, lo, hi, scale, softcap, scratch, out);
+    return;
+  }
+  ATTEND_SHAPES(mode_k, mode_v);
 }
+#undef ATTEND_ARGS
+#undef ATTEND_SHAPE
+#undef ATTEND_SHAPES
