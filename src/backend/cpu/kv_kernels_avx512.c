@@ -185,22 +185,41 @@ static inline void decode_rows(ci_kv_row_decoder decode, const ci_paged_kv *kv, 
 }
 
 /* How the attention loop reads a block's rows: decoded into the f32 tile first (ROWS_TILE), or
- * straight from the block, widening bf16 (ROWS_BF16) or dequantising affine 8/4-bit codes
- * (ROWS_AFFINE8/4) chunk by chunk into the same f32 values the decoders write. */
-enum { ROWS_TILE, ROWS_BF16, ROWS_AFFINE8, ROWS_AFFINE4 };
+ * straight from the block, widening bf16 (ROWS_BF16), dequantising affine 8/4-bit codes
+ * (ROWS_AFFINE8/4) or looking TurboQuant codes of 2-4 bits up in their codebook (ROWS_TURBO +
+ * bits) chunk by chunk into the same f32 values the decoders write. */
+enum { ROWS_TILE, ROWS_BF16, ROWS_AFFINE8, ROWS_AFFINE4, ROWS_TURBO = 8 };
 
 static int rows_mode(ci_kv_row_decoder decode, const ci_paged_kv *kv) {
   if (decode == decode_bf16) return ROWS_BF16;
   if (decode == decode_affine && kv->format.group_size >= 16)
     return kv->format.k_bits == 8 ? ROWS_AFFINE8 : ROWS_AFFINE4;
+  if (decode == decode_turbo_k) return ROWS_TURBO + kv->format.k_bits;
+  if (decode == decode_turbo_v) return ROWS_TURBO + kv->format.v_bits;
   return ROWS_TILE;
 }
 
+/* The codebook of a TurboQuant row mode in 16 lanes (zeros past its entries; any vector for the
+ * other modes). */
+static inline __m512 mode_codebook(int mode) {
+  if (mode < ROWS_TURBO) return _mm512_setzero_ps();
+  const int bits = mode - ROWS_TURBO;
+  return _mm512_maskz_loadu_ps((__mmask16)((1u << (1 << bits)) - 1), ci_lloyd_max_centroids(bits));
+}
+
 /* Element chunk c (16 values) of row r: from the decoded tile, or straight from the block (the
- * same f32 values as decode_bf16 / decode_affine, without the tile's store and reload). */
+ * same f32 values as decode_bf16 / decode_affine / decode_turbo_k and _v, without the tile's
+ * store and reload). codebook: mode_codebook(mode). */
 static inline __m512 row_chunk(const float *tile, const ci_paged_kv *kv, const uint8_t *rows,
-                               size_t row_bytes, int D, int r, int c, int mode) {
+                               size_t row_bytes, int D, int r, int c, int mode, __m512 codebook) {
   const uint8_t *row = rows + r * row_bytes;
+  if (mode >= ROWS_TURBO) { /* nu * table[code], nu the row's f16 norm (exact in f32) */
+    const int bits = mode - ROWS_TURBO;
+    uint16_t nu;
+    memcpy(&nu, row + (size_t)D * bits / 8, sizeof nu);
+    return _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(nu)),
+                         _mm512_permutexvar_ps(codes16(row, 16 * c, bits), codebook));
+  }
   if (mode == ROWS_BF16)
     return _mm512_castsi512_ps(_mm512_slli_epi32(
         _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(row + 32 * c))),
@@ -303,6 +322,7 @@ attend_block(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const f
   float *ktile = tile, *vtile = tile + (size_t)T * D;
   float scores[8][64];
   const uint8_t *krow = ci_kv_row_at(kv, 0, j, kv_head), *vrow = ci_kv_row_at(kv, 1, j, kv_head);
+  const __m512 codebook_k = mode_codebook(mode_k), codebook_v = mode_codebook(mode_v);
   if (mode_k == ROWS_TILE) decode_rows(k->decode_k, kv, krow, kv->k_row_bytes, count, ktile);
   if (mode_v == ROWS_TILE) decode_rows(k->decode_v, kv, vrow, kv->v_row_bytes, count, vtile);
   /* Scores: for each key, the G query heads as independent FMA chains over D, 16 / G keys at
@@ -340,7 +360,8 @@ attend_block(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const f
         for (int c = 0; c < C; c++)
           for (int kk = 0; kk < keys_per_batch; kk++) {
             if (kk >= nk) break;
-            const __m512 k16 = row_chunk(ktile, kv, krow, kv->k_row_bytes, D, r0 + kk, c, mode_k);
+            const __m512 k16 =
+                row_chunk(ktile, kv, krow, kv->k_row_bytes, D, r0 + kk, c, mode_k, codebook_k);
             for (int g = 0; g < G; g++)
               acc[CHAIN(kk, g)] =
                   _mm512_fmadd_ps(_mm512_loadu_ps(qp + g * D + 16 * c), k16, acc[CHAIN(kk, g)]);
@@ -423,7 +444,7 @@ attend_block(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const f
     for (int r = 0; r < count; r++) {
       __m512 v[4];
       for (int c = 0; c < cn; c++)
-        v[c] = row_chunk(vtile, kv, vrow, kv->v_row_bytes, D, r, c0 + c, mode_v);
+        v[c] = row_chunk(vtile, kv, vrow, kv->v_row_bytes, D, r, c0 + c, mode_v, codebook_v);
       for (int g = 0; g < G; g++) {
         const __m512 w = _mm512_set1_ps(scores[g][r]);
         for (int c = 0; c < cn; c++) acc[g * cn + c] = _mm512_fmadd_ps(w, v[c], acc[g * cn + c]);
@@ -500,10 +521,11 @@ attend_impl(const ci_kv_kernels *k, const ci_paged_kv *kv, int head0, int n_head
   const ci_kv_kernels *k, const ci_paged_kv *kv, int head0, int n_heads, const float *qp, int G,   \
       int64_t lo, int64_t hi, float scale, float softcap, float *scratch, float *out
 
-/* The in-place affine modes and the decoded tile with the row mode a constant too, each in a
- * function of its own: a mode tested inside the chunk loops kept their values off registers
- * (affine 8-bit 29.5 -> 16 ns per key and KV head alone, bench/attend_bench), and the same code
- * inlined beside the bf16 loop slowed the bf16 decode at depth by ~5%. */
+/* The in-place affine and TurboQuant modes (the common bit pairs) and the decoded tile with the
+ * row modes constants too, each in a function of its own: a mode tested inside the chunk loops kept
+ * their values off registers (affine 8-bit 29.5 -> 16 ns per key and KV head alone,
+ * bench/attend_bench), and the same code inlined beside the bf16 loop slowed the bf16 decode at
+ * depth by ~5%. */
 static __attribute__((noinline)) void attend_affine8(ATTEND_ARGS) {
   ATTEND_SHAPES(ROWS_AFFINE8, ROWS_AFFINE8);
 }
@@ -512,6 +534,15 @@ static __attribute__((noinline)) void attend_affine4(ATTEND_ARGS) {
 }
 static __attribute__((noinline)) void attend_tile(ATTEND_ARGS) {
   ATTEND_SHAPES(ROWS_TILE, ROWS_TILE);
+}
+static __attribute__((noinline)) void attend_turbo44(ATTEND_ARGS) {
+  ATTEND_SHAPES(ROWS_TURBO + 4, ROWS_TURBO + 4);
+}
+static __attribute__((noinline)) void attend_turbo43(ATTEND_ARGS) {
+  ATTEND_SHAPES(ROWS_TURBO + 4, ROWS_TURBO + 3);
+}
+static __attribute__((noinline)) void attend_turbo33(ATTEND_ARGS) {
+  ATTEND_SHAPES(ROWS_TURBO + 3, ROWS_TURBO + 3);
 }
 
 void ci_kv_attend_avx512(ATTEND_ARGS) {
@@ -530,6 +561,15 @@ void ci_kv_attend_avx512(ATTEND_ARGS) {
   }
   if (mode_k == ROWS_TILE && mode_v == ROWS_TILE) {
     attend_tile(k, kv, head0, n_heads, qp, G, lo, hi, scale, softcap, scratch, out);
+    return;
+  }
+  if (mode_k == ROWS_TURBO + 4 && (mode_v == ROWS_TURBO + 4 || mode_v == ROWS_TURBO + 3)) {
+    (mode_v == ROWS_TURBO + 4 ? attend_turbo44 : attend_turbo43)(k, kv, head0, n_heads, qp, G, lo,
+                                                                 hi, scale, softcap, scratch, out);
+    return;
+  }
+  if (mode_k == ROWS_TURBO + 3 && mode_v == ROWS_TURBO + 3) {
+    attend_turbo33(k, kv, head0, n_heads, qp, G, lo, hi, scale, softcap, scratch, out);
     return;
   }
   ATTEND_SHAPES(mode_k, mode_v);
