@@ -8,7 +8,8 @@
  * of --runs passes, ns per (key, KV head), the KV bytes read per second and a hash of the
  * outputs' bits (to check that a change to the kernel keeps them).
  * Usage: attend_bench [--keys N] [--alias N] [--precision fast|exact] [--codec bf16|affine8|
- *        affine4|turboK|turboKV (K, V bits 2-4)] [--head-dim D] [--group G] [--runs R] */
+ *        affine4|turboK|turboKV (K, V bits 2-4)|turbov83|turbov44] [--head-dim D] [--group G]
+ * [--runs R] */
 #include "backend/cpu/kv_kernels.h"
 #include "base/timing.h"
 
@@ -25,6 +26,10 @@ static int parse_codec(const char *name, ci_kv_format *format) {
   } else if (!strcmp(name, "affine8") || !strcmp(name, "affine4")) {
     *format = (ci_kv_format){.codec = CI_KV_AFFINE, .group_size = 64};
     format->k_bits = format->v_bits = name[6] == '8' ? 8 : 4;
+  } else if (!strcmp(name, "turbov83") || !strcmp(name, "turbov44")) {
+    *format = (ci_kv_format){.codec = CI_KV_TURBO_V, .group_size = 32};
+    format->k_bits = name[6] - '0';
+    format->v_bits = name[7] - '0';
   } else if (!strncmp(name, "turbo", 5) && name[5] >= '2' && name[5] <= '4' &&
              (!name[6] || (name[6] >= '2' && name[6] <= '4' && !name[7]))) {
     /* turboK (K and V of K bits) or turboKV */

@@ -188,7 +188,16 @@ static inline void decode_rows(ci_kv_row_decoder decode, const ci_paged_kv *kv, 
  * straight from the block, widening bf16 (ROWS_BF16), dequantising affine 8/4-bit codes
  * (ROWS_AFFINE8/4) or looking TurboQuant codes of 2-4 bits up in their codebook (ROWS_TURBO +
  * bits) chunk by chunk into the same f32 values the decoders write. */
-enum { ROWS_TILE, ROWS_BF16, ROWS_AFFINE8, ROWS_AFFINE4, ROWS_TURBO = 8 };
+enum {
+  ROWS_TILE,
+  ROWS_BF16,
+  ROWS_AFFINE8,
+  ROWS_AFFINE4,
+  ROWS_TURBO = 8,          /* + bits: TurboQuant K or V rows (codebook x the row's norm) */
+  ROWS_TURBO_V_VALUE = 16, /* + bits: turbo-v V rows (codebook x a scale per 32 dims) */
+  ROWS_TURBO_V_KEY8 = 24,  /* turbo-v K rows: (code + zero point) x scale per 32 dims */
+  ROWS_TURBO_V_KEY4 = 25,
+};
 
 static int rows_mode(ci_kv_row_decoder decode, const ci_paged_kv *kv) {
   if (decode == decode_bf16) return ROWS_BF16;
@@ -196,15 +205,25 @@ static int rows_mode(ci_kv_row_decoder decode, const ci_paged_kv *kv) {
     return kv->format.k_bits == 8 ? ROWS_AFFINE8 : ROWS_AFFINE4;
   if (decode == decode_turbo_k) return ROWS_TURBO + kv->format.k_bits;
   if (decode == decode_turbo_v) return ROWS_TURBO + kv->format.v_bits;
+  if (decode == decode_turbo_v_value) return ROWS_TURBO_V_VALUE + kv->format.v_bits;
+  if (decode == decode_turbo_v_key && (kv->format.k_bits == 8 || kv->format.k_bits == 4))
+    return kv->format.k_bits == 8 ? ROWS_TURBO_V_KEY8 : ROWS_TURBO_V_KEY4;
   return ROWS_TILE;
 }
 
-/* The codebook of a TurboQuant row mode in 16 lanes (zeros past its entries; any vector for the
+/* The codebook of a codebook row mode in 16 lanes (zeros past its entries; any vector for the
  * other modes). */
 static inline __m512 mode_codebook(int mode) {
-  if (mode < ROWS_TURBO) return _mm512_setzero_ps();
-  const int bits = mode - ROWS_TURBO;
+  if (mode < ROWS_TURBO || mode >= ROWS_TURBO_V_KEY8) return _mm512_setzero_ps();
+  const int bits = mode < ROWS_TURBO_V_VALUE ? mode - ROWS_TURBO : mode - ROWS_TURBO_V_VALUE;
   return _mm512_maskz_loadu_ps((__mmask16)((1u << (1 << bits)) - 1), ci_lloyd_max_centroids(bits));
+}
+
+/* An f16 value at an unaligned address, as f32 (exact). */
+static inline float f16_at(const uint8_t *p) {
+  uint16_t h;
+  memcpy(&h, p, sizeof h);
+  return _cvtsh_ss(h);
 }
 
 /* Element chunk c (16 values) of row r: from the decoded tile, or straight from the block (the
@@ -213,12 +232,25 @@ static inline __m512 mode_codebook(int mode) {
 static inline __m512 row_chunk(const float *tile, const ci_paged_kv *kv, const uint8_t *rows,
                                size_t row_bytes, int D, int r, int c, int mode, __m512 codebook) {
   const uint8_t *row = rows + r * row_bytes;
-  if (mode >= ROWS_TURBO) { /* nu * table[code], nu the row's f16 norm (exact in f32) */
+  if (mode >= ROWS_TURBO && mode < ROWS_TURBO_V_VALUE) { /* nu * table[code], nu the row's norm */
     const int bits = mode - ROWS_TURBO;
-    uint16_t nu;
-    memcpy(&nu, row + (size_t)D * bits / 8, sizeof nu);
-    return _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(nu)),
+    return _mm512_mul_ps(_mm512_set1_ps(f16_at(row + (size_t)D * bits / 8)),
                          _mm512_permutexvar_ps(codes16(row, 16 * c, bits), codebook));
+  }
+  if (mode >= ROWS_TURBO_V_VALUE && mode < ROWS_TURBO_V_KEY8) { /* scale_G * table[code] */
+    const int bits = mode - ROWS_TURBO_V_VALUE;
+    return _mm512_mul_ps(_mm512_set1_ps(f16_at(row + (size_t)D * bits / 8 + 2 * (16 * c / 32))),
+                         _mm512_permutexvar_ps(codes16(row, 16 * c, bits), codebook));
+  }
+  if (mode == ROWS_TURBO_V_KEY8 || mode == ROWS_TURBO_V_KEY4) { /* (code + zp_G) * sc_G */
+    const int bits = mode == ROWS_TURBO_V_KEY8 ? 8 : 4, g = 16 * c / 32;
+    const uint8_t *sc = row + (size_t)D * bits / 8, *zp = sc + 2 * (D / 32);
+    const __m512i codes =
+        bits == 8
+            ? _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(row + 16 * c)))
+            : nibbles16(row + 8 * c);
+    const __m512 sum = _mm512_add_ps(_mm512_cvtepi32_ps(codes), _mm512_set1_ps(f16_at(zp + 2 * g)));
+    return _mm512_mul_ps(sum, _mm512_set1_ps(f16_at(sc + 2 * g)));
   }
   if (mode == ROWS_BF16)
     return _mm512_castsi512_ps(_mm512_slli_epi32(
@@ -521,9 +553,9 @@ attend_impl(const ci_kv_kernels *k, const ci_paged_kv *kv, int head0, int n_head
   const ci_kv_kernels *k, const ci_paged_kv *kv, int head0, int n_heads, const float *qp, int G,   \
       int64_t lo, int64_t hi, float scale, float softcap, float *scratch, float *out
 
-/* The in-place affine and TurboQuant modes (the common bit pairs) and the decoded tile with the
- * row modes constants too, each in a function of its own: a mode tested inside the chunk loops kept
- * their values off registers (affine 8-bit 29.5 -> 16 ns per key and KV head alone,
+/* The in-place affine, TurboQuant and turbo-v modes (the common bit pairs) and the decoded tile
+ * with the row modes constants too, each in a function of its own: a mode tested inside the chunk
+ * loops kept their values off registers (affine 8-bit 29.5 -> 16 ns per key and KV head alone,
  * bench/attend_bench), and the same code inlined beside the bf16 loop slowed the bf16 decode at
  * depth by ~5%. */
 static __attribute__((noinline)) void attend_affine8(ATTEND_ARGS) {
@@ -543,6 +575,12 @@ static __attribute__((noinline)) void attend_turbo43(ATTEND_ARGS) {
 }
 static __attribute__((noinline)) void attend_turbo33(ATTEND_ARGS) {
   ATTEND_SHAPES(ROWS_TURBO + 3, ROWS_TURBO + 3);
+}
+static __attribute__((noinline)) void attend_turbo_v83(ATTEND_ARGS) {
+  ATTEND_SHAPES(ROWS_TURBO_V_KEY8, ROWS_TURBO_V_VALUE + 3);
+}
+static __attribute__((noinline)) void attend_turbo_v44(ATTEND_ARGS) {
+  ATTEND_SHAPES(ROWS_TURBO_V_KEY4, ROWS_TURBO_V_VALUE + 4);
 }
 
 void ci_kv_attend_avx512(ATTEND_ARGS) {
@@ -570,6 +608,14 @@ void ci_kv_attend_avx512(ATTEND_ARGS) {
   }
   if (mode_k == ROWS_TURBO + 3 && mode_v == ROWS_TURBO + 3) {
     attend_turbo33(k, kv, head0, n_heads, qp, G, lo, hi, scale, softcap, scratch, out);
+    return;
+  }
+  if (mode_k == ROWS_TURBO_V_KEY8 && mode_v == ROWS_TURBO_V_VALUE + 3) {
+    attend_turbo_v83(k, kv, head0, n_heads, qp, G, lo, hi, scale, softcap, scratch, out);
+    return;
+  }
+  if (mode_k == ROWS_TURBO_V_KEY4 && mode_v == ROWS_TURBO_V_VALUE + 4) {
+    attend_turbo_v44(k, kv, head0, n_heads, qp, G, lo, hi, scale, softcap, scratch, out);
     return;
   }
   ATTEND_SHAPES(mode_k, mode_v);
