@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/kv_kernels.h"
 #include "base/error.h"
 #include "kv/cache.h"
 #include "tensor/dtype.h"
@@ -400,6 +401,62 @@ static void test_attention_on_encoded_blocks(void **state) {
 }
 
 /* Pool bytes per token equal bytes_per_token x Hkv x layers once blocks are full. */
+/* The attention loop over a range of KV heads gives each head the bits it gets alone (the backend
+ * groups heads per task by the thread count and the rows of the step): every codec's kernels on
+ * every ISA, both precisions. */
+static void test_attend_heads_independent(void **state) {
+  (void)state;
+  static const ci_kv_format formats[] = {
+      {CI_KV_BF16, 0, 0, 0},     {CI_KV_AFFINE, 8, 8, 64}, {CI_KV_AFFINE, 4, 4, 32},
+      {CI_KV_TURBO, 4, 3, 0},    {CI_KV_TURBO, 2, 2, 0},   {CI_KV_TURBO_V, 8, 3, 32},
+      {CI_KV_TURBO_V, 4, 4, 32},
+  };
+  static const ci_isa isas[] = {CI_ISA_REF, CI_ISA_AVX2, CI_ISA_AVX512};
+  const int heads = 4, G = 2, D = 64, n = 300;
+  ci_backend *be = ci_cpu_backend_create(2);
+  assert_non_null(be);
+  rng r = {7};
+  for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++) {
+    twin t;
+    twin_fill(be, &t, &formats[f], 0, heads, D, n);
+    const ci_paged_kv kv = ci_kv_seq_view(t.seq, 0);
+    const size_t out_floats = (size_t)heads * G * (D + 2);
+    float *q = malloc((size_t)heads * G * D * sizeof(float));
+    float *qp = malloc((size_t)heads * G * D * sizeof(float));
+    float *all = malloc(out_floats * sizeof(float)), *one = malloc(out_floats * sizeof(float));
+    float *scratch = aligned_alloc(
+        64,
+        ((size_t)ci_kv_attend_scratch_floats(kv.block_tokens, D, heads * G) * sizeof(float) + 63) /
+            64 * 64);
+    assert_true(q && qp && all && one && scratch);
+    for (int i = 0; i < heads * G * D; i++) q[i] = normal(&r);
+    for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
+      if (!ci_isa_supported(isas[i])) continue;
+      for (int precision = CI_PRECISION_EXACT; precision <= CI_PRECISION_FAST; precision++) {
+        const ci_kv_kernels k = ci_cpu_kv_kernels(isas[i], &kv.format, D, (ci_precision)precision);
+        for (int g = 0; g < heads * G; g++) k.prepare(&kv, q + g * D, qp + g * D);
+        k.attend(&k, &kv, 0, heads, qp, G, 5, n - 10, 0.125f, 0.0f, scratch, all);
+        for (int h = 0; h < heads; h++)
+          k.attend(&k, &kv, h, 1, qp + (size_t)h * G * D, G, 5, n - 10, 0.125f, 0.0f, scratch,
+                   one + (size_t)h * G * (D + 2));
+        if (memcmp(all, one, out_floats * sizeof(float)) != 0) {
+          char name[32];
+          ci_kv_format_name(&kv.format, name, sizeof name);
+          fail_msg("%s on %s, precision %d: heads attended together differ from alone", name,
+                   ci_isa_name(isas[i]), precision);
+        }
+      }
+    }
+    free(q);
+    free(qp);
+    free(all);
+    free(one);
+    free(scratch);
+    twin_free(&t);
+  }
+  be->ops->destroy(be);
+}
+
 static void test_pool_bytes(void **state) {
   (void)state;
   ci_backend *be = ci_cpu_backend_create(1);
@@ -421,6 +478,7 @@ int main(void) {
       cmocka_unit_test(test_format_errors),
       cmocka_unit_test(test_attention_on_encoded_blocks),
       cmocka_unit_test(test_attention_fast_affine),
+      cmocka_unit_test(test_attend_heads_independent),
       cmocka_unit_test(test_pool_bytes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -172,16 +172,11 @@ static inline __m512 reduce_add16(const __m512 v[16]) {
                        _mm512_shuffle_ps(l3[0], l3[1], 0xDD));
 }
 
-/* Rows [0, count) of a block decoded into tile[count][D]: bf16 through a direct (inlined) call,
- * other codecs through the row decoder. */
+/* Rows [0, count) of a block decoded into tile[count][D] by the row decoder (the rows the loop
+ * does not read in place). */
 static inline void decode_rows(ci_kv_row_decoder decode, const ci_paged_kv *kv, const uint8_t *row,
                                size_t row_bytes, int count, float *tile) {
-  const int D = kv->head_dim;
-  if (decode == decode_bf16) {
-    for (int r = 0; r < count; r++) decode_bf16(kv, row + r * row_bytes, tile + (size_t)r * D);
-    return;
-  }
-  for (int r = 0; r < count; r++) decode(kv, row + r * row_bytes, tile + (size_t)r * D);
+  for (int r = 0; r < count; r++) decode(kv, row + r * row_bytes, tile + (size_t)r * kv->head_dim);
 }
 
 /* How the attention loop reads a block's rows: decoded into the f32 tile first (ROWS_TILE), or
@@ -553,8 +548,8 @@ attend_impl(const ci_kv_kernels *k, const ci_paged_kv *kv, int head0, int n_head
   const ci_kv_kernels *k, const ci_paged_kv *kv, int head0, int n_heads, const float *qp, int G,   \
       int64_t lo, int64_t hi, float scale, float softcap, float *scratch, float *out
 
-/* The in-place affine, TurboQuant and turbo-v modes (the common bit pairs) and the decoded tile
- * with the row modes constants too, each in a function of its own: a mode tested inside the chunk
+/* The in-place affine, TurboQuant and turbo-v modes (the common bit pairs) with the row modes
+ * constants too, each in a function of its own: a mode tested inside the chunk
  * loops kept their values off registers (affine 8-bit 29.5 -> 16 ns per key and KV head alone,
  * bench/attend_bench), and the same code inlined beside the bf16 loop slowed the bf16 decode at
  * depth by ~5%. */
@@ -563,9 +558,6 @@ static __attribute__((noinline)) void attend_affine8(ATTEND_ARGS) {
 }
 static __attribute__((noinline)) void attend_affine4(ATTEND_ARGS) {
   ATTEND_SHAPES(ROWS_AFFINE4, ROWS_AFFINE4);
-}
-static __attribute__((noinline)) void attend_tile(ATTEND_ARGS) {
-  ATTEND_SHAPES(ROWS_TILE, ROWS_TILE);
 }
 static __attribute__((noinline)) void attend_turbo44(ATTEND_ARGS) {
   ATTEND_SHAPES(ROWS_TURBO + 4, ROWS_TURBO + 4);
@@ -595,10 +587,6 @@ void ci_kv_attend_avx512(ATTEND_ARGS) {
   }
   if (mode_k == ROWS_AFFINE4 && mode_v == ROWS_AFFINE4) {
     attend_affine4(k, kv, head0, n_heads, qp, G, lo, hi, scale, softcap, scratch, out);
-    return;
-  }
-  if (mode_k == ROWS_TILE && mode_v == ROWS_TILE) {
-    attend_tile(k, kv, head0, n_heads, qp, G, lo, hi, scale, softcap, scratch, out);
     return;
   }
   if (mode_k == ROWS_TURBO + 4 && (mode_v == ROWS_TURBO + 4 || mode_v == ROWS_TURBO + 3)) {
