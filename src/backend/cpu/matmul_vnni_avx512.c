@@ -82,21 +82,25 @@ INLINE void make_factors(ci_dtype sdt, const void *scales, int64_t first, const 
   for (int64_t g = 0; g < count; g += VW) {
     __mmask16 mask = count - g >= VW ? 0xffff : (__mmask16)((1u << (count - g)) - 1);
     __m512 s = load_scales16(sdt, scales, first + g, mask);
-    _mm512_mask_storeu_ps(out + g, mask, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(mask, units + g)));
+    if (count - g >= VW)
+      _mm512_storeu_ps(out + g, _mm512_mul_ps(s, _mm512_loadu_ps(units + g)));
+    else
+      _mm512_mask_storeu_ps(out + g, mask,
+                            _mm512_mul_ps(s, _mm512_maskz_loadu_ps(mask, units + g)));
   }
   _mm_storeu_ps(out + count, _mm_setzero_ps());
 }
 
-/* sum_g biases[row, g] * sums[g]: the bias half of the affine factorisation, exact f32. */
-INLINE float bias_dot(const ci_matmul_job *job, ci_dtype sdt, int64_t row, const float *sums,
-                      int64_t n_groups) {
-  __m512 acc = _mm512_setzero_ps();
+/* acc + lanes of sum_g biases[row, g] * sums[g]: the bias half of the affine factorisation, exact
+ * f32, joined to the row's lane sums before their one horizontal sum. */
+INLINE __m512 add_bias_dot(const ci_matmul_job *job, ci_dtype sdt, int64_t row, const float *sums,
+                           int64_t n_groups, __m512 acc) {
   for (int64_t g = 0; g < n_groups; g += VW) {
     __mmask16 mask = n_groups - g >= VW ? 0xffff : (__mmask16)((1u << (n_groups - g)) - 1);
     __m512 biases = load_scales16(sdt, job->biases, row * n_groups + g, mask);
     acc = _mm512_fmadd_ps(biases, _mm512_maskz_loadu_ps(mask, sums + g), acc);
   }
-  return _mm512_reduce_add_ps(acc);
+  return acc;
 }
 
 /* Per-lane factors of a super block whose first group's factor is f[0]. */
@@ -174,40 +178,45 @@ INLINE void gemv_int8_block(const ci_matmul_job *job, ci_dtype sdt, int64_t r, i
                             int xb, const int8_consts *kc) {
   const int64_t k = job->k, row_bytes = k * kc->bits / 8;
   const int8_t *planes = job->x_planes + i0 * job->x_plane_stride;
-  const uint8_t *w[ROW_BLOCK];
   _Alignas(64) float factor_store[ROW_BLOCK][X_BLOCK][SCALE_CHUNK / 32 + 4];
   float *factors[ROW_BLOCK][X_BLOCK];
   __m512 total[ROW_BLOCK][X_BLOCK];
+  /* the first chunk's factors of every row before any row's walk, so that the walk's first loads
+   * of them do not wait on the stores that made them (made right before each row's walk, q4 rows
+   * of 1152 and 2048 columns took 14-18% longer in cache on one Zen 4 core; the full vectors are
+   * stored unmasked for the same reason: masked stores do not forward to loads) */
+  const int64_t first_chunk_groups = (k < SCALE_CHUNK ? k : SCALE_CHUNK) >> kc->group_shift;
+  for (int j = 0; j < rb; j++)
+    for (int i = 0; i < xb; i++) {
+      factors[j][i] = factor_store[j][i];
+      make_factors(sdt, job->scales, (r + j) * kc->n_groups,
+                   job->x_plane_units + (i0 + i) * kc->n_groups, first_chunk_groups, factors[j][i]);
+    }
+  const int64_t super_bytes = (int64_t)kc->super_cols * kc->bits / 8;
+  const int64_t super_planes = kc->blocks_per_super * kc->plane_block;
 #pragma GCC unroll 4
   for (int j = 0; j < rb; j++) {
-    w[j] = (const uint8_t *)job->w + (r + j) * row_bytes;
+    /* one row at a time, each row's chunks in order, so that its codes are one sequential stream
+     * (the rows' 64-byte blocks interleaved, four streams, decoded 1B q4 at 44-45 tok/s and q8 at
+     * 26-28 on 2 Zen 4 cores; row by row 48-50 and 31-35; a row of more than SCALE_CHUNK columns
+     * walked chunk by chunk over the four rows, the down projections read at ~30-35 GB/s against
+     * ~40-47 for the others); each row's sums keep their order, so the bits are the same.
+     * The walk carries its pointers (codes, planes, group index): computed from the column,
+     * the addresses took a third of the loop's instructions (34 -> 22 per q4 block). */
 #pragma GCC unroll 2
-    for (int i = 0; i < xb; i++) {
-      total[j][i] = _mm512_setzero_ps();
-      factors[j][i] = factor_store[j][i];
-    }
-  }
-  for (int64_t chunk = 0; chunk < k; chunk += SCALE_CHUNK) {
-    int64_t chunk_end = k - chunk < SCALE_CHUNK ? k : chunk + SCALE_CHUNK;
-    int64_t first_group = chunk >> kc->group_shift;
-    int64_t chunk_groups = (chunk_end - chunk) >> kc->group_shift;
-    for (int j = 0; j < rb; j++)
-      for (int i = 0; i < xb; i++)
-        make_factors(sdt, job->scales, (r + j) * kc->n_groups + first_group,
-                     job->x_plane_units + (i0 + i) * kc->n_groups + first_group, chunk_groups,
-                     factors[j][i]);
-    const int64_t super_bytes = (int64_t)kc->super_cols * kc->bits / 8;
-    const int64_t super_planes = kc->blocks_per_super * kc->plane_block;
-    const int64_t n_full = (chunk_end - chunk) / kc->super_cols;
-#pragma GCC unroll 4
-    for (int j = 0; j < rb; j++) {
-      /* one row at a time, so that its codes are one sequential stream (the rows' 64-byte blocks
-       * interleaved, four streams, decoded 1B q4 at 44-45 tok/s and q8 at 26-28 on 2 Zen 4 cores;
-       * row by row 48-50 and 31-35); each row's sums keep their order, so the bits are the same.
-       * The walk carries its pointers (codes, planes, group index): computed from the column,
-       * the addresses took a third of the loop's instructions (34 -> 22 per q4 block). */
-      const uint8_t *codes = w[j] + chunk * kc->bits / 8;
+    for (int i = 0; i < xb; i++) total[j][i] = _mm512_setzero_ps();
+    const uint8_t *codes = (const uint8_t *)job->w + (r + j) * row_bytes;
+    for (int64_t chunk = 0; chunk < k; chunk += SCALE_CHUNK) {
+      int64_t chunk_end = k - chunk < SCALE_CHUNK ? k : chunk + SCALE_CHUNK;
+      int64_t first_group = chunk >> kc->group_shift;
+      int64_t chunk_groups = (chunk_end - chunk) >> kc->group_shift;
+      if (chunk > 0)
+        for (int i = 0; i < xb; i++)
+          make_factors(sdt, job->scales, (r + j) * kc->n_groups + first_group,
+                       job->x_plane_units + (i0 + i) * kc->n_groups + first_group, chunk_groups,
+                       factors[j][i]);
       const int8_t *block_planes = planes + chunk / kc->cols_per_block * kc->plane_block;
+      const int64_t n_full = (chunk_end - chunk) / kc->super_cols;
       int64_t group = 0;
       for (int64_t s = 0; s < n_full; s++) {
         super_block(kc, codes, block_planes, job->x_plane_stride, xb, 64, factors[j], group,
@@ -217,16 +226,18 @@ INLINE void gemv_int8_block(const ci_matmul_job *job, ci_dtype sdt, int64_t r, i
         group += kc->groups_per_super;
       }
       const int64_t c = chunk + n_full * kc->super_cols;
-      if (c < chunk_end) /* last, partial code block of the row (SCALE_CHUNK is whole blocks) */
+      if (c < chunk_end) { /* last, partial code block of the row (SCALE_CHUNK is whole blocks) */
         super_block(kc, codes, block_planes, job->x_plane_stride, xb,
                     (int)((chunk_end - c) * kc->bits / 8), factors[j], group, total[j]);
+        codes += (chunk_end - c) * kc->bits / 8;
+      }
     }
   }
   for (int i = 0; i < xb; i++)
     for (int j = 0; j < rb; j++) {
       const float *sums = job->x_group_sums + (i0 + i) * kc->n_groups;
       job->y[(i0 + i) * job->n + r + j] =
-          _mm512_reduce_add_ps(total[j][i]) + bias_dot(job, sdt, r + j, sums, kc->n_groups);
+          _mm512_reduce_add_ps(add_bias_dot(job, sdt, r + j, sums, kc->n_groups, total[j][i]));
     }
 }
 
