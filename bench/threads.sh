@@ -162,8 +162,8 @@ for pair in $DTYPES; do
 done
 
 # 5. The thread pool alone (build/pool_bench: one job of near-empty tasks, back to back and after
-# 20 us of serial work) at each thread count with a 20 us and a 1 ms spin (the defaults of pools
-# of up to 2 threads and of larger ones), and cinfer's last dtype at the most threads with a
+# 20 us of serial work) at each thread count with a 20 us and a 1 ms spin (the old default of
+# pools of up to 2 threads, and the default), and cinfer's last dtype at the most threads with a
 # 20 us spin (CINFER_POOL_SPIN_US), against its default run above.
 if [ ! -x build/pool_bench ]; then
   make build JOBS="$JOBS" >>"$RESULTS/cinfer-build.log" 2>&1 || true

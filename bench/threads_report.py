@@ -105,7 +105,7 @@ def main():
     out.append("Microseconds per job of near-empty tasks (4 per thread): back to back, and after 20 "
                "us of serial work on the caller (as between a decode step's matmuls), with idle "
                "threads spinning 20 us or 1 ms (`CINFER_POOL_SPIN_US`) before they sleep (the "
-               "defaults: 20 us for a pool of up to 2 threads, 1 ms for a larger one).\n")
+               "default: 1 ms; 20 us was the default of pools of up to 2 threads until 2026-12-05).\n")
     out.append("| threads | back to back (20 us spin) | after a gap (20 us spin) | back to back (1 ms "
                "spin) | after a gap (1 ms spin) |")
     out.append("|---|---|---|---|---|")

@@ -1,4 +1,4 @@
-/* Thread pool: workers spin for a while (20 us to 1 ms by the clock), then sleep on a
+/* Thread pool: workers spin for a while (1 ms by the clock), then sleep on a
  * condition variable, waiting for the next job generation; tasks are handed out through an
  * atomic counter. Posting a job and waiting for its end touch the lock only when some thread
  * sleeps (a count of sleepers and a flag of the waiting caller, each checked after the other
@@ -46,17 +46,16 @@ typedef struct {
   int index;
 } worker_arg;
 
-/* How long a thread spins before it sleeps (CINFER_POOL_SPIN_US, or by default 20 us for a pool
- * of up to 2 threads and 1 ms for a larger one). A wait longer than the serial stretches between
- * the jobs of a step keeps workers awake; waking sleepers costs a futex call each, which on the
- * 16-core Xeon measured (build/pool_bench, bench/threads.md) made a job after 20 us of serial
- * work cost 63 us at 8 threads and 172 us at 16 with a 20 us spin, 5.5 and 26 us with 1 ms, and
- * made no difference at 1-2 threads. Past PAUSE_NS the wait yields the core, so on a machine
- * shared with other busy processes a descheduled thread of the same job still gets it. */
+/* How long a thread spins before it sleeps (CINFER_POOL_SPIN_US, or by default 1 ms). A wait
+ * longer than the serial stretches between the jobs of a step keeps workers awake; waking sleepers
+ * costs a futex call each, which on the 16-core Xeon measured (build/pool_bench, bench/threads.md)
+ * made a job after 20 us of serial work cost 63 us at 8 threads and 172 us at 16 with a 20 us spin,
+ * 5.5 and 26 us with 1 ms; on 2 Zen 4 cores the 1 ms spin made 1B Gemma q4 decode 1.4-2.4%
+ * faster than 20 us (its step has serial stretches beyond 20 us: the 262k-row head's sampling).
+ * Past PAUSE_NS the wait yields the core, so on a machine shared with other busy processes a
+ * descheduled thread of the same job still gets it. */
 enum {
-  SMALL_POOL_SPIN_US = 20,   /* the whole wait before sleeping, up to SMALL_POOL threads */
-  LARGE_POOL_SPIN_US = 1000, /* and above */
-  SMALL_POOL = 2,
+  SPIN_US = 1000, /* the whole wait before sleeping */
   PAUSE_NS = 50000,      /* of which the first part spins on pause, the rest yields */
   MAX_SPIN_US = 1000000, /* the most CINFER_POOL_SPIN_US may ask */
   SPIN_CHECK_EVERY = 64
@@ -148,8 +147,7 @@ ci_threadpool *ci_threadpool_create(int n_threads) {
     return NULL;
   }
   pool->n_threads = n_threads;
-  pool->spin_ns =
-      (int64_t)(n_threads <= SMALL_POOL ? SMALL_POOL_SPIN_US : LARGE_POOL_SPIN_US) * 1000;
+  pool->spin_ns = (int64_t)SPIN_US * 1000;
   const char *spin = getenv("CINFER_POOL_SPIN_US");
   if (spin && *spin) {
     char *end = NULL;
