@@ -179,7 +179,7 @@ if [ -x build/pool_bench ]; then
 fi
 last=${DTYPES##* }
 last=${last%%:*}
-max_t=${THREADS##* }
+max_t=$(printf '%s\n' $THREADS | sort -n | tail -1) # the most threads, whatever the list's order
 log "cinfer $last, $max_t threads, CINFER_POOL_SPIN_US=20"
 CINFER_POOL_SPIN_US=20 build/cinfer bench --device cpu --model "$WORK/$name-$last" \
   -p "$PROMPT" -n "$GEN" --runs "$RUNS" --threads "$max_t" --precision "$PRECISION" --json \

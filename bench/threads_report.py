@@ -90,12 +90,14 @@ def main():
                    "| llama.cpp decode | decode ratio | cinfer prefill speed-up | llama.cpp "
                    "prefill speed-up | cinfer decode speed-up | llama.cpp decode speed-up |")
         out.append("|---|---|---|---|---|---|---|---|---|---|---|")
-        base = None
-        for t in threads:
+        # rows by thread count, speed-ups over the fewest threads measured (the run may go from
+        # the most threads down)
+        least = min(threads)
+        base = (cinfer_figures(os.path.join(a.results, f"cinfer-{dtype}-{least}.json")) +
+                llama_figures(os.path.join(a.results, f"llama-{gtype}-{least}.json")))
+        for t in sorted(threads):
             cp, cd = cinfer_figures(os.path.join(a.results, f"cinfer-{dtype}-{t}.json"))
             lp, ld = llama_figures(os.path.join(a.results, f"llama-{gtype}-{t}.json"))
-            if base is None:
-                base = (cp, cd, lp, ld)
             out.append(f"| {t} | {fmt(cp)} | {fmt(lp)} | {fmt(ratio(cp, lp), 2)} | {fmt(cd)} | "
                        f"{fmt(ld)} | {fmt(ratio(cd, ld), 2)} | {fmt(ratio(cp, base[0]), 2)} | "
                        f"{fmt(ratio(lp, base[2]), 2)} | {fmt(ratio(cd, base[1]), 2)} | "
@@ -109,17 +111,17 @@ def main():
     out.append("| threads | back to back (20 us spin) | after a gap (20 us spin) | back to back (1 ms "
                "spin) | after a gap (1 ms spin) |")
     out.append("|---|---|---|---|---|")
-    for t in threads:
+    for t in sorted(threads):
         d20 = load(os.path.join(a.results, f"pool-{t}-20.json")) or {}
         d1k = load(os.path.join(a.results, f"pool-{t}-1000.json")) or {}
         out.append(f"| {t} | {fmt(d20.get('us_per_job'), 2)} | "
                    f"{fmt(d20.get('us_per_job_after_gap'), 2)} | {fmt(d1k.get('us_per_job'), 2)} | "
                    f"{fmt(d1k.get('us_per_job_after_gap'), 2)} |")
     out.append("")
-    last = pairs[-1][0]
-    cp, cd = cinfer_figures(os.path.join(a.results, f"cinfer-spin20-{last}-{threads[-1]}.json"))
-    dp, dd = cinfer_figures(os.path.join(a.results, f"cinfer-{last}-{threads[-1]}.json"))
-    out.append(f"cinfer {last} at {threads[-1]} threads with a 20 us spin: prefill {fmt(cp)} "
+    last, most = pairs[-1][0], max(threads)
+    cp, cd = cinfer_figures(os.path.join(a.results, f"cinfer-spin20-{last}-{most}.json"))
+    dp, dd = cinfer_figures(os.path.join(a.results, f"cinfer-{last}-{most}.json"))
+    out.append(f"cinfer {last} at {most} threads with a 20 us spin: prefill {fmt(cp)} "
                f"tok/s, decode {fmt(cd)} tok/s (default spin, table above: {fmt(dp)} / "
                f"{fmt(dd)}).\n")
     print("\n".join(out))
