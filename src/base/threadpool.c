@@ -55,7 +55,7 @@ typedef struct {
  * Past PAUSE_NS the wait yields the core, so on a machine shared with other busy processes a
  * descheduled thread of the same job still gets it. */
 enum {
-  SPIN_US = 1000, /* the whole wait before sleeping */
+  SPIN_US = 1000,        /* the whole wait before sleeping */
   PAUSE_NS = 50000,      /* of which the first part spins on pause, the rest yields */
   MAX_SPIN_US = 1000000, /* the most CINFER_POOL_SPIN_US may ask */
   SPIN_CHECK_EVERY = 64
