@@ -1,7 +1,8 @@
 /* One weight matrix's matmul on the CPU, as a decode step runs it (ci_cpu_matmul_segments_multi,
  * the thread pool, the ISA's kernels): x of --m rows times W [--rows, --cols] of --dtype (bf16,
- * or MLX affine q8/q4 with bf16 scales and biases in groups of --group), random weights in
- * allocated memory. --copies distinct matrices are used in turn, so that with many copies (the
+ * or MLX affine q8/q4 with bf16 scales and biases in groups of --group), random weights (their
+ * codes in anonymous memory advised for transparent huge pages, as the model loader places
+ * them). --copies distinct matrices are used in turn, so that with many copies (the
  * default: enough for 400 MB) every call streams its weights from DRAM, and with --copies 1 a
  * small matrix stays in cache and the figure is the kernel's compute. Prints one JSON object: the
  * best of --rounds passes over the copies, microseconds per call, the weight bytes (codes, scales
@@ -17,6 +18,7 @@
 #include "tensor/tensor.h"
 
 #include <stdio.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,6 +39,22 @@ static void fill_bf16(uint16_t *out, size_t count, uint16_t exponent_bits, int s
     const uint64_t r = next_random(state);
     out[i] = (uint16_t)(exponent_bits | (r & 0x7f) | (signed_values && (r & 0x100) ? 0x8000 : 0));
   }
+}
+
+/* Rounds a weight allocation up to whole 2 MiB pages. */
+static size_t huge_round(size_t bytes) {
+  const size_t huge = (size_t)2 << 20;
+  return (bytes + huge - 1) / huge * huge;
+}
+
+/* Weight codes in anonymous memory advised for transparent huge pages, as the model loader
+ * places them, so that the kernels see the TLB behaviour of a loaded model. */
+static uint8_t *alloc_weights(size_t bytes) {
+  void *p =
+      mmap(NULL, huge_round(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  madvise(p, huge_round(bytes), MADV_HUGEPAGE); /* advice only */
+  return p;
 }
 
 int main(int argc, char **argv) {
@@ -93,7 +111,7 @@ int main(int argc, char **argv) {
   }
   uint64_t state = 0x9e3779b97f4a7c15ull;
   for (int c = 0; c < copies; c++) {
-    uint8_t *codes = malloc(code_bytes);
+    uint8_t *codes = alloc_weights(code_bytes);
     uint16_t *scales = affine ? malloc(scale_count * sizeof *scales) : NULL;
     uint16_t *biases = affine ? malloc(scale_count * sizeof *biases) : NULL;
     if (!codes || (affine && (!scales || !biases))) {
@@ -155,7 +173,7 @@ int main(int argc, char **argv) {
   ci_arena_free(&scratch);
   if (pool) ci_threadpool_free(pool);
   for (int c = 0; c < copies; c++) {
-    free((void *)weights[c].data);
+    munmap((void *)weights[c].data, huge_round(code_bytes));
     free((void *)weights[c].scales);
     free((void *)weights[c].biases);
   }

@@ -17,6 +17,17 @@ enum {
   GEMM_MR = 12,  /* x rows per register tile: as the f32 panel kernels (x_pairs layout) */
   GEMM_NR = CI_PAIR_PANEL_ROWS,      /* weight rows per panel */
   GEMM_KC = 2 * CI_BF16_PANEL_PAIRS, /* columns per panel (256 pairs) */
+  /* Rows of at most SHORT_ROW_COLS columns, against at most SHORT_ROW_MAX_M x rows, are walked
+   * one weight row at a time (one sequential stream per thread) with each line prefetched
+   * SHORT_ROW_PREFETCH bytes ahead into L1, instead of four rows side by side. Measured with
+   * bench/matmul_bench (weights in huge pages, the two walks alternating in one process, 2-core
+   * AMD EPYC): rows of 1,152 columns 9-20% faster at 1 x row, 23-44% at 2-8 rows, 18-55% slower
+   * at 16-32; rows of 2,048 columns and more 4-35% slower at 1-8 rows (their four streams already
+   * run at the DRAM rate; the prefetches only add loads). Each output's sum is the same chain
+   * either way (same bits). */
+  SHORT_ROW_COLS = 1536,
+  SHORT_ROW_MAX_M = 8,
+  SHORT_ROW_PREFETCH = 8192,
 };
 
 /* 32 bf16 as the operand type of vdpbf16ps. */
@@ -26,12 +37,14 @@ INLINE __m512bh as_bh(__m512i v) {
 
 /* ==== Row kernels (bf16 weights, small m) ==== */
 
-/* y[i0:i0+xb, r:r+rb] = x_bf16 rows . W rows, 32 columns per vdpbf16ps; rb and xb are
- * compile-time constants after inlining. The four weight rows stream without software
+/* y[i0:i0+xb, r:r+rb] = x_bf16 rows . W rows, 32 columns per vdpbf16ps; rb, xb and prefetch
+ * are compile-time constants after inlining. Four weight rows stream without software
  * prefetches: the hardware prefetchers follow four sequential streams, and a prefetch per cache
  * line measured equal or slower (llama1b bf16 on this project's 2-core AMD EPYC: batch 1
- * 22.2-23.8 vs 22.5-26.3 tok/s without, batch 4 59.7-59.8 vs 64.1-64.6). */
-INLINE void gemv_block(const ci_matmul_job *job, int64_t r, int rb, int64_t i0, int xb) {
+ * 22.2-23.8 vs 22.5-26.3 tok/s without, batch 4 59.7-59.8 vs 64.1-64.6). With `prefetch` (one
+ * short row, SHORT_ROW_COLS) each weight line is prefetched SHORT_ROW_PREFETCH bytes ahead. */
+INLINE void gemv_block(const ci_matmul_job *job, int64_t r, int rb, int64_t i0, int xb,
+                       int prefetch) {
   const int64_t k = job->k;
   const uint16_t *x = job->x_bf16 + i0 * k;
   const uint16_t *w = (const uint16_t *)job->w;
@@ -44,6 +57,7 @@ INLINE void gemv_block(const ci_matmul_job *job, int64_t r, int rb, int64_t i0, 
     for (int j = 0; j < rb; j++) {
       const uint16_t *p = w + (r + j) * k + c;
       wv[j] = _mm512_loadu_si512(p);
+      if (prefetch) _mm_prefetch((const char *)p + SHORT_ROW_PREFETCH, _MM_HINT_T0);
     }
     for (int i = 0; i < xb; i++) {
       const __m512i xv = _mm512_loadu_si512(x + i * k + c);
@@ -64,32 +78,38 @@ INLINE void gemv_block(const ci_matmul_job *job, int64_t r, int rb, int64_t i0, 
       job->y[(i0 + i) * job->n + r + j] = _mm512_reduce_add_ps(acc[j][i]);
 }
 
-/* All x rows against weight rows [r, r+rb), x rows in blocks of X_BLOCK. */
-INLINE void gemv_row_block(const ci_matmul_job *job, int64_t r, int rb) {
+/* All x rows against weight rows [r, r+rb), x rows in blocks of X_BLOCK; the first block
+ * prefetches the weight lines when `prefetch`. */
+INLINE void gemv_row_block(const ci_matmul_job *job, int64_t r, int rb, int prefetch) {
   int64_t i = 0;
-  for (; i + X_BLOCK <= job->m; i += X_BLOCK) gemv_block(job, r, rb, i, X_BLOCK);
+  for (; i + X_BLOCK <= job->m; i += X_BLOCK) gemv_block(job, r, rb, i, X_BLOCK, prefetch && !i);
   switch (job->m - i) {
   case 3:
-    gemv_block(job, r, rb, i, 3);
+    gemv_block(job, r, rb, i, 3, prefetch && !i);
     break;
   case 2:
-    gemv_block(job, r, rb, i, 2);
+    gemv_block(job, r, rb, i, 2, prefetch && !i);
     break;
   case 1:
-    gemv_block(job, r, rb, i, 1);
+    gemv_block(job, r, rb, i, 1, prefetch && !i);
     break;
   default:
     break;
   }
 }
 
-/* Row kernel of bf16 weights: rows in blocks of ROW_BLOCK, the leftover rows one by one. */
+/* Row kernel of bf16 weights: short rows against few x rows one at a time, prefetched (see
+ * SHORT_ROW_COLS); otherwise rows in blocks of ROW_BLOCK, the leftover rows one by one. */
 static void gemv_bf16(const ci_matmul_job *job, int64_t row_begin, int64_t row_end,
                       float *scratch) {
   (void)scratch;
   int64_t r = row_begin;
-  for (; r + ROW_BLOCK <= row_end; r += ROW_BLOCK) gemv_row_block(job, r, ROW_BLOCK);
-  for (; r < row_end; r++) gemv_row_block(job, r, 1);
+  if (job->k <= SHORT_ROW_COLS && job->m <= SHORT_ROW_MAX_M) {
+    for (; r < row_end; r++) gemv_row_block(job, r, 1, 1);
+    return;
+  }
+  for (; r + ROW_BLOCK <= row_end; r += ROW_BLOCK) gemv_row_block(job, r, ROW_BLOCK, 0);
+  for (; r < row_end; r++) gemv_row_block(job, r, 1, 0);
 }
 
 /* ==== Panel kernels (every format, large m) ==== */
