@@ -53,9 +53,9 @@ typedef struct {
 } shape;
 
 int main(void) {
-  const shape shapes[] = {{"8B q|k|v", 6144, 4096},  {"8B o", 4096, 4096},
+  const shape shapes[] = {{"8B q|k|v", 6144, 4096},    {"8B o", 4096, 4096},
                           {"8B gate|up", 28672, 4096}, {"8B down", 4096, 14336},
-                          {"1B q|k|v", 3072, 2048},  {"1B o", 2048, 2048},
+                          {"1B q|k|v", 3072, 2048},    {"1B o", 2048, 2048},
                           {"1B gate|up", 16384, 2048}, {"1B down", 2048, 8192}};
   const int rows[] = {16, 64, 128, 256};
   enum { MAX_ALGOS = 32, REPS = 20 };
@@ -100,8 +100,8 @@ int main(void) {
       CHECK_LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, s.n, m, s.n));
       cublasLtMatmulHeuristicResult_t res[MAX_ALGOS];
       int found = 0;
-      CHECK_LT(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, MAX_ALGOS, res,
-                                              &found));
+      CHECK_LT(
+          cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, MAX_ALGOS, res, &found));
       const float one = 1.0f, zero = 0.0f;
       std::vector<float> ref((size_t)m * s.n), out((size_t)m * s.n);
       double first_us = 0, best_us = 1e30;
@@ -109,8 +109,10 @@ int main(void) {
       for (int a = 0; a < found; a++) {
         float *dst = a == 0 ? y_ref : y;
         if (cublasLtMatmul(lt, desc, &one, w[0], la, x, lb, &zero, dst, lc, dst, lc, &res[a].algo,
-                           NULL, 0, 0) != CUBLAS_STATUS_SUCCESS)
+                           NULL, 0, 0) != CUBLAS_STATUS_SUCCESS) {
+          if (a == 0) break; /* no reference to compare the others with */
           continue;
+        }
         CHECK_CUDA(cudaDeviceSynchronize());
         if (a == 0) {
           CHECK_CUDA(cudaMemcpy(ref.data(), y_ref, ref.size() * 4, cudaMemcpyDeviceToHost));
@@ -134,9 +136,13 @@ int main(void) {
         if (a == 0) first_us = us;
         if (us < best_us) best_us = us;
       }
-      printf("| %s | %d | %.1f | %.2f | %d | %d | %.1f | %.2f | %.2f |\n", s.name, m, first_us,
-             w_bytes / first_us / 1e6, found, identical, best_us, w_bytes / best_us / 1e6,
-             first_us / best_us);
+      if (first_us == 0) {
+        printf("| %s | %d | no algorithm ran | | %d | | | | |\n", s.name, m, found);
+      } else {
+        printf("| %s | %d | %.1f | %.2f | %d | %d | %.1f | %.2f | %.2f |\n", s.name, m, first_us,
+               w_bytes / first_us / 1e6, found, identical, best_us, w_bytes / best_us / 1e6,
+               first_us / best_us);
+      }
       fflush(stdout);
       cublasLtMatrixLayoutDestroy(la);
       cublasLtMatrixLayoutDestroy(lb);

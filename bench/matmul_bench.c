@@ -18,9 +18,9 @@
 #include "tensor/tensor.h"
 
 #include <stdio.h>
-#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 /* xorshift64: the random bytes of the weights and x */
 static uint64_t next_random(uint64_t *state) {
