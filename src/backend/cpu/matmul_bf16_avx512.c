@@ -37,8 +37,8 @@ INLINE __m512bh as_bh(__m512i v) {
 
 /* ==== Row kernels (bf16 weights, small m) ==== */
 
-/* y[i0:i0+xb, r:r+rb] = x_bf16 rows . W rows, 32 columns per vdpbf16ps; rb, xb and prefetch
- * are compile-time constants after inlining. Four weight rows stream without software
+/* y[i0:i0+xb, r:r+rb] = x_bf16 rows . W rows, 32 columns per vdpbf16ps; rb and xb are
+ * compile-time constants after inlining. Four weight rows stream without software
  * prefetches: the hardware prefetchers follow four sequential streams, and a prefetch per cache
  * line measured equal or slower (llama1b bf16 on this project's 2-core AMD EPYC: batch 1
  * 22.2-23.8 vs 22.5-26.3 tok/s without, batch 4 59.7-59.8 vs 64.1-64.6). With `prefetch` (one

@@ -221,9 +221,9 @@ INLINE void gemv_int8_block(const ci_matmul_job *job, ci_dtype sdt, int64_t r, i
       const int8_t *block_planes = planes + chunk / kc->cols_per_block * kc->plane_block;
       const int64_t n_full = (chunk_end - chunk) / kc->super_cols;
       int64_t group = 0;
-      /* two super blocks an iteration: the loop's pointer and counter updates were ~4 of a q4
-       * block's ~19 instructions (fast precision, 2 Zen 4 threads, alternating pairs: 1B q4
-       * decode +8.3%, Gemma q4 +5%, q8 +4.8%; same bits) */
+      /* two super blocks an iteration: by count from the source, the loop's pointer and counter
+       * updates are ~4 of a q4 block's ~19 instructions (fast precision, 2 Zen 4 threads,
+       * alternating pairs: 1B q4 decode +8.3%, Gemma q4 +5%, q8 +4.8%; same bits) */
 #pragma GCC unroll 2
       for (int64_t s = 0; s < n_full; s++) {
         super_block(kc, codes, block_planes, job->x_plane_stride, xb, 64, factors[j], group,
