@@ -675,7 +675,9 @@ static void test_fast_matmul_error_bound(void **state) {
       {"1", "1", "1"}, {"0", "1", "1"}, {"1", "0", "1"}, {"1", "1", "0"}};
   for (int isa = 0; isa < CI_ISA_COUNT; isa++) {
     if (!ci_isa_supported((ci_isa)isa)) continue;
-    for (size_t t = 0; t < (isa == CI_ISA_AVX512 ? 4u : 1u); t++) {
+    /* AVX2: with and without its 16-bit row kernels (CINFER_INT8) */
+    for (size_t t = 0; t < (isa == CI_ISA_AVX512 ? 4u : isa == CI_ISA_AVX2 ? 3u : 1u); t++) {
+      if (isa == CI_ISA_AVX2 && t == 1) continue;
       setenv("CINFER_BF16", toggles[t][0], 1);
       setenv("CINFER_INT8", toggles[t][1], 1);
       setenv("CINFER_AMX", toggles[t][2], 1);
@@ -722,6 +724,60 @@ static void test_fast_matmul_error_bound(void **state) {
   unsetenv("CINFER_BF16");
   unsetenv("CINFER_INT8");
   unsetenv("CINFER_AMX");
+}
+
+/* Fast precision on AVX2: the 16-bit row kernels (integer sums of codes times x16) multiply the
+ * same grid of x as the f32 row kernels given x rounded to it (CINFER_INT8=0), so the two agree
+ * within f32 rounding (1e-5 of the sum of |terms|; an element exactly between two grid points
+ * may round either way), for q8 and q4 with every scale dtype, groups of 32, 64 and 128, rows
+ * longer than a chunk of factors, and 1 to 3 x rows; an Inf or NaN in a group gives non-finite
+ * outputs. */
+static void test_x16_matches_rounded(void **state) {
+  (void)state;
+  if (!ci_isa_supported(CI_ISA_AVX2)) return;
+  test_rng rng = {31};
+  const ci_dtype scale_dtypes[] = {CI_F32, CI_F16, CI_BF16};
+  const int groups[] = {32, 64, 128};
+  for (int q = 0; q < 2; q++)
+    for (size_t gi = 0; gi < 3; gi++)
+      for (size_t si = 0; si < 3; si++) {
+        const int group = groups[gi];
+        const int64_t n = 19, k = gi == 0 && si == 0 ? 512 * 32 + 3 * 32 : 5 * group + 256;
+        test_weight w = make_weight(&rng, q ? CI_Q4 : CI_Q8, n, k, scale_dtypes[si], group);
+        for (int64_t m = 1; m <= 3; m++) {
+          float *x = make_x(&rng, m, k);
+          double *want = malloc((size_t)(m * n) * sizeof *want);
+          double *abs_sum = malloc((size_t)(m * n) * sizeof *abs_sum);
+          naive_matmul(&w.t, x, m, want, abs_sum);
+          float *y16 = make_y(m, n), *y_rounded = make_y(m, n);
+          setenv("CINFER_INT8", "1", 1);
+          assert_int_equal(
+              ci_cpu_matmul_with(NULL, CI_ISA_AVX2, CI_PRECISION_FAST, &w.t, x, m, y16, 0), CI_OK);
+          setenv("CINFER_INT8", "0", 1);
+          assert_int_equal(
+              ci_cpu_matmul_with(NULL, CI_ISA_AVX2, CI_PRECISION_FAST, &w.t, x, m, y_rounded, 0),
+              CI_OK);
+          check_guard(y16, m, n);
+          for (int64_t i = 0; i < m * n; i++)
+            if (!(fabs((double)y16[i] - y_rounded[i]) <= 1e-5 * abs_sum[i] + 1e-30))
+              fail_msg("x16 %s group %d scales %s m=%lld: y[%lld] = %.9g, rounded-x kernels %.9g "
+                       "(sum of |terms| %.3g)",
+                       q ? "q4" : "q8", group, ci_dtype_get(scale_dtypes[si])->name, (long long)m,
+                       (long long)i, y16[i], y_rounded[i], abs_sum[i]);
+          x[(m - 1) * k + k / 2] = m == 2 ? NAN : INFINITY;
+          setenv("CINFER_INT8", "1", 1);
+          assert_int_equal(
+              ci_cpu_matmul_with(NULL, CI_ISA_AVX2, CI_PRECISION_FAST, &w.t, x, m, y16, 0), CI_OK);
+          for (int64_t r = 0; r < n; r++) assert_false(isfinite(y16[(m - 1) * n + r]));
+          free(x);
+          free(want);
+          free(abs_sum);
+          free(y16);
+          free(y_rounded);
+        }
+        free_weight(&w);
+      }
+  unsetenv("CINFER_INT8");
 }
 
 /* Bad arguments fail with a message instead of computing garbage. */
@@ -951,6 +1007,7 @@ int main(void) {
       cmocka_unit_test(test_matmul_rows_batch_invariant),
       cmocka_unit_test(test_matmul_multi_matches_single),
       cmocka_unit_test(test_fast_matmul_error_bound),
+      cmocka_unit_test(test_x16_matches_rounded),
       cmocka_unit_test(test_panel_rows_independent),
       cmocka_unit_test(test_matmul_rejects_bad_weights),
       cmocka_unit_test(test_vec_dot_axpy),

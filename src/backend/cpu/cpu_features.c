@@ -132,6 +132,12 @@ int ci_cpu_int8_matmul_enabled(void) {
   return !(requested && strcmp(requested, "0") == 0);
 }
 
+int ci_cpu_x16_matmul_enabled(void) {
+  if (!ci_isa_supported(CI_ISA_AVX2)) return 0;
+  const char *requested = getenv("CINFER_INT8");
+  return !(requested && strcmp(requested, "0") == 0);
+}
+
 int ci_cpu_bf16_dot_enabled(void) {
   pthread_once(&hardware_once, compute_hardware);
   if (!hardware.avx512_bf16) return 0;

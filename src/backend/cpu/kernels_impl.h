@@ -44,7 +44,9 @@ typedef struct {
   const int8_t *x_planes;     /* int8 row kernels: x as planes, see CI_X_PLANE_BLOCK_Q8 */
   int x_plane_count;          /* planes of x_planes in use: 3 (exact) or the first 2 (fast) */
   int64_t x_plane_stride;     /* bytes per x row of x_planes */
-  const float *x_plane_units; /* [m, k/group]: the value of one unit of the planes */
+  const float *x_plane_units; /* [m, k/group]: the value of one unit of the planes (or of x16) */
+  const int16_t *x16;         /* 16-bit row kernels: x as int16 per group, see quantize_x16 */
+  int64_t x16_stride;         /* elements per x row of x16 (a multiple of 32) */
   const uint16_t *x_bf16;     /* bf16-dot row kernels: x rounded to bf16, [m, k] */
   const uint32_t *x_pairs;    /* bf16-dot panel kernels: x rounded to bf16 in panels of gemm_mr
                                  rows of column pairs, [m/mr][ceil(k/2)][mr] (low half: the even
@@ -100,6 +102,17 @@ typedef struct {
    * CI_X_PLANE_BLOCK_Q8) and their units [m, k/group] for `bits`-bit codes; with gemv_int8. */
   void (*quantize_x_planes)(int8_t *planes, float *units, const float *x, int64_t m, int64_t k,
                             int group, int bits, int64_t stride, int n_planes);
+  /* Fast precision's row kernels of the affine formats for CPUs without gemv_int8 (NULL where
+   * absent; used when ci_cpu_x16_matmul_enabled()): they read x16, written by quantize_x16, and
+   * x_plane_units. Each group g of each x row is one int16 per element, t = round(x / u_g) with
+   * u_g = max|x_g| / 127 / 256 (|t| <= 32512; the grid the f32 row kernels are given in fast
+   * precision without these kernels), u_g 0 for an all-zero group and NaN for one holding Inf or
+   * NaN (its t 0); in column order for 8-bit codes, and for 4-bit codes per 32 columns the 16
+   * even ones (the low nibbles) before the 16 odd ones. Rows are `stride` elements apart, x16
+   * 32-byte aligned. */
+  const ci_matmul_rows_fn *gemv_x16;
+  void (*quantize_x16)(int16_t *x16, float *units, const float *x, int64_t m, int64_t k, int group,
+                       int bits, int64_t stride);
   /* Fast precision with bf16 dot products (AVX512_BF16 vdpbf16ps; NULL where absent, used when
    * ci_cpu_bf16_dot_enabled()): row kernels reading x_bf16 (indexed by format, NULL for formats
    * without one) and panel kernels reading x_pairs, which decode W to bf16 column pairs. Same
@@ -125,6 +138,12 @@ extern const ci_matmul_rows_fn ci_matmul_gemv_int8_avx512_vnni[CI_WF_COUNT];
 void ci_quantize_x_planes_avx512(int8_t *planes, float *units, const float *x, int64_t m, int64_t k,
                                  int group, int bits, int64_t stride, int n_planes);
 
+/* The AVX2 16-bit row kernels of fast precision and their quantizer (see
+ * ci_matmul_kernels.gemv_x16). */
+extern const ci_matmul_rows_fn ci_matmul_gemv_x16_avx2[CI_WF_COUNT];
+void ci_quantize_x16_avx2(int16_t *x16, float *units, const float *x, int64_t m, int64_t k,
+                          int group, int bits, int64_t stride);
+
 /* The AVX512_BF16 kernels of fast precision (see ci_matmul_kernels.gemv_bf16_dot). The panel
  * kernels decode two panels of CI_BF16_PANEL_PAIRS column pairs by 32 rows into the per-thread
  * scratch: the table's scratch_floats must hold CI_BF16_GEMM_SCRATCH_WORDS. */
@@ -149,6 +168,10 @@ int ci_cpu_bf16_dot_enabled(void);
 /* 1 when the CPU runs AVX-512 with AVX512_VNNI and the environment variable CINFER_INT8 is not
  * "0": the affine row kernels may then use int8 x planes. */
 int ci_cpu_int8_matmul_enabled(void);
+
+/* 1 when the CPU runs AVX2 and the environment variable CINFER_INT8 is not "0": fast precision's
+ * affine row kernels may then use 16-bit x (ci_matmul_kernels.gemv_x16). */
+int ci_cpu_x16_matmul_enabled(void);
 
 const ci_cpu_vec_kernels *ci_vec_kernels_ref(void);
 const ci_cpu_vec_kernels *ci_vec_kernels_avx2(void);

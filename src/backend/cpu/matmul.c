@@ -264,6 +264,7 @@ typedef struct {
   const ci_cpu_vec_kernels *vec; /* the ISA's vector loops (bf16 rounding, bit-exact) */
   int fast;                      /* CI_PRECISION_FAST */
   int int8;                      /* the VNNI int8-plane row kernels (affine formats) */
+  int x16;                       /* the 16-bit row kernels (affine formats, fast, without int8) */
   int bf16_dot;                  /* the AVX512_BF16 kernels (fast only) */
   int amx;                       /* the AMX-BF16 panel kernels (fast only, with bf16_dot) */
 } matmul_plan;
@@ -361,6 +362,19 @@ static int prepare_part(ci_threadpool *pool, ci_arena *scratch, const matmul_pla
     job->x_group_sums = group_sums;
     return CI_OK;
   }
+  if (plan->x16) { /* fast precision's 16-bit grid as int16 (the rounding below, in integers) */
+    const int64_t stride = (k + 31) / 32 * 32;
+    int16_t *x16 = ci_arena_take(scratch, (size_t)(m * stride) * sizeof *x16);
+    float *units = take_floats(scratch, (size_t)(m * n_groups));
+    if (!x16 || !units) return CI_ERR;
+    kernels->quantize_x16(x16, units, job->x, m, k, job->group, ci_tensor_bits(w), stride);
+    job->x16 = x16;
+    job->x16_stride = stride;
+    job->x_plane_units = units;
+    part->fn = kernels->gemv_x16[job->format];
+    job->x_group_sums = group_sums;
+    return CI_OK;
+  }
   if (plan->fast) {
     float *rounded = take_floats(scratch, (size_t)(m * k));
     if (!rounded) return CI_ERR;
@@ -441,6 +455,8 @@ int ci_cpu_matmul_segments_multi(ci_threadpool *pool, ci_isa isa, ci_precision p
       .fast = precision == CI_PRECISION_FAST,
       .int8 = affine && kernels->gemv_int8 && kernels->gemv_int8[format] &&
               kernels->quantize_x_planes && ci_cpu_int8_matmul_enabled(),
+      .x16 = affine && precision == CI_PRECISION_FAST && kernels->gemv_x16 &&
+             kernels->gemv_x16[format] && kernels->quantize_x16 && ci_cpu_x16_matmul_enabled(),
       .bf16_dot = precision == CI_PRECISION_FAST && kernels->gemv_bf16_dot &&
                   kernels->gemm_bf16_dot && ci_cpu_bf16_dot_enabled(),
       .amx = precision == CI_PRECISION_FAST && kernels->gemm_bf16_dot && kernels->gemm_amx &&

@@ -382,6 +382,8 @@ const ci_matmul_kernels *ci_matmul_kernels_avx2(void) {
       .gemm_nr = GEMM_NR,
       .scratch_floats = GEMM_KC * GEMM_NR,
       .word_lanes = VW,
+      .gemv_x16 = ci_matmul_gemv_x16_avx2,
+      .quantize_x16 = ci_quantize_x16_avx2,
   };
   return &kernels;
 }
