@@ -350,10 +350,10 @@ static void check_attention_shape(ci_backend *be, const ci_kv_format *format, in
   twin_free(&t);
 }
 
-/* Fast precision on affine rows (the AVX-512 loop scores and weighs them by the group
- * factorisation of the affine form instead of dequantising every dim): the same attention as over
- * the decoded values up to f32 rounding, for 1 to 4 groups a row, GQA groups of 2 and 4, windows,
- * and a key range split over the threads. */
+/* Fast precision on affine rows (the AVX-512 loop dequantises each 16-dim chunk in place, with
+ * the row mode a compile-time constant, instead of decoding rows into the tile): the same
+ * attention as over the decoded values up to f32 rounding, for 1 to 4 groups a row, GQA groups of
+ * 2 and 4, windows, and a key range split over the threads. */
 static void test_attention_fast_affine(void **state) {
   (void)state;
   static const ci_kv_format formats[] = {
