@@ -88,11 +88,15 @@ def section(model, dtype, d):
     l_size = next((r.get("model_size") for r in lb if r.get("model_size")), None)
     l_batched = {r.get("pl"): r.get("speed_tg") for r in batched}
     roof = bw / wbytes if bw and wbytes else None
-    l_roof = bw / l_size if bw and l_size else None
-    out += [f"Measured bandwidth {bw / 1e12:.2f} TB/s; cinfer's weights {wbytes / 1e9:.2f} GB per "
-            f"token, so its batch-1 roofline is {fmt(roof)} tok/s"
-            + (f" (llama.cpp's {ltype} file {l_size / 1e9:.2f} GB: {fmt(l_roof)} tok/s)"
-               if l_roof else "")
+    # Both engines' shares are over cinfer's bytes per token: the same weights at the same bits
+    # per weight (bf16; 8.5 and 4.5 for MLX q8/q4 with groups of 64 as for Q8_0/Q4_0). llama.cpp's
+    # file is no measure of what its decode reads: it holds the token-embedding table, of which a
+    # step reads one row (an untied model's 1 GB at 8B in bf16), and llama-quantize may store the
+    # head in another type.
+    out += [f"Measured bandwidth {bw / 1e12:.2f} TB/s; the weights a decode step reads are "
+            f"{wbytes / 1e9:.2f} GB per token, so the batch-1 roofline is {fmt(roof)} tok/s; both "
+            "engines' shares below are over it"
+            + (f" (llama.cpp's {ltype} file: {l_size / 1e9:.2f} GB)" if l_size else "")
             + f". GPU memory in use by cinfer at the end: "
             f"{c.get('gpu_memory_used_bytes', 0) / 2**30:.1f} GiB.", ""]
     share = lambda t, r=roof: "" if t is None or not r else f" ({100 * t / r:.0f}% of roofline)"
@@ -106,14 +110,14 @@ def section(model, dtype, d):
         out += ["| measure | cinfer exact | cinfer fast | llama.cpp | exact / llama.cpp | "
                 "fast / llama.cpp |", "|---|---|---|---|---|---|"]
         for name, e, f, l, roofed in rows:
-            sh, lsh = (share, lambda t: share(t, l_roof)) if roofed else (none, none)
-            out.append(f"| {name} | {fmt(e)}{sh(e)} | {fmt(f)}{sh(f)} | {fmt(l)}{lsh(l)} | "
+            sh = share if roofed else none
+            out.append(f"| {name} | {fmt(e)}{sh(e)} | {fmt(f)}{sh(f)} | {fmt(l)}{sh(l)} | "
                        f"{ratio(e, l)} | {ratio(f, l)} |")
     else:
         out += ["| measure | cinfer | llama.cpp | cinfer / llama.cpp |", "|---|---|---|---|"]
         for name, e, _, l, roofed in rows:
-            sh, lsh = (share, lambda t: share(t, l_roof)) if roofed else (none, none)
-            out.append(f"| {name} | {fmt(e)}{sh(e)} | {fmt(l)}{lsh(l)} | {ratio(e, l)} |")
+            sh = share if roofed else none
+            out.append(f"| {name} | {fmt(e)}{sh(e)} | {fmt(l)}{sh(l)} | {ratio(e, l)} |")
     return out + [""]
 
 
@@ -169,7 +173,13 @@ def main():
            "(B sequences of the same context decoding together). cinfer *exact* feeds the "
            "matmuls and attention two bf16 planes of each f32 activation (value and remainder, "
            "logits within ~1e-3 of an f32 reference); *fast* one bf16 plane, as llama.cpp "
-           "feeds bf16 activations.", ""]
+           "feeds bf16 activations. Shares of the roofline are the bytes of weights a decode "
+           "step reads (cinfer's count: every matrix, and one row of an untied embedding table) "
+           "times tok/s over the bandwidth a device copy measured in the same run, for both "
+           "engines alike: they run the same weights at the same bits per weight. llama.cpp's "
+           "file size is given beside it but is no measure of what its decode reads: the file "
+           "holds the whole token-embedding table (1 GB of an untied 8B model in bf16) and "
+           "llama-quantize may store the head in another type.", ""]
     for model, dtype, d in runs(results):
         out += section(model, dtype, d)
     out += depth_section(os.path.join(results, "depth"))
