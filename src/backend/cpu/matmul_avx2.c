@@ -375,9 +375,14 @@ const ci_matmul_kernels *ci_matmul_kernels_avx2(void) {
                gemv_q4_f16, gemv_q4_bf16},
       .gemm = {gemm_f32, gemm_f16, gemm_bf16, gemm_q8_f32, gemm_q8_f16, gemm_q8_bf16, gemm_q4_f32,
                gemm_q4_f16, gemm_q4_bf16},
-      /* Measured crossovers (Zen 4): the affine row kernels decode once per x row, so panels
-       * win early. */
-      .gemm_min_m = {24, 24, 24, 6, 6, 6, 6, 6, 6},
+      /* The AVX-512 table's thresholds, so that a call of a given row count takes the same kind
+       * of kernel on either ISA: a multi-row call that stays on the row kernels gives each row
+       * the bits of a one-row call, which speculative verification (a draft of up to 16 tokens
+       * checked in one call against one-token decode), prompt-cache reuse and chunked feeds
+       * rely on (test_speculative, test_prompt_cache, test_session, test_kv_delayed; with 24 and
+       * 6, measured as the crossovers on Zen 4, they failed on an AVX2-only EPYC). Panels still
+       * take every prompt chunk of 128 rows (affine: 24) and more. */
+      .gemm_min_m = {128, 128, 128, 24, 24, 24, 24, 24, 24},
       .gemm_mr = GEMM_MR,
       .gemm_nr = GEMM_NR,
       .scratch_floats = GEMM_KC * GEMM_NR,
