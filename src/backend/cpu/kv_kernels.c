@@ -1,5 +1,6 @@
 /* Attention inner loops per KV codec (see kv_kernels.h): the plain-C row decoders are the
- * reference for every codec; AVX-512 decoders replace them where kv_kernels_avx512.c has one. */
+ * reference for every codec; AVX-512 decoders replace them where kv_kernels_avx512.c has one.
+ * The attention loop is the ISA's (kv_kernels_avx2.c, kv_kernels_avx512.c), or the plain-C one. */
 #include "backend/cpu/kv_kernels.h"
 
 #include "backend/cpu/kernels_impl.h"
@@ -177,6 +178,7 @@ ci_kv_kernels ci_cpu_kv_kernels(ci_isa isa, const ci_kv_format *format, int head
   default:
     k.decode_k = k.decode_v = decode_f32;
   }
+  if (isa == CI_ISA_AVX2 && head_dim % 8 == 0) k.attend = ci_kv_attend_avx2;
   if (isa == CI_ISA_AVX512 && head_dim % 16 == 0) {
     k.attend = ci_kv_attend_avx512;
     ci_kv_row_decoder fast_k = ci_kv_decoder_avx512(format, 0);

@@ -57,10 +57,15 @@ ci_kv_kernels ci_cpu_kv_kernels(ci_isa isa, const ci_kv_format *format, int head
 typedef void (*ci_kv_row_decoder)(const ci_paged_kv *kv, const uint8_t *row, float *x);
 ci_kv_row_decoder ci_kv_decoder_avx512(const ci_kv_format *format, int value);
 
-/* The attention loops: plain C (any D) and AVX-512 (D a multiple of 16, G <= 8). */
+/* The attention loops: plain C (any D), AVX2 (D a multiple of 8, G <= 8, blocks of up to 64
+ * tokens; bf16/f32 rows in place, the other codecs through their row decoders) and AVX-512 (D a
+ * multiple of 16, G <= 8). Outside its shapes each falls back to the plain-C loop. */
 void ci_kv_attend_ref(const ci_kv_kernels *k, const ci_paged_kv *kv, int head0, int n_heads,
                       const float *qp, int G, int64_t lo, int64_t hi, float scale, float softcap,
                       float *scratch, float *out);
+void ci_kv_attend_avx2(const ci_kv_kernels *k, const ci_paged_kv *kv, int head0, int n_heads,
+                       const float *qp, int G, int64_t lo, int64_t hi, float scale, float softcap,
+                       float *scratch, float *out);
 void ci_kv_attend_avx512(const ci_kv_kernels *k, const ci_paged_kv *kv, int head0, int n_heads,
                          const float *qp, int G, int64_t lo, int64_t hi, float scale, float softcap,
                          float *scratch, float *out);
