@@ -13,12 +13,13 @@
 #define INLINE static inline __attribute__((always_inline))
 
 enum {
-  VW = 8,        /* floats per vector */
-  ROW_BLOCK = 4, /* weight rows per row-kernel block */
-  X_BLOCK = 2,   /* x rows per row-kernel block (16 registers: 8 accumulators) */
-  GEMM_MR = 6,   /* x rows per register tile */
-  GEMM_NR = 16,  /* weight rows per panel (two vectors) */
-  GEMM_KC = 256, /* columns per panel; a multiple of every group size */
+  VW = 8,          /* floats per vector */
+  ROW_BLOCK = 4,   /* weight rows per row-kernel block */
+  X_BLOCK = 2,     /* x rows per row-kernel block (16 registers: 8 accumulators) */
+  GEMM_MR = 6,     /* x rows per register tile */
+  GEMM_NR = 16,    /* weight rows per panel (two vectors) */
+  GEMM_KC = 256,   /* columns per panel; a multiple of every group size */
+  GEMM_PANELS = 4, /* panels decoded before the x tiles pass over them */
   /* How far ahead (bytes) the row kernels prefetch along each weight row's stream; rows of a
    * chunk are contiguous, so short rows prefetch into the following rows. */
   FLOAT_PREFETCH_BYTES = 4096,
@@ -331,17 +332,23 @@ static void gemm_tile(int64_t kc, const float *x_panel, const float *panel, floa
 /* Panel kernel template: for each block of GEMM_KC columns, decode each 16-row panel of the
  * chunk once and multiply it by every 6-row tile of x. */
 INLINE void gemm_rows(const ci_matmul_job *job, ci_weight_format f, int64_t row_begin,
-                      int64_t row_end, float *panel) {
+                      int64_t row_end, float *panels) {
   const int64_t k = job->k, m = job->m;
   for (int64_t c0 = 0; c0 < k; c0 += GEMM_KC) {
     int64_t kc = k - c0 < GEMM_KC ? k - c0 : GEMM_KC;
-    for (int64_t row = row_begin; row < row_end; row += GEMM_NR) {
-      int cols = row_end - row < GEMM_NR ? (int)(row_end - row) : GEMM_NR;
-      pack_panel(job, f, row, c0, kc, panel);
+    for (int64_t row0 = row_begin; row0 < row_end; row0 += GEMM_PANELS * GEMM_NR) {
+      const int64_t span =
+          row_end - row0 < GEMM_PANELS * GEMM_NR ? row_end - row0 : GEMM_PANELS * GEMM_NR;
+      for (int64_t p = 0; p * GEMM_NR < span; p++)
+        pack_panel(job, f, row0 + p * GEMM_NR, c0, kc, panels + p * GEMM_KC * GEMM_NR);
       for (int64_t i0 = 0; i0 < m; i0 += GEMM_MR) {
         const float *x_panel = job->x_packed + i0 * k + c0 * GEMM_MR;
         int rows = m - i0 < GEMM_MR ? (int)(m - i0) : GEMM_MR;
-        gemm_tile(kc, x_panel, panel, job->y + i0 * job->n + row, job->n, rows, cols, c0 > 0);
+        for (int64_t p = 0; p * GEMM_NR < span; p++) {
+          const int cols = span - p * GEMM_NR < GEMM_NR ? (int)(span - p * GEMM_NR) : GEMM_NR;
+          gemm_tile(kc, x_panel, panels + p * GEMM_KC * GEMM_NR,
+                    job->y + i0 * job->n + row0 + p * GEMM_NR, job->n, rows, cols, c0 > 0);
+        }
       }
     }
   }
@@ -385,7 +392,7 @@ const ci_matmul_kernels *ci_matmul_kernels_avx2(void) {
       .gemm_min_m = {128, 128, 128, 24, 24, 24, 24, 24, 24},
       .gemm_mr = GEMM_MR,
       .gemm_nr = GEMM_NR,
-      .scratch_floats = GEMM_KC * GEMM_NR,
+      .scratch_floats = GEMM_PANELS * GEMM_KC * GEMM_NR,
       .word_lanes = VW,
       .gemv_x16 = ci_matmul_gemv_x16_avx2,
       .quantize_x16 = ci_quantize_x16_avx2,
