@@ -7,6 +7,8 @@
  * G heads. Each head's result depends on its own queries and rows only. */
 #include "backend/cpu/kv_kernels.h"
 
+#include "backend/cpu/avx2_lanes.h"
+
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -27,8 +29,7 @@ INLINE __m256 row_chunk(const float *tile, const uint8_t *rows, size_t row_bytes
                         int c, int mode) {
   const uint8_t *row = rows + (size_t)r * row_bytes;
   if (mode == ROWS_BF16)
-    return _mm256_castsi256_ps(_mm256_slli_epi32(
-        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(row + 16 * c))), 16));
+    return bf16x8_to_f32(_mm_loadu_si128((const __m128i *)(const void *)(row + 16 * c)));
   if (mode == ROWS_F32) return _mm256_loadu_ps((const float *)(const void *)row + VW * c);
   return _mm256_loadu_ps(tile + (size_t)r * D + VW * c);
 }
@@ -122,11 +123,8 @@ INLINE void attend_block(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_h
       _mm256_store_ps(scores[g] + r, e);
       sum = _mm256_add_ps(sum, e);
     }
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
     o[0] = block_max;
-    o[1] = o[1] * rescale[g] + _mm_cvtss_f32(s);
+    o[1] = o[1] * rescale[g] + sum_lanes(sum);
   }
   /* Weighted values: cn output chunks of every head at once, one FMA chain each over the keys */
   const int chunks = G <= 2 ? 4 : G <= 4 ? 2 : 1;

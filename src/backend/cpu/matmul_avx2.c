@@ -4,6 +4,7 @@
  * (large m) decode 16 weight rows x 256 columns into an f32 panel and run a 6x16
  * register-tiled outer-product loop over it. Every kernel is one always-inline template
  * instantiated per weight format. */
+#include "backend/cpu/avx2_lanes.h"
 #include "backend/cpu/kernels_impl.h"
 #include "backend/cpu/scale_load.h"
 
@@ -27,23 +28,6 @@ enum {
 };
 
 /* ==== Loading and decoding weights ==== */
-
-/* Widens 8 bf16 values to f32. */
-INLINE __m256 bf16x8_to_f32(__m128i h) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-/* Elements [i, i+8) of a float-format array as f32. */
-INLINE __m256 load_float8(ci_dtype dt, const void *base, int64_t i) {
-  switch (dt) {
-  case CI_F16:
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i)));
-  case CI_BF16:
-    return bf16x8_to_f32(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i)));
-  default:
-    return _mm256_loadu_ps((const float *)base + i);
-  }
-}
 
 /* Elements [i, i+count) of a float-format array as f32, count < 8, the other lanes 0. */
 INLINE __m256 load_float_partial(ci_dtype dt, const void *base, int64_t i, int64_t count) {
@@ -72,14 +56,6 @@ INLINE __m256 q4_codes(const uint8_t *p) {
   __m256i codes = _mm256_srlv_epi32(_mm256_set1_epi32((int)word),
                                     _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
   return _mm256_cvtepi32_ps(_mm256_and_si256(codes, _mm256_set1_epi32(15)));
-}
-
-/* Sum of the 8 lanes. */
-INLINE float sum_lanes(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 /* ==== Row kernels (small m) ==== */

@@ -8,6 +8,7 @@
  * precision keeps its meaning; the sums are exact integers where the f32 kernels round each FMA,
  * and a 32-column step costs four vpmaddwd (128-bit) where the f32 kernels widen, convert and
  * multiply every code. The quantizer writing x16 lives here too. */
+#include "backend/cpu/avx2_lanes.h"
 #include "backend/cpu/kernels_impl.h"
 #include "backend/cpu/scale_load.h"
 
@@ -57,37 +58,13 @@ INLINE void step32(const uint8_t *codes, const int16_t *x16, int64_t x_stride, i
   }
 }
 
-/* Sum of the 8 lanes. */
-INLINE float sum_lanes(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-/* Elements [i, i+8) of a scale/bias array of dtype sdt as f32. */
-INLINE __m256 load_scales8(ci_dtype sdt, const void *base, int64_t i) {
-  switch (sdt) {
-  case CI_F16:
-    return _mm256_cvtph_ps(
-        _mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)base + i)));
-  case CI_BF16:
-    return _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(
-                              (const __m128i *)(const void *)((const uint16_t *)base + i))),
-                          16));
-  default:
-    return _mm256_loadu_ps((const float *)base + i);
-  }
-}
-
 /* out[g] = scales[first + g] * units[g] for g < count. */
 INLINE void make_factors(ci_dtype sdt, const void *scales, int64_t first, const float *units,
                          int64_t count, float *out) {
   int64_t g = 0;
   for (; g + VW <= count; g += VW)
-    _mm256_store_ps(
-        out + g, _mm256_mul_ps(load_scales8(sdt, scales, first + g), _mm256_loadu_ps(units + g)));
+    _mm256_store_ps(out + g,
+                    _mm256_mul_ps(load_float8(sdt, scales, first + g), _mm256_loadu_ps(units + g)));
   for (; g < count; g++) out[g] = load_scale(sdt, scales, first + g) * units[g];
 }
 
@@ -133,7 +110,7 @@ INLINE void gemv_x16_row(const ci_matmul_job *job, ci_dtype sdt, int bits, int g
     __m256 lanes = _mm256_insertf128_ps(_mm256_setzero_ps(), total[i], 0);
     int64_t g = 0;
     for (; g + VW <= n_groups; g += VW)
-      lanes = _mm256_fmadd_ps(load_scales8(sdt, job->biases, row * n_groups + g),
+      lanes = _mm256_fmadd_ps(load_float8(sdt, job->biases, row * n_groups + g),
                               _mm256_loadu_ps(sums + g), lanes);
     float rest = 0.0f;
     for (; g < n_groups; g++) rest += load_scale(sdt, job->biases, row * n_groups + g) * sums[g];

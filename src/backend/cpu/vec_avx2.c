@@ -1,22 +1,10 @@
 /* AVX2 vector loops over bf16 rows (KV cache rows): 8 lanes per step, scalar tails; and the
  * gated activations of activation.h on 8 lanes. */
 #include "backend/cpu/activation.h"
+#include "backend/cpu/avx2_lanes.h"
 #include "backend/cpu/kernels_impl.h"
 
 #include <immintrin.h>
-
-/* Widens 8 bf16 values to f32. */
-static inline __m256 bf16x8_to_f32(__m128i h) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-/* Sum of the 8 lanes. */
-static inline float sum_lanes(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 /* sum_i x[i] * bf16(a[i]), two accumulators to hide the FMA latency. */
 static float dot_bf16_avx2(const float *x, const uint16_t *a, int64_t n) {
