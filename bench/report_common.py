@@ -33,10 +33,24 @@ def commit_of_binary():
 
 
 def cpu_model():
+    """The CPU's model name with its family/model numbers and the vector ISA the kernels can use
+    (a VM's model name alone, e.g. "AMD EPYC", does not tell a Zen 1 from a Zen 4)."""
+    fields = {}
     for line in sh(["lscpu"]).splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    name = fields.get("Model name", "unknown")
+    flags = set(fields.get("Flags", "").split())
+    if "avx512f" in flags:
+        extras = [f for f in ("avx512_vnni", "avx512_bf16", "amx_bf16") if f in flags]
+        isa = "AVX-512" + (" (" + ", ".join(extras) + ")" if extras else "")
+    elif "avx2" in flags:
+        isa = "AVX2, no AVX-512"
+    else:
+        isa = "no AVX2"
+    family, model = fields.get("CPU family"), fields.get("Model")
+    where = f"family {family}, model {model}; " if family and model else ""
+    return f"{name} ({where}{isa})"
 
 
 def fmt(x, digits=1):
