@@ -31,8 +31,9 @@ enum {
 /* 32 columns of one weight row against xb x rows: acc[i] += the int32 lane sums of code * x16.
  * 8-bit codes: 32 bytes in column order; 4-bit: 16 bytes, column 2j in the low nibble of byte j,
  * 2j + 1 in the high one, x16 holding the 16 even columns before the 16 odd ones. In 128-bit
- * halves: on a Zen 1 EPYC the 256-bit form (vpmovzxbw ymm, vpmaddwd ymm) took 6.2 cycles per 32
- * columns from L1 where this takes 5.7 (q4) and 4.9 (q8), and decode ran 10% (q4) and 5% (q8)
+ * halves: on a Zen 1 EPYC the 256-bit form (vpmovzxbw ymm, vpmaddwd ymm) took 6.2 (q4) and 6.5
+ * (q8) cycles per 32 columns from L1 where this takes 5.5 and 5.4 (build/avx2_rates), and
+ * decode ran 10% (q4) and 5% (q8)
  * slower with it. */
 INLINE void step32(const uint8_t *codes, const int16_t *x16, int64_t x_stride, int bits, int xb,
                    __m128i acc[X_BLOCK]) {
