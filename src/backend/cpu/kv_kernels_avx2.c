@@ -7,6 +7,7 @@
  * G heads. Each head's result depends on its own queries and rows only. */
 #include "backend/cpu/kv_kernels.h"
 
+#include "backend/cpu/activation.h"
 #include "backend/cpu/avx2_lanes.h"
 
 #include <immintrin.h>
@@ -43,21 +44,21 @@ INLINE __m256 reduce_add8(const __m256 v[8]) {
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-/* exp(x) for 8 lanes, x <= 0 (softmax arguments): x = n ln2 + r, |r| <= ln2/2 (ln2 in two parts),
- * a degree-6 polynomial for e^r and 2^n from exponent bits; about 2 ulp, inputs below -87 give
- * about e^-87 or less (the weights of such keys vanish beside the maximum's 1). */
+/* exp(x) for 8 lanes, x <= 0 (softmax arguments): the Cody-Waite reduction and degree-6
+ * polynomial of activation.h (its constants), 2^n from exponent bits, inputs clamped to -87 (the
+ * weights of such keys, about e^-87, vanish beside the maximum's 1). */
 INLINE __m256 exp8(__m256 x) {
   x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(CI_EXP_LOG2E)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(CI_EXP_LN2_HI), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(CI_EXP_LN2_LO), r);
+  __m256 p = _mm256_set1_ps(CI_EXP_P0);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P5));
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
   /* 2^n for -126 <= n <= 0 as exponent bits */
   const __m256i bits =
