@@ -108,12 +108,14 @@ static void run_tasks(ci_threadpool *pool, int n, ci_task_fn fn, void *ctx) {
     for (int t = 0; t < n; t++) fn(ctx, t, 0);
 }
 
-/* Panel packing job: x [m, k] into panels of mr rows, [ceil(m/mr)][k][mr], zero past row m. */
+/* Panel packing job: x [m, k] into panels of mr rows, [ceil(m/mr)][k][mr], zero past row m;
+ * with round_bf16 each value rounded to bf16 (as round_rows_bf16) on the way. */
 typedef struct {
   float *dst;
   const float *x;
   int64_t m, k;
   int mr;
+  int round_bf16;
 } x_panel_packing;
 
 /* Pool task: packs panel `task`. */
@@ -123,7 +125,13 @@ static void pack_x_panel(void *ctx, int task, int thread) {
   for (int r = 0; r < p->mr; r++) {
     int64_t row = (int64_t)task * p->mr + r;
     const float *src = p->x + row * p->k;
-    for (int64_t c = 0; c < p->k; c++) panel[c * p->mr + r] = row < p->m ? src[c] : 0.0f;
+    if (row >= p->m)
+      for (int64_t c = 0; c < p->k; c++) panel[c * p->mr + r] = 0.0f;
+    else if (p->round_bf16)
+      for (int64_t c = 0; c < p->k; c++)
+        panel[c * p->mr + r] = ci_bf16_to_f32(ci_f32_to_bf16(src[c]));
+    else
+      for (int64_t c = 0; c < p->k; c++) panel[c * p->mr + r] = src[c];
   }
 }
 
@@ -321,16 +329,22 @@ static int prepare_part(ci_threadpool *pool, ci_arena *scratch, const matmul_pla
       part->fn = kernels->gemv_bf16_dot[job->format];
       return CI_OK;
     }
-    float *rounded = take_floats(scratch, (size_t)(m * k));
-    if (!rounded) return CI_ERR;
-    round_rows_bf16(rounded, job->x, m * k);
-    job->x = rounded;
+    if (!part->panel) {
+      float *rounded = take_floats(scratch, (size_t)(m * k));
+      if (!rounded) return CI_ERR;
+      round_rows_bf16(rounded, job->x, m * k);
+      job->x = rounded;
+    }
   }
   if (part->panel) {
+    /* fast precision without bf16 products: x is rounded while packed, over the pool (rounding
+     * it first on this thread made Gemma-3-1B's bf16 prefill 7% slower than exact on AVX2) */
+    const int round_bf16 = plan->fast && (bf16_weight || affine);
     const int mr = kernels->gemm_mr;
     float *packed = take_floats(scratch, (size_t)((m + mr - 1) / mr * mr * k));
     if (!packed) return CI_ERR;
-    x_panel_packing packing = {.dst = packed, .x = job->x, .m = m, .k = k, .mr = mr};
+    x_panel_packing packing = {
+        .dst = packed, .x = job->x, .m = m, .k = k, .mr = mr, .round_bf16 = round_bf16};
     const int n_panels = (int)((m + mr - 1) / mr);
     run_tasks(pool, n_panels, pack_x_panel, &packing);
     job->x_packed = packed;
