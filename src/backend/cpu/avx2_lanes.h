@@ -5,6 +5,7 @@
 #ifndef CI_BACKEND_CPU_AVX2_LANES_H
 #define CI_BACKEND_CPU_AVX2_LANES_H
 
+#include "backend/cpu/activation.h"
 #include "backend/cpu/kernels_impl.h"
 
 #include <immintrin.h>
@@ -36,6 +37,30 @@ CI_AVX2_INLINE float sum_lanes(__m256 v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
+}
+
+/* The core of activation.h's exp on 8 lanes, for x already clamped: n = round(x log2(e)),
+ * r = x - n ln2 (ln2 in two parts), and the Horner polynomial P0 .. P5 in r, each step an
+ * explicit FMA in activation.h's order. Callers finish e^r = p r^2 + r + 1 and scale by 2^n. */
+CI_AVX2_INLINE __m256 exp_poly_mm256(__m256 x, __m256 *n_out, __m256 *r_out) {
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(CI_EXP_LOG2E)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-CI_EXP_LN2_HI), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-CI_EXP_LN2_LO), r);
+  __m256 p = _mm256_set1_ps(CI_EXP_P0);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P4));
+  *n_out = n;
+  *r_out = r;
+  return _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P5));
+}
+
+/* 2^n for integral n in [-126, 127] as f32 exponent bits. */
+CI_AVX2_INLINE __m256 pow2_mm256(__m256 n) {
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
 }
 
 #endif

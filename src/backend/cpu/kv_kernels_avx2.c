@@ -7,7 +7,6 @@
  * G heads. Each head's result depends on its own queries and rows only. */
 #include "backend/cpu/kv_kernels.h"
 
-#include "backend/cpu/activation.h"
 #include "backend/cpu/avx2_lanes.h"
 
 #include <immintrin.h>
@@ -49,21 +48,12 @@ INLINE __m256 reduce_add8(const __m256 v[8]) {
  * weights of such keys, about e^-87, vanish beside the maximum's 1). */
 INLINE __m256 exp8(__m256 x) {
   x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(CI_EXP_LOG2E)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(CI_EXP_LN2_HI), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(CI_EXP_LN2_LO), r);
-  __m256 p = _mm256_set1_ps(CI_EXP_P0);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P1));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P2));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P3));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P4));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P5));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  /* 2^n for -126 <= n <= 0 as exponent bits */
-  const __m256i bits =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+  __m256 n, r;
+  const __m256 p = exp_poly_mm256(x, &n, &r);
+  /* 2^n: -126 <= n <= 0 */
+  return _mm256_mul_ps(
+      _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f))),
+      pow2_mm256(n));
 }
 
 /* One block of keys [j, j + count) for the G query heads of one KV head: scores, the online

@@ -95,21 +95,11 @@ static void bf16_to_f32_avx2(float *dst, const uint16_t *a, int64_t n) {
 /* 1 + exp(x) on 8 lanes, operation for operation as ci_one_plus_exp (activation.h). */
 static inline __m256 one_plus_exp_mm256(__m256 x) {
   x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(CI_EXP_MIN)), _mm256_set1_ps(CI_EXP_MAX));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(CI_EXP_LOG2E)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-CI_EXP_LN2_HI), x);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-CI_EXP_LN2_LO), r);
-  __m256 p = _mm256_set1_ps(CI_EXP_P0);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P1));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P2));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P3));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P4));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CI_EXP_P5));
+  __m256 n, r;
+  __m256 p = exp_poly_mm256(x, &n, &r);
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
   p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
-  const __m256i bits =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_fmadd_ps(p, _mm256_castsi256_ps(bits), _mm256_set1_ps(1.0f));
+  return _mm256_fmadd_ps(p, pow2_mm256(n), _mm256_set1_ps(1.0f));
 }
 
 static inline __m256 silu_mul_mm256(__m256 g, __m256 up) {
