@@ -13,7 +13,10 @@
  *     different codecs in one call bit-identical to each alone (exact and fast), and each codec's
  *     KL against bf16 KV on two fixtures no worse than the CPU's (KL_SLACK, KL_FLOOR; exact and
  *     fast);
- *   - matmuls of one input grouped in a step (mixed affine formats) equal each alone;
+ *   - matmuls of one input grouped in a step (mixed affine formats) equal each alone, in the
+ *     small-batch kernel and in the batch kernel;
+ *   - the batch kernel (9 to a few hundred input rows) bit-identical to cuBLASLt (affine weights:
+ *     over the dequantised matrix; every group size, f16 pairs, K segments, two planes, bf16);
  *   - matmul rows bit-identical for every batch size (row r of an m-row product equals the
  *     1-row product of that row) on the shapes of the Llama-3.2-1B and 3.1-8B geometries, and
  *     affine rows the small-batch kernel sums in K segments bit-identical to cuBLASLt's strided
@@ -254,11 +257,10 @@ static void check_affine(ci_backend *cpu, ci_backend *cu, int bits, int group, c
  * large matrix beside a 4-row one (a gated-DeltaNet gate projection: not a multiple of 16 rows)
  * through a buffer sized for 4 rows. Rows equal the matrices' products alone (the small-batch
  * kernel's rows are cuBLASLt's, bit for bit). */
-static void check_grouped_parts(int bits, int64_t k, int64_t n0, int group0, int64_t n1,
-                                int group1) {
+static void check_grouped_parts(int bits, int64_t k, int64_t n0, int group0, int64_t n1, int group1,
+                                int64_t M, int planes) {
   ci_backend *cu = gpu(); /* fresh: no scratch grown yet */
-  ci_cuda_set_input_planes(cu, 1);
-  enum { M = 4 };
+  ci_cuda_set_input_planes(cu, planes);
   const int64_t n[2] = {n0, n1};
   const int groups[2] = {group0, group1};
   ci_tensor w[2], wg[2];
@@ -287,8 +289,10 @@ static void check_grouped_parts(int bits, int64_t k, int64_t n0, int group0, int
       assert_memory_equal(got[p], alone[p], (size_t)(M * n[p]) * 4);
     }
   }
-  printf("  q%d g%d %lld x %lld beside g%d %lld x %lld in one step: rows equal each alone\n", bits,
-         groups[0], (long long)n[0], (long long)k, groups[1], (long long)n[1], (long long)k);
+  printf("  q%d g%d %lld x %lld beside g%d %lld x %lld in one step, %lld rows x %d plane%s: rows "
+         "equal each alone\n",
+         bits, groups[0], (long long)n[0], (long long)k, groups[1], (long long)n[1], (long long)k,
+         (long long)M, planes, planes > 1 ? "s" : "");
   for (int p = 0; p < 2; p++) {
     cu->ops->release(cu, dy[p]);
     free(alone[p]);
@@ -303,12 +307,102 @@ static void check_grouped_parts(int bits, int64_t k, int64_t n0, int group0, int
 
 static void test_grouped_affine_parts(void **state) {
   (void)state;
-  check_grouped_parts(8, 2048, 4096, 64, 64, 32);
-  check_grouped_parts(8, 2048, 4096, 32, 4, 32);
+  check_grouped_parts(8, 2048, 4096, 64, 64, 32, 4, 1);
+  check_grouped_parts(8, 2048, 4096, 32, 4, 32, 4, 1);
   /* rows long enough to be cut into K segments (ci_cuda_k_segment); q4 matrices of 4096 columns
    * cut in two only up to 4096 rows, so the two run as launches of their own */
-  check_grouped_parts(8, 8192, 1024, 64, 512, 64);
-  check_grouped_parts(4, 4096, 4608, 64, 1024, 64);
+  check_grouped_parts(8, 8192, 1024, 64, 512, 64, 4, 1);
+  check_grouped_parts(4, 4096, 4608, 64, 1024, 64, 4, 1);
+  /* the batch kernel's launches of several parts (17 and more input rows): one format
+   * (q|k|v-like, the second part not a whole row group, the third below a tile), mixed formats
+   * (each part its own launch), K segments, partial products of two planes */
+  check_grouped_parts(4, 2048, 1024, 64, 72, 64, 40, 1);
+  check_grouped_parts(8, 2048, 4096, 64, 4, 64, 33, 1);
+  check_grouped_parts(8, 2048, 4096, 64, 64, 32, 40, 1);
+  check_grouped_parts(4, 4096, 4096, 64, 1024, 64, 24, 2);
+  check_grouped_parts(8, 8192, 1024, 64, 512, 64, 100, 1);
+  check_grouped_parts(4, 4096, 4608, 64, 1024, 64, 64, 2);
+}
+
+/* The batch kernel (cuda_batch_gemm.cu) against cuBLASLt (affine weights: over the dequantised
+ * matrix), bit for bit, at row counts of one and several input tiles, partial ones and both
+ * planes. */
+static void check_batch_kernel(ci_backend *cu, const ci_tensor *w, const char *what) {
+  enum { MAX_M = 200 };
+  const int64_t n = w->shape[0], k = w->shape[1];
+  ci_tensor wg = *w;
+  assert_int_equal(cu->ops->prepare_weight(cu, &wg), CI_OK);
+  float *x = malloc((size_t)(MAX_M * k) * sizeof *x);
+  for (int64_t i = 0; i < MAX_M * k; i++) x[i] = frand();
+  float *dx = to_device(cu, x, (size_t)(MAX_M * k)),
+        *dy = cu->ops->alloc(cu, (size_t)(MAX_M * n) * 4);
+  float *batch = malloc((size_t)(MAX_M * n) * 4), *blas = malloc((size_t)(MAX_M * n) * 4);
+  const int64_t ms[] = {9, 17, 29, 40, 64, 100, MAX_M};
+  int differ = 0;
+  for (int planes = 1; planes <= 2; planes++) {
+    ci_cuda_set_input_planes(cu, planes);
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+      ci_cuda_set_batch_rows(cu, 0, 0);
+      assert_int_equal(cu->ops->matmul(cu, &wg, dx, ms[i], dy, NULL), CI_OK);
+      from_device(cu, blas, dy, (size_t)(ms[i] * n));
+      ci_cuda_set_batch_rows(cu, 1 << 20, 1 << 20);
+      cu->ops->fill(cu, dy, 0.0f, ms[i] * n);
+      assert_int_equal(cu->ops->matmul(cu, &wg, dx, ms[i], dy, NULL), CI_OK);
+      from_device(cu, batch, dy, (size_t)(ms[i] * n));
+      const int d = memcmp(batch, blas, (size_t)(ms[i] * n) * 4) != 0;
+      if (d)
+        printf("    %lld rows x %d plane%s: batch-kernel rows DIFFER from cuBLASLt's (max |dy| "
+               "%.2e)\n",
+               (long long)ms[i], planes, planes > 1 ? "s" : "",
+               max_abs_diff(batch, blas, (size_t)(ms[i] * n)));
+      differ += d;
+    }
+  }
+  printf("  batch kernel, %s %6lld x %5lld, 9-%d rows, 1 and 2 planes: %s\n", what, (long long)n,
+         (long long)k, MAX_M,
+         differ ? "rows DIFFER from cuBLASLt's" : "bit-identical to cuBLASLt's rows");
+  assert_int_equal(differ, 0);
+  cu->ops->release(cu, dx);
+  cu->ops->release(cu, dy);
+  free(x);
+  free(batch);
+  free(blas);
+}
+
+static void check_batch_affine(ci_backend *cu, int bits, int group, ci_dtype sdtype, int64_t n,
+                               int64_t k) {
+  ci_tensor w = random_affine(bits, group, sdtype, n, k);
+  char what[64];
+  snprintf(what, sizeof what, "q%d g%d %s", bits, group, ci_dtype_get(sdtype)->name);
+  check_batch_kernel(cu, &w, what);
+  free_affine(&w);
+}
+
+static void check_batch_bf16(ci_backend *cu, int64_t n, int64_t k) {
+  uint16_t *data = malloc((size_t)(n * k) * 2);
+  for (int64_t i = 0; i < n * k; i++) data[i] = ci_f32_to_bf16(frand() * 0.1f);
+  ci_tensor w = {.dtype = CI_BF16, .ndim = 2, .shape = {n, k}, .data = data};
+  check_batch_kernel(cu, &w, "bf16");
+  free(data);
+}
+
+static void test_batch_kernel(void **state) {
+  (void)state;
+  ci_backend *cu = gpu();
+  const int groups[] = {32, 64, 128};
+  for (int bits = 4; bits <= 8; bits += 4)
+    for (int g = 0; g < 3; g++) check_batch_affine(cu, bits, groups[g], CI_BF16, 320, 1152);
+  check_batch_affine(cu, 4, 64, CI_F16, 2048, 2048);
+  check_batch_affine(cu, 8, 64, CI_F16, 1000, 1024);   /* not a whole row group */
+  check_batch_affine(cu, 4, 256, CI_BF16, 1024, 4096); /* two K segments (q4, 4096 columns) */
+  check_batch_affine(cu, 8, 64, CI_BF16, 4096, 14336); /* the 8B down projection: segments */
+  check_batch_affine(cu, 4, 64, CI_BF16, 2048, 14336);
+  check_batch_affine(cu, 4, 64, CI_BF16, 8, 2048); /* fewer rows than a tile */
+  check_batch_bf16(cu, 320, 1152);
+  check_batch_bf16(cu, 1000, 2048);
+  check_batch_bf16(cu, 4096, 14336);
+  check_batch_bf16(cu, 6144, 4096);
+  cu->ops->destroy(cu);
 }
 
 static void test_affine_matmul_ops(void **state) {
@@ -1964,6 +2058,7 @@ int main(void) {
                                      cmocka_unit_test(test_window_release),
                                      cmocka_unit_test(test_row_picks),
                                      cmocka_unit_test(test_grouped_affine_parts),
+                                     cmocka_unit_test(test_batch_kernel),
                                      cmocka_unit_test(test_fusions_bitwise)};
   /* CI_TEST_FILTER="*attention*": run only the tests whose names match (a quick check) */
   const char *filter = getenv("CI_TEST_FILTER");

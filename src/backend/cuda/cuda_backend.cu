@@ -602,6 +602,11 @@ extern "C" void ci_cuda_set_input_planes(ci_backend *be, int planes) {
   ci_as_cuda(be)->input_planes = planes == 1 ? 1 : 2;
 }
 
+extern "C" void ci_cuda_set_batch_rows(ci_backend *be, int affine_rows, int bf16_rows) {
+  ci_as_cuda(be)->batch_rows_affine = affine_rows < 0 ? 0 : affine_rows;
+  ci_as_cuda(be)->batch_rows_bf16 = bf16_rows < 0 ? 0 : bf16_rows;
+}
+
 extern "C" int ci_cuda_device_memory(int gpu, size_t *free_bytes, size_t *total_bytes) {
   int count = ci_cuda_device_count();
   if (count == 0) return ci_fail("cannot read GPU memory: no CUDA GPU is visible");
@@ -660,7 +665,7 @@ extern "C" ci_backend *ci_cuda_backend_create(int gpu, int n_threads) {
   cu->ring.bytes = RING_BYTES;
   cu->ring.device = (uint8_t *)ci_cuda_malloc(cu, RING_BYTES);
   if (!cu->ring.device || ci_cuda_blas_create(cu) || ci_cuda_graphs_create(cu) ||
-      ci_cuda_flash_init(cu) || ci_cuda_gemv_init(cu)) {
+      ci_cuda_flash_init(cu) || ci_cuda_gemv_init(cu) || ci_cuda_batch_gemm_init(cu)) {
     cuda_destroy(&cu->base);
     return NULL;
   }

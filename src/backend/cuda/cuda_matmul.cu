@@ -5,7 +5,10 @@
  * keeps batched rows bit-identical to solo ones (tested on the GPU). Long affine rows are summed
  * in K segments (ci_cuda_k_segment) in one strided-batched call and an in-order sum. Up to 16 input
  * rows of bf16 weights go to the small-batch kernel of cuda_gemv.cu instead, which computes the
- * same bits at the bandwidth limit. Plans (layouts and the chosen algorithm) are cached per shape;
+ * same bits at the bandwidth limit (affine weights up to 16 rows too); above that, up to a few
+ * hundred rows, the batch kernel of cuda_batch_gemm.cu (affine weights dequantised in registers;
+ * same bits again); only larger products (prefill) run in cuBLASLt, affine weights dequantised
+ * slice by slice first. Plans (layouts and the chosen algorithm) are cached per shape;
  * cuBLASLt itself is opened at run time, so programs that never start a GPU never load it. */
 #include "backend/cuda/cuda_internal.h"
 
@@ -263,21 +266,43 @@ static int parts_take_gemv(const ci_cuda *cu, const ci_cuda_cmd *c, int parts) {
   return small;
 }
 
+/* 1 when matmul commands [c, c + parts) that the small-batch kernel does not take run in the batch
+ * kernel (cuda_batch_gemm.cu): every part is of one format and the rows fit it. */
+static int parts_take_batch(const ci_cuda *cu, const ci_cuda_cmd *c, int parts) {
+  const ci_cuda_weight *w0 = &c->a.matmul.w;
+  const int64_t k = c->a.matmul.k, m = c->a.matmul.m;
+  int batch = parts <= CI_CUDA_GEMV_MAX_PARTS &&
+              ci_cuda_batch_gemm_fits(cu, w0->dtype, w0->group_size, k, cu->input_planes * m);
+  for (int p = 1; p < parts; p++)
+    batch &= c[p].a.matmul.w.dtype == w0->dtype && c[p].a.matmul.w.group_size == w0->group_size &&
+             c[p].a.matmul.w.f16_pairs == w0->f16_pairs;
+  return batch;
+}
+
+/* Whether a product writes partial products to scratch slot 4 ([segments][planes * m][n]) for
+ * ci_cuda_segment_sum: with K segments always; the batch kernel with two planes too. */
+static int writes_partials(int segs, int batch, int planes) {
+  return segs > 1 || (batch && planes == 2);
+}
+
 void ci_cuda_matmul_scratch(const ci_cuda *cu, const ci_cuda_cmd *c, int parts,
                             size_t need[CI_CUDA_SCRATCH_SLOTS]) {
   const int dtype = c->a.matmul.w.dtype;
   const int64_t k = c->a.matmul.k, m = c->a.matmul.m;
   const int planes = is_half(dtype) ? cu->input_planes : 1;
   const int small = parts_take_gemv(cu, c, parts);
+  const int batch = !small && parts_take_batch(cu, c, parts);
   for (int s = 0; s < CI_CUDA_SCRATCH_SLOTS; s++) need[s] = 0;
   need[0] = is_half(dtype) ? (size_t)planes * m * k * sizeof(uint16_t) : 0;
-  size_t partial = 0; /* the segments' partial products: [segments][planes * m][n] a part */
+  size_t partial = 0; /* the partial products: [segments][planes * m][n] a part */
   for (int p = 0; p < parts; p++) {
     const int64_t n = c[p].a.matmul.n, segs = segments_of(k, ci_cuda_k_segment(cu, dtype, n, k));
-    partial += segs > 1 ? (size_t)(segs * planes * m * n) * sizeof(float) : 0;
+    partial += writes_partials((int)segs, batch, planes)
+                   ? (size_t)(segs * planes * m * n) * sizeof(float)
+                   : 0;
   }
   need[4] = partial;
-  for (int p = 0; p < parts && !small; p++) {
+  for (int p = 0; p < parts && !small && !batch; p++) {
     const int64_t n = c[p].a.matmul.n;
     const size_t sum = planes == 2 && segments_of(k, ci_cuda_k_segment(cu, dtype, n, k)) == 1
                            ? (size_t)2 * m * n * sizeof(float)
@@ -347,6 +372,42 @@ static int blas_matmul(ci_cuda *cu, const ci_cuda_weight *w, int64_t n, int64_t 
   return CI_OK;
 }
 
+/* Matrices in the batch kernel: runs of parts cut into the same K segments as one launch,
+ * each part's partial products (segments, or two planes) at its own place in scratch slot 4 (as
+ * ci_cuda_matmul_scratch sized it), then summed into y in the order blas_matmul sums them. */
+static int batch_kernel_matmul(ci_cuda *cu, const ci_cuda_cmd *c, int parts, const void *input,
+                               int planes) {
+  const int64_t k = c->a.matmul.k, m = c->a.matmul.m;
+  ci_cuda_weight w[CI_CUDA_GEMV_MAX_PARTS];
+  int64_t n[CI_CUDA_GEMV_MAX_PARTS], seg_cols[CI_CUDA_GEMV_MAX_PARTS];
+  int segs[CI_CUDA_GEMV_MAX_PARTS];
+  float *out[CI_CUDA_GEMV_MAX_PARTS];
+  float *partial = (float *)cu->scratch[4];
+  for (int p = 0; p < parts; p++) {
+    w[p] = c[p].a.matmul.w;
+    n[p] = c[p].a.matmul.n;
+    seg_cols[p] = ci_cuda_k_segment(cu, w[p].dtype, n[p], k);
+    segs[p] = segments_of(k, seg_cols[p]);
+    out[p] = c[p].a.matmul.y;
+    if (writes_partials(segs[p], 1, planes)) {
+      out[p] = partial;
+      partial += (size_t)segs[p] * planes * m * n[p];
+    }
+  }
+  for (int p = 0, run; p < parts; p += run) {
+    const int partials = writes_partials(segs[p], 1, planes);
+    for (run = 1; p + run < parts && seg_cols[p + run] == seg_cols[p] &&
+                  writes_partials(segs[p + run], 1, planes) == partials;)
+      run++;
+    ci_cuda_batch_gemm_launch(cu, run, w + p, n + p, out + p, partials, k, input, planes * m,
+                              seg_cols[p]);
+  }
+  for (int p = 0; p < parts; p++)
+    if (writes_partials(segs[p], 1, planes))
+      ci_cuda_segment_sum(cu, c[p].a.matmul.y, out[p], segs[p], m, n[p], planes);
+  return CI_OK;
+}
+
 int ci_cuda_matmul_run(ci_cuda *cu, const ci_cuda_cmd *c, int parts) {
   const ci_cuda_weight *w0 = &c->a.matmul.w;
   const int64_t k = c->a.matmul.k, m = c->a.matmul.m;
@@ -388,6 +449,7 @@ int ci_cuda_matmul_run(ci_cuda *cu, const ci_cuda_cmd *c, int parts) {
     }
     return CI_OK;
   }
+  if (parts_take_batch(cu, c, parts)) return batch_kernel_matmul(cu, c, parts, input, planes);
   for (int p = 0; p < parts; p++)
     if (blas_matmul(cu, &c[p].a.matmul.w, c[p].a.matmul.n, k, input, m, planes, c[p].a.matmul.y))
       return CI_ERR;

@@ -1,0 +1,348 @@
+/* The batch matmul: y[m, N] = x[m, K] @ W[N, K]^T on tensor cores for more input rows than the
+ * small-batch kernel takes (cuda_gemv.cu) and up to a few hundred (CI_CUDA_BATCH_ROWS planes x
+ * rows), where cuBLASLt, which may not split K (batch invariance), leaves SMs idle on the narrow
+ * matrices of a decode step and needs affine weights dequantised into a bf16 copy first (two
+ * bytes a weight written and read back besides the codes: an 8B q8 decode step of 64 sequences
+ * took 18.9 ms against bf16 weights' 8.1). MLX affine 8/4-bit weights are dequantised in
+ * registers on their way into the tensor cores; bf16 rows are read into shared memory as they
+ * are. Larger products (prefill) stay in cuBLASLt.
+ *
+ * A block is four warps. Warp w owns CH consecutive 16-row tiles of W (the mma.sync m16n8k16 A
+ * operand) and multiplies them with the block's tile of 8 NT input rows (the B operand, n8 tiles),
+ * so each A fragment feeds NT products. The block streams its tiles (affine: codes already in
+ * fragment order, cuda_affine.cuh, and their groups' (scale, bias) words; bf16: the rows' columns)
+ * and the input tile through shared memory in stages of 64 columns, AG_STAGES deep with cp.async;
+ * the weights of the first stages are requested before the kernel waits for the one before it
+ * (weights never depend on an earlier kernel, cuda_launch.cuh). Each matrix of a launch (q, k and
+ * v; gate and up) has its own row groups; a block is one unit (row group, K segment, input tile),
+ * the input tiles of a row group adjacent, so the blocks that read the same weights run together
+ * and all but the first find them in L2.
+ *
+ * Bits: each output is one chain of m16n8k16 products over its K segment in order, from zero
+ * (affine weights made by ci_affine_fragment, as every affine path makes them): exactly what
+ * cuBLASLt computes and what the small-batch kernel computes, so a row has the same bits whichever
+ * path its step takes (tested on the GPU). K segments (ci_cuda_k_segment) and exact mode's two
+ * input planes write partial products that ci_cuda_segment_sum adds in the order the other paths
+ * add them. */
+#include "backend/cuda/cuda_affine.cuh"
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_mma.cuh"
+
+#include <limits.h>
+#include <string.h>
+
+enum {
+  AG_WARPS = 4,
+  AG_STAGES = 4,
+  AG_KC = CI_AFFINE_QUAD_COLS, /* columns a stage: one quad of every tile */
+  AG_X_STRIDE = AG_KC + 8,     /* bf16 elements between input rows in shared memory (16 bytes
+                                  of padding: ldmatrix rows fall in distinct banks) */
+  AG_MAX_GROUPS = AG_KC / 32,  /* (scale, bias) groups a stage of a tile spans at most */
+  AG_MAX_PARTS = CI_CUDA_GEMV_MAX_PARTS
+};
+
+/* The matrices of one launch (they share the input, the format and the K segments): part p owns
+ * row groups [end[p - 1], end[p]) of AG_WARPS * CH tiles each. */
+typedef struct {
+  const uint8_t *codes[AG_MAX_PARTS];
+  const uint32_t *pairs[AG_MAX_PARTS];
+  float *out[AG_MAX_PARTS]; /* y, or with partials the part's [segs][rows][n] floats */
+  int n[AG_MAX_PARTS];
+  int end[AG_MAX_PARTS]; /* unused parts: INT_MAX */
+  int segs, seg_cols;    /* K segments: seg_cols columns each, the last the rest of K */
+  int partial;           /* 1: out holds partials (segments or two planes), 0: y */
+  int quads, groups;     /* code quads and (scale, bias) groups a row */
+  int gshift;            /* log2 of the group size */
+} ag_parts;
+
+/* Entry p of a parameter array by selects (a runtime index would copy the parameter block to
+ * local memory, as cuda_gemv.cu's gv_pick explains). */
+template <typename T> __device__ static inline T ag_pick(const T (&a)[AG_MAX_PARTS], int p) {
+  T r = a[0];
+#pragma unroll
+  for (int i = 1; i < AG_MAX_PARTS; i++) r = p == i ? a[i] : r;
+  return r;
+}
+
+/* Bytes of one tile's weights in a stage: affine codes (one quad) and (scale, bias) words
+ * [AG_MAX_GROUPS][16]; bf16 16 rows of AG_X_STRIDE elements. */
+static constexpr int ag_tile_bytes(int bits) {
+  return bits == 16 ? 16 * AG_X_STRIDE * 2 : 128 * bits;
+}
+static constexpr int ag_tile_pair_words(int bits) {
+  return bits == 16 ? 0 : AG_MAX_GROUPS * 16;
+}
+/* Bytes of one stage of a block: the weights of its tiles [tiles][tile bytes], their pairs
+ * [tiles][pair words], the inputs [8 NT][AG_X_STRIDE] bf16. */
+static constexpr size_t ag_stage_bytes(int bits, int ch, int nt) {
+  return (size_t)AG_WARPS * ch * (ag_tile_bytes(bits) + 4 * ag_tile_pair_words(bits)) +
+         (size_t)8 * nt * AG_X_STRIDE * 2;
+}
+
+template <int BITS, bool F16, int CH, int NT>
+__global__ static void __launch_bounds__(32 * AG_WARPS)
+    batch_gemm_kernel(const ag_parts P, const __nv_bfloat16 *__restrict__ x, int k, int rows,
+                      int input_tiles) {
+  constexpr int TILES = AG_WARPS * CH, TN = 8 * NT, QB = ag_tile_bytes(BITS);
+  constexpr int CODE_BYTES = TILES * QB, PAIR_WORDS = TILES * ag_tile_pair_words(BITS);
+  constexpr size_t STAGE = ag_stage_bytes(BITS, CH, NT);
+  extern __shared__ __align__(16) uint8_t smem[];
+
+  const int unit = blockIdx.x;
+  const int input_tile = unit % input_tiles, seg = (unit / input_tiles) % P.segs;
+  const int group = unit / input_tiles / P.segs;
+  int part = 0;
+#pragma unroll
+  for (int p = 0; p < AG_MAX_PARTS - 1; p++) part += group >= P.end[p];
+  const int group0 = part ? ag_pick(P.end, part - 1) : 0;
+  const int n = ag_pick(P.n, part), part_tiles = (n + 15) / 16;
+  const int tile0 = (group - group0) * TILES;
+  const uint8_t *codes = ag_pick(P.codes, part);
+  const uint32_t *pairs = ag_pick(P.pairs, part);
+  const int k0 = seg * P.seg_cols, k1 = min(k, k0 + P.seg_cols), stages = (k1 - k0) / AG_KC;
+  const int row0 = input_tile * TN;
+  const int gshift = P.gshift, groups_in_stage = AG_KC >> gshift ? AG_KC >> gshift : 1;
+
+  /* the weights of stage s of the segment into ring slot `slot`: affine codes and (scale, bias)
+   * words, or bf16 rows */
+  auto load_weights = [&](int slot, int s) {
+    uint8_t *dst = smem + (size_t)slot * STAGE;
+    const int col = k0 + s * AG_KC;
+    if constexpr (BITS == 16) {
+      for (int i = threadIdx.x; i < TILES * 16 * (AG_KC / 8); i += 32 * AG_WARPS) {
+        const int r = i / (AG_KC / 8), c = i % (AG_KC / 8), row = tile0 * 16 + r;
+        if (row < n)
+          cp_async16_stream(dst + (r * AG_X_STRIDE + c * 8) * 2,
+                            codes + ((size_t)row * k + col + c * 8) * 2);
+      }
+    } else {
+      uint32_t *pair_dst = (uint32_t *)(dst + CODE_BYTES);
+      const int quad = col / AG_KC, g0 = col >> gshift;
+      for (int i = threadIdx.x; i < CODE_BYTES / 16; i += 32 * AG_WARPS) {
+        const int t = i / (QB / 16), tile = tile0 + t;
+        if (tile < part_tiles)
+          cp_async16_stream(dst + i * 16,
+                            codes + ((size_t)tile * P.quads + quad) * QB + (i % (QB / 16)) * 16);
+      }
+      const int chunks = groups_in_stage * 4; /* 16-byte chunks of a tile's words */
+      for (int i = threadIdx.x; i < TILES * chunks; i += 32 * AG_WARPS) {
+        const int t = i / chunks, c = i % chunks, tile = tile0 + t;
+        if (tile < part_tiles)
+          cp_async16_stream(pair_dst + t * AG_MAX_GROUPS * 16 + c * 4,
+                            pairs + ((size_t)tile * P.groups + g0) * 16 + c * 4);
+      }
+    }
+  };
+  /* the input rows' columns of stage s (rows past the last repeat it: their products are never
+   * stored) */
+  auto load_inputs = [&](int slot, int s) {
+    __nv_bfloat16 *dst =
+        (__nv_bfloat16 *)(smem + (size_t)slot * STAGE + CODE_BYTES + PAIR_WORDS * sizeof(uint32_t));
+    const int col = k0 + s * AG_KC;
+    for (int i = threadIdx.x; i < TN * (AG_KC / 8); i += 32 * AG_WARPS) {
+      const int r = i / (AG_KC / 8), c = i % (AG_KC / 8), src = min(row0 + r, rows - 1);
+      cp_async16_stream(dst + r * AG_X_STRIDE + c * 8, x + (size_t)src * k + col + c * 8);
+    }
+  };
+
+  for (int s = 0; s < AG_STAGES - 1; s++)
+    if (s < stages) load_weights(s, s);
+  ci_grid_begin();
+  for (int s = 0; s < AG_STAGES - 1; s++) {
+    if (s < stages) load_inputs(s, s);
+    cp_async_commit();
+  }
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const bool busy = tile0 + warp * CH < part_tiles; /* the warp has a tile of the matrix */
+  float acc[CH][NT][4];
+#pragma unroll
+  for (int c = 0; c < CH; c++)
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[c][j][e] = 0.0f;
+
+  for (int s = 0; s < stages; s++) {
+    cp_async_wait<AG_STAGES - 2>();
+    __syncthreads();
+    const int next = s + AG_STAGES - 1;
+    if (next < stages) {
+      load_weights(next % AG_STAGES, next);
+      load_inputs(next % AG_STAGES, next);
+    }
+    cp_async_commit();
+    if (!busy) continue;
+    const uint8_t *stage = smem + (size_t)(s % AG_STAGES) * STAGE;
+    const uint32_t *stage_pairs = (const uint32_t *)(stage + CODE_BYTES);
+    const __nv_bfloat16 *xs =
+        (const __nv_bfloat16 *)(stage + CODE_BYTES + PAIR_WORDS * sizeof(uint32_t));
+    const int col = k0 + s * AG_KC, g0 = col >> gshift;
+    uint4 lane_codes[CH][BITS == 16 ? 1 : BITS / 4]; /* affine: the lane's 16 bytes of each
+                                                        tile's quad (q8: two halves) */
+    if constexpr (BITS != 16) {
+#pragma unroll
+      for (int c = 0; c < CH; c++)
+#pragma unroll
+        for (int h = 0; h < BITS / 4; h++)
+          lane_codes[c][h] = *(const uint4 *)(stage + (warp * CH + c) * QB + h * 512 + lane * 16);
+    }
+#pragma unroll
+    for (int step = 0; step < 4; step++) {
+      uint32_t a[CH][4];
+#pragma unroll
+      for (int c = 0; c < CH; c++) {
+        if constexpr (BITS == 16) {
+          ldmatrix_x4(a[c], stage + (warp * CH + c) * QB +
+                                ((lane % 16) * AG_X_STRIDE + 16 * step + (lane / 16) * 8) * 2);
+        } else {
+          const int gi = ((col + 16 * step) >> gshift) - g0;
+          const uint32_t *pw = stage_pairs + ((warp * CH + c) * AG_MAX_GROUPS + gi) * 16;
+          const ci_affine_rows rw = ci_affine_rows_of<BITS>(pw[g], pw[g + 8], F16);
+          const uint4 &q = lane_codes[c][BITS == 8 ? step / 2 : 0];
+          uint32_t words[2];
+          if (BITS == 4) {
+            words[0] = step == 0 ? q.x : step == 1 ? q.y : step == 2 ? q.z : q.w;
+            words[1] = 0u;
+          } else {
+            words[0] = step % 2 ? q.z : q.x;
+            words[1] = step % 2 ? q.w : q.y;
+          }
+          ci_affine_fragment<BITS>(words, rw, F16, a[c]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < NT / 2; j++) {
+        uint32_t b[4];
+        ldmatrix_x4(b, xs + (16 * j + (lane / 16) * 8 + lane % 8) * AG_X_STRIDE + 16 * step +
+                           ((lane / 8) % 2) * 8);
+#pragma unroll
+        for (int c = 0; c < CH; c++) {
+          mma_bf16(acc[c][2 * j], a[c], b[0], b[1]);
+          mma_bf16(acc[c][2 * j + 1], a[c], b[2], b[3]);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+  if (!busy) return;
+
+  float *out = ag_pick(P.out, part) + (P.partial ? (size_t)seg * rows * n : 0);
+#pragma unroll
+  for (int c = 0; c < CH; c++) {
+    const int r = (tile0 + warp * CH + c) * 16 + g;
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int row = row0 + 8 * j + 2 * t + e;
+        if (row >= rows) continue;
+        if (r < n) out[(size_t)row * n + r] = acc[c][j][e];
+        if (r + 8 < n) out[(size_t)row * n + r + 8] = acc[c][j][2 + e];
+      }
+  }
+}
+
+template <int BITS, bool F16, int CH, int NT> static cudaError_t ag_set_limit() {
+  return cudaFuncSetAttribute(batch_gemm_kernel<BITS, F16, CH, NT>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)(AG_STAGES * ag_stage_bytes(BITS, CH, NT)));
+}
+
+template <int BITS, bool F16> static cudaError_t ag_set_limits() {
+  cudaError_t err = ag_set_limit<BITS, F16, 1, 4>();
+  if (err == cudaSuccess) err = ag_set_limit<BITS, F16, 1, 8>();
+  if (err == cudaSuccess) err = ag_set_limit<BITS, F16, 2, 4>();
+  if (err == cudaSuccess) err = ag_set_limit<BITS, F16, 2, 8>();
+  return err;
+}
+
+int ci_cuda_batch_gemm_init(ci_cuda *cu) {
+  /* CINFER_CUDA_BATCH_ROWS=AFFINE[,BF16]: the most input rows (planes x rows) the kernel takes
+   * with affine and with bf16 weights, 0: none (every product above the small-batch kernel's
+   * rows through cuBLASLt), for measuring */
+  cu->batch_rows_affine = CI_CUDA_BATCH_ROWS_AFFINE;
+  cu->batch_rows_bf16 = CI_CUDA_BATCH_ROWS_BF16;
+  const char *env = getenv("CINFER_CUDA_BATCH_ROWS");
+  if (env) {
+    char *end = NULL;
+    cu->batch_rows_affine = (int)strtol(env, &end, 10);
+    if (end && *end == ',') cu->batch_rows_bf16 = (int)strtol(end + 1, NULL, 10);
+  }
+  cudaError_t err = ag_set_limits<4, false>();
+  if (err == cudaSuccess) err = ag_set_limits<4, true>();
+  if (err == cudaSuccess) err = ag_set_limits<8, false>();
+  if (err == cudaSuccess) err = ag_set_limits<8, true>();
+  if (err == cudaSuccess) err = ag_set_limits<16, false>();
+  return err == cudaSuccess ? CI_OK
+                            : ci_fail("CUDA: batch matmul setup: %s", cudaGetErrorString(err));
+}
+
+int ci_cuda_batch_gemm_fits(const ci_cuda *cu, int dtype, int group_size, int64_t k, int64_t rows) {
+  const int max_rows = dtype == CI_BF16                   ? cu->batch_rows_bf16
+                       : dtype == CI_Q4 || dtype == CI_Q8 ? cu->batch_rows_affine
+                                                          : 0;
+  return rows >= 1 && rows <= max_rows && k % AG_KC == 0 && k <= ((int64_t)1 << 24) &&
+         (dtype == CI_BF16 || group_size >= 32) && rows * k < ((int64_t)1 << 31);
+}
+
+template <int BITS, bool F16, int CH, int NT>
+static void ag_launch_at(ci_cuda *cu, const ag_parts &P, int units, int64_t k,
+                         const __nv_bfloat16 *x, int64_t rows, int input_tiles) {
+  ci_launch(cu, batch_gemm_kernel<BITS, F16, CH, NT>, dim3((unsigned)units), 32 * AG_WARPS,
+            AG_STAGES * ag_stage_bytes(BITS, CH, NT), P, x, (int)k, (int)rows, input_tiles);
+}
+
+/* Two tiles a warp where that still gives every SM two blocks; 32 input rows a block up to 32,
+ * 64 above. No choice changes a bit of the result. */
+template <int BITS, bool F16>
+static void ag_launch(ci_cuda *cu, ag_parts P, int parts, const int64_t *n, int64_t k,
+                      const __nv_bfloat16 *x, int64_t rows) {
+  const int nt = rows <= 32 ? 4 : 8, input_tiles = (int)((rows + 8 * nt - 1) / (8 * nt));
+  int64_t tiles_ch2 = 0;
+  for (int p = 0; p < parts; p++) tiles_ch2 += (n[p] + 16 * AG_WARPS * 2 - 1) / (16 * AG_WARPS * 2);
+  const int ch = tiles_ch2 * P.segs * input_tiles >= 2 * (int64_t)cu->n_sms ? 2 : 1;
+  int groups = 0;
+  for (int p = 0; p < AG_MAX_PARTS; p++) {
+    groups += p < parts ? (int)((n[p] + 16 * AG_WARPS * ch - 1) / (16 * AG_WARPS * ch)) : 0;
+    P.end[p] = p < parts ? groups : INT_MAX;
+  }
+  const int units = groups * P.segs * input_tiles;
+  if (ch == 2)
+    nt == 8 ? ag_launch_at<BITS, F16, 2, 8>(cu, P, units, k, x, rows, input_tiles)
+            : ag_launch_at<BITS, F16, 2, 4>(cu, P, units, k, x, rows, input_tiles);
+  else
+    nt == 8 ? ag_launch_at<BITS, F16, 1, 8>(cu, P, units, k, x, rows, input_tiles)
+            : ag_launch_at<BITS, F16, 1, 4>(cu, P, units, k, x, rows, input_tiles);
+}
+
+void ci_cuda_batch_gemm_launch(ci_cuda *cu, int parts, const ci_cuda_weight *w, const int64_t *n,
+                               float *const *out, int partial, int64_t k, const void *x,
+                               int64_t rows, int64_t seg_cols) {
+  ag_parts P;
+  memset(&P, 0, sizeof P);
+  for (int p = 0; p < parts; p++) {
+    P.codes[p] = (const uint8_t *)w[p].data;
+    P.pairs[p] = (const uint32_t *)w[p].pairs;
+    P.out[p] = out[p];
+    P.n[p] = (int)n[p];
+  }
+  P.segs = (int)((k + seg_cols - 1) / seg_cols);
+  P.seg_cols = (int)seg_cols;
+  P.partial = partial;
+  const int affine = w[0].dtype != CI_BF16;
+  P.quads = (int)ci_affine_quads(k);
+  P.groups = affine ? (int)(k / w[0].group_size) : 0;
+  P.gshift = affine ? __builtin_ctz((unsigned)w[0].group_size) : 0;
+  const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x;
+  const bool f16 = w[0].f16_pairs;
+  if (w[0].dtype == CI_Q4)
+    f16 ? ag_launch<4, true>(cu, P, parts, n, k, xb, rows)
+        : ag_launch<4, false>(cu, P, parts, n, k, xb, rows);
+  else if (w[0].dtype == CI_Q8)
+    f16 ? ag_launch<8, true>(cu, P, parts, n, k, xb, rows)
+        : ag_launch<8, false>(cu, P, parts, n, k, xb, rows);
+  else
+    ag_launch<16, false>(cu, P, parts, n, k, xb, rows);
+  ci_cuda_check_launch(cu, "matmul (batch kernel)");
+}
