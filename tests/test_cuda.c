@@ -15,8 +15,8 @@
  *     fast);
  *   - matmuls of one input grouped in a step (mixed affine formats) equal each alone, in the
  *     small-batch kernel and in the batch kernel;
- *   - the batch kernel (9 to a few hundred input rows) bit-identical to cuBLASLt (affine weights:
- *     over the dequantised matrix; every group size, f16 pairs, K segments, two planes, bf16);
+ *   - the affine batch kernel (17 to 128 input rows) bit-identical to cuBLASLt over the
+ *     dequantised matrix (every group size, f16 pairs, K segments, two planes);
  *   - matmul rows bit-identical for every batch size (row r of an m-row product equals the
  *     1-row product of that row) on the shapes of the Llama-3.2-1B and 3.1-8B geometries, and
  *     affine rows the small-batch kernel sums in K segments bit-identical to cuBLASLt's strided
@@ -324,9 +324,9 @@ static void test_grouped_affine_parts(void **state) {
   check_grouped_parts(4, 4096, 4608, 64, 1024, 64, 64, 2);
 }
 
-/* The batch kernel (cuda_batch_gemm.cu) against cuBLASLt (affine weights: over the dequantised
- * matrix), bit for bit, at row counts of one and several input tiles, partial ones and both
- * planes. */
+/* The batch kernel (cuda_batch_gemm.cu) against cuBLASLt over the dequantised matrix, bit for bit,
+ * at row counts of one and several input tiles, partial ones and both planes (it takes any count
+ * here: the default bound is for speed alone). */
 static void check_batch_kernel(ci_backend *cu, const ci_tensor *w, const char *what) {
   enum { MAX_M = 200 };
   const int64_t n = w->shape[0], k = w->shape[1];
@@ -337,15 +337,15 @@ static void check_batch_kernel(ci_backend *cu, const ci_tensor *w, const char *w
   float *dx = to_device(cu, x, (size_t)(MAX_M * k)),
         *dy = cu->ops->alloc(cu, (size_t)(MAX_M * n) * 4);
   float *batch = malloc((size_t)(MAX_M * n) * 4), *blas = malloc((size_t)(MAX_M * n) * 4);
-  const int64_t ms[] = {9, 17, 29, 40, 64, 100, MAX_M};
+  const int64_t ms[] = {17, 29, 40, 64, 100, MAX_M};
   int differ = 0;
   for (int planes = 1; planes <= 2; planes++) {
     ci_cuda_set_input_planes(cu, planes);
     for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
-      ci_cuda_set_batch_rows(cu, 0, 0);
+      ci_cuda_set_batch_rows(cu, 0);
       assert_int_equal(cu->ops->matmul(cu, &wg, dx, ms[i], dy, NULL), CI_OK);
       from_device(cu, blas, dy, (size_t)(ms[i] * n));
-      ci_cuda_set_batch_rows(cu, 1 << 20, 1 << 20);
+      ci_cuda_set_batch_rows(cu, 1 << 20);
       cu->ops->fill(cu, dy, 0.0f, ms[i] * n);
       assert_int_equal(cu->ops->matmul(cu, &wg, dx, ms[i], dy, NULL), CI_OK);
       from_device(cu, batch, dy, (size_t)(ms[i] * n));
@@ -358,7 +358,7 @@ static void check_batch_kernel(ci_backend *cu, const ci_tensor *w, const char *w
       differ += d;
     }
   }
-  printf("  batch kernel, %s %6lld x %5lld, 9-%d rows, 1 and 2 planes: %s\n", what, (long long)n,
+  printf("  batch kernel, %s %6lld x %5lld, 17-%d rows, 1 and 2 planes: %s\n", what, (long long)n,
          (long long)k, MAX_M,
          differ ? "rows DIFFER from cuBLASLt's" : "bit-identical to cuBLASLt's rows");
   assert_int_equal(differ, 0);
@@ -378,14 +378,6 @@ static void check_batch_affine(ci_backend *cu, int bits, int group, ci_dtype sdt
   free_affine(&w);
 }
 
-static void check_batch_bf16(ci_backend *cu, int64_t n, int64_t k) {
-  uint16_t *data = malloc((size_t)(n * k) * 2);
-  for (int64_t i = 0; i < n * k; i++) data[i] = ci_f32_to_bf16(frand() * 0.1f);
-  ci_tensor w = {.dtype = CI_BF16, .ndim = 2, .shape = {n, k}, .data = data};
-  check_batch_kernel(cu, &w, "bf16");
-  free(data);
-}
-
 static void test_batch_kernel(void **state) {
   (void)state;
   ci_backend *cu = gpu();
@@ -398,16 +390,15 @@ static void test_batch_kernel(void **state) {
   check_batch_affine(cu, 8, 64, CI_BF16, 4096, 14336); /* the 8B down projection: segments */
   check_batch_affine(cu, 4, 64, CI_BF16, 2048, 14336);
   check_batch_affine(cu, 4, 64, CI_BF16, 8, 2048); /* fewer rows than a tile */
-  check_batch_bf16(cu, 320, 1152);
-  check_batch_bf16(cu, 1000, 2048);
-  check_batch_bf16(cu, 4096, 14336);
-  check_batch_bf16(cu, 6144, 4096);
   cu->ops->destroy(cu);
 }
 
 static void test_affine_matmul_ops(void **state) {
   (void)state;
   ci_backend *cpu = ci_cpu_backend_create(0), *cu = gpu();
+  /* products above the small-batch kernel's rows through cuBLASLt over dequantised slices, as
+   * they run in prefill (test_batch_kernel compares the batch kernel with this path) */
+  ci_cuda_set_batch_rows(cu, 0);
   const int groups[] = {32, 64, 128};
   for (int bits = 4; bits <= 8; bits += 4)
     for (int g = 0; g < 3; g++) check_affine(cpu, cu, bits, groups[g], CI_BF16, 320, 1152, 1);

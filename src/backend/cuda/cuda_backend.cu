@@ -602,9 +602,8 @@ extern "C" void ci_cuda_set_input_planes(ci_backend *be, int planes) {
   ci_as_cuda(be)->input_planes = planes == 1 ? 1 : 2;
 }
 
-extern "C" void ci_cuda_set_batch_rows(ci_backend *be, int affine_rows, int bf16_rows) {
-  ci_as_cuda(be)->batch_rows_affine = affine_rows < 0 ? 0 : affine_rows;
-  ci_as_cuda(be)->batch_rows_bf16 = bf16_rows < 0 ? 0 : bf16_rows;
+extern "C" void ci_cuda_set_batch_rows(ci_backend *be, int rows) {
+  ci_as_cuda(be)->batch_rows = rows < 0 ? 0 : rows;
 }
 
 extern "C" int ci_cuda_device_memory(int gpu, size_t *free_bytes, size_t *total_bytes) {

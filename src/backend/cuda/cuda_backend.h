@@ -24,11 +24,11 @@ ci_backend *ci_cuda_backend_create(int gpu, int n_threads);
  * the tensor-core work for prefill; logits move by ~1e-1 on small random models). */
 void ci_cuda_set_input_planes(ci_backend *be, int planes);
 
-/* The most input rows (planes x rows) a product of affine and of bf16 weights runs in the batch
- * kernel (cuda_batch_gemm.cu; 0: above the small-batch kernel's rows every product goes to
- * cuBLASLt, affine weights dequantised to bf16 first). Results are the same bits either way; tests
+/* The most input rows (planes x rows) a product of affine weights runs in the batch kernel
+ * (cuda_batch_gemm.cu; default 128; 0: above the small-batch kernel's rows every product
+ * dequantises the weights to bf16 for cuBLASLt). Results are the same bits either way; tests
  * compare the two. */
-void ci_cuda_set_batch_rows(ci_backend *be, int affine_rows, int bf16_rows);
+void ci_cuda_set_batch_rows(ci_backend *be, int rows);
 
 /* Turns the replay of repeated steps as CUDA graphs on (the default) or off; results are the
  * same either way. */

@@ -1,29 +1,37 @@
-/* The batch matmul: y[m, N] = x[m, K] @ W[N, K]^T on tensor cores for more input rows than the
- * small-batch kernel takes (cuda_gemv.cu) and up to a few hundred (CI_CUDA_BATCH_ROWS planes x
- * rows), where cuBLASLt, which may not split K (batch invariance), leaves SMs idle on the narrow
- * matrices of a decode step and needs affine weights dequantised into a bf16 copy first (two
- * bytes a weight written and read back besides the codes: an 8B q8 decode step of 64 sequences
- * took 18.9 ms against bf16 weights' 8.1). MLX affine 8/4-bit weights are dequantised in
- * registers on their way into the tensor cores; bf16 rows are read into shared memory as they
- * are. Larger products (prefill) stay in cuBLASLt.
+/* The batch matmul of MLX affine 8/4-bit weights: y[m, N] = x[m, K] @ W[N, K]^T on tensor cores
+ * for more input rows than the small-batch kernel takes (cuda_gemv.cu) and up to
+ * CI_CUDA_BATCH_ROWS (planes x rows), the weights dequantised in registers on their way into the
+ * tensor cores. Before it these products dequantised each matrix into a bf16 copy for cuBLASLt:
+ * two bytes a weight written and read back besides the codes (an 8B q8 decode step of 64
+ * sequences took 18.6 ms; 13.1 ms with this kernel). Larger products (prefill, and 256 rows, where
+ * cuBLASLt measured faster) keep that path.
  *
  * A block is four warps. Warp w owns CH consecutive 16-row tiles of W (the mma.sync m16n8k16 A
  * operand) and multiplies them with the block's tile of 8 NT input rows (the B operand, n8 tiles),
- * so each A fragment feeds NT products. The block streams its tiles (affine: codes already in
- * fragment order, cuda_affine.cuh, and their groups' (scale, bias) words; bf16: the rows' columns)
- * and the input tile through shared memory in stages of 64 columns, AG_STAGES deep with cp.async;
- * the weights of the first stages are requested before the kernel waits for the one before it
- * (weights never depend on an earlier kernel, cuda_launch.cuh). Each matrix of a launch (q, k and
- * v; gate and up) has its own row groups; a block is one unit (row group, K segment, input tile),
- * the input tiles of a row group adjacent, so the blocks that read the same weights run together
- * and all but the first find them in L2.
+ * so each dequantised A fragment feeds NT products. The block streams its tiles' codes (already in
+ * fragment order, cuda_affine.cuh), their groups' (scale, bias) words and the input tile through
+ * shared memory in stages of 64 columns (one code quad), AG_STAGES deep with cp.async; the codes of
+ * the first stages are requested before the kernel waits for the one before it (weights never
+ * depend on an earlier kernel, cuda_launch.cuh). Each matrix of a launch (q, k and v; gate and up)
+ * has its own row groups; a block is one unit (row group, K segment, input tile), the input tiles
+ * of a row group adjacent, so the blocks that read the same codes run together and all but the
+ * first find them in L2.
  *
- * Bits: each output is one chain of m16n8k16 products over its K segment in order, from zero
- * (affine weights made by ci_affine_fragment, as every affine path makes them): exactly what
- * cuBLASLt computes and what the small-batch kernel computes, so a row has the same bits whichever
- * path its step takes (tested on the GPU). K segments (ci_cuda_k_segment) and exact mode's two
- * input planes write partial products that ci_cuda_segment_sum adds in the order the other paths
- * add them. */
+ * Bits: each output is one chain of m16n8k16 products over its K segment in order, from zero, the
+ * weights made by ci_affine_fragment as every affine path makes them: exactly what cuBLASLt
+ * computes from the dequantised matrix and what the small-batch kernel computes, so a row has the
+ * same bits whichever path its step takes (test_batch_kernel). K segments (ci_cuda_k_segment) and
+ * exact mode's two input planes write partial products that ci_cuda_segment_sum adds in the order
+ * the other paths add them.
+ *
+ * Measured (H100, 8B geometry, decode steps at 128 tokens of context, tok/s, cuBLASLt path ->
+ * this kernel): q4 64 sequences 3,610 -> 6,847, 128: 6,453 -> 7,912, 256: 10,504 -> 9,546; q8
+ * 64: 3,448 -> 4,887, 128: 6,290 -> 6,603, 256: 10,218 -> 8,907; exact mode (two planes) q8 16:
+ * 894 -> 1,198, 64: 3,222 -> 3,601. It is far from the bandwidth bound (weights-only 8B q8 step at
+ * 64 rows 9.5 ms, the codes alone 2.7 ms at 3 TB/s): each block re-reads the input tile from L2
+ * for 128 weight rows (as many bytes as the q8 codes) and one 64-column stage feeds only four
+ * k-steps a barrier. The same kernel with bf16 weights ran at half of cuBLASLt's speed (1B bf16,
+ * 16-128 rows: the 1B's narrow matrices leave most SMs without a block) and was not kept. */
 #include "backend/cuda/cuda_affine.cuh"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_mma.cuh"
@@ -64,18 +72,10 @@ template <typename T> __device__ static inline T ag_pick(const T (&a)[AG_MAX_PAR
   return r;
 }
 
-/* Bytes of one tile's weights in a stage: affine codes (one quad) and (scale, bias) words
- * [AG_MAX_GROUPS][16]; bf16 16 rows of AG_X_STRIDE elements. */
-static constexpr int ag_tile_bytes(int bits) {
-  return bits == 16 ? 16 * AG_X_STRIDE * 2 : 128 * bits;
-}
-static constexpr int ag_tile_pair_words(int bits) {
-  return bits == 16 ? 0 : AG_MAX_GROUPS * 16;
-}
-/* Bytes of one stage of a block: the weights of its tiles [tiles][tile bytes], their pairs
- * [tiles][pair words], the inputs [8 NT][AG_X_STRIDE] bf16. */
+/* Bytes of one stage of a block: codes [tiles][quad bytes], pairs [tiles][AG_MAX_GROUPS][16]
+ * words, inputs [8 NT][AG_X_STRIDE] bf16. */
 static constexpr size_t ag_stage_bytes(int bits, int ch, int nt) {
-  return (size_t)AG_WARPS * ch * (ag_tile_bytes(bits) + 4 * ag_tile_pair_words(bits)) +
+  return (size_t)AG_WARPS * ch * (128 * bits + AG_MAX_GROUPS * 64) +
          (size_t)8 * nt * AG_X_STRIDE * 2;
 }
 
@@ -83,8 +83,8 @@ template <int BITS, bool F16, int CH, int NT>
 __global__ static void __launch_bounds__(32 * AG_WARPS)
     batch_gemm_kernel(const ag_parts P, const __nv_bfloat16 *__restrict__ x, int k, int rows,
                       int input_tiles) {
-  constexpr int TILES = AG_WARPS * CH, TN = 8 * NT, QB = ag_tile_bytes(BITS);
-  constexpr int CODE_BYTES = TILES * QB, PAIR_WORDS = TILES * ag_tile_pair_words(BITS);
+  constexpr int TILES = AG_WARPS * CH, TN = 8 * NT, QB = 128 * BITS;
+  constexpr int CODE_BYTES = TILES * QB, PAIR_WORDS = TILES * AG_MAX_GROUPS * 16;
   constexpr size_t STAGE = ag_stage_bytes(BITS, CH, NT);
   extern __shared__ __align__(16) uint8_t smem[];
 
@@ -103,34 +103,23 @@ __global__ static void __launch_bounds__(32 * AG_WARPS)
   const int row0 = input_tile * TN;
   const int gshift = P.gshift, groups_in_stage = AG_KC >> gshift ? AG_KC >> gshift : 1;
 
-  /* the weights of stage s of the segment into ring slot `slot`: affine codes and (scale, bias)
-   * words, or bf16 rows */
+  /* the codes and (scale, bias) words of stage s of the segment into ring slot `slot` */
   auto load_weights = [&](int slot, int s) {
     uint8_t *dst = smem + (size_t)slot * STAGE;
-    const int col = k0 + s * AG_KC;
-    if constexpr (BITS == 16) {
-      for (int i = threadIdx.x; i < TILES * 16 * (AG_KC / 8); i += 32 * AG_WARPS) {
-        const int r = i / (AG_KC / 8), c = i % (AG_KC / 8), row = tile0 * 16 + r;
-        if (row < n)
-          cp_async16_stream(dst + (r * AG_X_STRIDE + c * 8) * 2,
-                            codes + ((size_t)row * k + col + c * 8) * 2);
-      }
-    } else {
-      uint32_t *pair_dst = (uint32_t *)(dst + CODE_BYTES);
-      const int quad = col / AG_KC, g0 = col >> gshift;
-      for (int i = threadIdx.x; i < CODE_BYTES / 16; i += 32 * AG_WARPS) {
-        const int t = i / (QB / 16), tile = tile0 + t;
-        if (tile < part_tiles)
-          cp_async16_stream(dst + i * 16,
-                            codes + ((size_t)tile * P.quads + quad) * QB + (i % (QB / 16)) * 16);
-      }
-      const int chunks = groups_in_stage * 4; /* 16-byte chunks of a tile's words */
-      for (int i = threadIdx.x; i < TILES * chunks; i += 32 * AG_WARPS) {
-        const int t = i / chunks, c = i % chunks, tile = tile0 + t;
-        if (tile < part_tiles)
-          cp_async16_stream(pair_dst + t * AG_MAX_GROUPS * 16 + c * 4,
-                            pairs + ((size_t)tile * P.groups + g0) * 16 + c * 4);
-      }
+    uint32_t *pair_dst = (uint32_t *)(dst + CODE_BYTES);
+    const int col = k0 + s * AG_KC, quad = col / AG_KC, g0 = col >> gshift;
+    for (int i = threadIdx.x; i < CODE_BYTES / 16; i += 32 * AG_WARPS) {
+      const int t = i / (QB / 16), tile = tile0 + t;
+      if (tile < part_tiles)
+        cp_async16_stream(dst + i * 16,
+                          codes + ((size_t)tile * P.quads + quad) * QB + (i % (QB / 16)) * 16);
+    }
+    const int chunks = groups_in_stage * 4; /* 16-byte chunks of a tile's words */
+    for (int i = threadIdx.x; i < TILES * chunks; i += 32 * AG_WARPS) {
+      const int t = i / chunks, c = i % chunks, tile = tile0 + t;
+      if (tile < part_tiles)
+        cp_async16_stream(pair_dst + t * AG_MAX_GROUPS * 16 + c * 4,
+                          pairs + ((size_t)tile * P.groups + g0) * 16 + c * 4);
     }
   };
   /* the input rows' columns of stage s (rows past the last repeat it: their products are never
@@ -178,38 +167,30 @@ __global__ static void __launch_bounds__(32 * AG_WARPS)
     const __nv_bfloat16 *xs =
         (const __nv_bfloat16 *)(stage + CODE_BYTES + PAIR_WORDS * sizeof(uint32_t));
     const int col = k0 + s * AG_KC, g0 = col >> gshift;
-    uint4 lane_codes[CH][BITS == 16 ? 1 : BITS / 4]; /* affine: the lane's 16 bytes of each
-                                                        tile's quad (q8: two halves) */
-    if constexpr (BITS != 16) {
+    uint4 lane_codes[CH][BITS / 4]; /* the lane's 16 bytes of each tile's quad (q8: two halves) */
 #pragma unroll
-      for (int c = 0; c < CH; c++)
+    for (int c = 0; c < CH; c++)
 #pragma unroll
-        for (int h = 0; h < BITS / 4; h++)
-          lane_codes[c][h] = *(const uint4 *)(stage + (warp * CH + c) * QB + h * 512 + lane * 16);
-    }
+      for (int h = 0; h < BITS / 4; h++)
+        lane_codes[c][h] = *(const uint4 *)(stage + (warp * CH + c) * QB + h * 512 + lane * 16);
 #pragma unroll
     for (int step = 0; step < 4; step++) {
+      const int gi = ((col + 16 * step) >> gshift) - g0;
       uint32_t a[CH][4];
 #pragma unroll
       for (int c = 0; c < CH; c++) {
-        if constexpr (BITS == 16) {
-          ldmatrix_x4(a[c], stage + (warp * CH + c) * QB +
-                                ((lane % 16) * AG_X_STRIDE + 16 * step + (lane / 16) * 8) * 2);
+        const uint32_t *pw = stage_pairs + ((warp * CH + c) * AG_MAX_GROUPS + gi) * 16;
+        const ci_affine_rows rw = ci_affine_rows_of<BITS>(pw[g], pw[g + 8], F16);
+        const uint4 &q = lane_codes[c][BITS == 8 ? step / 2 : 0];
+        uint32_t words[2];
+        if (BITS == 4) {
+          words[0] = step == 0 ? q.x : step == 1 ? q.y : step == 2 ? q.z : q.w;
+          words[1] = 0u;
         } else {
-          const int gi = ((col + 16 * step) >> gshift) - g0;
-          const uint32_t *pw = stage_pairs + ((warp * CH + c) * AG_MAX_GROUPS + gi) * 16;
-          const ci_affine_rows rw = ci_affine_rows_of<BITS>(pw[g], pw[g + 8], F16);
-          const uint4 &q = lane_codes[c][BITS == 8 ? step / 2 : 0];
-          uint32_t words[2];
-          if (BITS == 4) {
-            words[0] = step == 0 ? q.x : step == 1 ? q.y : step == 2 ? q.z : q.w;
-            words[1] = 0u;
-          } else {
-            words[0] = step % 2 ? q.z : q.x;
-            words[1] = step % 2 ? q.w : q.y;
-          }
-          ci_affine_fragment<BITS>(words, rw, F16, a[c]);
+          words[0] = step % 2 ? q.z : q.x;
+          words[1] = step % 2 ? q.w : q.y;
         }
+        ci_affine_fragment<BITS>(words, rw, F16, a[c]);
       }
 #pragma unroll
       for (int j = 0; j < NT / 2; j++) {
@@ -258,32 +239,23 @@ template <int BITS, bool F16> static cudaError_t ag_set_limits() {
 }
 
 int ci_cuda_batch_gemm_init(ci_cuda *cu) {
-  /* CINFER_CUDA_BATCH_ROWS=AFFINE[,BF16]: the most input rows (planes x rows) the kernel takes
-   * with affine and with bf16 weights, 0: none (every product above the small-batch kernel's
-   * rows through cuBLASLt), for measuring */
-  cu->batch_rows_affine = CI_CUDA_BATCH_ROWS_AFFINE;
-  cu->batch_rows_bf16 = CI_CUDA_BATCH_ROWS_BF16;
+  /* CINFER_CUDA_BATCH_ROWS=N: the most input rows (planes x rows) the kernel takes, 0: none (every
+   * product above the small-batch kernel's rows dequantises the weights for cuBLASLt), for
+   * measuring */
   const char *env = getenv("CINFER_CUDA_BATCH_ROWS");
-  if (env) {
-    char *end = NULL;
-    cu->batch_rows_affine = (int)strtol(env, &end, 10);
-    if (end && *end == ',') cu->batch_rows_bf16 = (int)strtol(end + 1, NULL, 10);
-  }
+  cu->batch_rows = env ? atoi(env) : CI_CUDA_BATCH_ROWS;
   cudaError_t err = ag_set_limits<4, false>();
   if (err == cudaSuccess) err = ag_set_limits<4, true>();
   if (err == cudaSuccess) err = ag_set_limits<8, false>();
   if (err == cudaSuccess) err = ag_set_limits<8, true>();
-  if (err == cudaSuccess) err = ag_set_limits<16, false>();
   return err == cudaSuccess ? CI_OK
                             : ci_fail("CUDA: batch matmul setup: %s", cudaGetErrorString(err));
 }
 
 int ci_cuda_batch_gemm_fits(const ci_cuda *cu, int dtype, int group_size, int64_t k, int64_t rows) {
-  const int max_rows = dtype == CI_BF16                   ? cu->batch_rows_bf16
-                       : dtype == CI_Q4 || dtype == CI_Q8 ? cu->batch_rows_affine
-                                                          : 0;
-  return rows >= 1 && rows <= max_rows && k % AG_KC == 0 && k <= ((int64_t)1 << 24) &&
-         (dtype == CI_BF16 || group_size >= 32) && rows * k < ((int64_t)1 << 31);
+  return (dtype == CI_Q4 || dtype == CI_Q8) && group_size >= 32 && rows >= 1 &&
+         rows <= cu->batch_rows && k % AG_KC == 0 && k <= ((int64_t)1 << 24) &&
+         rows * k < ((int64_t)1 << 31);
 }
 
 template <int BITS, bool F16, int CH, int NT>
@@ -330,19 +302,16 @@ void ci_cuda_batch_gemm_launch(ci_cuda *cu, int parts, const ci_cuda_weight *w, 
   P.segs = (int)((k + seg_cols - 1) / seg_cols);
   P.seg_cols = (int)seg_cols;
   P.partial = partial;
-  const int affine = w[0].dtype != CI_BF16;
   P.quads = (int)ci_affine_quads(k);
-  P.groups = affine ? (int)(k / w[0].group_size) : 0;
-  P.gshift = affine ? __builtin_ctz((unsigned)w[0].group_size) : 0;
+  P.groups = (int)(k / w[0].group_size);
+  P.gshift = __builtin_ctz((unsigned)w[0].group_size);
   const __nv_bfloat16 *xb = (const __nv_bfloat16 *)x;
   const bool f16 = w[0].f16_pairs;
   if (w[0].dtype == CI_Q4)
     f16 ? ag_launch<4, true>(cu, P, parts, n, k, xb, rows)
         : ag_launch<4, false>(cu, P, parts, n, k, xb, rows);
-  else if (w[0].dtype == CI_Q8)
+  else
     f16 ? ag_launch<8, true>(cu, P, parts, n, k, xb, rows)
         : ag_launch<8, false>(cu, P, parts, n, k, xb, rows);
-  else
-    ag_launch<16, false>(cu, P, parts, n, k, xb, rows);
   ci_cuda_check_launch(cu, "matmul (batch kernel)");
 }

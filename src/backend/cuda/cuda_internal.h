@@ -257,10 +257,9 @@ typedef struct {
   int input_planes; /* 2: matmul inputs as bf16 hi + lo planes (about 16 mantissa bits); 1: bf16 */
   ci_cuda_k_rule k_rule; /* how ci_cuda_k_segment cuts rows (CINFER_CUDA_K_SEGMENTS) */
   unsigned *gemv_counts; /* [CI_CUDA_GEMV_COUNTS] zeroed: segments done per small-batch row group */
-  int gemv_shape; /* affine small-batch stage shape forced (CI_CUDA_GEMV_*), -1: by its rule */
-  /* the most input rows (planes x rows) the batch matmul takes with affine and with bf16 weights
-   * (CINFER_CUDA_BATCH_ROWS) */
-  int batch_rows_affine, batch_rows_bf16;
+  int gemv_shape;     /* affine small-batch stage shape forced (CI_CUDA_GEMV_*), -1: by its rule */
+  int batch_rows;     /* the most input rows (planes x rows) the affine batch matmul takes
+                         (CINFER_CUDA_BATCH_ROWS) */
   float *host_scores; /* pinned host copy of MoE router scores */
   size_t host_scores_bytes;
   /* weights copied to the device at load, freed at destroy */
@@ -460,18 +459,15 @@ void ci_cuda_flash_plan(const ci_cuda_kv_layout *L, const ci_cuda_seq_group *hos
                         ci_cuda_flash_params *f);
 int ci_cuda_flash_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
 
-/* cuda_batch_gemm.cu: the batch matmul for more input rows than the small-batch kernel takes, up
- * to CI_CUDA_BATCH_ROWS_AFFINE (affine weights, dequantised in registers) or _BF16 planes x rows,
- * bit-identical to cuBLASLt's rows. fits: whether it takes a product of `rows` input rows (planes
- * x rows) of weights of `dtype` (affine in groups of group_size) with k columns. launch: out[p] =
- * x @ w[p]^T for `parts` (1..CI_CUDA_GEMV_MAX_PARTS) matrices of one format and n[p] rows sharing
- * the bf16 input x of `rows` rows, cut into K segments of seg_cols columns; partial 0: out[p] is y
- * (one segment), 1: out[p] holds [segments][rows][n[p]] partial products for
+/* cuda_batch_gemm.cu: the batch matmul of affine weights (dequantised in registers) for more input
+ * rows than the small-batch kernel takes, up to CI_CUDA_BATCH_ROWS planes x rows, bit-identical
+ * to cuBLASLt's rows over the dequantised matrix. fits: whether it takes a product of `rows` input
+ * rows (planes x rows) of weights of `dtype` in groups of group_size with k columns. launch:
+ * out[p] = x @ w[p]^T for `parts` (1..CI_CUDA_GEMV_MAX_PARTS) matrices of one format and n[p] rows
+ * sharing the bf16 input x of `rows` rows, cut into K segments of seg_cols columns; partial 0:
+ * out[p] is y (one segment), 1: out[p] holds [segments][rows][n[p]] partial products for
  * ci_cuda_segment_sum. */
-enum {
-  CI_CUDA_BATCH_ROWS_AFFINE = 0,
-  CI_CUDA_BATCH_ROWS_BF16 = 0
-}; /* off until measured on a GPU */
+enum { CI_CUDA_BATCH_ROWS = 128 };
 int ci_cuda_batch_gemm_init(ci_cuda *cu);
 int ci_cuda_batch_gemm_fits(const ci_cuda *cu, int dtype, int group_size, int64_t k, int64_t rows);
 void ci_cuda_batch_gemm_launch(ci_cuda *cu, int parts, const ci_cuda_weight *w, const int64_t *n,

@@ -5,10 +5,10 @@
  * keeps batched rows bit-identical to solo ones (tested on the GPU). Long affine rows are summed
  * in K segments (ci_cuda_k_segment) in one strided-batched call and an in-order sum. Up to 16 input
  * rows of bf16 weights go to the small-batch kernel of cuda_gemv.cu instead, which computes the
- * same bits at the bandwidth limit (affine weights up to 16 rows too); above that, up to a few
- * hundred rows, the batch kernel of cuda_batch_gemm.cu (affine weights dequantised in registers;
- * same bits again); only larger products (prefill) run in cuBLASLt, affine weights dequantised
- * slice by slice first. Plans (layouts and the chosen algorithm) are cached per shape;
+ * same bits at the bandwidth limit (affine weights up to 16 rows too); affine weights above that
+ * up to CI_CUDA_BATCH_ROWS the batch kernel of cuda_batch_gemm.cu (dequantised in registers; same
+ * bits again); only larger affine products (prefill) dequantise slices for cuBLASLt. Plans
+ * (layouts and the chosen algorithm) are cached per shape;
  * cuBLASLt itself is opened at run time, so programs that never start a GPU never load it. */
 #include "backend/cuda/cuda_internal.h"
 
@@ -267,7 +267,7 @@ static int parts_take_gemv(const ci_cuda *cu, const ci_cuda_cmd *c, int parts) {
 }
 
 /* 1 when matmul commands [c, c + parts) that the small-batch kernel does not take run in the batch
- * kernel (cuda_batch_gemm.cu): every part is of one format and the rows fit it. */
+ * kernel (cuda_batch_gemm.cu): every part is affine in one format and the rows fit it. */
 static int parts_take_batch(const ci_cuda *cu, const ci_cuda_cmd *c, int parts) {
   const ci_cuda_weight *w0 = &c->a.matmul.w;
   const int64_t k = c->a.matmul.k, m = c->a.matmul.m;
