@@ -35,6 +35,7 @@
 #include "backend/cuda/cuda_affine.cuh"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_mma.cuh"
+#include "backend/cuda/cuda_param_pick.cuh"
 
 #include <limits.h>
 #include <string.h>
@@ -63,15 +64,6 @@ typedef struct {
   int gshift;            /* log2 of the group size */
 } ag_parts;
 
-/* Entry p of a parameter array by selects (a runtime index would copy the parameter block to
- * local memory, as cuda_gemv.cu's gv_pick explains). */
-template <typename T> __device__ static inline T ag_pick(const T (&a)[AG_MAX_PARTS], int p) {
-  T r = a[0];
-#pragma unroll
-  for (int i = 1; i < AG_MAX_PARTS; i++) r = p == i ? a[i] : r;
-  return r;
-}
-
 /* Bytes of one stage of a block: codes [tiles][quad bytes], pairs [tiles][AG_MAX_GROUPS][16]
  * words, inputs [8 NT][AG_X_STRIDE] bf16. */
 static constexpr size_t ag_stage_bytes(int bits, int ch, int nt) {
@@ -94,11 +86,11 @@ __global__ static void __launch_bounds__(32 * AG_WARPS)
   int part = 0;
 #pragma unroll
   for (int p = 0; p < AG_MAX_PARTS - 1; p++) part += group >= P.end[p];
-  const int group0 = part ? ag_pick(P.end, part - 1) : 0;
-  const int n = ag_pick(P.n, part), part_tiles = (n + 15) / 16;
+  const int group0 = part ? ci_param_pick(P.end, part - 1) : 0;
+  const int n = ci_param_pick(P.n, part), part_tiles = (n + 15) / 16;
   const int tile0 = (group - group0) * TILES;
-  const uint8_t *codes = ag_pick(P.codes, part);
-  const uint32_t *pairs = ag_pick(P.pairs, part);
+  const uint8_t *codes = ci_param_pick(P.codes, part);
+  const uint32_t *pairs = ci_param_pick(P.pairs, part);
   const int k0 = seg * P.seg_cols, k1 = min(k, k0 + P.seg_cols), stages = (k1 - k0) / AG_KC;
   const int row0 = input_tile * TN;
   const int gshift = P.gshift, groups_in_stage = AG_KC >> gshift ? AG_KC >> gshift : 1;
@@ -208,7 +200,7 @@ __global__ static void __launch_bounds__(32 * AG_WARPS)
   cp_async_wait<0>();
   if (!busy) return;
 
-  float *out = ag_pick(P.out, part) + (P.partial ? (size_t)seg * rows * n : 0);
+  float *out = ci_param_pick(P.out, part) + (P.partial ? (size_t)seg * rows * n : 0);
 #pragma unroll
   for (int c = 0; c < CH; c++) {
     const int r = (tile0 + warp * CH + c) * 16 + g;

@@ -32,6 +32,7 @@
 #include "backend/cuda/cuda_affine.cuh"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_mma.cuh"
+#include "backend/cuda/cuda_param_pick.cuh"
 
 #include <limits.h>
 #include <stdlib.h>
@@ -103,17 +104,6 @@ static constexpr size_t gv_smem_bytes(int bits, int kc, int stages, int chains, 
                               : (size_t)stages * chains *
                                     (16 * kc * bits / 8 + (kc >> (gshift ? gshift : 5)) * 64);
   return w + ((size_t)stages * x_rows + 1) * bf16_row;
-}
-
-/* Entry p of a parameter array, by selects: indexing a kernel parameter with a runtime index
- * makes the compiler copy the whole parameter block to local memory at entry and read it back
- * from there (13 local stores, then local loads in the copy loops; 2-10% of the kernel's time on
- * the H200). */
-template <typename T> __device__ static inline T gv_pick(const T (&a)[GV_MAX_PARTS], int p) {
-  T r = a[0];
-#pragma unroll
-  for (int i = 1; i < GV_MAX_PARTS; i++) r = p == i ? a[i] : r;
-  return r;
 }
 
 /* The part of group index `group` and the group's first W row within that part. */
@@ -202,11 +192,12 @@ __global__ static void __launch_bounds__(32 * WARPS)
     int row0;
     const int part = gv_part_of(P, u.group, CHAINS, &row0);
     if (BITS == 16) {
-      u.codes = (const uint8_t *)gv_pick(P.w, part) + ((size_t)row0 * k + u.first) * 2;
+      u.codes = (const uint8_t *)ci_param_pick(P.w, part) + ((size_t)row0 * k + u.first) * 2;
     } else {
       const size_t tile = (size_t)(row0 / 16);
-      u.codes = (const uint8_t *)gv_pick(P.w, part) + (tile * quads + u.first / 64) * QUAD_BYTES;
-      u.pairs = gv_pick(P.pairs, part) + (tile * k_groups + (u.first >> group_shift)) * 16;
+      u.codes =
+          (const uint8_t *)ci_param_pick(P.w, part) + (tile * quads + u.first / 64) * QUAD_BYTES;
+      u.pairs = ci_param_pick(P.pairs, part) + (tile * k_groups + (u.first >> group_shift)) * 16;
     }
     return u;
   };
@@ -429,8 +420,8 @@ __global__ static void __launch_bounds__(32 * WARPS)
       const int unit = cur_u.unit, group = cur_u.group;
       int n0;
       const int part = gv_part_of(P, group, CHAINS, &n0);
-      float *y = gv_pick(P.y, part);
-      const int n = gv_pick(P.n, part);
+      float *y = ci_param_pick(P.y, part);
+      const int n = ci_param_pick(P.n, part);
       if (SEG) { /* this segment's chains into its partial; the group's last unit sums */
         float *mine = P.partial + (size_t)unit * R * x_rows;
 #pragma unroll
