@@ -394,13 +394,10 @@ static int batch_kernel_matmul(ci_cuda *cu, const ci_cuda_cmd *c, int parts, con
       partial += (size_t)segs[p] * planes * m * n[p];
     }
   }
-  for (int p = 0, run; p < parts; p += run) {
-    const int partials = writes_partials(segs[p], 1, planes);
-    for (run = 1; p + run < parts && seg_cols[p + run] == seg_cols[p] &&
-                  writes_partials(segs[p + run], 1, planes) == partials;)
-      run++;
-    ci_cuda_batch_gemm_launch(cu, run, w + p, n + p, out + p, partials, k, input, planes * m,
-                              seg_cols[p]);
+  for (int p = 0, run; p < parts; p += run) { /* equal segments: equal partials too */
+    for (run = 1; p + run < parts && seg_cols[p + run] == seg_cols[p];) run++;
+    ci_cuda_batch_gemm_launch(cu, run, w + p, n + p, out + p, writes_partials(segs[p], 1, planes),
+                              k, input, planes * m, seg_cols[p]);
   }
   for (int p = 0; p < parts; p++)
     if (writes_partials(segs[p], 1, planes))
