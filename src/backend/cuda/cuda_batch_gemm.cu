@@ -6,16 +6,19 @@
  * sequences took 18.6 ms; 13.1 ms with this kernel). Larger products (prefill, and 256 rows, where
  * cuBLASLt measured faster) keep that path.
  *
- * A block is four warps. Warp w owns CH consecutive 16-row tiles of W (the mma.sync m16n8k16 A
- * operand) and multiplies them with the block's tile of 8 NT input rows (the B operand, n8 tiles),
- * so each dequantised A fragment feeds NT products. The block streams its tiles' codes (already in
- * fragment order, cuda_affine.cuh), their groups' (scale, bias) words and the input tile through
- * shared memory in stages of 64 columns (one code quad), AG_STAGES deep with cp.async; the codes of
- * the first stages are requested before the kernel waits for the one before it (weights never
- * depend on an earlier kernel, cuda_launch.cuh). Each matrix of a launch (q, k and v; gate and up)
- * has its own row groups; a block is one unit (row group, K segment, input tile), the input tiles
- * of a row group adjacent, so the blocks that read the same codes run together and all but the
- * first find them in L2.
+ * A block is eight warps over TILES (4 or 8) 16-row tiles of W (the mma.sync m16n8k16 A operand)
+ * and a tile of 8 NT input rows (NT n8 tiles of the B operand). The block streams its tiles' codes
+ * (already in fragment order, cuda_affine.cuh), their groups' (scale, bias) words and the input
+ * tile through shared memory in stages of 64 columns (one code quad), AG_STAGES deep with
+ * cp.async, each thread's copy sources worked out once and stepped by constant strides; the codes
+ * of the first stages are requested before the kernel waits for the one before it (weights never
+ * depend on an earlier kernel, cuda_launch.cuh). Each stage's TILES x 4 A fragments are
+ * dequantised once, each by one warp (ci_affine_fragment, the function every affine path uses),
+ * into a shared buffer one stage ahead of their use, so a stage needs one barrier; then warp w
+ * multiplies tile w % TILES by its share of the input tile's n8 tiles. Each matrix of a launch
+ * (q, k and v; gate and up) has its own row groups; a block is one unit (row group, K segment,
+ * input tile), the input tiles of a row group adjacent, so the blocks that read the same codes
+ * run together and all but the first find them in L2.
  *
  * Bits: each output is one chain of m16n8k16 products over its K segment in order, from zero, the
  * weights made by ci_affine_fragment as every affine path makes them: exactly what cuBLASLt
@@ -24,24 +27,32 @@
  * exact mode's two input planes write partial products that ci_cuda_segment_sum adds in the order
  * the other paths add them.
  *
- * Measured (H100, 8B geometry, decode steps at 128 tokens of context, tok/s, cuBLASLt path ->
- * this kernel): q4 64 sequences 3,610 -> 6,847, 128: 6,453 -> 7,912, 256: 10,504 -> 9,546; q8
- * 64: 3,448 -> 4,887, 128: 6,290 -> 6,603, 256: 10,218 -> 8,907; exact mode (two planes) q8 16:
- * 894 -> 1,198, 64: 3,222 -> 3,601. It is far from the bandwidth bound (weights-only 8B q8 step at
- * 64 rows 9.5 ms, the codes alone 2.7 ms at 3 TB/s): each block re-reads the input tile from L2
- * for 128 weight rows (as many bytes as the q8 codes) and one 64-column stage feeds only four
- * k-steps a barrier. The same kernel with bf16 weights ran at half of cuBLASLt's speed (1B bf16,
- * 16-128 rows: the 1B's narrow matrices leave most SMs without a block) and was not kept. */
+ * Measured (H100, 8B geometry, decode steps at 128 tokens of context, fast mode unless said,
+ * tok/s, cuBLASLt path -> this kernel, one run): q8 64 sequences 3,477 -> 5,924, 128: 6,267 ->
+ * 7,019; q4 64: 3,626 -> 6,853, 128: 6,489 -> 8,243; exact mode (two planes) q8 16: 896 -> 1,518,
+ * 64: 3,233 -> 4,105. The kernel's first form (four warps, each dequantising its own tiles for the
+ * whole input tile, copy addresses recomputed every stage) reached q8 64 4,887 and exact 16
+ * 1,198: at 64 rows its narrow launches gave an SM one block of four warps, a warp a scheduler
+ * issuing once per 4 cycles (Nsight Compute, q8 at 64 rows, first form -> this one: q|k|v 81.8 ->
+ * 47.8 us, o 81.3 -> 32.3, gate|up 141.8 -> 118.6, down 139.8 -> 79.9). Still far from the bound
+ * (the weights-only q8 step at 64 rows 8.1 ms, its codes 2.7 ms at 3 TB/s): a block issues ~1,450
+ * warp instructions a 64-column stage, and re-reads the input tile from L2 for every 64 weight
+ * rows. At 256 rows the first form lost to cuBLASLt (q4 10,504 -> 9,546, q8 10,218 -> 8,907), so
+ * the kernel takes up to 128 rows. The first form with bf16 weights ran at half of cuBLASLt's
+ * speed (1B bf16, 16-128 rows: its narrow matrices leave most SMs without a block) and was not
+ * kept. */
 #include "backend/cuda/cuda_affine.cuh"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_mma.cuh"
 #include "backend/cuda/cuda_param_pick.cuh"
 
 #include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum {
-  AG_WARPS = 4,
+  AG_WARPS = 8,
   AG_STAGES = 4,
   AG_KC = CI_AFFINE_QUAD_COLS, /* columns a stage: one quad of every tile */
   AG_X_STRIDE = AG_KC + 8,     /* bf16 elements between input rows in shared memory (16 bytes
@@ -51,7 +62,7 @@ enum {
 };
 
 /* The matrices of one launch (they share the input, the format and the K segments): part p owns
- * row groups [end[p - 1], end[p]) of AG_WARPS * CH tiles each. */
+ * row groups [end[p - 1], end[p]) of TILES tiles each. */
 typedef struct {
   const uint8_t *codes[AG_MAX_PARTS];
   const uint32_t *pairs[AG_MAX_PARTS];
@@ -66,19 +77,32 @@ typedef struct {
 
 /* Bytes of one stage of a block: codes [tiles][quad bytes], pairs [tiles][AG_MAX_GROUPS][16]
  * words, inputs [8 NT][AG_X_STRIDE] bf16. */
-static constexpr size_t ag_stage_bytes(int bits, int ch, int nt) {
-  return (size_t)AG_WARPS * ch * (128 * bits + AG_MAX_GROUPS * 64) +
-         (size_t)8 * nt * AG_X_STRIDE * 2;
+static constexpr size_t ag_stage_bytes(int bits, int tiles, int nt) {
+  return (size_t)tiles * (128 * bits + AG_MAX_GROUPS * 64) + (size_t)8 * nt * AG_X_STRIDE * 2;
+}
+/* A block's shared memory: the stage ring, then two buffers of a stage's dequantised A fragments
+ * ([tiles][4 k-steps][32 lanes] x 16 bytes each). */
+static constexpr size_t ag_smem_bytes(int bits, int tiles, int nt) {
+  return AG_STAGES * ag_stage_bytes(bits, tiles, nt) + (size_t)2 * tiles * 4 * 512;
 }
 
-template <int BITS, bool F16, int CH, int NT>
+template <int BITS, bool F16, int TILES, int NT>
 __global__ static void __launch_bounds__(32 * AG_WARPS)
     batch_gemm_kernel(const ag_parts P, const __nv_bfloat16 *__restrict__ x, int k, int rows,
                       int input_tiles) {
-  constexpr int TILES = AG_WARPS * CH, TN = 8 * NT, QB = 128 * BITS;
+  constexpr int THREADS = 32 * AG_WARPS, TN = 8 * NT, QB = 128 * BITS;
   constexpr int CODE_BYTES = TILES * QB, PAIR_WORDS = TILES * AG_MAX_GROUPS * 16;
-  constexpr size_t STAGE = ag_stage_bytes(BITS, CH, NT);
+  constexpr size_t STAGE = ag_stage_bytes(BITS, TILES, NT);
+  constexpr int FRAGS = TILES * 4;             /* A fragments a stage: 4 k-steps of each tile */
+  constexpr int WARP_FRAGS = FRAGS / AG_WARPS; /* ... that each warp dequantises */
+  constexpr int WN = NT * TILES / AG_WARPS;    /* n8 tiles of a warp's products */
+  constexpr int CODE_CHUNKS = CODE_BYTES / 16, X_CHUNKS = TN * (AG_KC / 8);
+  constexpr int CODE_COPIES = (CODE_CHUNKS + THREADS - 1) / THREADS, X_COPIES = X_CHUNKS / THREADS;
+  static_assert(FRAGS % AG_WARPS == 0 && WN % 2 == 0 && X_CHUNKS % THREADS == 0 &&
+                    TILES * AG_MAX_GROUPS * 4 <= THREADS,
+                "block shape");
   extern __shared__ __align__(16) uint8_t smem[];
+  uint4 *const fragments = (uint4 *)(smem + AG_STAGES * STAGE); /* [2][FRAGS][32] */
 
   const int unit = blockIdx.x;
   const int input_tile = unit % input_tiles, seg = (unit / input_tiles) % P.segs;
@@ -94,35 +118,77 @@ __global__ static void __launch_bounds__(32 * AG_WARPS)
   const int k0 = seg * P.seg_cols, k1 = min(k, k0 + P.seg_cols), stages = (k1 - k0) / AG_KC;
   const int row0 = input_tile * TN;
   const int gshift = P.gshift, groups_in_stage = AG_KC >> gshift ? AG_KC >> gshift : 1;
+  const int tid = threadIdx.x;
+
+  /* each thread's copies, their sources at the segment's first stage (a stage steps them by
+   * constant strides): code chunks, one (scale, bias) chunk, input chunks */
+  const uint8_t *code_src[CODE_COPIES];
+  bool code_live[CODE_COPIES];
+#pragma unroll
+  for (int c = 0; c < CODE_COPIES; c++) {
+    const int i = tid + c * THREADS, t = i / (QB / 16);
+    code_live[c] = i < CODE_CHUNKS && tile0 + t < part_tiles;
+    code_src[c] = codes + ((size_t)(tile0 + t) * P.quads + k0 / AG_KC) * QB + (i % (QB / 16)) * 16;
+  }
+  const int pair_chunks = groups_in_stage * 4; /* 16-byte chunks of a tile's words a stage */
+  const int pair_t = tid / pair_chunks, pair_c = tid % pair_chunks;
+  const bool pair_live = pair_t < TILES && tile0 + pair_t < part_tiles;
+  const uint32_t *pair_src = pairs + (size_t)(tile0 + pair_t) * P.groups * 16 + pair_c * 4;
+  const __nv_bfloat16 *x_src[X_COPIES];
+#pragma unroll
+  for (int c = 0; c < X_COPIES; c++) {
+    const int i = tid + c * THREADS, r = i / (AG_KC / 8);
+    x_src[c] = x + (size_t)min(row0 + r, rows - 1) * k + k0 + (i % (AG_KC / 8)) * 8;
+  }
 
   /* the codes and (scale, bias) words of stage s of the segment into ring slot `slot` */
   auto load_weights = [&](int slot, int s) {
     uint8_t *dst = smem + (size_t)slot * STAGE;
-    uint32_t *pair_dst = (uint32_t *)(dst + CODE_BYTES);
-    const int col = k0 + s * AG_KC, quad = col / AG_KC, g0 = col >> gshift;
-    for (int i = threadIdx.x; i < CODE_BYTES / 16; i += 32 * AG_WARPS) {
-      const int t = i / (QB / 16), tile = tile0 + t;
-      if (tile < part_tiles)
-        cp_async16_stream(dst + i * 16,
-                          codes + ((size_t)tile * P.quads + quad) * QB + (i % (QB / 16)) * 16);
-    }
-    const int chunks = groups_in_stage * 4; /* 16-byte chunks of a tile's words */
-    for (int i = threadIdx.x; i < TILES * chunks; i += 32 * AG_WARPS) {
-      const int t = i / chunks, c = i % chunks, tile = tile0 + t;
-      if (tile < part_tiles)
-        cp_async16_stream(pair_dst + t * AG_MAX_GROUPS * 16 + c * 4,
-                          pairs + ((size_t)tile * P.groups + g0) * 16 + c * 4);
-    }
+#pragma unroll
+    for (int c = 0; c < CODE_COPIES; c++)
+      if (code_live[c]) cp_async16_stream(dst + (tid + c * THREADS) * 16, code_src[c] + s * QB);
+    if (pair_live)
+      cp_async16_stream((uint32_t *)(dst + CODE_BYTES) + pair_t * AG_MAX_GROUPS * 16 + pair_c * 4,
+                        pair_src + (size_t)((k0 + s * AG_KC) >> gshift) * 16);
   };
   /* the input rows' columns of stage s (rows past the last repeat it: their products are never
    * stored) */
   auto load_inputs = [&](int slot, int s) {
     __nv_bfloat16 *dst =
         (__nv_bfloat16 *)(smem + (size_t)slot * STAGE + CODE_BYTES + PAIR_WORDS * sizeof(uint32_t));
-    const int col = k0 + s * AG_KC;
-    for (int i = threadIdx.x; i < TN * (AG_KC / 8); i += 32 * AG_WARPS) {
-      const int r = i / (AG_KC / 8), c = i % (AG_KC / 8), src = min(row0 + r, rows - 1);
-      cp_async16_stream(dst + r * AG_X_STRIDE + c * 8, x + (size_t)src * k + col + c * 8);
+#pragma unroll
+    for (int c = 0; c < X_COPIES; c++) {
+      const int i = tid + c * THREADS;
+      cp_async16_stream(dst + (i / (AG_KC / 8)) * AG_X_STRIDE + (i % (AG_KC / 8)) * 8,
+                        x_src[c] + s * AG_KC);
+    }
+  };
+
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  /* the A fragments of stage s this warp dequantises (fragment f: k-step f % 4 of the block's
+   * tile f / 4), into fragment buffer s % 2 */
+  auto dequantise = [&](int s) {
+    const uint8_t *stage = smem + (size_t)(s % AG_STAGES) * STAGE;
+    const uint32_t *stage_pairs = (const uint32_t *)(stage + CODE_BYTES);
+    const int col = k0 + s * AG_KC, g0 = col >> gshift;
+#pragma unroll
+    for (int i = 0; i < WARP_FRAGS; i++) {
+      const int f = warp + AG_WARPS * i, tile = f / 4, step = f % 4;
+      const int gi = ((col + 16 * step) >> gshift) - g0;
+      const uint32_t *pw = stage_pairs + (tile * AG_MAX_GROUPS + gi) * 16;
+      const ci_affine_rows rw = ci_affine_rows_of<BITS>(pw[g], pw[g + 8], F16);
+      uint32_t words[2], a[4];
+      if (BITS == 4) {
+        words[0] = *(const uint32_t *)(stage + tile * QB + lane * 16 + step * 4);
+        words[1] = 0u;
+      } else {
+        const uint2 w2 =
+            *(const uint2 *)(stage + tile * QB + (step / 2) * 512 + lane * 16 + (step % 2) * 8);
+        words[0] = w2.x;
+        words[1] = w2.y;
+      }
+      ci_affine_fragment<BITS>(words, rw, F16, a);
+      fragments[((s % 2) * FRAGS + f) * 32 + lane] = make_uint4(a[0], a[1], a[2], a[3]);
     }
   };
 
@@ -133,19 +199,22 @@ __global__ static void __launch_bounds__(32 * AG_WARPS)
     if (s < stages) load_inputs(s, s);
     cp_async_commit();
   }
+  cp_async_wait<AG_STAGES - 2>(); /* stage 0 has landed */
+  __syncthreads();
+  dequantise(0);
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const bool busy = tile0 + warp * CH < part_tiles; /* the warp has a tile of the matrix */
-  float acc[CH][NT][4];
+  /* warp w multiplies tile w % TILES of the block by its WN n8 tiles of the input tile */
+  const int my_tile = warp % TILES, n0 = (warp / TILES) * WN;
+  float acc[WN][4];
 #pragma unroll
-  for (int c = 0; c < CH; c++)
+  for (int j = 0; j < WN; j++)
 #pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) acc[c][j][e] = 0.0f;
+    for (int e = 0; e < 4; e++) acc[j][e] = 0.0f;
 
+  /* one barrier a stage: stage s + 1 has landed and its fragments are dequantised while stage s
+   * (dequantised the stage before) is multiplied */
   for (int s = 0; s < stages; s++) {
-    cp_async_wait<AG_STAGES - 2>();
+    cp_async_wait<AG_STAGES - 3>();
     __syncthreads();
     const int next = s + AG_STAGES - 1;
     if (next < stages) {
@@ -153,80 +222,50 @@ __global__ static void __launch_bounds__(32 * AG_WARPS)
       load_inputs(next % AG_STAGES, next);
     }
     cp_async_commit();
-    if (!busy) continue;
-    const uint8_t *stage = smem + (size_t)(s % AG_STAGES) * STAGE;
-    const uint32_t *stage_pairs = (const uint32_t *)(stage + CODE_BYTES);
-    const __nv_bfloat16 *xs =
-        (const __nv_bfloat16 *)(stage + CODE_BYTES + PAIR_WORDS * sizeof(uint32_t));
-    const int col = k0 + s * AG_KC, g0 = col >> gshift;
-    uint4 lane_codes[CH][BITS / 4]; /* the lane's 16 bytes of each tile's quad (q8: two halves) */
-#pragma unroll
-    for (int c = 0; c < CH; c++)
-#pragma unroll
-      for (int h = 0; h < BITS / 4; h++)
-        lane_codes[c][h] = *(const uint4 *)(stage + (warp * CH + c) * QB + h * 512 + lane * 16);
+    if (s + 1 < stages) dequantise(s + 1);
+    const __nv_bfloat16 *xs = (const __nv_bfloat16 *)(smem + (size_t)(s % AG_STAGES) * STAGE +
+                                                      CODE_BYTES + PAIR_WORDS * sizeof(uint32_t));
+    const uint4 *frag = fragments + ((s % 2) * FRAGS + my_tile * 4) * 32 + lane;
 #pragma unroll
     for (int step = 0; step < 4; step++) {
-      const int gi = ((col + 16 * step) >> gshift) - g0;
-      uint32_t a[CH][4];
+      const uint4 a4 = frag[step * 32];
+      const uint32_t a[4] = {a4.x, a4.y, a4.z, a4.w};
 #pragma unroll
-      for (int c = 0; c < CH; c++) {
-        const uint32_t *pw = stage_pairs + ((warp * CH + c) * AG_MAX_GROUPS + gi) * 16;
-        const ci_affine_rows rw = ci_affine_rows_of<BITS>(pw[g], pw[g + 8], F16);
-        const uint4 &q = lane_codes[c][BITS == 8 ? step / 2 : 0];
-        uint32_t words[2];
-        if (BITS == 4) {
-          words[0] = step == 0 ? q.x : step == 1 ? q.y : step == 2 ? q.z : q.w;
-          words[1] = 0u;
-        } else {
-          words[0] = step % 2 ? q.z : q.x;
-          words[1] = step % 2 ? q.w : q.y;
-        }
-        ci_affine_fragment<BITS>(words, rw, F16, a[c]);
-      }
-#pragma unroll
-      for (int j = 0; j < NT / 2; j++) {
+      for (int j = 0; j < WN / 2; j++) {
         uint32_t b[4];
-        ldmatrix_x4(b, xs + (16 * j + (lane / 16) * 8 + lane % 8) * AG_X_STRIDE + 16 * step +
-                           ((lane / 8) % 2) * 8);
-#pragma unroll
-        for (int c = 0; c < CH; c++) {
-          mma_bf16(acc[c][2 * j], a[c], b[0], b[1]);
-          mma_bf16(acc[c][2 * j + 1], a[c], b[2], b[3]);
-        }
+        ldmatrix_x4(b, xs + (8 * n0 + 16 * j + (lane / 16) * 8 + lane % 8) * AG_X_STRIDE +
+                           16 * step + ((lane / 8) % 2) * 8);
+        mma_bf16(acc[2 * j], a, b[0], b[1]);
+        mma_bf16(acc[2 * j + 1], a, b[2], b[3]);
       }
     }
   }
   cp_async_wait<0>();
-  if (!busy) return;
 
   float *out = ci_param_pick(P.out, part) + (P.partial ? (size_t)seg * rows * n : 0);
+  const int r = (tile0 + my_tile) * 16 + g;
 #pragma unroll
-  for (int c = 0; c < CH; c++) {
-    const int r = (tile0 + warp * CH + c) * 16 + g;
+  for (int j = 0; j < WN; j++)
 #pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int e = 0; e < 2; e++) {
-        const int row = row0 + 8 * j + 2 * t + e;
-        if (row >= rows) continue;
-        if (r < n) out[(size_t)row * n + r] = acc[c][j][e];
-        if (r + 8 < n) out[(size_t)row * n + r + 8] = acc[c][j][2 + e];
-      }
-  }
+    for (int e = 0; e < 2; e++) {
+      const int row = row0 + 8 * (n0 + j) + 2 * t + e;
+      if (row >= rows) continue;
+      if (r < n) out[(size_t)row * n + r] = acc[j][e];
+      if (r + 8 < n) out[(size_t)row * n + r + 8] = acc[j][2 + e];
+    }
 }
 
-template <int BITS, bool F16, int CH, int NT> static cudaError_t ag_set_limit() {
-  return cudaFuncSetAttribute(batch_gemm_kernel<BITS, F16, CH, NT>,
+template <int BITS, bool F16, int TILES, int NT> static cudaError_t ag_set_limit() {
+  return cudaFuncSetAttribute(batch_gemm_kernel<BITS, F16, TILES, NT>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)(AG_STAGES * ag_stage_bytes(BITS, CH, NT)));
+                              (int)ag_smem_bytes(BITS, TILES, NT));
 }
 
 template <int BITS, bool F16> static cudaError_t ag_set_limits() {
-  cudaError_t err = ag_set_limit<BITS, F16, 1, 4>();
-  if (err == cudaSuccess) err = ag_set_limit<BITS, F16, 1, 8>();
-  if (err == cudaSuccess) err = ag_set_limit<BITS, F16, 2, 4>();
-  if (err == cudaSuccess) err = ag_set_limit<BITS, F16, 2, 8>();
+  cudaError_t err = ag_set_limit<BITS, F16, 4, 4>();
+  if (err == cudaSuccess) err = ag_set_limit<BITS, F16, 4, 8>();
+  if (err == cudaSuccess) err = ag_set_limit<BITS, F16, 8, 4>();
+  if (err == cudaSuccess) err = ag_set_limit<BITS, F16, 8, 8>();
   return err;
 }
 
@@ -236,6 +275,14 @@ int ci_cuda_batch_gemm_init(ci_cuda *cu) {
    * measuring */
   const char *env = getenv("CINFER_CUDA_BATCH_ROWS");
   cu->batch_rows = env ? atoi(env) : CI_CUDA_BATCH_ROWS;
+  /* CINFER_CUDA_BATCH_SHAPE=TILES,NT (4 or 8 each): every launch in that block shape, for
+   * measuring */
+  const char *shape = getenv("CINFER_CUDA_BATCH_SHAPE");
+  int tiles = 0, nt = 0;
+  cu->batch_shape = shape && sscanf(shape, "%d,%d", &tiles, &nt) == 2 &&
+                            (tiles == 4 || tiles == 8) && (nt == 4 || nt == 8)
+                        ? 16 * tiles + nt
+                        : -1;
   cudaError_t err = ag_set_limits<4, false>();
   if (err == cudaSuccess) err = ag_set_limits<4, true>();
   if (err == cudaSuccess) err = ag_set_limits<8, false>();
@@ -250,34 +297,44 @@ int ci_cuda_batch_gemm_fits(const ci_cuda *cu, int dtype, int group_size, int64_
          rows * k < ((int64_t)1 << 31);
 }
 
-template <int BITS, bool F16, int CH, int NT>
-static void ag_launch_at(ci_cuda *cu, const ag_parts &P, int units, int64_t k,
-                         const __nv_bfloat16 *x, int64_t rows, int input_tiles) {
-  ci_launch(cu, batch_gemm_kernel<BITS, F16, CH, NT>, dim3((unsigned)units), 32 * AG_WARPS,
-            AG_STAGES * ag_stage_bytes(BITS, CH, NT), P, x, (int)k, (int)rows, input_tiles);
-}
-
-/* Two tiles a warp where that still gives every SM two blocks; 32 input rows a block up to 32,
- * 64 above. No choice changes a bit of the result. */
-template <int BITS, bool F16>
-static void ag_launch(ci_cuda *cu, ag_parts P, int parts, const int64_t *n, int64_t k,
-                      const __nv_bfloat16 *x, int64_t rows) {
-  const int nt = rows <= 32 ? 4 : 8, input_tiles = (int)((rows + 8 * nt - 1) / (8 * nt));
-  int64_t tiles_ch2 = 0;
-  for (int p = 0; p < parts; p++) tiles_ch2 += (n[p] + 16 * AG_WARPS * 2 - 1) / (16 * AG_WARPS * 2);
-  const int ch = tiles_ch2 * P.segs * input_tiles >= 2 * (int64_t)cu->n_sms ? 2 : 1;
+template <int BITS, bool F16, int TILES, int NT>
+static void ag_launch_at(ci_cuda *cu, ag_parts P, int parts, const int64_t *n, int64_t k,
+                         const __nv_bfloat16 *x, int64_t rows) {
+  const int input_tiles = (int)((rows + 8 * NT - 1) / (8 * NT));
   int groups = 0;
   for (int p = 0; p < AG_MAX_PARTS; p++) {
-    groups += p < parts ? (int)((n[p] + 16 * AG_WARPS * ch - 1) / (16 * AG_WARPS * ch)) : 0;
+    groups += p < parts ? (int)((n[p] + 16 * TILES - 1) / (16 * TILES)) : 0;
     P.end[p] = p < parts ? groups : INT_MAX;
   }
   const int units = groups * P.segs * input_tiles;
-  if (ch == 2)
-    nt == 8 ? ag_launch_at<BITS, F16, 2, 8>(cu, P, units, k, x, rows, input_tiles)
-            : ag_launch_at<BITS, F16, 2, 4>(cu, P, units, k, x, rows, input_tiles);
+  ci_launch(cu, batch_gemm_kernel<BITS, F16, TILES, NT>, dim3((unsigned)units), 32 * AG_WARPS,
+            ag_smem_bytes(BITS, TILES, NT), P, x, (int)k, (int)rows, input_tiles);
+}
+
+/* Units (blocks) of a launch in blocks of `tiles` tiles and 8 nt input rows. */
+static int64_t ag_units(const ag_parts &P, int parts, const int64_t *n, int64_t rows, int tiles,
+                        int nt) {
+  int64_t groups = 0;
+  for (int p = 0; p < parts; p++) groups += (n[p] + 16 * tiles - 1) / (16 * tiles);
+  return groups * P.segs * ((rows + 8 * nt - 1) / (8 * nt));
+}
+
+/* The block shape: 32 input rows a block up to 32, 64 above; 8 tiles (128 weight rows) where
+ * that still gives every SM two blocks, else 4, and with 4 tiles 32 input rows where 64 would
+ * leave SMs without a block. No choice changes a bit of the result. */
+template <int BITS, bool F16>
+static void ag_launch(ci_cuda *cu, ag_parts P, int parts, const int64_t *n, int64_t k,
+                      const __nv_bfloat16 *x, int64_t rows) {
+  int nt = rows <= 32 ? 4 : 8;
+  int tiles = ag_units(P, parts, n, rows, 8, nt) >= 2 * (int64_t)cu->n_sms ? 8 : 4;
+  if (tiles == 4 && nt == 8 && ag_units(P, parts, n, rows, 4, 8) < cu->n_sms) nt = 4;
+  if (cu->batch_shape > 0) tiles = cu->batch_shape / 16, nt = cu->batch_shape % 16;
+  if (tiles == 8)
+    nt == 8 ? ag_launch_at<BITS, F16, 8, 8>(cu, P, parts, n, k, x, rows)
+            : ag_launch_at<BITS, F16, 8, 4>(cu, P, parts, n, k, x, rows);
   else
-    nt == 8 ? ag_launch_at<BITS, F16, 1, 8>(cu, P, units, k, x, rows, input_tiles)
-            : ag_launch_at<BITS, F16, 1, 4>(cu, P, units, k, x, rows, input_tiles);
+    nt == 8 ? ag_launch_at<BITS, F16, 4, 8>(cu, P, parts, n, k, x, rows)
+            : ag_launch_at<BITS, F16, 4, 4>(cu, P, parts, n, k, x, rows);
 }
 
 void ci_cuda_batch_gemm_launch(ci_cuda *cu, int parts, const ci_cuda_weight *w, const int64_t *n,

@@ -260,6 +260,8 @@ typedef struct {
   int gemv_shape;     /* affine small-batch stage shape forced (CI_CUDA_GEMV_*), -1: by its rule */
   int batch_rows;     /* the most input rows (planes x rows) the affine batch matmul takes
                          (CINFER_CUDA_BATCH_ROWS) */
+  int batch_shape;    /* the batch matmul's block shape forced (16 tiles + nt), -1: by its rule
+                         (CINFER_CUDA_BATCH_SHAPE) */
   float *host_scores; /* pinned host copy of MoE router scores */
   size_t host_scores_bytes;
   /* weights copied to the device at load, freed at destroy */
