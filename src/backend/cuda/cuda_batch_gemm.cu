@@ -297,26 +297,30 @@ int ci_cuda_batch_gemm_fits(const ci_cuda *cu, int dtype, int group_size, int64_
          rows * k < ((int64_t)1 << 31);
 }
 
-template <int BITS, bool F16, int TILES, int NT>
-static void ag_launch_at(ci_cuda *cu, ag_parts P, int parts, const int64_t *n, int64_t k,
-                         const __nv_bfloat16 *x, int64_t rows) {
-  const int input_tiles = (int)((rows + 8 * NT - 1) / (8 * NT));
+/* Row groups of `tiles` tiles over the launch's parts; ends (when given) gets each part's end, the
+ * unused parts' INT_MAX. */
+static int ag_row_groups(int parts, const int64_t *n, int tiles, int *ends) {
   int groups = 0;
   for (int p = 0; p < AG_MAX_PARTS; p++) {
-    groups += p < parts ? (int)((n[p] + 16 * TILES - 1) / (16 * TILES)) : 0;
-    P.end[p] = p < parts ? groups : INT_MAX;
+    groups += p < parts ? (int)((n[p] + 16 * tiles - 1) / (16 * tiles)) : 0;
+    if (ends) ends[p] = p < parts ? groups : INT_MAX;
   }
-  const int units = groups * P.segs * input_tiles;
-  ci_launch(cu, batch_gemm_kernel<BITS, F16, TILES, NT>, dim3((unsigned)units), 32 * AG_WARPS,
-            ag_smem_bytes(BITS, TILES, NT), P, x, (int)k, (int)rows, input_tiles);
+  return groups;
 }
 
 /* Units (blocks) of a launch in blocks of `tiles` tiles and 8 nt input rows. */
 static int64_t ag_units(const ag_parts &P, int parts, const int64_t *n, int64_t rows, int tiles,
                         int nt) {
-  int64_t groups = 0;
-  for (int p = 0; p < parts; p++) groups += (n[p] + 16 * tiles - 1) / (16 * tiles);
-  return groups * P.segs * ((rows + 8 * nt - 1) / (8 * nt));
+  return (int64_t)ag_row_groups(parts, n, tiles, NULL) * P.segs * ((rows + 8 * nt - 1) / (8 * nt));
+}
+
+template <int BITS, bool F16, int TILES, int NT>
+static void ag_launch_at(ci_cuda *cu, ag_parts P, int parts, const int64_t *n, int64_t k,
+                         const __nv_bfloat16 *x, int64_t rows) {
+  const int input_tiles = (int)((rows + 8 * NT - 1) / (8 * NT));
+  const int units = ag_row_groups(parts, n, TILES, P.end) * P.segs * input_tiles;
+  ci_launch(cu, batch_gemm_kernel<BITS, F16, TILES, NT>, dim3((unsigned)units), 32 * AG_WARPS,
+            ag_smem_bytes(BITS, TILES, NT), P, x, (int)k, (int)rows, input_tiles);
 }
 
 /* The block shape: 32 input rows a block up to 32, 64 above; 8 tiles (128 weight rows) where
