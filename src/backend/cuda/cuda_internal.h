@@ -461,7 +461,7 @@ void ci_cuda_flash_plan(const ci_cuda_kv_layout *L, const ci_cuda_seq_group *hos
                         ci_cuda_flash_params *f);
 int ci_cuda_flash_launch(ci_cuda *cu, const ci_cuda_cmd *cmd);
 
-/* cuda_batch_gemm.cu: the batch matmul of affine weights (dequantised in registers) for more input
+/* cuda_batch_gemm.cu: the batch matmul of affine weights (dequantised on chip) for more input
  * rows than the small-batch kernel takes, up to CI_CUDA_BATCH_ROWS planes x rows, bit-identical
  * to cuBLASLt's rows over the dequantised matrix. fits: whether it takes a product of `rows` input
  * rows (planes x rows) of weights of `dtype` in groups of group_size with k columns. launch:
