@@ -6,7 +6,7 @@
  * in K segments (ci_cuda_k_segment) in one strided-batched call and an in-order sum. Up to 16 input
  * rows of bf16 weights go to the small-batch kernel of cuda_gemv.cu instead, which computes the
  * same bits at the bandwidth limit (affine weights up to 16 rows too); affine weights above that
- * up to CI_CUDA_BATCH_ROWS the batch kernel of cuda_batch_gemm.cu (dequantised in registers; same
+ * up to CI_CUDA_BATCH_ROWS the batch kernel of cuda_batch_gemm.cu (dequantised on chip; same
  * bits again); only larger affine products (prefill) dequantise slices for cuBLASLt. Plans
  * (layouts and the chosen algorithm) are cached per shape;
  * cuBLASLt itself is opened at run time, so programs that never start a GPU never load it. */
