@@ -90,7 +90,8 @@ int64_t ci_model_kv_bytes_per_token(const ci_model *model, const ci_kv_format *f
   int64_t bytes = 0;
   for (int l = 0; l < model->spec.n_cache_layers; l++) {
     const ci_layer_spec *layer = ci_spec_cache_layer(&model->spec, l);
-    bytes += (int64_t)layer->n_kv_heads * (int64_t)ci_kv_bytes_per_token(format, layer->head_dim);
+    bytes += (int64_t)ci_model_kv_heads_stored(model, layer) *
+             (int64_t)ci_kv_bytes_per_token(format, layer->head_dim);
   }
   return bytes;
 }

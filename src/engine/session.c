@@ -122,7 +122,8 @@ int ci_session_fill_synthetic(ci_session *session, int64_t depth, uint64_t seed)
   int width = 0;
   for (int l = 0; l < spec->n_cache_layers; l++) {
     const ci_layer_spec *ls = ci_spec_cache_layer(spec, l);
-    if (ls->n_kv_heads * ls->head_dim > width) width = ls->n_kv_heads * ls->head_dim;
+    const int heads = ci_model_kv_heads_stored(session->model, ls);
+    if (heads * ls->head_dim > width) width = heads * ls->head_dim;
   }
   const int chunk = SYNTHETIC_CHUNK;
   float *k = malloc((size_t)chunk * width * sizeof *k),

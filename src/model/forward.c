@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "model/lora_apply.h"
 #include "model/model.h"
+#include "model/tensor_parallel.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -66,6 +67,43 @@ static int linear_multi_at(ci_backend *be, const step_rows *sr, int li,
   return CI_OK;
 }
 
+/* Query heads, KV heads of layer li and MLP units of layer li on this rank (model/model.h
+ * ci_tp_shard). */
+static int heads_here(const ci_model *m) {
+  return m->spec.n_heads / m->shard.world;
+}
+static int kv_heads_here(const ci_model *m, int li) {
+  return ci_tp_kv_heads_here(m->spec.layers[li].n_kv_heads, m->shard.world);
+}
+static int64_t units_here(const ci_model *m, int li) {
+  return m->spec.layers[li].intermediate / m->shard.world;
+}
+
+/* linear_at() of a weight split by input columns over the ranks (o_proj, down): each rank's
+ * partial product, summed over the ranks, then the bias once. Adapters never reach a split model
+ * (ci_tp_step refuses them). */
+static int linear_reduced_at(const ci_model *m, const step_rows *sr, int li, ci_lora_target target,
+                             const ci_tensor *w, const float *bias, const float *x, int n,
+                             float *y) {
+  ci_backend *be = m->be;
+  if (m->shard.world == 1) return linear_at(be, sr, li, target, w, bias, x, n, y);
+  if (matmul(be, sr, w, x, n, y) ||
+      ci_rank_collective_all_reduce(m->shard.comm, m->shard.rank, y, (int64_t)n * w->shape[0]))
+    return CI_ERR;
+  if (bias) be->ops->add_bias(be, y, bias, n, w->shape[0]);
+  return CI_OK;
+}
+
+/* This rank's KV heads of a whole-head view: the heads sit one after another in each block. */
+static ci_paged_kv view_here(const ci_model *m, ci_paged_kv view) {
+  if (m->shard.world == 1) return view;
+  const int heads = view.n_kv_heads / m->shard.world, first = heads * m->shard.rank;
+  view.k_offset += (size_t)first * (size_t)view.block_tokens * view.k_row_bytes;
+  view.v_offset += (size_t)first * (size_t)view.block_tokens * view.v_row_bytes;
+  view.n_kv_heads = heads;
+  return view;
+}
+
 /* RMSNorm over rows of width dim with the model's epsilon and weight offset. */
 static void norm(const ci_model *m, float *out, const float *x, const float *w, int64_t rows,
                  int64_t dim) {
@@ -90,7 +128,7 @@ static int dense_mlp(ci_model *m, const step_rows *sr, int li, const float *a, i
                      ci_workspace *act, float *out) {
   ci_backend *be = m->be;
   const ci_layer_weights *L = &m->layers[li];
-  const int64_t inter = m->spec.layers[li].intermediate;
+  const int64_t inter = units_here(m, li);
   const ci_lora_target targets[2] = {CI_LORA_GATE, CI_LORA_UP};
   const ci_tensor *const ws[2] = {&L->w_gate, &L->w_up};
   const float *const biases[2] = {L->b_gate, L->b_up};
@@ -100,7 +138,7 @@ static int dense_mlp(ci_model *m, const step_rows *sr, int li, const float *a, i
     be->ops->gelu_tanh_mul(be, act->gate, act->up, n, inter, inter);
   else
     be->ops->silu_mul(be, act->gate, act->up, (int64_t)n * inter);
-  return linear_at(be, sr, li, CI_LORA_DOWN, &L->w_down, L->b_down, act->gate, n, out);
+  return linear_reduced_at(m, sr, li, CI_LORA_DOWN, &L->w_down, L->b_down, act->gate, n, out);
 }
 
 /* act->moe_out = Σ_k w_k · expert_k(RMSNorm(x, moe_norm)) with the router's choice
@@ -158,7 +196,7 @@ static int attention_block(ci_model *m, const step_rows *sr, int li, int n, ci_w
   const ci_model_spec *s = &m->spec;
   const ci_layer_spec *ls = &s->layers[li];
   const ci_layer_weights *L = &m->layers[li];
-  const int D = ls->head_dim, Hq = s->n_heads, Hkv = ls->n_kv_heads;
+  const int D = ls->head_dim, Hq = heads_here(m), Hkv = kv_heads_here(m, li);
   const ci_rope *rope = &m->ropes[ls->rope_index];
   const int owner = ls->cache_layer == li;
 
@@ -196,7 +234,7 @@ static int attention_block(ci_model *m, const step_rows *sr, int li, int n, ci_w
     be->ops->rope(be, act->k, n, Hkv, act->pos, rope);
   }
   for (int i = 0; i < sr->kv.n_seqs; i++)
-    act->views[i] = ci_kv_seq_view(sr->seqs[i].seq, ls->kv_index);
+    act->views[i] = view_here(m, ci_kv_seq_view(sr->seqs[i].seq, ls->kv_index));
   if (owner && be->ops->kv_store(be, &sr->kv, act->k, act->v, act->pos)) return CI_ERR;
   const ci_attention_args args = {.q = act->q,
                                   .out = act->att,
@@ -208,7 +246,7 @@ static int attention_block(ci_model *m, const step_rows *sr, int li, int n, ci_w
                                   .seqs = &sr->kv};
   if (be->ops->attention(be, &args)) return CI_ERR;
   if (s->attn_output_gate) be->ops->sigmoid_mul(be, act->att, act->qg, (int64_t)n * Hq * D);
-  return linear_at(be, sr, li, CI_LORA_O, &L->wo, L->bo, act->att, n, act->proj);
+  return linear_reduced_at(m, sr, li, CI_LORA_O, &L->wo, L->bo, act->att, n, act->proj);
 }
 
 /* Gated DeltaNet half of layer li (docs/models.md §5.8): the four input projections, the mixer
@@ -354,13 +392,43 @@ static int check_step(const ci_model *m, const ci_step_seq *seqs, int n_seqs) {
   return CI_OK;
 }
 
+int ci_model_step_admit(ci_model *m, const ci_step_seq *seqs, int n_seqs) {
+  if (check_step(m, seqs, n_seqs)) return CI_ERR;
+  for (int i = 0; i < n_seqs; i++)
+    if (ci_kv_seq_reserve(seqs[i].seq, seqs[i].n_rows)) return CI_ERR;
+  for (int i = 0; i < n_seqs; i++) ci_kv_seq_sync_tables(seqs[i].seq);
+  return CI_OK;
+}
+
+/* The head of a split model on the selected rows `a`: this rank's vocabulary columns into its
+ * scratch, then gathered into rank 0's out [n_logits, vocab]. */
+static int head_here(ci_model *m, ci_workspace *ws, const step_rows *logit_rows, const float *a,
+                     int n_logits, float *out) {
+  ci_backend *be = m->be;
+  const int64_t cols = m->head.shape[0];
+  float *part = ci_workspace_tp_logits(ws, (int64_t)n_logits * cols);
+  if (!part || matmul(be, logit_rows, &m->head, a, n_logits, part)) return CI_ERR;
+  if (m->spec.final_softcap != 0.0f)
+    be->ops->softcap(be, part, m->spec.final_softcap, (int64_t)n_logits * cols);
+  return ci_rank_collective_gather_cols(m->shard.comm, m->shard.rank, out, part, n_logits, cols,
+                                        m->shard.vocab_first, m->spec.vocab);
+}
+
 /* ci_model_step_picks; with hidden instead of logits and picks, the selected rows' final-normed
  * hidden states (the head's input) are written there instead ([rows, hidden] f32). */
 static int model_step(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, int n_seqs,
                       float *logits, ci_row_pick *picks, float *hidden) {
-  const ci_model_spec *s = &m->spec;
-  const int want = logits || picks || hidden; /* rows are selected for any output */
+  if (m->tp) return ci_tp_step(m, ws, seqs, n_seqs, logits, picks, hidden);
   if (check_step(m, seqs, n_seqs)) return CI_ERR;
+  const ci_step_role whole = {
+      .own_kv = 1, .want = logits || picks || hidden, .head = logits || picks};
+  return ci_model_step_run(m, ws, seqs, n_seqs, logits, picks, hidden, &whole);
+}
+
+int ci_model_step_run(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, int n_seqs,
+                      float *logits, ci_row_pick *picks, float *hidden, const ci_step_role *role) {
+  const ci_model_spec *s = &m->spec;
+  const int want = role->want; /* rows are selected for any output */
   int n = 0, n_logits = 0;
   for (int i = 0; i < n_seqs; i++) {
     if (seqs[i].n_rows > INT32_MAX - n) return ci_fail("step: too many rows");
@@ -374,7 +442,7 @@ static int model_step(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, in
                                   .n_rows = ws->seq_rows,
                                   .loras = ws->seq_lora};
   if (any_lora && ci_lora_step_fit(ws, &lora_step, n)) return CI_ERR;
-  for (int i = 0; i < n_seqs; i++)
+  for (int i = 0; i < n_seqs && role->own_kv; i++)
     if (ci_kv_seq_reserve(seqs[i].seq, seqs[i].n_rows)) return CI_ERR;
 
   /* the step descriptor: each sequence's ids at its next positions (host, then backend memory),
@@ -396,7 +464,7 @@ static int model_step(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, in
   ws->pos = ws->desc + n;
   if (be->ops->step_begin(be, ws->desc, ws->desc_host, (size_t)2 * n * sizeof(int32_t)))
     return CI_ERR;
-  for (int i = 0; i < n_seqs; i++) ci_kv_seq_sync_tables(seqs[i].seq);
+  for (int i = 0; i < n_seqs && role->own_kv; i++) ci_kv_seq_sync_tables(seqs[i].seq);
   /* logits and picks: straight into the caller's buffers where the backend shares host memory */
   float *out = NULL;
   ci_row_pick *picks_out = NULL;
@@ -422,15 +490,19 @@ static int model_step(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, in
   if (status == CI_OK && s->ple_dim > 0) status = per_layer_inputs(m, &sr, ws->ids, n, ws);
   for (int li = 0; li < s->n_layers && status == CI_OK; li++)
     status = layer_forward(m, &sr, li, n, ws);
-  for (int i = 0; i < n_seqs && status == CI_OK; i++)
+  for (int i = 0; i < n_seqs && status == CI_OK && role->own_kv; i++)
     status = ci_kv_seq_commit(seqs[i].seq, seqs[i].n_rows);
   if (status == CI_OK && n_logits > 0) {
     be->ops->gather_rows(be, ws->proj, ws->x, ws->logit_rows, n_logits, s->hidden);
     norm(m, ws->a, ws->proj, m->final_norm, n_logits, s->hidden);
     const step_rows logit_rows = {.segments = {.n = n_seqs, .rows = ws->logit_seg}};
-    if (out) status = matmul(be, &logit_rows, &m->head, ws->a, n_logits, out);
-    if (out && status == CI_OK && s->final_softcap != 0.0f)
-      be->ops->softcap(be, out, s->final_softcap, (int64_t)n_logits * s->vocab);
+    if (role->head && m->shard.world > 1) {
+      status = head_here(m, ws, &logit_rows, ws->a, n_logits, out);
+    } else if (out) {
+      status = matmul(be, &logit_rows, &m->head, ws->a, n_logits, out);
+      if (status == CI_OK && s->final_softcap != 0.0f)
+        be->ops->softcap(be, out, s->final_softcap, (int64_t)n_logits * s->vocab);
+    }
     if (picks_out && status == CI_OK) be->ops->pick_rows(be, picks_out, out, n_logits, s->vocab);
   }
   if (hidden) { /* the normed rows come back as logits would (a download where memory is apart) */

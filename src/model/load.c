@@ -6,6 +6,7 @@
 #include "model/identity.h"
 #include "model/manifest.h"
 #include "model/model.h"
+#include "model/tensor_parallel.h"
 
 #include <stddef.h>
 
@@ -85,8 +86,10 @@ static float *backend_floats(ci_backend *be, const float *host, int64_t n) {
   return copy;
 }
 
-/* Copies the 1-D float tensor `name` of `len` elements to an owned f32 array in backend memory. */
-static int bind_vector(ci_model *m, const char *name, int64_t len, float **out) {
+/* Copies elements [first, first + count) of the 1-D float tensor `name` of `len` elements to an
+ * owned f32 array in backend memory. */
+static int bind_vector_part(ci_model *m, const char *name, int64_t len, int64_t first,
+                            int64_t count, float **out) {
   *out = NULL;
   ci_st_tensor *t = ci_weights_take(m->files, name);
   if (!t) return ci_fail("missing tensor %s", name);
@@ -95,12 +98,17 @@ static int bind_vector(ci_model *m, const char *name, int64_t len, float **out) 
   if (t->ndim != 1 || t->shape[0] != len)
     return ci_fail("tensor %s: shape disagrees with config.json (expected [%lld])", name,
                    (long long)len);
-  float *host = malloc((size_t)len * sizeof(float));
+  float *host = malloc((size_t)count * sizeof(float));
   if (!host) return ci_fail("out of memory");
-  for (int64_t i = 0; i < len; i++) host[i] = ci_float_at(t->dtype, t->data, (size_t)i);
-  *out = backend_floats(m->be, host, len);
+  for (int64_t i = 0; i < count; i++) host[i] = ci_float_at(t->dtype, t->data, (size_t)(first + i));
+  *out = backend_floats(m->be, host, count);
   free(host);
   return *out ? CI_OK : CI_ERR;
+}
+
+/* The whole vector. */
+static int bind_vector(ci_model *m, const char *name, int64_t len, float **out) {
+  return bind_vector_part(m, name, len, 0, len, out);
 }
 
 /* Binds a bare stack of expert matrices `name` [experts, rows, cols] (plain float dtypes). */
@@ -182,14 +190,20 @@ static int bind_entry(void *ctx, const ci_manifest_entry *e) {
   switch (e->kind) {
   case CI_MANIFEST_MATRIX:
     if (bind_matrix(m, e->module, e->rows, e->cols, dst)) return CI_ERR;
+    if (m->shard.world > 1 && e->layer < 0 && e->global_role == CI_GLOBAL_EMBED)
+      m->shard.embed_host = *(const ci_tensor *)dst; /* a tied head's rows come from here */
+    if (ci_tp_shard_matrix(m, e, dst)) return ci_fail_context("tensor %s", e->module);
     if (m->be->ops->prepare_weight(m->be, dst)) return ci_fail_context("tensor %s", e->module);
     return CI_OK;
   case CI_MANIFEST_NORM:
     snprintf(name, sizeof name, "%s.weight", e->module);
     return bind_vector(m, name, e->rows, dst);
-  case CI_MANIFEST_BIAS:
+  case CI_MANIFEST_BIAS: {
     snprintf(name, sizeof name, "%s.bias", e->module);
-    return bind_vector(m, name, e->rows, dst);
+    int64_t first, count;
+    ci_tp_bias_range(m, e, &first, &count);
+    return bind_vector_part(m, name, e->rows, first, count, dst);
+  }
   case CI_MANIFEST_SCALAR:
     return bind_vector(m, e->module, e->rows, dst);
   case CI_MANIFEST_CONV:
@@ -290,6 +304,7 @@ static int bind_all(ci_model *m) {
   if (s->tied) {
     m->head = m->embed;
     drop_tied_head(m, head_module);
+    if (m->shard.world > 1 && ci_tp_tied_head(m)) return CI_ERR;
   }
   drop_sharer_kv(m, prefix);
   for (int i = 0; i < s->n_layers; i++) /* the residual scale is a step argument, not data */
@@ -321,13 +336,24 @@ ci_model *ci_model_load(const char *model_dir, ci_backend *be) {
 }
 
 ci_model *ci_model_load_in(const char *model_dir, ci_backend *be, ci_weights_memory memory) {
+  return ci_model_load_shard(model_dir, be, memory, 0, 1, NULL);
+}
+
+ci_model *ci_model_load_shard(const char *model_dir, ci_backend *be, ci_weights_memory memory,
+                              int rank, int world, ci_rank_collective *comm) {
   ci_model *m = calloc(1, sizeof *m);
   if (!m) {
     ci_fail("out of memory");
     return NULL;
   }
   m->be = be;
+  m->shard = (ci_tp_shard){.rank = rank, .world = world, .comm = comm};
   if (ci_model_spec_load(model_dir, &m->spec)) {
+    free(m);
+    return NULL;
+  }
+  if (ci_tp_check_spec(&m->spec, world)) {
+    ci_model_spec_free(&m->spec);
     free(m);
     return NULL;
   }
@@ -344,6 +370,7 @@ ci_model *ci_model_load_in(const char *model_dir, ci_backend *be, ci_weights_mem
 
 void ci_model_free(ci_model *m) {
   if (!m) return;
+  ci_tp_group_free(m->tp);
   ci_workspace_free(m->workspace);
   if (m->layers) {
     for (int i = 0; i < m->spec.n_layers; i++) {
@@ -381,6 +408,7 @@ void ci_model_free(ci_model *m) {
   for (size_t k = 0; k < sizeof globals / sizeof globals[0]; k++)
     if (globals[k]) m->be->ops->release(m->be, globals[k]);
   free(m->kv_config);
+  ci_tp_shard_release(&m->shard);
   ci_weights_free(m->files);
   ci_model_spec_free(&m->spec);
   free(m);
@@ -415,6 +443,10 @@ static int count_matrix_bytes(void *ctx, const ci_manifest_entry *e) {
   return 0;
 }
 
+int ci_model_kv_heads_stored(const ci_model *m, const ci_layer_spec *layer) {
+  return ci_tp_kv_heads_stored(layer->n_kv_heads, m->shard.world);
+}
+
 int64_t ci_model_weight_bytes_per_token(const ci_model *m) {
   byte_count count = {.model = m, .bytes = 0};
   ci_manifest_each(&m->spec, "model.", 0, count_matrix_bytes, &count);
@@ -446,7 +478,7 @@ ci_kv_cache *ci_model_kv_cache_create_protected(const ci_model *m, ci_kv_codec c
     if (ci_kv_layer_protected(i, n_cache, protect))
       plan_class = n_cache + i; /* a group of its own */
     desc[i] = (ci_kv_layer_desc){.window = l->kind == CI_ATTN_SLIDING ? l->window : 0,
-                                 .n_kv_heads = l->n_kv_heads,
+                                 .n_kv_heads = ci_model_kv_heads_stored(m, l),
                                  .head_dim = l->head_dim,
                                  .plan_class = plan_class};
   }

@@ -3,6 +3,7 @@
 #ifndef CI_MODEL_MODEL_H
 #define CI_MODEL_MODEL_H
 
+#include "base/rank_collective.h"
 #include "io/safetensors.h"
 #include "kv/cache.h"
 #include "model/spec.h"
@@ -54,6 +55,20 @@ typedef struct {
   float *dn_norm;               /* (Dv) plain RMSNorm weight of the output */
 } ci_layer_weights;
 
+/* A model's part of a tensor-parallel group (model/tensor_parallel.h): rank `rank` of `world`
+ * holds whole query and KV heads [rank * H / world, (rank + 1) * H / world) of every layer, the
+ * same share of the MLP's intermediate units, and the head's vocabulary rows
+ * [vocab_first, vocab_first + head.shape[0]); norms, embeddings and the o/down biases are whole
+ * on every rank. A whole model is rank 0 of 1. */
+typedef struct {
+  int rank, world;
+  ci_rank_collective *comm; /* not owned; NULL when whole */
+  int64_t vocab_first;
+  ci_tensor embed_host; /* tied models while loading: the embedding before prepare_weight */
+  void **owned;         /* [n_owned] owned host copies of column slices */
+  int n_owned, owned_capacity;
+} ci_tp_shard;
+
 typedef struct ci_model {
   ci_model_spec spec;
   ci_backend *be;                  /* not owned */
@@ -72,6 +87,8 @@ typedef struct ci_model {
   uint64_t identity[2];    /* config + weights fingerprint (model/identity.h): persisted KV is
                               only reused by the model that wrote it */
   int conv_layout_seen;    /* a DeltaNet convolution has set the norm offset (loading) */
+  ci_tp_shard shard;       /* rank 0 of 1 unless loaded by ci_model_load_tp */
+  struct ci_tp_group *tp;  /* owned: rank 0 of a group drives the other ranks; NULL otherwise */
 } ci_model;
 
 /* Loads a model folder (config.json + safetensors) for backend `be`. Validates every tensor
@@ -86,6 +103,10 @@ ci_model *ci_model_load_in(const char *model_dir, ci_backend *be, ci_weights_mem
 
 /* Frees the model (not the backend). NULL is a no-op. */
 void ci_model_free(ci_model *model);
+
+/* KV heads the model's KV cache stores for a layer: its own, or one per rank where the ranks of a
+ * tensor-parallel model share heads (model/tensor_parallel.h). */
+int ci_model_kv_heads_stored(const ci_model *model, const ci_layer_spec *layer);
 
 /* Bytes of weights one decode step reads (every matrix once, the embedding row excluded). */
 int64_t ci_model_weight_bytes_per_token(const ci_model *model);

@@ -15,11 +15,11 @@ ci_workspace *ci_workspace_create(ci_backend *be) {
 
 /* Releases every buffer (the sizes become 0). */
 static void release_buffers(ci_workspace *ws) {
-  float **dev[] = {&ws->x,       &ws->a,          &ws->q,       &ws->k,      &ws->v,
-                   &ws->att,     &ws->proj,       &ws->gate,    &ws->up,     &ws->ple,
-                   &ws->ple_tmp, &ws->moe_scores, &ws->moe_out, &ws->moe_in, &ws->moe_y,
-                   &ws->logits,  &ws->qg,         &ws->dn_qkv,  &ws->dn_z,   &ws->dn_b,
-                   &ws->dn_a,    &ws->dn_out};
+  float **dev[] = {&ws->x,       &ws->a,          &ws->q,        &ws->k,      &ws->v,
+                   &ws->att,     &ws->proj,       &ws->gate,     &ws->up,     &ws->ple,
+                   &ws->ple_tmp, &ws->moe_scores, &ws->moe_out,  &ws->moe_in, &ws->moe_y,
+                   &ws->logits,  &ws->qg,         &ws->dn_qkv,   &ws->dn_z,   &ws->dn_b,
+                   &ws->dn_a,    &ws->dn_out,     &ws->tp_logits};
   for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) {
     if (*dev[i]) ws->be->ops->release(ws->be, *dev[i]);
     *dev[i] = NULL;
@@ -27,6 +27,7 @@ static void release_buffers(ci_workspace *ws) {
   if (ws->desc) ws->be->ops->release(ws->be, ws->desc);
   ws->desc = ws->ids = ws->pos = NULL;
   ws->logit_capacity = 0;
+  ws->tp_logit_capacity = 0;
   if (ws->picks) ws->be->ops->release(ws->be, ws->picks);
   ws->picks = NULL;
   ws->pick_capacity = 0;
@@ -55,6 +56,10 @@ static void *grow(ci_workspace *ws, void *buffer, int64_t *capacity, int64_t n, 
 
 float *ci_workspace_logits(ci_workspace *ws, int64_t n) {
   return ws->logits = grow(ws, ws->logits, &ws->logit_capacity, n, sizeof(float));
+}
+
+float *ci_workspace_tp_logits(ci_workspace *ws, int64_t n) {
+  return ws->tp_logits = grow(ws, ws->tp_logits, &ws->tp_logit_capacity, n, sizeof(float));
 }
 
 ci_row_pick *ci_workspace_picks(ci_workspace *ws, int64_t n) {

@@ -43,6 +43,8 @@ typedef struct ci_workspace {
   int32_t *pos;       /* (rows) position of each row: inside desc */
   float *logits;      /* (logit_capacity) logits in backend memory where it is not host memory */
   int64_t logit_capacity;
+  float *tp_logits; /* (tp_logit_capacity) a split model's own vocabulary columns of the logits */
+  int64_t tp_logit_capacity;
   ci_row_pick *picks; /* (pick_capacity) row picks in backend memory where it is not host memory */
   int64_t pick_capacity;
   int32_t *seq_first;              /* (seqs) first row of each sequence */
@@ -89,6 +91,8 @@ int64_t ci_workspace_bytes(const ci_model_spec *spec, int max_rows, int max_seqs
 /* A backend buffer of at least n logits (grown when smaller), for backends whose memory the host
  * cannot read. NULL with ci_last_error. */
 float *ci_workspace_logits(ci_workspace *ws, int64_t n);
+/* The same for n logits of a tensor-parallel rank's vocabulary share (before the gather). */
+float *ci_workspace_tp_logits(ci_workspace *ws, int64_t n);
 /* The same for n row picks. */
 ci_row_pick *ci_workspace_picks(ci_workspace *ws, int64_t n);
 
