@@ -92,9 +92,13 @@ typedef struct {
                          weights into memory advised for 2 MiB huge pages (faster decode: fewer
                          TLB misses); a GPU copies the weights to its memory either way */
   cinfer_precision precision; /* matmul numerics (CINFER_PRECISION_FAST) */
+  int tensor_parallel; /* ranks the model is split over (heads, MLP units and vocabulary), one
+                          backend and host thread each; 0 or 1: whole. CPU ranks only so far
+                          (n_threads shared out among them) */
 } cinfer_model_options;
 
-/* Fills the defaults (n_threads 0, device NULL = auto, gpu 0, mmap 0, precision fast). */
+/* Fills the defaults (n_threads 0, device NULL = auto, gpu 0, mmap 0, precision fast,
+ * tensor_parallel 0). */
 void cinfer_model_options_init(cinfer_model_options *options);
 
 /* Loads a model folder (config.json + safetensors; a Hugging Face cache id such as

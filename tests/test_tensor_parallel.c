@@ -5,7 +5,8 @@
  * dense, biased, q/k-normed, softcapped, sliding-window, tied-head, q8 and Gemma 4 fixtures (whose
  * one-KV-head layers the ranks share), and over four ranks, which share every KV head in pairs;
  * batched decode on the split model is bit-identical to solo decode (batch invariance), also with
- * TurboQuant KV converting mid-way; and models that cannot be split are refused with the reason. */
+ * TurboQuant KV converting mid-way; models that cannot be split are refused with the reason; and
+ * `cinfer generate --tensor-parallel 2` writes the whole model's greedy text. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -230,11 +231,34 @@ static void test_refusals(void **state) {
   expect_refused("llama", 9, "1 to 8");
 }
 
+/* stdout of a shell command (at most size - 1 bytes). */
+static void command_output(const char *command, char *out, size_t size) {
+  FILE *pipe = popen(command, "r");
+  assert_non_null(pipe);
+  const size_t n = fread(out, 1, size - 1, pipe);
+  out[n] = '\0';
+  assert_int_equal(pclose(pipe), 0);
+}
+
+static void test_cli(void **state) {
+  (void)state;
+  char command[2048], whole[4096], split[4096];
+  const char *base = CI_CINFER_BIN " generate --model " CI_STARTER_DIR
+                                   " --prompt 'def main():' -n 24 --temp 0 --device cpu -t 2";
+  snprintf(command, sizeof command, "%s 2>/dev/null", base);
+  command_output(command, whole, sizeof whole);
+  snprintf(command, sizeof command, "%s --tensor-parallel 2 2>/dev/null", base);
+  command_output(command, split, sizeof split);
+  assert_true(strlen(whole) > 0);
+  assert_string_equal(whole, split);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_parity),
       cmocka_unit_test(test_batch_invariance),
       cmocka_unit_test(test_refusals),
+      cmocka_unit_test(test_cli),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

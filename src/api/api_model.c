@@ -50,6 +50,9 @@ cinfer_status cinfer_model_load(const char *path, const cinfer_model_options *op
                        options->n_threads);
   if (options->gpu < 0)
     return ci_api_fail(CINFER_INVALID_ARGUMENT, "gpu must be >= 0 (got %d)", options->gpu);
+  if (options->tensor_parallel < 0 || options->tensor_parallel > 8)
+    return ci_api_fail(CINFER_INVALID_ARGUMENT, "tensor_parallel must be 0 to 8 (got %d)",
+                       options->tensor_parallel);
   if (options->precision != CINFER_PRECISION_FAST && options->precision != CINFER_PRECISION_EXACT)
     return ci_api_fail(CINFER_INVALID_ARGUMENT,
                        "precision must be CINFER_PRECISION_FAST or CINFER_PRECISION_EXACT (got %d)",
@@ -61,16 +64,17 @@ cinfer_status cinfer_model_load(const char *path, const cinfer_model_options *op
   pthread_mutex_init(&m->grammar_mu, NULL);
   m->dir = ci_model_path_resolve(path);
   m->threads = options->n_threads > 0 ? options->n_threads : ci_cpu_count();
+  const int ranks = options->tensor_parallel > 1 ? options->tensor_parallel : 1;
   const ci_device_options device = {options->device, options->gpu, options->n_threads,
-                                    options->mmap, precision};
+                                    options->mmap,   precision,    ranks};
   m->model = m->dir ? ci_model_open_on(m->dir, &device) : NULL;
   const int is_auto = !options->device || !strcmp(options->device, "auto");
-  if (!m->model && m->dir && is_auto && ci_model_gpu_visible()) {
+  if (!m->model && m->dir && is_auto && ci_model_gpu_visible() && ranks == 1) {
     /* auto: a model the GPU cannot run yet (f32 affine scales, ...) runs on the CPU instead; the
      * reason is kept for cinfer_model_device_note, so the fallback is never silent */
     snprintf(m->device_note, sizeof m->device_note, "the GPU cannot run this model: %s",
              ci_last_error());
-    const ci_device_options cpu = {"cpu", 0, options->n_threads, options->mmap, precision};
+    const ci_device_options cpu = {"cpu", 0, options->n_threads, options->mmap, precision, 1};
     m->model = ci_model_open_on(m->dir, &cpu);
   }
   if (!m->model || load_text_and_defaults(m) != CINFER_OK) {

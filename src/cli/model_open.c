@@ -1,4 +1,5 @@
-/* Loading a model for a verb: --threads, --device, --gpu, --mmap and --precision into
+/* Loading a model for a verb: --threads, --device, --gpu, --mmap, --precision and
+ * --tensor-parallel into
  * cinfer_model_options (--threads
  * above the online CPUs is capped to them with a one-line warning), then cinfer_model_load with
  * its error printed as one line. */
@@ -13,9 +14,10 @@
 static int read_options(const ci_flag *flags, int n_flags, const char *verb,
                         cinfer_model_options *options, int warn) {
   cinfer_model_options_init(options);
-  long long threads, gpu;
+  long long threads, gpu, ranks;
   if (ci_args_int(flags, n_flags, "--threads", 0, 1, 4096, &threads) ||
-      ci_args_int(flags, n_flags, "--gpu", 0, 0, 1024, &gpu))
+      ci_args_int(flags, n_flags, "--gpu", 0, 0, 1024, &gpu) ||
+      ci_args_int(flags, n_flags, "--tensor-parallel", 1, 1, 8, &ranks))
     return 2;
   const char *device = ci_args_get(flags, n_flags, "--device");
   if (device && strcmp(device, "cpu") != 0 && strcmp(device, "cuda") != 0 &&
@@ -39,6 +41,7 @@ static int read_options(const ci_flag *flags, int n_flags, const char *verb,
   options->n_threads = (int)threads;
   options->device = device;
   options->gpu = (int)gpu;
+  options->tensor_parallel = (int)ranks;
   options->mmap = ci_args_get(flags, n_flags, "--mmap") != NULL;
   options->precision =
       precision && strcmp(precision, "exact") == 0 ? CINFER_PRECISION_EXACT : CINFER_PRECISION_FAST;

@@ -26,17 +26,18 @@ int ci_verb_cache(int argc, char **argv);
 /* The flags of every verb that runs a model: where it runs. Splice into a verb's flags. */
 #define CI_CLI_MODEL_FLAGS                                                                         \
   {"--threads", "-t", 1, NULL}, {"--device", NULL, 1, NULL}, {"--gpu", NULL, 1, NULL},             \
-      {"--mmap", NULL, 0, NULL}, {                                                                 \
-    "--precision", NULL, 1, NULL                                                                   \
+      {"--mmap", NULL, 0, NULL}, {"--precision", NULL, 1, NULL}, {                                 \
+    "--tensor-parallel", NULL, 1, NULL                                                             \
   }
 
 /* Usage text of those flags. */
 #define CI_CLI_MODEL_USAGE                                                                         \
-  "  [-t|--threads N] [--device cpu|cuda|auto] [--gpu N] [--mmap] [--precision fast|exact]\n"
+  "  [-t|--threads N] [--device cpu|cuda|auto] [--gpu N] [--mmap] [--precision fast|exact]\n"      \
+  "  [--tensor-parallel N]\n"
 
-/* Reads --threads, --device, --gpu, --mmap and --precision into *options (printing a bad value;
- * returns 2), else 0. --threads above the online CPUs is capped to them with a warning on
- * stderr. */
+/* Reads --threads, --device, --gpu, --mmap, --precision and --tensor-parallel into *options
+ * (printing a bad value; returns 2), else 0. --threads above the online CPUs is capped to them with
+ * a warning on stderr. */
 int ci_cli_model_options(const ci_flag *flags, int n_flags, const char *verb,
                          cinfer_model_options *options);
 

@@ -7,7 +7,9 @@
 #include "backend/cuda/cuda_backend.h"
 #endif
 #include "base/error.h"
+#include "base/threadpool.h"
 #include "io/model_path.h"
+#include "model/tensor_parallel.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -49,9 +51,41 @@ ci_model *ci_model_open(const char *model_arg, int n_threads) {
   return ci_model_open_on(model_arg, &options);
 }
 
+/* The model split over device->ranks CPU backends, n_threads shared out among them (each at
+ * least one). */
+static ci_model *open_split(const char *dir, const ci_device_options *device) {
+  const int ranks = device->ranks;
+  const char *name = device->device;
+  if (name && strcmp(name, "cpu") != 0 && strcmp(name, "auto") != 0)
+    return ci_fail("--tensor-parallel runs on CPU ranks so far (--device cpu): GPUs need device "
+                   "collectives, not built yet"),
+           NULL;
+  if (ranks > CI_MAX_RANKS)
+    return ci_fail("--tensor-parallel %d: at most %d ranks", ranks, CI_MAX_RANKS), NULL;
+  const int threads = device->n_threads > 0 ? device->n_threads : ci_cpu_count();
+  ci_backend *backends[CI_MAX_RANKS];
+  for (int r = 0; r < ranks; r++) {
+    const int share = threads * (r + 1) / ranks - threads * r / ranks;
+    backends[r] = ci_cpu_backend_create_with(share > 0 ? share : 1, device->precision);
+    if (!backends[r]) {
+      while (r-- > 0) backends[r]->ops->destroy(backends[r]);
+      return NULL;
+    }
+  }
+  ci_model *model = ci_model_load_tp(dir, backends, ranks, CI_WEIGHTS_MMAP);
+  if (!model) backends[0]->ops->destroy(backends[0]); /* the others went with the failure */
+  return model;
+}
+
 ci_model *ci_model_open_on(const char *model_arg, const ci_device_options *device) {
   char *dir = ci_model_path_resolve(model_arg);
   if (!dir) return NULL;
+  if (device->ranks > 1) {
+    ci_model *model = open_split(dir, device);
+    if (!model) ci_fail_context("cannot load model %s", dir);
+    free(dir);
+    return model;
+  }
   ci_backend *be = backend_start(device);
   if (!be) {
     free(dir);

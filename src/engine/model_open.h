@@ -21,6 +21,7 @@ typedef struct {
   int weights_mmap;       /* 1: map the weight files even on the CPU (see ci_model_load_in) */
   ci_precision precision; /* matmul numerics (CI_PRECISION_EXACT = 0: f32 activations); on a
                              GPU, FAST rounds matmul inputs to bf16 (one input plane) */
+  int ranks;              /* tensor-parallel ranks (model/tensor_parallel.h); 0 or 1: whole */
 } ci_device_options;
 
 /* Resolves `model_arg` (a folder, or a Hugging Face cache id, io/model_path.h), starts a CPU
