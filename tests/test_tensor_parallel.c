@@ -5,7 +5,8 @@
  * dense, biased, q/k-normed, softcapped, sliding-window, tied-head, q8 and Gemma 4 fixtures (whose
  * one-KV-head layers the ranks share), and over four ranks, which share every KV head in pairs;
  * batched decode on the split model is bit-identical to solo decode (batch invariance), also with
- * TurboQuant KV converting mid-way; models that cannot be split are refused with the reason; and
+ * TurboQuant KV converting mid-way, and split decode over converted TurboQuant KV stays within
+ * 1e-3 of the whole model's; models that cannot be split are refused with the reason; and
  * `cinfer generate --tensor-parallel 2` writes the whole model's greedy text. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -143,6 +144,62 @@ static void test_parity(void **state) {
   check_parity("gemma4", 4);
 }
 
+/* Whole and split decode with TurboQuant 4-bit KV converting at position 9 (each rank converts
+ * its heads of every block, in an arena with a budget): within test_parity's 1e-3 of the whole
+ * model (a rank reading another rank's or unconverted storage would be off by whole logits). */
+static void check_converted_kv(const char *name, int world) {
+  char dir[1024];
+  fixture_dir(dir, sizeof dir, name);
+  ci_backend *whole_be = ci_cpu_backend_create_with(1, CI_PRECISION_EXACT), *split_be;
+  ci_model *whole = ci_model_load(dir, whole_be);
+  ci_model *split = load_split(dir, world, &split_be);
+  assert_non_null(whole);
+  if (!split) fail_msg("%s: %s", name, ci_last_error());
+  const int vocab = whole->spec.vocab;
+  ci_kv_cache *cache_w = ci_model_kv_cache_create(whole, CI_KV_F32, 8, 0);
+  ci_kv_cache *cache_s = ci_model_kv_cache_create(split, CI_KV_F32, 8, 1 << 20);
+  assert_non_null(cache_w);
+  assert_non_null(cache_s);
+  ci_kv_seq *seq_w = ci_kv_seq_create(cache_w), *seq_s = ci_kv_seq_create(cache_s);
+  ci_kv_format turbo;
+  assert_int_equal(ci_kv_format_parse("turbo", 4, 0, 0, &turbo), CI_OK);
+  assert_int_equal(ci_kv_seq_set_plan(seq_w, &turbo, 9), CI_OK);
+  assert_int_equal(ci_kv_seq_set_plan(seq_s, &turbo, 9), CI_OK);
+  float *lw = malloc((size_t)vocab * sizeof *lw), *ls = malloc((size_t)vocab * sizeof *ls);
+  int32_t prompt[9];
+  for (int t = 0; t < 9; t++) prompt[t] = (int32_t)((t * 31 + 5) % vocab);
+  assert_int_equal(ci_model_forward(whole, seq_w, prompt, 9, lw, 1), CI_OK);
+  assert_int_equal(ci_model_forward(split, seq_s, prompt, 9, ls, 1), CI_OK);
+  int32_t next = argmax(lw, vocab);
+  float worst = 0.0f, scale;
+  for (int step = 0; step < 3 * DECODE_STEPS; step++) {
+    assert_int_equal(ci_model_forward(whole, seq_w, &next, 1, lw, 1), CI_OK);
+    assert_int_equal(ci_model_forward(split, seq_s, &next, 1, ls, 1), CI_OK);
+    worst = fmaxf(worst, max_diff(lw, ls, vocab, &scale));
+    next = argmax(lw, vocab);
+  }
+  printf("  %-18s %d ranks, TurboQuant 4-bit KV from position 9: logits within %.2g of the whole "
+         "model's over %d decode steps\n",
+         name, world, (double)worst, 3 * DECODE_STEPS);
+  if (!(worst <= tolerance)) fail_msg("%s: converted KV differs by %g", name, (double)worst);
+  ci_kv_seq_free(seq_w);
+  ci_kv_seq_free(seq_s);
+  ci_kv_cache_free(cache_w);
+  ci_kv_cache_free(cache_s);
+  free(lw);
+  free(ls);
+  ci_model_free(whole);
+  whole_be->ops->destroy(whole_be);
+  ci_model_free(split);
+  split_be->ops->destroy(split_be);
+}
+
+static void test_converted_kv(void **state) {
+  (void)state;
+  check_converted_kv("llama", 2);
+  check_converted_kv("gemma4", 4);
+}
+
 /* Sequence i's KV plan: bf16; TurboQuant 4/4 from the start; TurboQuant 3/3 from position 9. */
 static void apply_plan(ci_kv_seq *seq, int i) {
   if (i == 0) return;
@@ -255,9 +312,8 @@ static void test_cli(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_parity),
-      cmocka_unit_test(test_batch_invariance),
-      cmocka_unit_test(test_refusals),
+      cmocka_unit_test(test_parity),       cmocka_unit_test(test_batch_invariance),
+      cmocka_unit_test(test_converted_kv), cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_cli),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -122,6 +122,10 @@ static void *writer_main(void *arg) {
 ci_prompt_cache *ci_prompt_cache_open(const char *dir, ci_kv_cache *kv, int64_t queue_bytes,
                                       ci_prompt_cache_warn_fn warn, void *warn_arg) {
   if (!dir || !*dir) return ci_fail("prompt cache: no directory given"), NULL;
+  if (kv->n_ranks > 1)
+    return ci_fail("prompt cache: a model split over ranks (--tensor-parallel) cannot keep its KV "
+                   "on disk yet"),
+           NULL;
   if (mkdir(dir, 0700) && errno != EEXIST)
     return ci_fail("prompt cache: cannot create %s: %s", dir, strerror(errno)), NULL;
   ci_prompt_cache *pc = calloc(1, sizeof *pc);

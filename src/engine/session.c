@@ -119,12 +119,11 @@ int ci_session_fill_synthetic(ci_session *session, int64_t depth, uint64_t seed)
   const ci_model_spec *spec = &session->model->spec;
   ci_backend *be = session->model->be;
   if (ci_kv_seq_reserve(seq, depth)) return CI_ERR;
-  int width = 0;
-  for (int l = 0; l < spec->n_cache_layers; l++) {
-    const ci_layer_spec *ls = ci_spec_cache_layer(spec, l);
-    const int heads = ci_model_kv_heads_stored(session->model, ls);
-    if (heads * ls->head_dim > width) width = heads * ls->head_dim;
-  }
+  const ci_kv_cache *cache = seq->cache;
+  int width = 0; /* widest K row of a step over one rank's heads */
+  for (int g = 0; g < cache->n_groups; g++)
+    if (cache->groups[g].n_kv_heads * cache->groups[g].head_dim > width)
+      width = cache->groups[g].n_kv_heads * cache->groups[g].head_dim;
   const int chunk = SYNTHETIC_CHUNK;
   float *k = malloc((size_t)chunk * width * sizeof *k),
         *v = malloc((size_t)chunk * width * sizeof *v);
@@ -143,10 +142,13 @@ int ci_session_fill_synthetic(ci_session *session, int64_t depth, uint64_t seed)
       const int64_t layer_window = ci_spec_cache_layer(spec, l)->window;
       /* rows a sliding layer releases before any query sees them need no values */
       if (layer_window > 0 && start + n < end - layer_window - chunk) continue;
-      const ci_paged_kv kv = ci_kv_seq_view(seq, l);
-      const int32_t first_row = 0, n_rows = n;
-      const ci_step_kv one = {.n_seqs = 1, .first_row = &first_row, .n_rows = &n_rows, .kv = &kv};
-      rc = be->ops->kv_store(be, &one, k, v, pos);
+      for (int r = 0; rc == CI_OK && r < cache->n_ranks; r++) { /* each rank's heads */
+        ci_backend *rank_be = r == 0 ? be : cache->rank_be[r];
+        const ci_paged_kv kv = ci_kv_seq_view_rank(seq, l, r);
+        const int32_t first_row = 0, n_rows = n;
+        const ci_step_kv one = {.n_seqs = 1, .first_row = &first_row, .n_rows = &n_rows, .kv = &kv};
+        rc = rank_be->ops->kv_store(rank_be, &one, k, v, pos);
+      }
     }
   }
   free(k);

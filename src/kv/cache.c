@@ -31,6 +31,12 @@ static ci_kv_pool *group_pool(ci_kv_cache *cache, ci_kv_group *group, const ci_k
     free(pool);
     return NULL;
   }
+  for (int r = 1; r < cache->n_ranks; r++)
+    if (ci_kv_pool_add_mirror(pool, cache->rank_be[r], &cache->rank_arenas[r])) {
+      ci_kv_pool_destroy(pool);
+      free(pool);
+      return NULL;
+    }
   group->pools[group->n_pools++] = pool;
   return pool;
 }
@@ -52,6 +58,7 @@ ci_kv_cache *ci_kv_cache_create(ci_backend *be, int n_layers, const ci_kv_layer_
   ci_kv_cache *cache = calloc(1, sizeof *cache);
   if (!cache) goto oom;
   cache->be = be;
+  cache->n_ranks = 1;
   cache->block_tokens = block_tokens;
   cache->n_layers = n_layers;
   cache->groups = calloc((size_t)(n_layers ? n_layers : 1), sizeof *cache->groups);
@@ -137,7 +144,15 @@ void ci_kv_cache_free(ci_kv_cache *cache) {
       free(group->pools);
       free(group->layers);
       if (group->signs) cache->be->ops->release(cache->be, group->signs);
+      for (int r = 1; r < cache->n_ranks; r++)
+        if (group->rank_signs[r])
+          cache->rank_be[r]->ops->release(cache->rank_be[r], group->rank_signs[r]);
     }
+  for (int r = 1; r < cache->n_ranks; r++) {
+    ci_kv_arena_destroy(&cache->rank_arenas[r]);
+    if (cache->rank_tables[r] && cache->rank_tables[r] != cache->table_store)
+      cache->rank_be[r]->ops->release(cache->rank_be[r], cache->rank_tables[r]);
+  }
   if (cache->has_arena) ci_kv_arena_destroy(&cache->arena);
   if (cache->table_device && cache->table_device != cache->table_store)
     cache->be->ops->release(cache->be, cache->table_device);
@@ -153,15 +168,60 @@ int ci_kv_cache_set_arena(ci_kv_cache *cache, int64_t arena_bytes) {
   if (ci_kv_cache_blocks_used(cache) > 0 || cache->arena.allocations > 0)
     return ci_fail("kv cache: the arena is fixed before the first block");
   const size_t slab_bytes = cache->arena.slab_bytes;
-  ci_kv_arena_destroy(&cache->arena);
-  if (ci_kv_arena_init(&cache->arena, cache->be, slab_bytes, arena_bytes)) {
-    ci_kv_arena_init(&cache->arena, cache->be, slab_bytes, 0); /* back to on-demand slabs */
-    return CI_ERR;
+  for (int r = 0; r < cache->n_ranks; r++) {
+    ci_kv_arena *arena = r == 0 ? &cache->arena : &cache->rank_arenas[r];
+    ci_backend *be = r == 0 ? cache->be : cache->rank_be[r];
+    ci_kv_arena_destroy(arena);
+    if (ci_kv_arena_init(arena, be, slab_bytes, arena_bytes)) {
+      for (int back = r; back >= 0; back--) { /* every rank back to on-demand slabs */
+        ci_kv_arena *undo = back == 0 ? &cache->arena : &cache->rank_arenas[back];
+        if (back < r) ci_kv_arena_destroy(undo);
+        ci_kv_arena_init(undo, back == 0 ? cache->be : cache->rank_be[back], slab_bytes, 0);
+      }
+      return CI_ERR;
+    }
   }
   for (int g = 0; g < cache->n_groups; g++)
     for (int i = 0; i < cache->groups[g].n_pools; i++)
       if (ci_kv_pool_fit_arena(cache->groups[g].pools[i])) return CI_ERR;
   return CI_OK;
+}
+
+int ci_kv_cache_set_ranks(ci_kv_cache *cache, ci_backend *const *backends, int n_ranks) {
+  if (n_ranks < 1 || n_ranks > CI_MAX_RANKS)
+    return ci_fail("kv cache: %d ranks (1 to %d)", n_ranks, CI_MAX_RANKS);
+  if (backends[0] != cache->be) return ci_fail("kv cache: rank 0 must be the cache's backend");
+  if (cache->n_ranks > 1 || cache->n_live_seqs > 0 || ci_kv_cache_blocks_used(cache) > 0 ||
+      cache->arena.allocations > (cache->arena.base ? 1 : 0) || cache->table_store)
+    return ci_fail("kv cache: ranks are set once, before any sequence or block");
+  if (cache->state_bytes > 0)
+    return ci_fail("kv cache: recurrent states cannot be split over ranks yet");
+  const int64_t budget = (int64_t)cache->arena.n_slabs * (int64_t)cache->arena.slab_bytes;
+  for (int r = 1; r < n_ranks; r++) {
+    ci_backend *be = backends[r];
+    cache->rank_be[r] = be;
+    if (ci_kv_arena_init(&cache->rank_arenas[r], be, cache->arena.slab_bytes, budget)) goto fail;
+    cache->n_ranks = r + 1; /* what exists so far is freed with the cache */
+    for (int g = 0; g < cache->n_groups; g++) {
+      ci_kv_group *group = &cache->groups[g];
+      const size_t bytes = (size_t)group->n_layers * (size_t)group->head_dim * sizeof(float);
+      float *host = malloc(bytes);
+      group->rank_signs[r] = be->ops->alloc(be, bytes);
+      if (!host || !group->rank_signs[r]) {
+        free(host);
+        ci_fail("kv cache: out of memory");
+        goto fail;
+      }
+      cache->be->ops->download(cache->be, host, group->signs, bytes);
+      be->ops->upload(be, group->rank_signs[r], host, bytes);
+      free(host);
+      for (int i = 0; i < group->n_pools; i++)
+        if (ci_kv_pool_add_mirror(group->pools[i], be, &cache->rank_arenas[r])) goto fail;
+    }
+  }
+  return CI_OK;
+fail:
+  return ci_fail_context("kv cache of %d ranks", n_ranks);
 }
 
 int ci_kv_cache_set_limits(ci_kv_cache *cache, int max_seqs, int64_t max_positions) {
@@ -183,6 +243,13 @@ int ci_kv_cache_set_limits(ci_kv_cache *cache, int max_seqs, int64_t max_positio
     cache->table_store = cache->table_device = NULL;
     cache->row_taken = NULL;
     return ci_fail("kv cache: out of memory for the block tables");
+  }
+  for (int r = 1; r < cache->n_ranks; r++) {
+    ci_backend *rank_be = cache->rank_be[r];
+    cache->rank_tables[r] = rank_be->host_visible
+                                ? cache->table_store
+                                : rank_be->ops->alloc(rank_be, (n ? n : 1) * sizeof(int32_t));
+    if (!cache->rank_tables[r]) return ci_fail("kv cache: out of memory for the block tables");
   }
   cache->max_seqs = max_seqs;
   cache->max_table_entries = entries;
@@ -247,6 +314,8 @@ int ci_kv_cache_set_state_bytes(ci_kv_cache *cache, int64_t bytes) {
                    (long long)bytes);
   if (cache->n_live_seqs > 0)
     return ci_fail("kv cache: the recurrent state size is set before any sequence exists");
+  if (bytes > 0 && cache->n_ranks > 1)
+    return ci_fail("kv cache: recurrent states cannot be split over ranks yet");
   cache->state_bytes = bytes;
   return CI_OK;
 }
@@ -499,21 +568,24 @@ int ci_kv_seq_reserve(ci_kv_seq *seq, int64_t n_new) {
   return CI_OK;
 }
 
-/* The view of slot `slot` (layer inside the group) of a pool, for block-level backend ops. */
-static ci_paged_kv pool_layer_view(const ci_kv_group *group, const ci_kv_pool *pool, int slot) {
-  return (ci_paged_kv){.format = pool->format,
-                       .block_tokens = pool->block_tokens,
-                       .n_kv_heads = group->n_kv_heads,
-                       .head_dim = group->head_dim,
-                       .slabs = pool->slabs_device,
-                       .blocks_per_slab = pool->blocks_per_slab,
-                       .block_stride = pool->block_stride,
-                       .k_offset = (size_t)slot * (pool->k_block_bytes + pool->v_block_bytes),
-                       .v_offset = (size_t)slot * (pool->k_block_bytes + pool->v_block_bytes) +
-                                   pool->k_block_bytes,
-                       .k_row_bytes = ci_kv_row_bytes(&pool->format, group->head_dim, 0),
-                       .v_row_bytes = ci_kv_row_bytes(&pool->format, group->head_dim, 1),
-                       .signs = group->signs + (size_t)slot * group->head_dim};
+/* The view of slot `slot` (layer inside the group) of a pool in rank `rank`'s storage, for
+ * block-level backend ops. */
+static ci_paged_kv pool_layer_view(const ci_kv_group *group, const ci_kv_pool *pool, int slot,
+                                   int rank) {
+  return (ci_paged_kv){
+      .format = pool->format,
+      .block_tokens = pool->block_tokens,
+      .n_kv_heads = group->n_kv_heads,
+      .head_dim = group->head_dim,
+      .slabs = ci_kv_pool_slabs_of(pool, rank),
+      .blocks_per_slab = pool->blocks_per_slab,
+      .block_stride = pool->block_stride,
+      .k_offset = (size_t)slot * (pool->k_block_bytes + pool->v_block_bytes),
+      .v_offset = (size_t)slot * (pool->k_block_bytes + pool->v_block_bytes) + pool->k_block_bytes,
+      .k_row_bytes = ci_kv_row_bytes(&pool->format, group->head_dim, 0),
+      .v_row_bytes = ci_kv_row_bytes(&pool->format, group->head_dim, 1),
+      .signs =
+          (rank == 0 ? group->signs : group->rank_signs[rank]) + (size_t)slot * group->head_dim};
 }
 
 /* Re-encodes every retained position of group g into `target`'s pool (a backend op per block and
@@ -531,10 +603,14 @@ static int convert_group(ci_kv_seq *seq, int g, ci_kv_pool *target) {
     const int32_t new_id = ci_kv_pool_alloc(target);
     if (new_id < 0) return ci_fail_context("kv conversion");
     const int live = seq->n - i * T < T ? (int)(seq->n - i * T) : T;
-    for (int l = 0; l < group->n_layers; l++) {
-      const ci_paged_kv from = pool_layer_view(group, source, l);
-      const ci_paged_kv to = pool_layer_view(group, target, l);
-      if (be->ops->kv_convert_block(be, &from, old_id, &to, new_id, live)) return CI_ERR;
+    for (int r = 0; r < seq->cache->n_ranks; r++) {
+      ci_backend *rank_be = r == 0 ? be : seq->cache->rank_be[r];
+      for (int l = 0; l < group->n_layers; l++) {
+        const ci_paged_kv from = pool_layer_view(group, source, l, r);
+        const ci_paged_kv to = pool_layer_view(group, target, l, r);
+        if (rank_be->ops->kv_convert_block(rank_be, &from, old_id, &to, new_id, live))
+          return CI_ERR;
+      }
     }
     ci_kv_pool_release(source, old_id);
     table->entries[i] = new_id;
@@ -796,26 +872,33 @@ ci_kv_seq *ci_kv_seq_fork(const ci_kv_seq *src) {
 
 void ci_kv_seq_sync_tables(ci_kv_seq *seq) {
   const ci_kv_cache *cache = seq->cache;
-  if (cache->table_device == cache->table_store || seq->row < 0) return;
+  if (seq->row < 0) return;
   for (int g = 0; g < cache->n_groups; g++) { /* only what changed since the last copy */
     ci_kv_block_table *table = &seq->tables[g];
     const int64_t from = table->sync_from < 0 ? 0 : table->sync_from;
-    if (from < table->n_entries)
-      cache->be->ops->upload(
-          cache->be, cache->table_device + (table->entries - cache->table_store) + from,
-          table->entries + from, (size_t)(table->n_entries - from) * sizeof(int32_t));
+    for (int r = 0; r < cache->n_ranks && from < table->n_entries; r++) {
+      int32_t *device = r == 0 ? cache->table_device : cache->rank_tables[r];
+      ci_backend *be = r == 0 ? cache->be : cache->rank_be[r];
+      if (device != cache->table_store)
+        be->ops->upload(be, device + (table->entries - cache->table_store) + from,
+                        table->entries + from, (size_t)(table->n_entries - from) * sizeof(int32_t));
+    }
     table->sync_from = table->n_entries;
   }
 }
 
-ci_paged_kv ci_kv_seq_view(const ci_kv_seq *seq, int layer) {
+ci_paged_kv ci_kv_seq_view_rank(const ci_kv_seq *seq, int layer, int rank) {
   const ci_kv_cache *cache = seq->cache;
   const int g = cache->group_of_layer[layer];
   ci_paged_kv view =
-      pool_layer_view(&cache->groups[g], seq->tables[g].pool, cache->slot_of_layer[layer]);
-  view.block_table = seq->row >= 0
-                         ? cache->table_device + (seq->tables[g].entries - cache->table_store)
-                         : seq->tables[g].entries;
+      pool_layer_view(&cache->groups[g], seq->tables[g].pool, cache->slot_of_layer[layer], rank);
+  const int32_t *tables = rank == 0 ? cache->table_device : cache->rank_tables[rank];
+  view.block_table = seq->row >= 0 ? tables + (seq->tables[g].entries - cache->table_store)
+                                   : seq->tables[g].entries;
   view.n_table_entries = seq->tables[g].n_entries;
   return view;
+}
+
+ci_paged_kv ci_kv_seq_view(const ci_kv_seq *seq, int layer) {
+  return ci_kv_seq_view_rank(seq, layer, 0);
 }

@@ -26,10 +26,11 @@ typedef struct {
   int head_dim;
   int plan_class;
   int n_layers;
-  int *layers;        /* [n_layers] cache layer index of each slot */
-  float *signs;       /* [n_layers][head_dim] TurboQuant sign vectors of those layers (backend
-                         memory) */
-  ci_kv_pool **pools; /* [n_pools]; pools[0] holds the base format */
+  int *layers;  /* [n_layers] cache layer index of each slot */
+  float *signs; /* [n_layers][head_dim] TurboQuant sign vectors of those layers (backend
+                   memory) */
+  float *rank_signs[CI_MAX_RANKS]; /* [1 .. n_ranks) their copies in each rank's memory */
+  ci_kv_pool **pools;              /* [n_pools]; pools[0] holds the base format */
   int n_pools;
 } ci_kv_group;
 
@@ -55,6 +56,13 @@ typedef struct {
   int64_t state_bytes; /* recurrent state of each sequence (hybrid models), 0 for none */
   int64_t state_held;  /* bytes the live sequences' states and checkpoints take (whole slabs of
                           the arena with a budget) */
+  /* The ranks of a split model (model/tensor_parallel.h): rank 0 is be, arena and table_device
+   * above; ranks 1 .. n_ranks - 1 hold their KV heads of every block in their own arena (the same
+   * slab size and budget), and their own copies of the block tables and sign vectors. */
+  int n_ranks;
+  ci_backend *rank_be[CI_MAX_RANKS];
+  ci_kv_arena rank_arenas[CI_MAX_RANKS];
+  int32_t *rank_tables[CI_MAX_RANKS];
 } ci_kv_cache;
 
 /* One sequence's view of the cache: its length and one block table per group. Entry i of a
@@ -118,6 +126,12 @@ ci_kv_cache *ci_kv_cache_create(ci_backend *be, int n_layers, const ci_kv_layer_
  * block is taken (a caller that needs the cache's geometry to size its budget). Returns CI_OK or
  * CI_ERR (the cache then keeps taking memory on demand). */
 int ci_kv_cache_set_arena(ci_kv_cache *cache, int64_t arena_bytes);
+
+/* Splits the cache's storage over `n_ranks` ranks: backends[0] must be the cache's backend, and
+ * each other rank gets storage of its own on backends[r] (the cache's layers then describe one
+ * rank's KV heads). Before any sequence, block or recurrent state; the arena's budget (now or
+ * later) applies to each rank. Returns CI_OK or CI_ERR. */
+int ci_kv_cache_set_ranks(ci_kv_cache *cache, ci_backend *const *backends, int n_ranks);
 
 /* Puts the block tables of up to max_seqs sequences of up to max_positions positions into one
  * array owned by the cache (so that a step never grows a table, and a device can hold them),
@@ -299,5 +313,8 @@ void ci_kv_seq_sync_tables(ci_kv_seq *seq);
 /* The paged view of cache layer `layer` for this sequence, for kv_store and attention (its
  * tables and slab pointers in backend memory). */
 ci_paged_kv ci_kv_seq_view(const ci_kv_seq *seq, int layer);
+
+/* The same for rank `rank` of a cache split over ranks (its storage, tables and signs). */
+ci_paged_kv ci_kv_seq_view_rank(const ci_kv_seq *seq, int layer, int rank);
 
 #endif

@@ -22,10 +22,35 @@ int64_t ci_kv_pool_bytes_used(const ci_kv_pool *pool) {
          pool->n_layers;
 }
 
+/* One copy of the pool's storage: c = 0 the pool's own, c >= 1 mirror c - 1. */
+typedef struct {
+  ci_backend *be;
+  ci_kv_arena *arena;
+  uint8_t ***slabs, ***slabs_device;
+} storage;
+
+static storage storage_of(ci_kv_pool *pool, int c) {
+  if (c == 0) return (storage){pool->be, pool->arena, &pool->slabs, &pool->slabs_device};
+  ci_kv_pool_mirror *m = &pool->mirrors[c - 1];
+  return (storage){m->be, m->arena, &m->slabs, &m->slabs_device};
+}
+
+/* Grows a mirror's slot table from `from` slots to n (NULL slabs). */
+static int grow_mirror_slots(ci_kv_pool_mirror *m, int32_t from, int32_t n) {
+  uint8_t **slabs = realloc(m->slabs, (size_t)n * sizeof *slabs);
+  if (!slabs) return ci_fail("kv pool: out of memory");
+  m->slabs = slabs;
+  for (int32_t s = from; s < n; s++) slabs[s] = NULL;
+  if (m->be->host_visible) m->slabs_device = slabs;
+  return CI_OK;
+}
+
 /* Grows the slab slot table to n slots (no slab taken). */
 static int grow_slots(ci_kv_pool *pool, int32_t n) {
   if (n <= pool->n_slots) return CI_OK;
   if ((int64_t)n * pool->blocks_per_slab > INT32_MAX) return ci_fail("kv pool: too many blocks");
+  for (int i = 0; i < pool->n_mirrors; i++)
+    if (grow_mirror_slots(&pool->mirrors[i], pool->n_slots, n)) return CI_ERR;
   uint8_t **slabs = realloc(pool->slabs, (size_t)n * sizeof *slabs);
   if (slabs) pool->slabs = slabs;
   int32_t *used = realloc(pool->slab_used, (size_t)n * sizeof *used);
@@ -80,37 +105,60 @@ int ci_kv_pool_init(ci_kv_pool *pool, ci_backend *be, ci_kv_arena *arena, ci_kv_
   return CI_OK;
 }
 
-int ci_kv_pool_fit_arena(ci_kv_pool *pool) {
-  /* with a budget every slab of the arena may end up here: the slot table never grows */
-  if (pool->arena->n_slabs > 0 && grow_slots(pool, pool->arena->n_slabs)) return CI_ERR;
-  if (pool->be->host_visible || pool->n_slots == 0) return CI_OK;
-  /* a device reads the slot table from its own memory: one copy, kept current slab by slab */
-  if (pool->slabs_device) pool->be->ops->release(pool->be, pool->slabs_device);
-  pool->slabs_device = pool->be->ops->alloc(pool->be, (size_t)pool->n_slots * sizeof(uint8_t *));
-  if (!pool->slabs_device) return CI_ERR;
-  pool->be->ops->upload(pool->be, pool->slabs_device, pool->slabs,
-                        (size_t)pool->n_slots * sizeof(uint8_t *));
+/* A device reads a copy's slot table from its own memory: one copy, kept current slab by slab. */
+static int fit_device_table(ci_kv_pool *pool, storage st) {
+  if (st.be->host_visible || pool->n_slots == 0) return CI_OK;
+  if (*st.slabs_device) st.be->ops->release(st.be, *st.slabs_device);
+  *st.slabs_device = st.be->ops->alloc(st.be, (size_t)pool->n_slots * sizeof(uint8_t *));
+  if (!*st.slabs_device) return CI_ERR;
+  st.be->ops->upload(st.be, *st.slabs_device, *st.slabs, (size_t)pool->n_slots * sizeof(uint8_t *));
   return CI_OK;
 }
 
-/* Publishes slot `slot` of the slab table to the backend's copy (at once: a slab taken for this
- * step's blocks must be there before the step's kernels run). */
+int ci_kv_pool_fit_arena(ci_kv_pool *pool) {
+  /* with a budget every slab of the arena may end up here: the slot table never grows */
+  if (pool->arena->n_slabs > 0 && grow_slots(pool, pool->arena->n_slabs)) return CI_ERR;
+  for (int c = 0; c <= pool->n_mirrors; c++)
+    if (fit_device_table(pool, storage_of(pool, c))) return CI_ERR;
+  return CI_OK;
+}
+
+int ci_kv_pool_add_mirror(ci_kv_pool *pool, ci_backend *be, ci_kv_arena *arena) {
+  if (pool->n_held > 0) return ci_fail("kv pool: ranks are added before the first slab");
+  if (pool->n_mirrors == CI_MAX_RANKS - 1) return ci_fail("kv pool: too many ranks");
+  if (arena->slab_bytes != pool->arena->slab_bytes)
+    return ci_fail("kv pool: a rank's slabs differ in size");
+  ci_kv_pool_mirror *m = &pool->mirrors[pool->n_mirrors];
+  *m = (ci_kv_pool_mirror){.be = be, .arena = arena};
+  if (pool->n_slots > 0 && grow_mirror_slots(m, 0, pool->n_slots)) return CI_ERR;
+  pool->n_mirrors++;
+  return fit_device_table(pool, storage_of(pool, pool->n_mirrors));
+}
+
+/* Publishes slot `slot` of the slab tables to the backends' copies (at once: a slab taken for
+ * this step's blocks must be there before the step's kernels run). */
 static void publish_slot(ci_kv_pool *pool, int32_t slot) {
-  if (pool->slabs_device != pool->slabs)
-    pool->be->ops->upload(pool->be, pool->slabs_device + slot, pool->slabs + slot,
-                          sizeof(uint8_t *));
+  for (int c = 0; c <= pool->n_mirrors; c++) {
+    const storage st = storage_of(pool, c);
+    if (*st.slabs_device != *st.slabs)
+      st.be->ops->upload(st.be, *st.slabs_device + slot, *st.slabs + slot, sizeof(uint8_t *));
+  }
 }
 
 void ci_kv_pool_destroy(ci_kv_pool *pool) {
-  for (int32_t s = 0; s < pool->n_slots; s++)
-    if (pool->slabs[s]) {
-      if (pool->arena->base)
-        ci_kv_arena_give(pool->arena, pool->slabs[s]);
-      else
-        pool->be->ops->release(pool->be, pool->slabs[s]);
-    }
-  if (pool->slabs_device && pool->slabs_device != pool->slabs)
-    pool->be->ops->release(pool->be, pool->slabs_device);
+  for (int c = pool->n_mirrors; c >= 0; c--) {
+    const storage st = storage_of(pool, c);
+    for (int32_t s = 0; s < pool->n_slots; s++)
+      if ((*st.slabs)[s]) {
+        if (st.arena->base)
+          ci_kv_arena_give(st.arena, (*st.slabs)[s]);
+        else
+          st.be->ops->release(st.be, (*st.slabs)[s]);
+      }
+    if (*st.slabs_device && *st.slabs_device != *st.slabs)
+      st.be->ops->release(st.be, *st.slabs_device);
+    if (c > 0) free(*st.slabs);
+  }
   free(pool->slabs);
   free(pool->slab_used);
   free(pool->refcount);
@@ -124,9 +172,22 @@ static int32_t take_slab(ci_kv_pool *pool) {
   int32_t slot = 0;
   while (slot < pool->n_slots && pool->slabs[slot]) slot++;
   if (slot == pool->n_slots && grow_slots(pool, pool->n_slots ? pool->n_slots * 2 : 4)) return -1;
-  uint8_t *slab = ci_kv_arena_take(pool->arena);
-  if (!slab) return -1;
-  pool->slabs[slot] = slab;
+  for (int c = 0; c <= pool->n_mirrors; c++) {
+    const storage st = storage_of(pool, c);
+    uint8_t *slab = ci_kv_arena_take(st.arena);
+    if (!slab) { /* the copies taken so far go back */
+      while (c-- > 0) {
+        const storage back = storage_of(pool, c);
+        if (back.arena->base)
+          ci_kv_arena_give(back.arena, (*back.slabs)[slot]);
+        else
+          back.be->ops->release(back.be, (*back.slabs)[slot]);
+        (*back.slabs)[slot] = NULL;
+      }
+      return -1;
+    }
+    (*st.slabs)[slot] = slab;
+  }
   pool->slab_used[slot] = 0;
   pool->n_held++;
   publish_slot(pool, slot);
@@ -157,8 +218,14 @@ int32_t ci_kv_pool_refcount(const ci_kv_pool *pool, int32_t id) {
 int32_t ci_kv_pool_copy_block(ci_kv_pool *pool, int32_t id) {
   const int32_t copy = ci_kv_pool_alloc(pool);
   if (copy < 0) return -1;
-  pool->be->ops->copy_bytes(pool->be, ci_kv_pool_block_at(pool, copy, 0, 0),
-                            ci_kv_pool_block_at(pool, id, 0, 0), pool->block_stride);
+  const size_t bytes = pool->block_stride;
+  for (int c = 0; c <= pool->n_mirrors; c++) {
+    const storage st = storage_of(pool, c);
+    uint8_t *const *slabs = *st.slabs;
+    const int32_t per = pool->blocks_per_slab;
+    st.be->ops->copy_bytes(st.be, slabs[copy / per] + (size_t)(copy % per) * bytes,
+                           slabs[id / per] + (size_t)(id % per) * bytes, bytes);
+  }
   return copy;
 }
 
@@ -171,8 +238,11 @@ void ci_kv_pool_release(ci_kv_pool *pool, int32_t id) {
   pool->n_used--;
   const int32_t slot = id / pool->blocks_per_slab;
   if (--pool->slab_used[slot] == 0 && pool->arena->base) {
-    ci_kv_arena_give(pool->arena, pool->slabs[slot]);
-    pool->slabs[slot] = NULL;
+    for (int c = 0; c <= pool->n_mirrors; c++) {
+      const storage st = storage_of(pool, c);
+      ci_kv_arena_give(st.arena, (*st.slabs)[slot]);
+      (*st.slabs)[slot] = NULL;
+    }
     pool->n_held--;
     /* The backend's copy keeps the old address until the slot is taken again. A release can
      * come while a step's work is still queued behind it (a sliding window's blocks are

@@ -4,11 +4,22 @@
 #ifndef CI_KV_POOL_H
 #define CI_KV_POOL_H
 
+#include "base/rank_collective.h"
 #include "kv/arena.h"
 #include "tensor/backend.h"
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* Another rank's copy of a pool's storage (model/tensor_parallel.h: each rank of a split model
+ * keeps its KV heads of every block in memory of its own backend): the same slots, block ids and
+ * geometry, slabs from that rank's arena. */
+typedef struct {
+  ci_backend *be;
+  ci_kv_arena *arena;     /* not owned */
+  uint8_t **slabs;        /* [n_slots] as the pool's */
+  uint8_t **slabs_device; /* [n_slots] as the pool's */
+} ci_kv_pool_mirror;
 
 typedef struct {
   ci_backend *be;
@@ -32,6 +43,8 @@ typedef struct {
   int32_t *refcount;       /* [n_slots * blocks_per_slab]; 0 = free */
   int32_t n_used;
   int32_t n_held; /* slabs held */
+  int n_mirrors;  /* ranks beyond the first (0 unless the model is split) */
+  ci_kv_pool_mirror mirrors[CI_MAX_RANKS - 1];
 } ci_kv_pool;
 
 /* Bytes one token of one KV head takes in a plain codec (bf16, f32; K and V together). */
@@ -48,6 +61,16 @@ size_t ci_kv_block_stride(const ci_kv_format *format, int block_tokens, int n_la
  * `arena` (whose slabs must hold at least one block). Returns CI_OK or CI_ERR. */
 int ci_kv_pool_init(ci_kv_pool *pool, ci_backend *be, ci_kv_arena *arena, ci_kv_format format,
                     int block_tokens, int n_layers, int n_kv_heads, int head_dim);
+
+/* Adds rank storage on `be` with slabs from `arena` (same slab size as the pool's), before the pool
+ * holds any slab: every slab taken from then on is taken in each copy, blocks are copied and
+ * freed in each. Returns CI_OK or CI_ERR. */
+int ci_kv_pool_add_mirror(ci_kv_pool *pool, ci_backend *be, ci_kv_arena *arena);
+
+/* The slab table of rank `rank`'s copy as its backend reads it (rank 0: the pool's own). */
+static inline uint8_t *const *ci_kv_pool_slabs_of(const ci_kv_pool *pool, int rank) {
+  return rank == 0 ? pool->slabs_device : pool->mirrors[rank - 1].slabs_device;
+}
 
 /* Sizes the slot table for every slab of the pool's arena (called when the arena gets its
  * budget), so that taking a slab never allocates. Returns CI_OK or CI_ERR. */
@@ -78,8 +101,9 @@ int64_t ci_kv_pool_block_bytes(const ci_kv_pool *pool);
 /* Owners of a block (0 = free). */
 int32_t ci_kv_pool_refcount(const ci_kv_pool *pool, int32_t id);
 
-/* A new block (refcount 1) holding a copy of block `id` in every layer (a backend copy): the
- * copy half of copy-on-write. Returns its id, or -1 with ci_last_error when the pool is full. */
+/* A new block (refcount 1) holding a copy of block `id` in every layer (a backend copy, in each
+ * rank's storage): the copy half of copy-on-write. Returns its id, or -1 with ci_last_error when
+ * the pool is full. */
 int32_t ci_kv_pool_copy_block(ci_kv_pool *pool, int32_t id);
 
 /* Adds an owner to a block (prefix cache, forked sequence). */

@@ -94,16 +94,6 @@ static int linear_reduced_at(const ci_model *m, const step_rows *sr, int li, ci_
   return CI_OK;
 }
 
-/* This rank's KV heads of a whole-head view: the heads sit one after another in each block. */
-static ci_paged_kv view_here(const ci_model *m, ci_paged_kv view) {
-  if (m->shard.world == 1) return view;
-  const int heads = view.n_kv_heads / m->shard.world, first = heads * m->shard.rank;
-  view.k_offset += (size_t)first * (size_t)view.block_tokens * view.k_row_bytes;
-  view.v_offset += (size_t)first * (size_t)view.block_tokens * view.v_row_bytes;
-  view.n_kv_heads = heads;
-  return view;
-}
-
 /* RMSNorm over rows of width dim with the model's epsilon and weight offset. */
 static void norm(const ci_model *m, float *out, const float *x, const float *w, int64_t rows,
                  int64_t dim) {
@@ -234,7 +224,7 @@ static int attention_block(ci_model *m, const step_rows *sr, int li, int n, ci_w
     be->ops->rope(be, act->k, n, Hkv, act->pos, rope);
   }
   for (int i = 0; i < sr->kv.n_seqs; i++)
-    act->views[i] = view_here(m, ci_kv_seq_view(sr->seqs[i].seq, ls->kv_index));
+    act->views[i] = ci_kv_seq_view_rank(sr->seqs[i].seq, ls->kv_index, m->shard.rank);
   if (owner && be->ops->kv_store(be, &sr->kv, act->k, act->v, act->pos)) return CI_ERR;
   const ci_attention_args args = {.q = act->q,
                                   .out = act->att,

@@ -478,12 +478,16 @@ ci_kv_cache *ci_model_kv_cache_create_protected(const ci_model *m, ci_kv_codec c
     if (ci_kv_layer_protected(i, n_cache, protect))
       plan_class = n_cache + i; /* a group of its own */
     desc[i] = (ci_kv_layer_desc){.window = l->kind == CI_ATTN_SLIDING ? l->window : 0,
-                                 .n_kv_heads = ci_model_kv_heads_stored(m, l),
+                                 .n_kv_heads = ci_tp_kv_heads_here(l->n_kv_heads, m->shard.world),
                                  .head_dim = l->head_dim,
                                  .plan_class = plan_class};
   }
   ci_kv_cache *cache = ci_kv_cache_create(m->be, n_cache, desc, codec, block_tokens, arena_bytes);
   free(desc);
+  if (cache && m->tp && ci_tp_kv_cache_split(m, cache)) {
+    ci_kv_cache_free(cache);
+    return NULL;
+  }
   if (cache && ci_kv_cache_set_state_bytes(cache, ci_spec_state_bytes(&m->spec))) {
     ci_kv_cache_free(cache);
     return NULL;

@@ -356,6 +356,12 @@ fail_backends:
   return NULL;
 }
 
+int ci_tp_kv_cache_split(const ci_model *m, ci_kv_cache *cache) {
+  ci_backend *backends[CI_MAX_RANKS];
+  for (int r = 0; r < m->tp->world; r++) backends[r] = m->tp->ranks[r]->be;
+  return ci_kv_cache_set_ranks(cache, backends, m->tp->world);
+}
+
 int ci_model_tensor_parallel(const ci_model *m) {
   return m->shard.world;
 }

@@ -6,9 +6,10 @@
  *
  * The ranks exchange partial sums through host memory (base/rank_collective.h), so every rank's
  * backend must share host memory (CPU backends): GPUs need device collectives (NCCL), which are
- * not built yet. The KV cache stays one cache in rank 0's backend, of whole heads (a KV head that
- * several ranks share is stored once per rank); a rank's attention and KV writes see its heads of
- * each block (so copy-on-write, codec conversion and the prefix cache work unchanged).
+ * not built yet. The KV cache is one cache whose blocks have storage on every rank
+ * (kv/cache.h ci_kv_cache_set_ranks): the same block ids and tables, each rank's KV heads (a KV
+ * head that several ranks share copied to each) in memory of its own backend, so copy-on-write,
+ * codec conversion and the prefix cache act on every rank's storage at once.
  *
  * The group is driven through rank 0's ci_model: ci_model_step and every call built on it run
  * each step on all ranks (rank 0 on the calling thread) and return rank 0's outputs. Sums are
@@ -36,6 +37,10 @@ ci_model *ci_model_load_tp(const char *model_dir, ci_backend *const *backends, i
  * rank's copy of a shared head is stored apart, so that each rank writes only its own). */
 int ci_tp_kv_heads_here(int n_kv_heads, int world);
 int ci_tp_kv_heads_stored(int n_kv_heads, int world);
+
+/* Gives a KV cache made for rank 0's heads storage on every rank of m's group
+ * (ci_kv_cache_set_ranks). Returns CI_OK or CI_ERR. */
+int ci_tp_kv_cache_split(const ci_model *m, ci_kv_cache *cache);
 
 /* Ranks the model is split over (1 when whole). */
 int ci_model_tensor_parallel(const ci_model *model);
