@@ -70,13 +70,13 @@ static int linear_multi_at(ci_backend *be, const step_rows *sr, int li,
 /* Query heads, KV heads of layer li and MLP units of layer li on this rank (model/model.h
  * ci_tp_shard). */
 static int heads_here(const ci_model *m) {
-  return m->spec.n_heads / m->shard.world;
+  return m->spec.n_heads / ci_model_tensor_parallel(m);
 }
 static int kv_heads_here(const ci_model *m, int li) {
-  return ci_tp_kv_heads_here(m->spec.layers[li].n_kv_heads, m->shard.world);
+  return ci_tp_kv_heads_here(m->spec.layers[li].n_kv_heads, ci_model_tensor_parallel(m));
 }
 static int64_t units_here(const ci_model *m, int li) {
-  return m->spec.layers[li].intermediate / m->shard.world;
+  return m->spec.layers[li].intermediate / ci_model_tensor_parallel(m);
 }
 
 /* linear_at() of a weight split by input columns over the ranks (o_proj, down): each rank's
@@ -86,7 +86,7 @@ static int linear_reduced_at(const ci_model *m, const step_rows *sr, int li, ci_
                              const ci_tensor *w, const float *bias, const float *x, int n,
                              float *y) {
   ci_backend *be = m->be;
-  if (m->shard.world == 1) return linear_at(be, sr, li, target, w, bias, x, n, y);
+  if (ci_model_tensor_parallel(m) == 1) return linear_at(be, sr, li, target, w, bias, x, n, y);
   if (matmul(be, sr, w, x, n, y) ||
       ci_rank_collective_all_reduce(m->shard.comm, m->shard.rank, y, (int64_t)n * w->shape[0]))
     return CI_ERR;
@@ -486,7 +486,7 @@ int ci_model_step_run(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, in
     be->ops->gather_rows(be, ws->proj, ws->x, ws->logit_rows, n_logits, s->hidden);
     norm(m, ws->a, ws->proj, m->final_norm, n_logits, s->hidden);
     const step_rows logit_rows = {.segments = {.n = n_seqs, .rows = ws->logit_seg}};
-    if (role->head && m->shard.world > 1) {
+    if (role->head && ci_model_tensor_parallel(m) > 1) {
       status = head_here(m, ws, &logit_rows, ws->a, n_logits, out);
     } else if (out) {
       status = matmul(be, &logit_rows, &m->head, ws->a, n_logits, out);

@@ -444,7 +444,7 @@ static int count_matrix_bytes(void *ctx, const ci_manifest_entry *e) {
 }
 
 int ci_model_kv_heads_stored(const ci_model *m, const ci_layer_spec *layer) {
-  return ci_tp_kv_heads_stored(layer->n_kv_heads, m->shard.world);
+  return ci_tp_kv_heads_stored(layer->n_kv_heads, ci_model_tensor_parallel(m));
 }
 
 int64_t ci_model_weight_bytes_per_token(const ci_model *m) {
@@ -477,10 +477,11 @@ ci_kv_cache *ci_model_kv_cache_create_protected(const ci_model *m, ci_kv_codec c
         plan_class++;
     if (ci_kv_layer_protected(i, n_cache, protect))
       plan_class = n_cache + i; /* a group of its own */
-    desc[i] = (ci_kv_layer_desc){.window = l->kind == CI_ATTN_SLIDING ? l->window : 0,
-                                 .n_kv_heads = ci_tp_kv_heads_here(l->n_kv_heads, m->shard.world),
-                                 .head_dim = l->head_dim,
-                                 .plan_class = plan_class};
+    desc[i] = (ci_kv_layer_desc){
+        .window = l->kind == CI_ATTN_SLIDING ? l->window : 0,
+        .n_kv_heads = ci_tp_kv_heads_here(l->n_kv_heads, ci_model_tensor_parallel(m)),
+        .head_dim = l->head_dim,
+        .plan_class = plan_class};
   }
   ci_kv_cache *cache = ci_kv_cache_create(m->be, n_cache, desc, codec, block_tokens, arena_bytes);
   free(desc);

@@ -363,7 +363,7 @@ int ci_tp_kv_cache_split(const ci_model *m, ci_kv_cache *cache) {
 }
 
 int ci_model_tensor_parallel(const ci_model *m) {
-  return m->shard.world;
+  return m->shard.world > 1 ? m->shard.world : 1; /* a model built without the loader: whole */
 }
 
 int ci_tp_step(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, int n_seqs, float *logits,
