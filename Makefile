@@ -50,6 +50,8 @@ test-cuda: build
 	$(LOCAL_ENV) build/tests/test_cuda
 	python3 tools/dequantize.py $(DEFAULT_MODEL) build/starter-bf16
 	$(LOCAL_ENV) python3 tests/cuda_server_load.py build/cinfer build/starter-bf16 64 90
+	$(LOCAL_ENV) CINFER_TP_SHARE_GPU=1 CINFER_TEST_SERVE_ARGS="--tensor-parallel 2" \
+	  python3 tests/cuda_server_load.py build/cinfer build/starter-bf16 16 30 18432
 
 bench-cuda: build
 	$(LOCAL_ENV) bench/cuda.sh

@@ -86,8 +86,10 @@ def get_json(path):
 
 
 device = os.environ.get("CINFER_TEST_DEVICE", "cuda")  # cpu: a local check of the script itself
+# CINFER_TEST_SERVE_ARGS: more `cinfer serve` flags (make test-cuda: "--tensor-parallel 2")
+extra = os.environ.get("CINFER_TEST_SERVE_ARGS", "").split()
 server = subprocess.Popen([cinfer, "serve", "--model", model, "--device", device, "--port",
-                           str(port), "--batch", str(clients)],
+                           str(port), "--batch", str(clients)] + extra,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 failures = []
 try:

@@ -53,6 +53,7 @@
 #include "engine/session.h"
 #include "tensor/affine_quant.h"
 #include "model/model.h"
+#include "model/tensor_parallel.h"
 #include "fixture_files.h"
 #include "tensor/dtype.h"
 #include "tensor/kv_format.h"
@@ -1697,6 +1698,74 @@ static void test_fixtures(void **state) {
   assert_int_equal(failures, 0);
 }
 
+/* ==== Tensor parallelism on one GPU ==== */
+
+/* A fixture split over `world` ranks, each a CUDA backend of its own on GPU 0 (graphs off: the
+ * ranks' streams meet at events), or NULL. */
+static ci_model *load_split_gpu(const char *dir, int world, ci_backend **rank0) {
+  ci_backend *backends[CI_MAX_RANKS];
+  for (int r = 0; r < world; r++) {
+    backends[r] = gpu();
+    ci_cuda_set_graphs(backends[r], 0);
+  }
+  *rank0 = backends[0];
+  return ci_model_load_tp(dir, backends, world, CI_WEIGHTS_MMAP);
+}
+
+/* model/tensor_parallel.h on the GPU: fixtures split over two (and four) CUDA ranks on one GPU
+ * (the collectives read the other ranks' buffers as peers would over NVLink) give the prompt
+ * logits of transformers within the whole model's tolerances, chunked or not, with the same
+ * argmax, and batched decode bit-identical to solo (batch invariance across the ranks' sums). */
+static void test_tensor_parallel(void **state) {
+  (void)state;
+  static const struct {
+    const char *name;
+    int world;
+  } cases[] = {{"llama", 2},  {"qwen2", 2},       {"mistral", 2}, {"gemma2", 2}, {"gemma3", 2},
+               {"gemma4", 2}, {"llama3-tied", 2}, {"qwen3", 2},   {"llama", 4},  {"gemma4", 4}};
+  int failures = 0;
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char dir[1024], path[1100], label[64];
+    snprintf(dir, sizeof dir, "%s/%s", CI_FIXTURE_DIR, cases[i].name);
+    snprintf(label, sizeof label, "%s/tp%d", cases[i].name, cases[i].world);
+    ci_backend *be;
+    ci_model *model = load_split_gpu(dir, cases[i].world, &be);
+    if (!model) fail_msg("load %s over %d ranks: %s", dir, cases[i].world, ci_last_error());
+    int n;
+    int32_t *ids = fixture_read_ids(dir, &n);
+    const struct {
+      ci_kv_codec codec;
+      const char *reference;
+      float tolerance;
+    } kv[] = {{CI_KV_BF16, "logits_kvbf16.f32", BF16_KV_TOLERANCE},
+              {CI_KV_F32, "logits.f32", F32_KV_TOLERANCE}};
+    for (int c = 0; c < 2; c++) {
+      snprintf(path, sizeof path, "%s/%s", dir, kv[c].reference);
+      size_t size = 0;
+      float *ref = (float *)fixture_read_file(path, &size);
+      assert_non_null(ref);
+      const int chunks[] = {n, 1};
+      for (int k = 0; k < 2; k++) {
+        int mismatches;
+        const float diff = run_chunks(model, kv[c].codec, ids, n, ref, chunks[k], &mismatches);
+        printf("  %-20s kv %-4s chunk %2d: max |dlogit| %.2e, argmax mismatches %d\n", label,
+               ci_kv_codec_name(kv[c].codec), chunks[k], diff, mismatches);
+        if (!(diff <= kv[c].tolerance) || mismatches) {
+          printf("  FAIL: %s kv %s chunk %d\n", label, ci_kv_codec_name(kv[c].codec), chunks[k]);
+          failures++;
+        }
+      }
+      free(ref);
+    }
+    const int batches[] = {1, 3, 16};
+    for (int b = 0; b < 3; b++) failures += check_batch_invariance(model, label, batches[b]);
+    free(ids);
+    ci_model_free(model);
+    be->ops->destroy(be);
+  }
+  assert_int_equal(failures, 0);
+}
+
 /* ==== K segments in a whole model ==== */
 
 /* The last-position logits of a prompt on a fresh sequence. */
@@ -2050,7 +2119,8 @@ int main(void) {
                                      cmocka_unit_test(test_row_picks),
                                      cmocka_unit_test(test_grouped_affine_parts),
                                      cmocka_unit_test(test_batch_kernel),
-                                     cmocka_unit_test(test_fusions_bitwise)};
+                                     cmocka_unit_test(test_fusions_bitwise),
+                                     cmocka_unit_test(test_tensor_parallel)};
   /* CI_TEST_FILTER="*attention*": run only the tests whose names match (a quick check) */
   const char *filter = getenv("CI_TEST_FILTER");
   if (filter) cmocka_set_test_filter(filter);

@@ -18,7 +18,20 @@ struct ci_rank_collective {
   int aborted;
   float *bufs[CI_MAX_RANKS]; /* each rank's buffer of the current call */
   float *dst;                /* rank 0's gather destination of the current call */
+  void *published[CI_MAX_RANKS];
 };
+
+int ci_rank_collective_world(const ci_rank_collective *c) {
+  return c->world;
+}
+
+void ci_rank_collective_publish(ci_rank_collective *c, int rank, void *ptr) {
+  c->published[rank] = ptr;
+}
+
+void *ci_rank_collective_peer(const ci_rank_collective *c, int rank) {
+  return c->published[rank];
+}
 
 ci_rank_collective *ci_rank_collective_create(int world) {
   if (world < 1 || world > CI_MAX_RANKS)

@@ -31,6 +31,15 @@ void ci_rank_collective_abort(ci_rank_collective *c);
 /* Waits until every rank has arrived. */
 int ci_rank_collective_barrier(ci_rank_collective *c);
 
+/* Ranks of the collective. */
+int ci_rank_collective_world(const ci_rank_collective *c);
+
+/* Publishes a pointer of rank `rank` for the current call (before a barrier), and reads rank
+ * `rank`'s (after it): a device collective's buffers and events. A published pointer stays
+ * readable until its rank passes the second barrier after publishing it. */
+void ci_rank_collective_publish(ci_rank_collective *c, int rank, void *ptr);
+void *ci_rank_collective_peer(const ci_rank_collective *c, int rank);
+
 /* buf[i] = sum over ranks r = 0, 1, ... of rank r's buf[i], for n floats, on every rank. Each rank
  * adds up an equal slice of the elements and writes the sums into every rank's buffer. */
 int ci_rank_collective_all_reduce(ci_rank_collective *c, int rank, float *buf, int64_t n);

@@ -51,22 +51,56 @@ ci_model *ci_model_open(const char *model_arg, int n_threads) {
   return ci_model_open_on(model_arg, &options);
 }
 
-/* The model split over device->ranks CPU backends, n_threads shared out among them (each at
- * least one). */
+/* Backend of rank r of a split model: CPU backends share out n_threads (each at least one);
+ * CUDA ranks take consecutive GPUs from device->gpu (all on that one with CINFER_TP_SHARE_GPU=1,
+ * for tests on a single GPU), their steps without graph capture (the ranks' streams meet at
+ * events). */
+static ci_backend *rank_backend(const ci_device_options *device, int cuda, int r) {
+  const int ranks = device->ranks;
+#ifdef CINFER_CUDA
+  if (cuda) {
+    const char *share = getenv("CINFER_TP_SHARE_GPU");
+    const int gpu = share && strcmp(share, "1") == 0 ? device->gpu : device->gpu + r;
+    if (gpu >= ci_cuda_device_count())
+      return ci_fail("--tensor-parallel %d needs %d GPUs from --gpu %d, and %d are visible", ranks,
+                     ranks, device->gpu, ci_cuda_device_count()),
+             NULL;
+    ci_backend *be = ci_cuda_backend_create(gpu, device->n_threads);
+    if (be) {
+      ci_cuda_set_input_planes(be, device->precision == CI_PRECISION_FAST ? 1 : 2);
+      ci_cuda_set_graphs(be, 0);
+    }
+    return be;
+  }
+#else
+  (void)cuda;
+#endif
+  const int threads = device->n_threads > 0 ? device->n_threads : ci_cpu_count();
+  const int share = threads * (r + 1) / ranks - threads * r / ranks;
+  return ci_cpu_backend_create_with(share > 0 ? share : 1, device->precision);
+}
+
+/* The model split over device->ranks backends of the device it names (auto: the GPUs when one is
+ * visible). */
 static ci_model *open_split(const char *dir, const ci_device_options *device) {
   const int ranks = device->ranks;
   const char *name = device->device;
-  if (name && strcmp(name, "cpu") != 0 && strcmp(name, "auto") != 0)
-    return ci_fail("--tensor-parallel runs on CPU ranks so far (--device cpu): GPUs need device "
-                   "collectives, not built yet"),
+  if (name && strcmp(name, "cpu") != 0 && strcmp(name, "cuda") != 0 && strcmp(name, "auto") != 0)
+    return ci_fail("unknown device '%s' (expected cpu, cuda or auto)", name), NULL;
+  const int cuda =
+      name ? strcmp(name, "cuda") == 0 || (strcmp(name, "auto") == 0 && ci_model_gpu_visible())
+           : ci_model_gpu_visible();
+#ifndef CINFER_CUDA
+  if (cuda)
+    return ci_fail("--device cuda: this build has no CUDA backend (nvcc was not found when it "
+                   "was built)"),
            NULL;
+#endif
   if (ranks > CI_MAX_RANKS)
     return ci_fail("--tensor-parallel %d: at most %d ranks", ranks, CI_MAX_RANKS), NULL;
-  const int threads = device->n_threads > 0 ? device->n_threads : ci_cpu_count();
   ci_backend *backends[CI_MAX_RANKS];
   for (int r = 0; r < ranks; r++) {
-    const int share = threads * (r + 1) / ranks - threads * r / ranks;
-    backends[r] = ci_cpu_backend_create_with(share > 0 ? share : 1, device->precision);
+    backends[r] = rank_backend(device, cuda, r);
     if (!backends[r]) {
       while (r-- > 0) backends[r]->ops->destroy(backends[r]);
       return NULL;

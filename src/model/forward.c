@@ -88,7 +88,7 @@ static int linear_reduced_at(const ci_model *m, const step_rows *sr, int li, ci_
   ci_backend *be = m->be;
   if (ci_model_tensor_parallel(m) == 1) return linear_at(be, sr, li, target, w, bias, x, n, y);
   if (matmul(be, sr, w, x, n, y) ||
-      ci_rank_collective_all_reduce(m->shard.comm, m->shard.rank, y, (int64_t)n * w->shape[0]))
+      be->ops->all_reduce(be, m->shard.comm, m->shard.rank, y, (int64_t)n * w->shape[0]))
     return CI_ERR;
   if (bias) be->ops->add_bias(be, y, bias, n, w->shape[0]);
   return CI_OK;
@@ -400,8 +400,8 @@ static int head_here(ci_model *m, ci_workspace *ws, const step_rows *logit_rows,
   if (!part || matmul(be, logit_rows, &m->head, a, n_logits, part)) return CI_ERR;
   if (m->spec.final_softcap != 0.0f)
     be->ops->softcap(be, part, m->spec.final_softcap, (int64_t)n_logits * cols);
-  return ci_rank_collective_gather_cols(m->shard.comm, m->shard.rank, out, part, n_logits, cols,
-                                        m->shard.vocab_first, m->spec.vocab);
+  return be->ops->gather_cols(be, m->shard.comm, m->shard.rank, out, part, n_logits, cols,
+                              m->shard.vocab_first, m->spec.vocab);
 }
 
 /* ci_model_step_picks; with hidden instead of logits and picks, the selected rows' final-normed

@@ -308,10 +308,11 @@ ci_model *ci_model_load_tp(const char *model_dir, ci_backend *const *backends, i
     goto fail_backends;
   }
   for (int r = 0; r < world; r++)
-    if (!backends[r]->host_visible) {
-      ci_fail("tensor parallel: the %s backend cannot hold a rank yet (ranks exchange partial "
-              "sums through host memory; GPUs need device collectives, not built yet)",
-              backends[r]->ops->name);
+    if (!backends[r]->ops->all_reduce || !backends[r]->ops->gather_cols ||
+        backends[r]->ops != backends[0]->ops) {
+      ci_fail("tensor parallel: rank %d's %s backend cannot hold a rank (no collectives, or "
+              "another kind than rank 0's)",
+              r, backends[r]->ops->name);
       goto fail_backends;
     }
   g = calloc(1, sizeof *g);

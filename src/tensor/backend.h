@@ -4,6 +4,7 @@
 #ifndef CI_TENSOR_BACKEND_H
 #define CI_TENSOR_BACKEND_H
 
+#include "base/rank_collective.h"
 #include "tensor/kv_format.h"
 #include "tensor/tensor.h"
 
@@ -262,6 +263,17 @@ typedef struct {
    * Each sequence's rows and state come out as a call for it alone gives them. NULL where the
    * backend does not run Qwen3.5 yet. */
   int (*gated_deltanet)(ci_backend *be, const ci_deltanet_args *args);
+
+  /* Collectives between the ranks of a tensor-parallel model (model/tensor_parallel.h), each rank
+   * calling with its own backend; NULL where the backend cannot hold a rank. The ranks meet at
+   * comm's barriers on the host; the data moves as the backend's memory allows. all_reduce: buf[i]
+   * = the sum over the ranks, in rank order, of each rank's buf[i] (n floats of backend memory),
+   * on every rank (the same bits everywhere, whatever the batch). gather_cols: rank r's src
+   * [rows, cols] into columns [col0, col0 + cols) of rank 0's dst [rows, dst_cols] (dst is
+   * rank 0's; the others pass NULL). Both return CI_OK or CI_ERR (a rank failed: comm aborted). */
+  int (*all_reduce)(ci_backend *be, ci_rank_collective *comm, int rank, float *buf, int64_t n);
+  int (*gather_cols)(ci_backend *be, ci_rank_collective *comm, int rank, float *dst,
+                     const float *src, int64_t rows, int64_t cols, int64_t col0, int64_t dst_cols);
 } ci_backend_ops;
 
 struct ci_backend {

@@ -757,6 +757,20 @@ static void cpu_destroy(ci_backend *be) {
   free(cpu);
 }
 
+/* Ranks on CPU backends share host memory: the host collectives move the data themselves. */
+static int cpu_all_reduce(ci_backend *be, ci_rank_collective *comm, int rank, float *buf,
+                          int64_t n) {
+  (void)be;
+  return ci_rank_collective_all_reduce(comm, rank, buf, n);
+}
+
+static int cpu_gather_cols(ci_backend *be, ci_rank_collective *comm, int rank, float *dst,
+                           const float *src, int64_t rows, int64_t cols, int64_t col0,
+                           int64_t dst_cols) {
+  (void)be;
+  return ci_rank_collective_gather_cols(comm, rank, dst, src, rows, cols, col0, dst_cols);
+}
+
 static const ci_backend_ops cpu_ops = {
     .name = "cpu",
     .destroy = cpu_destroy,
@@ -795,6 +809,8 @@ static const ci_backend_ops cpu_ops = {
     .attention = cpu_attention,
     .sigmoid_mul = cpu_sigmoid_mul,
     .gated_deltanet = cpu_gated_deltanet,
+    .all_reduce = cpu_all_reduce,
+    .gather_cols = cpu_gather_cols,
 };
 
 ci_backend *ci_cpu_backend_create(int n_threads) {

@@ -36,6 +36,7 @@ int ci_cuda_check_launch(ci_cuda *cu, const char *what) {
 
 void *ci_cuda_malloc(ci_cuda *cu, size_t bytes) {
   void *p = NULL;
+  ci_cuda_bind(cu);
   /* CI_CUDA_READ_SLACK bytes more: the TurboQuant and turbo-v attention copies aligned windows as
    * large as the larger of a KV layer's K and V rows, which may reach past the last row */
   cudaError_t err = cudaMalloc(&p, bytes + CI_CUDA_READ_SLACK);
@@ -134,6 +135,7 @@ static void cuda_destroy(ci_backend *be) {
   cudaSetDevice(cu->device);
   if (cu->stream) cudaStreamSynchronize(cu->stream);
   ci_cuda_graphs_destroy(cu);
+  ci_cuda_collective_destroy(cu);
   ci_cuda_blas_destroy(cu);
   ci_cuda_gemv_destroy(cu);
   for (int i = 0; i < 3; i++)
@@ -168,17 +170,20 @@ static void *cuda_alloc(ci_backend *be, size_t bytes) {
 static void cuda_release(ci_backend *be, void *ptr) {
   if (!ptr) return;
   ci_cuda *cu = ci_as_cuda(be);
+  ci_cuda_bind(cu);
   cu->converted_x = NULL;
   cudaStreamSynchronize(cu->stream);
   cudaFree(ptr);
 }
 
 static void cuda_copy_bytes(ci_backend *be, void *dst, const void *src, size_t bytes) {
+  ci_cuda_bind(ci_as_cuda(be));
   emit_copy(ci_as_cuda(be), dst, src, bytes);
 }
 
 static void cuda_upload(ci_backend *be, void *dst, const void *host_src, size_t bytes) {
   ci_cuda *cu = ci_as_cuda(be);
+  ci_cuda_bind(cu);
   cu->converted_x = NULL;
   /* at once even while a step records: uploads (the step descriptor, block-table changes) come
    * before the step's work on the stream, and keeping them out of the recorded list keeps the
@@ -190,6 +195,7 @@ static void cuda_upload(ci_backend *be, void *dst, const void *host_src, size_t 
 
 static void cuda_download(ci_backend *be, void *host_dst, const void *src, size_t bytes) {
   ci_cuda *cu = ci_as_cuda(be);
+  ci_cuda_bind(cu);
   if (ci_cuda_record_flush(cu)) return;
   cudaError_t err = cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, cu->stream);
   if (err == cudaSuccess) err = cudaStreamSynchronize(cu->stream);
@@ -275,6 +281,7 @@ static void cuda_unpin_host(ci_backend *be, void *host) {
 
 static int cuda_step_begin(ci_backend *be, void *desc, const void *host_desc, size_t bytes) {
   ci_cuda *cu = ci_as_cuda(be);
+  ci_cuda_bind(cu);
   if (cu->sticky_error) return ci_fail("%s", cu->sticky_message);
   cudaError_t err = cudaMemcpyAsync(desc, host_desc, bytes, cudaMemcpyHostToDevice, cu->stream);
   if (err != cudaSuccess) return ci_cuda_fail(cu, err, "step descriptor upload");
@@ -285,6 +292,7 @@ static int cuda_step_begin(ci_backend *be, void *desc, const void *host_desc, si
 
 static int cuda_step_end(ci_backend *be, const ci_download *downloads, int n_downloads) {
   ci_cuda *cu = ci_as_cuda(be);
+  ci_cuda_bind(cu);
   cudaError_t err = cudaSuccess;
   const int timing = cu->timing;
   if (timing) cudaEventRecord(cu->timing_events[0], cu->stream);
@@ -512,6 +520,7 @@ static int cuda_kv_store(ci_backend *be, const ci_step_kv *seqs, const float *k,
 
 static int cuda_kv_convert_block(ci_backend *be, const ci_paged_kv *src, int32_t src_block,
                                  const ci_paged_kv *dst, int32_t dst_block, int live_tokens) {
+  ci_cuda_bind(ci_as_cuda(be));
   if (ci_cuda_record_flush(ci_as_cuda(be))) return CI_ERR;
   return ci_cuda_kv_convert_block(ci_as_cuda(be), src, src_block, dst, dst_block, live_tokens);
 }
@@ -567,6 +576,8 @@ static ci_backend_ops make_ops(void) {
   ops.attention = cuda_attention;
   ops.sigmoid_mul = cuda_sigmoid_mul;
   ops.gated_deltanet = cuda_gated_deltanet;
+  ops.all_reduce = ci_cuda_all_reduce;
+  ops.gather_cols = ci_cuda_gather_cols;
   return ops;
 }
 

@@ -69,6 +69,10 @@ void ci_cuda_graphs_invalidate(ci_cuda *cu) {
   if (cu->graphs) drop_graphs(cu->graphs);
 }
 
+int ci_cuda_recording(const ci_cuda *cu) {
+  return cu->graphs && cu->graphs->recording;
+}
+
 void ci_cuda_set_graphs(ci_backend *be, int enabled) {
   ci_cuda *cu = ci_as_cuda(be);
   if (cu->graphs) cu->graphs->enabled = enabled;

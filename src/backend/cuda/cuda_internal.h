@@ -226,6 +226,14 @@ static inline ci_cuda_k_rule ci_cuda_k_rule_default(void) {
   return rule;
 }
 
+/* What a rank of a tensor-parallel model publishes to the others in a collective
+ * (cuda_collective.cu). */
+typedef struct {
+  float *buf;        /* this call's buffer (all_reduce), or rank 0's destination (gather_cols) */
+  cudaEvent_t ready; /* recorded on the rank's stream when buf may be read (or written) */
+  cudaEvent_t done;  /* recorded when the rank has read its peers' buffers (or written rank 0's) */
+} ci_cuda_rank_slot;
+
 /* The backend. Every op enqueues on `stream`; step_end waits for it. */
 typedef struct {
   ci_backend base;
@@ -276,6 +284,12 @@ typedef struct {
   cudaEvent_t timing_events[3];
   double step_started;
   ci_cuda_step_times times;
+  /* tensor parallelism (cuda_collective.cu): the slot this rank publishes, the sums of an
+   * all-reduce before they replace the rank's buffer, the peers whose memory the kernels read */
+  ci_cuda_rank_slot rank_slot;
+  float *rank_sums;
+  size_t rank_sums_bytes;
+  int peer_access_done;
 } ci_cuda;
 
 /* kernel<<<grid, block, smem, cu->stream>>>(args...) through ci_launch_on (cuda_launch.cuh). */
@@ -295,6 +309,24 @@ int ci_cuda_fail(ci_cuda *cu, cudaError_t err, const char *what);
 
 /* Checks the last launch; returns CI_OK or ci_cuda_fail. */
 int ci_cuda_check_launch(ci_cuda *cu, const char *what);
+
+/* Makes the backend's GPU the calling thread's current device: the ranks of a tensor-parallel
+ * model call each other's backends from their host threads (KV copies, table uploads, codec
+ * conversions), and the runtime launches on the current device. */
+static inline void ci_cuda_bind(const ci_cuda *cu) {
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current != cu->device) cudaSetDevice(cu->device);
+}
+
+/* 1 while the step's commands are being recorded for a graph (ops do not run yet). */
+int ci_cuda_recording(const ci_cuda *cu);
+
+/* The tensor-parallel collectives (backend op table; cuda_collective.cu) and their teardown. */
+int ci_cuda_all_reduce(ci_backend *be, ci_rank_collective *comm, int rank, float *buf, int64_t n);
+int ci_cuda_gather_cols(ci_backend *be, ci_rank_collective *comm, int rank, float *dst,
+                        const float *src, int64_t rows, int64_t cols, int64_t col0,
+                        int64_t dst_cols);
+void ci_cuda_collective_destroy(ci_cuda *cu);
 
 /* Device memory of `bytes` (counted), or NULL with ci_last_error. */
 void *ci_cuda_malloc(ci_cuda *cu, size_t bytes);
