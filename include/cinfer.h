@@ -93,8 +93,8 @@ typedef struct {
                          TLB misses); a GPU copies the weights to its memory either way */
   cinfer_precision precision; /* matmul numerics (CINFER_PRECISION_FAST) */
   int tensor_parallel; /* ranks the model is split over (heads, MLP units and vocabulary), one
-                          backend and host thread each; 0 or 1: whole. CPU ranks only so far
-                          (n_threads shared out among them) */
+                          backend and host thread each; 0 or 1: whole. CPU ranks share out
+                          n_threads; CUDA ranks take GPUs gpu, gpu + 1, ... */
 } cinfer_model_options;
 
 /* Fills the defaults (n_threads 0, device NULL = auto, gpu 0, mmap 0, precision fast,

@@ -4,11 +4,11 @@
  * all-reduce, the head by vocabulary rows followed by a gather of the logit columns into rank 0;
  * embeddings and norms are whole on every rank. Each rank reads and writes its own KV heads.
  *
- * The ranks exchange partial sums through host memory (base/rank_collective.h), so every rank's
- * backend must share host memory (CPU backends): GPUs need device collectives (NCCL), which are
- * not built yet. The KV cache is one cache whose blocks have storage on every rank
- * (kv/cache.h ci_kv_cache_set_ranks): the same block ids and tables, each rank's KV heads (a KV
- * head that several ranks share copied to each) in memory of its own backend, so copy-on-write,
+ * The ranks exchange partial sums through their backends' collective ops (all_reduce,
+ * gather_cols: tensor/backend.h), meeting at the host barriers of base/rank_collective.h; every
+ * rank runs the same kind of backend. The KV cache is one cache whose blocks have storage on every
+ * rank (kv/cache.h ci_kv_cache_set_ranks): the same block ids and tables, each rank's KV heads (a
+ * KV head that several ranks share copied to each) in memory of its own backend, so copy-on-write,
  * codec conversion and the prefix cache act on every rank's storage at once.
  *
  * The group is driven through rank 0's ci_model: ci_model_step and every call built on it run
