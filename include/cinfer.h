@@ -568,6 +568,9 @@ int cinfer_model_n_layers(const cinfer_model *model);
 /* The backend the model runs on ("cpu", "cuda", ...). */
 const char *cinfer_model_device(const cinfer_model *model);
 
+/* Ranks the model is split over (cinfer_model_options.tensor_parallel; 1 when whole). */
+int cinfer_model_tensor_parallel(const cinfer_model *model);
+
 /* Why device auto runs the model on the CPU although a GPU is visible (the GPU backend cannot run
  * it yet, e.g. quantized weights), or "" when it did not fall back. Programs should show it:
  * the fallback is not meant to be silent. */

@@ -16,6 +16,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "base/error.h"
+#include "cinfer.h"
 #include "fixture_files.h"
 #include "model/model.h"
 #include "model/tensor_parallel.h"
@@ -310,11 +311,32 @@ static void test_cli(void **state) {
   assert_string_equal(whole, split);
 }
 
+/* The public API loads a split model and says so (what `/stats` reports); a bad rank count is
+ * refused. */
+static void test_api(void **state) {
+  (void)state;
+  cinfer_model_options options;
+  cinfer_model_options_init(&options);
+  options.device = "cpu";
+  options.n_threads = 2;
+  options.tensor_parallel = 2;
+  cinfer_model *model = NULL;
+  char dir[1024];
+  fixture_dir(dir, sizeof dir, "qwen2");
+  if (cinfer_model_load(dir, &options, &model) != CINFER_OK) fail_msg("%s", cinfer_last_error());
+  assert_int_equal(cinfer_model_tensor_parallel(model), 2);
+  assert_string_equal(cinfer_model_device(model), "cpu");
+  cinfer_model_free(model);
+  options.tensor_parallel = 9;
+  assert_int_equal(cinfer_model_load(dir, &options, &model), CINFER_INVALID_ARGUMENT);
+  assert_null(model);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_parity),       cmocka_unit_test(test_batch_invariance),
       cmocka_unit_test(test_converted_kv), cmocka_unit_test(test_refusals),
-      cmocka_unit_test(test_cli),
+      cmocka_unit_test(test_cli),          cmocka_unit_test(test_api),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,6 +3,7 @@
 #include "api/api_internal.h"
 
 #include "base/error.h"
+#include "model/tensor_parallel.h"
 
 int cinfer_model_n_layers(const cinfer_model *model) {
   return model ? model->model->spec.n_layers : 0;
@@ -14,6 +15,10 @@ const char *cinfer_model_device_note(const cinfer_model *model) {
 
 const char *cinfer_model_device(const cinfer_model *model) {
   return model && model->model->be ? model->model->be->ops->name : "";
+}
+
+int cinfer_model_tensor_parallel(const cinfer_model *model) {
+  return model ? ci_model_tensor_parallel(model->model) : 1;
 }
 
 int cinfer_model_max_new_tokens(const cinfer_model *model) {

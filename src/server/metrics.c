@@ -126,6 +126,9 @@ json_t *ci_server_stats_json(ci_server *s) {
       "blocks", (json_int_t)st.prefix_cache_blocks, "bytes", (json_int_t)st.prefix_cache_bytes,
       "max_bytes", (json_int_t)st.prefix_cache_max_bytes, "hits", (json_int_t)st.prefix_hits,
       "misses", (json_int_t)st.prefix_misses);
+  if (stats) /* ranks the model is split over (--tensor-parallel) */
+    json_object_set_new(json_object_get(stats, "server"), "tensor_parallel",
+                        json_integer(cinfer_model_tensor_parallel(s->o.model)));
   if (stats && st.prompt_cache_on) /* the prompt cache on disk */
     json_object_set_new(stats, "prompt_cache",
                         json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "blocks_written",
