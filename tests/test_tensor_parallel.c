@@ -7,7 +7,8 @@
  * batched decode on the split model is bit-identical to solo decode (batch invariance), also with
  * TurboQuant KV converting mid-way, and split decode over converted TurboQuant KV stays within
  * 1e-3 of the whole model's; models that cannot be split are refused with the reason; and
- * `cinfer generate --tensor-parallel 2` writes the whole model's greedy text. */
+ * `cinfer generate --tensor-parallel 2` writes the whole model's greedy text; LoRA adapters on a
+ * split model match transformers + peft and stay batch-invariant. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +19,7 @@
 #include "base/error.h"
 #include "cinfer.h"
 #include "fixture_files.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "model/tensor_parallel.h"
 
@@ -289,6 +291,85 @@ static void test_refusals(void **state) {
   expect_refused("llama", 9, "1 to 8");
 }
 
+/* A PEFT adapter (every linear layer adapted) on a split model: the prompt logits of
+ * transformers + peft within 1e-3 (each rank adds its share of the update: B's rows of q, k, v,
+ * gate, up; A's columns of o and down before the sum), and decode batched with a sequence
+ * without the adapter bit-identical to solo. */
+static void check_lora(const char *adapter, const char *base, int world) {
+  char adir[1024], bdir[1024], path[1200];
+  fixture_dir(adir, sizeof adir, adapter);
+  fixture_dir(bdir, sizeof bdir, base);
+  ci_backend *be;
+  ci_model *split = load_split(bdir, world, &be);
+  if (!split) fail_msg("%s: %s", base, ci_last_error());
+  ci_lora *lora = ci_lora_load(adir, split);
+  if (!lora) fail_msg("%s on %s over %d ranks: %s", adapter, base, world, ci_last_error());
+  int n;
+  int32_t *ids = fixture_read_ids(adir, &n);
+  assert_non_null(ids);
+  snprintf(path, sizeof path, "%s/logits_%s.f32", adir, base);
+  size_t size;
+  float *want = (float *)fixture_read_file(path, &size);
+  assert_non_null(want);
+  const int vocab = split->spec.vocab;
+  assert_int_equal(size, (size_t)n * vocab * sizeof(float));
+  ci_kv_cache *cache = ci_model_kv_cache_create(split, CI_KV_F32, 16, 0);
+  assert_non_null(cache);
+  ci_kv_seq *seq = ci_kv_seq_create(cache), *plain = ci_kv_seq_create(cache);
+  ci_kv_seq *solo = ci_kv_seq_create(cache), *solo_plain = ci_kv_seq_create(cache);
+  float *got = malloc((size_t)n * vocab * sizeof *got);
+  if (ci_model_forward_lora(split, seq, lora, ids, n, got, n)) fail_msg("%s", ci_last_error());
+  float scale;
+  const float diff = max_diff(want, got, n * vocab, &scale);
+  printf("  %s on %s, %d ranks: max |dlogit| vs transformers+peft %.2e\n", adapter, base, world,
+         (double)diff);
+  if (!(diff <= tolerance))
+    fail_msg("%s on %s: %g from transformers+peft", adapter, base, (double)diff);
+  /* batched: the adapted sequence beside one without, against each alone */
+  assert_int_equal(ci_model_forward_lora(split, solo, lora, ids, n, NULL, 0), CI_OK);
+  assert_int_equal(ci_model_forward(split, plain, ids, n, NULL, 0), CI_OK);
+  assert_int_equal(ci_model_forward(split, solo_plain, ids, n, NULL, 0), CI_OK);
+  float *rows = malloc((size_t)2 * vocab * sizeof *rows);
+  float *alone = malloc((size_t)2 * vocab * sizeof *alone);
+  int32_t next[2] = {3, 5};
+  ci_workspace *ws = ci_workspace_create(split->be);
+  assert_non_null(ws);
+  for (int step = 0; step < 4; step++) {
+    const ci_step_seq both[2] = {
+        {.seq = seq, .ids = &next[0], .n_rows = 1, .n_logit_rows = 1, .lora = lora},
+        {.seq = plain, .ids = &next[1], .n_rows = 1, .n_logit_rows = 1}};
+    if (ci_model_step(split, ws, both, 2, rows)) fail_msg("%s", ci_last_error());
+    assert_int_equal(ci_model_forward_lora(split, solo, lora, &next[0], 1, alone, 1), CI_OK);
+    assert_int_equal(ci_model_forward(split, solo_plain, &next[1], 1, alone + vocab, 1), CI_OK);
+    if (memcmp(rows, alone, (size_t)2 * vocab * sizeof(float)))
+      fail_msg("%s: step %d: batched rows differ from solo", adapter, step);
+    next[0] = argmax(rows, vocab);
+    next[1] = argmax(rows + vocab, vocab);
+  }
+  ci_workspace_free(ws);
+  ci_kv_seq_free(seq);
+  ci_kv_seq_free(plain);
+  ci_kv_seq_free(solo);
+  ci_kv_seq_free(solo_plain);
+  ci_kv_cache_free(cache);
+  free(rows);
+  free(alone);
+  free(got);
+  free(want);
+  free(ids);
+  ci_lora_release(lora);
+  ci_model_free(split);
+  be->ops->destroy(be);
+}
+
+static void test_lora(void **state) {
+  (void)state;
+  check_lora("lora-llama", "llama", 2);
+  check_lora("lora-llama", "llama", 4);
+  check_lora("lora-llama", "llama-q8g32", 2);
+  check_lora("lora-qwen3", "qwen3", 2);
+}
+
 /* stdout of a shell command (at most size - 1 bytes). */
 static void command_output(const char *command, char *out, size_t size) {
   FILE *pipe = popen(command, "r");
@@ -337,6 +418,7 @@ int main(void) {
       cmocka_unit_test(test_parity),       cmocka_unit_test(test_batch_invariance),
       cmocka_unit_test(test_converted_kv), cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_cli),          cmocka_unit_test(test_api),
+      cmocka_unit_test(test_lora),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

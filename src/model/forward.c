@@ -80,15 +80,19 @@ static int64_t units_here(const ci_model *m, int li) {
 }
 
 /* linear_at() of a weight split by input columns over the ranks (o_proj, down): each rank's
- * partial product, summed over the ranks, then the bias once. Adapters never reach a split model
- * (ci_tp_step refuses them). */
+ * partial product with its adapters' partial updates (their A's columns of its share: the
+ * updates are linear in x, so the partial updates sum to the whole one), summed over the ranks,
+ * then the bias once. */
 static int linear_reduced_at(const ci_model *m, const step_rows *sr, int li, ci_lora_target target,
                              const ci_tensor *w, const float *bias, const float *x, int n,
                              float *y) {
   ci_backend *be = m->be;
   if (ci_model_tensor_parallel(m) == 1) return linear_at(be, sr, li, target, w, bias, x, n, y);
-  if (matmul(be, sr, w, x, n, y) ||
-      be->ops->all_reduce(be, m->shard.comm, m->shard.rank, y, (int64_t)n * w->shape[0]))
+  if (matmul(be, sr, w, x, n, y)) return CI_ERR;
+  if (sr->lora.n_seqs > 0 &&
+      ci_lora_apply(be, sr->ws, &sr->lora, li, target, x, w->shape[1], y, w->shape[0]))
+    return CI_ERR;
+  if (be->ops->all_reduce(be, m->shard.comm, m->shard.rank, y, (int64_t)n * w->shape[0]))
     return CI_ERR;
   if (bias) be->ops->add_bias(be, y, bias, n, w->shape[0]);
   return CI_OK;
@@ -427,7 +431,8 @@ int ci_model_step_run(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, in
   if (ci_workspace_fit(ws, s, n, n_seqs)) return CI_ERR;
   int any_lora = 0;
   for (int i = 0; i < n_seqs; i++) any_lora |= (ws->seq_lora[i] = seqs[i].lora) != NULL;
-  const ci_lora_step lora_step = {.n_seqs = any_lora ? n_seqs : 0,
+  const ci_lora_step lora_step = {.rank = m->shard.rank,
+                                  .n_seqs = any_lora ? n_seqs : 0,
                                   .first_row = ws->seq_first,
                                   .n_rows = ws->seq_rows,
                                   .loras = ws->seq_lora};

@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "model/tensor_parallel.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -281,6 +282,65 @@ static uint64_t fnv(uint64_t h, const void *data, size_t len) {
 }
 
 /* Fills the adapter's modules from the parsed tensors. */
+/* The whole layer's [out, in] of target t in layer li, whose weight w a split model holds a share
+ * of (model/tensor_parallel.h: rows of q, k, v, gate, up; columns of o and down). */
+static void whole_shape(const ci_model *m, int li, ci_lora_target t, const ci_tensor *w,
+                        int64_t *out, int64_t *in) {
+  const int world = ci_model_tensor_parallel(m);
+  *out = w->shape[0];
+  *in = w->shape[1];
+  if (world == 1) return;
+  if (t == CI_LORA_K || t == CI_LORA_V) {
+    const int heads = m->spec.layers[li].n_kv_heads;
+    *out = *out / ci_tp_kv_heads_here(heads, world) * heads;
+  } else if (t == CI_LORA_O || t == CI_LORA_DOWN) {
+    *in *= world;
+  } else {
+    *out *= world;
+  }
+}
+
+/* Rank r's share of a module whose whole A [rank, in] is fa and B [out, rank] fb: B's rows of the
+ * rank's outputs, or A's columns of its inputs (an owned copy) for o and down. */
+static int rank_share(ci_lora *lora, const ci_model *m, int li, ci_lora_target t, int r,
+                      const float *fa, const float *fb, int64_t rank, int64_t in, int64_t out,
+                      ci_lora_module *share) {
+  const int world = ci_model_tensor_parallel(m);
+  share->a = (ci_tensor){.dtype = CI_F32, .ndim = 2, .shape = {rank, in}, .data = fa};
+  share->b = (ci_tensor){.dtype = CI_F32, .ndim = 2, .shape = {out, rank}, .data = fb};
+  if (world == 1) return CI_OK;
+  if (t == CI_LORA_O || t == CI_LORA_DOWN) {
+    const int64_t width = in / world, first = width * r;
+    float *copy = malloc((size_t)(rank * width) * sizeof *copy);
+    float **owned = realloc(lora->owned, (size_t)(lora->n_owned + 1) * sizeof *owned);
+    if (!copy || !owned) {
+      free(copy);
+      if (owned) lora->owned = owned;
+      return ci_fail("out of memory");
+    }
+    lora->owned = owned;
+    lora->owned[lora->n_owned++] = copy;
+    for (int64_t k = 0; k < rank; k++)
+      memcpy(copy + k * width, fa + k * in + first, (size_t)width * sizeof *copy);
+    share->a.shape[1] = width;
+    share->a.data = copy;
+    return CI_OK;
+  }
+  int64_t first, count;
+  if (t == CI_LORA_K || t == CI_LORA_V) {
+    const int heads = m->spec.layers[li].n_kv_heads;
+    const int64_t dim = out / heads;
+    first = (int64_t)(r * heads / world) * dim;
+    count = (int64_t)ci_tp_kv_heads_here(heads, world) * dim;
+  } else {
+    first = out * r / world;
+    count = out * (r + 1) / world - first;
+  }
+  share->b.shape[0] = count;
+  share->b.data = fb + first * rank;
+  return CI_OK;
+}
+
 static int bind_tensors(ci_lora *lora, const ci_model *m, const adapter_config *c,
                         const ci_st_tensor *ts, int n, const char *file) {
   const ci_st_tensor **parts =
@@ -335,7 +395,8 @@ static int bind_tensors(ci_lora *lora, const ci_model *m, const adapter_config *
       break;
     }
     const ci_tensor *w = model_weight(m, li, t);
-    const int64_t out = w->shape[0], in = w->shape[1];
+    int64_t out, in;
+    whole_shape(m, li, t, w, &out, &in);
     /* PEFT: A [r, in], B [out, r]; mlx-lm: a [in, r], b [r, out] */
     const int64_t rank = c->peft ? a->shape[0] : a->shape[1];
     const int64_t a_in = c->peft ? a->shape[1] : a->shape[0];
@@ -382,12 +443,17 @@ static int bind_tensors(ci_lora *lora, const ci_model *m, const adapter_config *
         break;
       }
     if (status) break;
-    mod->a = (ci_tensor){.dtype = CI_F32, .ndim = 2, .shape = {rank, in}, .data = fa};
-    mod->b = (ci_tensor){.dtype = CI_F32, .ndim = 2, .shape = {out, rank}, .data = fb};
-    if (m->be->ops->prepare_weight(m->be, &mod->a) || m->be->ops->prepare_weight(m->be, &mod->b)) {
-      status = ci_fail_context("adapter layer %d %s", li, target_paths[t]);
-      break;
+    /* each rank's share (the whole module for a whole model), in its backend's memory */
+    for (int r = 0; r < ci_model_tensor_parallel(m) && status == CI_OK; r++) {
+      ci_lora_module *share = r == 0 ? mod : &lora->rank_modules[r][k];
+      share->rank = mod->rank;
+      share->scale = mod->scale;
+      ci_backend *be = ci_tp_rank_backend(m, r);
+      if (rank_share(lora, m, li, t, r, fa, fb, rank, in, out, share) ||
+          be->ops->prepare_weight(be, &share->a) || be->ops->prepare_weight(be, &share->b))
+        status = ci_fail_context("adapter layer %d %s", li, target_paths[t]);
     }
+    if (status) break;
     lora->n_modules++;
     lora->n_params += rank * (in + out);
     if (rank > lora->max_rank) lora->max_rank = (int)rank;
@@ -431,6 +497,12 @@ ci_lora *ci_lora_load(const char *dir, const ci_model *model) {
     ci_fail("out of memory");
     goto fail;
   }
+  for (int r = 1; r < ci_model_tensor_parallel(model); r++)
+    if (!(lora->rank_modules[r] =
+              calloc((size_t)lora->n_layers * CI_LORA_N_TARGETS, sizeof *lora->rank_modules[r]))) {
+      ci_fail("out of memory");
+      goto fail;
+    }
   snprintf(file, sizeof file, "%s/%s", dir,
            c.peft ? "adapter_model.safetensors" : "adapters.safetensors");
   size_t len = 0;
@@ -464,6 +536,9 @@ ci_lora *ci_lora_retain(ci_lora *lora) {
 void ci_lora_release(ci_lora *lora) {
   if (!lora || atomic_fetch_sub(&lora->refs, 1) != 1) return;
   free(lora->modules);
+  for (int r = 1; r < CI_MAX_RANKS; r++) free(lora->rank_modules[r]);
+  for (int i = 0; i < lora->n_owned; i++) free(lora->owned[i]);
+  free(lora->owned);
   free(lora->data);
   free(lora);
 }

@@ -11,6 +11,7 @@
 #ifndef CI_MODEL_LORA_H
 #define CI_MODEL_LORA_H
 
+#include "base/rank_collective.h"
 #include "tensor/backend.h"
 
 #include <stdatomic.h>
@@ -52,6 +53,12 @@ typedef struct ci_lora {
   int64_t n_params;
   float scale;  /* the config's scale (alpha / r or alpha / sqrt(r), or mlx-lm's scale) */
   uint64_t key; /* hash of the content: equal adapters share prefix-cache entries */
+  /* A model split over ranks (model/tensor_parallel.h): modules above are rank 0's share of each
+   * layer (B's rows of q, k, v, gate, up; A's columns of o, down), rank_modules[r] rank r's, and
+   * owned holds the host copies of A's column shares. */
+  ci_lora_module *rank_modules[CI_MAX_RANKS]; /* [1 .. ranks) [n_layers * CI_LORA_N_TARGETS] */
+  float **owned;
+  int n_owned;
 } ci_lora;
 
 /* Upper bound on an adapter weight file: a larger one is rejected before it is read. */
@@ -72,10 +79,12 @@ ci_lora *ci_lora_retain(ci_lora *lora);
 /* Drops one reference; the last one frees the adapter. NULL is a no-op. */
 void ci_lora_release(ci_lora *lora);
 
-/* The adapted module of `target` in layer `layer`, or NULL when the adapter leaves it alone. */
+/* The adapted module of `target` in layer `layer` as rank `rank` of a split model holds it (0 for
+ * a whole model), or NULL when the adapter leaves it alone. */
 static inline const ci_lora_module *ci_lora_module_at(const ci_lora *lora, int layer,
-                                                      ci_lora_target target) {
-  const ci_lora_module *m = &lora->modules[(int64_t)layer * CI_LORA_N_TARGETS + target];
+                                                      ci_lora_target target, int rank) {
+  const ci_lora_module *modules = rank == 0 ? lora->modules : lora->rank_modules[rank];
+  const ci_lora_module *m = &modules[(int64_t)layer * CI_LORA_N_TARGETS + target];
   return m->rank > 0 ? m : NULL;
 }
 

@@ -11,7 +11,7 @@ int ci_lora_apply(ci_backend *be, ci_workspace *ws, const ci_lora_step *step, in
   for (int i = 0; i < step->n_seqs; i++) {
     const ci_lora *lora = step->loras[i];
     if (!lora) continue;
-    const ci_lora_module *mod = ci_lora_module_at(lora, layer, target);
+    const ci_lora_module *mod = ci_lora_module_at(lora, layer, target, step->rank);
     if (!mod) continue;
     int done = 0;
     for (int j = 0; j < i && !done; j++) done = step->loras[j] == lora;

@@ -15,6 +15,7 @@ typedef struct {
   const int32_t *first_row;
   const int32_t *n_rows;
   const ci_lora *const *loras;
+  int rank; /* the rank of a split model whose step this is (0 for a whole model) */
 } ci_lora_step;
 
 /* Grows the workspace's LoRA scratch for this step (nothing when no sequence has an adapter).

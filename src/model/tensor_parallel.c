@@ -363,6 +363,10 @@ int ci_tp_kv_cache_split(const ci_model *m, ci_kv_cache *cache) {
   return ci_kv_cache_set_ranks(cache, backends, m->tp->world);
 }
 
+ci_backend *ci_tp_rank_backend(const ci_model *m, int rank) {
+  return rank == 0 || !m->tp ? m->be : m->tp->ranks[rank]->be;
+}
+
 int ci_model_tensor_parallel(const ci_model *m) {
   return m->shard.world > 1 ? m->shard.world : 1; /* a model built without the loader: whole */
 }
@@ -370,9 +374,6 @@ int ci_model_tensor_parallel(const ci_model *m) {
 int ci_tp_step(ci_model *m, ci_workspace *ws, const ci_step_seq *seqs, int n_seqs, float *logits,
                ci_row_pick *picks, float *hidden) {
   struct ci_tp_group *g = m->tp;
-  for (int i = 0; i < n_seqs; i++)
-    if (seqs[i].lora)
-      return ci_fail("step: LoRA adapters do not run on a model split over ranks yet");
   if (ci_model_step_admit(m, seqs, n_seqs)) return CI_ERR;
   const ci_step_role role = {
       .own_kv = 0, .want = logits || picks || hidden, .head = logits || picks};

@@ -42,6 +42,9 @@ int ci_tp_kv_heads_stored(int n_kv_heads, int world);
  * (ci_kv_cache_set_ranks). Returns CI_OK or CI_ERR. */
 int ci_tp_kv_cache_split(const ci_model *m, ci_kv_cache *cache);
 
+/* The backend of rank `rank` of m's group (m's own for rank 0 or a whole model). */
+ci_backend *ci_tp_rank_backend(const ci_model *m, int rank);
+
 /* Ranks the model is split over (1 when whole). */
 int ci_model_tensor_parallel(const ci_model *model);
 
