@@ -659,6 +659,7 @@ extern "C" ci_backend *ci_cuda_backend_create(int gpu, int n_threads) {
   cu->base.ops = &cuda_ops;
   cu->base.host_visible = 0;
   cu->device = gpu;
+  cu->bind_threads = count > 1;
   cu->input_planes = 2;
   (void)n_threads; /* every op runs on the GPU; MoE routing's host part is one thread */
   int ok = (err = cudaSetDevice(gpu)) == cudaSuccess &&

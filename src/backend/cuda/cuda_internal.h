@@ -290,6 +290,7 @@ typedef struct {
   float *rank_sums;
   size_t rank_sums_bytes;
   int peer_access_done;
+  int bind_threads; /* the machine has several GPUs: ops make theirs current (ci_cuda_bind) */
 } ci_cuda;
 
 /* kernel<<<grid, block, smem, cu->stream>>>(args...) through ci_launch_on (cuda_launch.cuh). */
@@ -314,6 +315,7 @@ int ci_cuda_check_launch(ci_cuda *cu, const char *what);
  * model call each other's backends from their host threads (KV copies, table uploads, codec
  * conversions), and the runtime launches on the current device. */
 static inline void ci_cuda_bind(const ci_cuda *cu) {
+  if (!cu->bind_threads) return; /* one GPU: every thread's current device is it */
   int current = -1;
   if (cudaGetDevice(&current) != cudaSuccess || current != cu->device) cudaSetDevice(cu->device);
 }
