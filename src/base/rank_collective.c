@@ -1,21 +1,28 @@
 /* Collectives between tensor-parallel ranks in one address space (see rank_collective.h): a
- * generation-counting barrier under one mutex, and reductions that publish each rank's buffer
- * before the barrier and read them after it. */
+ * generation-counting barrier whose waiters spin a while (base/spin_wait.h: a rank's host thread
+ * reaches the next barrier within microseconds when it has a core) before they sleep on a
+ * condition variable, and reductions that publish each rank's buffer before the barrier and read
+ * them after it. */
 #include "base/rank_collective.h"
 
 #include "base/error.h"
+#include "base/spin_wait.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* How long a rank waits awake at a barrier before it sleeps. */
+enum { SPIN_NS = 1000000 };
+
 struct ci_rank_collective {
   int world;
-  pthread_mutex_t mu;
+  pthread_mutex_t mu; /* guards sleeping: the last arrival and an abort wake the sleepers */
   pthread_cond_t cv;
-  int arrived;         /* ranks at the barrier of this generation */
-  uint64_t generation; /* barriers completed */
-  int aborted;
+  atomic_int arrived;               /* ranks at the barrier of this generation */
+  atomic_uint_least64_t generation; /* barriers completed */
+  atomic_int aborted;
   float *bufs[CI_MAX_RANKS]; /* each rank's buffer of the current call */
   float *dst;                /* rank 0's gather destination of the current call */
   void *published[CI_MAX_RANKS];
@@ -59,37 +66,41 @@ void ci_rank_collective_free(ci_rank_collective *c) {
 }
 
 void ci_rank_collective_reset(ci_rank_collective *c) {
-  pthread_mutex_lock(&c->mu);
-  c->aborted = 0;
-  c->arrived = 0;
-  pthread_mutex_unlock(&c->mu);
+  atomic_store(&c->aborted, 0);
+  atomic_store(&c->arrived, 0);
 }
 
 void ci_rank_collective_abort(ci_rank_collective *c) {
   pthread_mutex_lock(&c->mu);
-  c->aborted = 1;
+  atomic_store(&c->aborted, 1);
   pthread_cond_broadcast(&c->cv);
   pthread_mutex_unlock(&c->mu);
 }
 
 int ci_rank_collective_barrier(ci_rank_collective *c) {
   if (c->world == 1) return CI_OK;
-  pthread_mutex_lock(&c->mu);
-  if (c->aborted) {
-    pthread_mutex_unlock(&c->mu);
-    return ci_fail("tensor parallel: another rank failed");
-  }
-  const uint64_t generation = c->generation;
-  if (++c->arrived == c->world) {
-    c->arrived = 0;
-    c->generation++;
+  if (atomic_load(&c->aborted)) return ci_fail("tensor parallel: another rank failed");
+  const uint64_t generation = atomic_load(&c->generation);
+  if (atomic_fetch_add(&c->arrived, 1) + 1 == c->world) {
+    /* the last to arrive: the count restarts before anyone can see the new generation */
+    atomic_store(&c->arrived, 0);
+    pthread_mutex_lock(&c->mu);
+    atomic_fetch_add(&c->generation, 1);
     pthread_cond_broadcast(&c->cv);
-  } else {
-    while (c->generation == generation && !c->aborted) pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    return CI_OK;
   }
-  const int failed = c->generation == generation; /* woken by an abort, not by the last rank */
-  pthread_mutex_unlock(&c->mu);
-  return failed ? ci_fail("tensor parallel: another rank failed") : CI_OK;
+  ci_spinner spin = {0, SPIN_NS, 0};
+  while (atomic_load(&c->generation) == generation && !atomic_load(&c->aborted))
+    if (!ci_spin_more(&spin)) {
+      pthread_mutex_lock(&c->mu);
+      while (atomic_load(&c->generation) == generation && !atomic_load(&c->aborted))
+        pthread_cond_wait(&c->cv, &c->mu);
+      pthread_mutex_unlock(&c->mu);
+    }
+  /* woken by an abort, not by the last rank */
+  return atomic_load(&c->generation) == generation ? ci_fail("tensor parallel: another rank failed")
+                                                   : CI_OK;
 }
 
 int ci_rank_collective_all_reduce(ci_rank_collective *c, int rank, float *buf, int64_t n) {

@@ -6,6 +6,8 @@
  * operations: the many per-layer jobs of a decode step stay cheap. */
 #include "base/threadpool.h"
 
+#include "base/spin_wait.h"
+
 #include "base/error.h"
 
 #include <pthread.h>
@@ -14,13 +16,6 @@
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define CPU_RELAX() _mm_pause()
-#else
-#define CPU_RELAX() ((void)0)
-#endif
 
 struct ci_threadpool {
   int n_threads;
@@ -52,44 +47,12 @@ typedef struct {
  * made a job after 20 us of serial work cost 63 us at 8 threads and 172 us at 16 with a 20 us spin,
  * 5.5 and 26 us with 1 ms; on 2 Zen 4 cores the 1 ms spin made 1B Gemma q4 decode 1.4-2.4%
  * faster than 20 us (its step has serial stretches beyond 20 us: the 262k-row head's sampling).
- * Past PAUSE_NS the wait yields the core, so on a machine shared with other busy processes a
- * descheduled thread of the same job still gets it. */
+ * Past CI_SPIN_PAUSE_NS the wait yields the core, so on a machine shared with other busy processes
+ * a descheduled thread of the same job still gets it. */
 enum {
-  SPIN_US = 1000,        /* the whole wait before sleeping */
-  PAUSE_NS = 50000,      /* of which the first part spins on pause, the rest yields */
-  MAX_SPIN_US = 1000000, /* the most CINFER_POOL_SPIN_US may ask */
-  SPIN_CHECK_EVERY = 64
+  SPIN_US = 1000,       /* the whole wait before sleeping */
+  MAX_SPIN_US = 1000000 /* the most CINFER_POOL_SPIN_US may ask */
 };
-
-static int64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-/* A bounded wait loop: pause instructions for the first PAUSE_NS, then sched_yield (so that a
- * thread of the same job that the OS has descheduled on a busy machine gets the core) until
- * the pool's spin_ns, then spin_more returns 0 and the caller sleeps. */
-typedef struct {
-  int64_t start, limit;
-  int iterations;
-} spinner;
-
-static int spin_more(spinner *s) {
-  s->iterations++;
-  if (s->start == 0 || s->iterations % SPIN_CHECK_EVERY == 0) {
-    const int64_t t = now_ns();
-    if (s->start == 0) s->start = t;
-    if (t - s->start > s->limit) return 0;
-    if (t - s->start > PAUSE_NS) {
-      s->iterations = SPIN_CHECK_EVERY - 1; /* check the clock after every yield */
-      sched_yield();
-      return 1;
-    }
-  }
-  CPU_RELAX();
-  return 1;
-}
 
 static void run_tasks(ci_threadpool *pool, int thread) {
   for (;;) {
@@ -99,14 +62,14 @@ static void run_tasks(ci_threadpool *pool, int thread) {
   }
 }
 
-/* Spins (spin_more) until the generation differs from `seen` or stopping is set; returns the
+/* Spins (ci_spin_more) until the generation differs from `seen` or stopping is set; returns the
  * last generation read. */
 static unsigned spin_for_job(ci_threadpool *pool, unsigned seen) {
-  spinner s = {0, pool->spin_ns, 0};
+  ci_spinner s = {0, pool->spin_ns, 0};
   for (;;) {
     unsigned gen = atomic_load_explicit(&pool->generation, memory_order_acquire);
     if (gen != seen || atomic_load_explicit(&pool->stopping, memory_order_relaxed)) return gen;
-    if (!spin_more(&s)) return gen;
+    if (!ci_spin_more(&s)) return gen;
   }
 }
 
@@ -221,9 +184,9 @@ void ci_threadpool_run(ci_threadpool *pool, int n_tasks, ci_task_fn fn, void *ct
     pthread_mutex_unlock(&pool->lock);
   }
   run_tasks(pool, 0);
-  spinner s = {0, pool->spin_ns, 0};
+  ci_spinner s = {0, pool->spin_ns, 0};
   while (atomic_load_explicit(&pool->busy_workers, memory_order_acquire) != 0) {
-    if (spin_more(&s)) continue;
+    if (ci_spin_more(&s)) continue;
     /* the same handshake the other way: the last worker reads the flag after its decrement */
     pthread_mutex_lock(&pool->lock);
     atomic_store(&pool->caller_waiting, 1);
