@@ -9,7 +9,7 @@
  * outputs' bits (to check that a change to the kernel keeps them).
  * Usage: attend_bench [--keys N] [--alias N] [--precision fast|exact] [--codec bf16|affine8|
  *        affine4|turboK|turboKV (K, V bits 2-4)|turbov83|turbov44] [--head-dim D] [--group G]
- * [--runs R] */
+ * [--block-tokens T] [--runs R] */
 #include "backend/cpu/kv_kernels.h"
 #include "base/timing.h"
 
@@ -18,7 +18,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
-enum { LAYERS = 16, KV_HEADS = 8, BLOCK_TOKENS = 16 };
+enum { LAYERS = 16, KV_HEADS = 8 };
+static int BLOCK_TOKENS = 16;
 
 static int parse_codec(const char *name, ci_kv_format *format) {
   if (!strcmp(name, "bf16")) {
@@ -48,6 +49,8 @@ int main(int argc, char **argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--keys"))
       keys = atoll(argv[i + 1]);
+    else if (!strcmp(argv[i], "--block-tokens"))
+      BLOCK_TOKENS = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--alias"))
       alias = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--precision"))

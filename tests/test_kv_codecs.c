@@ -374,6 +374,24 @@ static void test_attention_fast_affine(void **state) {
   be->ops->destroy(be);
 }
 
+/* Fast precision on bf16 rows: q and the softmax weights enter the products as bf16 (vdpbf16ps
+ * on AVX512-BF16, the AMX tile loop where the CPU has AMX), so the outputs are within bf16
+ * rounding of the f32 attention: GQA groups of 2, 4 and 8, head_dim 64 and 128, windows, a key
+ * range that starts and ends inside blocks, and one split over the threads. */
+static void test_attention_fast_bf16(void **state) {
+  (void)state;
+  const ci_kv_format bf16 = {CI_KV_BF16, 0, 0, 0};
+  ci_backend *be = ci_cpu_backend_create_with(2, CI_PRECISION_FAST);
+  assert_non_null(be);
+  for (int D = 64; D <= 128; D *= 2)
+    for (int q_heads = 4; q_heads <= 16; q_heads *= 2) {
+      check_attention_shape(be, &bf16, 0, 77, 5, q_heads, D, 1e-2f);
+      check_attention_shape(be, &bf16, 20, 77, 5, q_heads, D, 1e-2f);
+      check_attention_shape(be, &bf16, 0, 3000, 1, q_heads, D, 1e-2f);
+    }
+  be->ops->destroy(be);
+}
+
 static void test_attention_on_encoded_blocks(void **state) {
   (void)state;
   static const ci_kv_format formats[] = {
@@ -478,6 +496,7 @@ int main(void) {
       cmocka_unit_test(test_format_errors),
       cmocka_unit_test(test_attention_on_encoded_blocks),
       cmocka_unit_test(test_attention_fast_affine),
+      cmocka_unit_test(test_attention_fast_bf16),
       cmocka_unit_test(test_attend_heads_independent),
       cmocka_unit_test(test_pool_bytes),
   };

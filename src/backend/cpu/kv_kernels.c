@@ -187,6 +187,7 @@ ci_kv_kernels ci_cpu_kv_kernels(ci_isa isa, const ci_kv_format *format, int head
     if (fast_v) k.decode_v = fast_v;
     k.bf16_dots = precision == CI_PRECISION_FAST && format->codec == CI_KV_BF16 &&
                   head_dim % 32 == 0 && ci_cpu_bf16_dot_enabled();
+    if (k.bf16_dots && ci_cpu_amx_enabled()) k.attend = ci_kv_attend_amx;
   }
   return k;
 }

@@ -70,6 +70,13 @@ void ci_kv_attend_avx512(const ci_kv_kernels *k, const ci_paged_kv *kv, int head
                          const float *qp, int G, int64_t lo, int64_t hi, float scale, float softcap,
                          float *scratch, float *out);
 
+/* The AMX-BF16 loop for bf16 K/V rows in fast precision (kv_attend_amx.c); shapes it does not
+ * take (softcaps, G > 8, D not a multiple of 32 or above 256, blocks under 16 keys) go to the
+ * AVX-512 loop. */
+void ci_kv_attend_amx(const ci_kv_kernels *k, const ci_paged_kv *kv, int head0, int n_heads,
+                      const float *qp, int G, int64_t lo, int64_t hi, float scale, float softcap,
+                      float *scratch, float *out);
+
 /* Encodes n_rows K/V rows into the paged KV at positions pos (the kv_store op); bf16 uses the
  * ISA's conversion loop. Returns CI_OK, or CI_ERR for a position without a block. */
 int ci_cpu_kv_store(ci_isa isa, const ci_paged_kv *kv, const float *k, const float *v,

@@ -3,6 +3,8 @@
  * to the reference decoders in kv_kernels.c (same products, no reassociation). */
 #include "backend/cpu/kv_kernels.h"
 
+#include "backend/cpu/avx512_exp.h"
+
 #include "tensor/dtype.h"
 #include "tensor/turbo_quant.h"
 
@@ -133,25 +135,6 @@ ci_kv_row_decoder ci_kv_decoder_avx512(const ci_kv_format *format, int value) {
 }
 
 /* ==== The attention loop ==== */
-
-/* exp(x) for 16 lanes: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for exactness), a
- * degree-6 Taylor/minimax polynomial for e^r and 2^n by exponent arithmetic; relative error
- * about 2 ulp, inputs below -87 flush to 0 (softmax arguments are <= 0). */
-static inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
 
 /* The horizontal sums of 16 vectors at once: vector n's sum lands in lane 4 (n % 4) + n / 4.
  * Each sum pairs the lanes exactly as _mm512_reduce_add_ps does (lane i with i + 8, then i + 4,
@@ -445,7 +428,7 @@ attend_block(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const f
     float sum = o[1] * rescale[g];
     for (int r = 0; r < count; r += 16) {
       const __mmask16 mask = count - r >= 16 ? 0xffff : (__mmask16)((1u << (count - r)) - 1);
-      const __m512 e = exp16(
+      const __m512 e = ci_exp16(
           _mm512_sub_ps(_mm512_maskz_loadu_ps(mask, scores[g] + r), _mm512_set1_ps(head_max)));
       _mm512_mask_storeu_ps(scores[g] + r, mask, e);
       sum += _mm512_mask_reduce_add_ps(mask, e);

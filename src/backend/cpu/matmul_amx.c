@@ -53,6 +53,9 @@ static void configure_tiles(void) {
     config.rows[t] = TILE;
     config.bytes_per_row[t] = 64;
   }
+  /* gcc's _tile_loadconfig tells the compiler it reads 8 bytes of the config; the barrier
+   * keeps the other fields' stores from being dropped as dead */
+  __asm__ volatile("" : : "m"(config) : "memory");
   _tile_loadconfig(&config);
 }
 
