@@ -104,7 +104,8 @@ INLINE void attend_block(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_h
     float *o = out + g * (D + 2);
     float block_max = o[0];
     for (int r = 0; r < count; r++) block_max = scores[g][r] > block_max ? scores[g][r] : block_max;
-    rescale[g] = o[1] > 0.0f ? expf(o[0] - block_max) : 0.0f;
+    /* expf(0) = 1 when the maximum did not move (most blocks, once the walk is under way) */
+    rescale[g] = o[1] > 0.0f ? (block_max > o[0] ? expf(o[0] - block_max) : 1.0f) : 0.0f;
     __m256 sum = _mm256_setzero_ps();
     for (int r = 0; r < count; r += VW) {
       const __m256 valid =

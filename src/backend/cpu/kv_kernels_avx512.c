@@ -423,8 +423,14 @@ attend_block(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const f
   float rescale[8];
   for (int g = 0; g < G; g++) {
     float *o = out + g * (D + 2);
-    const float head_max = _mm512_reduce_max_ps(block_max[g]);
-    rescale[g] = o[1] > 0.0f ? expf(o[0] - head_max) : 0.0f;
+    /* the running maximum moves only when a score passed it (rarely, once the walk is under
+     * way): the reduction and expf only then (the same values as always reducing) */
+    float head_max = o[0];
+    rescale[g] = o[1] > 0.0f ? 1.0f : 0.0f;
+    if (_mm512_cmp_ps_mask(block_max[g], _mm512_set1_ps(o[0]), _CMP_GT_OQ)) {
+      head_max = _mm512_reduce_max_ps(block_max[g]);
+      rescale[g] = o[1] > 0.0f ? expf(o[0] - head_max) : 0.0f;
+    }
     float sum = o[1] * rescale[g];
     for (int r = 0; r < count; r += 16) {
       const __mmask16 mask = count - r >= 16 ? 0xffff : (__mmask16)((1u << (count - r)) - 1);
