@@ -21,6 +21,7 @@
  * tiles never read a row outside the range (a released or unwritten row could hold NaN bits,
  * and 0 x NaN is NaN). Softcaps, more than 8 query heads per KV head, head_dim not a multiple of
  * 32 or above 256, and blocks under 16 keys go to the AVX-512 loop. */
+#include "backend/cpu/amx_tiles.h"
 #include "backend/cpu/avx512_exp.h"
 #include "backend/cpu/kv_kernels.h"
 
@@ -40,31 +41,17 @@ enum { CHUNK = 16, MAX_G = 8, MAX_D = 256 };
 #define T_OE 6 /* G heads x 16 even dims of a 32-dim chunk, f32 */
 #define T_OO 7 /* G heads x 16 odd dims */
 
-/* The LDTILECFG operand (palette 1): 64 bytes. */
-typedef struct {
-  uint8_t palette;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t bytes_per_row[16];
-  uint8_t rows[16];
-} tile_config;
-
 static void configure_tiles(int G) {
-  tile_config config;
-  memset(&config, 0, sizeof config);
-  config.palette = 1;
-  const struct {
-    int tile, rows, bytes;
-  } shapes[] = {{T_S, CHUNK, 4 * G}, {T_K, CHUNK, 64}, {T_Q, CHUNK, 4 * G}, {T_PE, G, 64},
-                {T_PO, G, 64},       {T_V, CHUNK, 64}, {T_OE, G, 64},       {T_OO, G, 64}};
-  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-    config.rows[shapes[i].tile] = (uint8_t)shapes[i].rows;
-    config.bytes_per_row[shapes[i].tile] = (uint16_t)shapes[i].bytes;
-  }
-  /* gcc's _tile_loadconfig tells the compiler it reads 8 bytes of the config; the barrier
-   * keeps the other fields' stores from being dropped as dead */
-  __asm__ volatile("" : : "m"(config) : "memory");
-  _tile_loadconfig(&config);
+  ci_amx_tile_config config = ci_amx_config_empty();
+  ci_amx_config_set(&config, T_S, CHUNK, 4 * G);
+  ci_amx_config_set(&config, T_K, CHUNK, 64);
+  ci_amx_config_set(&config, T_Q, CHUNK, 4 * G);
+  ci_amx_config_set(&config, T_PE, G, 64);
+  ci_amx_config_set(&config, T_PO, G, 64);
+  ci_amx_config_set(&config, T_V, CHUNK, 64);
+  ci_amx_config_set(&config, T_OE, G, 64);
+  ci_amx_config_set(&config, T_OO, G, 64);
+  ci_amx_load_config(&config);
 }
 
 /* The scratch (floats): the queries as B tiles at the offset the AVX-512 loop keeps its bf16

@@ -9,6 +9,7 @@
  * 6 ns on the GPU machine's Xeon where a vdpbf16ps (16 outputs, 2 columns) took ~1 ns: ~40x the
  * products per second of the AVX512_BF16 kernels (bench/amx_probe.c measures both). Called only
  * when ci_cpu_amx_enabled() says the CPU and OS run AMX and the process may use its tile state. */
+#include "backend/cpu/amx_tiles.h"
 #include "backend/cpu/avx512_decode.h"
 
 #include <string.h>
@@ -35,28 +36,11 @@ enum {
 _Static_assert(CI_AMX_GEMM_SCRATCH_FLOATS >= 2 * PANEL_WORDS + STAGE_FLOATS,
                "the per-thread scratch holds two panels and a staged tile");
 
-/* The LDTILECFG operand (palette 1): 64 bytes. */
-typedef struct {
-  uint8_t palette;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t bytes_per_row[16];
-  uint8_t rows[16];
-} tile_config;
-
 /* Every tile used is 16 rows of 64 bytes: 16 f32 outputs, or 16 bf16 pairs. */
 static void configure_tiles(void) {
-  tile_config config;
-  memset(&config, 0, sizeof config);
-  config.palette = 1;
-  for (int t = 0; t <= T_W1; t++) {
-    config.rows[t] = TILE;
-    config.bytes_per_row[t] = 64;
-  }
-  /* gcc's _tile_loadconfig tells the compiler it reads 8 bytes of the config; the barrier
-   * keeps the other fields' stores from being dropped as dead */
-  __asm__ volatile("" : : "m"(config) : "memory");
-  _tile_loadconfig(&config);
+  ci_amx_tile_config config = ci_amx_config_empty();
+  for (int t = 0; t <= T_W1; t++) ci_amx_config_set(&config, t, TILE, 64);
+  ci_amx_load_config(&config);
 }
 
 /* Where an output tile lives: straight in y (a whole 16 x 16 block), or in the stage with
