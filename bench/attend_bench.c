@@ -19,7 +19,6 @@
 #include <sys/mman.h>
 
 enum { LAYERS = 16, KV_HEADS = 8 };
-static int BLOCK_TOKENS = 16;
 
 static int parse_codec(const char *name, ci_kv_format *format) {
   if (!strcmp(name, "bf16")) {
@@ -44,13 +43,13 @@ static int parse_codec(const char *name, ci_kv_format *format) {
 
 int main(int argc, char **argv) {
   int64_t keys = 16384;
-  int alias = 0, fast = 1, head_dim = 64, group = 4, runs = 5;
+  int block_tokens = 16, alias = 0, fast = 1, head_dim = 64, group = 4, runs = 5;
   const char *codec = "bf16";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--keys"))
       keys = atoll(argv[i + 1]);
     else if (!strcmp(argv[i], "--block-tokens"))
-      BLOCK_TOKENS = atoi(argv[i + 1]);
+      block_tokens = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--alias"))
       alias = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--precision"))
@@ -70,14 +69,14 @@ int main(int argc, char **argv) {
   }
   ci_kv_format format;
   if (parse_codec(codec, &format) || keys < 1 || alias < 0 || head_dim % 16 || group < 1 ||
-      group > 8 || runs < 1) {
+      group > 8 || runs < 1 || block_tokens < 1 || block_tokens > 64) {
     fprintf(stderr, "attend_bench: bad arguments (see the header of bench/attend_bench.c)\n");
     return 2;
   }
   const int D = head_dim, G = group;
-  const int64_t blocks = (keys + BLOCK_TOKENS - 1) / BLOCK_TOKENS;
+  const int64_t blocks = (keys + block_tokens - 1) / block_tokens;
   const size_t k_row = ci_kv_row_bytes(&format, D, 0), v_row = ci_kv_row_bytes(&format, D, 1);
-  const size_t layer_bytes = (size_t)KV_HEADS * BLOCK_TOKENS * (k_row + v_row);
+  const size_t layer_bytes = (size_t)KV_HEADS * block_tokens * (k_row + v_row);
   const size_t stride = LAYERS * layer_bytes, pool_blocks = alias ? (size_t)alias : (size_t)blocks;
   const size_t bytes = (stride * pool_blocks + (2u << 20) - 1) / (2u << 20) * (2u << 20);
   uint8_t *pool = aligned_alloc(2u << 20, bytes);
@@ -87,7 +86,7 @@ int main(int argc, char **argv) {
   float *q = malloc((size_t)query_floats * sizeof *q);
   float *out = malloc((size_t)KV_HEADS * G * (D + 2) * sizeof *out);
   float *scratch = aligned_alloc(
-      64, (size_t)ci_kv_attend_scratch_floats(BLOCK_TOKENS, D, KV_HEADS * G) * sizeof(float) + 64);
+      64, (size_t)ci_kv_attend_scratch_floats(block_tokens, D, KV_HEADS * G) * sizeof(float) + 64);
   if (!pool || !table || !signs || !q || !out || !scratch) {
     fprintf(stderr, "attend_bench: out of memory\n");
     return 1;
@@ -105,7 +104,7 @@ int main(int argc, char **argv) {
   ci_paged_kv kv[LAYERS];
   for (int l = 0; l < LAYERS; l++)
     kv[l] = (ci_paged_kv){.format = format,
-                          .block_tokens = BLOCK_TOKENS,
+                          .block_tokens = block_tokens,
                           .n_kv_heads = KV_HEADS,
                           .head_dim = D,
                           .block_table = table,
@@ -114,7 +113,7 @@ int main(int argc, char **argv) {
                           .blocks_per_slab = (int32_t)pool_blocks,
                           .block_stride = stride,
                           .k_offset = l * layer_bytes,
-                          .v_offset = l * layer_bytes + (size_t)KV_HEADS * BLOCK_TOKENS * k_row,
+                          .v_offset = l * layer_bytes + (size_t)KV_HEADS * block_tokens * k_row,
                           .k_row_bytes = k_row,
                           .v_row_bytes = v_row,
                           .signs = signs};
