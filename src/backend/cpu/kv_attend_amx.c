@@ -66,6 +66,8 @@ typedef struct {
 } scratch_layout;
 
 static scratch_layout lay_out_scratch(const ci_paged_kv *kv, float *scratch) {
+  /* the tile area holds 2 x block_tokens x D floats (block_tokens >= 16, D >= 32: the caller's
+   * shapes), and this takes 3 x 128 + 16 D of them */
   const int D = kv->head_dim;
   scratch_layout s;
   s.q_tiles = (uint32_t *)(void *)(scratch + ci_kv_attend_tile_floats(kv));
