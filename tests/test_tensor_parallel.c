@@ -65,6 +65,23 @@ static float max_diff(const float *a, const float *b, int n, float *scale) {
 
 static const float tolerance = 1e-3f; /* test_parity's bound for f32 KV */
 
+/* Frees what check_parity and check_converted_kv hold of the whole model and the split one:
+ * each model's sequence, cache, logits, model and backend. */
+static void free_whole_and_split(ci_model *whole, ci_backend *whole_be, ci_kv_cache *cache_w,
+                                 ci_kv_seq *seq_w, float *lw, ci_model *split, ci_backend *split_be,
+                                 ci_kv_cache *cache_s, ci_kv_seq *seq_s, float *ls) {
+  ci_kv_seq_free(seq_w);
+  ci_kv_seq_free(seq_s);
+  ci_kv_cache_free(cache_w);
+  ci_kv_cache_free(cache_s);
+  free(lw);
+  free(ls);
+  ci_model_free(whole);
+  whole_be->ops->destroy(whole_be);
+  ci_model_free(split);
+  split_be->ops->destroy(split_be);
+}
+
 /* Prompt then greedy decode on the whole model and on the two-rank split (see the top). */
 static void check_parity(const char *name, int world) {
   char dir[1024];
@@ -121,17 +138,8 @@ static void check_parity(const char *name, int world) {
   printf("  %-18s %d ranks: prompt within %.2g of transformers; within %.2g of the whole model "
          "over %d prompt rows and %d decode steps\n",
          name, world, (double)to_reference, (double)worst, n_ids, DECODE_STEPS);
-  ci_kv_seq_free(seq_w);
-  ci_kv_seq_free(seq_s);
-  ci_kv_cache_free(cache_w);
-  ci_kv_cache_free(cache_s);
-  free(lw);
-  free(ls);
   free(ids);
-  ci_model_free(whole);
-  whole_be->ops->destroy(whole_be);
-  ci_model_free(split);
-  split_be->ops->destroy(split_be);
+  free_whole_and_split(whole, whole_be, cache_w, seq_w, lw, split, split_be, cache_s, seq_s, ls);
 }
 
 static void test_parity(void **state) {
@@ -185,16 +193,7 @@ static void check_converted_kv(const char *name, int world) {
          "model's over %d decode steps\n",
          name, world, (double)worst, 3 * DECODE_STEPS);
   if (!(worst <= tolerance)) fail_msg("%s: converted KV differs by %g", name, (double)worst);
-  ci_kv_seq_free(seq_w);
-  ci_kv_seq_free(seq_s);
-  ci_kv_cache_free(cache_w);
-  ci_kv_cache_free(cache_s);
-  free(lw);
-  free(ls);
-  ci_model_free(whole);
-  whole_be->ops->destroy(whole_be);
-  ci_model_free(split);
-  split_be->ops->destroy(split_be);
+  free_whole_and_split(whole, whole_be, cache_w, seq_w, lw, split, split_be, cache_s, seq_s, ls);
 }
 
 static void test_converted_kv(void **state) {
