@@ -24,10 +24,12 @@ static inline int64_t ci_kv_attend_tile_floats(const ci_paged_kv *kv) {
   return 2 * (int64_t)kv->block_tokens * kv->head_dim;
 }
 
-/* Scratch of an attend call over query_heads = n_heads x G query heads: the tile and the queries
- * rounded to bf16. */
+/* Scratch of an attend call over query_heads = n_heads x G query heads: the tile, the queries
+ * rounded to bf16 (or as int16, the same bytes) and 16 floats a query head (the int16 queries'
+ * scale and group sums). */
 static inline int64_t ci_kv_attend_scratch_floats(int block_tokens, int head_dim, int query_heads) {
-  return 2 * (int64_t)block_tokens * head_dim + (int64_t)query_heads * head_dim / 2 + 16;
+  return 2 * (int64_t)block_tokens * head_dim + (int64_t)query_heads * head_dim / 2 +
+         (int64_t)query_heads * 16 + 16;
 }
 
 struct ci_kv_kernels {
@@ -46,6 +48,11 @@ struct ci_kv_kernels {
    * weights rounded to bf16, both with vdpbf16ps (the products exact, f32 sums), about half the
    * instructions of widening each row to f32. */
   int bf16_dots;
+  /* Fast precision, affine 8-bit rows (groups of 32 or more) or 4-bit rows (groups of 64 or more,
+   * D a multiple of 64), AVX512-VNNI, D <= 256: the AVX-512 loop multiplies the codes as 16-bit
+   * integers (vpdpwssd) by q and by the softmax weights, each quantised to int16 (15 bits, more
+   * than bf16's 8), and applies each key's scale and bias to the integer sums. */
+  int int_dots;
 };
 
 /* The kernels for `format` rows of head_dim D on `isa` in `precision`. */

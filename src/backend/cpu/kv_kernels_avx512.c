@@ -155,6 +155,114 @@ static inline __m512 reduce_add16(const __m512 v[16]) {
                        _mm512_shuffle_ps(l3[0], l3[1], 0xDD));
 }
 
+/* reduce_add16 for int32 lanes (integer sums: any order gives the same value). */
+static inline __m512i reduce_add16_epi32(const __m512i v[16]) {
+  __m512i l1[8], l2[4], l3[2];
+  for (int p = 0; p < 8; p++)
+    l1[p] = _mm512_add_epi32(_mm512_shuffle_i32x4(v[2 * p], v[2 * p + 1], 0x44),
+                             _mm512_shuffle_i32x4(v[2 * p], v[2 * p + 1], 0xEE));
+  for (int p = 0; p < 4; p++)
+    l2[p] = _mm512_add_epi32(_mm512_shuffle_i32x4(l1[2 * p], l1[2 * p + 1], 0x88),
+                             _mm512_shuffle_i32x4(l1[2 * p], l1[2 * p + 1], 0xDD));
+  for (int p = 0; p < 2; p++) {
+    const __m512 a = _mm512_castsi512_ps(l2[2 * p]), b = _mm512_castsi512_ps(l2[2 * p + 1]);
+    l3[p] = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(a, b, 0x44)),
+                             _mm512_castps_si512(_mm512_shuffle_ps(a, b, 0xEE)));
+  }
+  const __m512 a = _mm512_castsi512_ps(l3[0]), b = _mm512_castsi512_ps(l3[1]);
+  return _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(a, b, 0x88)),
+                          _mm512_castps_si512(_mm512_shuffle_ps(a, b, 0xDD)));
+}
+
+/* ---- Affine rows as integers (k->int_dots) ----
+ * A row's codes are read 32 bytes (a "unit") at a time and widened to 16-bit words: at 8 bits
+ * one unit is 32 dims in order; at 4 bits it is 64 dims, the low nibbles (the even dims) as one
+ * 32-word vector and the high nibbles (the odd dims) as another. The queries are int16 in the
+ * same word order, so q . codes is a chain of vpdpwssd per (key, query head); with each key's
+ * scale s and bias b per group, a score is the sum over groups of s * delta * (q16 . codes) +
+ * b * (sum of the group's q). */
+
+/* The number of 32-word vectors of a unit: 1 at 8 bits, 2 (even dims, odd dims) at 4 bits. */
+#define AFFINE_WORD_VECTORS(bits) ((bits) == 8 ? 1 : 2)
+
+/* Unit u of an affine row as words (AFFINE_WORD_VECTORS(bits) vectors). */
+static inline void affine_unit_words(const uint8_t *row, int u, int bits, __m512i words[2]) {
+  const __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(row + 32 * u));
+  if (bits == 8) {
+    words[0] = _mm512_cvtepu8_epi16(x);
+    return;
+  }
+  const __m256i low = _mm256_set1_epi8(15);
+  words[0] = _mm512_cvtepu8_epi16(_mm256_and_si256(x, low));
+  words[1] = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(x, 4), low));
+}
+
+/* Each key's scale and bias per group as f32, for the `count` rows of a block from `rows` (stride
+ * bytes apart): scales[group][r], biases[group][r], zero for r in [count, count rounded up to 16
+ * plus 16). Two gathers per group and 16 keys; a bias is read as the high half of the 4 bytes
+ * ending with it (the 4 bytes from it could pass the row's end). */
+static inline void affine_row_params(const uint8_t *rows, size_t stride, int count, int D, int bits,
+                                     int groups, float scales[8][80], float biases[8][80]) {
+  const uint8_t *first_scale = rows + (size_t)D * bits / 8;
+  const int padded = (count + 15) / 16 * 16;
+  for (int r = 0; r < padded + 16; r += 16) {
+    const __mmask16 mask = r >= count        ? 0
+                           : count - r >= 16 ? 0xffff
+                                             : (__mmask16)((1u << (count - r)) - 1);
+    const __m512i at = _mm512_mullo_epi32(
+        _mm512_add_epi32(_mm512_set1_epi32(r),
+                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)),
+        _mm512_set1_epi32((int)stride));
+    for (int g = 0; g < groups; g++) {
+      const __m512i s =
+          _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask, at, first_scale + 2 * g, 1);
+      const __m512i b = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask, at,
+                                                    first_scale + 2 * groups + 2 * g - 2, 1);
+      _mm512_storeu_ps(scales[g] + r, _mm512_castsi512_ps(_mm512_slli_epi32(s, 16)));
+      _mm512_storeu_ps(biases[g] + r, _mm512_castsi512_ps(_mm512_and_si512(
+                                          b, _mm512_set1_epi32((int)0xffff0000u))));
+    }
+  }
+}
+
+/* The n_q prepared queries (D floats each) as int16 for the integer scores: q16[i][D] in the
+ * rows' word order, q ~ delta * q16 with delta = max |q| / 32767 (rounded to nearest), and
+ * meta[i][0] = delta, meta[i][1 + group] = delta * (the group's sum of q16). */
+static void quantize_queries_i16(const float *qp, int n_q, int D, int bits, int group, int16_t *q16,
+                                 float *meta) {
+  for (int i = 0; i < n_q; i++) {
+    const float *q = qp + (size_t)i * D;
+    __m512 peak = _mm512_setzero_ps();
+    for (int d = 0; d < D; d += 16)
+      peak = _mm512_max_ps(peak, _mm512_abs_ps(_mm512_loadu_ps(q + d)));
+    const float amax = _mm512_reduce_max_ps(peak);
+    const float delta = amax > 0.0f ? amax / 32767.0f : 1.0f;
+    const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 32767.0f / amax : 0.0f);
+    int16_t ordered[256];
+    for (int d = 0; d < D; d += 16)
+      _mm256_storeu_si256(
+          (__m256i *)(void *)(ordered + d),
+          _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(q + d), inv))));
+    float *m = meta + (size_t)i * 16;
+    m[0] = delta;
+    for (int g = 0; g < D / group; g++) {
+      int sum = 0;
+      for (int d = g * group; d < (g + 1) * group; d++) sum += ordered[d];
+      m[1 + g] = delta * (float)sum;
+    }
+    int16_t *out = q16 + (size_t)i * D;
+    if (bits == 8) {
+      memcpy(out, ordered, (size_t)D * sizeof *out);
+    } else {
+      for (int u = 0; u < D / 64; u++)
+        for (int w = 0; w < 32; w++) {
+          out[64 * u + w] = ordered[64 * u + 2 * w];
+          out[64 * u + 32 + w] = ordered[64 * u + 2 * w + 1];
+        }
+    }
+  }
+}
+
 /* Rows [0, count) of a block decoded into tile[count][D] by the row decoder (the rows the loop
  * does not read in place). */
 static inline void decode_rows(ci_kv_row_decoder decode, const ci_paged_kv *kv, const uint8_t *row,
@@ -318,6 +426,107 @@ weigh_values_bf16(const ci_paged_kv *kv, const uint8_t *vrow, const int G, const
   }
 }
 
+/* weigh_values_bf16 for affine V rows of `bits` (k->int_dots): per unit of the rows, the weights
+ * of each query head times each key's scale of the unit's group, quantised to int16 per block
+ * (delta = their max |w| / 32767), multiply the codes as words, keys in pairs through vpdpwssd
+ * (the lo/hi word order of weigh_values_bf16); out = out * rescale + delta * sums + the weights
+ * times the keys' biases. An odd last key pairs with a zero weight and row. */
+static inline __attribute__((always_inline)) void
+weigh_values_affine(const ci_paged_kv *kv, const uint8_t *vrow, const int G, const int C,
+                    const int bits, int count, float scores[8][64], const float *rescale,
+                    float *out) {
+  const int D = 16 * C, group = kv->format.group_size, groups = D / group;
+  const int unit_dims = bits == 8 ? 32 : 64, vectors = AFFINE_WORD_VECTORS(bits);
+  const size_t stride = kv->v_row_bytes;
+  float scales[8][80], biases[8][80];
+  affine_row_params(vrow, stride, count, D, bits, groups, scales, biases);
+  _Alignas(64) int16_t w16[8][64 + 32];
+  float delta[8], beta[8];
+  const __m512i to_n0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i to_n1 = _mm512_add_epi32(to_n0, _mm512_set1_epi32(8));
+  /* even dims (a) and odd dims (b) interleaved: first 8 of each, then the next 8 */
+  const __m512i mix_lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i mix_hi = _mm512_add_epi32(mix_lo, _mm512_set1_epi32(8));
+  int weights_group = -1;
+  for (int u = 0; u < D / unit_dims; u++) {
+    const int grp = u * unit_dims / group;
+    if (grp != weights_group) {
+      weights_group = grp;
+      for (int g = 0; g < G; g++) {
+        __m512 peak = _mm512_setzero_ps(), bias_sum = _mm512_setzero_ps();
+        for (int r = 0; r < count; r += 16) {
+          const __mmask16 mask = count - r >= 16 ? 0xffff : (__mmask16)((1u << (count - r)) - 1);
+          const __m512 p = _mm512_maskz_loadu_ps(mask, scores[g] + r);
+          peak = _mm512_max_ps(peak,
+                               _mm512_abs_ps(_mm512_mul_ps(p, _mm512_loadu_ps(scales[grp] + r))));
+          bias_sum = _mm512_fmadd_ps(p, _mm512_loadu_ps(biases[grp] + r), bias_sum);
+        }
+        const float wmax = _mm512_reduce_max_ps(peak);
+        delta[g] = wmax / 32767.0f;
+        beta[g] = _mm512_reduce_add_ps(bias_sum);
+        const __m512 inv = _mm512_set1_ps(wmax > 0.0f ? 32767.0f / wmax : 0.0f);
+        for (int r = 0; r < count; r += 16) {
+          const __mmask16 mask = count - r >= 16 ? 0xffff : (__mmask16)((1u << (count - r)) - 1);
+          const __m512 w = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, scores[g] + r),
+                                         _mm512_loadu_ps(scales[grp] + r));
+          _mm256_store_si256((__m256i *)(void *)(w16[g] + r),
+                             _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(w, inv))));
+        }
+      }
+    }
+    for (int g0 = 0; g0 < G; g0 += 4) {
+      const int gn = G - g0 < 4 ? G - g0 : 4;
+      __m512i acc[16]; /* [g][vector][lo, hi] */
+      for (int a = 0; a < 8 * vectors; a++) acc[a] = _mm512_setzero_si512();
+      for (int r = 0; r < count; r += 2) {
+        const uint8_t *at = vrow + (size_t)r * stride;
+        __m512i wa[2], wb[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()}, lo[2], hi[2];
+        affine_unit_words(at, u, bits, wa);
+        if (r + 1 < count) affine_unit_words(at + stride, u, bits, wb);
+        for (int v = 0; v < vectors; v++) {
+          lo[v] = _mm512_unpacklo_epi16(wa[v], wb[v]);
+          hi[v] = _mm512_unpackhi_epi16(wa[v], wb[v]);
+        }
+        for (int g = 0; g < gn; g++) {
+          int32_t pair;
+          memcpy(&pair, w16[g0 + g] + r, sizeof pair);
+          const __m512i w = _mm512_set1_epi32(pair);
+          for (int v = 0; v < vectors; v++) {
+            acc[(g * vectors + v) * 2] = _mm512_dpwssd_epi32(acc[(g * vectors + v) * 2], lo[v], w);
+            acc[(g * vectors + v) * 2 + 1] =
+                _mm512_dpwssd_epi32(acc[(g * vectors + v) * 2 + 1], hi[v], w);
+          }
+        }
+      }
+      for (int g = 0; g < gn; g++) {
+        const int head = g0 + g;
+        float *o = out + head * (D + 2) + 2 + unit_dims * u;
+        __m512 words[2][2]; /* [vector][words 0-15, 16-31] */
+        for (int v = 0; v < vectors; v++) {
+          const __m512 lo = _mm512_cvtepi32_ps(acc[(g * vectors + v) * 2]);
+          const __m512 hi = _mm512_cvtepi32_ps(acc[(g * vectors + v) * 2 + 1]);
+          words[v][0] = _mm512_permutex2var_ps(lo, to_n0, hi);
+          words[v][1] = _mm512_permutex2var_ps(lo, to_n1, hi);
+        }
+        __m512 dims[4];
+        if (bits == 8) {
+          dims[0] = words[0][0], dims[1] = words[0][1];
+        } else {
+          dims[0] = _mm512_permutex2var_ps(words[0][0], mix_lo, words[1][0]);
+          dims[1] = _mm512_permutex2var_ps(words[0][0], mix_hi, words[1][0]);
+          dims[2] = _mm512_permutex2var_ps(words[0][1], mix_lo, words[1][1]);
+          dims[3] = _mm512_permutex2var_ps(words[0][1], mix_hi, words[1][1]);
+        }
+        const __m512 d = _mm512_set1_ps(delta[head]), b = _mm512_set1_ps(beta[head]);
+        const __m512 rs = _mm512_set1_ps(rescale[head]);
+        for (int c = 0; c < unit_dims / 16; c++)
+          _mm512_storeu_ps(o + 16 * c, _mm512_fmadd_ps(_mm512_loadu_ps(o + 16 * c), rs,
+                                                       _mm512_fmadd_ps(dims[c], d, b)));
+      }
+    }
+  }
+}
+
 /* One block of keys [j, end) for the G query heads of one KV head: scores, the online softmax's
  * update of out[g] = {max, sum, unnormalised output}, and the weighted values. q_bf16 is the
  * head's queries rounded to bf16 (G x C/2 vectors) when bf16_scores. Always inlined: called with
@@ -326,7 +535,8 @@ weigh_values_bf16(const ci_paged_kv *kv, const uint8_t *vrow, const int G, const
 static inline __attribute__((always_inline)) void
 attend_block(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const float *qp,
              const __m512i *q_bf16, const int G, const int C, int64_t j, int count, float scale,
-             float softcap, int mode_k, int mode_v, int bf16_scores, int bf16_values, float *tile,
+             float softcap, int mode_k, int mode_v, int bf16_scores, int bf16_values,
+             const __m512i *q16, const float *q16_meta, int int_scores, int int_values, float *tile,
              float *out, const uint8_t *next_k, const uint8_t *next_v) {
   const int D = 16 * C, T = kv->block_tokens;
   float *ktile = tile, *vtile = tile + (size_t)T * D;
@@ -339,6 +549,26 @@ attend_block(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const f
    * a time so that one reduce_add16 sums all their chains (unused chains stay zero), the chain of
    * (key kk, head g) placed so that its sum lands in lane g * 16 / G + kk: head-major lanes. */
   const int keys_per_batch = 16 / G, chunk = keys_per_batch * G; /* chunk <= 16 */
+  /* integer scores: each key's scale and bias per group; per lane (head g, key kk) of a batch,
+   * the head's delta and group sums of q, and the key of the lane */
+  const int k_bits = mode_k == ROWS_AFFINE8 ? 8 : 4;
+  const int k_groups = int_scores ? D / kv->format.group_size : 1;
+  float k_scales[8][80], k_biases[8][80];
+  __m512 delta_lanes = _mm512_setzero_ps(), qsum_lanes[8];
+  __m512i key_of_lane = _mm512_setzero_si512();
+  if (int_scores) {
+    affine_row_params(krow, kv->k_row_bytes, count, D, k_bits, k_groups, k_scales, k_biases);
+    int32_t meta_of[16], key_of[16];
+    for (int l = 0; l < 16; l++)
+      meta_of[l] = l / keys_per_batch * 16, key_of[l] = l % keys_per_batch;
+    key_of_lane = _mm512_loadu_si512(key_of);
+    const __m512i meta_at = _mm512_loadu_si512(meta_of);
+    const __mmask16 used = (__mmask16)((1u << (keys_per_batch * G)) - 1);
+    delta_lanes = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), used, meta_at, q16_meta, 4);
+    for (int grp = 0; grp < k_groups; grp++)
+      qsum_lanes[grp] =
+          _mm512_mask_i32gather_ps(_mm512_setzero_ps(), used, meta_at, q16_meta + 1 + grp, 4);
+  }
   __m512 block_max[8]; /* lane-wise maxima of each head's scores */
   for (int g = 0; g < G; g++) block_max[g] = _mm512_set1_ps(out[g * (D + 2)]);
   for (int c0 = 0; c0 < count; c0 += chunk) {
@@ -366,6 +596,31 @@ attend_block(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const f
               acc[CHAIN(kk, g)] = _mm512_dpbf16_ps(
                   acc[CHAIN(kk, g)], (__m512bh)q_bf16[g * (C / 2) + c2], (__m512bh)k32);
           }
+      } else if (int_scores) {
+        const int unit_dims = k_bits == 8 ? 32 : 64, vectors = AFFINE_WORD_VECTORS(k_bits);
+        const int units_per_group = kv->format.group_size / unit_dims;
+        __m512 total = _mm512_setzero_ps();
+        for (int grp = 0; grp < k_groups; grp++) {
+          __m512i iacc[16];
+          for (int a = 0; a < 16; a++) iacc[a] = _mm512_setzero_si512();
+          for (int u = grp * units_per_group; u < (grp + 1) * units_per_group; u++)
+            for (int kk = 0; kk < keys_per_batch; kk++) {
+              if (kk >= nk) break;
+              __m512i words[2];
+              affine_unit_words(krow + (r0 + kk) * kv->k_row_bytes, u, k_bits, words);
+              for (int g = 0; g < G; g++)
+                for (int v = 0; v < vectors; v++)
+                  iacc[CHAIN(kk, g)] =
+                      _mm512_dpwssd_epi32(iacc[CHAIN(kk, g)], words[v],
+                                          _mm512_loadu_si512(q16 + g * (D / 32) + u * vectors + v));
+            }
+          const __m512 dot = _mm512_cvtepi32_ps(reduce_add16_epi32(iacc));
+          const __m512 s = _mm512_permutexvar_ps(key_of_lane, _mm512_loadu_ps(k_scales[grp] + r0));
+          const __m512 b = _mm512_permutexvar_ps(key_of_lane, _mm512_loadu_ps(k_biases[grp] + r0));
+          total = _mm512_fmadd_ps(_mm512_mul_ps(dot, delta_lanes), s, total);
+          total = _mm512_fmadd_ps(b, qsum_lanes[grp], total);
+        }
+        acc[0] = total; /* the sums, not chains: reduce_add16 below is skipped */
       } else {
         for (int c = 0; c < C; c++)
           for (int kk = 0; kk < keys_per_batch; kk++) {
@@ -378,7 +633,7 @@ attend_block(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const f
           }
       }
 #undef CHAIN
-      sums[b] = _mm512_mul_ps(reduce_add16(acc), _mm512_set1_ps(scale));
+      sums[b] = _mm512_mul_ps(int_scores ? acc[0] : reduce_add16(acc), _mm512_set1_ps(scale));
     }
     const int left = count - c0 < 16 ? count - c0 : 16;
     const __mmask16 mask = left == 16 ? 0xffff : (__mmask16)((1u << left) - 1);
@@ -446,6 +701,11 @@ attend_block(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const f
     weigh_values_bf16(kv, vrow, G, C, count, scores, rescale, out);
     return;
   }
+  if (int_values) {
+    weigh_values_affine(kv, vrow, G, C, mode_v == ROWS_AFFINE8 ? 8 : 4, count, scores, rescale,
+                        out);
+    return;
+  }
   /* Weighted values: each output chunk of each head one FMA chain over the keys in order;
    * every head's chunks at once, so that each V chunk is widened once for all G heads and the
    * G x cn chains run side by side. */
@@ -496,8 +756,15 @@ attend_impl(const ci_kv_kernels *k, const ci_paged_kv *kv, int head0, int n_head
   /* q rounded to bf16, 32 dims a vector, for the bf16 dot-product scores */
   const int bf16_scores = k->bf16_dots && mode_k == ROWS_BF16 && C % 2 == 0;
   const int bf16_values = k->bf16_dots && mode_v == ROWS_BF16 && C % 2 == 0;
+  const int int_scores = k->int_dots && (mode_k == ROWS_AFFINE8 || mode_k == ROWS_AFFINE4);
+  const int int_values = k->int_dots && (mode_v == ROWS_AFFINE8 || mode_v == ROWS_AFFINE4);
   float *tile = scratch;
   __m512i *q_bf16 = (__m512i *)(void *)(scratch + ci_kv_attend_tile_floats(kv));
+  /* or the queries as int16 (the same bytes), then 16 floats a query head: delta, group sums */
+  float *q16_meta = scratch + ci_kv_attend_tile_floats(kv) + (int64_t)n_heads * G * D / 2;
+  if (int_scores)
+    quantize_queries_i16(qp, n_heads * G, D, mode_k == ROWS_AFFINE8 ? 8 : 4, kv->format.group_size,
+                         (int16_t *)(void *)q_bf16, q16_meta);
   for (int g = 0; g < n_heads * G && bf16_scores; g++)
     for (int c2 = 0; c2 < C / 2; c2++)
       _mm512_store_si512(q_bf16 + g * (C / 2) + c2,
@@ -507,8 +774,9 @@ attend_impl(const ci_kv_kernels *k, const ci_paged_kv *kv, int head0, int n_head
     const int64_t end = (j / T + 1) * T < hi ? (j / T + 1) * T : hi;
     for (int h = 0; h < n_heads; h++)
       attend_block(k, kv, head0 + h, qp + (size_t)h * G * D, q_bf16 + h * G * (C / 2), G, C, j,
-                   (int)(end - j), scale, softcap, mode_k, mode_v, bf16_scores, bf16_values, tile,
-                   out + (size_t)h * G * (D + 2),
+                   (int)(end - j), scale, softcap, mode_k, mode_v, bf16_scores, bf16_values,
+                   q_bf16 + h * G * (C / 2), q16_meta + (size_t)h * G * 16, int_scores, int_values,
+                   tile, out + (size_t)h * G * (D + 2),
                    end < hi ? ci_kv_row_at(kv, 0, end, head0 + h) : NULL,
                    end < hi ? ci_kv_row_at(kv, 1, end, head0 + h) : NULL);
     j = end;
