@@ -48,10 +48,12 @@ struct ci_kv_kernels {
    * weights rounded to bf16, both with vdpbf16ps (the products exact, f32 sums), about half the
    * instructions of widening each row to f32. */
   int bf16_dots;
-  /* Fast precision, affine 8-bit rows (groups of 32 or more) or 4-bit rows (groups of 64 or more,
-   * D a multiple of 64), AVX512-VNNI, D <= 256: the AVX-512 loop multiplies the codes as 16-bit
-   * integers (vpdpwssd) by q and by the softmax weights, each quantised to int16 (15 bits, more
-   * than bf16's 8), and applies each key's scale and bias to the integer sums. */
+  /* Fast precision, AVX512-VNNI, D <= 256, and affine 8-bit rows (groups of 32 or more) or 4-bit
+   * rows (groups of 64 or more, D a multiple of 64), or TurboQuant with 4-bit K or V rows (D a
+   * multiple of 64): the AVX-512 loop multiplies the codes (TurboQuant: their codebook entries x
+   * 2048) as 16-bit integers (vpdpwssd) by q and by the softmax weights, each quantised to int16
+   * (15 bits, more than bf16's 8), and applies each key's scale and bias (its norm) to the
+   * integer sums. */
   int int_dots;
 };
 

@@ -174,19 +174,44 @@ static inline __m512i reduce_add16_epi32(const __m512i v[16]) {
                           _mm512_castps_si512(_mm512_shuffle_ps(a, b, 0xDD)));
 }
 
-/* ---- Affine rows as integers (k->int_dots) ----
+/* ---- Affine and 4-bit TurboQuant rows as integers (k->int_dots) ----
  * A row's codes are read 32 bytes (a "unit") at a time and widened to 16-bit words: at 8 bits
  * one unit is 32 dims in order; at 4 bits it is 64 dims, the low nibbles (the even dims) as one
- * 32-word vector and the high nibbles (the odd dims) as another. The queries are int16 in the
+ * 32-word vector and the high nibbles (the odd dims) as another. TurboQuant's codes then become
+ * their codebook entries times a power of two as int16 (one vpermw). The queries are int16 in the
  * same word order, so q . codes is a chain of vpdpwssd per (key, query head); with each key's
- * scale s and bias b per group, a score is the sum over groups of s * delta * (q16 . codes) +
- * b * (sum of the group's q). */
+ * scale s and bias b per group (TurboQuant: the row's norm over the codebook's factor, no bias), a
+ * score is the sum over groups of s * delta * (q16 . codes) + b * (sum of the group's q). */
+
+/* TurboQuant's int16 codebooks (|entry| <= 2.7326 x the factor) keep every int32 sum in range:
+ * for K rows a vpdpwssd lane sums D / 16 products of q16 (within TURBO_Q_MAX) and entries of the
+ * factor 2^19 / D (D / 16 x 16383 x 2.7326 x 2^19 / D = 1.47e9 at every head_dim), for V rows a
+ * block of up to 64 keys sums its words times the weights (at most 2^31 / (keys rounded up to
+ * even x 5596), 23,983 at 16 keys). The split between q's and the codebook's bits was measured
+ * (test_attention_fast_turbo: 2.5e-4 / 5.3e-4 / 8.2e-4 largest differences at head_dim 64 / 128 /
+ * 256; 32767 and half the factor gave 3.8e-4 / 5.8e-4 / 8.2e-4). */
+static inline float turbo_k_factor(int D) {
+  return 524288.0f / (float)D;
+}
+#define TURBO_Q_MAX 16383
+#define TURBO_V_FACTOR 2048.0f
+#define TURBO_V_ENTRY_MAX 5596
+
+/* The 4-bit codebook x factor as 32 words (entries 0-15, twice). */
+static inline __m512i turbo_table_words(float factor) {
+  const float *centroids = ci_lloyd_max_centroids(4);
+  int16_t words[32];
+  for (int i = 0; i < 32; i++) words[i] = (int16_t)lrintf(centroids[i % 16] * factor);
+  return _mm512_loadu_si512(words);
+}
 
 /* The number of 32-word vectors of a unit: 1 at 8 bits, 2 (even dims, odd dims) at 4 bits. */
 #define AFFINE_WORD_VECTORS(bits) ((bits) == 8 ? 1 : 2)
 
-/* Unit u of an affine row as words (AFFINE_WORD_VECTORS(bits) vectors). */
-static inline void affine_unit_words(const uint8_t *row, int u, int bits, __m512i words[2]) {
+/* Unit u of a row as words (AFFINE_WORD_VECTORS(bits) vectors): the codes, or with `turbo` (4-bit
+ * TurboQuant) their entries of `table` (turbo_table_words). */
+static inline void code_unit_words(const uint8_t *row, int u, int bits, int turbo, __m512i table,
+                                   __m512i words[2]) {
   const __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(row + 32 * u));
   if (bits == 8) {
     words[0] = _mm512_cvtepu8_epi16(x);
@@ -195,14 +220,20 @@ static inline void affine_unit_words(const uint8_t *row, int u, int bits, __m512
   const __m256i low = _mm256_set1_epi8(15);
   words[0] = _mm512_cvtepu8_epi16(_mm256_and_si256(x, low));
   words[1] = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(x, 4), low));
+  if (turbo) {
+    words[0] = _mm512_permutexvar_epi16(words[0], table);
+    words[1] = _mm512_permutexvar_epi16(words[1], table);
+  }
 }
 
 /* Each key's scale and bias per group as f32, for the `count` rows of a block from `rows` (stride
  * bytes apart): scales[group][r], biases[group][r], zero for r in [count, count rounded up to 16
  * plus 16). Two gathers per group and 16 keys; a bias is read as the high half of the 4 bytes
- * ending with it (the 4 bytes from it could pass the row's end). */
-static inline void affine_row_params(const uint8_t *rows, size_t stride, int count, int D, int bits,
-                                     int groups, float scales[8][80], float biases[8][80]) {
+ * ending with it (the 4 bytes from it could pass the row's end). With turbo_factor > 0 (4-bit
+ * TurboQuant, one group): the row's fp16 norm / turbo_factor, read the same way, and no bias. */
+static inline void code_row_params(const uint8_t *rows, size_t stride, int count, int D, int bits,
+                                   float turbo_factor, int groups, float scales[8][80],
+                                   float biases[8][80]) {
   const uint8_t *first_scale = rows + (size_t)D * bits / 8;
   const int padded = (count + 15) / 16 * 16;
   for (int r = 0; r < padded + 16; r += 16) {
@@ -213,6 +244,14 @@ static inline void affine_row_params(const uint8_t *rows, size_t stride, int cou
         _mm512_add_epi32(_mm512_set1_epi32(r),
                          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)),
         _mm512_set1_epi32((int)stride));
+    if (turbo_factor > 0.0f) {
+      const __m512i n =
+          _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask, at, first_scale - 2, 1);
+      const __m512 norm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(n, 16)));
+      _mm512_storeu_ps(scales[0] + r, _mm512_mul_ps(norm, _mm512_set1_ps(1.0f / turbo_factor)));
+      _mm512_storeu_ps(biases[0] + r, _mm512_setzero_ps());
+      continue;
+    }
     for (int g = 0; g < groups; g++) {
       const __m512i s =
           _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), mask, at, first_scale + 2 * g, 1);
@@ -226,18 +265,18 @@ static inline void affine_row_params(const uint8_t *rows, size_t stride, int cou
 }
 
 /* The n_q prepared queries (D floats each) as int16 for the integer scores: q16[i][D] in the
- * rows' word order, q ~ delta * q16 with delta = max |q| / 32767 (rounded to nearest), and
+ * rows' word order, q ~ delta * q16 with delta = max |q| / qmax (rounded to nearest), and
  * meta[i][0] = delta, meta[i][1 + group] = delta * (the group's sum of q16). */
-static void quantize_queries_i16(const float *qp, int n_q, int D, int bits, int group, int16_t *q16,
-                                 float *meta) {
+static void quantize_queries_i16(const float *qp, int n_q, int D, int bits, int group, int qmax,
+                                 int16_t *q16, float *meta) {
   for (int i = 0; i < n_q; i++) {
     const float *q = qp + (size_t)i * D;
     __m512 peak = _mm512_setzero_ps();
     for (int d = 0; d < D; d += 16)
       peak = _mm512_max_ps(peak, _mm512_abs_ps(_mm512_loadu_ps(q + d)));
     const float amax = _mm512_reduce_max_ps(peak);
-    const float delta = amax > 0.0f ? amax / 32767.0f : 1.0f;
-    const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 32767.0f / amax : 0.0f);
+    const float delta = amax > 0.0f ? amax / (float)qmax : 1.0f;
+    const __m512 inv = _mm512_set1_ps(amax > 0.0f ? (float)qmax / amax : 0.0f);
     int16_t ordered[256];
     for (int d = 0; d < D; d += 16)
       _mm256_storeu_si256(
@@ -296,6 +335,10 @@ static int rows_mode(ci_kv_row_decoder decode, const ci_paged_kv *kv) {
     return kv->format.k_bits == 8 ? ROWS_TURBO_V_KEY8 : ROWS_TURBO_V_KEY4;
   return ROWS_TILE;
 }
+
+/* Whether rows of `mode` can run the integer products (k->int_dots). */
+#define INT_ROWS(mode)                                                                             \
+  ((mode) == ROWS_AFFINE8 || (mode) == ROWS_AFFINE4 || (mode) == ROWS_TURBO + 4)
 
 /* The codebook of a codebook row mode in 16 lanes (zeros past its entries; any vector for the
  * other modes). */
@@ -426,20 +469,25 @@ weigh_values_bf16(const ci_paged_kv *kv, const uint8_t *vrow, const int G, const
   }
 }
 
-/* weigh_values_bf16 for affine V rows of `bits` (k->int_dots): per unit of the rows, the weights
- * of each query head times each key's scale of the unit's group, quantised to int16 per block
- * (delta = their max |w| / 32767), multiply the codes as words, keys in pairs through vpdpwssd
- * (the lo/hi word order of weigh_values_bf16); out = out * rescale + delta * sums + the weights
- * times the keys' biases. An odd last key pairs with a zero weight and row. */
+/* weigh_values_bf16 for affine V rows of `bits` or 4-bit TurboQuant V rows (`turbo`;
+ * k->int_dots): per unit of the rows, the weights of each query head times each key's scale of
+ * the unit's group, quantised to int16 per block (delta = their max |w| / wq, wq 32767, or less
+ * for TurboQuant's larger words: code_unit_words), multiply the codes' words, keys in pairs
+ * through vpdpwssd (the lo/hi word order of weigh_values_bf16); out = out * rescale + delta *
+ * sums + the weights times the keys' biases. An odd last key pairs with a zero weight and row. */
 static inline __attribute__((always_inline)) void
-weigh_values_affine(const ci_paged_kv *kv, const uint8_t *vrow, const int G, const int C,
-                    const int bits, int count, float scores[8][64], const float *rescale,
-                    float *out) {
-  const int D = 16 * C, group = kv->format.group_size, groups = D / group;
+weigh_values_int(const ci_paged_kv *kv, const uint8_t *vrow, const int G, const int C,
+                 const int bits, const int turbo, __m512i table, int count, float scores[8][64],
+                 const float *rescale, float *out) {
+  const int D = 16 * C, group = turbo ? D : kv->format.group_size, groups = D / group;
   const int unit_dims = bits == 8 ? 32 : 64, vectors = AFFINE_WORD_VECTORS(bits);
   const size_t stride = kv->v_row_bytes;
+  const int pairs = (count + 1) / 2;
+  const int turbo_wq = 2147483647 / (2 * pairs * TURBO_V_ENTRY_MAX);
+  const float wq = turbo && turbo_wq < 32767 ? (float)turbo_wq : 32767.0f;
   float scales[8][80], biases[8][80];
-  affine_row_params(vrow, stride, count, D, bits, groups, scales, biases);
+  code_row_params(vrow, stride, count, D, bits, turbo ? TURBO_V_FACTOR : 0.0f, groups, scales,
+                  biases);
   _Alignas(64) int16_t w16[8][64 + 32];
   float delta[8], beta[8];
   const __m512i to_n0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
@@ -462,9 +510,9 @@ weigh_values_affine(const ci_paged_kv *kv, const uint8_t *vrow, const int G, con
           bias_sum = _mm512_fmadd_ps(p, _mm512_loadu_ps(biases[grp] + r), bias_sum);
         }
         const float wmax = _mm512_reduce_max_ps(peak);
-        delta[g] = wmax / 32767.0f;
-        beta[g] = _mm512_reduce_add_ps(bias_sum);
-        const __m512 inv = _mm512_set1_ps(wmax > 0.0f ? 32767.0f / wmax : 0.0f);
+        delta[g] = wmax / wq;
+        beta[g] = turbo ? 0.0f : _mm512_reduce_add_ps(bias_sum);
+        const __m512 inv = _mm512_set1_ps(wmax > 0.0f ? wq / wmax : 0.0f);
         for (int r = 0; r < count; r += 16) {
           const __mmask16 mask = count - r >= 16 ? 0xffff : (__mmask16)((1u << (count - r)) - 1);
           const __m512 w = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, scores[g] + r),
@@ -481,8 +529,8 @@ weigh_values_affine(const ci_paged_kv *kv, const uint8_t *vrow, const int G, con
       for (int r = 0; r < count; r += 2) {
         const uint8_t *at = vrow + (size_t)r * stride;
         __m512i wa[2], wb[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()}, lo[2], hi[2];
-        affine_unit_words(at, u, bits, wa);
-        if (r + 1 < count) affine_unit_words(at + stride, u, bits, wb);
+        code_unit_words(at, u, bits, turbo, table, wa);
+        if (r + 1 < count) code_unit_words(at + stride, u, bits, turbo, table, wb);
         for (int v = 0; v < vectors; v++) {
           lo[v] = _mm512_unpacklo_epi16(wa[v], wb[v]);
           hi[v] = _mm512_unpackhi_epi16(wa[v], wb[v]);
@@ -536,8 +584,9 @@ static inline __attribute__((always_inline)) void
 attend_block(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const float *qp,
              const __m512i *q_bf16, const int G, const int C, int64_t j, int count, float scale,
              float softcap, int mode_k, int mode_v, int bf16_scores, int bf16_values,
-             const __m512i *q16, const float *q16_meta, int int_scores, int int_values, float *tile,
-             float *out, const uint8_t *next_k, const uint8_t *next_v) {
+             const __m512i *q16, const float *q16_meta, int int_scores, int int_values,
+             __m512i k_table, __m512i v_table, float *tile, float *out, const uint8_t *next_k,
+             const uint8_t *next_v) {
   const int D = 16 * C, T = kv->block_tokens;
   float *ktile = tile, *vtile = tile + (size_t)T * D;
   float scores[8][64];
@@ -551,13 +600,15 @@ attend_block(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const f
   const int keys_per_batch = 16 / G, chunk = keys_per_batch * G; /* chunk <= 16 */
   /* integer scores: each key's scale and bias per group; per lane (head g, key kk) of a batch,
    * the head's delta and group sums of q, and the key of the lane */
-  const int k_bits = mode_k == ROWS_AFFINE8 ? 8 : 4;
-  const int k_groups = int_scores ? D / kv->format.group_size : 1;
+  const int k_bits = mode_k == ROWS_AFFINE8 ? 8 : 4, k_turbo = mode_k == ROWS_TURBO + 4;
+  const int k_group = k_turbo ? D : kv->format.group_size;
+  const int k_groups = int_scores ? D / k_group : 1;
   float k_scales[8][80], k_biases[8][80];
   __m512 delta_lanes = _mm512_setzero_ps(), qsum_lanes[8];
   __m512i key_of_lane = _mm512_setzero_si512();
   if (int_scores) {
-    affine_row_params(krow, kv->k_row_bytes, count, D, k_bits, k_groups, k_scales, k_biases);
+    code_row_params(krow, kv->k_row_bytes, count, D, k_bits, k_turbo ? turbo_k_factor(D) : 0.0f,
+                    k_groups, k_scales, k_biases);
     int32_t meta_of[16], key_of[16];
     for (int l = 0; l < 16; l++)
       meta_of[l] = l / keys_per_batch * 16, key_of[l] = l % keys_per_batch;
@@ -598,7 +649,7 @@ attend_block(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const f
           }
       } else if (int_scores) {
         const int unit_dims = k_bits == 8 ? 32 : 64, vectors = AFFINE_WORD_VECTORS(k_bits);
-        const int units_per_group = kv->format.group_size / unit_dims;
+        const int units_per_group = k_group / unit_dims;
         __m512 total = _mm512_setzero_ps();
         for (int grp = 0; grp < k_groups; grp++) {
           __m512i iacc[16];
@@ -607,18 +658,29 @@ attend_block(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const f
             for (int kk = 0; kk < keys_per_batch; kk++) {
               if (kk >= nk) break;
               __m512i words[2];
-              affine_unit_words(krow + (r0 + kk) * kv->k_row_bytes, u, k_bits, words);
+              code_unit_words(krow + (r0 + kk) * kv->k_row_bytes, u, k_bits, k_turbo, k_table,
+                              words);
               for (int g = 0; g < G; g++)
                 for (int v = 0; v < vectors; v++)
                   iacc[CHAIN(kk, g)] =
                       _mm512_dpwssd_epi32(iacc[CHAIN(kk, g)], words[v],
                                           _mm512_loadu_si512(q16 + g * (D / 32) + u * vectors + v));
             }
-          const __m512 dot = _mm512_cvtepi32_ps(reduce_add16_epi32(iacc));
+          __m512 dot;
+          if (k_turbo) { /* the chains' sums can pass int32: summed in f32 */
+            __m512 chains[16];
+            for (int a = 0; a < 16; a++) chains[a] = _mm512_cvtepi32_ps(iacc[a]);
+            dot = reduce_add16(chains);
+          } else {
+            dot = _mm512_cvtepi32_ps(reduce_add16_epi32(iacc));
+          }
           const __m512 s = _mm512_permutexvar_ps(key_of_lane, _mm512_loadu_ps(k_scales[grp] + r0));
-          const __m512 b = _mm512_permutexvar_ps(key_of_lane, _mm512_loadu_ps(k_biases[grp] + r0));
           total = _mm512_fmadd_ps(_mm512_mul_ps(dot, delta_lanes), s, total);
-          total = _mm512_fmadd_ps(b, qsum_lanes[grp], total);
+          if (!k_turbo) {
+            const __m512 b =
+                _mm512_permutexvar_ps(key_of_lane, _mm512_loadu_ps(k_biases[grp] + r0));
+            total = _mm512_fmadd_ps(b, qsum_lanes[grp], total);
+          }
         }
         acc[0] = total; /* the sums, not chains: reduce_add16 below is skipped */
       } else {
@@ -702,8 +764,8 @@ attend_block(const ci_kv_kernels *k, const ci_paged_kv *kv, int kv_head, const f
     return;
   }
   if (int_values) {
-    weigh_values_affine(kv, vrow, G, C, mode_v == ROWS_AFFINE8 ? 8 : 4, count, scores, rescale,
-                        out);
+    weigh_values_int(kv, vrow, G, C, mode_v == ROWS_AFFINE8 ? 8 : 4, mode_v == ROWS_TURBO + 4,
+                     v_table, count, scores, rescale, out);
     return;
   }
   /* Weighted values: each output chunk of each head one FMA chain over the keys in order;
@@ -756,15 +818,23 @@ attend_impl(const ci_kv_kernels *k, const ci_paged_kv *kv, int head0, int n_head
   /* q rounded to bf16, 32 dims a vector, for the bf16 dot-product scores */
   const int bf16_scores = k->bf16_dots && mode_k == ROWS_BF16 && C % 2 == 0;
   const int bf16_values = k->bf16_dots && mode_v == ROWS_BF16 && C % 2 == 0;
-  const int int_scores = k->int_dots && (mode_k == ROWS_AFFINE8 || mode_k == ROWS_AFFINE4);
-  const int int_values = k->int_dots && (mode_v == ROWS_AFFINE8 || mode_v == ROWS_AFFINE4);
+  const int int_scores = k->int_dots && INT_ROWS(mode_k),
+            int_values = k->int_dots && INT_ROWS(mode_v);
+  const __m512i k_table = int_scores && mode_k == ROWS_TURBO + 4
+                              ? turbo_table_words(turbo_k_factor(D))
+                              : _mm512_setzero_si512();
+  const __m512i v_table = int_values && mode_v == ROWS_TURBO + 4 ? turbo_table_words(TURBO_V_FACTOR)
+                                                                 : _mm512_setzero_si512();
   float *tile = scratch;
   __m512i *q_bf16 = (__m512i *)(void *)(scratch + ci_kv_attend_tile_floats(kv));
   /* or the queries as int16 (the same bytes), then 16 floats a query head: delta, group sums */
   float *q16_meta = scratch + ci_kv_attend_tile_floats(kv) + (int64_t)n_heads * G * D / 2;
-  if (int_scores)
-    quantize_queries_i16(qp, n_heads * G, D, mode_k == ROWS_AFFINE8 ? 8 : 4, kv->format.group_size,
+  if (int_scores) {
+    const int turbo = mode_k == ROWS_TURBO + 4;
+    quantize_queries_i16(qp, n_heads * G, D, mode_k == ROWS_AFFINE8 ? 8 : 4,
+                         turbo ? D : kv->format.group_size, turbo ? TURBO_Q_MAX : 32767,
                          (int16_t *)(void *)q_bf16, q16_meta);
+  }
   for (int g = 0; g < n_heads * G && bf16_scores; g++)
     for (int c2 = 0; c2 < C / 2; c2++)
       _mm512_store_si512(q_bf16 + g * (C / 2) + c2,
@@ -776,7 +846,7 @@ attend_impl(const ci_kv_kernels *k, const ci_paged_kv *kv, int head0, int n_head
       attend_block(k, kv, head0 + h, qp + (size_t)h * G * D, q_bf16 + h * G * (C / 2), G, C, j,
                    (int)(end - j), scale, softcap, mode_k, mode_v, bf16_scores, bf16_values,
                    q_bf16 + h * G * (C / 2), q16_meta + (size_t)h * G * 16, int_scores, int_values,
-                   tile, out + (size_t)h * G * (D + 2),
+                   k_table, v_table, tile, out + (size_t)h * G * (D + 2),
                    end < hi ? ci_kv_row_at(kv, 0, end, head0 + h) : NULL,
                    end < hi ? ci_kv_row_at(kv, 1, end, head0 + h) : NULL);
     j = end;
