@@ -350,6 +350,17 @@ static void check_attention_shape(ci_backend *be, const ci_kv_format *format, in
   twin_free(&t);
 }
 
+/* The fast loops' shapes for one format and head_dim: GQA groups of 1, 2, 3, 4 and 8 over 2 KV
+ * heads, without and with a window, then one decode row over 3000 keys (split over the threads). */
+static void check_fast_shapes(ci_backend *be, const ci_kv_format *format, int D, float tolerance) {
+  static const int q_heads[] = {2, 4, 6, 8, 16};
+  for (size_t i = 0; i < sizeof q_heads / sizeof q_heads[0]; i++) {
+    check_attention_shape(be, format, 0, 77, 5, q_heads[i], D, tolerance);
+    check_attention_shape(be, format, 20, 77, 5, q_heads[i], D, tolerance);
+  }
+  check_attention_shape(be, format, 0, 3000, 1, 8, D, tolerance);
+}
+
 /* Fast precision on affine rows: with AVX512-VNNI the AVX-512 loop multiplies the codes as int16
  * words by q and by the softmax weights times each key's scale, both quantised to int16 (15 bits;
  * the weights' step is 1/32767 of a block's largest, which bounds the outputs' error near 1e-4 of
@@ -365,15 +376,8 @@ static void test_attention_fast_affine(void **state) {
   ci_backend *be = ci_cpu_backend_create_with(2, CI_PRECISION_FAST);
   assert_non_null(be);
   for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++)
-    for (int D = 64; D <= 128; D *= 2) {
-      if (D % formats[f].group_size) continue;
-      static const int q_heads[] = {2, 4, 6, 8, 16}; /* G = 1, 2, 3, 4, 8 over 2 KV heads */
-      for (size_t i = 0; i < sizeof q_heads / sizeof q_heads[0]; i++) {
-        check_attention_shape(be, &formats[f], 0, 77, 5, q_heads[i], D, 2e-4f);
-        check_attention_shape(be, &formats[f], 20, 77, 5, q_heads[i], D, 2e-4f);
-      }
-      check_attention_shape(be, &formats[f], 0, 3000, 1, 8, D, 2e-4f);
-    }
+    for (int D = 64; D <= 128; D *= 2)
+      if (D % formats[f].group_size == 0) check_fast_shapes(be, &formats[f], D, 2e-4f);
   be->ops->destroy(be);
 }
 
@@ -389,17 +393,10 @@ static void test_attention_fast_turbo(void **state) {
                                          {CI_KV_TURBO, 4, 3, 0},
                                          {CI_KV_TURBO, 3, 4, 0},
                                          {CI_KV_TURBO, 3, 3, 0}};
-  static const int q_heads[] = {2, 4, 6, 8, 16}; /* G = 1, 2, 3, 4, 8 over 2 KV heads */
   ci_backend *be = ci_cpu_backend_create_with(2, CI_PRECISION_FAST);
   assert_non_null(be);
   for (size_t f = 0; f < sizeof formats / sizeof formats[0]; f++)
-    for (int D = 64; D <= 256; D *= 2) {
-      for (size_t i = 0; i < sizeof q_heads / sizeof q_heads[0]; i++) {
-        check_attention_shape(be, &formats[f], 0, 77, 5, q_heads[i], D, 1e-3f);
-        check_attention_shape(be, &formats[f], 20, 77, 5, q_heads[i], D, 1e-3f);
-      }
-      check_attention_shape(be, &formats[f], 0, 3000, 1, 8, D, 1e-3f);
-    }
+    for (int D = 64; D <= 256; D *= 2) check_fast_shapes(be, &formats[f], D, 1e-3f);
   be->ops->destroy(be);
 }
 
