@@ -188,7 +188,7 @@ ci_kv_kernels ci_cpu_kv_kernels(ci_isa isa, const ci_kv_format *format, int head
     k.bf16_dots = precision == CI_PRECISION_FAST && format->codec == CI_KV_BF16 &&
                   head_dim % 32 == 0 && ci_cpu_bf16_dot_enabled();
     if (k.bf16_dots && ci_cpu_amx_enabled()) k.attend = ci_kv_attend_amx;
-    const int bits = format->k_bits, group = format->group_size ? format->group_size : 64;
+    const int bits = format->k_bits, group = format->group_size;
     const int affine_ok = format->codec == CI_KV_AFFINE && bits == format->v_bits &&
                           ((bits == 8 && group >= 32 && head_dim % 32 == 0) ||
                            (bits == 4 && group >= 64 && head_dim % 64 == 0));

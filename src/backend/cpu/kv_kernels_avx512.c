@@ -507,7 +507,7 @@ weigh_values_int(const ci_paged_kv *kv, const uint8_t *vrow, const int G, const 
           const __m512 p = _mm512_maskz_loadu_ps(mask, scores[g] + r);
           peak = _mm512_max_ps(peak,
                                _mm512_abs_ps(_mm512_mul_ps(p, _mm512_loadu_ps(scales[grp] + r))));
-          bias_sum = _mm512_fmadd_ps(p, _mm512_loadu_ps(biases[grp] + r), bias_sum);
+          if (!turbo) bias_sum = _mm512_fmadd_ps(p, _mm512_loadu_ps(biases[grp] + r), bias_sum);
         }
         const float wmax = _mm512_reduce_max_ps(peak);
         delta[g] = wmax / wq;
